@@ -1,0 +1,71 @@
+"""objckpt: TF2 object-based checkpoint utilities for eager models.
+
+Snapshot, restore, save and inspect TensorFlow/Keras model state by object
+structure (the named attribute edges from a root obj to each variable), in
+every flavour: Keras 3, tf_keras, Keras 2 and plain `tf.Module`.
+
+`import objckpt` is cheap: TensorFlow is imported on first use of a name
+that needs it, never at import time.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+from objckpt import errors as errors
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CheckpointTree",
+    "Entry",
+    "RestoreReport",
+    "Snapshot",
+    "VariableTree",
+    "errors",
+    "read_tree",
+    "restore",
+    "save",
+    "snapshot",
+    "tree",
+]
+
+# name -> private module that defines it; loaded (with TensorFlow) on first use.
+_LAZY = {
+    "CheckpointTree": "_tree",
+    "Entry": "_tree",
+    "VariableTree": "_tree",
+    "read_tree": "_tree",
+    "tree": "_tree",
+    "RestoreReport": "_snapshot",
+    "Snapshot": "_snapshot",
+    "restore": "_snapshot",
+    "save": "_snapshot",
+    "snapshot": "_snapshot",
+}
+
+if TYPE_CHECKING:
+    from objckpt._snapshot import RestoreReport as RestoreReport
+    from objckpt._snapshot import Snapshot as Snapshot
+    from objckpt._snapshot import restore as restore
+    from objckpt._snapshot import save as save
+    from objckpt._snapshot import snapshot as snapshot
+    from objckpt._tree import CheckpointTree as CheckpointTree
+    from objckpt._tree import Entry as Entry
+    from objckpt._tree import VariableTree as VariableTree
+    from objckpt._tree import read_tree as read_tree
+    from objckpt._tree import tree as tree
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'objckpt' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"objckpt.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,190 @@
+"""The one place that touches TF/Keras private APIs and flavour differences.
+
+Everything else in objckpt talks to TensorFlow through the helpers here, so a
+change in TF internals or a new Keras flavour is handled in this file alone.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import tensorflow as tf
+from tensorflow.core.protobuf import trackable_object_graph_pb2
+from tensorflow.python.checkpoint import graph_view as _graph_view
+from tensorflow.python.checkpoint import util as _checkpoint_util
+from tensorflow.python.trackable import base as _trackable_base
+
+TrackableObjectGraph = trackable_object_graph_pb2.TrackableObjectGraph
+
+# Key under which TF stores the serialized object graph in every object-based
+# checkpoint, and the pieces of a checkpoint key.
+OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
+ATTRIBUTES = "/.ATTRIBUTES/"
+VARIABLE_VALUE = "VARIABLE_VALUE"
+OPTIMIZER_SLOT = ".OPTIMIZER_SLOT"
+
+
+def checkpoint_key(path: str) -> str:
+    """Returns the checkpoint key TF uses for the variable at `path`."""
+    return path + ATTRIBUTES + VARIABLE_VALUE
+
+
+def is_trackable(obj) -> bool:
+    return isinstance(obj, _trackable_base.Trackable)
+
+
+def _keras3_variable_type():
+    # Keras 3 variables only exist once `keras` was imported by the user, so
+    # looking in sys.modules keeps objckpt from importing Keras itself.
+    keras = sys.modules.get("keras")
+    variable = getattr(keras, "Variable", None)
+    if variable is None or not getattr(keras, "__version__", "2").startswith("3"):
+        return None
+    return variable
+
+
+def as_variable(trackable):
+    """Returns the assignable TF variable behind `trackable`, or None.
+
+    Keras 3 `keras.Variable` objects wrap a `tf.Variable` (or a distributed
+    variable under a `tf.distribute` strategy); that inner variable is the one
+    to read and assign. Everything that already is a `tf.Variable` (resource,
+    distributed, AutoCast) is returned as is.
+    """
+    if isinstance(trackable, tf.Variable):
+        return trackable
+    keras_variable = _keras3_variable_type()
+    if keras_variable is not None and isinstance(trackable, keras_variable):
+        inner = getattr(trackable, "_value", None)
+        return inner if inner is not None else None
+    return None
+
+
+def variable_paths(obj) -> list[tuple[str, object]]:
+    """Lists (object path, variable) for every variable a checkpoint of obj holds.
+
+    The paths and their order are TF's own: a breadth-first walk of the
+    object graph, so a variable reachable by two paths appears once, under
+    the shortest (first found) one, and optimizer slot variables appear last
+    in TF's `<variable>/.OPTIMIZER_SLOT/<optimizer>/<slot>` form.
+    """
+    view = _graph_view.ObjectGraphView(obj)
+    objects, _, _, _, names = _checkpoint_util.objects_ids_and_slot_variables_and_paths(
+        view
+    )
+    out = []
+    for trackable in objects:
+        variable = as_variable(trackable)
+        if variable is not None:
+            out.append((names[trackable], variable))
+    return out
+
+
+def is_unbuilt(obj) -> bool:
+    """True for a Keras model or layer (any flavour) that is not built yet."""
+    return getattr(obj, "built", True) is False
+
+
+def variable_name(variable) -> str:
+    """The variable's name without the `:0` suffix (TF1 `Saver` style)."""
+    name = getattr(variable, "_shared_name", None) or variable.name
+    return name[:-2] if name.endswith(":0") else name
+
+
+def read_value(variable):
+    """Reads a variable's current value on its own device, without copying."""
+    return variable.value()
+
+
+def _variable_list(attr):
+    # Keras exposes `variables` as a property; TF1-era optimizers as a method.
+    if attr is None:
+        return None
+    return attr() if callable(attr) else attr
+
+
+def fingerprint(obj):
+    """Returns a cheap identity of obj's variables, or None if there is none.
+
+    Used to decide whether a cached tree of obj is still current: Keras models
+    and layers (every flavour) list their variables without walking the object
+    graph, and their optimizer lists its own. Objects without such lists get
+    None and are walked every time.
+    """
+    if not hasattr(obj, "built") or not hasattr(obj, "variables"):
+        return None
+    try:
+        variables = list(_variable_list(obj.variables))
+        optimizer = getattr(obj, "optimizer", None)
+        if optimizer is not None and hasattr(optimizer, "variables"):
+            variables.extend(_variable_list(optimizer.variables))
+    except (AttributeError, TypeError, ValueError):
+        return None
+    return tuple(id(v) for v in variables)
+
+
+class FusedOps:
+    """Reads or assigns a fixed list of variables as one TF function call.
+
+    The first call runs eagerly (no tracing cost for one-off use); from the
+    second call on, one traced function does all reads or all assigns, which
+    costs one dispatch instead of one per variable. `AssignVariableOp` adopts
+    the value's buffer when nothing else writes to it, and TF copies on the
+    next write to either side, so a fused assign costs no bytes copied.
+    """
+
+    def __init__(self, variables):
+        self._variables = tuple(variables)
+        self._reads = 0
+        self._assigns = 0
+        self._read_fn = None
+        self._assign_fn = None
+        self._traceable = all(v.shape.is_fully_defined() for v in self._variables)
+
+    def read_all(self):
+        self._reads += 1
+        if not tf.executing_eagerly() or not self._traceable or self._reads < 2:
+            return [read_value(v) for v in self._variables]
+        if self._read_fn is None:
+            self._read_fn = _flat_caller(
+                tf.function(lambda: [read_value(v) for v in self._variables],
+                            autograph=False).get_concrete_function())
+        return self._read_fn([])
+
+    def assign_all(self, values):
+        self._assigns += 1
+        if not tf.executing_eagerly() or not self._traceable or self._assigns < 2:
+            for variable, value in zip(self._variables, values):
+                variable.assign(value, read_value=False)
+            return
+        if self._assign_fn is None:
+            variables = self._variables
+
+            def assign(*xs):
+                for variable, x in zip(variables, xs):
+                    variable.assign(x, read_value=False)
+
+            specs = [tf.TensorSpec(v.shape, v.dtype) for v in variables]
+            self._assign_fn = _flat_caller(
+                tf.function(assign, autograph=False).get_concrete_function(*specs))
+        self._assign_fn(list(values))
+
+
+def _flat_caller(concrete):
+    # ConcreteFunction.__call__ re-flattens and validates every argument in
+    # Python (about 8 us per tensor); `_call_flat` takes the flat list as is.
+    captured = concrete.captured_inputs
+    call_flat = getattr(concrete, "_call_flat", None)
+    if call_flat is None:
+        return lambda xs: concrete(*xs)
+    return lambda xs: call_flat(xs, captured)
+
+
+def parse_checkpoint_state(data: bytes):
+    """Parses the text of a TF `checkpoint` state file into its proto."""
+    from google.protobuf import text_format
+    from tensorflow.python.training import checkpoint_state_pb2
+
+    state = checkpoint_state_pb2.CheckpointState()
+    text_format.Merge(data.decode("utf-8"), state)
+    return state

@@ -1,0 +1,451 @@
+"""Object paths of live objs and of checkpoints on disk.
+
+`tree(obj)` walks a live obj's dependency graph the way `tf.train.Checkpoint`
+does; `read_tree(prefix)` reads the same mapping from a checkpoint's object
+graph proto and index, without reading tensor data. Both give TF's canonical
+object paths in TF's order, so the two can be compared key by key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import weakref
+from collections.abc import Iterator, Mapping
+
+import tensorflow as tf
+
+from objckpt import _compat
+from objckpt import errors
+
+__all__ = ["Entry", "CheckpointTree", "VariableTree", "tree", "read_tree", "resolve_prefix"]
+
+_STATE_FILE = "checkpoint"
+
+
+class _FrozenMapping(Mapping):
+    """An ordered, read-only mapping from object path to a value."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self, items: dict):
+        self._items = items
+
+    def __getitem__(self, path):
+        return self._items[path]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __contains__(self, path) -> bool:
+        return path in self._items
+
+
+class VariableTree(_FrozenMapping):
+    """Ordered mapping object path -> variable of a live obj (see `tree`)."""
+
+    __slots__ = ("fused", "_fingerprint", "__weakref__")
+
+    def __init__(self, items: dict, fingerprint=None):
+        super().__init__(items)
+        self.fused = _compat.FusedOps(items.values())
+        self._fingerprint = fingerprint
+
+    def __repr__(self) -> str:
+        return f"VariableTree({len(self)} variables: {', '.join(list(self)[:3])}{', ...' if len(self) > 3 else ''})"
+
+
+# obj -> VariableTree, reused while obj's variable fingerprint is unchanged.
+_TREE_CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def tree(obj) -> VariableTree:
+    """Returns the ordered mapping object path -> variable of a live obj.
+
+    The key set is the one `tf.train.Checkpoint(root=obj)` writes, minus
+    `save_counter`: a variable reachable by two paths (a shared layer) appears
+    once, under TF's canonical (breadth-first) path; optimizer slot variables
+    keep TF's `<variable>/.OPTIMIZER_SLOT/<optimizer>/<slot>` form. Keras 3
+    `keras.Variable`s are resolved to the `tf.Variable` they wrap, so every
+    value of the mapping can be read and assigned.
+
+    Args:
+      obj: a trackable: Keras model or layer (any flavour), `tf.Module`,
+        `tf.train.Checkpoint` or optimizer.
+
+    Returns:
+      A read-only `VariableTree` (a `Mapping[str, tf.Variable]`).
+
+    Raises:
+      UnsupportedObjectError: obj is not trackable.
+
+    Example:
+      >>> objckpt.tree(model)["hidden/_kernel"].shape
+      TensorShape([3, 4])
+    """
+    if not _compat.is_trackable(obj):
+        raise errors.UnsupportedObjectError(
+            f"objckpt.tree needs a trackable obj (a Keras model or layer, a tf.Module, a "
+            f"tf.train.Checkpoint). Received: obj of type {type(obj).__name__}. "
+            "Wrap plain variables in a tf.Module or tf.train.Checkpoint first.")
+    fingerprint = _compat.fingerprint(obj)
+    if fingerprint is not None:
+        try:
+            cached = _TREE_CACHE.get(obj)
+        except TypeError:  # not weak-referenceable
+            cached = None
+        if cached is not None and cached._fingerprint == fingerprint:
+            return cached
+    result = VariableTree(dict(_compat.variable_paths(obj)), fingerprint)
+    if fingerprint is not None:
+        try:
+            _TREE_CACHE[obj] = result
+        except TypeError:
+            pass
+    return result
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One variable of a checkpoint, read from metadata only.
+
+    Attributes:
+      shape: the stored shape.
+      dtype: the stored `tf.DType`.
+      key: the checkpoint key (`<object path>/.ATTRIBUTES/VARIABLE_VALUE`).
+      name: the variable's name when it was saved (TF1-style full name), or "".
+    """
+
+    shape: tuple[int, ...]
+    dtype: tf.DType
+    key: str
+    name: str = ""
+
+    @property
+    def nbytes(self) -> int:
+        count = 1
+        for dim in self.shape:
+            count *= dim
+        return count * self.dtype.size
+
+
+class CheckpointTree(_FrozenMapping):
+    """Ordered mapping object path -> `Entry` of a checkpoint (see `read_tree`).
+
+    Attributes:
+      prefix: the checkpoint prefix it was read from.
+      object_graph: the `TrackableObjectGraph` proto stored in the checkpoint.
+    """
+
+    __slots__ = ("prefix", "object_graph")
+
+    def __init__(self, items: dict, prefix: str, object_graph):
+        super().__init__(items)
+        self.prefix = prefix
+        self.object_graph = object_graph
+
+    @property
+    def nbytes(self) -> int:
+        return sum(entry.nbytes for entry in self._items.values())
+
+    def __repr__(self) -> str:
+        return f"CheckpointTree({self.prefix!r}, {len(self)} variables)"
+
+
+def read_tree(source: str | os.PathLike) -> CheckpointTree:
+    """Reads object path -> (shape, dtype, key) from a checkpoint's metadata.
+
+    Only the index and the object graph proto are read; no tensor data.
+
+    Args:
+      source: a checkpoint prefix (`prefix.index` may be given too) or a
+        directory of managed checkpoints (its newest intact one is read).
+
+    Returns:
+      A `CheckpointTree`, ordered like `tree(obj)` of the obj that wrote it.
+
+    Raises:
+      CheckpointNotFoundError: nothing at `source`.
+      CheckpointCorruptError: the index or object graph cannot be read.
+      NotObjectBasedError: a name-based (TF1 `Saver`) checkpoint.
+    """
+    prefix, _ = resolve_prefix(source)
+    return _read_tree_at(prefix)
+
+
+def _open_reader(prefix: str):
+    try:
+        return tf.train.load_checkpoint(prefix)
+    except (tf.errors.OpError, ValueError) as err:
+        raise errors.CheckpointCorruptError(
+            f"Checkpoint `{prefix}` cannot be read: its index file `{prefix}.index` is damaged "
+            f"or not a checkpoint index. Received from TF: {_first_line(err)}. Restore from "
+            "another checkpoint, or write this one again.") from err
+
+
+def _read_tree_at(prefix: str) -> CheckpointTree:
+    reader = _open_reader(prefix)
+    shapes = reader.get_variable_to_shape_map()
+    dtypes = reader.get_variable_to_dtype_map()
+    if _compat.OBJECT_GRAPH_KEY not in shapes:
+        sample = ", ".join(f"`{k}`" for k in sorted(shapes)[:3])
+        raise errors.NotObjectBasedError(
+            f"Checkpoint `{prefix}` is name-based (written by tf.compat.v1.train.Saver): its "
+            f"{len(shapes)} entries are keyed by global variable name ({sample}) and it has no "
+            "object graph, so it cannot be matched by object structure. Expected: an object-based "
+            "checkpoint. Fix: map its names onto your model with objckpt.plan(...) and "
+            "objckpt.migrate(...) using rules, e.g. rules=[('^model_001/', '')].")
+    try:
+        graph_bytes = reader.get_tensor(_compat.OBJECT_GRAPH_KEY)
+        graph = _compat.TrackableObjectGraph()
+        graph.ParseFromString(graph_bytes)
+    except Exception as err:  # DataLossError, DecodeError: both mean damage
+        raise errors.CheckpointCorruptError(
+            f"Checkpoint `{prefix}` has a damaged object graph (`{_compat.OBJECT_GRAPH_KEY}`): "
+            f"{_first_line(err)}. Restore from another checkpoint, or write this one again.") from err
+    items = {}
+    for node in graph.nodes:
+        for attribute in node.attributes:
+            if attribute.name != _compat.VARIABLE_VALUE:
+                continue
+            key = attribute.checkpoint_key
+            path = key.split(_compat.ATTRIBUTES, 1)[0]
+            if key not in shapes:
+                raise errors.CheckpointCorruptError(
+                    f"Checkpoint `{prefix}`: the object graph lists `{path}` (key `{key}`) but the "
+                    "index has no such tensor. The checkpoint is inconsistent; write it again.")
+            items[path] = Entry(tuple(shapes[key]), tf.as_dtype(dtypes[key]), key,
+                                attribute.full_name)
+    return CheckpointTree(items, prefix, graph)
+
+
+def _first_line(err: BaseException) -> str:
+    text = getattr(err, "message", None) or str(err)
+    return text.strip().splitlines()[0] if text.strip() else type(err).__name__
+
+
+def _data_files_present(prefix: str) -> str | None:
+    """Returns why the data shards of `prefix` are incomplete, or None."""
+    directory = os.path.dirname(prefix) or "."
+    base = os.path.basename(prefix) + ".data-"
+    try:
+        shards = [name for name in os.listdir(directory) if name.startswith(base)]
+    except OSError as err:
+        return str(err)
+    if not shards:
+        return f"its data file `{prefix}.data-00000-of-00001` is missing"
+    total = int(shards[0].rsplit("-of-", 1)[1])
+    if len(shards) != total:
+        return f"it has {len(shards)} of {total} data shards"
+    return None
+
+
+def _check_intact(prefix: str) -> str | None:
+    """Returns why `prefix` is not an intact checkpoint, or None if it looks intact."""
+    if not tf.io.gfile.exists(prefix + ".index"):
+        return f"`{prefix}.index` does not exist"
+    missing = _data_files_present(prefix) if "://" not in prefix else None
+    if missing:
+        return missing
+    try:
+        _open_reader(prefix)
+    except errors.CheckpointCorruptError as err:
+        return str(err)
+    return None
+
+
+def _nearby_prefixes(directory: str, limit: int = 5) -> list[str]:
+    try:
+        names = sorted(n[: -len(".index")] for n in os.listdir(directory or ".")
+                       if n.endswith(".index"))
+    except OSError:
+        return []
+    return [os.path.join(directory, n) for n in names[:limit]]
+
+
+def _state_candidates(directory: str) -> list[str]:
+    """Checkpoint prefixes named by a directory's state file, newest first."""
+    state_path = os.path.join(directory, _STATE_FILE)
+    found = _nearby_prefixes(directory)
+    hint = (f" Prefixes found in the directory: {', '.join(found)}; pass one of them directly."
+            if found else "")
+    if not os.path.exists(state_path):
+        raise errors.CheckpointNotFoundError(
+            f"Directory `{directory}` holds no managed checkpoints: expected a TF `checkpoint` "
+            f"state file in it, found none.{hint}")
+    try:
+        with open(state_path, "rb") as f:
+            state = _compat.parse_checkpoint_state(f.read())
+    except Exception as err:
+        raise errors.CheckpointCorruptError(
+            f"The checkpoint state file `{state_path}` cannot be parsed: {_first_line(err)}. "
+            f"Expected lines like `model_checkpoint_path: \"ckpt-3\"`.{hint} Or delete the "
+            "state file and write a new checkpoint.") from err
+    names = [state.model_checkpoint_path, *reversed(state.all_model_checkpoint_paths)]
+    names = [n for n in dict.fromkeys(names) if n]
+    if not names:
+        raise errors.CheckpointCorruptError(
+            f"The checkpoint state file `{state_path}` names no checkpoint (it is empty or "
+            f"has no `model_checkpoint_path`).{hint}")
+    return [n if os.path.isabs(n) else os.path.join(directory, n) for n in names]
+
+
+def resolve_prefix(source: str | os.PathLike) -> tuple[str, tuple[str, ...]]:
+    """Turns a prefix, `prefix.index` or directory into an intact prefix.
+
+    Returns:
+      (prefix, notes): notes say when an older checkpoint was used because the
+      newest one named by a directory's state file is not intact.
+    """
+    source = os.fspath(source)
+    if source.endswith(".index") and tf.io.gfile.exists(source):
+        source = source[: -len(".index")]
+    if os.path.isdir(source):
+        notes = []
+        for prefix in _state_candidates(source):
+            problem = _check_intact(prefix)
+            if problem is None:
+                return prefix, tuple(notes)
+            notes.append(f"skipped `{prefix}`: {problem}")
+        raise errors.CheckpointCorruptError(
+            f"Directory `{source}` has no intact checkpoint; every one its state file names is "
+            "damaged or missing:\n  " + "\n  ".join(notes) +
+            "\nRestore from another copy, or write a new checkpoint.")
+    if tf.io.gfile.exists(source + ".index"):
+        return source, ()
+    if os.path.isfile(source):
+        raise errors.CheckpointNotFoundError(
+            f"`{source}` is a file, not a checkpoint prefix: expected `{source}.index` and "
+            f"`{source}.data-*` beside it. Pass the prefix (the path without `.index` or "
+            "`.data-*`); for a Keras `.weights.h5`/`.keras` file use model.load_weights.")
+    found = _nearby_prefixes(os.path.dirname(source))
+    hint = f" Checkpoints found there: {', '.join(found)}." if found else ""
+    raise errors.CheckpointNotFoundError(
+        f"No checkpoint at prefix `{source}`: expected `{source}.index`, found nothing.{hint} "
+        "Check the path, or pass the directory to use its newest checkpoint.")
+
+
+def _unescape(component: str) -> str:
+    # Inverse of TF's escape_local_name: ".." -> "." and ".S" -> "/".
+    out, i = [], 0
+    while i < len(component):
+        if component[i] == "." and i + 1 < len(component):
+            out.append("/" if component[i + 1] == "S" else component[i + 1])
+            i += 2
+        else:
+            out.append(component[i])
+            i += 1
+    return "".join(out)
+
+
+def split_slot(path: str) -> tuple[str, str, str] | None:
+    """Splits `<var>/.OPTIMIZER_SLOT/<optimizer>/<slot>` into its three parts."""
+    marker = "/" + _compat.OPTIMIZER_SLOT + "/"
+    if marker not in path:
+        return None
+    variable, rest = path.split(marker, 1)
+    optimizer, _, slot = rest.rpartition("/")
+    return variable, optimizer, slot
+
+
+def build_object_graph(paths: list[str], names: list[str]):
+    """Builds the `TrackableObjectGraph` proto for variables at `paths`.
+
+    Each path becomes a chain of child edges from the root; slot variables
+    become slot references on their optimizer node, as TF writes them.
+    `tf.train.Checkpoint(root=obj).read(...)` walks these edges, so any obj
+    whose tree has these paths restores from the result.
+    """
+    graph = _compat.TrackableObjectGraph()
+    graph.nodes.add()
+    node_of: dict[str, int] = {"": 0}
+
+    def node_for(path: str) -> int:
+        if path in node_of:
+            return node_of[path]
+        parent_path, _, local = path.rpartition("/")
+        parent = node_for(parent_path)
+        node_id = len(graph.nodes)
+        graph.nodes.add()
+        graph.nodes[parent].children.add(node_id=node_id, local_name=_unescape(local))
+        node_of[path] = node_id
+        return node_id
+
+    def add_value(node_id: int, path: str, name: str) -> None:
+        graph.nodes[node_id].attributes.add(
+            name=_compat.VARIABLE_VALUE, full_name=name,
+            checkpoint_key=_compat.checkpoint_key(path))
+
+    slots = []
+    for path, name in zip(paths, names):
+        parts = split_slot(path)
+        if parts is None:
+            add_value(node_for(path), path, name)
+        else:
+            slots.append((path, name, parts))
+    for path, name, (variable, optimizer, slot) in slots:
+        optimizer_id = node_for(optimizer)
+        slot_id = len(graph.nodes)
+        graph.nodes.add()
+        add_value(slot_id, path, name)
+        graph.nodes[optimizer_id].slot_variables.add(
+            original_variable_node_id=node_for(variable), slot_name=slot,
+            slot_variable_node_id=slot_id)
+    if "has_checkpoint_values" in _compat.TrackableObjectGraph.TrackableObject.DESCRIPTOR.fields_by_name:
+        for node in graph.nodes:
+            node.has_checkpoint_values.value = True
+    return graph
+
+
+def _escape(name: str) -> str:
+    return name.replace(".", "..").replace("/", ".S")
+
+
+def subtree_paths(graph, at: str) -> dict[str, str]:
+    """Maps object path within the `at` subtree -> full object path, from a graph proto.
+
+    Paths are what `tree(child)` would give for the live child at `at`: a
+    breadth-first walk from that node, so a variable whose canonical path
+    goes through a sibling (e.g. a Keras 3 optimizer's `_trainable_variables`)
+    is still found under the subtree. Slot variables belong to the subtree
+    when both their variable and their optimizer do.
+    """
+    node_id = 0
+    for component in filter(None, at.split("/")):
+        local = _unescape(component)
+        node_id = next((c.node_id for c in graph.nodes[node_id].children
+                        if c.local_name == local), None)
+        if node_id is None:
+            return {}
+    paths = {node_id: ""}
+    order = [node_id]
+    for current in order:  # grows while iterating: a breadth-first walk
+        for child in graph.nodes[current].children:
+            if child.node_id not in paths:
+                local = _escape(child.local_name)
+                paths[child.node_id] = f"{paths[current]}/{local}" if paths[current] else local
+                order.append(child.node_id)
+    result = {}
+
+    def add(node, path):
+        for attribute in graph.nodes[node].attributes:
+            if attribute.name == _compat.VARIABLE_VALUE:
+                result[path] = attribute.checkpoint_key.split(_compat.ATTRIBUTES, 1)[0]
+
+    for current in order:
+        add(current, paths[current])
+    for current in order:
+        for slot in graph.nodes[current].slot_variables:
+            if slot.original_variable_node_id in paths:
+                add(slot.slot_variable_node_id,
+                    f"{paths[slot.original_variable_node_id]}/{_compat.OPTIMIZER_SLOT}/"
+                    f"{paths[current]}/{slot.slot_name}")
+    return result
+
+
+def top_level_names(graph) -> list[str]:
+    """The escaped names of the root's children in a graph proto."""
+    return [_escape(child.local_name) for child in graph.nodes[0].children]

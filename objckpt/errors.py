@@ -1,0 +1,54 @@
+"""Exception types raised by objckpt.
+
+Every error names the object path or prefix it is about, what was expected,
+what arrived, and how to fix it. Each type also subclasses the builtin that
+fits it, so ``except ValueError`` or ``except OSError`` keeps working.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+        "ObjckptError",
+        "StructureMismatchError",
+        "UnbuiltModelError",
+        "NotObjectBasedError",
+        "CheckpointNotFoundError",
+        "CheckpointCorruptError",
+        "UnsupportedObjectError",
+]
+
+
+class ObjckptError(Exception):
+    """Base class of every error objckpt raises on purpose."""
+
+
+class StructureMismatchError(ObjckptError, ValueError):
+    """The source and the obj disagree: shapes, dtypes, missing or extra paths.
+
+    Attributes:
+        problems: one line per disagreement, in object-path order.
+    """
+
+    def __init__(self, message: str, problems: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.problems = tuple(problems)
+
+
+class UnbuiltModelError(ObjckptError, ValueError):
+    """The obj has no variables yet (an unbuilt Keras model or empty module)."""
+
+
+class NotObjectBasedError(ObjckptError, ValueError):
+    """The checkpoint is name-based (TF1 ``Saver``) and has no object graph."""
+
+
+class CheckpointNotFoundError(ObjckptError, FileNotFoundError):
+    """No checkpoint exists at the given prefix or directory."""
+
+
+class CheckpointCorruptError(ObjckptError, OSError):
+    """A checkpoint file exists but cannot be read intact."""
+
+
+class UnsupportedObjectError(ObjckptError, TypeError):
+    """The argument is not a trackable obj, Snapshot, prefix or directory."""
