@@ -111,9 +111,9 @@ def fingerprint(obj):
     graph, and their optimizer lists its own. Objects without such lists get
     None and are walked every time.
     """
-    if not hasattr(obj, "built") or not hasattr(obj, "variables"):
+    if not hasattr(obj, "built"):
         return None
-    try:
+    try:  # tf_keras raises ValueError for `variables` of an unbuilt model
         variables = list(_variable_list(obj.variables))
         optimizer = getattr(obj, "optimizer", None)
         if optimizer is not None and hasattr(optimizer, "variables"):

@@ -18,6 +18,8 @@ from objckpt import errors
 __all__ = ["RestoreReport", "Snapshot", "snapshot", "save", "restore"]
 
 _MAX_LISTED = 20
+# Entries that tf.train.Checkpoint adds for itself; never "unexpected".
+_BOOKKEEPING = frozenset({"save_counter"})
 
 
 class Snapshot(_tree._FrozenMapping):
@@ -210,7 +212,7 @@ def _problems(variables, specs, view):
                               f"{variable.dtype.base_dtype.name} in the obj")
         else:
             matched.append(path)
-    unexpected = [path for path in view if path not in variables]
+    unexpected = [path for path in view if path not in variables and path not in _BOOKKEEPING]
     return matched, missing, unexpected, mismatched
 
 

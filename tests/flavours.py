@@ -1,0 +1,169 @@
+"""Model builders for every flavour the tests iterate over.
+
+Each flavour imports its Keras explicitly (`keras` or `tf_keras`, never
+`tf.keras`, which resolves to either) and is skipped with a reason where it
+is not installed. Every builder returns a trained obj: real layers (Conv2D,
+BatchNormalization, Embedding, Dense, a nested model, a shared layer) and an
+optimizer whose slot variables exist.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+FLAVOURS = ("keras3", "tf_keras", "keras2", "module")
+
+
+def keras_for(flavour: str):
+    """Returns the Keras module of a flavour, or skips the test with a reason."""
+    if flavour == "tf_keras":
+        try:
+            return importlib.import_module("tf_keras")
+        except ImportError:
+            pytest.skip("tf_keras is not installed in this environment")
+    try:
+        keras = importlib.import_module("keras")
+    except ImportError:
+        pytest.skip("keras is not installed in this environment")
+    major = keras.__version__.split(".")[0]
+    if flavour == "keras3" and major != "3":
+        pytest.skip(f"Keras 3 flavour needs keras 3; this environment has {keras.__version__}")
+    if flavour == "keras2" and major != "2":
+        pytest.skip(f"Keras 2 flavour needs TF <= 2.15's keras 2; this has {keras.__version__}")
+    return keras
+
+
+def _data(seed=0):
+    rng = np.random.default_rng(seed)
+    images = rng.normal(size=(8, 6, 6, 3)).astype("float32")
+    tokens = rng.integers(0, 10, size=(8, 4)).astype("int32")
+    targets = rng.normal(size=(8, 2)).astype("float32")
+    return images, tokens, targets
+
+
+def build_functional(keras, *, train=True):
+    """Conv2D + BatchNorm + Embedding + a shared Dense + a nested Sequential."""
+    images = keras.Input((6, 6, 3), name="images")
+    tokens = keras.Input((4,), dtype="int32", name="tokens")
+    x = keras.layers.Conv2D(4, 3, name="conv")(images)
+    x = keras.layers.BatchNormalization(name="bn")(x)
+    x = keras.layers.Flatten()(x)
+    e = keras.layers.Flatten()(keras.layers.Embedding(10, 3, name="embed")(tokens))
+    shared = keras.layers.Dense(5, name="shared")
+    x = keras.layers.Add()([shared(keras.layers.Dense(6, name="proj_x")(x)),
+                            shared(keras.layers.Dense(6, name="proj_e")(e))])
+    head = keras.Sequential([keras.layers.Dense(4, activation="relu"), keras.layers.Dense(2)],
+                            name="head")
+    model = keras.Model([images, tokens], head(x), name="functional")
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    if train:
+        images_, tokens_, targets = _data()
+        model.fit([images_, tokens_], targets, epochs=1, batch_size=4, verbose=0)
+    return model
+
+
+def build_subclassed(keras, *, train=True, call=True):
+    """A subclassed model with nested and shared layers, built by calling it."""
+
+    class Net(keras.Model):
+        def __init__(self):
+            super().__init__(name="net")
+            self.conv = keras.layers.Conv2D(4, 3)
+            self.bn = keras.layers.BatchNormalization()
+            self.flat = keras.layers.Flatten()
+            self.hidden = keras.layers.Dense(6)
+            self.alias = self.hidden  # the same layer under a second name
+            self.block = keras.Sequential([keras.layers.Dense(4), keras.layers.Dense(2)])
+
+        def call(self, x, training=False):
+            x = self.flat(self.bn(self.conv(x), training=training))
+            return self.block(self.hidden(x))
+
+    model = Net()
+    if call:
+        model(_data()[0])
+        model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+        if train:
+            images, _, targets = _data()
+            model.fit(images, targets, epochs=1, batch_size=4, verbose=0)
+    return model
+
+
+class Dense(tf.Module):
+    def __init__(self, n_in, n_out, name=None):
+        super().__init__(name=name)
+        self.w = tf.Variable(tf.random.stateless_normal((n_in, n_out), seed=(n_in, n_out)))
+        self.b = tf.Variable(tf.zeros((n_out,)))
+
+    def __call__(self, x):
+        return tf.matmul(x, self.w) + self.b
+
+
+class ModuleNet(tf.Module):
+    """A plain tf.Module tree: nested modules, a shared submodule, an int step."""
+
+    def __init__(self):
+        super().__init__(name="module_net")
+        self.encoder = Dense(3, 4)
+        self.layers = [Dense(4, 4), Dense(4, 2)]
+        self.shared = self.layers[0]  # reachable twice
+        self.step = tf.Variable(0, dtype=tf.int64)
+
+    def __call__(self, x):
+        x = tf.nn.relu(self.encoder(x))
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def build_module(*, train=True):
+    """Returns tf.train.Checkpoint(model=ModuleNet, optimizer=TF1 Adam with slots)."""
+    net = ModuleNet()
+    optimizer = tf.compat.v1.train.AdamOptimizer(0.01)
+    if train:
+        x = tf.ones((2, 3))
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(net(x) ** 2)
+        variables = [v for v in net.trainable_variables if v.dtype.is_floating]
+        optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        net.step.assign_add(1)
+    return tf.train.Checkpoint(model=net, optimizer=optimizer)
+
+
+def build(flavour: str, kind: str = "functional", **kwargs):
+    """Builds a trained obj of a flavour: 'functional' or 'subclassed' Keras, or a module."""
+    if flavour == "module":
+        return build_module(**{k: v for k, v in kwargs.items() if k == "train"})
+    keras = keras_for(flavour)
+    if kind == "subclassed":
+        return build_subclassed(keras, **kwargs)
+    return build_functional(keras, **kwargs)
+
+
+def values(obj_tree) -> dict:
+    """Host copies of every variable of a tree, for bit-equality checks."""
+    return {path: np.array(variable.numpy()) for path, variable in obj_tree.items()}
+
+
+def assert_same(before: dict, after: dict):
+    assert list(before) == list(after)
+    for path in before:
+        a, b = before[path], after[path]
+        assert a.dtype == b.dtype and a.shape == b.shape, path
+        assert a.tobytes() == b.tobytes(), f"{path} changed"
+
+
+def checkpoint_paths(prefix: str) -> set:
+    """Object paths in a checkpoint, from TF's own list_variables."""
+    return {name.split("/.ATTRIBUTES/")[0] for name, _ in tf.train.list_variables(prefix)
+            if name != "_CHECKPOINTABLE_OBJECT_GRAPH"
+            and not name.startswith("save_counter/")}
+
+
+def legacy_keras_env() -> bool:
+    return os.environ.get("TF_USE_LEGACY_KERAS") == "1"

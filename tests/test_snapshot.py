@@ -1,0 +1,429 @@
+"""Snapshots, save and all-or-nothing restore over every flavour."""
+
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import objckpt
+from objckpt import _snapshot, errors
+from flavours import FLAVOURS, _data, assert_same, build, checkpoint_paths, keras_for, values
+from test_tree import write_name_based
+
+CASES = [(flavour, kind) for flavour in FLAVOURS for kind in ("functional", "subclassed")
+         if not (flavour == "module" and kind == "subclassed")]
+
+
+@pytest.fixture(params=CASES, ids=lambda c: f"{c[0]}-{c[1]}")
+def case(request):
+    return request.param
+
+
+@pytest.fixture
+def obj(case):
+    return build(*case)
+
+
+def perturb(obj):
+    """Changes every variable of obj (float by +1, int by +7)."""
+    for variable in objckpt.tree(obj).values():
+        if variable.dtype.is_floating:
+            variable.assign_add(tf.ones_like(variable))
+        else:
+            variable.assign_add(tf.cast(tf.fill(variable.shape, 7), variable.dtype))
+
+
+def train_more(obj):
+    """More training steps through the flavour's own machinery."""
+    if isinstance(obj, tf.train.Checkpoint):
+        net, optimizer = obj.model, obj.optimizer
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(net(tf.ones((2, 3))) ** 2)
+        variables = [v for v in net.trainable_variables if v.dtype.is_floating]
+        optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        net.step.assign_add(1)
+        return
+    images, tokens, targets = _data(seed=1)
+    inputs = images if obj.name == "net" else [images, tokens]
+    obj.fit(inputs, targets, epochs=2, batch_size=4, verbose=0)
+
+
+# --- snapshot / restore round trips -------------------------------------------
+
+
+def test_snapshot_is_immutable_while_training_continues(obj):
+    before = values(objckpt.tree(obj))
+    snap = objckpt.snapshot(obj)
+    train_more(obj)
+    assert {p: np.array(v) for p, v in snap.items()}.keys() == before.keys()
+    assert_same(before, snap.numpy())
+    assert not all(np.array_equal(before[p], v) for p, v in values(objckpt.tree(obj)).items())
+
+
+def test_restore_from_snapshot_is_bit_exact(obj):
+    before = values(objckpt.tree(obj))
+    snap = objckpt.snapshot(obj)
+    for _ in range(3):  # the first restore runs eagerly, later ones fused
+        perturb(obj)
+        report = objckpt.restore(obj, snap)
+        assert_same(before, values(objckpt.tree(obj)))
+    assert report.restored == tuple(before)
+    assert report.missing == () and report.unexpected == ()
+
+
+def test_snapshot_values_live_on_variable_devices_and_numpy_copies(obj):
+    snap = objckpt.snapshot(obj)
+    paths = objckpt.tree(obj)
+    for path, value in snap.items():
+        assert isinstance(value, tf.Tensor)
+        assert value.device == paths[path].device or paths[path].device == ""
+    host = snap.numpy()
+    assert all(isinstance(a, np.ndarray) for a in host.values())
+    assert snap.nbytes == sum(a.nbytes for a in host.values())
+
+
+def test_snapshot_restores_into_an_identical_fresh_obj(case):
+    source, target = build(*case), build(*case)
+    perturb(target)
+    objckpt.restore(target, objckpt.snapshot(source))
+    assert_same(values(objckpt.tree(source)), values(objckpt.tree(target)))
+
+
+def test_save_is_a_standard_checkpoint(obj, case, tmp_path):
+    prefix = objckpt.save(obj, str(tmp_path / "ck"))
+    assert prefix == str(tmp_path / "ck")
+    assert checkpoint_paths(prefix) == set(objckpt.tree(obj))
+    fresh = build(*case)
+    perturb(fresh)
+    tf.train.Checkpoint(root=fresh).read(prefix).assert_consumed()
+    assert_same(values(objckpt.tree(obj)), values(objckpt.tree(fresh)))
+    assert sorted(os.listdir(tmp_path)) == ["ck.data-00000-of-00001", "ck.index"]
+
+
+def test_saved_snapshot_has_the_same_layout_as_the_saved_obj(obj, tmp_path):
+    snap = objckpt.snapshot(obj)
+    train_more(obj)
+    a = objckpt.save(snap, str(tmp_path / "snap"))
+    objckpt.restore(obj, snap)
+    b = objckpt.save(obj, str(tmp_path / "obj"))
+    assert tf.train.list_variables(a) == tf.train.list_variables(b)
+    assert objckpt.read_tree(a).object_graph == objckpt.read_tree(b).object_graph
+    for key, _ in tf.train.list_variables(a):
+        if key != "_CHECKPOINTABLE_OBJECT_GRAPH":
+            assert np.array_equal(tf.train.load_variable(a, key), tf.train.load_variable(b, key))
+
+
+def test_restore_from_prefix_and_directory(obj, tmp_path):
+    before = values(objckpt.tree(obj))
+    prefix = objckpt.save(obj, str(tmp_path / "one"))
+    perturb(obj)
+    report = objckpt.restore(obj, prefix)
+    assert_same(before, values(objckpt.tree(obj)))
+    assert report.source == f"checkpoint `{prefix}`"
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(root=obj), str(tmp_path / "dir"), 3)
+    manager.save()
+    perturb(obj)
+    newest = manager.save()
+    after = values(objckpt.tree(obj))
+    perturb(obj)
+    report = objckpt.restore(obj, str(tmp_path / "dir"))  # save_counter is not "unexpected"
+    assert report.source == f"checkpoint `{newest}`" and report.unexpected == ()
+    assert_same(after, values(objckpt.tree(obj)))
+
+
+def test_directory_falls_back_to_newest_intact_checkpoint(tmp_path):
+    module = tf.Module()
+    module.v = tf.Variable([1.0, 2.0])
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(root=module), str(tmp_path), 3)
+    older = manager.save()
+    module.v.assign([5.0, 6.0])
+    newest = manager.save()
+    os.remove(newest + ".data-00000-of-00001")
+    module.v.assign([0.0, 0.0])
+    report = objckpt.restore(module, str(tmp_path))
+    assert report.source == f"checkpoint `{older}`"
+    assert any(newest in note and "missing" in note for note in report.notes)
+    assert module.v.numpy().tolist() == [1.0, 2.0]
+
+
+@pytest.mark.parametrize("explicit", [True, False], ids=["at=model", "at=auto"])
+def test_at_picks_model_subtree_of_model_and_optimizer_checkpoint(case, explicit, tmp_path):
+    if case[0] == "module":
+        root = build("module")
+        model, optimizer = root.model, root.optimizer
+    else:
+        model = build(*case)
+        optimizer = model.optimizer
+        root = tf.train.Checkpoint(model=model, optimizer=optimizer)
+    prefix = root.write(str(tmp_path / "both"))
+    before = values(objckpt.tree(model))
+    perturb(model)
+    report = objckpt.restore(model, prefix, at="model" if explicit else None)
+    assert_same(before, values(objckpt.tree(model)))
+    assert report.at == "model"
+    assert report.unexpected == () and report.missing == ()
+    if not explicit:
+        assert any("used at='model'" in note for note in report.notes)
+
+
+def test_at_with_no_such_subtree_names_the_choices(tmp_path):
+    root = build("module")
+    prefix = root.write(str(tmp_path / "both"))
+    before = values(objckpt.tree(root.model))
+    with pytest.raises(errors.StructureMismatchError) as info:
+        objckpt.restore(root.model, prefix, at="modle")
+    assert "at='modle'" in str(info.value) and "`model`" in str(info.value)
+    assert "`optimizer`" in str(info.value)
+    assert_same(before, values(objckpt.tree(root.model)))
+
+
+def test_at_on_a_snapshot_uses_path_prefixes():
+    root = build("module")
+    snap = objckpt.snapshot(root)
+    before = values(objckpt.tree(root.model))
+    perturb(root.model)
+    report = objckpt.restore(root.model, snap, at="model")
+    assert report.at == "model"
+    assert_same(before, values(objckpt.tree(root.model)))
+
+
+def test_strict_false_restores_what_matches_and_reports_the_rest():
+    module = tf.Module()
+    module.a = tf.Variable([1.0, 2.0])
+    module.b = tf.Variable(3.0)
+    source = objckpt.Snapshot({"a": [9.0, 8.0], "extra": [1.0]})
+    with pytest.raises(errors.StructureMismatchError):
+        objckpt.restore(module, source)
+    report = objckpt.restore(module, source, strict=False)
+    assert report.restored == ("a",)
+    assert report.missing == ("b",)
+    assert report.unexpected == ("extra",)
+    assert module.a.numpy().tolist() == [9.0, 8.0] and module.b.numpy() == 3.0
+    assert "missing from the source (1): b" in str(report)
+
+
+def test_fused_restore_does_not_copy_and_copy_on_write_protects_the_snapshot():
+    module = tf.Module()
+    module.v = tf.Variable(tf.zeros((1000,)))
+    snap = objckpt.snapshot(module)
+    for _ in range(3):
+        objckpt.restore(module, snap)
+        module.v.assign_add(tf.ones((1000,)))
+        assert float(snap["v"][0]) == 0.0
+        assert float(module.v[0]) == 1.0
+
+
+def test_snapshot_is_unchanged_by_xla_compiled_training():
+    keras = keras_for("keras3")
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.Adam(0.1), loss="mse", jit_compile=True)
+    x, y = np.ones((8, 4), "float32"), np.ones((8, 1), "float32")
+    model.fit(x, y, epochs=1, verbose=0)
+    snap = objckpt.snapshot(model)
+    kept = snap.numpy()
+    objckpt.restore(model, snap)
+    objckpt.restore(model, snap)  # now fused: the variables share the snapshot's buffers
+    model.fit(x, y, epochs=3, verbose=0)
+    assert_same(kept, snap.numpy())
+
+
+# --- bad input: a typed error, and every variable bit-identical --------------
+
+
+@pytest.fixture(scope="module", params=CASES, ids=lambda c: f"{c[0]}-{c[1]}")
+def shared_obj(request):
+    return build(*request.param)
+
+
+@pytest.fixture
+def guarded(shared_obj):
+    """Yields an obj (shared by the bad-input tests: none may change it) and
+    afterwards asserts every variable is bit-identical to before."""
+    before = values(objckpt.tree(shared_obj))
+    yield shared_obj
+    assert_same(before, values(objckpt.tree(shared_obj)))
+
+
+def _replace(snap, position, new_value):
+    items = dict(snap.items())
+    path = list(items)[position]
+    items[path] = new_value(items[path])
+    return objckpt.Snapshot(items), path
+
+
+@pytest.mark.parametrize("position", [0, "middle", -1])
+@pytest.mark.parametrize("to_disk", [False, True], ids=["snapshot", "prefix"])
+def test_wrong_shape_anywhere_changes_nothing(guarded, position, to_disk, tmp_path):
+    snap = objckpt.snapshot(guarded)
+    index = len(snap) // 2 if position == "middle" else position
+    source, path = _replace(snap, index, lambda v: tf.zeros(tuple(v.shape) + (2,), v.dtype))
+    if to_disk:
+        source = objckpt.save(source, str(tmp_path / "bad"))
+    with pytest.raises(errors.StructureMismatchError) as info:
+        objckpt.restore(guarded, source, strict=False)
+    message = str(info.value)
+    expected_shape = tuple(objckpt.tree(guarded)[path].shape)
+    assert f"`{path}`: shape {expected_shape + (2,)} in the source but {expected_shape}" in message
+    assert "Nothing was restored" in message and "Fix:" in message
+    assert info.value.problems and isinstance(info.value, ValueError)
+
+
+def test_wrong_dtype_changes_nothing(guarded):
+    snap = objckpt.snapshot(guarded)
+    index = next(i for i, v in enumerate(snap.values()) if v.dtype == tf.float32)
+    source, path = _replace(snap, index, lambda v: tf.cast(v, tf.float64))
+    with pytest.raises(errors.StructureMismatchError,
+                       match=f"`{path}`: dtype float64 in the source but float32 in the obj"):
+        objckpt.restore(guarded, source)
+
+
+def test_missing_entry_changes_nothing(guarded):
+    items = dict(objckpt.snapshot(guarded).items())
+    path = list(items)[len(items) // 2]
+    del items[path]
+    with pytest.raises(errors.StructureMismatchError) as info:
+        objckpt.restore(guarded, objckpt.Snapshot(items))
+    assert f"`{path}`: in the obj but missing from the source" in str(info.value)
+    assert "strict=False" in str(info.value)
+
+
+def test_unexpected_entry_changes_nothing(guarded, tmp_path):
+    items = dict(objckpt.snapshot(guarded).items())
+    items["stray/kernel"] = tf.zeros((2,))
+    prefix = objckpt.save(objckpt.Snapshot(items), str(tmp_path / "extra"))
+    with pytest.raises(errors.StructureMismatchError,
+                       match="`stray/kernel`: in the source but not in the obj"):
+        objckpt.restore(guarded, prefix)
+
+
+def test_missing_prefix(guarded, tmp_path):
+    objckpt.save(guarded, str(tmp_path / "real"))
+    with pytest.raises(errors.CheckpointNotFoundError) as info:
+        objckpt.restore(guarded, str(tmp_path / "reel"))
+    assert f"`{tmp_path / 'reel'}.index`" in str(info.value)
+    assert str(tmp_path / "real") in str(info.value)  # names what is there
+    assert isinstance(info.value, FileNotFoundError)
+
+
+@pytest.mark.parametrize("content", [b"", b"\x00\xffgarbage{{{", b"all_model_checkpoint_paths: 3"],
+                         ids=["empty", "garbage", "wrong-type"])
+def test_bad_state_file(guarded, tmp_path, content):
+    objckpt.save(guarded, str(tmp_path / "ckpt-1"))
+    (tmp_path / "checkpoint").write_bytes(content)
+    with pytest.raises(errors.CheckpointCorruptError) as info:
+        objckpt.restore(guarded, str(tmp_path))
+    message = str(info.value)
+    assert str(tmp_path / "checkpoint") in message
+    assert str(tmp_path / "ckpt-1") in message  # the fix: pass this prefix
+
+
+def test_truncated_index(guarded, tmp_path):
+    prefix = objckpt.save(guarded, str(tmp_path / "ck"))
+    raw = open(prefix + ".index", "rb").read()
+    open(prefix + ".index", "wb").write(raw[: len(raw) // 2])
+    with pytest.raises(errors.CheckpointCorruptError, match="index file"):
+        objckpt.restore(guarded, prefix)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "bitflip"])
+def test_damaged_data(guarded, tmp_path, damage):
+    prefix = objckpt.save(guarded, str(tmp_path / "ck"))
+    data = prefix + ".data-00000-of-00001"
+    raw = bytearray(open(data, "rb").read())
+    largest = max(objckpt.read_tree(prefix).values(), key=lambda e: e.nbytes)
+    if damage == "truncate":
+        raw = raw[: len(raw) - largest.nbytes // 2]
+    else:
+        # Flip a byte inside the largest tensor, away from the object graph.
+        offset = raw.find(np.asarray(objckpt.snapshot(guarded)[
+            largest.key.split("/.ATTRIBUTES/")[0]]).tobytes()[:16])
+        assert offset >= 0
+        raw[offset + 3] ^= 0x10
+    open(data, "wb").write(bytes(raw))
+    with pytest.raises(errors.CheckpointCorruptError) as info:
+        objckpt.restore(guarded, prefix)
+    assert f"`{prefix}`" in str(info.value)
+
+
+def test_file_that_is_not_a_checkpoint(guarded, tmp_path):
+    text = tmp_path / "weights.h5"
+    text.write_text("not a checkpoint")
+    with pytest.raises(errors.CheckpointNotFoundError, match="is a file, not a checkpoint prefix"):
+        objckpt.restore(guarded, str(text))
+    (tmp_path / "fake.index").write_bytes(os.urandom(512))
+    with pytest.raises(errors.CheckpointCorruptError, match="not a checkpoint index"):
+        objckpt.restore(guarded, str(tmp_path / "fake"))
+
+
+def test_name_based_checkpoint(guarded, tmp_path):
+    prefix = write_name_based(tmp_path / "tf1")
+    with pytest.raises(errors.NotObjectBasedError, match="objckpt.migrate"):
+        objckpt.restore(guarded, prefix)
+
+
+def test_wrong_source_type(guarded):
+    with pytest.raises(errors.UnsupportedObjectError, match="Received: source of type dict"):
+        objckpt.restore(guarded, {"a": 1})
+
+
+@pytest.mark.parametrize("flavour", [f for f in FLAVOURS if f != "module"])
+def test_unbuilt_model_points_to_restore_on_create(flavour, tmp_path):
+    trained = build(flavour, "subclassed")
+    prefix = objckpt.save(trained, str(tmp_path / "ck"))
+    unbuilt = build(flavour, "subclassed", call=False)
+    with pytest.raises(errors.UnbuiltModelError) as info:
+        objckpt.restore(unbuilt, prefix)
+    assert "restore_on_create" in str(info.value) and "not built" in str(info.value)
+    assert objckpt.tree(unbuilt) == {} or not unbuilt.built
+
+
+def test_empty_module_is_unbuilt(tmp_path):
+    source = objckpt.Snapshot({"v": [1.0]})
+    with pytest.raises(errors.UnbuiltModelError):
+        objckpt.restore(tf.Module(), source)
+    with pytest.raises(errors.UnbuiltModelError, match="Nothing to save"):
+        objckpt.save(tf.Module(), str(tmp_path / "empty"))
+
+
+# --- atomic writes -------------------------------------------------------------
+
+
+def test_crash_before_commit_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    module = tf.Module()
+    module.v = tf.Variable([1.0, 2.0])
+    prefix = objckpt.save(module, str(tmp_path / "ck"))
+    module.v.assign([3.0, 4.0])
+
+    def crash(temp, final):
+        raise KeyboardInterrupt("simulated crash after the data write")
+
+    monkeypatch.setattr(_snapshot, "_commit", crash)
+    with pytest.raises(KeyboardInterrupt):
+        objckpt.save(module, prefix)
+    assert sorted(os.listdir(tmp_path)) == ["ck.data-00000-of-00001", "ck.index"]  # no debris
+    module.v.assign([0.0, 0.0])
+    objckpt.restore(module, prefix)
+    assert module.v.numpy().tolist() == [1.0, 2.0]
+
+
+def test_crash_between_renames_leaves_no_half_checkpoint(tmp_path, monkeypatch):
+    module = tf.Module()
+    module.v = tf.Variable([1.0, 2.0])
+    prefix = objckpt.save(module, str(tmp_path / "ck"))
+    real_rename = _snapshot._rename
+
+    def rename(src, dst):
+        if dst.endswith(".index"):
+            raise KeyboardInterrupt("simulated crash before the index rename")
+        real_rename(src, dst)
+
+    monkeypatch.setattr(_snapshot, "_rename", rename)
+    module.v.assign([3.0, 4.0])
+    with pytest.raises(KeyboardInterrupt):
+        objckpt.save(module, prefix)
+    # New data but no index: not a checkpoint at all, rather than old index + new data.
+    assert not os.path.exists(prefix + ".index")
+    with pytest.raises(errors.CheckpointNotFoundError):
+        objckpt.restore(module, prefix)
+    assert module.v.numpy().tolist() == [3.0, 4.0]
