@@ -1,0 +1,187 @@
+"""objckpt benchmarks: ratios against the baselines users have today, in one run.
+
+Usage:
+  python benchmarks/run.py [--json results.json] [--repeats N] [--only a|b]
+
+Models:
+  (a) a Keras MLP of ~25M parameters in ~50 variables;
+  (b) a Keras model of ~500 small variables.
+
+Every operation and its baselines are timed in the same process, interleaved
+round by round, and each figure is the median over rounds. Ratios (baseline
+time / objckpt time) are what to compare across machines; absolute times
+depend on the machine. The physical limit is NumPy copying the same bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import objckpt  # noqa: E402
+
+
+def _keras():
+    import keras  # Keras 3 on TF >= 2.16, Keras 2 on TF 2.12-2.15
+
+    return keras
+
+
+def build_mlp(keras):
+    """(a): 24 Dense(1024) layers: 48 variables, 25.2M parameters."""
+    inputs = keras.Input((1024,))
+    x = inputs
+    for _ in range(24):
+        x = keras.layers.Dense(1024)(x)
+    return keras.Model(inputs, x, name="mlp_25m")
+
+
+def build_many(keras):
+    """(b): 250 Dense(16) layers: 500 small variables."""
+    inputs = keras.Input((16,))
+    x = inputs
+    for _ in range(250):
+        x = keras.layers.Dense(16)(x)
+    return keras.Model(inputs, x, name="many_500")
+
+
+def _median_ms(samples):
+    return statistics.median(samples) * 1e3
+
+
+def bench_model(model, repeats: int) -> dict:
+    """Times objckpt's operations and the baselines on one model."""
+    workdir = tempfile.mkdtemp(prefix="objckpt-bench-")
+    paths = objckpt.tree(model)
+    nbytes = sum(v.shape.num_elements() * v.dtype.size for v in paths.values())
+    params = sum(v.shape.num_elements() for v in paths.values())
+    prefix = objckpt.save(model, os.path.join(workdir, "ck"))
+    snap = objckpt.snapshot(model)
+    host = [np.array(v) for v in snap.values()]
+    host_out = [np.empty_like(a) for a in host]
+    weights = model.get_weights()
+
+    counter = iter(range(10**9))
+
+    def ram_round_trip():
+        # A fresh name each time: TF's ram:// file system does not truncate a
+        # file it overwrites, so reusing one name reads back stale bytes.
+        checkpoint = tf.train.Checkpoint(root=model)
+        path = checkpoint.write(f"ram://objckpt-bench/{model.name}/ck{next(counter)}")
+        checkpoint.read(path).assert_consumed()
+        for name in tf.io.gfile.glob(path + "*"):
+            tf.io.gfile.remove(name)
+
+    def dir_round_trip():
+        checkpoint = tf.train.Checkpoint(root=model)
+        path = checkpoint.write(os.path.join(workdir, "tfck"))
+        checkpoint.read(path).assert_consumed()
+
+    def numpy_copy():
+        for src, dst in zip(host, host_out):
+            np.copyto(dst, src)
+
+    operations = {
+        "snapshot": lambda: objckpt.snapshot(model),
+        "restore(Snapshot)": lambda: objckpt.restore(model, snap),
+        "restore(prefix)": lambda: objckpt.restore(model, prefix),
+        "set_weights(get_weights())": lambda: model.set_weights(model.get_weights()),
+        "set_weights(saved list)": lambda: model.set_weights(weights),
+        "tf.train.Checkpoint ram:// write+read": ram_round_trip,
+        "tf.train.Checkpoint tempdir write+read": dir_round_trip,
+        "tf.train.Checkpoint.read(prefix)+assert_consumed":
+            lambda: tf.train.Checkpoint(root=model).read(prefix).assert_consumed(),
+        "NumPy copy of the same bytes": numpy_copy,
+    }
+    for fn in operations.values():  # warm up: traces, caches, page cache
+        fn()
+        fn()
+    samples = {name: [] for name in operations}
+    for _ in range(repeats):
+        for name, fn in operations.items():
+            start = time.perf_counter()
+            fn()
+            samples[name].append(time.perf_counter() - start)
+    for name in samples:  # let slow (I/O) baselines settle: drop the first round
+        samples[name] = samples[name][1:] or samples[name]
+    ms = {name: _median_ms(s) for name, s in samples.items()}
+    return {"model": model.name, "variables": len(paths), "parameters": params,
+            "bytes": nbytes, "ms": ms}
+
+
+def ratios(result: dict) -> list[tuple[str, float, str, bool | None]]:
+    """(what, ratio, target, met) rows for one model's timings."""
+    ms = result["ms"]
+    rows = []
+
+    def row(what, ratio, target=None, ok=None):
+        rows.append((what, ratio, target or "", ok))
+
+    restore_snap = ms["restore(Snapshot)"]
+    ratio = ms["set_weights(get_weights())"] / restore_snap
+    row("restore(Snapshot) vs set_weights(get_weights())", ratio, ">= 30x", ratio >= 30)
+    ratio = ms["tf.train.Checkpoint ram:// write+read"] / restore_snap
+    is_a = result["parameters"] > 1e7
+    row("restore(Snapshot) vs ram:// checkpoint round trip", ratio,
+        ">= 100x" if is_a else None, (ratio >= 100) if is_a else None)
+    row("restore(Snapshot) vs tempdir checkpoint round trip",
+        ms["tf.train.Checkpoint tempdir write+read"] / restore_snap)
+    row("restore(Snapshot) vs NumPy copy of the bytes", ms["NumPy copy of the same bytes"]
+        / restore_snap)
+    row("snapshot vs NumPy copy of the bytes", ms["NumPy copy of the same bytes"]
+        / ms["snapshot"])
+    ratio = ms["restore(prefix)"] / ms["tf.train.Checkpoint.read(prefix)+assert_consumed"]
+    row("restore(prefix) time / tf.train.Checkpoint.read+assert_consumed", ratio, "<= 1.15x",
+        ratio <= 1.15)
+    if is_a:
+        row("snapshot time in ms", ms["snapshot"], "<= 5 ms", ms["snapshot"] <= 5)
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", help="also write the results as JSON to this file")
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--only", choices=["a", "b"])
+    args = parser.parse_args(argv)
+    keras = _keras()
+    print(f"TF {tf.__version__}, Keras {keras.__version__}, NumPy {np.__version__}, "
+          f"{os.cpu_count()} CPUs; median of {args.repeats} interleaved rounds")
+    builders = {"a": build_mlp, "b": build_many}
+    results = []
+    for key, builder in builders.items():
+        if args.only and key != args.only:
+            continue
+        result = bench_model(builder(keras), args.repeats)
+        result["ratios"] = ratios(result)
+        results.append(result)
+        print(f"\n({key}) {result['model']}: {result['variables']} variables, "
+              f"{result['parameters'] / 1e6:.1f}M parameters, {result['bytes'] / 1e6:.1f} MB")
+        print(f"  {'operation':<52} {'median ms':>10}")
+        for name, value in result["ms"].items():
+            print(f"  {name:<52} {value:>10.3f}")
+        print(f"  {'ratio':<68} {'value':>9}  {'target':<9} met")
+        for what, value, target, ok in result["ratios"]:
+            mark = "" if ok is None else ("yes" if ok else "NO")
+            print(f"  {what:<68} {value:>9.2f}  {target:<9} {mark}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"tensorflow": tf.__version__, "keras": keras.__version__,
+                       "results": results}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""The `objckpt` command line, run as users run it."""
+
+import json
+import os
+import subprocess
+import sys
+
+import tensorflow as tf
+
+import objckpt
+from objckpt import cli
+from flavours import build
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run(*args):
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-m", "objckpt", *args], capture_output=True,
+                          text=True, env=env, timeout=120)
+
+
+def test_inspect_text_and_json_from_the_command_line(tmp_path):
+    root = build("module")
+    manager = tf.train.CheckpointManager(root, str(tmp_path), 2)
+    prefix = manager.save()
+    text = _run("inspect", str(tmp_path))
+    assert text.returncode == 0, text.stderr
+    out = text.stdout
+    entries = objckpt.read_tree(prefix)
+    assert f"checkpoint {prefix}: {len(entries)} variables" in out
+    assert "  encoder/" in out and "(3, 4)" in out and "float32" in out
+    assert "optimizer slots" in out and "model/encoder/w/.OPTIMIZER_SLOT/optimizer/m" in out
+    assert out.rstrip().splitlines()[-1].startswith("total")
+    js = _run("inspect", prefix, "--format", "json")
+    assert js.returncode == 0, js.stderr
+    doc = json.loads(js.stdout)
+    assert doc == cli.inspect_json(entries)
+    assert doc["total"]["variables"] == len(entries)
+    assert doc["total"]["nbytes"] == sum(v["nbytes"] for v in doc["variables"])
+    w = next(v for v in doc["variables"] if v["path"] == "model/encoder/w")
+    assert w["shape"] == [3, 4] and w["dtype"] == "float32" and w["nbytes"] == 48
+
+
+def test_inspect_errors_exit_1_with_the_message(tmp_path):
+    result = _run("inspect", str(tmp_path / "missing"))
+    assert result.returncode == 1
+    assert f"No checkpoint at prefix `{tmp_path / 'missing'}`" in result.stderr
+
+
+def test_no_command_is_a_usage_error():
+    result = _run()
+    assert result.returncode == 2
+    assert "inspect" in result.stderr
+
+
+def test_inspect_text_totals_per_object(tmp_path):
+    module = tf.Module()
+    module.block = tf.Module()
+    module.block.w = tf.Variable(tf.zeros((2, 3)))
+    module.block.b = tf.Variable(tf.zeros((3,), tf.float64))
+    prefix = objckpt.save(module, str(tmp_path / "ck"))
+    text = cli.inspect_text(objckpt.read_tree(prefix))
+    lines = text.splitlines()
+    block = next(line for line in lines if line.startswith("block/"))
+    assert "2 variables" in block and "48 B" in block
+    assert any(line.split()[:3] == ["b", "(3,)", "float64"] for line in lines)
+    assert "2 variables, 9 parameters, 48 B" in lines[0]
+
+
+def test_import_is_cheap_and_does_not_import_tensorflow():
+    code = ("import sys, objckpt; assert 'tensorflow' not in sys.modules, 'TF imported'; "
+            "assert 'keras' not in sys.modules; print(objckpt.__version__, len(objckpt.__all__))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env=dict(os.environ, PYTHONPATH=ROOT), timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[0] == objckpt.__version__
