@@ -11,11 +11,9 @@ from collections.abc import Mapping
 import numpy as np
 import tensorflow as tf
 
-from objckpt import _compat
-from objckpt import _tree
-from objckpt import errors
+from objckpt import _compat, _tree, errors
 
-__all__ = ["RestoreReport", "Snapshot", "snapshot", "save", "restore"]
+__all__ = ["RestoreReport", "Snapshot", "restore", "save", "snapshot"]
 
 _MAX_LISTED = 20
 # Entries that tf.train.Checkpoint adds for itself; never "unexpected".
@@ -40,7 +38,7 @@ class Snapshot(_tree._FrozenMapping):
         self._origin = None
 
     @classmethod
-    def _of_tree(cls, variables: _tree.VariableTree, values: list) -> "Snapshot":
+    def _of_tree(cls, variables: _tree.VariableTree, values: list) -> Snapshot:
         result = cls.__new__(cls)
         _tree._FrozenMapping.__init__(result, dict(zip(variables, values)))
         result._origin = weakref.ref(variables)
@@ -87,7 +85,8 @@ class RestoreReport:
         lines = [f"restored {len(self.restored)} variables from {self.source}"
                  + (f" (at={self.at!r})" if self.at else "")]
         if self.missing:
-            lines.append(f"missing from the source ({len(self.missing)}): " + ", ".join(self.missing))
+            lines.append(f"missing from the source ({len(self.missing)}): "
+                         + ", ".join(self.missing))
         if self.unexpected:
             lines.append(f"not in the obj ({len(self.unexpected)}): " + ", ".join(self.unexpected))
         lines.extend(self.notes)

@@ -8,6 +8,7 @@ object paths in TF's order, so the two can be compared key by key.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import weakref
@@ -15,10 +16,9 @@ from collections.abc import Iterator, Mapping
 
 import tensorflow as tf
 
-from objckpt import _compat
-from objckpt import errors
+from objckpt import _compat, errors
 
-__all__ = ["Entry", "CheckpointTree", "VariableTree", "tree", "read_tree", "resolve_prefix"]
+__all__ = ["CheckpointTree", "Entry", "VariableTree", "read_tree", "resolve_prefix", "tree"]
 
 _STATE_FILE = "checkpoint"
 
@@ -47,7 +47,7 @@ class _FrozenMapping(Mapping):
 class VariableTree(_FrozenMapping):
     """Ordered mapping object path -> variable of a live obj (see `tree`)."""
 
-    __slots__ = ("fused", "_fingerprint", "__weakref__")
+    __slots__ = ("__weakref__", "_fingerprint", "fused")
 
     def __init__(self, items: dict, fingerprint=None):
         super().__init__(items)
@@ -55,11 +55,12 @@ class VariableTree(_FrozenMapping):
         self._fingerprint = fingerprint
 
     def __repr__(self) -> str:
-        return f"VariableTree({len(self)} variables: {', '.join(list(self)[:3])}{', ...' if len(self) > 3 else ''})"
+        head = ", ".join(list(self)[:3]) + (", ..." if len(self) > 3 else "")
+        return f"VariableTree({len(self)} variables: {head})"
 
 
 # obj -> VariableTree, reused while obj's variable fingerprint is unchanged.
-_TREE_CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_TREE_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def tree(obj) -> VariableTree:
@@ -101,10 +102,8 @@ def tree(obj) -> VariableTree:
             return cached
     result = VariableTree(dict(_compat.variable_paths(obj)), fingerprint)
     if fingerprint is not None:
-        try:
+        with contextlib.suppress(TypeError):  # not weak-referenceable: no caching
             _TREE_CACHE[obj] = result
-        except TypeError:
-            pass
     return result
 
 
@@ -140,7 +139,7 @@ class CheckpointTree(_FrozenMapping):
       object_graph: the `TrackableObjectGraph` proto stored in the checkpoint.
     """
 
-    __slots__ = ("prefix", "object_graph")
+    __slots__ = ("object_graph", "prefix")
 
     def __init__(self, items: dict, prefix: str, object_graph):
         super().__init__(items)
@@ -205,7 +204,8 @@ def _read_tree_at(prefix: str) -> CheckpointTree:
     except Exception as err:  # DataLossError, DecodeError: both mean damage
         raise errors.CheckpointCorruptError(
             f"Checkpoint `{prefix}` has a damaged object graph (`{_compat.OBJECT_GRAPH_KEY}`): "
-            f"{_first_line(err)}. Restore from another checkpoint, or write this one again.") from err
+            f"{_first_line(err)}. Restore from another checkpoint, or write this one again."
+        ) from err
     items = {}
     for node in graph.nodes:
         for attribute in node.attributes:
@@ -394,7 +394,8 @@ def build_object_graph(paths: list[str], names: list[str]):
         graph.nodes[optimizer_id].slot_variables.add(
             original_variable_node_id=node_for(variable), slot_name=slot,
             slot_variable_node_id=slot_id)
-    if "has_checkpoint_values" in _compat.TrackableObjectGraph.TrackableObject.DESCRIPTOR.fields_by_name:
+    fields = _compat.TrackableObjectGraph.TrackableObject.DESCRIPTOR.fields_by_name
+    if "has_checkpoint_values" in fields:
         for node in graph.nodes:
             node.has_checkpoint_values.value = True
     return graph

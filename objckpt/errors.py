@@ -8,13 +8,13 @@ fits it, so ``except ValueError`` or ``except OSError`` keeps working.
 from __future__ import annotations
 
 __all__ = [
-        "ObjckptError",
-        "StructureMismatchError",
-        "UnbuiltModelError",
-        "NotObjectBasedError",
-        "CheckpointNotFoundError",
-        "CheckpointCorruptError",
-        "UnsupportedObjectError",
+    "CheckpointCorruptError",
+    "CheckpointNotFoundError",
+    "NotObjectBasedError",
+    "ObjckptError",
+    "StructureMismatchError",
+    "UnbuiltModelError",
+    "UnsupportedObjectError",
 ]
 
 

@@ -9,6 +9,7 @@ import tensorflow as tf
 
 import objckpt
 from objckpt import cli
+
 from flavours import build
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

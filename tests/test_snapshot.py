@@ -1,6 +1,7 @@
 """Snapshots, save and all-or-nothing restore over every flavour."""
 
 import os
+import pathlib
 
 import numpy as np
 import pytest
@@ -8,6 +9,7 @@ import tensorflow as tf
 
 import objckpt
 from objckpt import _snapshot, errors
+
 from flavours import FLAVOURS, _data, assert_same, build, checkpoint_paths, keras_for, values
 from test_tree import write_name_based
 
@@ -257,14 +259,14 @@ def _replace(snap, position, new_value):
 def test_wrong_shape_anywhere_changes_nothing(guarded, position, to_disk, tmp_path):
     snap = objckpt.snapshot(guarded)
     index = len(snap) // 2 if position == "middle" else position
-    source, path = _replace(snap, index, lambda v: tf.zeros(tuple(v.shape) + (2,), v.dtype))
+    source, path = _replace(snap, index, lambda v: tf.zeros((*v.shape, 2), v.dtype))
     if to_disk:
         source = objckpt.save(source, str(tmp_path / "bad"))
     with pytest.raises(errors.StructureMismatchError) as info:
         objckpt.restore(guarded, source, strict=False)
     message = str(info.value)
     expected_shape = tuple(objckpt.tree(guarded)[path].shape)
-    assert f"`{path}`: shape {expected_shape + (2,)} in the source but {expected_shape}" in message
+    assert f"`{path}`: shape {(*expected_shape, 2)} in the source but {expected_shape}" in message
     assert "Nothing was restored" in message and "Fix:" in message
     assert info.value.problems and isinstance(info.value, ValueError)
 
@@ -320,8 +322,8 @@ def test_bad_state_file(guarded, tmp_path, content):
 
 def test_truncated_index(guarded, tmp_path):
     prefix = objckpt.save(guarded, str(tmp_path / "ck"))
-    raw = open(prefix + ".index", "rb").read()
-    open(prefix + ".index", "wb").write(raw[: len(raw) // 2])
+    index = pathlib.Path(prefix + ".index")
+    index.write_bytes(index.read_bytes()[: index.stat().st_size // 2])
     with pytest.raises(errors.CheckpointCorruptError, match="index file"):
         objckpt.restore(guarded, prefix)
 
@@ -329,8 +331,8 @@ def test_truncated_index(guarded, tmp_path):
 @pytest.mark.parametrize("damage", ["truncate", "bitflip"])
 def test_damaged_data(guarded, tmp_path, damage):
     prefix = objckpt.save(guarded, str(tmp_path / "ck"))
-    data = prefix + ".data-00000-of-00001"
-    raw = bytearray(open(data, "rb").read())
+    data = pathlib.Path(prefix + ".data-00000-of-00001")
+    raw = bytearray(data.read_bytes())
     largest = max(objckpt.read_tree(prefix).values(), key=lambda e: e.nbytes)
     if damage == "truncate":
         raw = raw[: len(raw) - largest.nbytes // 2]
@@ -340,7 +342,7 @@ def test_damaged_data(guarded, tmp_path, damage):
             largest.key.split("/.ATTRIBUTES/")[0]]).tobytes()[:16])
         assert offset >= 0
         raw[offset + 3] ^= 0x10
-    open(data, "wb").write(bytes(raw))
+    data.write_bytes(bytes(raw))
     with pytest.raises(errors.CheckpointCorruptError) as info:
         objckpt.restore(guarded, prefix)
     assert f"`{prefix}`" in str(info.value)
@@ -349,7 +351,7 @@ def test_damaged_data(guarded, tmp_path, damage):
 def test_file_that_is_not_a_checkpoint(guarded, tmp_path):
     text = tmp_path / "weights.h5"
     text.write_text("not a checkpoint")
-    with pytest.raises(errors.CheckpointNotFoundError, match="is a file, not a checkpoint prefix"):
+    with pytest.raises(errors.CheckpointNotFoundError, match=r"is a file, not a checkpoint prefix"):
         objckpt.restore(guarded, str(text))
     (tmp_path / "fake.index").write_bytes(os.urandom(512))
     with pytest.raises(errors.CheckpointCorruptError, match="not a checkpoint index"):
@@ -358,7 +360,7 @@ def test_file_that_is_not_a_checkpoint(guarded, tmp_path):
 
 def test_name_based_checkpoint(guarded, tmp_path):
     prefix = write_name_based(tmp_path / "tf1")
-    with pytest.raises(errors.NotObjectBasedError, match="objckpt.migrate"):
+    with pytest.raises(errors.NotObjectBasedError, match=r"objckpt\.migrate"):
         objckpt.restore(guarded, prefix)
 
 

@@ -1,11 +1,14 @@
 """objckpt.tree and objckpt.read_tree over every flavour."""
 
+import pathlib
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import objckpt
 from objckpt import errors
+
 from flavours import FLAVOURS, build, checkpoint_paths
 
 CASES = [(flavour, kind) for flavour in FLAVOURS for kind in ("functional", "subclassed")
@@ -79,10 +82,10 @@ def test_read_tree_reads_no_tensor_data(tmp_path):
     module.big = tf.Variable(tf.ones((4096,)))
     module.small = tf.Variable(2.0)
     prefix = objckpt.save(module, str(tmp_path / "m"))
-    data = prefix + ".data-00000-of-00001"
-    raw = bytearray(open(data, "rb").read())
+    data = pathlib.Path(prefix + ".data-00000-of-00001")
+    raw = bytearray(data.read_bytes())
     raw[100] ^= 0xFF  # inside `big`'s bytes: any read of it fails its checksum
-    open(data, "wb").write(bytes(raw))
+    data.write_bytes(bytes(raw))
     entries = objckpt.read_tree(prefix)
     assert entries["big"].shape == (4096,)
     assert entries.nbytes == 4096 * 4 + 4
