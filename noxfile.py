@@ -18,19 +18,19 @@ def _run_tests(session, *pins, env=None):
     session.run("pytest", "-q", "-p", "no:cacheprovider", *session.posargs, env=env)
 
 
-@nox.session(python="3.11")
+@nox.session
 def keras3(session):
     """Latest TF with Keras 3 (tf.keras is Keras 3)."""
     _run_tests(session, "tensorflow", env={"TF_USE_LEGACY_KERAS": "0"})
 
 
-@nox.session(python="3.11")
+@nox.session
 def tf_keras(session):
     """Latest TF with tf_keras (TF_USE_LEGACY_KERAS=1: tf.keras is tf_keras)."""
     _run_tests(session, "tensorflow", "tf_keras", env={"TF_USE_LEGACY_KERAS": "1"})
 
 
-@nox.session(python="3.11")
+@nox.session
 def keras2(session):
     """TF 2.12 with its bundled Keras 2, on NumPy 1."""
     _run_tests(session, "tensorflow==2.12.1", "numpy<2", env={"TF_USE_LEGACY_KERAS": "0"})

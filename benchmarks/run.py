@@ -8,7 +8,8 @@ Models:
   (b) a Keras model of ~500 small variables.
 
 Every operation and its baselines are timed in the same process, interleaved
-round by round, and each figure is the median over rounds. Ratios (baseline
+round by round, and each figure is the median over rounds (a round times a
+fast operation over several back-to-back calls, as timeit does). Ratios (baseline
 time / objckpt time) are what to compare across machines; absolute times
 depend on the machine. The physical limit is NumPy copying the same bytes.
 """
@@ -104,15 +105,24 @@ def bench_model(model, repeats: int) -> dict:
             lambda: tf.train.Checkpoint(root=model).read(prefix).assert_consumed(),
         "NumPy copy of the same bytes": numpy_copy,
     }
-    for fn in operations.values():  # warm up: traces, caches, page cache
+    # Warm up (traces, caches, page cache), then pick how many back-to-back
+    # calls one sample of each operation takes, as timeit's autorange does:
+    # enough for ~20 ms, so fast operations are not timed below the clock's
+    # resolution or only ever straight after a slow neighbour.
+    inner = {}
+    for name, fn in operations.items():
         fn()
+        start = time.perf_counter()
         fn()
+        once = time.perf_counter() - start
+        inner[name] = max(1, min(50, int(0.02 / max(once, 1e-6))))
     samples = {name: [] for name in operations}
     for _ in range(repeats):
         for name, fn in operations.items():
             start = time.perf_counter()
-            fn()
-            samples[name].append(time.perf_counter() - start)
+            for _ in range(inner[name]):
+                fn()
+            samples[name].append((time.perf_counter() - start) / inner[name])
     for name in samples:  # let slow (I/O) baselines settle: drop the first round
         samples[name] = samples[name][1:] or samples[name]
     ms = {name: _median_ms(s) for name, s in samples.items()}
