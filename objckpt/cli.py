@@ -45,6 +45,10 @@ def _size(nbytes: int) -> str:
     return ""  # unreachable
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
 def _shape(shape) -> str:
     return "(" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")"
 
@@ -91,7 +95,7 @@ def inspect_text(entries) -> str:
                 seen.add(node)
                 count, nbytes = totals[node]
                 rows.append(("  " * (depth - 1) + parts[depth - 1] + "/",
-                             f"{count} variable{'s' if count != 1 else ''}", "", _size(nbytes)))
+                             _count(count, "variable"), "", _size(nbytes)))
         rows.append(("  " * (len(parts) - 1) + parts[-1], _shape(entry.shape),
                      entry.dtype.name, _size(entry.nbytes)))
     if slots:
@@ -100,8 +104,8 @@ def inspect_text(entries) -> str:
         rows.extend(("  " + p, _shape(e.shape), e.dtype.name, _size(e.nbytes))
                     for p, e in slots.items())
     params = sum(_params(e) for e in entries.values())
-    header = (f"checkpoint {entries.prefix}: {len(entries)} variables, {params:,} parameters, "
-              f"{_size(entries.nbytes)}")
+    header = (f"checkpoint {entries.prefix}: {_count(len(entries), 'variable')}, "
+              f"{_count(params, 'parameter')}, {_size(entries.nbytes)}")
     widths = [max([len(r[i]) for r in rows] + [len(h)])
               for i, h in enumerate(("object path", "shape", "dtype", "size"))]
     lines = [header, ""]

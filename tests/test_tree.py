@@ -129,3 +129,19 @@ def write_name_based(path) -> str:
         with tf.compat.v1.Session() as session:
             session.run(tf.compat.v1.global_variables_initializer())
             return saver.save(session, str(path))
+
+
+@pytest.mark.parametrize("flavour", ["keras3", "tf_keras", "keras2"])
+def test_tree_of_an_optimizer_alone(flavour, tmp_path):
+    model = build(flavour)
+    prefix = tf.train.Checkpoint(root=model.optimizer).write(str(tmp_path / "opt"))
+    paths = objckpt.tree(model.optimizer)
+    assert set(paths) == checkpoint_paths(prefix)
+    n = len(model.trainable_variables)
+    if hasattr(model.optimizer, "get_slot_names"):
+        # A slot-style optimizer (Keras 2's OptimizerV2): its m and v slots are keyed by the
+        # variables they slot for, so they appear once the model is in the same tree.
+        both = objckpt.tree(tf.train.Checkpoint(model=model, optimizer=model.optimizer))
+        assert sum("/.OPTIMIZER_SLOT/optimizer/" in p for p in both) == 2 * n
+    else:
+        assert len(paths) >= 2 * n  # Adam: m and v per variable
