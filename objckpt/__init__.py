@@ -22,7 +22,10 @@ __all__ = [
     "Entry",
     "RestoreReport",
     "Snapshot",
+    "Twins",
     "VariableTree",
+    "callbacks",
+    "clone",
     "errors",
     "read_tree",
     "restore",
@@ -43,9 +46,13 @@ _LAZY = {
     "restore": "_snapshot",
     "save": "_snapshot",
     "snapshot": "_snapshot",
+    "Twins": "_twins",
+    "clone": "_clone",
 }
 
 if TYPE_CHECKING:
+    from objckpt import callbacks as callbacks
+    from objckpt._clone import clone as clone
     from objckpt._snapshot import RestoreReport as RestoreReport
     from objckpt._snapshot import Snapshot as Snapshot
     from objckpt._snapshot import restore as restore
@@ -56,9 +63,14 @@ if TYPE_CHECKING:
     from objckpt._tree import VariableTree as VariableTree
     from objckpt._tree import read_tree as read_tree
     from objckpt._tree import tree as tree
+    from objckpt._twins import Twins as Twins
 
 
 def __getattr__(name: str):
+    if name == "callbacks":  # a public module: loaded on first use, like the rest
+        value = importlib.import_module("objckpt.callbacks")
+        globals()[name] = value
+        return value
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'objckpt' has no attribute {name!r}")

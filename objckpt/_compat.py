@@ -13,6 +13,7 @@ from tensorflow.core.protobuf import trackable_object_graph_pb2
 from tensorflow.python.checkpoint import graph_view as _graph_view
 from tensorflow.python.checkpoint import util as _checkpoint_util
 from tensorflow.python.trackable import base as _trackable_base
+from tensorflow.python.trackable import trackable_utils as _trackable_utils
 
 TrackableObjectGraph = trackable_object_graph_pb2.TrackableObjectGraph
 
@@ -141,19 +142,21 @@ class FusedOps:
         self._assign_fn = None
         self._traceable = all(v.shape.is_fully_defined() for v in self._variables)
 
+    def _eager_loop(self, count: int) -> bool:
+        return not tf.executing_eagerly() or not self._traceable or count < 2
+
     def read_all(self):
         self._reads += 1
-        if not tf.executing_eagerly() or not self._traceable or self._reads < 2:
+        if self._eager_loop(self._reads):
             return [read_value(v) for v in self._variables]
         if self._read_fn is None:
-            self._read_fn = _flat_caller(
-                tf.function(lambda: [read_value(v) for v in self._variables],
-                            autograph=False).get_concrete_function())
-        return self._read_fn([])
+            variables = self._variables
+            self._read_fn = fused_call(lambda: [read_value(v) for v in variables], [])
+        return self._read_fn()
 
     def assign_all(self, values):
         self._assigns += 1
-        if not tf.executing_eagerly() or not self._traceable or self._assigns < 2:
+        if self._eager_loop(self._assigns):
             for variable, value in zip(self._variables, values):
                 variable.assign(value, read_value=False)
             return
@@ -164,20 +167,88 @@ class FusedOps:
                 for variable, x in zip(variables, xs):
                     variable.assign(x, read_value=False)
 
-            specs = [tf.TensorSpec(v.shape, v.dtype) for v in variables]
-            self._assign_fn = _flat_caller(
-                tf.function(assign, autograph=False).get_concrete_function(*specs))
-        self._assign_fn(list(values))
+            self._assign_fn = fused_call(assign, [tf.TensorSpec(v.shape, v.dtype)
+                                                  for v in variables])
+        self._assign_fn(*values)
 
 
-def _flat_caller(concrete):
-    # ConcreteFunction.__call__ re-flattens and validates every argument in
-    # Python (about 8 us per tensor); `_call_flat` takes the flat list as is.
+def fused_call(body, specs):
+    """Traces `body` once for `specs`; returns a fast callable running it.
+
+    Eagerly, the concrete function is called through `_call_flat`, because
+    ConcreteFunction.__call__ re-flattens and validates every argument in
+    Python (about 8 us per tensor). Inside a user's `tf.function` the traced
+    function is called as a nested function; it is never traced again.
+    """
+    function = tf.function(body, autograph=False)
+    concrete = function.get_concrete_function(*specs)
     captured = concrete.captured_inputs
     call_flat = getattr(concrete, "_call_flat", None)
-    if call_flat is None:
-        return lambda xs: concrete(*xs)
-    return lambda xs: call_flat(xs, captured)
+
+    def call(*args):
+        if tf.executing_eagerly() and call_flat is not None:
+            return call_flat(list(args), captured)
+        return concrete(*args)
+
+    call.function = function  # for tests: function.experimental_get_tracing_count()
+    return call
+
+
+def keras_callback_base(model):
+    """The `Callback` base class of the Keras flavour `model` belongs to."""
+    import importlib
+
+    for cls in type(model).__mro__:
+        root = cls.__module__.split(".", 1)[0]
+        if root in ("keras", "tf_keras"):
+            return importlib.import_module(root).callbacks.Callback
+    return None
+
+
+def network_variable_paths(obj) -> list[tuple[str, object]]:
+    """Like `variable_paths`, but never walks into an optimizer.
+
+    A breadth-first walk in TF's order that skips every child with an
+    `apply_gradients` method (TF1, Keras 2, tf_keras and Keras 3 optimizers):
+    the paths are those of the network alone, the same whether or not a model
+    is compiled (TF's canonical path of a variable can otherwise run through
+    the optimizer's list of the variables it trains).
+    """
+    view = _graph_view.ObjectGraphView(obj)
+    seen = {id(obj)}
+    queue = [(obj, "")]
+    out = []
+    for node, path in queue:  # grows while iterating: a breadth-first walk
+        for name, child in view.children(node).items():
+            if id(child) in seen or callable(getattr(child, "apply_gradients", None)):
+                continue
+            seen.add(id(child))
+            local = _trackable_utils.escape_local_name(name)
+            child_path = f"{path}/{local}" if path else local
+            variable = as_variable(child)
+            if variable is not None:
+                out.append((child_path, variable))
+            queue.append((child, child_path))
+    return out
+
+
+def own_variables(obj):
+    """The variables obj owns, without optimizer state; None if unknown.
+
+    Keras models and layers (every flavour) list them in `variables`; a
+    `tf.Module` lists every variable reachable through its attributes.
+    """
+    if hasattr(obj, "built") or isinstance(obj, tf.Module):
+        try:
+            found = _variable_list(obj.variables)
+        except (AttributeError, TypeError, ValueError):
+            return None
+        out = []
+        for v in found:
+            inner = as_variable(v)
+            out.append(v if inner is None else inner)
+        return out
+    return None
 
 
 def parse_checkpoint_state(data: bytes):

@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = [
     "CheckpointCorruptError",
     "CheckpointNotFoundError",
+    "InvalidArgumentError",
     "NotObjectBasedError",
     "ObjckptError",
     "StructureMismatchError",
@@ -52,3 +53,7 @@ class CheckpointCorruptError(ObjckptError, OSError):
 
 class UnsupportedObjectError(ObjckptError, TypeError):
     """The argument is not a trackable obj, Snapshot, prefix or directory."""
+
+
+class InvalidArgumentError(ObjckptError, ValueError):
+    """An argument has a value objckpt cannot use (range, pattern, option)."""

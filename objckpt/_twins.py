@@ -1,0 +1,199 @@
+"""Past/current twins: a copy of a network kept one update behind.
+
+`Twins(model)` pairs the model (`current`) with an independent structural
+copy (`past`), matched by object path. `sync()` copies current into past (a
+hard copy, or a Polyak blend with `tau`) and `swap()` exchanges them, each as
+one fused TF call: no NumPy round trip, no files, no retracing.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import tensorflow as tf
+
+from objckpt import _compat, errors
+
+__all__ = ["Twins"]
+
+
+def _patterns(value, name: str) -> tuple[re.Pattern, ...]:
+    if value is None:
+        return ()
+    received = value
+    if isinstance(value, str):
+        value = (value,)
+    try:
+        return tuple(re.compile(p) for p in value)
+    except (TypeError, re.error) as err:
+        raise errors.InvalidArgumentError(
+            f"{name}= takes regular expressions matched (re.search) against object paths. "
+            f"Received: {name}={received!r} ({err}). Example: {name}=['^encoder/', 'kernel$'].",
+        ) from err
+
+
+def _network_variables(obj) -> dict:
+    """Object path -> variable for obj's own variables: no optimizer state."""
+    if not _compat.is_trackable(obj):
+        raise errors.UnsupportedObjectError(
+            f"Twins needs a trackable model (Keras model of any flavour, tf.Module). "
+            f"Received: {type(obj).__name__}.")
+    return dict(_compat.network_variable_paths(obj))
+
+
+def _check_tau(tau) -> None:
+    if isinstance(tau, (int, float)) and not 0.0 <= tau <= 1.0:
+        raise errors.InvalidArgumentError(
+            f"tau is the weight of current in past = tau*current + (1-tau)*past and must lie "
+            f"in [0, 1]. Received: tau={tau!r}. Use tau=1.0 for a hard copy, e.g. tau=0.005 "
+            "for a slowly moving target network.")
+
+
+class Twins:
+    """A model (`current`) and an independent copy of it kept behind (`past`).
+
+    Args:
+      model: the obj being trained: a Keras model of any flavour or a
+        `tf.Module`. Its own variables (trainable and not, e.g. BatchNorm
+        moving statistics) are twinned; optimizer state is not.
+      past: an obj with the same structure to use as the past copy, e.g.
+        `factory()` where the code that built `model` is at hand. When None, a
+        structural clone of `model` is made with `objckpt.clone`.
+
+    Raises:
+      StructureMismatchError: `past` differs from `model` (paths, shapes,
+        dtypes) or shares variables with it.
+
+    Example:
+      >>> twins = objckpt.Twins(model)
+      >>> for x, y in data:
+      ...     old, new = twins.past(x), twins.current(x)
+      ...     train_step(x, y)
+      ...     twins.sync()           # or twins.sync(tau=0.005): Polyak update
+    """
+
+    def __init__(self, model, *, past=None):
+        if past is None:
+            from objckpt._clone import clone
+
+            past = clone(model)
+        self.current = model
+        self.past = past
+        current_vars = _network_variables(model)
+        past_vars = _network_variables(past)
+        _check_same_structure(model, current_vars, past_vars)
+        self._paths = tuple(current_vars)
+        self._current = tuple(current_vars.values())
+        self._past = tuple(past_vars[p] for p in self._paths)
+        self._fns: dict = {}
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """The object paths twinned (the network's, optimizers left out), in tree order."""
+        return self._paths
+
+    def variables(self) -> dict[str, tuple]:
+        """Object path -> (current variable, past variable) for every twinned pair."""
+        return {p: (c, q) for p, c, q in zip(self._paths, self._current, self._past)}
+
+    def __repr__(self) -> str:
+        return f"Twins({len(self._paths)} variables, current={type(self.current).__name__})"
+
+    def _select(self, include, exclude) -> tuple[int, ...]:
+        inc, exc = _patterns(include, "include"), _patterns(exclude, "exclude")
+        chosen = tuple(i for i, p in enumerate(self._paths)
+                       if (not inc or any(r.search(p) for r in inc))
+                       and not any(r.search(p) for r in exc))
+        if not chosen:
+            raise errors.InvalidArgumentError(
+                f"include={include!r} and exclude={exclude!r} select no variable of the "
+                f"{len(self._paths)} twinned (e.g. {', '.join(self._paths[:3])}). Patterns are "
+                "regular expressions searched in object paths.")
+        return chosen
+
+    def _fn(self, kind: str, chosen: tuple[int, ...]):
+        key = (kind, chosen)
+        fn = self._fns.get(key)
+        if fn is None:
+            fn = self._fns[key] = _build(kind, [self._current[i] for i in chosen],
+                                         [self._past[i] for i in chosen])
+        return fn
+
+    def sync(self, tau=1.0, *, include: str | Sequence[str] | None = None,
+             exclude: str | Sequence[str] | None = None) -> None:
+        """Copies current into past: a hard copy, or a Polyak update with `tau`.
+
+        With tau=1.0 every selected variable of past takes current's value (no
+        bytes are copied until one of them is written again). With tau < 1,
+        float variables get `past = tau * current + (1 - tau) * past`; other
+        variables (integer counters) are copied. Works eagerly and inside a
+        `tf.function`; changing tau never retraces.
+
+        Args:
+          tau: weight of current, in [0, 1]; a Python number or a scalar tensor.
+          include: regular expressions; only object paths matching one are synced.
+          exclude: regular expressions; object paths matching one are skipped.
+        """
+        _check_tau(tau)
+        chosen = self._select(include, exclude)
+        if isinstance(tau, (int, float)) and tau == 1.0:
+            self._fn("copy", chosen)()
+        else:
+            self._fn("blend", chosen)(tf.convert_to_tensor(tau, tf.float64))
+
+    def swap(self, *, include: str | Sequence[str] | None = None,
+             exclude: str | Sequence[str] | None = None) -> None:
+        """Exchanges the values of current and past; optimizer state is untouched."""
+        self._fn("swap", self._select(include, exclude))()
+
+
+def _check_same_structure(model, current_vars: dict, past_vars: dict) -> None:
+    problems = []
+    for path in current_vars.keys() | past_vars.keys():
+        a, b = current_vars.get(path), past_vars.get(path)
+        if a is None or b is None:
+            where = "current" if b is None else "past"
+            problems.append(f"`{path}`: only in {where}")
+        elif a is b:
+            problems.append(f"`{path}`: the same variable in current and past")
+        elif tuple(a.shape) != tuple(b.shape) or a.dtype != b.dtype:
+            problems.append(f"`{path}`: {a.dtype.name}{tuple(a.shape)} in current but "
+                            f"{b.dtype.name}{tuple(b.shape)} in past")
+    if not current_vars:
+        raise errors.UnbuiltModelError(
+            f"{type(model).__name__} has no variables yet, so there is nothing to twin. Build it "
+            "first (call it on a batch, or model.build(shape)), then create the Twins.")
+    if problems:
+        problems.sort()
+        raise errors.StructureMismatchError(
+            f"past must have the same object tree as current, with its own variables: "
+            f"{len(problems)} problem{'s' if len(problems) != 1 else ''}.\n  - "
+            + "\n  - ".join(problems[:20])
+            + "\nFix: build past with the same code as current (Twins(model, past=factory())), "
+            "or leave past=None to clone the model.", tuple(problems))
+
+
+def _build(kind: str, current: list, past: list):
+    """A callable running one fused TF function over the variable pairs."""
+    if kind == "copy":
+        def body():
+            for c, p in zip(current, past):
+                p.assign(_compat.read_value(c), read_value=False)
+    elif kind == "swap":
+        def body():
+            c_values = [_compat.read_value(c) for c in current]
+            p_values = [_compat.read_value(p) for p in past]
+            for c, p, cv, pv in zip(current, past, c_values, p_values):
+                c.assign(pv, read_value=False)
+                p.assign(cv, read_value=False)
+    else:
+        def body(tau):
+            for c, p in zip(current, past):
+                if c.dtype.is_floating or c.dtype.is_complex:
+                    t = tf.cast(tau, c.dtype)
+                    p.assign(t * _compat.read_value(c) + (1 - t) * _compat.read_value(p),
+                             read_value=False)
+                else:
+                    p.assign(_compat.read_value(c), read_value=False)
+    return _compat.fused_call(body, [tf.TensorSpec((), tf.float64)] if kind == "blend" else [])
