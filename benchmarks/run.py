@@ -2,14 +2,16 @@
 
 Usage:
   python benchmarks/run.py [--json results.json] [--repeats N] [--only a|b]
+                           [--section all|foundation|twins] [--steps N] [--batch N]
 
 Models:
   (a) a Keras MLP of ~25M parameters in ~50 variables;
   (b) a Keras model of ~500 small variables.
 
 Every operation and its baselines are timed in the same process, interleaved
-round by round, and each figure is the median over rounds (a round times a
-fast operation over several back-to-back calls, as timeit does). Ratios (baseline
+round by round, and each figure is the median over rounds (as timeit does, a
+sample of a fast operation runs it several times back to back, with the
+garbage collector off; see timing.py). Ratios (baseline
 time / objckpt time) are what to compare across machines; absolute times
 depend on the machine. The physical limit is NumPy copying the same bytes.
 """
@@ -19,18 +21,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np
 import tensorflow as tf
 
 import objckpt
+
+from timing import time_ops
 
 
 def _keras():
@@ -55,10 +58,6 @@ def build_many(keras):
     for _ in range(250):
         x = keras.layers.Dense(16)(x)
     return keras.Model(inputs, x, name="many_500")
-
-
-def _median_ms(samples):
-    return statistics.median(samples) * 1e3
 
 
 def bench_model(model, repeats: int) -> dict:
@@ -105,27 +104,7 @@ def bench_model(model, repeats: int) -> dict:
             lambda: tf.train.Checkpoint(root=model).read(prefix).assert_consumed(),
         "NumPy copy of the same bytes": numpy_copy,
     }
-    # Warm up (traces, caches, page cache), then pick how many back-to-back
-    # calls one sample of each operation takes, as timeit's autorange does:
-    # enough for ~20 ms, so fast operations are not timed below the clock's
-    # resolution or only ever straight after a slow neighbour.
-    inner = {}
-    for name, fn in operations.items():
-        fn()
-        start = time.perf_counter()
-        fn()
-        once = time.perf_counter() - start
-        inner[name] = max(1, min(50, int(0.02 / max(once, 1e-6))))
-    samples = {name: [] for name in operations}
-    for _ in range(repeats):
-        for name, fn in operations.items():
-            start = time.perf_counter()
-            for _ in range(inner[name]):
-                fn()
-            samples[name].append((time.perf_counter() - start) / inner[name])
-    for name in samples:  # let slow (I/O) baselines settle: drop the first round
-        samples[name] = samples[name][1:] or samples[name]
-    ms = {name: _median_ms(s) for name, s in samples.items()}
+    ms = time_ops(operations, repeats)
     return {"model": model.name, "variables": len(paths), "parameters": params,
             "bytes": nbytes, "ms": ms}
 
@@ -159,37 +138,57 @@ def ratios(result: dict) -> list[tuple[str, float, str, bool | None]]:
     return rows
 
 
+def _print_result(key, result):
+    print(f"  {'operation':<52} {'median ms':>10}")
+    for name, value in result["ms"].items():
+        print(f"  {name:<52} {value:>10.3f}")
+    print(f"  {'ratio':<68} {'value':>9}  {'target':<9} met")
+    for what, value, target, ok in result["ratios"]:
+        mark = "" if ok is None else ("yes" if ok else "NO")
+        print(f"  {what:<68} {value:>9.2f}  {target:<9} {mark}")
+
+
 def main(argv=None) -> int:
+    import bench_twins
+
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", help="also write the results as JSON to this file")
     parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--only", choices=["a", "b"])
+    parser.add_argument("--only", choices=["a", "b"], help="one model only")
+    parser.add_argument("--section", choices=["all", "foundation", "twins"], default="all")
+    parser.add_argument("--steps", type=int, default=12, help="training steps per variant")
+    parser.add_argument("--batch", type=int, default=512, help="batch of the training loop")
     args = parser.parse_args(argv)
     keras = _keras()
     print(f"TF {tf.__version__}, Keras {keras.__version__}, NumPy {np.__version__}, "
           f"{os.cpu_count()} CPUs; median of {args.repeats} interleaved rounds")
     builders = {"a": build_mlp, "b": build_many}
-    results = []
+    out = {"tensorflow": tf.__version__, "keras": keras.__version__}
     for key, builder in builders.items():
         if args.only and key != args.only:
             continue
-        result = bench_model(builder(keras), args.repeats)
-        result["ratios"] = ratios(result)
-        results.append(result)
-        print(f"\n({key}) {result['model']}: {result['variables']} variables, "
-              f"{result['parameters'] / 1e6:.1f}M parameters, {result['bytes'] / 1e6:.1f} MB")
-        print(f"  {'operation':<52} {'median ms':>10}")
-        for name, value in result["ms"].items():
-            print(f"  {name:<52} {value:>10.3f}")
-        print(f"  {'ratio':<68} {'value':>9}  {'target':<9} met")
-        for what, value, target, ok in result["ratios"]:
-            mark = "" if ok is None else ("yes" if ok else "NO")
-            print(f"  {what:<68} {value:>9.2f}  {target:<9} {mark}")
+        if args.section in ("all", "foundation"):
+            result = bench_model(builder(keras), args.repeats)
+            result["ratios"] = ratios(result)
+            out.setdefault("foundation", []).append(result)
+            print(f"\n[foundation] ({key}) {result['model']}: {result['variables']} variables, "
+                  f"{result['parameters'] / 1e6:.1f}M parameters, {result['bytes'] / 1e6:.1f} MB")
+            _print_result(key, result)
+        if args.section in ("all", "twins"):
+            result = bench_twins.bench_sync(builder, keras, args.repeats)
+            out.setdefault("twins", []).append(result)
+            print(f"\n[twins] ({key}) {result['model']}: {result['variables']} variables, "
+                  f"{result['bytes'] / 1e6:.1f} MB")
+            _print_result(key, result)
+    if args.section in ("all", "twins") and args.only != "b":
+        result = bench_twins.bench_training(build_mlp, keras, args.steps, args.batch)
+        out.setdefault("twins_training", []).append(result)
+        print(f"\n[twins] (a) {result['model']} in an Adam custom loop, batch {result['batch']}")
+        _print_result("a", result)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"tensorflow": tf.__version__, "keras": keras.__version__,
-                       "results": results}, f, indent=2)
+            json.dump(out, f, indent=2)
     return 0
 
 

@@ -12,6 +12,8 @@ import tensorflow as tf
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 from tensorflow.python.checkpoint import graph_view as _graph_view
 from tensorflow.python.checkpoint import util as _checkpoint_util
+from tensorflow.python.eager import context as _context
+from tensorflow.python.ops.resource_variable_ops import ResourceVariable as _ResourceVariable
 from tensorflow.python.trackable import base as _trackable_base
 from tensorflow.python.trackable import trackable_utils as _trackable_utils
 
@@ -187,11 +189,34 @@ def fused_call(body, specs):
 
     def call(*args):
         if tf.executing_eagerly() and call_flat is not None:
-            return call_flat(list(args), captured)
+            # These functions are flat lists of small independent ops (reads,
+            # assigns, elementwise math): TF's single-threaded executor runs
+            # them with less scheduling overhead than the default one (2x for
+            # 500 variables); each op still uses the intra-op thread pool.
+            with _single_threaded_executor():
+                return call_flat(list(args), captured)
         return concrete(*args)
 
     call.function = function  # for tests: function.experimental_get_tracing_count()
     return call
+
+
+def _single_threaded_executor():
+    return _context.function_executor_type("SINGLE_THREADED_EXECUTOR")
+
+
+def polyak_update(current, past, tau):
+    """Emits `past -= tau * (past - current)`: the Polyak blend as one fused op.
+
+    A plain resource variable is updated in place by `ResourceApplyGradientDescent`
+    (4 ops per pair instead of 6); other variables (distributed, AutoCast)
+    use their own `assign_sub`.
+    """
+    delta = read_value(past) - read_value(current)
+    if type(past) is _ResourceVariable:
+        tf.raw_ops.ResourceApplyGradientDescent(var=past.handle, alpha=tau, delta=delta)
+    else:
+        past.assign_sub(tau * delta, read_value=False)
 
 
 def keras_callback_base(model):

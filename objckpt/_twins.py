@@ -87,6 +87,7 @@ class Twins:
         self._current = tuple(current_vars.values())
         self._past = tuple(past_vars[p] for p in self._paths)
         self._fns: dict = {}
+        self._selections: dict = {}
 
     @property
     def paths(self) -> tuple[str, ...]:
@@ -101,6 +102,20 @@ class Twins:
         return f"Twins({len(self._paths)} variables, current={type(self.current).__name__})"
 
     def _select(self, include, exclude) -> tuple[int, ...]:
+        try:  # patterns as given are the cache key: sync() stays cheap per call
+            key = (include if include is None or isinstance(include, str) else tuple(include),
+                   exclude if exclude is None or isinstance(exclude, str) else tuple(exclude))
+            hash(key)
+        except TypeError:
+            key = None
+        chosen = self._selections.get(key) if key is not None else None
+        if chosen is None:
+            chosen = self._compute_selection(include, exclude)
+            if key is not None:
+                self._selections[key] = chosen
+        return chosen
+
+    def _compute_selection(self, include, exclude) -> tuple[int, ...]:
         inc, exc = _patterns(include, "include"), _patterns(exclude, "exclude")
         chosen = tuple(i for i, p in enumerate(self._paths)
                        if (not inc or any(r.search(p) for r in inc))
@@ -126,8 +141,9 @@ class Twins:
 
         With tau=1.0 every selected variable of past takes current's value (no
         bytes are copied until one of them is written again). With tau < 1,
-        float variables get `past = tau * current + (1 - tau) * past`; other
-        variables (integer counters) are copied. Works eagerly and inside a
+        float variables get `past = tau * current + (1 - tau) * past`, computed
+        in place as `past -= tau * (past - current)`; other variables (integer
+        counters) are copied. Works eagerly and inside a
         `tf.function`; changing tau never retraces.
 
         Args:
@@ -189,11 +205,12 @@ def _build(kind: str, current: list, past: list):
                 p.assign(cv, read_value=False)
     else:
         def body(tau):
+            taus = {}  # one cast per dtype, not per variable
             for c, p in zip(current, past):
                 if c.dtype.is_floating or c.dtype.is_complex:
-                    t = tf.cast(tau, c.dtype)
-                    p.assign(t * _compat.read_value(c) + (1 - t) * _compat.read_value(p),
-                             read_value=False)
+                    if c.dtype not in taus:
+                        taus[c.dtype] = tf.cast(tau, c.dtype)
+                    _compat.polyak_update(c, p, taus[c.dtype])
                 else:
                     p.assign(_compat.read_value(c), read_value=False)
     return _compat.fused_call(body, [tf.TensorSpec((), tf.float64)] if kind == "blend" else [])
