@@ -16,8 +16,9 @@ from timing import met, time_ops
 
 
 def bench_sync(builder, keras, repeats: int) -> dict:
-    current, past = builder(keras), builder(keras)
-    twins = objckpt.Twins(current, past=past)
+    current = builder(keras)
+    twins = objckpt.Twins(current)  # past: objckpt.clone(current)
+    past = twins.past
     pairs = list(twins.variables().values())
     tau = 0.01
     host_current = [np.array(c) for c, _ in pairs]

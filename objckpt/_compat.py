@@ -284,3 +284,48 @@ def parse_checkpoint_state(data: bytes):
     state = checkpoint_state_pb2.CheckpointState()
     text_format.Merge(data.decode("utf-8"), state)
     return state
+
+
+def optional(path, name):
+    """Returns `name` from module `path`, or None where this version lacks it."""
+    import importlib
+
+    try:
+        return getattr(importlib.import_module(path), name)
+    except (ImportError, AttributeError):
+        return None
+
+
+def clone_types():
+    """TF types `objckpt.clone` copies specially, looked up where each TF keeps them.
+
+    Any of them may be None in a TF version that lacks it.
+    """
+    import types as _types
+
+    ns = _types.SimpleNamespace()
+    ns.BaseResourceVariable = optional(
+        "tensorflow.python.ops.resource_variable_ops", "BaseResourceVariable")
+    ns.ResourceVariable = optional(
+        "tensorflow.python.ops.resource_variable_ops", "ResourceVariable") or tf.Variable
+    ns.UninitializedVariable = optional(
+        "tensorflow.python.ops.resource_variable_ops", "UninitializedVariable")
+    ns.DistributedValues = optional("tensorflow.python.distribute.values", "DistributedValues")
+    ns.EagerTensor = type(tf.constant(0))
+    ns.SymbolicTensor = optional("tensorflow.python.framework.ops", "SymbolicTensor") or tf.Tensor
+    ns.TypeSpec = tf.TypeSpec
+    ns.Dimension = optional("tensorflow.python.framework.tensor_shape", "Dimension")
+    ns.Function = type(tf.function(lambda: None))
+    ns.StrategyBase = optional("tensorflow.python.distribute.distribute_lib", "StrategyBase")
+    ns.StrategyExtended = optional("tensorflow.python.distribute.distribute_lib",
+                                "StrategyExtendedV1")
+    ns.ReplicaContext = optional("tensorflow.python.distribute.distribute_lib", "ReplicaContext")
+    ns.EagerContext = optional("tensorflow.python.eager.context", "Context")
+    ns.Graph = tf.Graph
+    ns.Operation = tf.Operation
+    ns.PythonAPIDispatcher = optional("tensorflow.python.framework._pywrap_python_api_dispatcher",
+        "PythonAPIDispatcher")
+    ns.ConcreteFunctionBase = optional("tensorflow.python.types.core", "ConcreteFunction")
+    ns.AtomicFunction = optional("tensorflow.python.eager.polymorphic_function.atomic_function",
+        "AtomicFunction")
+    return ns

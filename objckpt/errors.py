@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = [
     "CheckpointCorruptError",
     "CheckpointNotFoundError",
+    "CloneError",
     "InvalidArgumentError",
     "NotObjectBasedError",
     "ObjckptError",
@@ -57,3 +58,17 @@ class UnsupportedObjectError(ObjckptError, TypeError):
 
 class InvalidArgumentError(ObjckptError, ValueError):
     """An argument has a value objckpt cannot use (range, pattern, option)."""
+
+
+class CloneError(UnsupportedObjectError):
+    """An object in obj's graph cannot be copied by `objckpt.clone`.
+
+    Attributes:
+      path: attribute path from the root to the object, e.g. `obj.log_file`.
+      object_type: the type that could not be copied.
+    """
+
+    def __init__(self, message, path="", object_type=None):
+        super().__init__(message)
+        self.path = path
+        self.object_type = object_type

@@ -161,7 +161,7 @@ def test_seed_scenario_past_is_exactly_one_update_behind(flavour):
     then updates current. past(x) must equal current(x) of the step before."""
     if flavour == "module":
         model = network(build("module"))
-        twins = objckpt.Twins(model, past=network(build("module")))
+        twins = objckpt.Twins(model)  # past: a clone
         optimizer = tf.compat.v1.train.AdamOptimizer(0.05)
         x, y = tf.ones((2, 3)), tf.zeros((2, 2))
 
@@ -170,7 +170,7 @@ def test_seed_scenario_past_is_exactly_one_update_behind(flavour):
             return model(x)
     else:
         keras = keras_for(flavour)
-        twins = make_twins(flavour)
+        twins = objckpt.Twins(network(build(flavour, "subclassed")))  # past: a clone
         model = twins.current
         optimizer = keras.optimizers.Adam(0.05)
         x, y = inputs_for(model)
@@ -272,3 +272,32 @@ def test_twin_sync_needs_twins_of_a_keras_model():
         objckpt.callbacks.TwinSync(object())
     with pytest.raises(errors.InvalidArgumentError, match="needs a Keras model"):
         objckpt.callbacks.TwinSync(make_twins("module"))
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}")
+def test_default_past_is_an_independent_clone(case):
+    model = network(build(*case))
+    twins = objckpt.Twins(model)  # no factory: objckpt.clone makes the past copy
+    assert twins.past is not model and type(twins.past) is type(model)
+    current, past = pair_trees(twins)
+    assert_same(values(current), values(past))
+    assert not {id(v) for v in current.values()} & {id(v) for v in past.values()}
+    if hasattr(model, "built"):
+        x, _ = inputs_for(model)
+        assert outputs(model, x).tobytes() == outputs(twins.past, x).tobytes()
+    kept = values(past)
+    perturb(current.values())
+    assert_same(kept, values(past))
+    twins.sync()
+    assert_same(values(current), values(past))
+
+
+def test_clone_failure_points_to_a_past_factory(tmp_path):
+    model = network(build("module"))
+    model.log = open(tmp_path / "log.txt", "w")  # noqa: SIM115 - an uncopyable attribute
+    try:
+        with pytest.raises(errors.CloneError, match=r"Twins\(model, past=factory\(\)\)"):
+            objckpt.Twins(model)
+        assert objckpt.Twins(model, past=network(build("module"))).paths
+    finally:
+        model.log.close()
