@@ -102,7 +102,6 @@ except ImportError:  # pragma: no cover
     _wrapt = None
     _ObjectProxy = None
 
-_Py_TPFLAGS_HEAPTYPE = 1 << 9
 # str(id(obj)), alone or as a prefix ("<id>_ib-0": Keras 3 functional node keys).
 _ID_STRING = re.compile(r"(\d{6,})(?:$|[^\d])")
 _LockType = type(threading.Lock())
