@@ -15,19 +15,20 @@ def time_ops(operations: dict, repeats: int) -> dict:
     Operations are interleaved round by round so machine drift hits all of
     them alike. As timeit does, a sample of a fast operation runs it several
     times back to back (enough for ~20 ms) and the garbage collector is off
-    while a sample runs. The first round is dropped (caches settling).
+    while a sample runs (it runs between samples, as usual). The first round
+    is dropped (caches settling).
     """
     inner = {}
-    for name, fn in operations.items():  # warm up: traces, caches, page cache
+    for name, fn in operations.items():
+        fn()  # warm up: first calls trace functions and fill caches
         fn()
         start = time.perf_counter()
-        fn()
+        fn()  # calibrate on a warm call, as timeit's autorange does
         once = time.perf_counter() - start
         inner[name] = max(1, min(50, int(0.02 / max(once, 1e-6))))
     samples = {name: [] for name in operations}
     for _ in range(repeats):
         for name, fn in operations.items():
-            gc.collect()
             gc.disable()
             try:
                 start = time.perf_counter()
