@@ -17,6 +17,13 @@ import pytest
 import tensorflow as tf
 
 FLAVOURS = ("keras3", "tf_keras", "keras2", "module")
+# (flavour, kind) pairs every structural test iterates; a module has one kind.
+CASES = [(flavour, kind) for flavour in FLAVOURS for kind in ("functional", "subclassed")
+         if not (flavour == "module" and kind == "subclassed")]
+
+
+def case_id(case) -> str:
+    return f"{case[0]}-{case[1]}"
 
 
 def keras_for(flavour: str):

@@ -18,14 +18,12 @@ from objckpt import _clone as _clone_module
 from objckpt import clone
 from objckpt.errors import CloneError
 
-from flavours import FLAVOURS, _data, assert_same, build, keras_for, values
+from flavours import CASES, _data, assert_same, build, case_id, keras_for, values
 
-CASES = [(flavour, kind) for flavour in FLAVOURS for kind in ("functional", "subclassed")
-         if not (flavour == "module" and kind == "subclassed")]
 KERAS_FLAVOURS = ("keras3", "tf_keras", "keras2")
 
 
-@pytest.fixture(params=CASES, ids=lambda c: f"{c[0]}-{c[1]}")
+@pytest.fixture(params=CASES, ids=case_id)
 def case(request):
     return request.param
 

@@ -10,14 +10,21 @@ import tensorflow as tf
 import objckpt
 from objckpt import _snapshot, errors
 
-from flavours import FLAVOURS, _data, assert_same, build, checkpoint_paths, keras_for, values
+from flavours import (
+    CASES,
+    FLAVOURS,
+    _data,
+    assert_same,
+    build,
+    case_id,
+    checkpoint_paths,
+    keras_for,
+    values,
+)
 from test_tree import write_name_based
 
-CASES = [(flavour, kind) for flavour in FLAVOURS for kind in ("functional", "subclassed")
-         if not (flavour == "module" and kind == "subclassed")]
 
-
-@pytest.fixture(params=CASES, ids=lambda c: f"{c[0]}-{c[1]}")
+@pytest.fixture(params=CASES, ids=case_id)
 def case(request):
     return request.param
 
@@ -233,7 +240,7 @@ def test_snapshot_is_unchanged_by_xla_compiled_training():
 # --- bad input: a typed error, and every variable bit-identical --------------
 
 
-@pytest.fixture(scope="module", params=CASES, ids=lambda c: f"{c[0]}-{c[1]}")
+@pytest.fixture(scope="module", params=CASES, ids=case_id)
 def shared_obj(request):
     return build(*request.param)
 

@@ -9,13 +9,10 @@ import tensorflow as tf
 import objckpt
 from objckpt import errors
 
-from flavours import FLAVOURS, build, checkpoint_paths
-
-CASES = [(flavour, kind) for flavour in FLAVOURS for kind in ("functional", "subclassed")
-         if not (flavour == "module" and kind == "subclassed")]
+from flavours import CASES, build, case_id, checkpoint_paths
 
 
-@pytest.fixture(scope="module", params=CASES, ids=lambda c: f"{c[0]}-{c[1]}")
+@pytest.fixture(scope="module", params=CASES, ids=case_id)
 def obj(request):
     flavour, kind = request.param
     return build(flavour, kind)

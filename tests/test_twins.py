@@ -7,7 +7,7 @@ import tensorflow as tf
 import objckpt
 from objckpt import errors
 
-from flavours import FLAVOURS, _data, assert_same, build, keras_for, values
+from flavours import CASES, FLAVOURS, _data, assert_same, build, case_id, keras_for, values
 
 
 def network(obj):
@@ -42,11 +42,9 @@ def perturb(variables):
             v.assign_add(tf.ones_like(v))
 
 
-CASES = [(f, k) for f in FLAVOURS for k in ("functional", "subclassed")
-         if not (f == "module" and k == "subclassed")]
 
 
-@pytest.fixture(params=CASES, ids=lambda c: f"{c[0]}-{c[1]}")
+@pytest.fixture(params=CASES, ids=case_id)
 def twins(request):
     return make_twins(*request.param)
 
@@ -274,7 +272,7 @@ def test_twin_sync_needs_twins_of_a_keras_model():
         objckpt.callbacks.TwinSync(make_twins("module"))
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}")
+@pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_default_past_is_an_independent_clone(case):
     model = network(build(*case))
     twins = objckpt.Twins(model)  # no factory: objckpt.clone makes the past copy
