@@ -257,25 +257,6 @@ def network_variable_paths(obj) -> list[tuple[str, object]]:
     return out
 
 
-def own_variables(obj):
-    """The variables obj owns, without optimizer state; None if unknown.
-
-    Keras models and layers (every flavour) list them in `variables`; a
-    `tf.Module` lists every variable reachable through its attributes.
-    """
-    if hasattr(obj, "built") or isinstance(obj, tf.Module):
-        try:
-            found = _variable_list(obj.variables)
-        except (AttributeError, TypeError, ValueError):
-            return None
-        out = []
-        for v in found:
-            inner = as_variable(v)
-            out.append(v if inner is None else inner)
-        return out
-    return None
-
-
 def parse_checkpoint_state(data: bytes):
     """Parses the text of a TF `checkpoint` state file into its proto."""
     from google.protobuf import text_format
