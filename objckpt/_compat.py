@@ -153,7 +153,7 @@ class FusedOps:
             return [read_value(v) for v in self._variables]
         if self._read_fn is None:
             variables = self._variables
-            self._read_fn = fused_call(lambda: [read_value(v) for v in variables], [])
+            self._read_fn = fused_call(lambda: read_values(variables), [])
         return self._read_fn()
 
     def assign_all(self, values):
@@ -205,18 +205,52 @@ def _single_threaded_executor():
     return _context.function_executor_type("SINGLE_THREADED_EXECUTOR")
 
 
-def polyak_update(current, past, tau):
-    """Emits `past -= tau * (past - current)`: the Polyak blend as one fused op.
+def read_values(variables) -> list:
+    """Reads many variables, each on its own device, without copying.
 
-    A plain resource variable is updated in place by `ResourceApplyGradientDescent`
-    (4 ops per pair instead of 6); other variables (distributed, AutoCast)
-    use their own `assign_sub`.
+    (A single `_ReadVariablesOp` for all of them was measured no faster
+    inside a fused function: the executor's cost is per output edge too.)
     """
-    delta = read_value(past) - read_value(current)
+    return [read_value(v) for v in variables]
+
+
+def polyak_coefficients(tau, dtype):
+    """The constants `polyak_update` needs for one dtype, from a float64 scalar tau < 1."""
+    proximal = None
+    if dtype in (tf.float32, tf.float64):
+        proximal = (tf.cast(-tau / (1.0 - tau), dtype), tf.zeros((), dtype),
+                    tf.constant(-1.0, dtype))
+    return tf.cast(tau, dtype), proximal
+
+
+def polyak_update(current_value, past, coefficients) -> None:
+    """Emits the Polyak blend `past = tau * current + (1 - tau) * past` in place.
+
+    For a plain float32/float64 resource variable on the CPU it is one
+    `ResourceApplyProximalGradientDescent`, which with l1=0 computes
+    `var = (var - alpha * delta) / (1 + alpha * l2)`: with delta=current,
+    alpha=-tau/(1-tau) and l2=-1 that is the blend for tau < 1, with no read
+    of past and no temporary (half the ops and a third less memory traffic).
+    Other variables get `past -= tau * (past - current)`, as
+    `ResourceApplyGradientDescent` or, for distributed or AutoCast variables,
+    their own `assign_sub`.
+    """
+    tau, proximal = coefficients
+    if proximal is not None and type(past) is _ResourceVariable and _on_cpu(past):
+        alpha, l1, l2 = proximal
+        tf.raw_ops.ResourceApplyProximalGradientDescent(
+            var=past.handle, alpha=alpha, l1=l1, l2=l2, delta=current_value)
+        return
+    delta = read_value(past) - current_value
     if type(past) is _ResourceVariable:
         tf.raw_ops.ResourceApplyGradientDescent(var=past.handle, alpha=tau, delta=delta)
     else:
         past.assign_sub(tau * delta, read_value=False)
+
+
+def _on_cpu(variable) -> bool:
+    device = variable.handle.device
+    return not device or tf.DeviceSpec.from_string(device).device_type == "CPU"
 
 
 def keras_callback_base(model):

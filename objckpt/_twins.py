@@ -142,21 +142,27 @@ class Twins:
         With tau=1.0 every selected variable of past takes current's value (no
         bytes are copied until one of them is written again). With tau < 1,
         float variables get `past = tau * current + (1 - tau) * past`, computed
-        in place as `past -= tau * (past - current)`; other variables (integer
-        counters) are copied. Works eagerly and inside a
-        `tf.function`; changing tau never retraces.
+        in place by one fused kernel per variable; other variables (integer
+        counters) are copied. Works eagerly and inside a `tf.function`;
+        changing tau never retraces (inside a `tf.function` a tensor tau of 1
+        gives the exact copy too).
 
         Args:
           tau: weight of current, in [0, 1]; a Python number or a scalar tensor.
           include: regular expressions; only object paths matching one are synced.
           exclude: regular expressions; object paths matching one are skipped.
         """
+        if not isinstance(tau, (int, float)) and tf.executing_eagerly():
+            tau = float(tau)  # an eager scalar tensor: its value picks copy or blend
         _check_tau(tau)
         chosen = self._select(include, exclude)
-        if isinstance(tau, (int, float)) and tau == 1.0:
-            self._fn("copy", chosen)()
+        if isinstance(tau, (int, float)):
+            if tau == 1.0:
+                self._fn("copy", chosen)()
+            else:
+                self._fn("blend", chosen)(tf.constant(tau, tf.float64))
         else:
-            self._fn("blend", chosen)(tf.convert_to_tensor(tau, tf.float64))
+            self._fn("blend_or_copy", chosen)(tf.cast(tau, tf.float64))
 
     def swap(self, *, include: str | Sequence[str] | None = None,
              exclude: str | Sequence[str] | None = None) -> None:
@@ -191,26 +197,38 @@ def _check_same_structure(model, current_vars: dict, past_vars: dict) -> None:
 
 
 def _build(kind: str, current: list, past: list):
-    """A callable running one fused TF function over the variable pairs."""
+    """A callable running one fused TF function over the variable pairs.
+
+    kinds: "copy", "swap", "blend" (a float tau < 1, known in Python) and
+    "blend_or_copy" (a tensor tau: the blend when tau < 1, else the copy).
+    """
+    def copy():
+        for p, value in zip(past, _compat.read_values(current)):
+            p.assign(value, read_value=False)
+
+    def blend(tau):
+        coefficients = {}  # per dtype, not per variable
+        for c, p, value in zip(current, past, _compat.read_values(current)):
+            if c.dtype.is_floating or c.dtype.is_complex:
+                if c.dtype not in coefficients:
+                    coefficients[c.dtype] = _compat.polyak_coefficients(tau, c.dtype)
+                _compat.polyak_update(value, p, coefficients[c.dtype])
+            else:
+                p.assign(value, read_value=False)
+
     if kind == "copy":
-        def body():
-            for c, p in zip(current, past):
-                p.assign(_compat.read_value(c), read_value=False)
+        body = copy
     elif kind == "swap":
         def body():
-            c_values = [_compat.read_value(c) for c in current]
-            p_values = [_compat.read_value(p) for p in past]
+            c_values = _compat.read_values(current)
+            p_values = _compat.read_values(past)
             for c, p, cv, pv in zip(current, past, c_values, p_values):
                 c.assign(pv, read_value=False)
                 p.assign(cv, read_value=False)
+    elif kind == "blend":
+        body = blend
     else:
         def body(tau):
-            taus = {}  # one cast per dtype, not per variable
-            for c, p in zip(current, past):
-                if c.dtype.is_floating or c.dtype.is_complex:
-                    if c.dtype not in taus:
-                        taus[c.dtype] = tf.cast(tau, c.dtype)
-                    _compat.polyak_update(c, p, taus[c.dtype])
-                else:
-                    p.assign(_compat.read_value(c), read_value=False)
-    return _compat.fused_call(body, [tf.TensorSpec((), tf.float64)] if kind == "blend" else [])
+            tf.cond(tau < 1.0, lambda: blend(tau), copy)
+    return _compat.fused_call(body, [] if kind in ("copy", "swap")
+                              else [tf.TensorSpec((), tf.float64)])

@@ -131,6 +131,36 @@ def test_include_and_exclude_select_paths():
         twins.sync(include="(")
 
 
+class _Mixed(tf.Module):
+    """Variables of every dtype the blend handles differently."""
+
+    def __init__(self, seed):
+        rng = np.random.default_rng(seed)
+        self.f32 = tf.Variable(rng.standard_normal((4, 5)).astype(np.float32))
+        self.f64 = tf.Variable(rng.standard_normal(7))
+        self.f16 = tf.Variable(rng.standard_normal(3).astype(np.float16))
+        self.count = tf.Variable(int(seed), dtype=tf.int64)
+
+
+@pytest.mark.parametrize("tau", [0.3, 1.0])
+def test_tensor_tau_blends_below_one_and_copies_at_one(tau):
+    twins = objckpt.Twins(_Mixed(1), past=_Mixed(2))
+    current, past = pair_trees(twins)
+    a = {p: current[p].numpy() for p in twins.paths}
+    b = {p: past[p].numpy() for p in twins.paths}
+    tf.function(lambda t: twins.sync(tau=t))(tf.constant(tau))  # one traced call for any tau
+    assert [key[0] for key in twins._fns] == ["blend_or_copy"]
+    for path in twins.paths:
+        got = past[path].numpy()
+        if tau == 1.0 or got.dtype.kind != "f":
+            assert got.tobytes() == a[path].tobytes(), path  # bit-exact copy
+        else:
+            t = float(np.float32(tau))  # the float32 tensor's value
+            want = t * a[path].astype(np.float64) + (1 - t) * b[path].astype(np.float64)
+            rtol = 1e-3 if got.dtype == np.float16 else 1e-6
+            np.testing.assert_allclose(got, want, rtol=rtol, err_msg=path)
+
+
 @pytest.mark.parametrize("tau", [-0.1, 1.5])
 def test_tau_out_of_range(tau):
     twins = make_twins("module")
