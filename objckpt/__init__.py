@@ -19,16 +19,24 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CheckpointTree",
+    "Diff",
     "Entry",
+    "Match",
+    "PendingRestore",
+    "Plan",
     "RestoreReport",
     "Snapshot",
     "Twins",
     "VariableTree",
     "callbacks",
     "clone",
+    "diff",
     "errors",
+    "migrate",
+    "plan",
     "read_tree",
     "restore",
+    "restore_on_create",
     "save",
     "snapshot",
     "tree",
@@ -48,11 +56,27 @@ _LAZY = {
     "snapshot": "_snapshot",
     "Twins": "_twins",
     "clone": "_clone",
+    "Match": "_match",
+    "Plan": "_match",
+    "plan": "_match",
+    "PendingRestore": "_deferred",
+    "restore_on_create": "_deferred",
+    "migrate": "_migrate",
+    "Diff": "_diff",
+    "diff": "_diff",
 }
 
 if TYPE_CHECKING:
     from objckpt import callbacks as callbacks
     from objckpt._clone import clone as clone
+    from objckpt._deferred import PendingRestore as PendingRestore
+    from objckpt._deferred import restore_on_create as restore_on_create
+    from objckpt._diff import Diff as Diff
+    from objckpt._diff import diff as diff
+    from objckpt._match import Match as Match
+    from objckpt._match import Plan as Plan
+    from objckpt._match import plan as plan
+    from objckpt._migrate import migrate as migrate
     from objckpt._snapshot import RestoreReport as RestoreReport
     from objckpt._snapshot import Snapshot as Snapshot
     from objckpt._snapshot import restore as restore

@@ -6,6 +6,7 @@ change in TF internals or a new Keras flavour is handled in this file alone.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 import tensorflow as tf
@@ -289,6 +290,125 @@ def network_variable_paths(obj) -> list[tuple[str, object]]:
                 out.append((child_path, variable))
             queue.append((child, child_path))
     return out
+
+
+def _optimizers(obj) -> list:
+    """obj itself, its `optimizer`, and its direct children that are optimizers."""
+    found = []
+    candidates = [obj, getattr(obj, "optimizer", None)]
+    # An object TF cannot list the children of: just obj and its .optimizer.
+    with contextlib.suppress(Exception):
+        candidates.extend(_graph_view.ObjectGraphView(obj).children(obj).values())
+    for candidate in candidates:
+        if callable(getattr(candidate, "apply_gradients", None)) and \
+                all(candidate is not f for f in found):
+            found.append(candidate)
+    return found
+
+
+# Lists a Keras 3 / tf_keras (2.11+) optimizer keeps per trained variable, by
+# role: "m" first moment or momentum buffer, "v" second moment.
+_SLOT_LISTS = (("_momentums", "m"), ("momentums", "m"), ("_velocities", "v"),
+               ("_velocity_hats", "vhat"), ("_average_gradients", "mg"),
+               ("_accumulators", "accumulator"))
+
+
+def optimizer_slot_lists(obj):
+    """Yields (model variable, role, optimizer variable) for list-based optimizers.
+
+    Keras 3 and tf_keras 2.11+ optimizers keep their per-variable state in
+    lists aligned with the variables they train (not as TF slot variables);
+    this pairs them up. Optimizers with TF slot variables yield nothing (their
+    slots already appear as `.OPTIMIZER_SLOT` paths).
+    """
+    for optimizer in _optimizers(obj):
+        trained = getattr(optimizer, "_trainable_variables", None)
+        if not trained:
+            continue
+        trained = [as_variable(v) for v in trained]
+        for attribute, role in _SLOT_LISTS:
+            values = getattr(optimizer, attribute, None)
+            if not isinstance(values, (list, tuple)) or len(values) != len(trained):
+                continue
+            for variable, slot in zip(trained, values):
+                slot = as_variable(slot)
+                if variable is not None and slot is not None:
+                    yield variable, role, slot
+
+
+def optimizer_counters(obj):
+    """Yields ("iterations" | "learning_rate", variable) of obj's optimizers."""
+    for optimizer in _optimizers(obj):
+        for name, attributes in (("iterations", ("_iterations", "iterations")),
+                                 ("learning_rate", ("_learning_rate",))):
+            for attribute in attributes:
+                try:
+                    value = as_variable(getattr(optimizer, attribute, None))
+                except Exception:  # a property that fails before the optimizer is built
+                    value = None
+                if value is not None:
+                    yield name, value
+                    break
+        hyper = getattr(optimizer, "_hyper", None)  # Keras 2 / tf_keras OptimizerV2
+        if isinstance(hyper, dict) and as_variable(hyper.get("learning_rate")) is not None:
+            yield "learning_rate", as_variable(hyper["learning_rate"])
+
+
+def children(node) -> dict:
+    """The named children of a trackable, as a checkpoint sees them."""
+    try:
+        return dict(_graph_view.ObjectGraphView(node).children(node))
+    except Exception:  # not walkable (yet): no children
+        return {}
+
+
+class _OnAttach:
+    """Duck-types TF's CheckpointPosition in `_deferred_dependencies`.
+
+    TF calls `restore(trackable)` when a child is attached under the awaited
+    name (`Trackable._handle_deferred_dependencies`); Keras 2's `add_weight`
+    asks `is_simple_variable()` first and, on False, creates the variable
+    normally and then attaches it.
+    """
+
+    class _Checkpoint:
+        restore_uid = -1
+
+    checkpoint = _Checkpoint()
+
+    def __init__(self, callback):
+        self._callback = callback
+
+    def is_simple_variable(self) -> bool:
+        return False
+
+    def restore(self, trackable, *args, **kwargs):
+        self._callback(trackable)
+        return []
+
+
+def defer_on_attach(node, name: str, callback) -> bool:
+    """Calls `callback(child)` when a child named `name` is attached to node."""
+    initialize = getattr(node, "_maybe_initialize_trackable", None)
+    if initialize is None:
+        return False
+    initialize()
+    deferred = getattr(node, "_deferred_dependencies", None)
+    if not isinstance(deferred, dict):
+        return False
+    deferred.setdefault(name, []).append(_OnAttach(callback))
+    return True
+
+
+def keras_layers(node) -> list:
+    """node and every layer inside it, for a Keras layer or model of any flavour."""
+    if not (hasattr(node, "built") and callable(getattr(node, "build", None))):
+        return []
+    flatten = getattr(node, "_flatten_layers", None)
+    try:
+        return list(flatten(include_self=True, recursive=True)) if flatten else [node]
+    except Exception:  # a layer that cannot list its sublayers yet
+        return [node]
 
 
 def parse_checkpoint_state(data: bytes):

@@ -11,13 +11,10 @@ from collections.abc import Mapping
 import numpy as np
 import tensorflow as tf
 
-from objckpt import _compat, _tree, errors
+from objckpt import _compat, _match, _tree, errors
 
 __all__ = ["RestoreReport", "Snapshot", "restore", "save", "snapshot"]
 
-_MAX_LISTED = 20
-# Entries that tf.train.Checkpoint adds for itself; never "unexpected".
-_BOOKKEEPING = frozenset({"save_counter"})
 
 
 class Snapshot(_tree._FrozenMapping):
@@ -59,6 +56,9 @@ class Snapshot(_tree._FrozenMapping):
     def __repr__(self) -> str:
         return f"Snapshot({len(self)} variables, {self.nbytes / 1e6:.1f} MB)"
 
+    def _as_source(self) -> _match.Source:
+        return _match.snapshot_source(self._items)
+
 
 @dataclasses.dataclass(frozen=True)
 class RestoreReport:
@@ -72,6 +72,8 @@ class RestoreReport:
       at: the source subtree that was used, or None for its root.
       notes: anything worth knowing: an `at` picked automatically, an older
         checkpoint used because the newest is damaged.
+      plan: the `Plan` that was applied (None for the fast path of a Snapshot
+        restored into the obj it was taken from).
     """
 
     restored: tuple[str, ...]
@@ -80,6 +82,7 @@ class RestoreReport:
     source: str = ""
     at: str | None = None
     notes: tuple[str, ...] = ()
+    plan: _match.Plan | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def __str__(self) -> str:
         lines = [f"restored {len(self.restored)} variables from {self.source}"
@@ -115,233 +118,140 @@ def snapshot(obj) -> Snapshot:
     return Snapshot._of_tree(variables, variables.fused.read_all())
 
 
-# --- sources -------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class _Source:
-    description: str
-    specs: dict  # full object path -> (shape tuple, tf.DType)
-    fetch: object  # callable(list of full paths) -> list of tensors
-    subtree: object  # callable(at) -> {path within at: full path}
-    top_level_names: list
-    notes: tuple[str, ...] = ()
-
-
-def _snapshot_source(snap: Snapshot) -> _Source:
-    specs = {path: (tuple(value.shape), value.dtype) for path, value in snap.items()}
-    return _Source("Snapshot", specs, lambda paths: [snap[p] for p in paths],
-                   lambda at: _subtree(specs, at), _top_level_names(specs))
-
-
-def _prefix_source(source) -> _Source:
-    prefix, notes = _tree.resolve_prefix(source)
-    entries = _tree._read_tree_at(prefix)
-    specs = {path: (entry.shape, entry.dtype) for path, entry in entries.items()}
-
-    def fetch(paths):
-        keys = [entries[p].key for p in paths]
-        try:
-            with tf.device("/cpu:0"):
-                return tf.raw_ops.RestoreV2(
-                    prefix=prefix, tensor_names=keys, shape_and_slices=[""] * len(keys),
-                    dtypes=[entries[p].dtype for p in paths])
-        except tf.errors.OpError as err:
-            raise errors.CheckpointCorruptError(
-                f"Checkpoint `{prefix}` could not be read: its data is damaged, truncated or "
-                f"missing. Received from TF: {_tree._first_line(err)}. Nothing was restored; "
-                "restore from another checkpoint.") from err
-
-    return _Source(f"checkpoint `{prefix}`", specs, fetch,
-                   lambda at: _tree.subtree_paths(entries.object_graph, at),
-                   _tree.top_level_names(entries.object_graph), notes)
-
-
-def _open_source(source) -> _Source:
-    if isinstance(source, Snapshot):
-        return _snapshot_source(source)
-    if isinstance(source, (str, os.PathLike)):
-        return _prefix_source(source)
-    raise errors.UnsupportedObjectError(
-        "A source must be an objckpt.Snapshot, a checkpoint prefix or a directory of "
-        f"checkpoints. Received: source of type {type(source).__name__}. Fix: pass "
-        "objckpt.snapshot(obj) or a path.")
-
-
-# --- matching ------------------------------------------------------------------
-
-
-def _subtree(paths, at: str) -> dict:
-    """Maps path-within-`at` -> source path for every source path under `at`.
-
-    Used for Snapshots, which keep paths but not the object graph: a variable
-    belongs to the subtree when its path starts with `at`. A slot variable
-    belongs to it only when both the variable it slots for and its optimizer do.
-    """
-    head = at.strip("/") + "/"
-    view = {}
-    for path in paths:
-        slot = _tree.split_slot(path)
-        if slot is None:
-            if path.startswith(head):
-                view[path[len(head):]] = path
-        else:
-            variable, optimizer, name = slot
-            if variable.startswith(head) and optimizer.startswith(head):
-                inner = (f"{variable[len(head):]}/{_compat.OPTIMIZER_SLOT}/"
-                         f"{optimizer[len(head):]}/{name}")
-                view[inner] = path
-    return view
-
-
-def _problems(variables, specs, view):
-    """Returns (matched, missing, unexpected, mismatched lines)."""
-    matched, missing, mismatched = [], [], []
-    for path, variable in variables.items():
-        source_path = view.get(path)
-        if source_path is None:
-            missing.append(path)
-            continue
-        shape, dtype = specs[source_path]
-        if not variable.shape.is_compatible_with(shape):
-            mismatched.append(f"`{path}`: shape {tuple(shape)} in the source but "
-                              f"{tuple(variable.shape)} in the obj")
-        elif variable.dtype.base_dtype != dtype:
-            mismatched.append(f"`{path}`: dtype {dtype.name} in the source but "
-                              f"{variable.dtype.base_dtype.name} in the obj")
-        else:
-            matched.append(path)
-    unexpected = [path for path in view if path not in variables and path not in _BOOKKEEPING]
-    return matched, missing, unexpected, mismatched
-
-
-def _top_level_names(paths) -> list[str]:
-    return list(dict.fromkeys(p.split("/", 1)[0] for p in paths if "/" in p))
-
-
-def _choose_view(variables, source: _Source, at):
-    """Picks the source subtree to restore from. Returns (view, at, notes)."""
-    if at is not None:
-        view = source.subtree(at)
-        if not view:
-            names = ", ".join(f"`{n}`" for n in source.top_level_names) or "none"
-            raise errors.StructureMismatchError(
-                f"{source.description} has no entries under at={at!r}. Top-level names in the "
-                f"source: {names}. Fix: pass one of them as at=..., or at=None for the root.")
-        return view, at.strip("/"), ()
-    root = {path: path for path in source.specs}
-    _, missing, _, mismatched = _problems(variables, source.specs, root)
-    if not missing and not mismatched:
-        return root, None, ()
-    fits = []
-    for name in source.top_level_names:
-        view = source.subtree(name)
-        _, sub_missing, _, sub_mismatched = _problems(variables, source.specs, view)
-        if not sub_missing and not sub_mismatched:
-            fits.append((name, view))
-    if len(fits) == 1:
-        name, view = fits[0]
-        return view, name, (f"the obj matched the source's `{name}` subtree, not its root; "
-                            f"used at={name!r}",)
-    if len(fits) > 1:
-        names = ", ".join(repr(n) for n, _ in fits)
-        return root, None, (f"several source subtrees match the obj ({names}); pass at=... "
-                            "to pick one",)
-    return root, None, ()
-
-
-def _listed(kind: str, items: list[str]) -> list[str]:
-    lines = [f"  - {item}{kind}" for item in items[:_MAX_LISTED]]
-    if len(items) > _MAX_LISTED:
-        lines.append(f"  - ... and {len(items) - _MAX_LISTED} more")
-    return lines
-
-
 def _describe(obj) -> str:
     name = getattr(obj, "name", None)
     return f"{type(obj).__name__}" + (f" `{name}`" if isinstance(name, str) and name else "")
 
 
-def _raise_mismatch(obj, variables, source, missing, unexpected, mismatched, notes, strict):
-    if not variables or (missing and _compat.is_unbuilt(obj)):
+def _refuse(obj, variables, source, the_plan: _match.Plan, strict: bool):
+    """Raises the error that says why `the_plan` cannot be applied."""
+    if not variables or (the_plan.unmatched_variables and _compat.is_unbuilt(obj)):
         raise errors.UnbuiltModelError(
             f"Cannot restore {source.description} into {_describe(obj)}: it is not built yet, "
             f"so it has {len(variables)} of the source's {len(source.specs)} variables. Nothing "
             "was restored. Fix: build it first (call it on a batch, or model.build(shape)), or "
             "use objckpt.restore_on_create(obj, source) to apply values as variables are created.")
-    lines = _listed("", mismatched)
+    lines = list(the_plan.mismatched)
+    lines += [f"ambiguous, not guessed: `{what}` could be any of "
+              + ", ".join(f"`{c}`" for c in candidates) for what, candidates in the_plan.ambiguous]
     if strict:
-        lines += _listed(": in the obj but missing from the source", [f"`{p}`" for p in missing])
-        lines += _listed(": in the source but not in the obj", [f"`{p}`" for p in unexpected])
+        lines += [f"`{p}`: in the obj but missing from the source"
+                  for p in the_plan.unmatched_variables]
+        lines += [f"`{p}`: in the source but not in the obj" for p in the_plan.unmatched_source]
     fixes = []
-    if mismatched:
-        fixes.append("rebuild the obj with the source's shapes and dtypes (strict=False never "
-                     "skips a shape or dtype mismatch)")
-    if strict and (missing or unexpected):
-        names = ", ".join(repr(n) for n in source.top_level_names)
+    if the_plan.mismatched:
+        fixes.append("rebuild the obj with the source's shapes and dtypes, or fix the rule's "
+                     "transform (strict=False never skips a shape or dtype mismatch)")
+    if the_plan.ambiguous:
+        fixes.append("add a rule that names the intended source entry exactly")
+    if strict and (the_plan.unmatched_variables or the_plan.unmatched_source):
         fixes.append("pass strict=False to restore only what matches")
-        if names:
+        fixes.append("add rules=[(regex, replacement), ...] that map source keys onto the obj's "
+                     "object paths or variable names (objckpt.plan(source, obj) shows the "
+                     "plan)")
+        names = ", ".join(repr(n) for n in source.top_level_names)
+        if names and the_plan.at is None:
             fixes.append(f"pass at=... if the obj sits under a child of the source's root "
                          f"(top-level names: {names})")
-    problems = tuple(lines)
+        if any(_match._is_optimizer_key(p) for p in the_plan.unmatched_source) or \
+                any("optimizer" in p for p in the_plan.unmatched_variables):
+            fixes.append("pass optimizer_state=True to move optimizer state by the variable it "
+                         "belongs to, or optimizer_state=False to skip it")
+    if source.kind == "name":
+        fixes.insert(0, "the source is name-based (TF1 Saver): its keys are global variable "
+                        "names such as `" + next(iter(source.specs), "scope/w") + "`; map them "
+                        "onto the obj with rules, e.g. rules=[('^model_001/', '')], and check "
+                        "with objckpt.plan(source, obj)")
+    if not lines:
+        lines = [f"no entry of the source matches a variable of the obj "
+                 f"({len(variables)} variables, {len(source.specs)} source entries)"]
+        fixes.append("check that the source was written for this model, or add rules")
+    shown = _match.listed(lines)
     raise errors.StructureMismatchError(
         f"Cannot restore {source.description} into {_describe(obj)}: {len(lines)} problem"
-        f"{'s' if len(lines) != 1 else ''}. Nothing was restored.\n" + "\n".join(lines)
-        + "".join(f"\n{note}" for note in notes) + "\nFix: " + "; or ".join(fixes) + ".",
-        problems)
+        f"{'s' if len(lines) != 1 else ''}. Nothing was restored.\n" + "\n".join(shown)
+        + "".join(f"\n{note}" for note in the_plan.notes) + "\nFix: " + "; or ".join(fixes)
+        + ".", tuple(lines))
 
 
-def restore(obj, source, *, strict: bool = True, at: str | None = None) -> RestoreReport:
-    """Restores obj's variables from a source by object path, all or nothing.
+def fetch_values(the_plan: _match.Plan, matches=None) -> list:
+    """Reads the source values of a plan's matches, transforms applied."""
+    matches = the_plan.matches if matches is None else matches
+    values = the_plan._source.fetch([m.source for m in matches])
+    return [m.transform(v) if m.transform is not None else v
+            for m, v in zip(matches, values)]
 
-    Every shape, dtype, missing and unexpected entry is checked from metadata
-    before a single variable is assigned, and every value is read before the
-    first assignment: when anything is wrong, an error is raised and every
-    variable keeps its exact previous value.
+
+def restore(obj, source, *, rules=(), strict: bool = True, at: str | None = None,
+            optimizer_state: bool | None = None) -> RestoreReport:
+    """Restores obj's variables from a source, all or nothing.
+
+    Source entries are matched to variables by `objckpt.plan` (object path,
+    rules, variable name, structure). Every shape, dtype, missing, unexpected
+    and ambiguous entry is checked from metadata before a single variable is
+    assigned, and every value is read before the first assignment: when
+    anything is wrong, an error is raised and every variable keeps its exact
+    previous value.
 
     Args:
       obj: the trackable to restore into; it must be built.
-      source: a `Snapshot`, a checkpoint prefix, or a directory (its newest
-        intact checkpoint; older ones are used when the newest is damaged).
+      source: a `Snapshot`, a checkpoint prefix, a directory (its newest
+        intact checkpoint; older ones are used when the newest is damaged), or
+        a name-based (TF1 `Saver`) prefix, usually with rules.
+      rules: ordered `(regex, replacement)` or `(regex, replacement,
+        transform)` rewrites of source keys; a None replacement drops the
+        entry. See `objckpt.plan`.
       strict: if True (default), entries missing from the source or extra in it
         are errors. If False they are skipped and listed in the report. A shape
-        or dtype mismatch is an error either way.
+        or dtype mismatch, or an ambiguous match, is an error either way.
       at: restore from this subtree of the source, e.g. at="model" for a
         checkpoint written by `tf.train.Checkpoint(model=m, optimizer=o)`.
-        When None and the source's root does not match obj but exactly one
-        child subtree does, that subtree is used and the report says so.
+        When None (and no rules) and the source's root does not match obj but
+        exactly one child subtree does, that subtree is used and the report
+        says so.
+      optimizer_state: None: optimizer entries are matched like any other.
+        True: move optimizer slots and counters by the variable they belong
+        to (e.g. tf_keras Adam `m`/`v` into a Keras 3 Adam). False: skip them.
 
     Returns:
-      A frozen `RestoreReport`.
+      A frozen `RestoreReport`; its `plan` says which entry fed which variable.
 
     Raises:
-      StructureMismatchError: shapes, dtypes, missing or unexpected entries.
+      StructureMismatchError: shapes, dtypes, ambiguous, missing or unexpected
+        entries.
       UnbuiltModelError: obj has no variables yet.
-      CheckpointNotFoundError, CheckpointCorruptError, NotObjectBasedError:
-        the source cannot be used.
+      InvalidArgumentError: malformed rules.
+      CheckpointNotFoundError, CheckpointCorruptError: the source cannot be used.
 
     Example:
       >>> objckpt.restore(model, "/tmp/run/ckpt-3", at="model")
+      >>> objckpt.restore(model, "tf1/model.ckpt", rules=[("^model_001/", "")])
     """
     variables = _tree.tree(obj)
-    if isinstance(source, Snapshot) and at is None and source.origin() is variables:
+    if (isinstance(source, Snapshot) and at is None and not rules and optimizer_state is None
+            and source.origin() is variables):
         # Taken from this very obj, and its structure is unchanged: the paths,
         # shapes and dtypes are the ones just read, so there is nothing to check.
         variables.fused.assign_all(source._items.values())
         return RestoreReport(tuple(variables), source="Snapshot")
-    src = _open_source(source)
-    view, chosen_at, notes = _choose_view(variables, src, at)
-    matched, missing, unexpected, mismatched = _problems(variables, src.specs, view)
-    if mismatched or (strict and (missing or unexpected)) or not matched:
-        _raise_mismatch(obj, variables, src, missing, unexpected, mismatched, notes, strict)
-    values = src.fetch([view[p] for p in matched])
-    if len(matched) == len(variables):
+    src = _match.open_source(source)
+    if not variables:
+        _refuse(obj, variables, src, _match.Plan(src.description, ()), strict)
+    the_plan = _match.make_plan(src, obj, variables, rules=rules, at=at,
+                                optimizer_state=optimizer_state)
+    if (the_plan.mismatched or the_plan.ambiguous or not the_plan.matches
+            or (strict and (the_plan.unmatched_variables or the_plan.unmatched_source))):
+        _refuse(obj, variables, src, the_plan, strict)
+    values = fetch_values(the_plan)
+    if len(the_plan.matches) == len(variables) and all(
+            m.target == p for m, p in zip(the_plan.matches, variables)):
         variables.fused.assign_all(values)
     else:
-        for path, value in zip(matched, values):
-            variables[path].assign(value, read_value=False)
-    return RestoreReport(tuple(matched), tuple(missing), tuple(unexpected), src.description,
-                         chosen_at, src.notes + notes)
+        for match, value in zip(the_plan.matches, values):
+            variables[match.target].assign(value, read_value=False)
+    return RestoreReport(tuple(m.target for m in the_plan.matches),
+                         the_plan.unmatched_variables, the_plan.unmatched_source,
+                         src.description, the_plan.at, the_plan.notes, the_plan)
 
 
 # --- saving --------------------------------------------------------------------

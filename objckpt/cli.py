@@ -6,13 +6,23 @@ Commands:
       with per-object and overall totals. A directory means its newest
       intact checkpoint.
 
-Exit status: 0 on success, 1 when the checkpoint cannot be read, 2 on a usage
-error.
+  objckpt diff A B [--format text|json] [--rtol R] [--atol T]
+      Per-path differences between two checkpoints (prefixes or directories):
+      paths only in A (-) or only in B (+), shape or dtype (!), values (~).
+      Object-based checkpoints are compared by object path, name-based (TF1
+      Saver) ones by variable name. Values must be bit-identical (NaNs at
+      the same positions are equal) unless a tolerance is given:
+      |a - b| <= atol + rtol * |b|.
+
+Exit status: 0 on success (diff: the checkpoints are the same), 1 when a
+checkpoint cannot be read (diff: also when they differ), 2 on a usage error.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import math
 import os
 import sys
 
@@ -30,11 +40,30 @@ def _parse(argv):
     inspect = commands.add_parser("inspect", help="print a checkpoint's object tree")
     inspect.add_argument("source", metavar="PREFIX|DIRECTORY")
     inspect.add_argument("--format", choices=("text", "json"), default="text")
+    diff = commands.add_parser("diff", help="compare two checkpoints path by path")
+    diff.add_argument("a", metavar="A", help="checkpoint prefix or directory")
+    diff.add_argument("b", metavar="B", help="checkpoint prefix or directory")
+    diff.add_argument("--format", choices=("text", "json"), default="text")
+    diff.add_argument("--rtol", type=_tolerance, default=0.0, metavar="R",
+                      help="relative tolerance (default 0: bit-exact)")
+    diff.add_argument("--atol", type=_tolerance, default=0.0, metavar="T",
+                      help="absolute tolerance (default 0: bit-exact)")
     args = parser.parse_args(argv[1:])
     if args.command is None:
         parser.print_help(sys.stderr)
         raise SystemExit(2)
     return args
+
+
+def _tolerance(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(
+            f"expected a finite number >= 0, received {text!r} (e.g. 1e-6; 0 is bit-exact)")
+    return value
 
 
 def _size(nbytes: int) -> str:
@@ -127,10 +156,75 @@ def _inspect(args) -> int:
     return 0
 
 
+def _number(value):
+    """A JSON-safe max |a-b|: a number, None (strings), or "nan"/"inf" as text."""
+    if value is None or math.isfinite(value):
+        return value
+    return str(value)
+
+
+def diff_json(result) -> dict:
+    """The JSON document `objckpt diff --format json` prints."""
+    return {
+        "a": result.a,
+        "b": result.b,
+        "same": result.same,
+        "rtol": result.rtol,
+        "atol": result.atol,
+        "equal": result.equal,
+        "differ": result.differ,
+        "only_in_a": list(result.only_in_a),
+        "only_in_b": list(result.only_in_b),
+        "shape_or_dtype": [{"path": d.path, "a": d.a, "b": d.b}
+                           for d in result.shape_or_dtype],
+        "values": [{"path": d.path, "max_abs_diff": _number(d.max_abs_diff),
+                    "differing": d.differing, "size": d.size} for d in result.values],
+        "notes": list(result.notes),
+    }
+
+
+def diff_text(result) -> str:
+    """One line per differing path, then the notes and a summary line."""
+    lines = [f"A: {result.a}", f"B: {result.b}"]
+    for d in result.values:
+        of = f"{d.differing:,} of {_count(d.size, 'value')}"
+        if d.max_abs_diff is None:
+            lines.append(f"~ {d.path}: {of} differ")
+        else:
+            lines.append(f"~ {d.path}: max |a-b| {d.max_abs_diff:.6g} at {of}")
+    lines.extend(f"! {d.path}: {d.a} vs {d.b}" for d in result.shape_or_dtype)
+    lines.extend(f"- {path} (only in A)" for path in result.only_in_a)
+    lines.extend(f"+ {path} (only in B)" for path in result.only_in_b)
+    lines.extend(f"note: {note}" for note in result.notes)
+    tolerance = ("bit-exact" if result.rtol == 0 and result.atol == 0
+                 else f"rtol {result.rtol:g}, atol {result.atol:g}")
+    summary = f"{result.equal:,} equal, {result.differ:,} differ"
+    if result.differ:
+        parts = [(len(result.values), "in value"),
+                 (len(result.shape_or_dtype), "in shape or dtype"),
+                 (len(result.only_in_a), "only in A"), (len(result.only_in_b), "only in B")]
+        summary += ": " + ", ".join(f"{n:,} {what}" for n, what in parts if n)
+    lines.append(f"{summary} ({tolerance})")
+    return "\n".join(lines)
+
+
+def _diff(args) -> int:
+    from objckpt import _diff
+
+    result = _diff.diff(args.a, args.b, rtol=args.rtol, atol=args.atol)
+    if args.format == "json":
+        print(json.dumps(diff_json(result), indent=2))
+    else:
+        print(diff_text(result))
+    return 0 if result.same else 1
+
+
 def main(args) -> int:
     try:
         if args.command == "inspect":
             return _inspect(args)
+        if args.command == "diff":
+            return _diff(args)
     except errors.ObjckptError as err:
         print(f"objckpt {args.command}: {err}", file=sys.stderr)
         return 1

@@ -368,7 +368,10 @@ def test_file_that_is_not_a_checkpoint(guarded, tmp_path):
 def test_name_based_checkpoint(guarded, tmp_path):
     prefix = write_name_based(tmp_path / "tf1")
     with pytest.raises(errors.NotObjectBasedError, match=r"objckpt\.migrate"):
-        objckpt.restore(guarded, prefix)
+        objckpt.read_tree(prefix)
+    with pytest.raises(errors.StructureMismatchError, match=r"name-based .*rules=") as info:
+        objckpt.restore(guarded, prefix)  # restorable through rules; none given here
+    assert "Nothing was restored" in str(info.value)
 
 
 def test_wrong_source_type(guarded):

@@ -1,0 +1,271 @@
+"""Deferred restore: values land as each variable is created, before its first use.
+
+`restore_on_create(obj, source)` rewrites the source's keys with the rules and
+treats each result as the object path of a variable that will exist. Values
+whose variable already exists are assigned at once (checked first, all or
+nothing). For the rest, a hook waits at the deepest object of the path that
+exists: TF calls it when the next object on the path is attached (the moment
+`self.kernel = ...` runs inside a layer's `build`, before `call`), and Keras
+layers of every flavour also check after each `build`. Each value is read
+from the source only when its variable appears, checked, and assigned eagerly
+(outside any `tf.function` being traced).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import tensorflow as tf
+
+from objckpt import _compat, _match, _tree, errors
+
+__all__ = ["PendingRestore", "restore_on_create"]
+
+
+@dataclasses.dataclass
+class _Entry:
+    path: str  # object path in obj (after rules)
+    source: str  # source key
+    transform: object = None
+
+
+class PendingRestore:
+    """The state of a `restore_on_create`: what has landed and what still waits.
+
+    Attributes:
+      pending: object paths whose variables do not exist yet (or failed).
+      applied: object paths that received their value.
+      done: True once every entry has landed.
+      skipped: source entries dropped by rules or bookkeeping.
+    """
+
+    def __init__(self, obj, source: _match.Source, entries: list[_Entry], skipped, at):
+        self._obj = obj
+        self._source = source
+        self._entries = {e.path: e for e in entries}
+        self._applied: list[str] = []
+        self._failed: dict[str, str] = {}
+        self._hooked: set = set()
+        self._wrapped: list = []
+        self._attached: dict = {}  # (id(node), name) -> child being attached right now
+        self.skipped = tuple(skipped)
+        self.at = at
+
+    @property
+    def pending(self) -> tuple[str, ...]:
+        return tuple(self._entries)
+
+    @property
+    def applied(self) -> tuple[str, ...]:
+        return tuple(self._applied)
+
+    @property
+    def done(self) -> bool:
+        return not self._entries
+
+    def assert_done(self) -> None:
+        """Raises `StructureMismatchError` listing every entry that has not landed."""
+        self.poll()
+        if self.done:
+            return
+        lines = [f"`{path}` (from `{entry.source}`)"
+                 + (f": {self._failed[path]}" if path in self._failed else ": not created yet")
+                 for path, entry in self._entries.items()]
+        raise errors.StructureMismatchError(
+            f"restore_on_create from {self._source.description}: {len(lines)} of "
+            f"{len(lines) + len(self._applied)} values have not landed:\n"
+            + "\n".join(_match.listed(lines))
+            + "\nFix: call the model on a batch (or build it) so its variables are created; "
+            "check the object paths with objckpt.tree(obj) and map them with rules=[...].",
+            tuple(lines))
+
+    def __repr__(self) -> str:
+        return (f"PendingRestore({len(self._applied)} applied, {len(self._entries)} pending, "
+                f"from {self._source.description})")
+
+    # --- mechanics ---------------------------------------------------------------
+
+    def poll(self) -> None:
+        """Assigns every pending value whose variable now exists; hooks the rest."""
+        ready = []
+        for path, entry in list(self._entries.items()):
+            if path in self._failed:  # raised once at creation; listed by assert_done
+                continue
+            node, missing = _walk(self._obj, path, self._attached)
+            variable = _compat.as_variable(node) if not missing else None
+            if variable is not None:
+                ready.append((entry, variable))
+            elif missing:
+                self._hook(node, missing[0])
+        for entry, variable in ready:
+            self._apply(entry, variable)
+        if self.done:
+            self._unwrap()
+
+    def _apply(self, entry: _Entry, variable) -> None:
+        shape, dtype = self._source.specs[entry.source]
+        value = None
+        if entry.transform is not None:
+            value = entry.transform(self._source.fetch([entry.source])[0])
+            shape, dtype = tuple(value.shape), value.dtype
+        if not variable.shape.is_compatible_with(shape) or variable.dtype.base_dtype != dtype:
+            problem = (f"{dtype.name}{tuple(shape)} in the source but "
+                       f"{variable.dtype.base_dtype.name}{tuple(variable.shape)} when created")
+            self._failed[entry.path] = problem
+            raise errors.StructureMismatchError(
+                f"restore_on_create: `{entry.path}` was created as "
+                f"{variable.dtype.base_dtype.name}{tuple(variable.shape)}, but the source "
+                f"{self._source.description} holds {dtype.name}{tuple(shape)} for it (entry "
+                f"`{entry.source}`). The variable was left unassigned. Fix: build the model "
+                "with the source's shapes, or drop the entry with a rule (regex, None).",
+                (f"`{entry.path}`: {problem}",))
+        if value is None:
+            value = self._source.fetch([entry.source])[0]
+        with tf.init_scope():  # eagerly, even while a tf.function is being traced
+            variable.assign(value, read_value=False)
+        del self._entries[entry.path]
+        self._failed.pop(entry.path, None)
+        self._applied.append(entry.path)
+
+    def _hook(self, node, edge: str) -> None:
+        key = (id(node), edge)
+        if key in self._hooked:
+            return
+        self._hooked.add(key)
+        name = _tree._unescape(edge)
+
+        def attached(child):  # TF attaches `child` as node.<name>: look again from it
+            self._hooked.discard(key)
+            self._attached[key] = child
+            try:
+                self.poll()
+            finally:
+                self._attached.pop(key, None)
+
+        _compat.defer_on_attach(node, name, attached)
+        for layer in _compat.keras_layers(node):
+            self._wrap_build(layer)
+
+    def _wrap_build(self, layer) -> None:
+        if id(layer) in {id(w) for w in self._wrapped}:
+            return
+        original = layer.build
+        pending = self
+
+        @functools.wraps(original)  # Keras 3 reads build's signature to pass shapes
+        def build(*args, **kwargs):
+            result = original(*args, **kwargs)
+            if not pending.done:
+                pending.poll()
+            return result
+
+        object.__setattr__(layer, "build", build)
+        self._wrapped.append(layer)
+
+    def _unwrap(self) -> None:
+        for layer in self._wrapped:
+            layer.__dict__.pop("build", None)
+        self._wrapped = []
+
+
+def _child(node, edge: str, attached=None):
+    """The child of node at an (escaped) edge; leading underscores optional."""
+    if attached and (id(node), edge) in attached:
+        return attached[(id(node), edge)]
+    children = _compat.children(node)
+    name = _tree._unescape(edge)
+    if name in children:
+        return children[name]
+    stripped = [c for n, c in children.items() if n.lstrip("_") == name.lstrip("_")]
+    return stripped[0] if len(stripped) == 1 else None
+
+
+def _walk(obj, path: str, attached=None):
+    """Follows path from obj. Returns (deepest object reached, edges still missing)."""
+    node = obj
+    edges = path.split("/")
+    for i, edge in enumerate(edges):
+        child = _child(node, edge, attached)
+        if child is None:
+            return node, edges[i:]
+        node = child
+    return node, []
+
+
+def restore_on_create(obj, source, *, rules=(), at: str | None = None) -> PendingRestore:
+    """Restores values into obj as its variables are created, before their first use.
+
+    For a model whose variables do not exist yet (a Keras model before its
+    first call or build, a `tf.Module` that creates variables lazily). Source
+    keys, after `rules` and `at`, are object paths of obj (leading
+    underscores of each edge optional, so `dense/kernel` reaches Keras 3's
+    `dense/_kernel`). Variables that already exist get their values now.
+
+    Args:
+      obj: the trackable to restore into, built or not.
+      source: a `Snapshot`, an object-based prefix or directory, or a
+        name-based prefix (with rules that map names to object paths).
+      rules: ordered `(regex, replacement[, transform])` rewrites of source
+        keys (see `objckpt.plan`).
+      at: take values from this subtree of the source (e.g. "model").
+
+    Returns:
+      A `PendingRestore`: `.pending`, `.applied`, `.done`, `.assert_done()`.
+
+    Raises:
+      StructureMismatchError: an existing variable (now) or a newly created
+        one (at its creation) does not have the source's shape or dtype; that
+        variable is left unassigned.
+
+    Example:
+      >>> pending = objckpt.restore_on_create(model, "ckpt/run-3")
+      >>> model.fit(x, y)          # values land as layers build
+      >>> pending.assert_done()
+    """
+    src = _match.open_source(source)
+    parsed = _match.parse_rules(rules)
+    if at is not None:
+        view = src.subtree(at)
+        if not view:
+            names = ", ".join(f"`{n}`" for n in src.top_level_names) or "none"
+            raise errors.StructureMismatchError(
+                f"{src.description} has no entries under at={at!r}. Top-level names: {names}. "
+                "Fix: pass one of them as at=..., or at=None for the root.")
+    else:
+        view = {key: key for key in src.specs}
+    entries, skipped, seen = [], [], {}
+    for key, full in view.items():
+        if key in _match.BOOKKEEPING or full in _match.BOOKKEEPING:
+            continue
+        new, rule = _match._rewrite(key, parsed)
+        if new is None:
+            skipped.append(f"{full}: dropped by {rule}")
+            continue
+        if new in seen:
+            raise errors.StructureMismatchError(
+                f"restore_on_create: source entries `{seen[new]}` and `{full}` both map to "
+                f"`{new}`; nothing is guessed. Fix: drop one with a rule (regex, None).")
+        seen[new] = full
+        entries.append(_Entry(new, full, rule.transform if rule is not None else None))
+    pending = PendingRestore(obj, src, entries, skipped, at)
+    # Existing variables: all checked before any is assigned.
+    ready = []
+    for entry in entries:
+        node, missing = _walk(obj, entry.path)
+        variable = _compat.as_variable(node) if not missing else None
+        if variable is not None:
+            shape, dtype = src.specs[entry.source]
+            if entry.transform is None and (not variable.shape.is_compatible_with(shape)
+                                            or variable.dtype.base_dtype != dtype):
+                raise errors.StructureMismatchError(
+                    f"restore_on_create: `{entry.path}` exists as "
+                    f"{variable.dtype.base_dtype.name}{tuple(variable.shape)} but the source "
+                    f"holds {dtype.name}{tuple(shape)} (entry `{entry.source}`). Nothing was "
+                    "restored. Fix: build obj with the source's shapes, or drop the entry with "
+                    "a rule.")
+            ready.append(entry)
+    for entry in ready:
+        pending._apply(entry, _compat.as_variable(_walk(obj, entry.path)[0]))
+    pending.poll()
+    return pending

@@ -1,0 +1,290 @@
+"""Per-path differences between two checkpoints.
+
+`diff(a, b)` compares two checkpoints entry by entry: object-based ones by
+object path, name-based (TF1 `Saver`) ones by global variable name. Shapes
+and dtypes are compared from metadata first; values are then read one pair of
+tensors at a time and compared with NumPy in bounded chunks, so memory stays
+near the largest tensor, never the whole checkpoints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from typing import NamedTuple
+
+import numpy as np
+import tensorflow as tf
+
+from objckpt import _compat, _tree, errors
+
+__all__ = ["Diff", "ShapeDiff", "ValueDiff", "diff"]
+
+# Entries a checkpoint writes for itself: never compared.
+_BOOKKEEPING = frozenset({
+    "save_counter", _compat.checkpoint_key("save_counter"), _compat.OBJECT_GRAPH_KEY})
+# Elements compared per NumPy step: bounds the temporaries (float64 copies, masks).
+_CHUNK = 1 << 20
+
+
+class ShapeDiff(NamedTuple):
+    """A path whose shape or dtype differs: `(path, a, b)`, e.g. `float32 (3, 4)`."""
+
+    path: str
+    a: str
+    b: str
+
+
+class ValueDiff(NamedTuple):
+    """A path whose values differ: `(path, max_abs_diff, differing, size)`.
+
+    `max_abs_diff` is the largest |a - b| over the differing values (NaN
+    against a number is left out unless nothing else differs; then it is
+    NaN), or None for strings, which are compared for equality only.
+    """
+
+    path: str
+    max_abs_diff: float | None
+    differing: int
+    size: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Diff:
+    """What differs between two checkpoints (see `diff`).
+
+    Attributes:
+      a, b: the checkpoint prefixes compared (a directory resolved to its
+        newest intact checkpoint).
+      only_in_a, only_in_b: paths (or names) present on one side only.
+      shape_or_dtype: `ShapeDiff(path, a_desc, b_desc)` per path present on
+        both sides whose stored shape or dtype differs; values not compared.
+      values: `ValueDiff(path, max_abs_diff, differing, size)` per path whose
+        values differ.
+      equal: the number of paths on both sides with equal values.
+      notes: remarks that do not change the result: a name-based side, an
+        older checkpoint used because the newest is damaged, a likely nesting
+        difference between the two roots.
+      rtol, atol: the tolerances used; both 0 means bit-exact.
+    """
+
+    a: str
+    b: str
+    only_in_a: tuple[str, ...] = ()
+    only_in_b: tuple[str, ...] = ()
+    shape_or_dtype: tuple[ShapeDiff, ...] = ()
+    values: tuple[ValueDiff, ...] = ()
+    equal: int = 0
+    notes: tuple[str, ...] = ()
+    rtol: float = 0.0
+    atol: float = 0.0
+
+    @property
+    def same(self) -> bool:
+        """True when both sides have the same paths, shapes, dtypes and values."""
+        return not (self.only_in_a or self.only_in_b or self.shape_or_dtype or self.values)
+
+    @property
+    def differ(self) -> int:
+        """The number of paths that differ in any way (present on one side included)."""
+        return (len(self.only_in_a) + len(self.only_in_b) + len(self.shape_or_dtype)
+                + len(self.values))
+
+
+@dataclasses.dataclass
+class _Side:
+    label: str  # "A" or "B"
+    prefix: str
+    name_based: bool
+    entries: dict  # path or name -> (shape, tf.DType, checkpoint key)
+    reader: object
+
+
+def _open(source, label: str, notes: list) -> _Side:
+    prefix, skipped = _tree.resolve_prefix(source)
+    notes.extend(f"{label}: {note}" for note in skipped)
+    try:
+        tree = _tree._read_tree_at(prefix)
+    except errors.NotObjectBasedError:
+        reader = _tree._open_reader(prefix)
+        shapes = reader.get_variable_to_shape_map()
+        dtypes = reader.get_variable_to_dtype_map()
+        entries = {name: (tuple(shapes[name]), tf.as_dtype(dtypes[name]), name)
+                   for name in sorted(shapes) if name not in _BOOKKEEPING}
+        return _Side(label, prefix, True, entries, reader)
+    entries = {path: (entry.shape, entry.dtype, entry.key) for path, entry in tree.items()
+               if path not in _BOOKKEEPING}
+    return _Side(label, prefix, False, entries, _tree._open_reader(prefix))
+
+
+def _tolerance(value, name: str) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if not math.isfinite(number) or number < 0:
+        raise errors.InvalidArgumentError(
+            f"objckpt.diff: {name}= must be a finite number >= 0. Received: {name}={value!r}. "
+            f"Pass e.g. {name}=1e-6, or 0 (the default) for bit-exact comparison.")
+    return number
+
+
+def _describe(shape, dtype) -> str:
+    return f"{dtype.name} (" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")"
+
+
+def _read(side: _Side, path: str, key: str):
+    try:
+        return side.reader.get_tensor(key)
+    except (tf.errors.OpError, ValueError) as err:
+        raise errors.CheckpointCorruptError(
+            f"Checkpoint {side.label} `{side.prefix}`: the value of `{path}` (key `{key}`) "
+            f"cannot be read: {_tree._first_line(err)}. Expected: a tensor as its index "
+            "describes. Its data file is damaged or truncated; write the checkpoint again, or "
+            "compare another one.") from err
+
+
+def _bits_differ(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    size = x.dtype.itemsize
+    if size in (1, 2, 4, 8):
+        return x.view(f"u{size}") != y.view(f"u{size}")
+    return (x.view(np.uint8).reshape(-1, size) != y.view(np.uint8).reshape(-1, size)).any(axis=1)
+
+
+def _compare(x, y, dtype: tf.DType, rtol: float, atol: float) -> tuple[float | None, int]:
+    """Returns (max |x - y| over differing values, number of differing values)."""
+    if dtype == tf.string:  # data, compared for equality only (invariant 2)
+        x = np.asarray(x, dtype=object).reshape(-1)
+        y = np.asarray(y, dtype=object).reshape(-1)
+        return None, int(np.count_nonzero(x != y))
+    x = np.ascontiguousarray(x).reshape(-1)
+    y = np.ascontiguousarray(y).reshape(-1)
+    exact = rtol == 0 and atol == 0
+    inexact = dtype.is_floating or dtype.is_complex
+    numeric = inexact or dtype.is_integer
+    wide = np.complex128 if dtype.is_complex else np.float64
+    count, largest, nan_only = 0, -math.inf, False
+    for start in range(0, x.size, _CHUNK):
+        xs, ys = x[start:start + _CHUNK], y[start:start + _CHUNK]
+        if not numeric:  # bool, quantized: equal or not
+            differ = _bits_differ(xs, ys) if dtype != tf.bool else xs != ys
+        else:
+            differ = _bits_differ(xs, ys)
+            if not differ.any():
+                continue
+            xw, yw = xs.astype(wide), ys.astype(wide)
+            if inexact:  # NaNs at the same positions are equal
+                differ &= ~(np.isnan(xw) & np.isnan(yw))
+            if not exact:
+                differ &= ~np.isclose(xw, yw, rtol=rtol, atol=atol, equal_nan=True)
+        n = int(np.count_nonzero(differ))
+        if not n:
+            continue
+        count += n
+        if numeric:
+            gaps = np.abs(xw[differ] - yw[differ])
+            finite = gaps[~np.isnan(gaps)]
+            if finite.size:
+                largest = max(largest, float(finite.max()))
+            else:
+                nan_only = True
+        else:
+            largest = max(largest, 1.0)
+    if not count:
+        return 0.0, 0
+    if largest == -math.inf and nan_only:
+        largest = math.nan
+    return largest, count
+
+
+def _nesting_hint(a: _Side, b: _Side) -> str | None:
+    """Says when one side's paths are the other's under one top-level name."""
+    for outer, inner in ((a, b), (b, a)):
+        tops = dict.fromkeys(path.split("/", 1)[0] for path in outer.entries if "/" in path)
+        for top in tops:
+            nested = {path[len(top) + 1:] for path in outer.entries
+                      if path.startswith(top + "/")}
+            if nested & inner.entries.keys():
+                return (
+                    f"no object path is in both, but {inner.label}'s paths appear in "
+                    f"{outer.label} under `{top}/`: {outer.label} was likely written by "
+                    f"tf.train.Checkpoint({top}=obj) and {inner.label} with obj as root "
+                    "(objckpt.save). Save both the same way to compare them path by path.")
+    return None
+
+
+def diff(a: str | os.PathLike, b: str | os.PathLike, *, rtol: float = 0.0,
+         atol: float = 0.0) -> Diff:
+    """Compares two checkpoints path by path: presence, shape, dtype, values.
+
+    Object-based checkpoints are compared by object path; name-based (TF1
+    `Saver`) ones by global variable name. When one is object-based and the
+    other name-based, keys are compared as they are and a note says they
+    rarely line up. `save_counter` and the object graph are ignored.
+
+    Values are read one pair of tensors at a time. With `rtol = atol = 0`
+    they must be bit-identical, except that NaNs at the same positions count
+    as equal; otherwise a value differs when `|a - b| > atol + rtol * |b|`
+    (NumPy's `isclose`, B the reference). Integers and floats of any width
+    (float16, bfloat16 included) are compared numerically, booleans and
+    strings for equality only.
+
+    Args:
+      a, b: checkpoint prefixes (`prefix.index` may be given too) or
+        directories of managed checkpoints (the newest intact one is used).
+      rtol: relative tolerance, >= 0.
+      atol: absolute tolerance, >= 0.
+
+    Returns:
+      A `Diff`; `Diff.same` is True when nothing differs.
+
+    Raises:
+      CheckpointNotFoundError: nothing at `a` or `b`.
+      CheckpointCorruptError: an index, object graph or tensor cannot be read.
+      InvalidArgumentError: a negative or non-finite tolerance.
+
+    Example:
+      >>> d = objckpt._diff.diff("run1/ckpt-5", "run2", atol=1e-6)
+      >>> d.same, [v.path for v in d.values]
+      (False, ['model/encoder/w'])
+    """
+    rtol, atol = _tolerance(rtol, "rtol"), _tolerance(atol, "atol")
+    notes: list[str] = []
+    side_a = _open(a, "A", notes)
+    side_b = _open(b, "B", notes)
+    if side_a.name_based != side_b.name_based:
+        named, other = (side_a, side_b) if side_a.name_based else (side_b, side_a)
+        notes.append(
+            f"{named.label} (`{named.prefix}`) is name-based (TF1 Saver) and {other.label} is "
+            "object-based: keys are compared as they are (global variable names against object "
+            "paths), so they rarely line up. To compare by structure, migrate the name-based "
+            "one onto your model first (objckpt.migrate with rules) and diff the result.")
+    elif side_a.name_based:
+        notes.append("A and B are name-based (TF1 Saver): compared by global variable name.")
+    only_in_a, shape_or_dtype, values, equal = [], [], [], 0
+    for path, (shape, dtype, key) in side_a.entries.items():
+        other = side_b.entries.get(path)
+        if other is None:
+            only_in_a.append(path)
+            continue
+        if (shape, dtype) != other[:2]:
+            shape_or_dtype.append(
+                ShapeDiff(path, _describe(shape, dtype), _describe(*other[:2])))
+            continue
+        largest, count = _compare(_read(side_a, path, key), _read(side_b, path, other[2]),
+                                  dtype, rtol, atol)
+        if count:
+            size = math.prod(shape)
+            values.append(ValueDiff(path, largest, count, size))
+        else:
+            equal += 1
+    only_in_b = [path for path in side_b.entries if path not in side_a.entries]
+    compared = len(side_a.entries) - len(only_in_a)
+    if (not compared and side_a.entries and side_b.entries
+            and not (side_a.name_based or side_b.name_based)):
+        hint = _nesting_hint(side_a, side_b)
+        if hint:
+            notes.append(hint)
+    return Diff(side_a.prefix, side_b.prefix, tuple(only_in_a), tuple(only_in_b),
+                tuple(shape_or_dtype), tuple(values), equal, tuple(notes), rtol, atol)

@@ -1,0 +1,170 @@
+"""restore_on_create: values land as variables are created, in every flavour."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import objckpt
+from objckpt import errors
+
+from flavours import keras_for
+
+KERAS = ["keras3", "tf_keras", "keras2"]
+
+
+def _dense(keras, name, built=True, seed=0):
+    tf.random.set_seed(seed)
+    layer = keras.layers.Dense(3, name=name)
+    if built:
+        layer(tf.ones((1, 2)))
+    return layer
+
+
+@pytest.mark.parametrize("flavour", KERAS)
+@pytest.mark.parametrize("to_disk", [False, True], ids=["snapshot", "prefix"])
+def test_dense_values_present_at_first_call(flavour, to_disk, tmp_path):
+    keras = keras_for(flavour)
+    saved = _dense(keras, "first", seed=1)
+    source = objckpt.snapshot(saved)
+    if to_disk:
+        source = objckpt.save(saved, str(tmp_path / "dense"))
+    fresh = _dense(keras, "second", built=False, seed=2)  # other variable names
+    pending = objckpt.restore_on_create(fresh, source)
+    assert not pending.done and len(pending.pending) == 2 and pending.applied == ()
+    x = tf.constant([[0.5, -2.0]])
+    np.testing.assert_array_equal(fresh(x).numpy(), saved(x).numpy())  # at the first call
+    assert pending.done and pending.pending == () and len(pending.applied) == 2
+    pending.assert_done()
+    name = lambda layer: getattr(layer.kernel, "path", layer.kernel.name)  # noqa: E731
+    assert name(fresh) != name(saved)
+    np.testing.assert_array_equal(fresh.kernel.numpy(), saved.kernel.numpy())
+
+
+@pytest.mark.parametrize("flavour", KERAS)
+def test_partial_source_lists_pending(flavour):
+    keras = keras_for(flavour)
+    saved = objckpt.snapshot(_dense(keras, "first", seed=1))
+    extra = dict(saved.items(), **{"later/w": tf.ones((2,))})
+    fresh = _dense(keras, "second", built=False)
+    pending = objckpt.restore_on_create(fresh, objckpt.Snapshot(extra))
+    fresh(tf.ones((1, 2)))
+    assert pending.pending == ("later/w",) and not pending.done
+    with pytest.raises(errors.StructureMismatchError,
+                       match=r"1 of 3 values have not landed:\n  - `later/w` \(from `later/w`\): "
+                             "not created yet"):
+        pending.assert_done()
+
+
+@pytest.mark.parametrize("flavour", KERAS)
+def test_shape_mismatch_at_creation_names_the_path(flavour):
+    keras = keras_for(flavour)
+    saved = _dense(keras, "first", seed=1)  # kernel (2, 3)
+    fresh = _dense(keras, "second", built=False, seed=7)
+    pending = objckpt.restore_on_create(fresh, objckpt.snapshot(saved))
+    with pytest.raises(errors.StructureMismatchError, match=r"kernel` was created as "
+                                                            r"float32\(5, 3\).*float32\(2, 3\)"):
+        fresh(tf.ones((1, 5)))
+    kernel_path = next(p for p in pending.pending if p.endswith("kernel"))
+    assert kernel_path in pending.pending
+    with pytest.raises(errors.StructureMismatchError, match="float32\\(2, 3\\) in the source"):
+        pending.assert_done()
+
+
+@pytest.mark.parametrize("flavour", KERAS)
+def test_fit_on_an_unbuilt_model_trains_from_restored_values(flavour):
+    keras = keras_for(flavour)
+
+    def make(seed):
+        tf.random.set_seed(seed)
+        return keras.Sequential([keras.layers.Dense(4, activation="relu", name="h"),
+                                 keras.layers.Dense(1, name="o")])
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(8, 3)).astype("float32"), rng.normal(size=(8, 1)).astype("float32")
+    trained = make(1)
+    trained(x[:1])
+    source = objckpt.snapshot(trained)
+
+    reference = make(2)  # built, then restored the ordinary way
+    reference(x[:1])
+    objckpt.restore(reference, source)
+    deferred = make(3)  # unbuilt: values land while fit builds it
+    pending = objckpt.restore_on_create(deferred, source)
+    for model in (reference, deferred):
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+        model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    pending.assert_done()
+    for a, b in zip(reference.get_weights(), deferred.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    assert not np.allclose(deferred.get_weights()[0], trained.get_weights()[0])  # it trained
+
+
+class _Lazy(tf.Module):
+    def __call__(self, x):
+        if not hasattr(self, "w"):
+            self.w = tf.Variable(tf.zeros((x.shape[-1], 2)))
+            self.inner = tf.Module()
+            self.inner.b = tf.Variable(tf.zeros((2,)))
+        return x @ self.w + self.inner.b
+
+
+def test_module_with_lazily_created_variables():
+    source = objckpt.Snapshot({"w": np.ones((3, 2), np.float32), "inner/b": [1.0, 2.0]})
+    module = _Lazy()
+    pending = objckpt.restore_on_create(module, source)
+    assert set(pending.pending) == {"w", "inner/b"}
+    np.testing.assert_array_equal(module(tf.ones((1, 3))).numpy(), [[4.0, 5.0]])
+    pending.assert_done()
+
+
+def test_existing_variables_now_and_mismatch_changes_nothing():
+    module = tf.Module()
+    module.w = tf.Variable(tf.zeros((2,)))
+    module.v = tf.Variable(tf.zeros((3,)))
+    pending = objckpt.restore_on_create(module, objckpt.Snapshot({"w": [1.0, 2.0]}))
+    assert pending.done and pending.applied == ("w",)
+    np.testing.assert_array_equal(module.w.numpy(), [1.0, 2.0])
+    with pytest.raises(errors.StructureMismatchError, match=r"`v` exists as float32\(3,\)"):
+        objckpt.restore_on_create(module, objckpt.Snapshot({"w": [5.0, 6.0], "v": [1.0]}))
+    np.testing.assert_array_equal(module.w.numpy(), [1.0, 2.0])  # nothing changed
+
+
+def _tf1_dense(prefix, scope="model_001"):
+    with tf.Graph().as_default():
+        with tf.compat.v1.variable_scope(scope):
+            tf.compat.v1.get_variable("dense/kernel", initializer=np.full((2, 3), 0.5, "float32"))
+            tf.compat.v1.get_variable("dense/bias", initializer=np.arange(3, dtype="float32"))
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            return tf.compat.v1.train.Saver().save(sess, prefix)
+
+
+@pytest.mark.parametrize("flavour", KERAS)
+def test_name_based_source_through_rules(flavour, tmp_path):
+    keras = keras_for(flavour)
+    prefix = _tf1_dense(str(tmp_path / "tf1" / "model.ckpt"))
+    fresh = _dense(keras, "renamed", built=False)
+    # TF1 `model_001/dense/kernel` -> `kernel` (Keras 3's `_kernel`: underscores optional).
+    pending = objckpt.restore_on_create(fresh, prefix, rules=[("^model_001/dense/", "")])
+    out = fresh(tf.ones((1, 2))).numpy()
+    pending.assert_done()
+    np.testing.assert_array_equal(out, [[1.0, 2.0, 3.0]])
+
+
+def test_two_entries_for_one_path_are_refused():
+    with pytest.raises(errors.StructureMismatchError, match="both map to `w`"):
+        objckpt.restore_on_create(_Lazy(), objckpt.Snapshot({"a/w": [1.0], "b/w": [2.0]}),
+                                  rules=[("^[ab]/", "")])
+
+
+def test_at_picks_a_subtree(tmp_path):
+    keras = keras_for("keras3")
+    saved = _dense(keras, "first", seed=1)
+    prefix = tf.train.Checkpoint(model=saved).write(str(tmp_path / "ck"))
+    fresh = _dense(keras, "second", built=False)
+    pending = objckpt.restore_on_create(fresh, prefix, at="model")
+    fresh(tf.ones((1, 2)))
+    pending.assert_done()
+    np.testing.assert_array_equal(fresh.kernel.numpy(), saved.kernel.numpy())
+    with pytest.raises(errors.StructureMismatchError, match="no entries under at='nope'"):
+        objckpt.restore_on_create(fresh, prefix, at="nope")
