@@ -313,25 +313,37 @@ _SLOT_LISTS = (("_momentums", "m"), ("momentums", "m"), ("_velocities", "v"),
                ("_accumulators", "accumulator"))
 
 
-def optimizer_slot_lists(obj):
+def optimizer_slot_lists(obj, candidates=()):
     """Yields (model variable, role, optimizer variable) for list-based optimizers.
 
     Keras 3 and tf_keras 2.11+ optimizers keep their per-variable state in
     lists aligned with the variables they train (not as TF slot variables);
-    this pairs them up. Optimizers with TF slot variables yield nothing (their
-    slots already appear as `.OPTIMIZER_SLOT` paths).
+    this pairs them up. `candidates` are obj's variables, for optimizers that
+    index by variable key (tf_keras) rather than keep the list (Keras 3).
+    Optimizers with TF slot variables yield nothing (their slots already
+    appear as `.OPTIMIZER_SLOT` paths).
     """
     for optimizer in _optimizers(obj):
         trained = getattr(optimizer, "_trainable_variables", None)
-        if not trained:
+        index_dict = getattr(optimizer, "_index_dict", None)
+        var_key = getattr(optimizer, "_var_key", None)
+        if trained:
+            pairs = [(i, as_variable(v)) for i, v in enumerate(trained)]
+        elif isinstance(index_dict, dict) and callable(var_key):
+            pairs = []
+            for variable in candidates:
+                with contextlib.suppress(Exception):
+                    key = var_key(variable)
+                    if key in index_dict:
+                        pairs.append((index_dict[key], variable))
+        else:
             continue
-        trained = [as_variable(v) for v in trained]
         for attribute, role in _SLOT_LISTS:
             values = getattr(optimizer, attribute, None)
-            if not isinstance(values, (list, tuple)) or len(values) != len(trained):
+            if not isinstance(values, (list, tuple)) or not values:
                 continue
-            for variable, slot in zip(trained, values):
-                slot = as_variable(slot)
+            for index, variable in pairs:
+                slot = as_variable(values[index]) if index < len(values) else None
                 if variable is not None and slot is not None:
                     yield variable, role, slot
 

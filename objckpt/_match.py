@@ -12,7 +12,8 @@ restore will do. Strategies, in order:
    ("exact", or "rule" when a rule rewrote it), else whose object path equals
    it with leading underscores stripped from every edge ("underscore":
    `hidden/_kernel` ~ `hidden/kernel`), else whose variable name equals it
-   ("name": TF1 names such as `dense/kernel`).
+   ("name": TF1 names such as `dense/kernel`; a Keras model's own name may
+   be left off, as in `conv/kernel` for `tf1_rewrite/conv/kernel`).
 3. "structure": when no network variable matched by name at all (the two
    object graphs use different naming schemes), an object-based source's
    entries are matched layer by layer, in depth-first order, by weight role
@@ -358,9 +359,17 @@ class _Targets:
 def index_targets(obj, variables) -> _Targets:
     by_strip: dict = {}
     by_name: dict = {}
+    root = getattr(obj, "name", None)
+    root = f"{root}/" if isinstance(root, str) and root else None
     for path, variable in variables.items():
         by_strip.setdefault(_strip(path), []).append(path)
-        by_name.setdefault(_compat.variable_name(variable), []).append(path)
+        name = _compat.variable_name(variable)
+        names = [name]
+        if root and name.startswith(root):  # names relative to obj, as paths are
+            names.append(name[len(root):])
+        for each in names:
+            if path not in by_name.get(each, ()):
+                by_name.setdefault(each, []).append(path)
     path_of = {id(v): p for p, v in variables.items()}
     network = {path_of[id(v)]: net_path for net_path, v in _compat.network_variable_paths(obj)
                if id(v) in path_of}
@@ -370,7 +379,7 @@ def index_targets(obj, variables) -> _Targets:
         parts = _tree.split_slot(path)
         if parts is not None:
             slots[(parts[0], _SLOT_ALIASES.get(parts[2], parts[2]))] = path
-    for variable, role, slot_variable in _compat.optimizer_slot_lists(obj):
+    for variable, role, slot_variable in _compat.optimizer_slot_lists(obj, variables.values()):
         if id(variable) in path_of and id(slot_variable) in path_of:
             slots[(path_of[id(variable)], role)] = path_of[id(slot_variable)]
     for name, counter in _compat.optimizer_counters(obj):
@@ -507,14 +516,15 @@ def _match(source: Source, targets: _Targets, view: dict, rules, optimizer_state
         if is_optimizer and not optimizer_state:
             skipped.append(f"{full}: optimizer state (pass optimizer_state=True to move it)")
             continue
+        if is_optimizer:  # placed by the variable it belongs to, below; by path only after
+            optimizer_left.append((key, new))
+            continue
         strategy, found = _candidates(new, targets, new != key)
         if len(found) > 1:
             ambiguous.append((full, tuple(found)))
             ambiguous_targets.update(found)
         elif found:
             claims.setdefault(found[0], []).append((rank_of[strategy], key, strategy, rule))
-        elif is_optimizer:
-            optimizer_left.append((key, new))
         else:
             unmatched.append(key)
     chosen: dict = {}  # target -> (view key, strategy, rule)
@@ -536,16 +546,24 @@ def _match(source: Source, targets: _Targets, view: dict, rules, optimizer_state
     if optimizer_state:
         source_of = {entry[0]: target for target, entry in chosen.items()}
         key_of_name = {source.names.get(full, ""): key for key, full in view.items()}
-        for key, _ in optimizer_left:
+        by_path = []
+        for key, new in optimizer_left:
             target = _optimizer_target(source, view, key, source_of, key_of_name, targets, rules)
             if target is not None and target not in chosen:
                 chosen[target] = (key, "slot", None)
             else:
+                by_path.append((key, new))
+        for key, new in by_path:  # same layout on both sides (e.g. Keras 3 to Keras 3)
+            strategy, found = _candidates(new, targets, new != key)
+            if len(found) == 1 and found[0] not in chosen and found[0] in targets.optimizer_paths:
+                chosen[found[0]] = (key, strategy, None)
+            else:
                 skipped.append(f"{view[key]}: no optimizer variable of the obj matches it")
-    elif optimizer_state is not None:
+    if optimizer_state is not None:
+        why = "no source value" if optimizer_state else "optimizer state not moved"
         for path in targets.optimizer_paths:
             if path not in chosen:
-                skipped.append(f"{path}: the obj's optimizer variable, left as is")
+                skipped.append(f"{path}: the obj's optimizer variable, left as is ({why})")
                 skipped_targets.add(path)
     matches, mismatched = [], []
     for target in targets.paths:

@@ -14,6 +14,14 @@ Commands:
       the same positions are equal) unless a tolerance is given:
       |a - b| <= atol + rtol * |b|.
 
+  objckpt migrate SOURCE OUT --template MODULE:CALLABLE [--rules FILE]
+                  [--at NAME] [--optimizer-state] [--dry-run]
+      Writes SOURCE (a TF1 name-based or object-based checkpoint) as an
+      object-based checkpoint at prefix OUT laid out for the obj that
+      MODULE:CALLABLE returns (called with no arguments; it must build the
+      model). --rules FILE is JSON: a list of [regex, replacement] pairs
+      (replacement null drops the entry). --dry-run prints the plan only.
+
 Exit status: 0 on success (diff: the checkpoints are the same), 1 when a
 checkpoint cannot be read (diff: also when they differ), 2 on a usage error.
 """
@@ -48,6 +56,17 @@ def _parse(argv):
                       help="relative tolerance (default 0: bit-exact)")
     diff.add_argument("--atol", type=_tolerance, default=0.0, metavar="T",
                       help="absolute tolerance (default 0: bit-exact)")
+    migrate = commands.add_parser("migrate", help="write a checkpoint laid out for a model")
+    migrate.add_argument("source", metavar="SOURCE", help="checkpoint prefix or directory")
+    migrate.add_argument("out", metavar="OUT", help="prefix to write")
+    migrate.add_argument("--template", required=True, metavar="MODULE:CALLABLE",
+                         help="returns the built obj whose layout OUT takes")
+    migrate.add_argument("--rules", metavar="FILE",
+                         help="JSON list of [regex, replacement] pairs")
+    migrate.add_argument("--at", metavar="NAME", help="subtree of SOURCE to take values from")
+    migrate.add_argument("--optimizer-state", action="store_true",
+                         help="move optimizer slots into the obj's optimizer variables")
+    migrate.add_argument("--dry-run", action="store_true", help="print the plan, write nothing")
     args = parser.parse_args(argv[1:])
     if args.command is None:
         parser.print_help(sys.stderr)
@@ -219,12 +238,77 @@ def _diff(args) -> int:
     return 0 if result.same else 1
 
 
+def load_rules(path: str) -> list:
+    """Reads rules from a JSON file: [[regex, replacement-or-null], ...] (data, never code)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            rules = json.load(f)
+    except OSError as err:
+        raise errors.InvalidArgumentError(
+            f"--rules {path}: cannot read the file ({err.strerror}). Expected a JSON file like "
+            '[["^model_001/", ""]].') from err
+    except ValueError as err:
+        raise errors.InvalidArgumentError(
+            f"--rules {path}: not valid JSON ({err}). Expected a list of [regex, replacement] "
+            'pairs, e.g. [["^model_001/", ""], ["^global_step$", null]].') from err
+    if not isinstance(rules, list) or not all(isinstance(r, list) and len(r) == 2
+                                              for r in rules):
+        raise errors.InvalidArgumentError(
+            f"--rules {path}: expected a JSON list of [regex, replacement] pairs. Received: "
+            f"{json.dumps(rules)[:200]}. Example: [[\"^model_001/\", \"\"]].")
+    return [tuple(r) for r in rules]
+
+
+def load_template(spec: str):
+    """Imports MODULE:CALLABLE and calls it; the user's own code, never checkpoint data."""
+    import importlib
+
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise errors.InvalidArgumentError(
+            f"--template {spec!r}: expected MODULE:CALLABLE, e.g. my_project.models:build_model.")
+    sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+        factory = getattr(module, attribute)
+    except (ImportError, AttributeError) as err:
+        raise errors.InvalidArgumentError(
+            f"--template {spec!r}: cannot import it ({type(err).__name__}: {err}). The module "
+            "must be importable from the current directory or PYTHONPATH.") from err
+    finally:
+        sys.path.remove(os.getcwd())
+    try:
+        return factory()
+    except Exception as err:
+        raise errors.TemplateError(
+            f"--template {spec!r} raised {type(err).__name__}: {err}. Nothing was written. Fix "
+            "the callable: it must return the built model (e.g. call it on a batch).") from err
+
+
+def _migrate(args) -> int:
+    from objckpt import _match, _migrate
+
+    rules = load_rules(args.rules) if args.rules else []
+    obj = load_template(args.template)
+    if args.dry_run:
+        plan = _match.plan(args.source, obj, rules=rules, at=args.at,
+                           optimizer_state=args.optimizer_state)
+        print(plan.describe())
+        return 0 if plan.complete else 1
+    prefix = _migrate.migrate(args.source, obj, args.out, rules=rules, at=args.at,
+                              optimizer_state=args.optimizer_state)
+    print(f"wrote {prefix}")
+    return 0
+
+
 def main(args) -> int:
     try:
         if args.command == "inspect":
             return _inspect(args)
         if args.command == "diff":
             return _diff(args)
+        if args.command == "migrate":
+            return _migrate(args)
     except errors.ObjckptError as err:
         print(f"objckpt {args.command}: {err}", file=sys.stderr)
         return 1

@@ -15,6 +15,7 @@ __all__ = [
     "NotObjectBasedError",
     "ObjckptError",
     "StructureMismatchError",
+    "TemplateError",
     "UnbuiltModelError",
     "UnsupportedObjectError",
 ]
@@ -72,3 +73,7 @@ class CloneError(UnsupportedObjectError):
         super().__init__(message)
         self.path = path
         self.object_type = object_type
+
+
+class TemplateError(ObjckptError, RuntimeError):
+    """A user-supplied template callable (e.g. `objckpt migrate --template`) failed."""

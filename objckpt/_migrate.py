@@ -1,0 +1,207 @@
+"""Migration: a source's values written as an object-based checkpoint laid out for obj.
+
+The plan is the one `objckpt.plan` shows. Values are streamed: a group of
+tensors (one large tensor, or small ones up to `_GROUP_BYTES`) is read from
+the source, transformed, and written as one data shard with `SaveV2`; the
+shards are merged into one standard checkpoint with `MergeV2Checkpoints`, as
+TF's own sharded saver does. Peak memory stays near the largest tensor, not
+the checkpoint. Files are written under a temporary name and renamed, the
+index last; the result is read back (object graph, shapes, dtypes and every
+tensor's checksum) before `migrate` returns.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+import uuid
+
+import tensorflow as tf
+
+from objckpt import _compat, _match, _snapshot, _tree, errors
+
+__all__ = ["migrate"]
+
+_GROUP_BYTES = 32 << 20  # small tensors are written together up to this size
+_PROGRESS_BYTES = 64 << 20  # inputs at least this big show progress on a terminal
+
+
+def _nbytes(shape, dtype) -> int:
+    count = 1
+    for dim in shape:
+        count *= int(dim)
+    return count * tf.as_dtype(dtype).size
+
+
+class _Progress:
+    def __init__(self, total: int, enabled):
+        if enabled is None:
+            enabled = total >= _PROGRESS_BYTES and sys.stderr.isatty()
+        self.enabled = bool(enabled)
+        self.total = max(total, 1)
+        self.done = 0
+        self.start = time.perf_counter()
+
+    def add(self, nbytes: int) -> None:
+        self.done += nbytes
+        if self.enabled:
+            rate = self.done / max(time.perf_counter() - self.start, 1e-9) / 1e6
+            sys.stderr.write(f"\rmigrate: {self.done / 1e6:,.0f} of {self.total / 1e6:,.0f} MB "
+                             f"({100 * self.done / self.total:.0f}%), {rate:,.0f} MB/s")
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+def migrate(source, obj, prefix, *, rules=(), at: str | None = None,
+            optimizer_state: bool = False, strict: bool = True, progress: bool | None = None,
+            ) -> str:
+    """Writes the source's values as an object-based checkpoint laid out for obj.
+
+    `tf.train.Checkpoint(root=obj_like).read(prefix)` and `objckpt.restore`
+    load the result directly. obj itself is not changed: it only provides the
+    layout (object paths, shapes, dtypes). Nothing is written unless the plan
+    is acceptable.
+
+    Args:
+      source: a name-based (TF1 `Saver`) or object-based prefix or directory,
+        or a `Snapshot`.
+      obj: a built obj with the target layout (e.g. the Keras 3 rewrite).
+      prefix: where to write.
+      rules: ordered `(regex, replacement[, transform])` rewrites of source
+        keys (see `objckpt.plan`).
+      at: take values from this subtree of the source.
+      optimizer_state: False (default): optimizer entries of the source are
+        skipped (listed by `objckpt.plan(..., optimizer_state=False)`). True:
+        TF1 Adam slots (`.../Adam`, `.../Adam_1`) and Keras 2/tf_keras
+        optimizer variables move into obj's optimizer variables by the
+        variable they belong to; obj's optimizer must be built.
+      strict: if True, every variable of obj must get a value and every
+        source entry must be used (or skipped by a rule). If False, variables
+        without a source value are written with obj's current values.
+      progress: show a progress line on stderr; None: only for inputs of
+        64 MB or more when stderr is a terminal.
+
+    Returns:
+      The prefix written.
+
+    Raises:
+      StructureMismatchError: an incomplete, ambiguous or mismatched plan;
+        nothing is written.
+      CheckpointCorruptError: the written checkpoint failed verification.
+
+    Example:
+      >>> objckpt.migrate("tf1/model.ckpt-1000", keras3_model, "migrated/ckpt",
+      ...                 rules=[("^model_001/", "")])
+    """
+    variables = _tree.tree(obj)
+    src = _match.open_source(source)
+    if not variables:
+        _snapshot._refuse(obj, variables, src, _match.Plan(src.description, ()), strict)
+    the_plan = _match.make_plan(src, obj, variables, rules=rules, at=at,
+                                optimizer_state=optimizer_state)
+    if (the_plan.mismatched or the_plan.ambiguous or not the_plan.matches
+            or (strict and (the_plan.unmatched_variables or the_plan.unmatched_source))):
+        _snapshot._refuse(obj, variables, src, the_plan, strict)
+    prefix = os.fspath(prefix)
+    fed = {m.target: m for m in the_plan.matches}
+    paths = list(variables)
+    specs = {p: (tuple(variables[p].shape), variables[p].dtype.base_dtype) for p in paths}
+    directory = os.path.dirname(prefix)
+    if directory:
+        tf.io.gfile.makedirs(directory)
+    work = os.path.join(directory, f".{os.path.basename(prefix)}.tmp-{uuid.uuid4().hex[:12]}")
+    tf.io.gfile.makedirs(work)
+    meter = _Progress(sum(_nbytes(*specs[p]) for p in paths), progress)
+    try:
+        parts = _write_parts(work, paths, specs, fed, variables, the_plan, meter)
+        merged = os.path.join(work, "merged")
+        with tf.device("/cpu:0"):
+            tf.raw_ops.MergeV2Checkpoints(checkpoint_prefixes=parts, destination_prefix=merged,
+                                          delete_old_dirs=False)
+        _commit(merged, prefix)
+    finally:
+        meter.close()
+        shutil.rmtree(work, ignore_errors=True)
+    _verify(prefix, specs)
+    return prefix
+
+
+def _write_parts(work, paths, specs, fed, variables, the_plan, meter) -> list[str]:
+    names = [_compat.variable_name(variables[p]) for p in paths]
+    graph = _tree.build_object_graph(paths, names)
+    parts, group, group_bytes = [], [], 0
+
+    def flush():
+        nonlocal group, group_bytes
+        if not group:
+            return
+        from_source = [fed[p] for p in group if p in fed]
+        values = dict(zip((m.target for m in from_source),
+                          _snapshot.fetch_values(the_plan, from_source)))
+        tensors = []
+        for path in group:
+            value = values[path] if path in values else _compat.read_value(variables[path])
+            tensors.append(tf.cast(value, specs[path][1]) if value.dtype != specs[path][1]
+                           else value)
+        keys = [_compat.checkpoint_key(p) for p in group]
+        if not parts:  # the object graph goes with the first shard
+            keys.append(_compat.OBJECT_GRAPH_KEY)
+            tensors.append(tf.constant(graph.SerializeToString()))
+        part = os.path.join(work, f"part-{len(parts):05d}")
+        with tf.device("/cpu:0"):
+            tf.raw_ops.SaveV2(prefix=part, tensor_names=keys,
+                              shape_and_slices=[""] * len(keys), tensors=tensors)
+        parts.append(part)
+        meter.add(group_bytes)
+        group, group_bytes = [], 0
+
+    for path in paths:
+        size = _nbytes(*specs[path])
+        if group and group_bytes + size > _GROUP_BYTES:
+            flush()
+        group.append(path)
+        group_bytes += size
+    flush()
+    return parts
+
+
+def _commit(temp: str, prefix: str) -> None:
+    """Moves a (possibly sharded) checkpoint into place: old index out, data, index last."""
+    if tf.io.gfile.exists(prefix + ".index"):
+        tf.io.gfile.remove(prefix + ".index")
+    new_data = sorted(tf.io.gfile.glob(temp + ".data-*"))
+    targets = {prefix + name[len(temp):] for name in new_data}
+    for stale in tf.io.gfile.glob(prefix + ".data-*"):
+        if stale not in targets:
+            tf.io.gfile.remove(stale)
+    for name in new_data:
+        tf.io.gfile.rename(name, prefix + name[len(temp):], overwrite=True)
+    tf.io.gfile.rename(temp + ".index", prefix + ".index", overwrite=True)
+
+
+def _verify(prefix: str, specs: dict) -> None:
+    """Reads the result back: its tree must be obj's, and every tensor must read."""
+    written = _tree._read_tree_at(prefix)
+    problems = [f"`{p}`: missing" for p in specs if p not in written]
+    problems += [f"`{p}`: {written[p].dtype.name}{written[p].shape} written, "
+                 f"{dtype.name}{shape} expected"
+                 for p, (shape, dtype) in specs.items()
+                 if p in written and (written[p].shape != shape or written[p].dtype != dtype)]
+    if not problems:
+        reader = _tree._open_reader(prefix)
+        for path in specs:  # one tensor at a time; TF checks each one's CRC
+            try:
+                reader.get_tensor(written[path].key)
+            except Exception as err:  # DataLossError and friends: the write is bad
+                problems.append(f"`{path}`: {_tree._first_line(err)}")
+                break
+    if problems:
+        raise errors.CheckpointCorruptError(
+            f"The migrated checkpoint `{prefix}` failed verification: "
+            + "; ".join(problems[:10]) + ". The disk may be full or failing; write it again.")
