@@ -2,7 +2,8 @@
 
 Usage:
   python benchmarks/run.py [--json results.json] [--repeats N] [--only a|b]
-                           [--section all|foundation|twins] [--steps N] [--batch N]
+                           [--section all|foundation|twins|migrate] [--steps N] [--batch N]
+                           [--migrate-tensors N]
 
 Models:
   (a) a Keras MLP of ~25M parameters in ~50 variables;
@@ -156,7 +157,10 @@ def main(argv=None) -> int:
     parser.add_argument("--json", help="also write the results as JSON to this file")
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--only", choices=["a", "b"], help="one model only")
-    parser.add_argument("--section", choices=["all", "foundation", "twins"], default="all")
+    parser.add_argument("--section", choices=["all", "foundation", "twins", "migrate"],
+                        default="all")
+    parser.add_argument("--migrate-tensors", type=int, default=16,
+                        help="float32 4096x4096 tensors in the migrate source (16: ~1.07 GB)")
     parser.add_argument("--steps", type=int, default=12, help="training steps per variant")
     parser.add_argument("--batch", type=int, default=512, help="batch of the training loop")
     args = parser.parse_args(argv)
@@ -186,6 +190,18 @@ def main(argv=None) -> int:
         out.setdefault("twins_training", []).append(result)
         print(f"\n[twins] (a) {result['model']} in an Adam custom loop, batch {result['batch']}")
         _print_result("a", result)
+    if args.section in ("all", "migrate"):
+        import bench_migrate
+
+        result = bench_migrate.bench_migrate(count=args.migrate_tensors)
+        out["migrate"] = result
+        print(f"\n[migrate] name-based checkpoint, {result['model']}, "
+              f"{result['bytes'] / 1e9:.2f} GB; one subprocess per run, medians of 3")
+        _print_result("", result)
+        result = bench_migrate.bench_restore_on_create(keras)
+        out["restore_on_create"] = result
+        print(f"\n[restore_on_create] {result['model']}")
+        _print_result("", result)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2)
