@@ -225,15 +225,7 @@ def restore_on_create(obj, source, *, rules=(), at: str | None = None) -> Pendin
     """
     src = _match.open_source(source)
     parsed = _match.parse_rules(rules)
-    if at is not None:
-        view = src.subtree(at)
-        if not view:
-            names = ", ".join(f"`{n}`" for n in src.top_level_names) or "none"
-            raise errors.StructureMismatchError(
-                f"{src.description} has no entries under at={at!r}. Top-level names: {names}. "
-                "Fix: pass one of them as at=..., or at=None for the root.")
-    else:
-        view = {key: key for key in src.specs}
+    view = _match.view_at(src, at)
     entries, skipped, seen = [], [], {}
     for key, full in view.items():
         if key in _match.BOOKKEEPING or full in _match.BOOKKEEPING:

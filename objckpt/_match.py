@@ -453,22 +453,29 @@ def make_plan(source: Source, obj, variables, *, rules=(), at=None, optimizer_st
     parsed = parse_rules(rules)
     targets = index_targets(obj, variables)
     notes = list(source.notes)
+    view = view_at(source, at)
     if at is not None:
-        view = source.subtree(at)
-        if not view:
-            names = ", ".join(f"`{n}`" for n in source.top_level_names) or "none"
-            raise errors.StructureMismatchError(
-                f"{source.description} has no entries under at={at!r}. Top-level names in the "
-                f"source: {names}. Fix: pass one of them as at=..., or at=None for the root.")
         at = at.strip("/")
     else:
-        view = {key: key for key in source.specs}
         if auto_at and not parsed and source.kind != "name":
             view, at, note = _auto_at(source, targets, view)
             if note:
                 notes.append(note)
     result = _match(source, targets, view, parsed, optimizer_state)
     return dataclasses.replace(result, at=at, notes=tuple(notes) + result.notes, _source=source)
+
+
+def view_at(source: Source, at: str | None) -> dict:
+    """{key within `at`: source key}: the whole source when at is None."""
+    if at is None:
+        return {key: key for key in source.specs}
+    view = source.subtree(at)
+    if not view:
+        names = ", ".join(f"`{n}`" for n in source.top_level_names) or "none"
+        raise errors.StructureMismatchError(
+            f"{source.description} has no entries under at={at!r}. Top-level names in the "
+            f"source: {names}. Fix: pass one of them as at=..., or at=None for the root.")
+    return view
 
 
 def _fits(source: Source, targets: _Targets, view: dict) -> bool:
