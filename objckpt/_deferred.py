@@ -65,8 +65,11 @@ class PendingRestore:
         return not self._entries
 
     def assert_done(self) -> None:
-        """Raises `StructureMismatchError` listing every entry that has not landed."""
-        self.poll()
+        """Raises `StructureMismatchError` listing every entry that has not landed.
+
+        It never assigns anything itself: a value that did not land before its
+        variable was first used is reported, not applied late.
+        """
         if self.done:
             return
         lines = [f"`{path}` (from `{entry.source}`)"
@@ -103,25 +106,33 @@ class PendingRestore:
         if self.done:
             self._unwrap()
 
-    def _apply(self, entry: _Entry, variable) -> None:
-        shape, dtype = self._source.specs[entry.source]
-        value = None
-        if entry.transform is not None:
-            value = entry.transform(self._source.fetch([entry.source])[0])
-            shape, dtype = tuple(value.shape), value.dtype
+    def _value(self, entry: _Entry):
+        """The entry's value, read (and transformed) eagerly, outside any tf.function."""
+        with tf.init_scope():
+            value = self._source.fetch([entry.source])[0]
+            return entry.transform(value) if entry.transform is not None else value
+
+    def _problem(self, entry: _Entry, variable, value) -> str:
+        shape, dtype = tuple(value.shape), value.dtype
         if not variable.shape.is_compatible_with(shape) or variable.dtype.base_dtype != dtype:
-            problem = (f"{dtype.name}{tuple(shape)} in the source but "
-                       f"{variable.dtype.base_dtype.name}{tuple(variable.shape)} when created")
+            return (f"{dtype.name}{shape} in the source but "
+                    f"{variable.dtype.base_dtype.name}{tuple(variable.shape)} in the obj")
+        return ""
+
+    def _apply(self, entry: _Entry, variable, value=None) -> None:
+        if value is None:
+            value = self._value(entry)
+        problem = self._problem(entry, variable, value)
+        if problem:
             self._failed[entry.path] = problem
             raise errors.StructureMismatchError(
                 f"restore_on_create: `{entry.path}` was created as "
                 f"{variable.dtype.base_dtype.name}{tuple(variable.shape)}, but the source "
-                f"{self._source.description} holds {dtype.name}{tuple(shape)} for it (entry "
-                f"`{entry.source}`). The variable was left unassigned. Fix: build the model "
-                "with the source's shapes, or drop the entry with a rule (regex, None).",
+                f"{self._source.description} holds {value.dtype.name}{tuple(value.shape)} for "
+                f"it (entry `{entry.source}`{', transformed' if entry.transform else ''}). The "
+                "variable was left unassigned. Fix: build the model with the source's shapes, "
+                "or drop the entry with a rule (regex, None).",
                 (f"`{entry.path}`: {problem}",))
-        if value is None:
-            value = self._source.fetch([entry.source])[0]
         with tf.init_scope():  # eagerly, even while a tf.function is being traced
             variable.assign(value, read_value=False)
         del self._entries[entry.path]
@@ -148,8 +159,10 @@ class PendingRestore:
             self._wrap_build(layer)
 
     def _wrap_build(self, layer) -> None:
-        if id(layer) in {id(w) for w in self._wrapped}:
+        if any(layer is w for w, _, _ in self._wrapped):
             return
+        had = "build" in layer.__dict__  # Keras 3 keeps its own build wrapper there
+        previous = layer.__dict__.get("build")
         original = layer.build
         pending = self
 
@@ -161,11 +174,16 @@ class PendingRestore:
             return result
 
         object.__setattr__(layer, "build", build)
-        self._wrapped.append(layer)
+        self._wrapped.append((layer, build, (had, previous)))
 
     def _unwrap(self) -> None:
-        for layer in self._wrapped:
-            layer.__dict__.pop("build", None)
+        for layer, installed, (had, previous) in self._wrapped:
+            if layer.__dict__.get("build") is not installed:
+                continue  # wrapped again on top of ours: leave that one in place
+            if had:
+                object.__setattr__(layer, "build", previous)
+            else:
+                layer.__dict__.pop("build", None)
         self._wrapped = []
 
 
@@ -241,23 +259,25 @@ def restore_on_create(obj, source, *, rules=(), at: str | None = None) -> Pendin
         seen[new] = full
         entries.append(_Entry(new, full, rule.transform if rule is not None else None))
     pending = PendingRestore(obj, src, entries, skipped, at)
-    # Existing variables: all checked before any is assigned.
+    # Existing variables: every value read and checked before any is assigned.
     ready = []
     for entry in entries:
         node, missing = _walk(obj, entry.path)
         variable = _compat.as_variable(node) if not missing else None
         if variable is not None:
-            shape, dtype = src.specs[entry.source]
-            if entry.transform is None and (not variable.shape.is_compatible_with(shape)
-                                            or variable.dtype.base_dtype != dtype):
+            value = pending._value(entry)
+            problem = pending._problem(entry, variable, value)
+            if problem:
                 raise errors.StructureMismatchError(
                     f"restore_on_create: `{entry.path}` exists as "
                     f"{variable.dtype.base_dtype.name}{tuple(variable.shape)} but the source "
-                    f"holds {dtype.name}{tuple(shape)} (entry `{entry.source}`). Nothing was "
-                    "restored. Fix: build obj with the source's shapes, or drop the entry with "
-                    "a rule.")
-            ready.append(entry)
-    for entry in ready:
-        pending._apply(entry, _compat.as_variable(_walk(obj, entry.path)[0]))
+                    f"holds {value.dtype.name}{tuple(value.shape)} (entry `{entry.source}`"
+                    f"{', transformed' if entry.transform else ''}). Nothing was restored. "
+                    "Fix: build obj with the source's shapes, or drop the entry with a rule.")
+            ready.append((entry, variable, value))
+    for entry, variable, value in ready:
+        pending._apply(entry, variable, value)
+    for layer in _compat.keras_layers(obj):  # every Keras layer checks after its build
+        pending._wrap_build(layer)
     pending.poll()
     return pending

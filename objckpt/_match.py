@@ -82,6 +82,9 @@ class Source:
     prefix: str | None = None
     notes: tuple[str, ...] = ()
     names: dict = dataclasses.field(default_factory=dict)  # key -> variable name when saved
+    # Extra keys for the same tensors: a variable's path through the network when its
+    # canonical path runs through an optimizer (a trained Keras 3 model).
+    aliases: dict = dataclasses.field(default_factory=dict)
 
 
 def _prefix_subtree(keys, at: str) -> dict:
@@ -122,13 +125,20 @@ def _restore_v2(prefix: str, keys: list[str], dtypes: list) -> list:
 def _object_source(prefix: str, notes) -> Source:
     entries = _tree._read_tree_at(prefix)
     specs = {path: (entry.shape, entry.dtype) for path, entry in entries.items()}
+    aliases = _tree.network_aliases(entries.object_graph)
+    for alias, full in aliases.items():
+        specs.setdefault(alias, specs[full])
+
+    def entry(path):
+        return entries[aliases.get(path, path)]
+
     return Source(
         f"checkpoint `{prefix}`", "object", specs,
-        lambda paths: _restore_v2(prefix, [entries[p].key for p in paths],
-                                  [entries[p].dtype for p in paths]),
+        lambda paths: _restore_v2(prefix, [entry(p).key for p in paths],
+                                  [entry(p).dtype for p in paths]),
         lambda at: _tree.subtree_paths(entries.object_graph, at),
         _tree.top_level_names(entries.object_graph), prefix, tuple(notes),
-        {path: entry.name for path, entry in entries.items() if entry.name})
+        {path: e.name for path, e in entries.items() if e.name}, aliases)
 
 
 def _name_source(prefix: str, notes) -> Source:
@@ -511,7 +521,8 @@ def _match(source: Source, targets: _Targets, view: dict, rules, optimizer_state
     unmatched, ambiguous, ambiguous_targets, optimizer_left = [], [], set(), []
     rank_of = {"exact": 0, "rule": 0, "underscore": 1, "name": 2}
     for key, full in view.items():
-        if key in BOOKKEEPING or full in BOOKKEEPING:
+        if (key in BOOKKEEPING or full in BOOKKEEPING) and key not in targets.paths:
+            skipped.append(f"{full}: checkpoint bookkeeping")
             continue
         new, rule = _rewrite(key, rules)
         if rule is not None:
@@ -520,6 +531,9 @@ def _match(source: Source, targets: _Targets, view: dict, rules, optimizer_state
             skipped.append(f"{full}: dropped by {rule}")
             continue
         is_optimizer = optimizer_state is not None and _is_optimizer_key(key)
+        if is_optimizer:  # unless it names a network variable (a module's own `global_step`)
+            _, found = _candidates(new, targets, new != key)
+            is_optimizer = not (found and all(p in targets.network for p in found))
         if is_optimizer and not optimizer_state:
             skipped.append(f"{full}: optimizer state (pass optimizer_state=True to move it)")
             continue
@@ -568,8 +582,8 @@ def _match(source: Source, targets: _Targets, view: dict, rules, optimizer_state
                 skipped.append(f"{view[key]}: no optimizer variable of the obj matches it")
     if optimizer_state is not None:
         why = "no source value" if optimizer_state else "optimizer state not moved"
-        for path in targets.optimizer_paths:
-            if path not in chosen:
+        for path in targets.paths:  # tree order
+            if path in targets.optimizer_paths and path not in chosen:
                 skipped.append(f"{path}: the obj's optimizer variable, left as is ({why})")
                 skipped_targets.add(path)
     matches, mismatched = [], []
@@ -584,6 +598,15 @@ def _match(source: Source, targets: _Targets, view: dict, rules, optimizer_state
             mismatched.append(problem)
         else:
             matches.append(match)
+    canon = lambda full: source.aliases.get(full, full)  # noqa: E731
+    used = {canon(view[entry[0]]) for entry in chosen.values()}
+    seen_unmatched, kept = set(), []
+    for key in unmatched:  # one tensor listed once, and not at all when fed under another key
+        c = canon(view[key])
+        if c not in used and c not in seen_unmatched:
+            seen_unmatched.add(c)
+            kept.append(key)
+    unmatched = kept
     unmatched_variables = tuple(p for p in targets.paths if p not in chosen
                                 and p not in ambiguous_targets and p not in skipped_targets)
     unused = tuple(str(r) for r in rules if r.index not in fired)

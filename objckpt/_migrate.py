@@ -6,8 +6,8 @@ the source, transformed, and written as one data shard with `SaveV2`; the
 shards are merged into one standard checkpoint with `MergeV2Checkpoints`, as
 TF's own sharded saver does. Peak memory stays near the largest tensor, not
 the checkpoint. Files are written under a temporary name and renamed, the
-index last; the result is read back (object graph, shapes, dtypes and every
-tensor's checksum) before `migrate` returns.
+index last; the merged result is read back (object graph, shapes, dtypes and
+every tensor's checksum) before it replaces anything at the prefix.
 """
 
 from __future__ import annotations
@@ -102,17 +102,19 @@ def migrate(source, obj, prefix, *, rules=(), at: str | None = None,
     variables = _tree.tree(obj)
     src = _match.open_source(source)
     if not variables:
-        _snapshot._refuse(obj, variables, src, _match.Plan(src.description, ()), strict)
+        _snapshot._refuse(obj, variables, src, _match.Plan(src.description, ()), strict,
+                          action="migrate")
     the_plan = _match.make_plan(src, obj, variables, rules=rules, at=at,
                                 optimizer_state=optimizer_state)
     if (the_plan.mismatched or the_plan.ambiguous or not the_plan.matches
             or (strict and (the_plan.unmatched_variables or the_plan.unmatched_source))):
-        _snapshot._refuse(obj, variables, src, the_plan, strict)
+        _snapshot._refuse(obj, variables, src, the_plan, strict, action="migrate")
     prefix = os.fspath(prefix)
     fed = {m.target: m for m in the_plan.matches}
     paths = list(variables)
     specs = {p: (tuple(variables[p].shape), variables[p].dtype.base_dtype) for p in paths}
     directory = os.path.dirname(prefix)
+    created = bool(directory) and not tf.io.gfile.exists(directory)
     if directory:
         tf.io.gfile.makedirs(directory)
     work = os.path.join(directory, f".{os.path.basename(prefix)}.tmp-{uuid.uuid4().hex[:12]}")
@@ -124,11 +126,16 @@ def migrate(source, obj, prefix, *, rules=(), at: str | None = None,
         with tf.device("/cpu:0"):
             tf.raw_ops.MergeV2Checkpoints(checkpoint_prefixes=parts, destination_prefix=merged,
                                           delete_old_dirs=False)
+        _verify(merged, prefix, specs)  # before it replaces anything at `prefix`
         _commit(merged, prefix)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        if created and not os.listdir(directory):
+            os.rmdir(directory)  # leave no empty folder behind a failed migrate
+        raise
     finally:
         meter.close()
         shutil.rmtree(work, ignore_errors=True)
-    _verify(prefix, specs)
     return prefix
 
 
@@ -143,7 +150,7 @@ def _write_parts(work, paths, specs, fed, variables, the_plan, meter) -> list[st
             return
         from_source = [fed[p] for p in group if p in fed]
         values = dict(zip((m.target for m in from_source),
-                          _snapshot.fetch_values(the_plan, from_source)))
+                          _snapshot.fetch_values(the_plan, variables, from_source)))
         tensors = []
         for path in group:
             value = values[path] if path in values else _compat.read_value(variables[path])
@@ -185,7 +192,7 @@ def _commit(temp: str, prefix: str) -> None:
     tf.io.gfile.rename(temp + ".index", prefix + ".index", overwrite=True)
 
 
-def _verify(prefix: str, specs: dict) -> None:
+def _verify(prefix: str, final: str, specs: dict) -> None:
     """Reads the result back: its tree must be obj's, and every tensor must read."""
     written = _tree._read_tree_at(prefix)
     problems = [f"`{p}`: missing" for p in specs if p not in written]
@@ -203,5 +210,6 @@ def _verify(prefix: str, specs: dict) -> None:
                 break
     if problems:
         raise errors.CheckpointCorruptError(
-            f"The migrated checkpoint `{prefix}` failed verification: "
-            + "; ".join(problems[:10]) + ". The disk may be full or failing; write it again.")
+            f"The migrated checkpoint for `{final}` failed verification when read back: "
+            + "; ".join(problems[:10]) + ". Nothing was written at that prefix. The disk may "
+            "be full or failing; try again.")

@@ -123,13 +123,15 @@ def _describe(obj) -> str:
     return f"{type(obj).__name__}" + (f" `{name}`" if isinstance(name, str) and name else "")
 
 
-def _refuse(obj, variables, source, the_plan: _match.Plan, strict: bool):
-    """Raises the error that says why `the_plan` cannot be applied."""
+def _refuse(obj, variables, source, the_plan: _match.Plan, strict: bool,
+            action: str = "restore"):
+    """Raises the error that says why `the_plan` cannot be applied (restored or migrated)."""
+    nothing = "Nothing was restored" if action == "restore" else "Nothing was written"
     if not variables or (the_plan.unmatched_variables and _compat.is_unbuilt(obj)):
         raise errors.UnbuiltModelError(
-            f"Cannot restore {source.description} into {_describe(obj)}: it is not built yet, "
-            f"so it has {len(variables)} of the source's {len(source.specs)} variables. Nothing "
-            "was restored. Fix: build it first (call it on a batch, or model.build(shape)), or "
+            f"Cannot {action} {source.description} into {_describe(obj)}: it is not built yet, "
+            f"so it has {len(variables)} of the source's {len(source.specs)} variables. "
+            f"{nothing}. Fix: build it first (call it on a batch, or model.build(shape)), or "
             "use objckpt.restore_on_create(obj, source) to apply values as variables are created.")
     lines = list(the_plan.mismatched)
     lines += [f"ambiguous, not guessed: `{what}` could be any of "
@@ -168,18 +170,40 @@ def _refuse(obj, variables, source, the_plan: _match.Plan, strict: bool):
         fixes.append("check that the source was written for this model, or add rules")
     shown = _match.listed(lines)
     raise errors.StructureMismatchError(
-        f"Cannot restore {source.description} into {_describe(obj)}: {len(lines)} problem"
-        f"{'s' if len(lines) != 1 else ''}. Nothing was restored.\n" + "\n".join(shown)
+        f"Cannot {action} {source.description} into {_describe(obj)}: {len(lines)} problem"
+        f"{'s' if len(lines) != 1 else ''}. {nothing}.\n" + "\n".join(shown)
         + "".join(f"\n{note}" for note in the_plan.notes) + "\nFix: " + "; or ".join(fixes)
         + ".", tuple(lines))
 
 
-def fetch_values(the_plan: _match.Plan, matches=None) -> list:
-    """Reads the source values of a plan's matches, transforms applied."""
+def fetch_values(the_plan: _match.Plan, variables, matches=None) -> list:
+    """Reads the source values of a plan's matches, transforms applied, and checks them.
+
+    A transform's output shape is known from tracing only as far as the
+    transform lets TF infer it; every value is checked against its variable
+    again here, before anything is assigned or written.
+    """
     matches = the_plan.matches if matches is None else matches
     values = the_plan._source.fetch([m.source for m in matches])
-    return [m.transform(v) if m.transform is not None else v
-            for m, v in zip(matches, values)]
+    out, problems = [], []
+    for match, value in zip(matches, values):
+        if match.transform is not None:
+            value = match.transform(value)
+            variable = variables[match.target]
+            if (tuple(value.shape) != tuple(variable.shape)
+                    or value.dtype != variable.dtype.base_dtype):
+                problems.append(
+                    f"`{match.target}`: the transform of `{match.source}` gave "
+                    f"{value.dtype.name}{tuple(value.shape)} but the obj has "
+                    f"{variable.dtype.base_dtype.name}{tuple(variable.shape)}")
+        out.append(value)
+    if problems:
+        raise errors.StructureMismatchError(
+            f"{len(problems)} transformed value(s) from {the_plan.source} do not fit; nothing "
+            "was changed or written:\n" + "\n".join(_match.listed(problems))
+            + "\nFix: make the rule's transform return the variable's shape and dtype.",
+            tuple(problems))
+    return out
 
 
 def restore(obj, source, *, rules=(), strict: bool = True, at: str | None = None,
@@ -242,7 +266,7 @@ def restore(obj, source, *, rules=(), strict: bool = True, at: str | None = None
     if (the_plan.mismatched or the_plan.ambiguous or not the_plan.matches
             or (strict and (the_plan.unmatched_variables or the_plan.unmatched_source))):
         _refuse(obj, variables, src, the_plan, strict)
-    values = fetch_values(the_plan)
+    values = fetch_values(the_plan, variables)
     if len(the_plan.matches) == len(variables) and all(
             m.target == p for m, p in zip(the_plan.matches, variables)):
         variables.fused.assign_all(values)

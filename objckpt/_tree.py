@@ -405,7 +405,26 @@ def _escape(name: str) -> str:
     return name.replace(".", "..").replace("/", ".S")
 
 
-def subtree_paths(graph, at: str) -> dict[str, str]:
+def _is_optimizer_node(graph, node_id: int, local_name: str) -> bool:
+    node = graph.nodes[node_id]
+    names = {child.local_name for child in node.children}
+    return (local_name in ("optimizer", "_optimizer") or len(node.slot_variables) > 0
+            or "_iterations" in names or "iter" in names)
+
+
+def network_aliases(graph) -> dict[str, str]:
+    """{network path: canonical path} for variables whose canonical path runs elsewhere.
+
+    A Keras 3 model that was trained has its weights' canonical paths under
+    `optimizer/_trainable_variables/N`; their paths through the layers (what
+    an untrained copy of the model has) are found by a walk that skips
+    optimizer nodes.
+    """
+    return {path: full for path, full in subtree_paths(graph, "", skip_optimizers=True).items()
+            if path != full}
+
+
+def subtree_paths(graph, at: str, skip_optimizers: bool = False) -> dict[str, str]:
     """Maps object path within the `at` subtree -> full object path, from a graph proto.
 
     Paths are what `tree(child)` would give for the live child at `at`: a
@@ -425,6 +444,8 @@ def subtree_paths(graph, at: str) -> dict[str, str]:
     order = [node_id]
     for current in order:  # grows while iterating: a breadth-first walk
         for child in graph.nodes[current].children:
+            if skip_optimizers and _is_optimizer_node(graph, child.node_id, child.local_name):
+                continue
             if child.node_id not in paths:
                 local = _escape(child.local_name)
                 paths[child.node_id] = f"{paths[current]}/{local}" if paths[current] else local

@@ -168,3 +168,55 @@ def test_at_picks_a_subtree(tmp_path):
     np.testing.assert_array_equal(fresh.kernel.numpy(), saved.kernel.numpy())
     with pytest.raises(errors.StructureMismatchError, match="no entries under at='nope'"):
         objckpt.restore_on_create(fresh, prefix, at="nope")
+
+
+@pytest.mark.parametrize("flavour", KERAS)
+def test_subclassed_model_values_at_first_call(flavour):
+    keras = keras_for(flavour)
+
+    class Net(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.first = keras.layers.Dense(4, activation="relu")
+            self.second = keras.layers.Dense(2)
+
+        def call(self, x):
+            return self.second(self.first(x))
+
+    x = tf.constant(np.random.default_rng(1).normal(size=(3, 5)), tf.float32)
+    trained = Net()
+    trained(x)
+    fresh = Net()
+    pending = objckpt.restore_on_create(fresh, objckpt.snapshot(trained))
+    np.testing.assert_array_equal(fresh(x).numpy(), trained(x).numpy())  # the first call
+    assert pending.done
+    pending.assert_done()
+
+
+class _LazyTraced(tf.Module):
+    @tf.function
+    def __call__(self, x):
+        if not hasattr(self, "w"):
+            self.w = tf.Variable(tf.zeros((3, 2)))
+        return x @ self.w
+
+
+def test_variables_created_inside_a_tf_function_from_a_prefix(tmp_path):
+    module = tf.Module()
+    module.w = tf.Variable(np.arange(6, dtype=np.float32).reshape(3, 2))
+    prefix = objckpt.save(module, str(tmp_path / "ck"))
+    lazy = _LazyTraced()
+    pending = objckpt.restore_on_create(lazy, prefix)
+    np.testing.assert_array_equal(lazy(tf.ones((1, 3))).numpy(), [[6.0, 9.0]])
+    pending.assert_done()
+
+
+def test_existing_variables_with_a_transform_are_all_checked_first():
+    module = tf.Module()
+    module.a = tf.Variable(tf.zeros((2,)))
+    module.b = tf.Variable(tf.zeros((2,)))
+    source = objckpt.Snapshot({"a": [1.0, 2.0], "old_b": [1.0, 2.0, 3.0]})
+    with pytest.raises(errors.StructureMismatchError, match=r"`b` exists as float32\(2,\)"):
+        objckpt.restore_on_create(module, source,
+                                  rules=[("^old_b$", "b", lambda t: tf.reshape(t, (3, 1)))])
+    np.testing.assert_array_equal(module.a.numpy(), [0.0, 0.0])  # nothing assigned

@@ -189,3 +189,25 @@ def test_plan_is_frozen_and_changes_nothing(tmp_path):
         plan.matches = ()
     np.testing.assert_array_equal(module.w.numpy(), [0.0, 0.0])
     assert plan.matches == (objckpt.Match("w", "w", "exact"),)
+
+
+def test_checkpoint_of_a_trained_keras3_model_into_an_untrained_one(tmp_path):
+    keras = keras_for("keras3")
+
+    def make():
+        tf.random.set_seed(0)
+        return keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, name="h"),
+                                 keras.layers.Dense(1, name="o")])
+
+    trained = make()
+    trained.compile(optimizer="adam", loss="mse")
+    x = np.random.default_rng(0).normal(size=(8, 3)).astype("float32")
+    trained.fit(x, x[:, :1], epochs=1, verbose=0)
+    prefix = tf.train.Checkpoint(root=trained).write(str(tmp_path / "ck"))
+    # TF's canonical path of each trained weight now runs through the optimizer.
+    assert any(p.startswith("optimizer/") and "_trainable_variables" in p
+               for p in objckpt.read_tree(prefix))
+    fresh = make()
+    report = objckpt.restore(fresh, prefix, optimizer_state=False)
+    assert len(report.restored) == 4 and not report.unexpected, report.plan.describe()
+    np.testing.assert_array_equal(fresh(x).numpy(), trained(x).numpy())
