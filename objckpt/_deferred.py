@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import warnings
 
 import tensorflow as tf
 
@@ -48,6 +49,9 @@ class PendingRestore:
         self._failed: dict[str, str] = {}
         self._hooked: set = set()
         self._wrapped: list = []
+        self._wrapped_ids: set = set()
+        self._layers_seen: set = set()
+        self._progress: dict = {}  # path -> (deepest object reached, edges consumed)
         self._attached: dict = {}  # (id(node), name) -> child being attached right now
         self.skipped = tuple(skipped)
         self.at = at
@@ -89,13 +93,29 @@ class PendingRestore:
 
     # --- mechanics ---------------------------------------------------------------
 
-    def poll(self) -> None:
-        """Assigns every pending value whose variable now exists; hooks the rest."""
-        ready = []
+    def poll(self, scope=None, edge=None) -> None:
+        """Assigns every pending value whose variable now exists; hooks the rest.
+
+        Each entry remembers how far along its path it got (the object it
+        waits at), so a poll costs one child lookup per entry it looks at.
+        With `scope` (ids of a layer being built and its sublayers, or of the
+        object something was just attached to), entries waiting at an unbuilt
+        Keras layer outside it are skipped: nothing appears under an unbuilt
+        layer before its own build, whose wrapper looks then. Entries waiting
+        at built objects are always looked at (a layer built inside a built
+        tf_keras model adds `layer_with_weights-N` edges to the model).
+        """
+        ready, cache = [], {}
         for path, entry in list(self._entries.items()):
             if path in self._failed:  # raised once at creation; listed by assert_done
                 continue
-            node, missing = _walk(self._obj, path, self._attached)
+            node, depth = self._progress.get(path, (self._obj, 0))
+            if scope is not None and id(node) not in scope and _compat.is_unbuilt(node):
+                continue  # nothing appears under an unbuilt layer before its own build
+            if edge is not None and (id(node) not in scope or _edge_name(path, depth) != edge):
+                continue  # something else was attached: this entry waits on
+            node, depth, missing = _walk(node, depth, path, self._attached, cache)
+            self._progress[path] = (node, depth)
             variable = _compat.as_variable(node) if not missing else None
             if variable is not None:
                 ready.append((entry, variable))
@@ -150,17 +170,23 @@ class PendingRestore:
             self._hooked.discard(key)
             self._attached[key] = child
             try:
-                self.poll()
+                self.poll(scope={id(node)}, edge=name.lstrip("_") or name)
             finally:
                 self._attached.pop(key, None)
 
-        _compat.defer_on_attach(node, name, attached)
-        for layer in _compat.keras_layers(node):
-            self._wrap_build(layer)
+        # The edge as written, and with a leading underscore added or removed
+        # (`w` in the source reaches `self._w`).
+        for variant in dict.fromkeys((name, "_" + name, name.lstrip("_") or name)):
+            _compat.defer_on_attach(node, variant, attached)
+        if id(node) not in self._layers_seen:
+            self._layers_seen.add(id(node))
+            for layer in _compat.keras_layers(node):
+                self._wrap_build(layer)
 
     def _wrap_build(self, layer) -> None:
-        if any(layer is w for w, _, _ in self._wrapped):
+        if id(layer) in self._wrapped_ids:
             return
+        self._wrapped_ids.add(id(layer))
         had = "build" in layer.__dict__  # Keras 3 keeps its own build wrapper there
         previous = layer.__dict__.get("build")
         original = layer.build
@@ -170,7 +196,7 @@ class PendingRestore:
         def build(*args, **kwargs):
             result = original(*args, **kwargs)
             if not pending.done:
-                pending.poll()
+                pending.poll(scope={id(each) for each in _compat.keras_layers(layer)})
             return result
 
         object.__setattr__(layer, "build", build)
@@ -185,30 +211,48 @@ class PendingRestore:
             else:
                 layer.__dict__.pop("build", None)
         self._wrapped = []
+        self._wrapped_ids = set()
 
 
-def _child(node, edge: str, attached=None):
+def _child(node, edge: str, attached=None, cache=None):
     """The child of node at an (escaped) edge; leading underscores optional."""
     if attached and (id(node), edge) in attached:
         return attached[(id(node), edge)]
-    children = _compat.children(node)
+    index = cache.get(id(node)) if cache is not None else None
+    if index is None:
+        children = _compat.children(node)
+        stripped: dict = {}
+        for child_name, child in children.items():
+            stripped.setdefault(child_name.lstrip("_") or child_name, []).append(child)
+        index = (children, stripped)
+        if cache is not None:
+            cache[id(node)] = index
+    children, stripped = index
     name = _tree._unescape(edge)
     if name in children:
         return children[name]
-    stripped = [c for n, c in children.items() if n.lstrip("_") == name.lstrip("_")]
-    return stripped[0] if len(stripped) == 1 else None
+    found = stripped.get(name.lstrip("_") or name, ())
+    return found[0] if len(found) == 1 else None
 
 
-def _walk(obj, path: str, attached=None):
-    """Follows path from obj. Returns (deepest object reached, edges still missing)."""
-    node = obj
+def _edge_name(path: str, depth: int) -> str:
     edges = path.split("/")
-    for i, edge in enumerate(edges):
-        child = _child(node, edge, attached)
+    name = _tree._unescape(edges[depth]) if depth < len(edges) else ""
+    return name.lstrip("_") or name
+
+
+def _walk(node, depth: int, path: str, attached=None, cache=None):
+    """Follows path's edges from `depth` on, starting at node.
+
+    Returns (deepest object reached, its depth, edges still missing).
+    """
+    edges = path.split("/")
+    for i in range(depth, len(edges)):
+        child = _child(node, edges[i], attached, cache)
         if child is None:
-            return node, edges[i:]
+            return node, i, edges[i:]
         node = child
-    return node, []
+    return node, len(edges), []
 
 
 def restore_on_create(obj, source, *, rules=(), at: str | None = None) -> PendingRestore:
@@ -244,11 +288,13 @@ def restore_on_create(obj, source, *, rules=(), at: str | None = None) -> Pendin
     src = _match.open_source(source)
     parsed = _match.parse_rules(rules)
     view = _match.view_at(src, at)
-    entries, skipped, seen = [], [], {}
+    entries, skipped, seen, fired = [], [], {}, set()
     for key, full in view.items():
         if key in _match.BOOKKEEPING or full in _match.BOOKKEEPING:
             continue
         new, rule = _match._rewrite(key, parsed)
+        if rule is not None:
+            fired.add(rule.index)
         if new is None:
             skipped.append(f"{full}: dropped by {rule}")
             continue
@@ -258,11 +304,15 @@ def restore_on_create(obj, source, *, rules=(), at: str | None = None) -> Pendin
                 f"`{new}`; nothing is guessed. Fix: drop one with a rule (regex, None).")
         seen[new] = full
         entries.append(_Entry(new, full, rule.transform if rule is not None else None))
+    unused = [str(r) for r in parsed if r.index not in fired]
+    if unused:
+        warnings.warn(f"{len(unused)} rule(s) matched no key of {src.description}: "
+                      + "; ".join(unused), stacklevel=2)
     pending = PendingRestore(obj, src, entries, skipped, at)
     # Existing variables: every value read and checked before any is assigned.
     ready = []
     for entry in entries:
-        node, missing = _walk(obj, entry.path)
+        node, _, missing = _walk(obj, 0, entry.path)
         variable = _compat.as_variable(node) if not missing else None
         if variable is not None:
             value = pending._value(entry)

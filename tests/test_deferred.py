@@ -220,3 +220,24 @@ def test_existing_variables_with_a_transform_are_all_checked_first():
         objckpt.restore_on_create(module, source,
                                   rules=[("^old_b$", "b", lambda t: tf.reshape(t, (3, 1)))])
     np.testing.assert_array_equal(module.a.numpy(), [0.0, 0.0])  # nothing assigned
+
+
+class _LazyPrivate(tf.Module):
+    def __call__(self, x):
+        if not hasattr(self, "_w"):
+            self._w = tf.Variable(tf.zeros((3, 2)))
+        return x @ self._w
+
+
+def test_leading_underscore_optional_for_lazily_created_variables():
+    source = objckpt.Snapshot({"w": np.ones((3, 2), np.float32)})
+    module = _LazyPrivate()
+    pending = objckpt.restore_on_create(module, source)
+    np.testing.assert_array_equal(module(tf.ones((1, 3))).numpy(), [[3.0, 3.0]])  # first call
+    pending.assert_done()
+
+
+def test_unused_rules_warn():
+    with pytest.warns(UserWarning, match=r"matched no key of Snapshot: rule 0 \('\^nope/'"):
+        objckpt.restore_on_create(_Lazy(), objckpt.Snapshot({"w": np.ones((3, 2))}),
+                                  rules=[("^nope/", "")])
