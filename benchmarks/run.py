@@ -196,7 +196,7 @@ def main(argv=None) -> int:
         result = bench_migrate.bench_migrate(count=args.migrate_tensors)
         out["migrate"] = result
         print(f"\n[migrate] name-based checkpoint, {result['model']}, "
-              f"{result['bytes'] / 1e9:.2f} GB; one subprocess per run, medians of 3")
+              f"{result['bytes'] / 1e9:.2f} GB; one subprocess per run, medians of 5")
         _print_result("", result)
         result = bench_migrate.bench_restore_on_create(keras)
         out["restore_on_create"] = result
