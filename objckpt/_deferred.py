@@ -87,6 +87,16 @@ class PendingRestore:
             "check the object paths with objckpt.tree(obj) and map them with rules=[...].",
             tuple(lines))
 
+    def cancel(self) -> None:
+        """Stops waiting: nothing more lands; the hooks on obj's layers are removed.
+
+        A PendingRestore that never completes otherwise keeps its source (a
+        Snapshot's tensors) alive as long as obj.
+        """
+        self._entries.clear()
+        self._failed.clear()
+        self._unwrap()
+
     def __repr__(self) -> str:
         return (f"PendingRestore({len(self._applied)} applied, {len(self._entries)} pending, "
                 f"from {self._source.description})")

@@ -564,6 +564,15 @@ def _match(source: Source, targets: _Targets, view: dict, rules, optimizer_state
                                            ambiguous, ambiguous_targets)
         if note:
             notes.append(note)
+    if optimizer_state and optimizer_left and not targets.optimizer_paths:
+        # Asked to move optimizer state, but there is nowhere to move it: not a silent no-op.
+        unmatched.extend(key for key, _ in optimizer_left)
+        notes.append(f"optimizer_state=True, but the obj has no optimizer variables to move "
+                     f"the source's {len(optimizer_left)} optimizer entries into. Fix: compile "
+                     "the model and build its optimizer first "
+                     "(model.optimizer.build(model.trainable_variables)), or pass "
+                     "optimizer_state=False to skip them.")
+        optimizer_left = []
     if optimizer_state:
         source_of = {entry[0]: target for target, entry in chosen.items()}
         key_of_name = {source.names.get(full, ""): key for key, full in view.items()}

@@ -241,3 +241,16 @@ def test_unused_rules_warn():
     with pytest.warns(UserWarning, match=r"matched no key of Snapshot: rule 0 \('\^nope/'"):
         objckpt.restore_on_create(_Lazy(), objckpt.Snapshot({"w": np.ones((3, 2))}),
                                   rules=[("^nope/", "")])
+
+
+def test_cancel_stops_waiting_and_unhooks():
+    keras = keras_for("keras3")
+    saved = objckpt.snapshot(_dense(keras, "first", seed=1))
+    fresh = _dense(keras, "second", built=False, seed=2)
+    before = fresh.__dict__.get("build")
+    pending = objckpt.restore_on_create(fresh, saved)
+    assert fresh.__dict__.get("build") is not before  # hooked
+    pending.cancel()
+    assert fresh.__dict__.get("build") is before and pending.done
+    fresh(tf.ones((1, 2)))
+    assert not np.array_equal(fresh.kernel.numpy(), saved[next(iter(saved))].numpy())

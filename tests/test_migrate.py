@@ -235,3 +235,12 @@ def test_cli_migrate_bad_input_writes_nothing(tf1, tmp_path):
     incomplete = _cli(tmp_path, "migrate", tf1["prefix"], out, "--template", "templates:build")
     assert incomplete.returncode == 1 and "name-based" in incomplete.stderr
     assert not list(tmp_path.glob("out*"))
+
+
+def test_optimizer_state_asked_but_nowhere_to_move_it(tf1):
+    model = tf1_rewrite(keras_for("keras3"))  # no optimizer
+    with pytest.raises(errors.StructureMismatchError, match="no optimizer variables to move"):
+        objckpt.restore(model, tf1["prefix"], rules=RULES, optimizer_state=True)
+    report = objckpt.restore(model, tf1["prefix"], rules=RULES, optimizer_state=True,
+                             strict=False)
+    assert len(report.restored) == 8 and "model_001/conv/kernel/Adam" in report.unexpected
