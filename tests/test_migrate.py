@@ -153,13 +153,15 @@ def test_source_neither_object_nor_name_based(tmp_path):
     assert not list(tmp_path.glob("out*"))
 
 
-def test_migrate_streams_in_shards_and_verifies(tf1, tmp_path, monkeypatch):
+def test_migrate_streams_in_shards_and_verifies(tf1, tmp_path, monkeypatch, capsys):
     from objckpt import _migrate
 
     monkeypatch.setattr(_migrate, "_GROUP_BYTES", 1024)  # force one shard per big tensor
     model = tf1_rewrite(keras_for("keras3"))
     prefix = objckpt.migrate(tf1["prefix"], model, str(tmp_path / "ckpt"), rules=RULES,
                              progress=True)
+    progress = capsys.readouterr().err
+    assert progress.count("\rmigrate: ") > 2 and "(100%)" in progress  # a line per shard
     shards = sorted(p.name for p in tmp_path.glob("ckpt.data-*"))
     assert len(shards) > 2 and shards[0].endswith(f"-of-{len(shards):05d}")
     assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]  # no debris
