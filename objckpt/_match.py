@@ -457,8 +457,8 @@ def _structure(source_left, target_left):
     return pairs, ambiguous, ""
 
 
-def make_plan(source: Source, obj, variables, *, rules=(), at=None, optimizer_state=None,
-              auto_at=True) -> Plan:
+def make_plan(source: Source, obj, variables, *, rules=(), at=None,
+              optimizer_state=None) -> Plan:
     """Computes the plan for a live tree `variables` of obj (see `plan`)."""
     parsed = parse_rules(rules)
     targets = index_targets(obj, variables)
@@ -467,7 +467,7 @@ def make_plan(source: Source, obj, variables, *, rules=(), at=None, optimizer_st
     if at is not None:
         at = at.strip("/")
     else:
-        if auto_at and not parsed and source.kind != "name":
+        if not parsed and source.kind != "name":
             view, at, note = _auto_at(source, targets, view)
             if note:
                 notes.append(note)
