@@ -2,8 +2,8 @@
 
 Usage:
   python benchmarks/run.py [--json results.json] [--repeats N] [--only a|b]
-                           [--section all|foundation|twins|migrate] [--steps N] [--batch N]
-                           [--migrate-tensors N]
+                           [--section all|foundation|twins|migrate|ensemble]
+                           [--steps N] [--batch N] [--migrate-tensors N]
 
 Models:
   (a) a Keras MLP of ~25M parameters in ~50 variables;
@@ -157,7 +157,8 @@ def main(argv=None) -> int:
     parser.add_argument("--json", help="also write the results as JSON to this file")
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--only", choices=["a", "b"], help="one model only")
-    parser.add_argument("--section", choices=["all", "foundation", "twins", "migrate"],
+    parser.add_argument("--section",
+                        choices=["all", "foundation", "twins", "migrate", "ensemble"],
                         default="all")
     parser.add_argument("--migrate-tensors", type=int, default=16,
                         help="float32 4096x4096 tensors in the migrate source (16: ~1.07 GB)")
@@ -202,6 +203,25 @@ def main(argv=None) -> int:
         out["restore_on_create"] = result
         print(f"\n[restore_on_create] {result['model']}")
         _print_result("", result)
+    if args.section in ("all", "ensemble"):
+        import bench_ensemble
+
+        for title, result in (("ensemble", bench_ensemble.bench_ensemble(keras, args.repeats)),
+                              ("load_ensemble", bench_ensemble.bench_load(keras, args.repeats))):
+            out[title] = result
+            print(f"\n[{title}] {result['model']}")
+            _print_result("", result)
+        freezer_models = {"s": (lambda k: bench_ensemble.small_mlp(k, 0), "small MLP", 64),
+                          "a": (build_mlp, "mlp_25m", args.batch),
+                          "b": (build_many, "many_500", args.batch)}
+        for key, (builder, name, batch) in freezer_models.items():
+            if args.only and key in ("a", "b") and key != args.only:
+                continue
+            result = bench_ensemble.bench_freezer(name, builder(keras), keras, batch,
+                                                  args.repeats)
+            out.setdefault("freezer", []).append(result)
+            print(f"\n[freezer] ({key}) {result['model']}, Adam step in a tf.function")
+            _print_result(key, result)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2)

@@ -20,7 +20,9 @@ __version__ = "0.1.0"
 __all__ = [
     "CheckpointTree",
     "Diff",
+    "Ensemble",
     "Entry",
+    "Freezer",
     "Match",
     "PendingRestore",
     "Plan",
@@ -32,6 +34,7 @@ __all__ = [
     "clone",
     "diff",
     "errors",
+    "load_ensemble",
     "migrate",
     "plan",
     "read_tree",
@@ -62,6 +65,9 @@ _LAZY = {
     "PendingRestore": "_deferred",
     "restore_on_create": "_deferred",
     "migrate": "_migrate",
+    "Ensemble": "_ensemble",
+    "load_ensemble": "_ensemble",
+    "Freezer": "_freeze",
     "Diff": "_diff",
     "diff": "_diff",
 }
@@ -73,6 +79,9 @@ if TYPE_CHECKING:
     from objckpt._deferred import restore_on_create as restore_on_create
     from objckpt._diff import Diff as Diff
     from objckpt._diff import diff as diff
+    from objckpt._ensemble import Ensemble as Ensemble
+    from objckpt._ensemble import load_ensemble as load_ensemble
+    from objckpt._freeze import Freezer as Freezer
     from objckpt._match import Match as Match
     from objckpt._match import Plan as Plan
     from objckpt._match import plan as plan

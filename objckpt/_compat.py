@@ -476,3 +476,100 @@ def clone_types():
     ns.AtomicFunction = optional("tensorflow.python.eager.polymorphic_function.atomic_function",
         "AtomicFunction")
     return ns
+
+
+# --- per-variable optimizer state (Freezer) --------------------------------------
+
+# Lists on Keras optimizers that hold variables but are not per-variable state.
+_NOT_STATE_LISTS = frozenset({"_variables", "_trainable_variables", "variables",
+                              "_all_variables", "_non_trainable_variables"})
+
+
+def _inner_optimizers(optimizer) -> list:
+    """The optimizer and those it wraps (a LossScaleOptimizer's inner optimizer)."""
+    found, node = [], optimizer
+    while node is not None and all(node is not f for f in found):
+        found.append(node)
+        node = getattr(node, "inner_optimizer", None)
+    return found
+
+
+def build_optimizer(optimizer, variables) -> None:
+    """Creates an optimizer's per-variable state for `variables` if it has none yet.
+
+    Keras optimizers build lazily on their first `apply_gradients`; the Freezer
+    needs the state to exist before then, so it builds them the same way (in
+    the init scope, so this works while a `tf.function` is being traced).
+    """
+    for inner in reversed(_inner_optimizers(optimizer)):
+        with tf.init_scope():
+            if isinstance(getattr(inner, "built", None), bool):  # Keras 3
+                if not inner.built:
+                    inner.build(list(variables))
+                    inner.built = True
+            elif callable(getattr(inner, "_create_all_weights", None)):
+                inner._create_all_weights(list(variables))  # legacy OptimizerV2 (Keras 2)
+            elif callable(getattr(inner, "_create_slots", None)) and \
+                    callable(getattr(inner, "get_slot_names", None)):
+                inner._create_slots(list(variables))  # TF1 tf.compat.v1.train optimizers
+            elif callable(getattr(inner, "_var_key", None)) and \
+                    callable(getattr(inner, "build", None)) and not getattr(inner, "_built", False):
+                inner.build(list(variables))  # tf_keras and Keras 2 (2.11+ optimizers)
+
+
+def optimizer_state(optimizer, variables) -> dict:
+    """id(variable) -> the optimizer variables that hold state for it.
+
+    Keras 3, tf_keras and Keras 2 (2.11+) optimizers keep their state in
+    lists aligned with the variables they train (momentums, velocities, EMA
+    copies, gradient accumulators, ...); every such list is found, not only
+    known names. Legacy OptimizerV2 and TF1 optimizers keep TF slot variables.
+    """
+    state: dict = {id(v): [] for v in variables}
+    for inner in _inner_optimizers(optimizer):
+        indexed = _variable_index(inner, variables)
+        if indexed is not None:
+            index_of, count = indexed
+            for name, value in vars(inner).items():
+                if name in _NOT_STATE_LISTS or not isinstance(value, (list, tuple)) \
+                        or len(value) != count or not value:
+                    continue
+                slots = [as_variable(v) if v is not None else None for v in value]
+                if any(s is None and v is not None for s, v in zip(slots, value)) or \
+                        all(s is None for s in slots):
+                    continue
+                for index, variable_id in index_of.items():
+                    slot = slots[index]
+                    if slot is not None and id(slot) != variable_id:
+                        state[variable_id].append(slot)
+            continue
+        names = getattr(inner, "get_slot_names", None)
+        if not callable(names):
+            continue
+        for variable in variables:
+            for slot_name in names():
+                with contextlib.suppress(KeyError, ValueError, AttributeError):
+                    slot = inner.get_slot(variable, slot_name)
+                    if as_variable(slot) is not None:
+                        state[id(variable)].append(as_variable(slot))
+    return state
+
+
+def _variable_index(optimizer, variables):
+    """({index in the state lists: id(variable)}, list length), or None (slot-based)."""
+    trained = getattr(optimizer, "_trainable_variables", None)
+    if isinstance(trained, (list, tuple)) and trained:  # Keras 3
+        wanted = {id(v) for v in variables}
+        return {i: id(as_variable(t)) for i, t in enumerate(trained)
+                if as_variable(t) is not None and id(as_variable(t)) in wanted}, len(trained)
+    index_dict = getattr(optimizer, "_index_dict", None)
+    var_key = getattr(optimizer, "_var_key", None)
+    if isinstance(index_dict, dict) and index_dict and callable(var_key):  # tf_keras, Keras 2
+        out = {}
+        for variable in variables:
+            with contextlib.suppress(Exception):
+                key = var_key(variable)
+                if key in index_dict:
+                    out[index_dict[key]] = id(variable)
+        return out, len(index_dict)
+    return None

@@ -152,11 +152,18 @@ def _name_source(prefix: str, notes) -> Source:
         lambda at: _prefix_subtree(specs, at), _top_names(specs), prefix, tuple(notes))
 
 
-def snapshot_source(items: dict) -> Source:
-    """A Source over an in-memory mapping path -> tensor (a Snapshot)."""
+def snapshot_source(items: dict, aliases: dict | None = None) -> Source:
+    """A Source over an in-memory mapping path -> tensor (a Snapshot).
+
+    aliases: extra key -> key in items (network paths of a trained Keras 3 model).
+    """
+    aliases = {a: k for a, k in (aliases or {}).items() if k in items and a not in items}
     specs = {path: (tuple(value.shape), value.dtype) for path, value in items.items()}
-    return Source("Snapshot", "snapshot", specs, lambda paths: [items[p] for p in paths],
-                  lambda at: _prefix_subtree(specs, at), _top_names(specs))
+    for alias, key in aliases.items():
+        specs[alias] = specs[key]
+    return Source("Snapshot", "snapshot", specs,
+                  lambda paths: [items[aliases.get(p, p)] for p in paths],
+                  lambda at: _prefix_subtree(specs, at), _top_names(specs), aliases=aliases)
 
 
 def open_source(source) -> Source:

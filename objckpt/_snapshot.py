@@ -57,7 +57,10 @@ class Snapshot(_tree._FrozenMapping):
         return f"Snapshot({len(self)} variables, {self.nbytes / 1e6:.1f} MB)"
 
     def _as_source(self) -> _match.Source:
-        return _match.snapshot_source(self._items)
+        origin = self.origin()
+        # Taken from a live obj whose canonical paths run through its optimizer (a
+        # trained Keras 3 model): its network paths feed untrained models too.
+        return _match.snapshot_source(self._items, origin.network_aliases() if origin else {})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -311,7 +314,8 @@ def save(obj_or_snapshot, prefix: str | os.PathLike) -> str:
     origin = snap.origin()
     names = ([_compat.variable_name(v) for v in origin.values()] if origin is not None
              else [""] * len(snap))
-    graph = _tree.build_object_graph(list(snap), names)
+    graph = _tree.build_object_graph(list(snap), names,
+                                     origin.network_aliases() if origin is not None else None)
     keys = [_compat.checkpoint_key(path) for path in snap] + [_compat.OBJECT_GRAPH_KEY]
     directory = os.path.dirname(prefix)
     if directory:

@@ -47,12 +47,27 @@ class _FrozenMapping(Mapping):
 class VariableTree(_FrozenMapping):
     """Ordered mapping object path -> variable of a live obj (see `tree`)."""
 
-    __slots__ = ("__weakref__", "_fingerprint", "fused")
+    __slots__ = ("__weakref__", "_fingerprint", "_owner", "fused")
 
-    def __init__(self, items: dict, fingerprint=None):
+    def __init__(self, items: dict, fingerprint=None, owner=None):
         super().__init__(items)
         self.fused = _compat.FusedOps(items.values())
         self._fingerprint = fingerprint
+        try:
+            self._owner = weakref.ref(owner) if owner is not None else None
+        except TypeError:  # not weak-referenceable
+            self._owner = None
+
+    def network_aliases(self) -> dict[str, str]:
+        """Network path -> canonical path, where a variable's canonical path runs
+        through an optimizer (a trained Keras 3 model); empty when none does or
+        the obj is gone."""
+        owner = self._owner() if self._owner is not None else None
+        if owner is None:
+            return {}
+        path_of = {id(v): p for p, v in self._items.items()}
+        return {path: path_of[id(v)] for path, v in _compat.network_variable_paths(owner)
+                if id(v) in path_of and path_of[id(v)] != path}
 
     def __repr__(self) -> str:
         head = ", ".join(list(self)[:3]) + (", ..." if len(self) > 3 else "")
@@ -100,7 +115,7 @@ def tree(obj) -> VariableTree:
             cached = None
         if cached is not None and cached._fingerprint == fingerprint:
             return cached
-    result = VariableTree(dict(_compat.variable_paths(obj)), fingerprint)
+    result = VariableTree(dict(_compat.variable_paths(obj)), fingerprint, obj)
     if fingerprint is not None:
         with contextlib.suppress(TypeError):  # not weak-referenceable: no caching
             _TREE_CACHE[obj] = result
@@ -351,13 +366,16 @@ def split_slot(path: str) -> tuple[str, str, str] | None:
     return variable, optimizer, slot
 
 
-def build_object_graph(paths: list[str], names: list[str]):
+def build_object_graph(paths: list[str], names: list[str], aliases: dict | None = None):
     """Builds the `TrackableObjectGraph` proto for variables at `paths`.
 
     Each path becomes a chain of child edges from the root; slot variables
     become slot references on their optimizer node, as TF writes them.
     `tf.train.Checkpoint(root=obj).read(...)` walks these edges, so any obj
-    whose tree has these paths restores from the result.
+    whose tree has these paths restores from the result. `aliases` ({other
+    path: path}) adds a second chain of edges to the same variable, as TF
+    records for a trained Keras 3 model's weights (reachable through its
+    layers and through its optimizer), so an untrained copy restores too.
     """
     graph = _compat.TrackableObjectGraph()
     graph.nodes.add()
@@ -394,6 +412,12 @@ def build_object_graph(paths: list[str], names: list[str]):
         graph.nodes[optimizer_id].slot_variables.add(
             original_variable_node_id=node_for(variable), slot_name=slot,
             slot_variable_node_id=slot_id)
+    for alias, path in (aliases or {}).items():
+        if path in node_of and alias not in node_of:
+            parent_path, _, local = alias.rpartition("/")
+            graph.nodes[node_for(parent_path)].children.add(node_id=node_of[path],
+                                                            local_name=_unescape(local))
+            node_of[alias] = node_of[path]
     fields = _compat.TrackableObjectGraph.TrackableObject.DESCRIPTOR.fields_by_name
     if "has_checkpoint_values" in fields:
         for node in graph.nodes:

@@ -1,0 +1,381 @@
+"""Ensembles: N independent members of one architecture, each from its own source.
+
+`load_ensemble(template, sources)` clones the template once per source and
+restores each clone from its source (all validated before anything is
+assigned). Calling the `Ensemble` evaluates every member on the same input
+and stacks the outputs on a new leading axis.
+
+Batched evaluation
+------------------
+Members are clones, so they share one architecture. The template's call is
+traced once into a graph; every read of one of its variables
+(`ReadVariableOp`) is replaced by an input, which turns the call into a
+function of the weights. `tf.vectorized_map` then runs that function once
+over the members' weights stacked on a leading axis (matmuls become batched
+matmuls, and so on). Where that is impossible (the call writes a variable,
+reads one inside a nested function, or uses an op `vectorized_map` cannot
+batch), the members are called one after the other inside one traced
+function instead; both paths give the same numbers up to float rounding.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import os
+from collections.abc import Sequence
+
+import tensorflow as tf
+
+from objckpt import _compat, _match, errors
+
+__all__ = ["Ensemble", "load_ensemble"]
+
+_MODES = ("auto", "batched", "loop")
+_VALUE_SUFFIX = "/_objckpt_value"
+
+
+def _is_rule_list(value) -> bool:
+    return isinstance(value, (list, tuple)) and all(isinstance(r, (list, tuple)) for r in value)
+
+
+def _rules_per_member(rules, count: int) -> list:
+    """One rules sequence for all members, or one per member: a list of lists."""
+    if rules is None or (isinstance(rules, (list, tuple)) and not rules):
+        return [()] * count
+    if isinstance(rules, (list, tuple)) and all(_is_rule_list(r) for r in rules):
+        if len(rules) != count:
+            raise errors.InvalidArgumentError(
+                f"rules holds {len(rules)} lists of rules (one per member) but there are "
+                f"{count} sources. Fix: give one list of rules per source, or one list of "
+                "(regex, replacement) pairs for all, e.g. rules=[(r'^model_\\d+/', '')].")
+        for member_rules in rules:
+            _match.parse_rules(member_rules)
+        return list(rules)
+    _match.parse_rules(rules)
+    return [rules] * count
+
+
+def _describe_source(source) -> str:
+    if isinstance(source, (str, os.PathLike)):
+        return f"`{os.fspath(source)}`"
+    return type(source).__name__
+
+
+def _with_context(err: errors.ObjckptError, context: str) -> errors.ObjckptError:
+    """The same error (type and attributes) with `context` in front of its message."""
+    new = copy.copy(err)
+    new.args = (f"{context}: {err.args[0] if err.args else err}", *err.args[1:])
+    return new
+
+
+def load_ensemble(template, sources: Sequence, *, rules=(), at: str | None = None,
+                  strict: bool = True, optimizer_state: bool | None = False) -> Ensemble:
+    """Loads N independent members of one architecture from N sources.
+
+    Each member is an `objckpt.clone` of the template (its own variables; the
+    template is not changed) restored from its source with `objckpt.restore`.
+    Every source is opened and planned before any member is filled, so a bad
+    source is reported (naming the member and the source) before any work on
+    the others.
+
+    Args:
+      template: a built obj of the architecture: a Keras model of any flavour
+        or a tf.Module. Its values do not matter.
+      sources: one source per member: Snapshots, checkpoint prefixes,
+        directories, or name-based (TF1 Saver) prefixes with rules.
+      rules: one sequence of `(regex, replacement)` rules for all members,
+        or a list holding one such sequence per member.
+      at, strict: as in `objckpt.restore`, for every member.
+      optimizer_state: False (default): optimizer state in the sources and in the
+        template is left alone (an ensemble evaluates); None or True as in
+        `objckpt.restore`.
+
+    Returns:
+      An `Ensemble`: `.members`, `ensemble(x)` stacks the members' outputs on a
+      new leading axis, `ensemble.mean(x)` averages them.
+
+    Example:
+      >>> ensemble = objckpt.load_ensemble(Net(), ["run1/ckpt-9", "run2/ckpt-9"])
+      >>> ensemble.mean(x)
+      >>> # three TF1 checkpoints whose variables live under model_001/ .. model_003/:
+      >>> objckpt.load_ensemble(net, prefixes, rules=[(r"^model_\\d+/", "")])
+    """
+    from objckpt import _clone, _snapshot, _tree
+
+    if isinstance(sources, (str, bytes, os.PathLike)) or not isinstance(sources, Sequence):
+        raise errors.InvalidArgumentError(
+            "sources must be a list with one source per member (prefixes, directories or "
+            f"Snapshots). Received: {sources!r}. Fix: load_ensemble(template, [source]) for "
+            "one member.")
+    if not sources:
+        raise errors.InvalidArgumentError(
+            "sources is empty, so the ensemble would have no member. Pass one source per "
+            "member, e.g. load_ensemble(template, ['run1/ckpt-9', 'run2/ckpt-9']).")
+    if not _compat.is_trackable(template):
+        raise errors.UnsupportedObjectError(
+            "The template must be a trackable model (a Keras model of any flavour or a "
+            f"tf.Module). Received: {type(template).__name__}.")
+    if not _tree.tree(template):
+        raise errors.UnbuiltModelError(
+            f"The template ({type(template).__name__}) has no variables yet, so there is "
+            "nothing to load. Build it first (call it on a batch, or model.build(shape)).")
+    member_rules = _rules_per_member(rules, len(sources))
+    opened = []
+    for k, source in enumerate(sources):
+        try:
+            opened.append(_match.open_source(source))
+        except errors.ObjckptError as err:
+            raise _with_context(err, f"member {k} (source {_describe_source(source)})") \
+                from err
+    members = []
+    for k, (source, member_rule) in enumerate(zip(opened, member_rules)):
+        member = _clone.clone(template, copy_values=False)
+        try:
+            _snapshot.restore(member, source, rules=member_rule, at=at, strict=strict,
+                              optimizer_state=optimizer_state)
+        except errors.ObjckptError as err:
+            raise _with_context(err, f"member {k} (source {_describe_source(sources[k])})") \
+                from err
+        members.append(member)
+    return Ensemble(members)
+
+
+def _is_keras(obj) -> bool:
+    return _compat.keras_callback_base(obj) is not None
+
+
+def _relaxed_spec(value):
+    """A TensorSpec of value with an unknown leading (batch) dimension."""
+    value = tf.convert_to_tensor(value)
+    shape = value.shape
+    if shape.rank:
+        shape = tf.TensorShape([None]).concatenate(shape[1:])
+    return tf.TensorSpec(shape, value.dtype)
+
+
+class _Unbatchable(Exception):
+    """The call cannot be turned into a function of the weights."""
+
+
+def _stateless_graph(member, kwargs: dict, specs, variables: dict):
+    """Traces member's call; returns its graph with variable reads made inputs.
+
+    Returns (graph_def, input names, output names, structured outputs, paths
+    read in order of the value placeholders, other captures by name).
+    """
+    def call(*flat):
+        inputs = tf.nest.pack_sequence_as(specs, list(flat))
+        return member(inputs, **kwargs)
+
+    flat_specs = tf.nest.flatten(specs)
+    concrete = tf.function(call, autograph=True).get_concrete_function(*flat_specs)
+    graph = concrete.graph
+    path_of_handle = {id(v.handle): p for p, v in variables.items()}
+    resource_placeholders = {}
+    other_captures = {}
+    for external, internal in zip(concrete.captured_inputs, graph.internal_captures):
+        path = path_of_handle.get(id(external))
+        if path is not None:
+            resource_placeholders[internal.op.name] = path
+        else:
+            other_captures[internal.name] = external
+    graph_def = graph.as_graph_def()
+    from tensorflow.core.framework import graph_pb2
+
+    rewritten = graph_pb2.GraphDef()
+    rewritten.versions.CopyFrom(graph_def.versions)
+    rewritten.library.CopyFrom(graph_def.library)
+    reads = []
+    for node in graph_def.node:
+        if node.name in resource_placeholders:
+            continue
+        sources = [i.lstrip("^").split(":")[0] for i in node.input]
+        read = [s for s in sources if s in resource_placeholders]
+        if read and node.op != "ReadVariableOp":
+            raise _Unbatchable(
+                f"the call uses variable `{resource_placeholders[read[0]]}` in a {node.op} op, "
+                "not only by reading it (e.g. it updates it, or reads it in a nested function)")
+        if read:
+            value = rewritten.node.add(name=node.name + _VALUE_SUFFIX, op="Placeholder")
+            value.attr["dtype"].CopyFrom(node.attr["dtype"])
+            identity = rewritten.node.add(name=node.name, op="Identity")
+            identity.input.append(value.name)
+            identity.input.extend(i for i in node.input[1:] if i.startswith("^"))
+            identity.attr["T"].CopyFrom(node.attr["dtype"])
+            reads.append((value.name + ":0", resource_placeholders[read[0]]))
+            continue
+        rewritten.node.add().CopyFrom(node)
+    inputs = [t.name for t in concrete.inputs[:len(flat_specs)]]
+    outputs = [t.name for t in concrete.outputs]
+    return rewritten, inputs, outputs, concrete.structured_outputs, reads, other_captures
+
+
+class Ensemble:
+    """N members of one architecture evaluated together.
+
+    Args:
+      members: the member objs (usually from `objckpt.load_ensemble`); each a
+        Keras model of any flavour or a callable tf.Module, all with the same
+        object tree (paths, shapes, dtypes) and their own variables.
+
+    Calling the ensemble calls every member on the same input (Keras models
+    with training=False unless given) and returns the outputs stacked on a
+    new leading axis of size N (nested outputs: every leaf stacked).
+    """
+
+    def __init__(self, members: Sequence):
+        members = tuple(members)
+        if not members:
+            raise errors.InvalidArgumentError("An Ensemble needs at least one member.")
+        trees = [dict(_compat.network_variable_paths(m)) for m in members]
+        reference = {p: (tuple(v.shape), v.dtype) for p, v in trees[0].items()}
+        for k, member_tree in enumerate(trees[1:], start=1):
+            got = {p: (tuple(v.shape), v.dtype) for p, v in member_tree.items()}
+            if got != reference:
+                differ = sorted(p for p in reference.keys() | got.keys()
+                                if reference.get(p) != got.get(p))
+                raise errors.StructureMismatchError(
+                    f"Ensemble members must share one architecture: member {k} differs from "
+                    f"member 0 at {len(differ)} path(s), e.g. "
+                    + ", ".join(f"`{p}` ({_spec(reference.get(p))} vs {_spec(got.get(p))})"
+                                for p in differ[:3])
+                    + ". Fix: build every member with the same code (or objckpt.clone).",
+                    tuple(differ))
+        seen = {}
+        for k, member_tree in enumerate(trees):
+            for path, variable in member_tree.items():
+                other = seen.setdefault(id(variable), (k, path))
+                if other[0] != k:
+                    raise errors.StructureMismatchError(
+                        f"Ensemble members must have their own variables: `{path}` of member "
+                        f"{k} is the variable `{other[1]}` of member {other[0]}. Fix: "
+                        "objckpt.clone(model) for each member.", (path,))
+        self._members = members
+        self._trees = trees
+        self._keras = _is_keras(members[0])
+        self._functions: dict = {}
+        self.last_mode: str | None = None
+        self.fallback_reason: str | None = None
+
+    @property
+    def members(self) -> tuple:
+        """The member objs, in source order."""
+        return self._members
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+    def __iter__(self):
+        return iter(self._members)
+
+    def __repr__(self) -> str:
+        return (f"Ensemble({len(self._members)} x {type(self._members[0]).__name__}, "
+                f"{len(self._trees[0])} variables each)")
+
+    def __call__(self, inputs, *, mode: str = "auto", **kwargs):
+        """Every member's output on `inputs`, stacked on a new leading axis.
+
+        Args:
+          inputs: what one member takes (a tensor or a nested structure).
+          mode: "auto" (batched where possible, else a loop), "batched" (raise
+            if impossible) or "loop" (the members one after the other, in one
+            traced function).
+          **kwargs: passed to every member's call (Keras: training=False by
+            default).
+        """
+        if mode not in _MODES:
+            raise errors.InvalidArgumentError(
+                f'mode must be one of {", ".join(_MODES)}. Received: mode={mode!r}.')
+        if self._keras:
+            kwargs.setdefault("training", False)
+        specs = tf.nest.map_structure(_relaxed_spec, inputs)
+        try:
+            key = (mode, repr(specs), tuple(sorted((k, repr(v)) for k, v in kwargs.items())))
+        except Exception:  # an unprintable argument: no caching
+            key = None
+        entry = self._functions.get(key) if key is not None else None
+        if entry is None:
+            entry = self._function(mode, specs, kwargs)
+            if key is not None:
+                self._functions[key] = entry
+        used, function, reason = entry
+        self.last_mode, self.fallback_reason = used, reason
+        return function(*tf.nest.flatten(inputs))
+
+    def mean(self, inputs, **kwargs):
+        """The members' outputs averaged (every leaf of nested outputs)."""
+        return tf.nest.map_structure(lambda t: tf.reduce_mean(t, axis=0),
+                                     self(inputs, **kwargs))
+
+    def _function(self, mode: str, specs, kwargs: dict):
+        flat_specs = tf.nest.flatten(specs)
+        if mode != "loop":
+            try:
+                function = self._batched_function(specs, kwargs)
+                with _quiet_tf_logger():  # pfor logs the op it cannot batch as an ERROR
+                    function.get_concrete_function(*flat_specs)  # vectorizes now, or raises
+                return "batched", function, None
+            except (_Unbatchable, ValueError, TypeError, NotImplementedError,
+                    tf.errors.OpError) as err:
+                reason = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
+                if mode == "batched":
+                    raise errors.InvalidArgumentError(
+                        f"mode='batched': the members of this ensemble cannot be evaluated as "
+                        f"one batched computation: {reason}. Fix: mode='auto' or 'loop'.") \
+                        from err
+        else:
+            reason = "mode='loop'"
+        members = self._members
+
+        def loop(*flat):
+            inputs = tf.nest.pack_sequence_as(specs, list(flat))
+            outputs = [m(inputs, **kwargs) for m in members]
+            return tf.nest.map_structure(lambda *leaves: tf.stack(leaves), *outputs)
+
+        return "loop", tf.function(loop, input_signature=flat_specs), reason
+
+    def _batched_function(self, specs, kwargs: dict):
+        template, trees = self._members[0], self._trees
+        graph_def, input_names, output_names, structure, reads, others = _stateless_graph(
+            template, kwargs, specs, trees[0])
+        paths = list(dict.fromkeys(path for _, path in reads))  # a variable read twice: once
+        column_of = {path: i for i, path in enumerate(paths)}
+        stacks = [[tree[path] for tree in trees] for path in paths]
+        flat_specs = tf.nest.flatten(specs)
+
+        def batched(*flat):
+            weights = [tf.stack(_compat.read_values(column)) for column in stacks]
+
+            def one(member_weights):
+                input_map = dict(zip(input_names, flat))
+                input_map.update(others)
+                input_map.update({name: member_weights[column_of[path]]
+                                  for name, path in reads})
+                return tf.graph_util.import_graph_def(
+                    graph_def, input_map=input_map, return_elements=output_names,
+                    name="member")
+
+            outputs = tf.vectorized_map(one, weights, fallback_to_while_loop=False)
+            return tf.nest.pack_sequence_as(structure, list(outputs), expand_composites=True)
+
+        return tf.function(batched, input_signature=flat_specs)
+
+
+@contextlib.contextmanager
+def _quiet_tf_logger():
+    logger = tf.get_logger()
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _spec(spec) -> str:
+    if spec is None:
+        return "absent"
+    shape, dtype = spec
+    return f"{dtype.name}{list(shape)}"

@@ -1,0 +1,258 @@
+"""Freezing variables without recompiling or retracing.
+
+A variable's `trainable` flag is read when a training step is traced, so
+changing it means `compile()` again (Keras) or a retrace. `Freezer` keeps
+the frozen set in a boolean TF variable instead; `Freezer.apply_gradients`
+reads it inside the step, so the same traced step honours every later
+`freeze`/`unfreeze`.
+
+How a frozen variable stays bit-identical
+-----------------------------------------
+Optimizers update their state (momentum, Adam moments, weight decay, EMA)
+even for a zero gradient, so a zero gradient alone moves a variable. For
+each variable, one conditional reads the variable and its optimizer state
+before the update, only when it is frozen, and hands the optimizer a zero
+gradient (so global-norm clipping ignores it); a second one writes the read
+values back after the update. The writes adopt the read buffers (no copy),
+and unfrozen variables pay nothing but the two conditionals.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+import numpy as np
+import tensorflow as tf
+
+from objckpt import _compat, errors
+
+__all__ = ["Freezer"]
+
+
+def _compile(patterns, action: str) -> list[re.Pattern]:
+    compiled = []
+    for pattern in patterns:
+        try:
+            compiled.append(re.compile(pattern))
+        except (TypeError, re.error) as err:
+            raise errors.InvalidArgumentError(
+                f"{action}() takes regular expressions searched in object paths. Received: "
+                f"{pattern!r} ({err}). Example: {action}('^encoder/', 'kernel$').") from err
+    return compiled
+
+
+class Freezer:
+    """Freezes and unfreezes a model's variables by object path, without retracing.
+
+    Args:
+      model: a Keras model of any flavour or a tf.Module. Its trainable
+        variables (by object path, optimizer state left out) can be frozen.
+
+    Attributes:
+      paths: the object paths of the variables that can be frozen, in tree order.
+      names: their variable names (e.g. `conv/kernel`, the same in every Keras
+        flavour). A pattern selects a variable when it is found (re.search) in
+        its object path or in its name.
+      traces: how many times `apply_gradients` was traced into a `tf.function`.
+
+    Example:
+      >>> freezer = objckpt.Freezer(model)
+      >>> @tf.function
+      ... def step(x, y):
+      ...     with tf.GradientTape() as tape:
+      ...         loss = loss_fn(y, model(x, training=True))
+      ...     grads = tape.gradient(loss, model.trainable_variables)
+      ...     freezer.apply_gradients(optimizer, zip(grads, model.trainable_variables))
+      >>> freezer.freeze("^encoder/")   # the next steps leave the encoder alone
+      >>> freezer.unfreeze()            # everything trains again; nothing is retraced
+    """
+
+    def __init__(self, model):
+        if not _compat.is_trackable(model):
+            raise errors.UnsupportedObjectError(
+                f"Freezer needs a trackable model (a Keras model of any flavour or a "
+                f"tf.Module). Received: {type(model).__name__}.")
+        everything = _compat.network_variable_paths(model)
+        trainable = [(p, v) for p, v in everything if v.trainable]
+        if not trainable:
+            raise errors.UnbuiltModelError(
+                f"{type(model).__name__} has no trainable variables yet, so there is nothing "
+                "to freeze. Build it first (call it on a batch, or model.build(shape)).")
+        self.model = model
+        self.paths = tuple(p for p, _ in trainable)
+        self._variables = tuple(v for _, v in trainable)
+        # Patterns also match variable names (`conv/kernel` in every Keras flavour),
+        # since Keras 3 functional object paths (`_operations/1/_kernel`) lack layer names.
+        self.names = tuple(_compat.variable_name(v) for v in self._variables)
+        self._untrainable = tuple((p, _compat.variable_name(v)) for p, v in everything
+                                  if not v.trainable)
+        self._index = {id(v): i for i, v in enumerate(self._variables)}
+        with tf.init_scope():
+            self._mask = tf.Variable(tf.zeros([len(self.paths)], tf.bool), trainable=False,
+                                     name="objckpt_frozen")
+        self._frozen = np.zeros(len(self.paths), bool)
+        self._state: dict = {}  # id(optimizer) -> id(variable) -> optimizer state variables
+        self.traces = 0
+
+    def __repr__(self) -> str:
+        return f"Freezer({len(self.frozen)} of {len(self.paths)} variables frozen)"
+
+    # --- choosing ------------------------------------------------------------------
+
+    @property
+    def frozen(self) -> tuple[str, ...]:
+        """The object paths frozen now, in tree order."""
+        return tuple(p for p, f in zip(self.paths, self._frozen) if f)
+
+    def _select(self, patterns, action: str) -> np.ndarray:
+        if len(patterns) == 1 and not isinstance(patterns[0], str) and \
+                isinstance(patterns[0], Iterable):
+            patterns = tuple(patterns[0])  # freeze(["a", "b"]) as well as freeze("a", "b")
+        if not patterns:
+            return np.ones(len(self.paths), bool)
+        chosen = np.zeros(len(self.paths), bool)
+        for pattern, regex in zip(patterns, _compile(patterns, action)):
+            hits = np.array([bool(regex.search(p) or regex.search(n))
+                             for p, n in zip(self.paths, self.names)])
+            if not hits.any():
+                untrainable = [p for p, n in self._untrainable
+                               if regex.search(p) or regex.search(n)]
+                if untrainable:
+                    detail = (f"it matches only variables that are not trainable (e.g. "
+                              f"`{untrainable[0]}`): no optimizer updates them. BatchNorm "
+                              "moving statistics follow the layer's training mode; call the "
+                              "layer with training=False to keep them")
+                else:
+                    detail = ("it matches no trainable variable; object paths and variable "
+                              "names look like " + ", ".join(
+                                  f"`{p}` ({n})" for p, n in zip(self.paths[:3], self.names)))
+                raise errors.InvalidArgumentError(
+                    f"{action}({pattern!r}): {detail}. Patterns are regular expressions "
+                    "searched in object paths and variable names (objckpt.Freezer(model)"
+                    ".paths and .names list them).")
+            chosen |= hits
+        return chosen
+
+    def _set(self, frozen: np.ndarray) -> None:
+        if not np.array_equal(frozen, self._frozen):
+            self._mask.assign(frozen)
+            self._frozen = frozen
+
+    def freeze(self, *patterns: str) -> tuple[str, ...]:
+        """Freezes the variables whose object path matches one of the patterns.
+
+        With no pattern, every variable is frozen. Returns the frozen paths.
+        Patterns are regular expressions searched in object paths and variable
+        names (`freeze("^conv/")` selects layer `conv` in every flavour); one
+        that matches nothing is an error, so a typo never silently trains.
+        """
+        self._set(self._frozen | self._select(patterns, "freeze"))
+        return self.frozen
+
+    def unfreeze(self, *patterns: str) -> tuple[str, ...]:
+        """Unfreezes the variables matching one of the patterns (all with none)."""
+        self._set(self._frozen & ~self._select(patterns, "unfreeze"))
+        return self.frozen
+
+    def set_frozen(self, patterns) -> tuple[str, ...]:
+        """Freezes exactly the variables matching `patterns` (None or () for none)."""
+        if patterns is None or (not isinstance(patterns, str) and not list(patterns)):
+            self._set(np.zeros(len(self.paths), bool))
+        else:
+            if isinstance(patterns, str):
+                patterns = (patterns,)
+            self._set(self._select(tuple(patterns), "freeze"))
+        return self.frozen
+
+    # --- applying ------------------------------------------------------------------
+
+    def _state_of(self, optimizer, indices: list[int], trained=None) -> dict:
+        """Freezer index -> the optimizer's state variables for it (built if needed).
+
+        trained: the variables as the caller passes them to the optimizer (Keras
+        3 optimizers know them by those objects), to build it with.
+        """
+        known = self._state.get(id(optimizer), {})
+        missing = [i for i in indices if i not in known]
+        if missing:
+            _compat.build_optimizer(optimizer, trained if trained is not None
+                                    else [self._variables[i] for i in missing])
+            state = _compat.optimizer_state(optimizer, [self._variables[i] for i in missing])
+            for i in missing:
+                known[i] = tuple(state[id(self._variables[i])])
+            if any(known.values()):  # an optimizer without state may still be building
+                self._state[id(optimizer)] = known
+        return known
+
+    def apply_gradients(self, optimizer, grads_and_vars, **kwargs):
+        """`optimizer.apply_gradients(grads_and_vars)`, leaving frozen variables alone.
+
+        A frozen variable and all its optimizer state (momentum, Adam moments,
+        ...) keep their exact values; the optimizer's step counter advances as
+        usual. Works eagerly and inside a `tf.function`: the frozen set is read
+        when the step runs, so toggling it never retraces. Variables the
+        Freezer does not know (not in its model) are passed through untouched.
+
+        Returns what `optimizer.apply_gradients` returns.
+        """
+        return self._apply(optimizer, optimizer.apply_gradients, grads_and_vars, **kwargs)
+
+    def _apply(self, optimizer, apply, grads_and_vars, *args, **kwargs):
+        pairs = list(grads_and_vars)
+        guarded = []  # (position in pairs, freezer index)
+        for position, (gradient, variable) in enumerate(pairs):
+            index = self._index.get(id(_compat.as_variable(variable)))
+            if index is not None and gradient is not None:
+                guarded.append((position, index))
+        if not guarded:
+            return apply(pairs, *args, **kwargs)
+        state = self._state_of(optimizer, [i for _, i in guarded],
+                               [variable for _, variable in pairs])
+        if tf.executing_eagerly():
+            return self._apply_eagerly(apply, pairs, guarded, state, args, kwargs)
+        self.traces += 1
+        mask = self._mask.read_value()
+        backups = []
+        for position, index in guarded:
+            gradient, _ = pairs[position]
+            tensors = (self._variables[index],) + state[index]
+            frozen = mask[index]
+            if isinstance(gradient, tf.IndexedSlices):
+                values = tf.cond(frozen, lambda t=tensors: [_compat.read_value(v) for v in t],
+                                 lambda t=tensors: [tf.zeros([0], v.dtype) for v in t])
+            else:
+                values, zeroed = tf.cond(
+                    frozen,
+                    lambda t=tensors, g=gradient: ([_compat.read_value(v) for v in t],
+                                                   tf.zeros_like(g)),
+                    lambda t=tensors, g=gradient: ([tf.zeros([0], v.dtype) for v in t], g))
+                pairs[position] = (zeroed, pairs[position][1])
+            backups.append((frozen, tensors, values))
+        with tf.control_dependencies([v for _, _, values in backups for v in values]):
+            result = apply(pairs, *args, **kwargs)
+        dependencies = [result] if isinstance(result, (tf.Tensor, tf.Operation)) else []
+        with tf.control_dependencies(dependencies):
+            for frozen, tensors, values in backups:
+                tf.cond(frozen, lambda t=tensors, x=values: _restore(t, x), tf.no_op)
+        return result
+
+    def _apply_eagerly(self, apply, pairs, guarded, state, args, kwargs):
+        frozen = [(position, index) for position, index in guarded if self._frozen[index]]
+        backups = []
+        for position, index in frozen:
+            tensors = (self._variables[index],) + state[index]
+            backups.append((tensors, [_compat.read_value(v) for v in tensors]))
+            gradient, variable = pairs[position]
+            if not isinstance(gradient, tf.IndexedSlices):
+                pairs[position] = (tf.zeros_like(gradient), variable)
+        result = apply(pairs, *args, **kwargs)
+        for tensors, values in backups:
+            _restore(tensors, values)
+        return result
+
+
+def _restore(variables, values):
+    for variable, value in zip(variables, values):
+        variable.assign(value, read_value=False)
+    return tf.no_op()
