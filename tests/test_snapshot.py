@@ -110,6 +110,27 @@ def test_save_is_a_standard_checkpoint(obj, case, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["ck.data-00000-of-00001", "ck.index"]
 
 
+@pytest.mark.parametrize("kind", ["functional", "subclassed"])
+@pytest.mark.parametrize("flavour", [f for f in FLAVOURS if f != "module"])
+def test_trained_model_saved_or_snapshotted_loads_into_an_untrained_copy(flavour, kind,
+                                                                          tmp_path):
+    """A trained Keras 3 model's weights have canonical paths through its optimizer; save
+    records their paths through the layers too (as TF does), and a Snapshot knows them."""
+    trained = build(flavour, kind)
+    network = dict(objckpt._compat.network_variable_paths(trained))
+    prefix = objckpt.save(trained, str(tmp_path / "ck"))
+    untrained = build(flavour, kind, train=False)
+    tf.train.Checkpoint(root=untrained).read(prefix).assert_existing_objects_matched()
+    for source in (prefix, objckpt.snapshot(trained)):
+        fresh = build(flavour, kind, train=False)
+        objckpt.restore(fresh, source, optimizer_state=False)
+        for target in (fresh, untrained):
+            got = dict(objckpt._compat.network_variable_paths(target))
+            assert sorted(got) == sorted(network)
+            for path, variable in network.items():
+                assert got[path].numpy().tobytes() == variable.numpy().tobytes(), path
+
+
 def test_saved_snapshot_has_the_same_layout_as_the_saved_obj(obj, tmp_path):
     snap = objckpt.snapshot(obj)
     train_more(obj)
