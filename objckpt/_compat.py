@@ -573,3 +573,17 @@ def _variable_index(optimizer, variables):
                     out[index_dict[key]] = id(variable)
         return out, len(index_dict)
     return None
+
+
+def live_object_graph(obj):
+    """Returns (TrackableObjectGraph proto, class name per node id) of a live obj.
+
+    The proto is the one `tf.train.Checkpoint(root=obj)` would write; the
+    class names are known only for a live obj (a checkpoint does not store
+    them). Slot variable nodes come after the objects, as TF numbers them.
+    """
+    view = _graph_view.ObjectGraphView(obj)
+    _, proto, _ = view.serialize_object_graph()
+    objects, _ = view.breadth_first_traversal()
+    classes = [type(trackable).__name__ for trackable in objects]
+    return proto, classes

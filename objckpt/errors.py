@@ -11,6 +11,7 @@ __all__ = [
     "CheckpointCorruptError",
     "CheckpointNotFoundError",
     "CloneError",
+    "GraphvizNotFoundError",
     "InvalidArgumentError",
     "NotObjectBasedError",
     "ObjckptError",
@@ -77,3 +78,7 @@ class CloneError(UnsupportedObjectError):
 
 class TemplateError(ObjckptError, RuntimeError):
     """A user-supplied template callable (e.g. `objckpt migrate --template`) failed."""
+
+
+class GraphvizNotFoundError(ObjckptError, FileNotFoundError):
+    """Rendering SVG/PNG needs Graphviz's `dot` program, and it is not on PATH."""
