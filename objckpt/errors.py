@@ -10,7 +10,9 @@ from __future__ import annotations
 __all__ = [
     "CheckpointCorruptError",
     "CheckpointNotFoundError",
+    "CheckpointWriteError",
     "CloneError",
+    "DirectoryLockedError",
     "GraphvizNotFoundError",
     "InvalidArgumentError",
     "NotObjectBasedError",
@@ -82,3 +84,29 @@ class TemplateError(ObjckptError, RuntimeError):
 
 class GraphvizNotFoundError(ObjckptError, FileNotFoundError):
     """Rendering SVG/PNG needs Graphviz's `dot` program, and it is not on PATH."""
+
+
+class DirectoryLockedError(ObjckptError, BlockingIOError):
+    """Another writer (process or callback) holds the lock of a checkpoint directory.
+
+    Attributes:
+      directory: the directory of checkpoints.
+      holder: who holds it, as its lock file says (e.g. `pid 123 on host`).
+    """
+
+    def __init__(self, message: str, directory: str = "", holder: str = ""):
+        super().__init__(message)
+        self.directory = directory
+        self.holder = holder
+
+
+class CheckpointWriteError(ObjckptError, OSError):
+    """Writing a checkpoint failed (disk full, I/O error); earlier checkpoints are intact.
+
+    Attributes:
+      prefix: the checkpoint that could not be written.
+    """
+
+    def __init__(self, message: str, prefix: str = ""):
+        super().__init__(message)
+        self.prefix = prefix
