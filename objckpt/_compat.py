@@ -587,3 +587,63 @@ def live_object_graph(obj):
     objects, _ = view.breadth_first_traversal()
     classes = [type(trackable).__name__ for trackable in objects]
     return proto, classes
+
+
+# --- resuming model.fit (callbacks.Checkpointing) ---------------------------------
+
+
+class _StartEpoch:
+    """tf_keras / Keras 2 `model._training_state`: fit asks it where to start."""
+
+    def __init__(self, epoch: int):
+        self.epoch = epoch
+
+    def maybe_load_initial_counters_from_ckpt(self, steps_per_epoch, initial_epoch, mode=None):
+        return max(self.epoch, initial_epoch), 0
+
+
+def set_fit_start_epoch(model, epoch) -> None:
+    """Makes the `fit` now in `on_train_begin` start at `epoch`; None undoes it.
+
+    Keras 3 reads `model._initial_epoch` after `on_train_begin`; tf_keras and
+    Keras 2 ask `model._training_state` (the hook of their BackupAndRestore).
+    """
+    if "_training_state" in vars(model):  # tf_keras, Keras 2
+        model._training_state = None if epoch is None else _StartEpoch(int(epoch))
+    else:  # Keras 3
+        model._initial_epoch = None if epoch is None else int(epoch)
+
+
+def steps_per_execution(model) -> int:
+    value = getattr(model, "_steps_per_execution", None)  # tf_keras, Keras 2: a variable
+    if value is not None and hasattr(value, "numpy"):
+        return int(value.numpy())
+    return int(getattr(model, "steps_per_execution", 1) or 1)
+
+
+def skip_fit_batches(model, calls: int) -> None:
+    """Makes the next `calls` calls of `model.train_function` consume data, not train.
+
+    Resuming mid-epoch: fit starts the epoch from its first batch, so the
+    batches the checkpoint already trained on are drawn and dropped. Keras 3
+    hands the train function the batches it drew; tf_keras and Keras 2 hand it
+    the iterator to draw them from. Each skipped call returns empty logs.
+    """
+    original = model.train_function
+    remaining = [int(calls)]
+    spe = steps_per_execution(model)
+
+    def train_function(iterator):
+        if remaining[0] <= 0:
+            model.train_function = original
+            return original(iterator)
+        remaining[0] -= 1
+        if not isinstance(iterator, (list, tuple)):
+            for _ in range(spe):
+                next(iterator)
+        if remaining[0] <= 0:
+            model.train_function = original
+        return {}
+
+    if calls > 0:
+        model.train_function = train_function

@@ -15,6 +15,9 @@ from objckpt import errors
 
 LOCK_FILE = ".objckpt.lock"
 
+# realpath -> the DirectoryLock of this process that holds it.
+_HELD: dict = {}
+
 try:
     import fcntl
 except ImportError:  # pragma: no cover - Windows: no advisory locks, no lock
@@ -34,8 +37,19 @@ class DirectoryLock:
         return self._fd is not None
 
     def acquire(self) -> None:
-        """Takes the lock at once or raises `DirectoryLockedError`."""
+        """Takes the lock at once or raises `DirectoryLockedError`.
+
+        Within one process a newer lock on the same directory takes it over
+        from an older one (say, of a callback whose `fit` raised and never
+        reached `on_train_end`); the older one then reports `held` False.
+        """
         if self._fd is not None or fcntl is None:
+            return
+        key = os.path.realpath(self.directory)
+        other = _HELD.get(key)
+        if other is not None and other is not self and other._fd is not None:
+            self._fd, other._fd = other._fd, None
+            _HELD[key] = self
             return
         os.makedirs(self.directory, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -52,11 +66,15 @@ class DirectoryLock:
         os.ftruncate(fd, 0)
         os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
         self._fd = fd
+        _HELD[key] = self
 
     def release(self) -> None:
         if self._fd is None:
             return
         fd, self._fd = self._fd, None
+        key = os.path.realpath(self.directory)
+        if _HELD.get(key) is self:
+            del _HELD[key]
         try:
             fcntl.flock(fd, fcntl.LOCK_UN)
         finally:

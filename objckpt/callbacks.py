@@ -11,7 +11,7 @@ import contextlib
 
 from objckpt import errors
 
-__all__ = ["FreezeSchedule", "TwinSync"]
+__all__ = ["BestSnapshot", "Checkpointing", "FreezeSchedule", "TwinSync"]
 
 _BASES: dict = {}
 
@@ -229,3 +229,283 @@ class FreezeSchedule(_FlavourFreeCallback):
                 del self._optimizer.apply_gradients
             self._optimizer = None
         self.freezer.set_frozen(None)
+
+
+def _check_choice(name, value, choices):
+    if value not in choices:
+        raise errors.InvalidArgumentError(
+            f"{name} must be one of {', '.join(repr(c) for c in choices)}. "
+            f"Received: {name}={value!r}.")
+
+
+def _check_count(name, value, minimum, what):
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise errors.InvalidArgumentError(
+            f"{name} must be an int >= {minimum} ({what}). Received: {name}={value!r}.")
+
+
+class Checkpointing(_FlavourFreeCallback):
+    """Saves crash-safe, object-based checkpoints during `model.fit` and resumes from them.
+
+    Each checkpoint is a standard TF object-based checkpoint of
+    `tf.train.Checkpoint(model=model, epoch=, step=, batch=, monitor_value=)`
+    (the model's variables include its optimizer's), listed in TF's
+    `checkpoint` state file: `tf.train.latest_checkpoint(directory)` and
+    `objckpt.restore(model, directory, at="model")` both find the newest.
+
+    On `on_train_begin` the newest intact checkpoint is restored (weights,
+    optimizer state, epoch and batch), and fit goes on from there: a run
+    killed and restarted ends bit-identical to one never interrupted (with a
+    deterministic model, fixed seeds and `shuffle=False`). `epochs` counts
+    all epochs: a finished run restarted does no more training.
+
+    A SIGKILL at any moment leaves the newest fully written checkpoint
+    restorable (see `objckpt._checkpointing` for the commit protocol); an
+    unreadable state file or a missing newest checkpoint falls back to the
+    newest intact one, with a warning. On SIGTERM during fit one more
+    checkpoint is written, then the signal takes its course.
+
+    Args:
+      directory: a local directory of checkpoints (created if missing); one
+        writer at a time (others get `DirectoryLockedError`).
+      max_to_keep: keep the newest this many checkpoints (>= 1).
+      keep_best: also keep this many best checkpoints by `monitor`; the best
+        set is read back from the checkpoints on restart.
+      monitor: the logs key saved with each checkpoint and ranked for
+        `keep_best` (e.g. "val_loss"; "loss" for batch-level saves).
+      mode: "min" or "max": which value of `monitor` is better.
+      save_freq: "epoch", or an int: save every that many batches.
+      async_save: write in a background thread; the training step that
+        triggers a save blocks only for the in-memory copy.
+      on_error: "raise" a `CheckpointWriteError` when a save fails (disk
+        full, I/O error), or "warn" and keep training. Earlier checkpoints
+        are untouched either way.
+
+    Attributes:
+      resumed_from: the prefix restored at the start of the last fit, or None.
+      saved: prefixes saved during the last fit, in order.
+      manager: the `CheckpointDirectory` (its `kept` and `best()` list the
+        checkpoints kept).
+
+    Example:
+      >>> ckpt = objckpt.callbacks.Checkpointing("/tmp/run", keep_best=2)
+      >>> model.fit(x, y, epochs=10, validation_data=(vx, vy), callbacks=[ckpt])
+    """
+
+    def __init__(self, directory, *, max_to_keep: int = 5, keep_best: int = 0,
+                 monitor: str = "val_loss", mode: str = "min", save_freq="epoch",
+                 async_save: bool = False, on_error: str = "raise"):
+        super().__init__()
+        import os
+
+        if not isinstance(directory, (str, os.PathLike)) or "://" in os.fspath(directory):
+            raise errors.InvalidArgumentError(
+                "Checkpointing needs a local directory path (it locks the directory and "
+                f"renames files atomically). Received: directory={directory!r}. Fix: pass a "
+                "local path; copy the checkpoints to remote storage afterwards.")
+        _check_count("max_to_keep", max_to_keep, 1, "the newest checkpoints to keep")
+        _check_count("keep_best", keep_best, 0, "the best checkpoints to keep as well")
+        _check_choice("mode", mode, ("min", "max"))
+        _check_choice("on_error", on_error, ("raise", "warn"))
+        if not isinstance(monitor, str) or not monitor:
+            raise errors.InvalidArgumentError(
+                f"monitor must be a logs key such as 'val_loss'. Received: monitor={monitor!r}.")
+        if save_freq != "epoch":
+            _check_count("save_freq", save_freq, 1, '"epoch" or save every N batches')
+        if not isinstance(async_save, bool):
+            raise errors.InvalidArgumentError(
+                f"async_save must be True or False. Received: async_save={async_save!r}.")
+        self.directory = os.fspath(directory)
+        self.max_to_keep, self.keep_best, self.monitor, self.mode = (
+            max_to_keep, keep_best, monitor, mode)
+        self.save_freq, self.async_save, self.on_error = save_freq, async_save, on_error
+        self.manager = None
+        self.resumed_from = None
+        self.saved: list[str] = []
+        self._skip_until = 0
+        self._epoch_start_step = 0
+        self._sigterm = False
+        self._previous_handler = None
+        self._warned_monitor = False
+
+    def _implements_train_batch_hooks(self):
+        return True
+
+    def on_train_begin(self, logs=None):
+        from objckpt import _checkpointing, _compat
+
+        model = self.model
+        if self.manager is not None:
+            self.manager._lock.release()  # an earlier fit of ours that raised
+        if self.manager is None or self.manager.root.model is not model:
+            self.manager = _checkpointing.CheckpointDirectory(
+                self.directory, model, max_to_keep=self.max_to_keep, keep_best=self.keep_best,
+                mode=self.mode, async_save=self.async_save, on_error=self.on_error,
+                fingerprint=lambda: _compat.fingerprint(model))
+        manager, self.saved, self.resumed_from = self.manager, [], None
+        latest = manager.open()
+        try:
+            for variable in manager.counters.values():
+                variable.assign(0)
+            self._skip_until = 0
+            if latest is not None:
+                self._resume(latest)
+        except BaseException:
+            manager.close()
+            raise
+        self._epoch_start_step = int(manager.counters["step"].numpy()) - self._skip_until
+        self._install_sigterm()
+
+    def _resume(self, latest):
+        from objckpt import _compat
+
+        model, manager = self.model, self.manager
+        if _compat.is_unbuilt(model):
+            raise errors.UnbuiltModelError(
+                f"Checkpointing: cannot resume from `{latest.prefix}` into {type(model).__name__}"
+                " because it is not built yet. Expected a built model at the start of fit. "
+                "Fix: build it first (call it on a batch, or model.build(input_shape)).")
+        optimizer = getattr(model, "optimizer", None)
+        if optimizer is not None and callable(getattr(optimizer, "apply_gradients", None)):
+            _compat.build_optimizer(optimizer, model.trainable_variables)
+        manager.restore(latest)
+        self.resumed_from = latest.prefix
+        epoch = int(manager.counters["epoch"].numpy())
+        self._skip_until = int(manager.counters["batch"].numpy())
+        _compat.set_fit_start_epoch(model, epoch)
+        _compat.skip_fit_batches(model, self._skip_until // _compat.steps_per_execution(model))
+
+    def _install_sigterm(self):
+        import signal
+        import threading
+
+        self._sigterm = False
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def on_sigterm(signum, frame):
+            self._sigterm = True
+
+        self._previous_handler = signal.signal(signal.SIGTERM, on_sigterm)
+
+    def _save(self, logs):
+        value = (logs or {}).get(self.monitor)
+        if value is None and self.keep_best and not self._warned_monitor:
+            import warnings
+
+            self._warned_monitor = True
+            warnings.warn(f"Checkpointing: monitor {self.monitor!r} is not in the logs (keys: "
+                          f"{sorted(logs or {})}); these checkpoints cannot count as best. Fix: "
+                          "pass validation_data, or monitor a key that fit logs.", stacklevel=3)
+        prefix = self.manager.save(None if value is None else float(value))
+        if prefix is not None:
+            self.saved.append(prefix)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        counters = self.manager.counters
+        counters["epoch"].assign(epoch)
+        if self._skip_until == 0:
+            counters["batch"].assign(0)
+            self._epoch_start_step = int(counters["step"].numpy())
+
+    def on_train_batch_end(self, batch, logs=None):
+        if batch + 1 <= self._skip_until:
+            return  # a batch the restored checkpoint had trained on already
+        self._skip_until = 0
+        counters = self.manager.counters
+        before = int(counters["step"].numpy())
+        step = self._epoch_start_step + batch + 1
+        counters["batch"].assign(batch + 1)
+        counters["step"].assign(step)
+        if (self.save_freq != "epoch" and step // self.save_freq > before // self.save_freq) \
+                or self._sigterm:
+            self._save(logs)
+        if self._sigterm:
+            self.model.stop_training = True
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._skip_until = 0
+        counters = self.manager.counters
+        counters["epoch"].assign(epoch + 1)
+        counters["batch"].assign(0)
+        if self.save_freq == "epoch" or self._sigterm:
+            self._save(logs)
+        if self._sigterm:
+            self.model.stop_training = True
+
+    def on_train_end(self, logs=None):
+        import signal
+
+        from objckpt import _compat
+
+        _compat.set_fit_start_epoch(self.model, None)
+        try:
+            self.manager.close()
+        finally:
+            if self._previous_handler is not None:
+                signal.signal(signal.SIGTERM, self._previous_handler)
+                self._previous_handler = None
+                if self._sigterm:  # saved once more: now let the signal take its course
+                    signal.raise_signal(signal.SIGTERM)
+
+
+class BestSnapshot(_FlavourFreeCallback):
+    """Keeps the best weights seen during `model.fit` in memory, and restores them at the end.
+
+    The best state is an `objckpt.Snapshot` of the model (its optimizer's
+    state included): no NumPy round trip, no bytes copied when taken.
+
+    Args:
+      monitor: the logs key to rank epochs by.
+      mode: "min" or "max".
+      restore_at_end: restore the best snapshot into the model on train end.
+
+    Attributes:
+      best: the best value of `monitor` seen, or None.
+      best_epoch: the epoch (0-based) it was seen at, or None.
+      snapshot: the `Snapshot` taken at that epoch, or None.
+
+    Example:
+      >>> best = objckpt.callbacks.BestSnapshot("val_loss")
+      >>> model.fit(x, y, validation_data=(vx, vy), epochs=20, callbacks=[best])
+      >>> best.best_epoch, best.best
+    """
+
+    def __init__(self, monitor: str = "val_loss", mode: str = "min",
+                 restore_at_end: bool = True):
+        super().__init__()
+        _check_choice("mode", mode, ("min", "max"))
+        if not isinstance(monitor, str) or not monitor:
+            raise errors.InvalidArgumentError(
+                f"monitor must be a logs key such as 'val_loss'. Received: monitor={monitor!r}.")
+        self.monitor, self.mode, self.restore_at_end = monitor, mode, bool(restore_at_end)
+        self.best = self.best_epoch = self.snapshot = None
+
+    def on_train_begin(self, logs=None):
+        self.best = self.best_epoch = self.snapshot = None
+
+    def on_epoch_end(self, epoch, logs=None):
+        import math
+
+        from objckpt import _snapshot
+
+        value = (logs or {}).get(self.monitor)
+        if value is None:
+            import warnings
+
+            warnings.warn(f"BestSnapshot: monitor {self.monitor!r} is not in the logs (keys: "
+                          f"{sorted(logs or {})}). Fix: pass validation_data, or monitor a key "
+                          "that fit logs.", stacklevel=2)
+            return
+        value = float(value)
+        if math.isnan(value):
+            return
+        if self.best is None or (value < self.best if self.mode == "min" else value > self.best):
+            self.best, self.best_epoch = value, epoch
+            self.snapshot = _snapshot.snapshot(self.model)
+
+    def on_train_end(self, logs=None):
+        if self.restore_at_end and self.snapshot is not None:
+            from objckpt import _snapshot
+
+            _snapshot.restore(self.model, self.snapshot)
