@@ -23,6 +23,7 @@ __all__ = [
     "Ensemble",
     "Entry",
     "Freezer",
+    "Graph",
     "Match",
     "PendingRestore",
     "Plan",
@@ -30,10 +31,12 @@ __all__ = [
     "Snapshot",
     "Twins",
     "VariableTree",
+    "VerifyReport",
     "callbacks",
     "clone",
     "diff",
     "errors",
+    "graph",
     "load_ensemble",
     "migrate",
     "plan",
@@ -43,6 +46,7 @@ __all__ = [
     "save",
     "snapshot",
     "tree",
+    "verify",
 ]
 
 # name -> private module that defines it; loaded (with TensorFlow) on first use.
@@ -70,6 +74,10 @@ _LAZY = {
     "Freezer": "_freeze",
     "Diff": "_diff",
     "diff": "_diff",
+    "Graph": "_graph",
+    "graph": "_graph",
+    "VerifyReport": "_verify",
+    "verify": "_verify",
 }
 
 if TYPE_CHECKING:
@@ -82,6 +90,8 @@ if TYPE_CHECKING:
     from objckpt._ensemble import Ensemble as Ensemble
     from objckpt._ensemble import load_ensemble as load_ensemble
     from objckpt._freeze import Freezer as Freezer
+    from objckpt._graph import Graph as Graph
+    from objckpt._graph import graph as graph
     from objckpt._match import Match as Match
     from objckpt._match import Plan as Plan
     from objckpt._match import plan as plan
@@ -97,6 +107,8 @@ if TYPE_CHECKING:
     from objckpt._tree import read_tree as read_tree
     from objckpt._tree import tree as tree
     from objckpt._twins import Twins as Twins
+    from objckpt._verify import VerifyReport as VerifyReport
+    from objckpt._verify import verify as verify
 
 
 def __getattr__(name: str):

@@ -20,7 +20,7 @@ import uuid
 
 import tensorflow as tf
 
-from objckpt import _compat, _match, _snapshot, _tree, errors
+from objckpt import _compat, _match, _snapshot, _tree, _verify, errors
 
 __all__ = ["migrate"]
 
@@ -202,12 +202,9 @@ def _verify(prefix: str, final: str, specs: dict) -> None:
                  if p in written and (written[p].shape != shape or written[p].dtype != dtype)]
     if not problems:
         reader = _tree._open_reader(prefix)
-        for path in specs:  # one tensor at a time; TF checks each one's CRC
-            try:
-                reader.get_tensor(written[path].key)
-            except Exception as err:  # DataLossError and friends: the write is bad
-                problems.append(f"`{path}`: {_tree._first_line(err)}")
-                break
+        path_of = {written[path].key: path for path in specs}
+        problems += [f"`{path_of[key]}`: {error}" for key, error in _verify.tensor_problems(
+            reader, list(path_of), stop_at_first=True)]
     if problems:
         raise errors.CheckpointCorruptError(
             f"The migrated checkpoint for `{final}` failed verification when read back: "

@@ -1,0 +1,249 @@
+"""Checking a checkpoint on disk without loading a model.
+
+`verify(source)` reads every tensor of a checkpoint once (TF checks each
+one's CRC32C as it reads it), one tensor at a time, and checks the object
+graph against the index: every node an edge or slot reference names exists,
+every tensor the graph lists is in the index, every tensor in the index
+belongs to the graph, and every object is reachable from the root. A directory means every checkpoint its TF
+`checkpoint` state file names. Nothing is restored and no model is built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from objckpt import errors
+
+__all__ = ["Problem", "VerifyReport", "tensor_problems", "verify"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a checkpoint.
+
+    Attributes:
+      prefix: the checkpoint prefix (or the state file) it is about.
+      where: the object path, checkpoint key or file concerned ("" for the
+        whole checkpoint).
+      message: what is wrong, in one line.
+    """
+
+    prefix: str
+    where: str
+    message: str
+
+    def __str__(self) -> str:
+        where = f"`{self.where}`: " if self.where else ""
+        return f"{self.prefix}: {where}{self.message}"
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifyReport:
+    """What `objckpt.verify` found (see there).
+
+    Attributes:
+      source: the prefix or directory given.
+      prefixes: the checkpoints checked.
+      tensors: how many tensors were read and passed their checksum.
+      nbytes: the bytes of those tensors.
+      problems: every problem found, in file order; empty when intact.
+      notes: remarks that are not problems (e.g. a name-based checkpoint has
+        no object graph to check).
+    """
+
+    source: str
+    prefixes: tuple[str, ...]
+    tensors: int
+    nbytes: int
+    problems: tuple[Problem, ...]
+    notes: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def describe(self) -> str:
+        """One line per problem, then a summary line."""
+        lines = [f"problem: {p}" for p in self.problems]
+        lines += [f"note: {note}" for note in self.notes]
+        checked = ", ".join(self.prefixes) or self.source
+        mb = self.nbytes / 1e6
+        if self.ok:
+            lines.append(f"OK: {checked}: {self.tensors:,} tensors ({mb:,.1f} MB) passed their "
+                         "checksums; object graph consistent")
+        else:
+            lines.append(f"FAILED: {checked}: {len(self.problems)} problem"
+                         f"{'s' * (len(self.problems) != 1)}; {self.tensors:,} tensors "
+                         f"({mb:,.1f} MB) read intact. Fix: restore from an intact copy or an "
+                         "older checkpoint, or write this one again.")
+        return "\n".join(lines)
+
+
+def tensor_problems(reader, keys, *, stop_at_first: bool = False):
+    """Reads each key's tensor once (TF checks its CRC32C); yields (key, error line) per failure.
+
+    One tensor at a time, so memory stays near the largest tensor. Shared by
+    `verify` and `migrate`'s read-back check.
+    """
+    from objckpt import _tree
+
+    for key in keys:
+        try:
+            reader.get_tensor(key)
+        except Exception as err:  # DataLossError, OutOfRangeError, ...: damage
+            yield key, _tree._first_line(err)
+            if stop_at_first:
+                return
+
+
+def verify(source) -> VerifyReport:
+    """Checks every tensor's checksum and the object graph of a checkpoint on disk.
+
+    Args:
+      source: a checkpoint prefix (object-based or name-based) or a directory
+        of managed checkpoints (every checkpoint its state file names is
+        checked, and the state file itself).
+
+    Returns:
+      A `VerifyReport`; `.ok` is True when nothing is wrong, `.problems` lists
+      each problem with the object path or key it concerns.
+
+    Raises:
+      CheckpointNotFoundError: nothing at `source` (no `prefix.index`, or a
+        directory without a state file and without checkpoints).
+
+    Example:
+      >>> report = objckpt.verify("/tmp/run")
+      >>> report.ok, [str(p) for p in report.problems]
+    """
+    source = os.fspath(source)
+    prefixes, problems = _prefixes(source)
+    total, nbytes, notes = 0, 0, []
+    for prefix in prefixes:
+        count, size, found, remarks = _verify_prefix(prefix)
+        total += count
+        nbytes += size
+        problems.extend(found)
+        notes.extend(remarks)
+    return VerifyReport(source, tuple(prefixes), total, nbytes, tuple(problems), tuple(notes))
+
+
+def _prefixes(source: str) -> tuple[list[str], list[Problem]]:
+    from objckpt import _tree
+
+    if source.endswith(".index") and os.path.isfile(source):
+        source = source[: -len(".index")]
+    if not os.path.isdir(source):
+        _tree.resolve_prefix(source)  # raises CheckpointNotFoundError with its hints
+        return [source], []
+    try:
+        names = _tree._state_candidates(source)
+    except errors.CheckpointCorruptError as err:
+        found = _tree._nearby_prefixes(source, limit=1000)
+        if not found:
+            raise
+        state = os.path.join(source, _tree._STATE_FILE)
+        return found, [Problem(state, "", str(err).splitlines()[0])]
+    return list(reversed(names)), []  # oldest first
+
+
+def _verify_prefix(prefix: str):
+    """(tensors read intact, their bytes, problems, notes) for one prefix."""
+    from objckpt import _compat, _tree
+
+    problems: list[Problem] = []
+    if not os.path.exists(prefix + ".index"):
+        return 0, 0, [Problem(prefix, prefix + ".index", "the index file is missing")], []
+    missing = _tree._data_files_present(prefix)
+    if missing:
+        return 0, 0, [Problem(prefix, "", missing)], [
+            f"{prefix}: tensors and object graph not read (data files incomplete)"]
+    try:
+        reader = _tree._open_reader(prefix)
+        shapes = reader.get_variable_to_shape_map()
+        dtypes = reader.get_variable_to_dtype_map()
+    except errors.CheckpointCorruptError as err:
+        return 0, 0, [*problems, Problem(prefix, prefix + ".index", str(err))], []
+    notes = []
+    paths = {}
+    if _compat.OBJECT_GRAPH_KEY in shapes:
+        graph_problems, paths = _check_graph(prefix, reader, shapes)
+        problems.extend(graph_problems)
+    else:
+        notes.append(f"{prefix}: name-based (TF1 Saver) checkpoint: no object graph to check; "
+                     "tensors checked by variable name")
+    import tensorflow as tf
+
+    keys = [k for k in sorted(shapes) if k != _compat.OBJECT_GRAPH_KEY]
+    bad = dict(tensor_problems(reader, keys))
+    problems.extend(Problem(prefix, paths.get(key, key),
+                            f"tensor unreadable or checksum mismatch: {bad[key]}")
+                    for key in keys if key in bad)
+    intact = [k for k in keys if k not in bad]
+    nbytes = 0
+    for key in intact:
+        count = 1
+        for dim in shapes[key]:
+            count *= dim
+        nbytes += count * tf.as_dtype(dtypes[key]).size
+    return len(intact), nbytes, problems, notes
+
+
+def _check_graph(prefix: str, reader, shapes):
+    """Problems of the object graph against the index, and {checkpoint key: object path}."""
+    from objckpt import _compat
+
+    try:
+        graph = _compat.TrackableObjectGraph()
+        graph.ParseFromString(reader.get_tensor(_compat.OBJECT_GRAPH_KEY))
+    except Exception as err:
+        from objckpt import _tree
+
+        return [Problem(prefix, _compat.OBJECT_GRAPH_KEY,
+                        f"the object graph cannot be read: {_tree._first_line(err)}")], {}
+    problems = []
+    count = len(graph.nodes)
+    if count == 0:
+        return [Problem(prefix, _compat.OBJECT_GRAPH_KEY, "the object graph has no nodes")], {}
+    reachable, order = {0}, [0]
+    for current in order:  # breadth-first; grows while iterating
+        node = graph.nodes[current]
+        refs = [(c.node_id, f"child `{c.local_name}`") for c in node.children]
+        for slot in node.slot_variables:
+            refs.append((slot.slot_variable_node_id, f"slot `{slot.slot_name}`"))
+            if not 0 <= slot.original_variable_node_id < count:
+                problems.append(Problem(prefix, f"node {current}",
+                                        f"slot `{slot.slot_name}` is for node "
+                                        f"{slot.original_variable_node_id}, which does not exist "
+                                        f"(the graph has {count} nodes)"))
+        for target, what in refs:
+            if not 0 <= target < count:
+                problems.append(Problem(prefix, f"node {current}",
+                                        f"{what} points at node {target}, which does not exist "
+                                        f"(the graph has {count} nodes)"))
+            elif target not in reachable:
+                reachable.add(target)
+                order.append(target)
+    unreachable = [i for i in range(count) if i not in reachable]
+    if unreachable:
+        problems.append(Problem(prefix, "", f"{len(unreachable)} object graph node(s) are not "
+                                            f"reachable from the root: {unreachable[:10]}"))
+    referenced: dict[str, str] = {}
+    for node_id, node in enumerate(graph.nodes):
+        for attribute in node.attributes:
+            key = attribute.checkpoint_key
+            path = key.split(_compat.ATTRIBUTES, 1)[0]
+            referenced[key] = path
+            if key not in shapes:
+                problems.append(Problem(prefix, path, f"the object graph lists key `{key}` (node "
+                                                      f"{node_id}) but the index has no such "
+                                                      "tensor"))
+    registered = any(node.HasField("registered_saver") for node in graph.nodes
+                     if "registered_saver" in node.DESCRIPTOR.fields_by_name)
+    if not registered:
+        for key in sorted(shapes):
+            if key != _compat.OBJECT_GRAPH_KEY and key not in referenced:
+                problems.append(Problem(prefix, key, "tensor in the index that no object of the "
+                                                     "object graph refers to"))
+    return problems, referenced
