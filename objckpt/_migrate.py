@@ -20,7 +20,8 @@ import uuid
 
 import tensorflow as tf
 
-from objckpt import _compat, _match, _snapshot, _tree, _verify, errors
+from objckpt import _compat, _match, _snapshot, _tree, errors
+from objckpt._verify import tensor_problems
 
 __all__ = ["migrate"]
 
@@ -203,7 +204,7 @@ def _verify(prefix: str, final: str, specs: dict) -> None:
     if not problems:
         reader = _tree._open_reader(prefix)
         path_of = {written[path].key: path for path in specs}
-        problems += [f"`{path_of[key]}`: {error}" for key, error in _verify.tensor_problems(
+        problems += [f"`{path_of[key]}`: {error}" for key, error in tensor_problems(
             reader, list(path_of), stop_at_first=True)]
     if problems:
         raise errors.CheckpointCorruptError(
