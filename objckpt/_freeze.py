@@ -194,7 +194,9 @@ class Freezer:
         when the step runs, so toggling it never retraces. Variables the
         Freezer does not know (not in its model) are passed through untouched.
 
-        Returns what `optimizer.apply_gradients` returns.
+        Returns what `optimizer.apply_gradients` returns eagerly; inside a
+        `tf.function`, the optimizer's `iterations` (the update runs in one of
+        two branches: the plain one while nothing is frozen).
         """
         return self._apply(optimizer, optimizer.apply_gradients, grads_and_vars, **kwargs)
 
@@ -213,29 +215,42 @@ class Freezer:
             return self._apply_eagerly(apply, pairs, guarded, state, args, kwargs)
         self.traces += 1
         mask = self._mask.read_value()
-        backups = []
-        for position, index in guarded:
-            gradient, _ = pairs[position]
-            tensors = (self._variables[index],) + state[index]
-            frozen = mask[index]
-            if isinstance(gradient, tf.IndexedSlices):
-                values = tf.cond(frozen, lambda t=tensors: [_compat.read_value(v) for v in t],
-                                 lambda t=tensors: [tf.zeros([0], v.dtype) for v in t])
-            else:
-                values, zeroed = tf.cond(
-                    frozen,
-                    lambda t=tensors, g=gradient: ([_compat.read_value(v) for v in t],
-                                                   tf.zeros_like(g)),
-                    lambda t=tensors, g=gradient: ([tf.zeros([0], v.dtype) for v in t], g))
-                pairs[position] = (zeroed, pairs[position][1])
-            backups.append((frozen, tensors, values))
-        with tf.control_dependencies([v for _, _, values in backups for v in values]):
-            result = apply(pairs, *args, **kwargs)
-        dependencies = [result] if isinstance(result, (tf.Tensor, tf.Operation)) else []
-        with tf.control_dependencies(dependencies):
+        indices = tf.constant([i for _, i in guarded], tf.int32)
+
+        def plain():
+            apply(list(pairs), *args, **kwargs)
+            return tf.constant(False)
+
+        def guarded_apply():
+            guarded_pairs = list(pairs)
+            backups = []
+            for position, index in guarded:
+                gradient, variable = guarded_pairs[position]
+                tensors = (self._variables[index], *state[index])
+                frozen = mask[index]
+                if isinstance(gradient, tf.IndexedSlices):
+                    values = tf.cond(
+                        frozen, lambda t=tensors: [_compat.read_value(v) for v in t],
+                        lambda t=tensors: [tf.zeros([0], v.dtype) for v in t])
+                else:
+                    values, zeroed = tf.cond(
+                        frozen,
+                        lambda t=tensors, g=gradient: ([_compat.read_value(v) for v in t],
+                                                       tf.zeros_like(g)),
+                        lambda t=tensors, g=gradient: ([tf.zeros([0], v.dtype) for v in t], g))
+                    guarded_pairs[position] = (zeroed, variable)
+                backups.append((frozen, tensors, values))
+            # No explicit control edges (they would cost O(variables x update ops)): TF's
+            # automatic control dependencies order ops by the variables they touch, so each
+            # variable's read comes before its update and its restore after it.
+            apply(guarded_pairs, *args, **kwargs)
             for frozen, tensors, values in backups:
                 tf.cond(frozen, lambda t=tensors, x=values: _restore(t, x), tf.no_op)
-        return result
+            return tf.constant(True)
+
+        # Nothing frozen (the common case): the plain update, no per-variable work.
+        _compat.called_cond(tf.reduce_any(tf.gather(mask, indices)), guarded_apply, plain)
+        return getattr(optimizer, "iterations", None)
 
     def _apply_eagerly(self, apply, pairs, guarded, state, args, kwargs):
         frozen = [(position, index) for position, index in guarded if self._frozen[index]]
