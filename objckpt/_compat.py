@@ -10,6 +10,7 @@ import contextlib
 import sys
 
 import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2 as _attr_value_pb2
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 from tensorflow.python.checkpoint import graph_view as _graph_view
 from tensorflow.python.checkpoint import util as _checkpoint_util
@@ -204,6 +205,23 @@ def fused_call(body, specs):
 
 def _single_threaded_executor():
     return _context.function_executor_type("SINGLE_THREADED_EXECUTOR")
+
+
+def called_cond(pred, true_fn, false_fn):
+    """`tf.cond` (in a graph) whose branches run as function calls.
+
+    TF lowers a `tf.cond` in a `tf.function` to Switch/Merge nodes, and the
+    executor then walks every node of the branch not taken as dead: a cost
+    per node of the large branch even when it never runs. Marked not to be
+    lowered, the `If` op calls only the branch taken.
+    """
+    graph = tf.compat.v1.get_default_graph()
+    before = len(graph.get_operations())
+    result = tf.cond(pred, true_fn, false_fn)
+    for op in graph.get_operations()[before:]:
+        if op.type in ("If", "StatelessIf"):
+            op._set_attr("_lower_using_switch_merge", _attr_value_pb2.AttrValue(b=False))
+    return result
 
 
 def read_values(variables) -> list:
