@@ -109,7 +109,7 @@ class Graph:
         self.depth = depth
         self.collapsed = collapsed
 
-    def render(self, format: str = "svg") -> bytes:  # noqa: A002 (the CLI's word)
+    def render(self, format: str = "svg") -> bytes:
         """Returns the picture as bytes: DOT text, or SVG/PNG rendered by Graphviz.
 
         Raises:
@@ -118,13 +118,13 @@ class Graph:
         """
         return render(self.dot, format)
 
-    def save(self, path, format: str | None = None) -> str:  # noqa: A002
+    def save(self, path, format: str | None = None) -> str:
         """Writes the picture to `path` (format from the extension by default); returns path."""
         path = os.fspath(path)
         if format is None:
-            format = os.path.splitext(path)[1].lstrip(".").lower() or "dot"  # noqa: A001
+            format = os.path.splitext(path)[1].lstrip(".").lower() or "dot"
             if format == "gv":
-                format = "dot"  # noqa: A001
+                format = "dot"
         data = self.render(format)
         with open(path, "wb") as f:
             f.write(data)
@@ -147,7 +147,7 @@ class Graph:
         return f"Graph({self.source!r}: {self.nodes} nodes, {self.edges} edges{folded})"
 
 
-def render(dot: str, format: str = "svg") -> bytes:  # noqa: A002
+def render(dot: str, format: str = "svg") -> bytes:
     """Renders DOT text with Graphviz's `dot` program (format 'dot' returns the text)."""
     if format not in FORMATS:
         raise errors.InvalidArgumentError(

@@ -4,8 +4,9 @@
 one's CRC32C as it reads it), one tensor at a time, and checks the object
 graph against the index: every node an edge or slot reference names exists,
 every tensor the graph lists is in the index, every tensor in the index
-belongs to the graph, and every object is reachable from the root. A directory means every checkpoint its TF
-`checkpoint` state file names. Nothing is restored and no model is built.
+belongs to the graph, and every object is reachable from the root. A
+directory means every checkpoint its TF `checkpoint` state file names.
+Nothing is restored and no model is built.
 """
 
 from __future__ import annotations

@@ -52,7 +52,8 @@ def test_inspect_errors_exit_1_with_the_message(tmp_path):
 def test_no_command_is_a_usage_error():
     result = _run()
     assert result.returncode == 2
-    assert "inspect" in result.stderr
+    for command in ("inspect", "diff", "graph", "migrate", "verify", "demo"):
+        assert f"objckpt {command} " in result.stderr, command
 
 
 def test_inspect_text_totals_per_object(tmp_path):

@@ -40,7 +40,8 @@ def _data_file(prefix) -> str:
 
 def _flip_byte_in(prefix, needle: bytes):
     path = _data_file(prefix)
-    data = bytearray(open(path, "rb").read())
+    with open(path, "rb") as f:
+        data = bytearray(f.read())
     offset = data.find(needle)
     assert offset >= 0
     data[offset + len(needle) // 2] ^= 0x40
