@@ -203,7 +203,8 @@ def graph(source, *, depth: int | None = None, max_nodes: int = _MAX_NODES,
     Example:
       >>> objckpt.graph("/tmp/run", depth=3).save("graph.svg")
     """
-    if depth is not None and (not isinstance(depth, int) or depth < 1):
+    if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int)
+                              or depth < 1):
         raise errors.InvalidArgumentError(
             f"depth must be a whole number >= 1 (edges from the root) or None. Received: "
             f"depth={depth!r}.")

@@ -169,8 +169,9 @@ def test_without_graphviz_svg_raises_with_how_to_install(module_prefix, monkeypa
 
 
 def test_bad_arguments_raise_typed_errors(module_prefix, tmp_path):
-    with pytest.raises(errors.InvalidArgumentError, match=r"depth=0"):
-        objckpt.graph(module_prefix, depth=0)
+    for depth in (0, True, 1.5):
+        with pytest.raises(errors.InvalidArgumentError, match=re.escape(f"depth={depth!r}")):
+            objckpt.graph(module_prefix, depth=depth)
     with pytest.raises(errors.InvalidArgumentError, match=r"format='jpeg'"):
         objckpt.graph(module_prefix).render("jpeg")
     with pytest.raises(errors.UnsupportedObjectError, match=r"Received: list"):
