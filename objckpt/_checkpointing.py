@@ -122,7 +122,7 @@ class CheckpointDirectory:
             if _DEBRIS.match(name):
                 _remove(os.path.join(self.directory, name))
         on_disk = sorted({int(m.group(1)) for m in map(_NAME.match, names) if m})
-        listed = self._read_state(on_disk)
+        listed, state_ok = self._read_state(on_disk)
         kept, damaged = [], []
         for number in listed:
             prefix = self._prefix(number)
@@ -142,12 +142,16 @@ class CheckpointDirectory:
             if all(k.number != number for k in kept):
                 self._delete_files(number, hook=False)
         self._next = max(on_disk, default=0) + 1
-        if kept and listed != [k.number for k in kept]:
+        if kept and (not state_ok or listed != [k.number for k in kept]):
             self._write_state()
         return kept[-1] if kept else None
 
-    def _read_state(self, on_disk: list[int]) -> list[int]:
-        """Numbers the state file lists, oldest first; falls back to the disk with a warning."""
+    def _read_state(self, on_disk: list[int]) -> tuple[list[int], bool]:
+        """(numbers the state file lists, oldest first; whether it could be read).
+
+        Without a readable state file, every checkpoint on disk is a candidate
+        (with a warning when there are any).
+        """
         path = os.path.join(self.directory, STATE_FILE)
         try:
             with open(path, "rb") as f:
@@ -161,17 +165,17 @@ class CheckpointDirectory:
                 numbers.append(int(match.group(1)))
             if not numbers:
                 raise ValueError("it names no checkpoint")
-            return sorted(set(numbers))
+            return sorted(set(numbers)), True
         except FileNotFoundError:
             if on_disk:
                 self._warn(f"Checkpoint directory `{self.directory}` has checkpoint files but no "
                            f"`{STATE_FILE}` state file; using every intact one found on disk.")
-            return on_disk
+            return on_disk, not on_disk
         except Exception as err:  # unreadable state: never a silent fresh start
             self._warn(f"The checkpoint state file `{path}` cannot be read "
                        f"({_tree._first_line(err)}); using the intact checkpoints found on disk "
                        f"instead ({len(on_disk)} candidates) and writing a new state file.")
-            return on_disk
+            return on_disk, False
 
     def _read_metric(self, prefix: str) -> float:
         try:

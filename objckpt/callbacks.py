@@ -324,7 +324,7 @@ class Checkpointing(_FlavourFreeCallback):
         self.saved: list[str] = []
         self._skip_until = 0
         self._epoch_start_step = 0
-        self._sigterm = False
+        self._sigterm = self._stopped = False
         self._previous_handler = None
         self._warned_monitor = False
 
@@ -379,7 +379,7 @@ class Checkpointing(_FlavourFreeCallback):
         import signal
         import threading
 
-        self._sigterm = False
+        self._sigterm = self._stopped = False
         if threading.current_thread() is not threading.main_thread():
             return
 
@@ -421,9 +421,12 @@ class Checkpointing(_FlavourFreeCallback):
                 or self._sigterm:
             self._save(logs)
         if self._sigterm:
+            self._stopped = True
             self.model.stop_training = True
 
     def on_epoch_end(self, epoch, logs=None):
+        if self._stopped:  # by SIGTERM, mid-epoch: the epoch is not done, and was saved
+            return
         self._skip_until = 0
         counters = self.manager.counters
         counters["epoch"].assign(epoch + 1)
@@ -431,6 +434,7 @@ class Checkpointing(_FlavourFreeCallback):
         if self.save_freq == "epoch" or self._sigterm:
             self._save(logs)
         if self._sigterm:
+            self._stopped = True
             self.model.stop_training = True
 
     def on_train_end(self, logs=None):
