@@ -83,7 +83,8 @@ def bench_save_and_resume(keras, builder, repeats: int) -> dict:
              "tf.train.Checkpoint.restore(latest)", "<= 1.1x")):
         ratio = ms[ours_name] / ms[theirs]
         rows.append((what, ratio, target, met(ratio, target)))
-    return {"model": model.name, "bytes": nbytes, "ms": ms, "ratios": rows}
+    return {"model": model.name, "bytes": nbytes, "ms": ms, "ratios": rows,
+            "description": f"{model.name} + Adam state, {nbytes / 1e6:.0f} MB per checkpoint"}
 
 
 def _compat_tree(directory):
@@ -130,7 +131,9 @@ def bench_async(keras, builder, epochs: int, steps: int, batch: int, repeats: in
     ratio = ms["epoch with an async save per epoch"] / ms["epoch without saving"]
     rows.append(("epoch time with async saves / without saving", ratio, "<= 1.05x",
                  met(ratio, "<= 1.05x")))
-    return {"model": model.name, "batch": batch, "steps": steps, "ms": ms, "ratios": rows}
+    return {"model": model.name, "batch": batch, "steps": steps, "ms": ms, "ratios": rows,
+            "description": f"{model.name} + Adam in model.fit, batch {batch}, {steps} batches "
+                           f"per epoch, {epochs} epochs, one save per epoch"}
 
 
 def run(keras, builder, repeats: int, epochs: int, steps: int, batch: int) -> dict:
@@ -153,7 +156,7 @@ def main(argv=None) -> int:
     keras = bench_run._keras()
     results = run(keras, bench_run.build_mlp, args.repeats, args.epochs, args.steps, args.batch)
     for title, result in results.items():
-        print(f"\n[checkpointing: {title}] {result['model']}")
+        print(f"\n[checkpointing: {title}] {result['description']}")
         bench_run._print_result("", result)
     return 0
 

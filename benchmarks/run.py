@@ -2,7 +2,7 @@
 
 Usage:
   python benchmarks/run.py [--json results.json] [--repeats N] [--only a|b]
-                           [--section all|foundation|twins|migrate|ensemble]
+                           [--section all|foundation|twins|migrate|ensemble|checkpointing]
                            [--steps N] [--batch N] [--migrate-tensors N]
 
 Models:
@@ -158,7 +158,8 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--only", choices=["a", "b"], help="one model only")
     parser.add_argument("--section",
-                        choices=["all", "foundation", "twins", "migrate", "ensemble"],
+                        choices=["all", "foundation", "twins", "migrate", "ensemble",
+                                 "checkpointing"],
                         default="all")
     parser.add_argument("--migrate-tensors", type=int, default=16,
                         help="float32 4096x4096 tensors in the migrate source (16: ~1.07 GB)")
@@ -222,6 +223,15 @@ def main(argv=None) -> int:
             out.setdefault("freezer", []).append(result)
             print(f"\n[freezer] ({key}) {result['model']}, Adam step in a tf.function")
             _print_result(key, result)
+    if args.section in ("all", "checkpointing") and args.only != "b":
+        import bench_checkpointing
+
+        results = bench_checkpointing.run(keras, build_mlp, args.repeats, epochs=3, steps=24,
+                                          batch=32)
+        for title, result in results.items():
+            out.setdefault("checkpointing", []).append(result)
+            print(f"\n[checkpointing: {title}] (a) {result['description']}")
+            _print_result("a", result)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2)

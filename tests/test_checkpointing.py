@@ -75,6 +75,15 @@ def interrupter(keras, after_batches):
     return Interrupt()
 
 
+def session_flavour():
+    """The Keras flavour this environment's tests are about (its nox session)."""
+    if legacy_keras_env():
+        return "tf_keras"
+    import keras
+
+    return "keras3" if keras.__version__.startswith("3") else "keras2"
+
+
 def reference(flavour, kind="functional", epochs=3):
     _, model = make(flavour, kind)
     fit(model, [], epochs=epochs)
@@ -151,7 +160,7 @@ def test_checkpoints_are_standard_and_finished_runs_do_not_retrain(tmp_path, fla
 
 
 def test_keeps_newest_and_best_and_the_best_set_survives_restarts(tmp_path):
-    keras, model = make("keras3" if not legacy_keras_env() else "tf_keras")
+    keras, model = make(session_flavour())
     losses = []
 
     class Loss(keras.callbacks.Callback):
@@ -179,8 +188,8 @@ def test_keeps_newest_and_best_and_the_best_set_survives_restarts(tmp_path):
 # --- damaged directories ----------------------------------------------------------------
 
 
-def _three_checkpoints(tmp_path, flavour="keras3"):
-    keras, model = make(flavour if not legacy_keras_env() else "tf_keras")
+def _three_checkpoints(tmp_path):
+    keras, model = make(session_flavour())
     callback = Checkpointing(tmp_path, max_to_keep=3, save_freq=4)
     fit(model, [callback])
     return keras, model, callback
@@ -248,7 +257,7 @@ def test_disk_full_raises_typed_error_and_leaves_earlier_checkpoints(tmp_path, s
 
 @pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
 def test_on_error_warn_keeps_training(tmp_path, async_save):
-    keras, model = make("keras3" if not legacy_keras_env() else "tf_keras")
+    keras, model = make(session_flavour())
     failing = [True]
 
     def hook(name):
@@ -332,7 +341,7 @@ def test_best_snapshot_keeps_and_restores_the_best_epoch(flavour, mode):
 
 
 def test_best_snapshot_warns_when_monitor_is_missing():
-    keras, model = make("keras3" if not legacy_keras_env() else "tf_keras")
+    keras, model = make(session_flavour())
     best = BestSnapshot()  # val_loss: no validation data
     before = values(model)
     with pytest.warns(UserWarning, match="'val_loss' is not in the logs"):
@@ -443,8 +452,7 @@ def probe_optimizer_built(model):
 
 
 def test_sigterm_saves_once_more_then_stops(tmp_path):
-    flavour = "tf_keras" if legacy_keras_env() else "keras3"
-    native(flavour)
+    flavour = session_flavour()
     server = Server(flavour)
     try:
         job = dict(epochs=3, save_freq="epoch")
