@@ -23,14 +23,13 @@ from __future__ import annotations
 import math
 import os
 import re
-import threading
 import time
 import uuid
 import warnings
 
 import tensorflow as tf
 
-from objckpt import _compat, _dirlock, _snapshot, _tree, errors
+from objckpt import _asyncwrite, _compat, _dirlock, _snapshot, _tree, errors
 
 __all__ = ["CheckpointDirectory", "Kept"]
 
@@ -102,7 +101,7 @@ class CheckpointDirectory:
         self._layout = None  # (fingerprint, tree, keys, graph bytes)
         self._next = 1
         self._lock = _dirlock.DirectoryLock(self.directory)
-        self._writer = _Writer(self) if async_save else None
+        self._writer = _asyncwrite.Writer(self) if async_save else None
 
     # --- opening and resuming ---------------------------------------------------
 
@@ -355,63 +354,6 @@ class CheckpointDirectory:
     def _warn(self, message: str) -> None:
         self.notes.append(message)
         warnings.warn(message, RuntimeWarning, stacklevel=3)
-
-
-class _Writer:
-    """One background thread that writes and commits snapshots, newest wins.
-
-    At most one write runs and one waits; a newer save replaces the waiting
-    one (it is superseded: never written). Errors are kept for the training
-    thread, which raises or warns at its next save or at `wait()`.
-    """
-
-    def __init__(self, owner: CheckpointDirectory):
-        self._owner = owner
-        self._cond = threading.Condition()
-        self._waiting = None
-        self._busy = False
-        self._error: BaseException | None = None
-        self._thread = None
-
-    def submit(self, job) -> None:
-        with self._cond:
-            if self._waiting is not None:
-                self._owner.superseded += 1
-            self._waiting = job
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="objckpt-writer",
-                                                daemon=True)
-                self._thread.start()
-            self._cond.notify_all()
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                if self._waiting is None:
-                    self._thread = None
-                    self._cond.notify_all()
-                    return
-                job, self._waiting, self._busy = self._waiting, None, True
-            try:
-                self._owner._write(*job)
-            except BaseException as err:  # handed to the training thread
-                with self._cond:
-                    self._error = err
-            finally:
-                with self._cond:
-                    self._busy = False
-                    self._cond.notify_all()
-
-    def wait(self) -> None:
-        with self._cond:
-            while self._busy or self._waiting is not None:
-                self._cond.wait()
-
-    def raise_pending(self) -> None:
-        with self._cond:
-            error, self._error = self._error, None
-        if error is not None:
-            raise error
 
 
 def _listdir(directory: str) -> list[str]:

@@ -322,135 +322,32 @@ class Checkpointing(_FlavourFreeCallback):
         self.manager = None
         self.resumed_from = None
         self.saved: list[str] = []
-        self._skip_until = 0
-        self._epoch_start_step = 0
-        self._sigterm = self._stopped = False
-        self._previous_handler = None
-        self._warned_monitor = False
+        self._fit = None  # an objckpt._fitckpt.FitCheckpointer, from the first fit on
 
     def _implements_train_batch_hooks(self):
         return True
 
     def on_train_begin(self, logs=None):
-        from objckpt import _checkpointing, _compat
+        from objckpt import _fitckpt
 
-        model = self.model
-        if self.manager is not None:
-            self.manager._lock.release()  # an earlier fit of ours that raised
-        if self.manager is None or self.manager.root.model is not model:
-            self.manager = _checkpointing.CheckpointDirectory(
-                self.directory, model, max_to_keep=self.max_to_keep, keep_best=self.keep_best,
-                mode=self.mode, async_save=self.async_save, on_error=self.on_error,
-                fingerprint=lambda: _compat.fingerprint(model))
-        manager, self.saved, self.resumed_from = self.manager, [], None
-        latest = manager.open()
-        try:
-            for variable in manager.counters.values():
-                variable.assign(0)
-            self._skip_until = 0
-            if latest is not None:
-                self._resume(latest)
-        except BaseException:
-            manager.close()
-            raise
-        self._epoch_start_step = int(manager.counters["step"].numpy()) - self._skip_until
-        self._install_sigterm()
-
-    def _resume(self, latest):
-        from objckpt import _compat
-
-        model, manager = self.model, self.manager
-        if _compat.is_unbuilt(model):
-            raise errors.UnbuiltModelError(
-                f"Checkpointing: cannot resume from `{latest.prefix}` into {type(model).__name__}"
-                " because it is not built yet. Expected a built model at the start of fit. "
-                "Fix: build it first (call it on a batch, or model.build(input_shape)).")
-        optimizer = getattr(model, "optimizer", None)
-        if optimizer is not None and callable(getattr(optimizer, "apply_gradients", None)):
-            _compat.build_optimizer(optimizer, model.trainable_variables)
-        manager.restore(latest)
-        self.resumed_from = latest.prefix
-        epoch = int(manager.counters["epoch"].numpy())
-        self._skip_until = int(manager.counters["batch"].numpy())
-        _compat.set_fit_start_epoch(model, epoch)
-        _compat.skip_fit_batches(model, self._skip_until // _compat.steps_per_execution(model))
-
-    def _install_sigterm(self):
-        import signal
-        import threading
-
-        self._sigterm = self._stopped = False
-        if threading.current_thread() is not threading.main_thread():
-            return
-
-        def on_sigterm(signum, frame):
-            self._sigterm = True
-
-        self._previous_handler = signal.signal(signal.SIGTERM, on_sigterm)
+        if self._fit is None:
+            self._fit = _fitckpt.FitCheckpointer(self)
+        self._fit.begin(self.model)
 
     def _save(self, logs):
-        value = (logs or {}).get(self.monitor)
-        if value is None and self.keep_best and not self._warned_monitor:
-            import warnings
-
-            self._warned_monitor = True
-            warnings.warn(f"Checkpointing: monitor {self.monitor!r} is not in the logs (keys: "
-                          f"{sorted(logs or {})}); these checkpoints cannot count as best. Fix: "
-                          "pass validation_data, or monitor a key that fit logs.", stacklevel=3)
-        prefix = self.manager.save(None if value is None else float(value))
-        if prefix is not None:
-            self.saved.append(prefix)
+        self._fit.save(logs)
 
     def on_epoch_begin(self, epoch, logs=None):
-        counters = self.manager.counters
-        counters["epoch"].assign(epoch)
-        if self._skip_until == 0:
-            counters["batch"].assign(0)
-            self._epoch_start_step = int(counters["step"].numpy())
+        self._fit.epoch_begin(epoch)
 
     def on_train_batch_end(self, batch, logs=None):
-        if batch + 1 <= self._skip_until:
-            return  # a batch the restored checkpoint had trained on already
-        self._skip_until = 0
-        counters = self.manager.counters
-        before = int(counters["step"].numpy())
-        step = self._epoch_start_step + batch + 1
-        counters["batch"].assign(batch + 1)
-        counters["step"].assign(step)
-        if (self.save_freq != "epoch" and step // self.save_freq > before // self.save_freq) \
-                or self._sigterm:
-            self._save(logs)
-        if self._sigterm:
-            self._stopped = True
-            self.model.stop_training = True
+        self._fit.batch_end(batch, logs)
 
     def on_epoch_end(self, epoch, logs=None):
-        if self._stopped:  # by SIGTERM, mid-epoch: the epoch is not done, and was saved
-            return
-        self._skip_until = 0
-        counters = self.manager.counters
-        counters["epoch"].assign(epoch + 1)
-        counters["batch"].assign(0)
-        if self.save_freq == "epoch" or self._sigterm:
-            self._save(logs)
-        if self._sigterm:
-            self._stopped = True
-            self.model.stop_training = True
+        self._fit.epoch_end(epoch, logs)
 
     def on_train_end(self, logs=None):
-        import signal
-
-        from objckpt import _compat
-
-        _compat.set_fit_start_epoch(self.model, None)
-        try:
-            self.manager.close()
-        finally:
-            if self._previous_handler is not None:
-                signal.signal(signal.SIGTERM, self._previous_handler)
-                self._previous_handler = None
-                if self._sigterm:  # saved once more: now let the signal take its course
-                    signal.raise_signal(signal.SIGTERM)
+        self._fit.end(self.model)
 
 
 class BestSnapshot(_FlavourFreeCallback):

@@ -1,0 +1,139 @@
+"""What `callbacks.Checkpointing` does inside `model.fit`: counters, resume, SIGTERM.
+
+The callback is a thin adapter; this module keeps the position of training
+(epoch, batch in the epoch, global step), resumes it from the newest intact
+checkpoint (starting epoch and skipped batches, through `_compat`), decides
+when to save, and turns a SIGTERM into one more save and a stop.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import warnings
+
+from objckpt import _checkpointing, _compat, errors
+
+
+class FitCheckpointer:
+    """Drives a `CheckpointDirectory` from the hooks of one `Checkpointing` callback."""
+
+    def __init__(self, callback):
+        self.callback = callback
+        self.manager = None
+        self.epoch = self.step = self.batch = 0
+        self._epoch_start_step = 0
+        self._skip_until = 0  # batches of the resumed epoch the checkpoint had trained on
+        self._sigterm = self._stopped = False
+        self._previous_handler = None
+        self._warned_monitor = False
+
+    # --- hooks ----------------------------------------------------------------------
+
+    def begin(self, model) -> None:
+        cb = self.callback
+        if self.manager is not None:
+            self.manager._lock.release()  # an earlier fit of ours that raised
+        if self.manager is None or self.manager.root.model is not model:
+            self.manager = _checkpointing.CheckpointDirectory(
+                cb.directory, model, max_to_keep=cb.max_to_keep, keep_best=cb.keep_best,
+                mode=cb.mode, async_save=cb.async_save, on_error=cb.on_error,
+                fingerprint=lambda: _compat.fingerprint(model))
+        cb.manager, cb.saved, cb.resumed_from = self.manager, [], None
+        latest = self.manager.open()
+        try:
+            self.epoch = self.step = self.batch = self._skip_until = 0
+            if latest is not None:
+                self._resume(model, latest)
+        except BaseException:
+            self.manager.close()
+            raise
+        self._epoch_start_step = self.step - self._skip_until
+        self._install_sigterm()
+
+    def _resume(self, model, latest) -> None:
+        if _compat.is_unbuilt(model):
+            raise errors.UnbuiltModelError(
+                f"Checkpointing: cannot resume from `{latest.prefix}` into {type(model).__name__}"
+                " because it is not built yet. Expected a built model at the start of fit. "
+                "Fix: build it first (call it on a batch, or model.build(input_shape)).")
+        optimizer = getattr(model, "optimizer", None)
+        if optimizer is not None and callable(getattr(optimizer, "apply_gradients", None)):
+            _compat.build_optimizer(optimizer, model.trainable_variables)
+        self.manager.restore(latest)
+        self.callback.resumed_from = latest.prefix
+        counters = {name: int(v.numpy()) for name, v in self.manager.counters.items()}
+        self.epoch, self.step, self.batch = counters["epoch"], counters["step"], counters["batch"]
+        self._skip_until = self.batch
+        _compat.set_fit_start_epoch(model, self.epoch)
+        _compat.skip_fit_batches(model, self.batch // _compat.steps_per_execution(model))
+
+    def _install_sigterm(self) -> None:
+        self._sigterm = self._stopped = False
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def on_sigterm(signum, frame):
+            self._sigterm = True
+
+        self._previous_handler = signal.signal(signal.SIGTERM, on_sigterm)
+
+    def epoch_begin(self, epoch) -> None:
+        self.epoch = epoch
+        if self._skip_until == 0:
+            self.batch = 0
+            self._epoch_start_step = self.step
+
+    def batch_end(self, batch, logs) -> None:
+        if batch + 1 <= self._skip_until:
+            return  # a batch the restored checkpoint had trained on already
+        self._skip_until = 0
+        before, freq = self.step, self.callback.save_freq
+        self.batch, self.step = batch + 1, self._epoch_start_step + batch + 1
+        if (freq != "epoch" and self.step // freq > before // freq) or self._sigterm:
+            self.callback._save(logs)
+        if self._sigterm:
+            self._stop()
+
+    def epoch_end(self, epoch, logs) -> None:
+        if self._stopped:  # by SIGTERM, mid-epoch: the epoch is not done, and was saved
+            return
+        self._skip_until = 0
+        self.epoch, self.batch = epoch + 1, 0
+        if self.callback.save_freq == "epoch" or self._sigterm:
+            self.callback._save(logs)
+        if self._sigterm:
+            self._stop()
+
+    def _stop(self) -> None:
+        self._stopped = True
+        self.callback.model.stop_training = True
+
+    def end(self, model) -> None:
+        _compat.set_fit_start_epoch(model, None)
+        try:
+            self.manager.close()
+        finally:
+            if self._previous_handler is not None:
+                signal.signal(signal.SIGTERM, self._previous_handler)
+                self._previous_handler = None
+                if self._sigterm:  # saved once more: now let the signal take its course
+                    signal.raise_signal(signal.SIGTERM)
+
+    # --- saving -----------------------------------------------------------------------
+
+    def save(self, logs) -> None:
+        """Writes the next checkpoint with the current position and monitored value."""
+        cb = self.callback
+        value = (logs or {}).get(cb.monitor)
+        if value is None and cb.keep_best and not self._warned_monitor:
+            self._warned_monitor = True
+            warnings.warn(f"Checkpointing: monitor {cb.monitor!r} is not in the logs (keys: "
+                          f"{sorted(logs or {})}); these checkpoints cannot count as best. Fix: "
+                          "pass validation_data, or monitor a key that fit logs.", stacklevel=4)
+        counters = self.manager.counters
+        for name, number in (("epoch", self.epoch), ("step", self.step), ("batch", self.batch)):
+            counters[name].assign(number)
+        prefix = self.manager.save(None if value is None else float(value))
+        if prefix is not None:
+            cb.saved.append(prefix)
