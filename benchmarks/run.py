@@ -226,8 +226,7 @@ def main(argv=None) -> int:
     if args.section in ("all", "checkpointing") and args.only != "b":
         import bench_checkpointing
 
-        results = bench_checkpointing.run(keras, build_mlp, args.repeats, epochs=3, steps=24,
-                                          batch=32)
+        results = bench_checkpointing.run(keras, build_mlp, args.repeats)
         for title, result in results.items():
             out.setdefault("checkpointing", []).append(result)
             print(f"\n[checkpointing: {title}] (a) {result['description']}")

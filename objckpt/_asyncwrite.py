@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 
 
@@ -33,6 +34,7 @@ class Writer:
             self._cond.notify_all()
 
     def _run(self) -> None:
+        _lower_priority()
         while True:
             with self._cond:
                 if self._waiting is None:
@@ -60,3 +62,16 @@ class Writer:
             error, self._error = self._error, None
         if error is not None:
             raise error
+
+
+def _lower_priority() -> None:
+    """Makes the calling thread yield the CPU to training (Linux: nice 10, this thread only).
+
+    The write itself (checksums, copies into the page cache) runs in this
+    thread; at a lower priority it fills the CPU time training leaves idle
+    instead of slowing the training step.
+    """
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+    except (AttributeError, OSError):  # not Linux, or not allowed: normal priority
+        pass

@@ -127,7 +127,8 @@ class CheckpointDirectory:
             prefix = self._prefix(number)
             problem = _tree._check_intact(prefix)
             if problem is None:
-                kept.append(Kept(number, prefix, self._read_metric(prefix)))
+                metric = self._read_metric(prefix) if self.keep_best else math.nan
+                kept.append(Kept(number, prefix, metric))
             else:
                 damaged.append(f"`{prefix}`: {problem}")
         if damaged:
@@ -292,16 +293,13 @@ class CheckpointDirectory:
     def _retain(self) -> list[Kept]:
         """Drops checkpoints beyond the newest max_to_keep and best keep_best; returns them."""
         keep = {k.number for k in self.kept[-self.max_to_keep:]}
-        sign = 1.0 if self.mode == "min" else -1.0
-        ranked = sorted((k for k in self.kept if not math.isnan(k.metric)),
-                        key=lambda k: (sign * k.metric, k.number))
-        keep.update(k.number for k in ranked[:self.keep_best])
+        keep.update(k.number for k in self.best()[:self.keep_best])
         dropped = [k for k in self.kept if k.number not in keep]
         self.kept = [k for k in self.kept if k.number in keep]
         return dropped
 
     def best(self) -> list[Kept]:
-        """The kept checkpoints with a metric, best first."""
+        """The kept checkpoints with a metric, best first (ties: the older first)."""
         sign = 1.0 if self.mode == "min" else -1.0
         return sorted((k for k in self.kept if not math.isnan(k.metric)),
                       key=lambda k: (sign * k.metric, k.number))

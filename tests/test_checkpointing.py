@@ -342,6 +342,19 @@ def test_best_snapshot_keeps_and_restores_the_best_epoch(flavour, mode):
     assert_bit_identical(per_epoch[pick], values(model))
 
 
+def test_best_snapshot_without_restore_at_end_leaves_the_last_weights():
+    keras, model = make(session_flavour())
+    model.optimizer.learning_rate.assign(0.3)
+    best = BestSnapshot(monitor="loss", restore_at_end=False)
+    fit(model, [best], epochs=4)
+    last = values(model)
+    assert best.best_epoch is not None
+    objckpt.restore(model, best.snapshot)
+    restored = values(model)
+    assert (best.best_epoch == 3) == all(last[p].tobytes() == restored[p].tobytes()
+                                         for p in last)
+
+
 def test_best_snapshot_warns_when_monitor_is_missing():
     keras, model = make(session_flavour())
     best = BestSnapshot()  # val_loss: no validation data
