@@ -664,4 +664,12 @@ def skip_fit_batches(model, calls: int) -> None:
         return {}
 
     if calls > 0:
+        train_function.objckpt_original = original
         model.train_function = train_function
+
+
+def unskip_fit_batches(model) -> None:
+    """Removes a `skip_fit_batches` wrapper still in place (a fit that raised early)."""
+    original = getattr(getattr(model, "train_function", None), "objckpt_original", None)
+    if original is not None:
+        model.train_function = original

@@ -40,6 +40,7 @@ class FitCheckpointer:
                 mode=cb.mode, async_save=cb.async_save, on_error=cb.on_error,
                 fingerprint=lambda: _compat.fingerprint(model))
         cb.manager, cb.saved, cb.resumed_from = self.manager, [], None
+        _compat.unskip_fit_batches(model)
         latest = self.manager.open()
         try:
             self.epoch = self.step = self.batch = self._skip_until = 0
@@ -111,6 +112,7 @@ class FitCheckpointer:
 
     def end(self, model) -> None:
         _compat.set_fit_start_epoch(model, None)
+        _compat.unskip_fit_batches(model)
         try:
             self.manager.close()
         finally:
