@@ -302,6 +302,16 @@ def test_second_process_on_the_directory_gets_a_lock_error(tmp_path):
     fit(model, [Checkpointing(tmp_path, max_to_keep=3, save_freq=4)], epochs=4)
 
 
+def test_constructing_the_callbacks_does_not_import_tensorflow():
+    code = ("import sys; from objckpt.callbacks import BestSnapshot, Checkpointing; "
+            "Checkpointing('/tmp/objckpt-unused', keep_best=1); BestSnapshot(); "
+            "print('tensorflow' in sys.modules, 'keras' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=os.path.dirname(HERE), check=True).stdout.split()
+    assert out == ["False", "False"]
+    assert not os.path.exists("/tmp/objckpt-unused")  # nothing is created before fit
+
+
 def test_arguments_are_validated():
     cases = [({"max_to_keep": 0}, "max_to_keep must be an int >= 1"),
              ({"keep_best": -1}, "keep_best must be an int >= 0"),
