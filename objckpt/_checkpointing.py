@@ -141,7 +141,7 @@ class CheckpointDirectory:
         for number in on_disk:  # uncommitted, half-deleted or damaged: debris
             if all(k.number != number for k in kept):
                 self._delete_files(number, hook=False)
-        self._next = max(on_disk, default=0) + 1
+        self._next = max([*on_disk, *listed], default=0) + 1  # never reuse a number
         if kept and (not state_ok or listed != [k.number for k in kept]):
             self._write_state()
         return kept[-1] if kept else None
