@@ -283,7 +283,9 @@ class Checkpointing(_FlavourFreeCallback):
 
     Attributes:
       resumed_from: the prefix restored at the start of the last fit, or None.
-      saved: prefixes saved during the last fit, in order.
+      saved: prefixes saved during the last fit, in order (with async_save:
+        submitted; one still waiting when a newer save comes is superseded and
+        never written, see `manager.superseded`).
       manager: the `CheckpointDirectory` (its `kept` and `best()` list the
         checkpoints kept).
 
