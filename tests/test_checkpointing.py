@@ -528,7 +528,7 @@ def test_fifty_random_sigkills_never_lose_the_newest_checkpoint(tmp_path):
     server = Server("keras3")
     kills, newest, restarts = 0, None, 0
     try:
-        job = dict(epochs=12, save_freq=1, max_to_keep=2)
+        job = dict(epochs=8, save_freq=1, max_to_keep=2)
         pid = server.start(dir=str(tmp_path / "ref"), out=str(tmp_path / "ref.npz"), **job)
         wait_until_training(tmp_path / "ref", pid)
         start = time.time()
