@@ -132,11 +132,20 @@ def _object_source(prefix: str, notes) -> Source:
     def entry(path):
         return entries[aliases.get(path, path)]
 
+    def subtree(at):
+        # As at the root: a variable whose path within `at` runs through an optimizer
+        # (a trained Keras 3 model) is also found by its path through the layers.
+        view = _tree.subtree_paths(entries.object_graph, at)
+        network = _tree.subtree_paths(entries.object_graph, at, skip_optimizers=True)
+        for path, full in network.items():
+            view.setdefault(path, full)
+        return view
+
     return Source(
         f"checkpoint `{prefix}`", "object", specs,
         lambda paths: _restore_v2(prefix, [entry(p).key for p in paths],
                                   [entry(p).dtype for p in paths]),
-        lambda at: _tree.subtree_paths(entries.object_graph, at),
+        subtree,
         _tree.top_level_names(entries.object_graph), prefix, tuple(notes),
         {path: e.name for path, e in entries.items() if e.name}, aliases)
 

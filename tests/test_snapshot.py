@@ -492,3 +492,34 @@ def test_console_script(tmp_path):
                             timeout=120, check=False)
     assert result.returncode == 0, result.stderr
     assert f"checkpoint {prefix}: 1 variable, 2 parameters, 8 B" in result.stdout
+
+
+def nested_model(keras):
+    keras.utils.set_random_seed(1)
+    inner = keras.Sequential([keras.layers.Dense(8, activation="relu"), keras.layers.Dense(8)],
+                             name="inner")
+    inputs = keras.Input((4,))
+    x = inner(keras.layers.Dense(8, name="first")(inputs))
+    model = keras.Model(inputs, keras.layers.Dense(1, name="out")(x))
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    return model
+
+
+@pytest.mark.parametrize("flavour", [f for f in FLAVOURS if f != "module"])
+def test_trained_model_under_a_named_subtree_restores_into_an_untrained_copy(flavour, tmp_path):
+    """tf.train.Checkpoint(model=m) of a trained model: a Keras 3 nested Sequential's weights
+    have canonical paths through the optimizer; at="model" still finds them by layer path."""
+    keras = keras_for(flavour)
+    trained = nested_model(keras)
+    trained.fit(np.ones((8, 4)), np.ones((8, 1)), epochs=1, verbose=0)
+    prefix = tf.train.Checkpoint(model=trained, epoch=tf.Variable(3)).write(
+        str(tmp_path / "ck"))
+    network = dict(objckpt._compat.network_variable_paths(trained))
+    assert len(network) == 8
+    for at in ("model", None):  # None: the `model` subtree is found and the report says so
+        fresh = nested_model(keras)
+        report = objckpt.restore(fresh, prefix, at=at, optimizer_state=False)
+        assert len(report.restored) == 8
+        got = dict(objckpt._compat.network_variable_paths(fresh))
+        for path, variable in network.items():
+            assert got[path].numpy().tobytes() == variable.numpy().tobytes(), (at, path)
