@@ -133,7 +133,7 @@ def bench_async(keras, builder, epochs: int, steps: int, batch: int, repeats: in
         ends = EpochEnds()
         start = time.perf_counter()
         model.fit(x, y, epochs=epochs, batch_size=batch, shuffle=False, verbose=0,
-                  callbacks=callbacks + [ends])  # after the save: its blocking counts
+                  callbacks=[*callbacks, ends])  # after the save: its blocking counts
         whole = (time.perf_counter() - start) / epochs
         return list(np.diff(ends.times)), whole
 

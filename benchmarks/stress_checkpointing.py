@@ -19,6 +19,7 @@ the exit status is 1 if any count but kills is non-zero.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import shutil
@@ -34,11 +35,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+import test_checkpointing as t  # noqa: E402  (the Server and helpers of the fault tests)
 
 import objckpt  # noqa: E402
 from objckpt import _compat  # noqa: E402
-
-import test_checkpointing as t  # noqa: E402  (the Server and helpers of the fault tests)
 
 
 def main(argv=None) -> int:
@@ -75,10 +75,8 @@ def main(argv=None) -> int:
             pid = server.start(dir=directory, out=out, **{**job, "async": rng.random() < 0.5})
             t.wait_until_training(directory, pid)
             time.sleep(rng.uniform(0.0, 0.9) * span)
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             code = server.finish()
             if code == 0:
                 counts["completed runs"] += 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 
@@ -71,7 +72,6 @@ def _lower_priority() -> None:
     thread; at a lower priority it fills the CPU time training leaves idle
     instead of slowing the training step.
     """
-    try:
+    # Not Linux, or not allowed: normal priority.
+    with contextlib.suppress(AttributeError, OSError):
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
-    except (AttributeError, OSError):  # not Linux, or not allowed: normal priority
-        pass

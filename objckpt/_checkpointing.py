@@ -20,6 +20,7 @@ removes. Everything written is a standard object-based checkpoint, so
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
@@ -261,7 +262,7 @@ class CheckpointDirectory:
             os.replace(temp + ".index", prefix + ".index")
             _stage("index")
             previous = list(self.kept)
-            self.kept = previous + [Kept(number, prefix, metric)]
+            self.kept = [*previous, Kept(number, prefix, metric)]
             dropped = self._retain()
             try:
                 self._write_state()
@@ -362,7 +363,5 @@ def _listdir(directory: str) -> list[str]:
 
 
 def _remove(path: str) -> None:
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.remove(path)
-    except FileNotFoundError:
-        pass

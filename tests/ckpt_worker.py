@@ -22,13 +22,14 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import numpy as np
+import tensorflow as tf  # noqa: F401  (imported once, before the fork server forks)
 
-import flavours  # noqa: E402
-import objckpt  # noqa: E402
-from objckpt import _checkpointing  # noqa: E402
-from objckpt.callbacks import Checkpointing  # noqa: E402
+import objckpt
+from objckpt import _checkpointing
+from objckpt.callbacks import Checkpointing
+
+import flavours
 
 
 def build(flavour, kind):

@@ -5,6 +5,7 @@ training workers from `ckpt_worker.py` (one TensorFlow import per flavour)
 and SIGKILL them at fault-hook stages and at random moments.
 """
 
+import contextlib
 import errno
 import json
 import os
@@ -125,7 +126,7 @@ def test_interrupted_fit_resumes_bit_identical(tmp_path, flavour, kind, async_sa
 
 @pytest.mark.parametrize("flavour", KERAS_FLAVOURS)
 def test_checkpoints_are_standard_and_finished_runs_do_not_retrain(tmp_path, flavour):
-    keras, model = make(flavour)
+    _keras, model = make(flavour)
     callback = Checkpointing(tmp_path, max_to_keep=2, monitor="loss")
     history = fit(model, [callback])
     trained = values(model)
@@ -242,7 +243,7 @@ def _disk_full(stage):
 
 @pytest.mark.parametrize("stage", ["write", "data", "index"])
 def test_disk_full_raises_typed_error_and_leaves_earlier_checkpoints(tmp_path, stage):
-    _, model, callback = _three_checkpoints(tmp_path)
+    _, _model, callback = _three_checkpoints(tmp_path)
     before = {n: (tmp_path / n).read_bytes() for n in os.listdir(tmp_path)}
     _checkpointing.fault_hook = _disk_full(stage)
     callback.manager.open()
@@ -258,7 +259,7 @@ def test_disk_full_raises_typed_error_and_leaves_earlier_checkpoints(tmp_path, s
 
 @pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
 def test_on_error_warn_keeps_training(tmp_path, async_save):
-    keras, model = make(session_flavour())
+    _keras, model = make(session_flavour())
     failing = [True]
 
     def hook(name):
@@ -356,7 +357,7 @@ def test_best_snapshot_keeps_and_restores_the_best_epoch(flavour, mode):
 
 
 def test_best_snapshot_without_restore_at_end_leaves_the_last_weights():
-    keras, model = make(session_flavour())
+    _keras, model = make(session_flavour())
     model.optimizer.learning_rate.assign(0.3)
     best = BestSnapshot(monitor="loss", restore_at_end=False)
     fit(model, [best], epochs=4)
@@ -369,7 +370,7 @@ def test_best_snapshot_without_restore_at_end_leaves_the_last_weights():
 
 
 def test_best_snapshot_warns_when_monitor_is_missing():
-    keras, model = make(session_flavour())
+    _keras, model = make(session_flavour())
     best = BestSnapshot()  # val_loss: no validation data
     before = values(model)
     with pytest.warns(UserWarning, match="'val_loss' is not in the logs"):
@@ -540,10 +541,8 @@ def test_fifty_random_sigkills_never_lose_the_newest_checkpoint(tmp_path):
                                **{**job, "async": kills % 2 == 1})
             wait_until_training(directory, pid)
             time.sleep(rng.uniform(0.0, 0.9) * span)
-            try:
+            with contextlib.suppress(ProcessLookupError):  # finished already
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:  # finished already
-                pass
             code = server.finish()
             if code == 0:  # it finished before the kill landed: start over in a new directory
                 restarts += 1
