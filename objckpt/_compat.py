@@ -207,6 +207,77 @@ def _single_threaded_executor():
     return _context.function_executor_type("SINGLE_THREADED_EXECUTOR")
 
 
+# Below this many variable pairs the packed path gains nothing measurable.
+_PACK_MIN = 32
+
+
+def packed_pairs_call(kind: str, current, past):
+    """An eager-only callable applying `kind` to variable pairs, or None.
+
+    kinds: "copy" (past = current), "swap", "blend" (called with a float64
+    scalar tau < 1: past = tau * current + (1 - tau) * past).
+
+    The pairs' handles are stacked into two resource tensors once, and the
+    traced function unstacks them: one function input per side instead of
+    one per variable (about 10% less time for 500 pairs, where the TF
+    executor's cost per node is all there is). Only for plain resource
+    variables on the CPU: a stacked handle hides which variables a call
+    touches, so this is never used inside a graph, where TF's automatic
+    control dependencies need to see them.
+    """
+    variables = (*current, *past)
+    if len(current) < _PACK_MIN or not all(
+            type(v) is _ResourceVariable and _on_cpu(v) for v in variables):
+        return None
+    count = len(current)
+    with tf.init_scope():
+        handles = (tf.stack([v.handle for v in current]), tf.stack([v.handle for v in past]))
+    dtypes = [v.dtype for v in current]
+    spec = tf.TensorSpec([count], tf.resource)
+
+    def read(handle, dtype):
+        return tf.raw_ops.ReadVariableOp(resource=handle, dtype=dtype)
+
+    def body(current_handles, past_handles, *tau):
+        pairs = zip(tf.unstack(current_handles, count), tf.unstack(past_handles, count), dtypes)
+        if kind == "copy":
+            for c, p, dtype in pairs:
+                tf.raw_ops.AssignVariableOp(resource=p, value=read(c, dtype))
+        elif kind == "swap":
+            pairs = list(pairs)
+            values = [(read(c, d), read(p, d)) for c, p, d in pairs]
+            for (c, p, _), (cv, pv) in zip(pairs, values):
+                tf.raw_ops.AssignVariableOp(resource=c, value=pv)
+                tf.raw_ops.AssignVariableOp(resource=p, value=cv)
+        else:
+            coefficients = {}
+            for c, p, dtype in pairs:
+                value = read(c, dtype)
+                if not (dtype.is_floating or dtype.is_complex):
+                    tf.raw_ops.AssignVariableOp(resource=p, value=value)
+                    continue
+                if dtype not in coefficients:
+                    coefficients[dtype] = polyak_coefficients(tau[0], dtype)
+                scale, proximal = coefficients[dtype]
+                if proximal is not None:  # see polyak_update
+                    alpha, l1, l2 = proximal
+                    tf.raw_ops.ResourceApplyProximalGradientDescent(
+                        var=p, alpha=alpha, l1=l1, l2=l2, delta=value)
+                else:
+                    tf.raw_ops.ResourceApplyGradientDescent(
+                        var=p, alpha=scale, delta=read(p, dtype) - value)
+
+    specs = [spec, spec] + ([tf.TensorSpec((), tf.float64)] if kind == "blend" else [])
+    concrete = tf.function(body, autograph=False).get_concrete_function(*specs)
+    call_flat = concrete._call_flat
+
+    def call(*tau):
+        with _single_threaded_executor():
+            call_flat([*handles, *tau], concrete.captured_inputs)
+
+    return call
+
+
 def called_cond(pred, true_fn, false_fn):
     """`tf.cond` (in a graph) whose branches run as function calls.
 

@@ -230,5 +230,20 @@ def _build(kind: str, current: list, past: list):
     else:
         def body(tau):
             tf.cond(tau < 1.0, lambda: blend(tau), copy)
-    return _compat.fused_call(body, [] if kind in ("copy", "swap")
-                              else [tf.TensorSpec((), tf.float64)])
+    traced = _compat.fused_call(body, [] if kind in ("copy", "swap")
+                                else [tf.TensorSpec((), tf.float64)])
+    packed = None
+    if kind != "blend_or_copy":
+        packed = _compat.packed_pairs_call(kind, current, past)
+    if packed is None:
+        return traced
+
+    def call(*args):
+        # Eagerly, the packed function (one input per side); in a graph, the traced
+        # one, whose captured handles let TF order it against the step's updates.
+        if tf.executing_eagerly():
+            return packed(*args)
+        return traced(*args)
+
+    call.function = traced.function
+    return call
