@@ -140,31 +140,23 @@ _UNCOPYABLE = tuple(t for t in (
 ) if t is not None)
 
 
-class _Path:
-    """A lazily formatted attribute path (parent, step): cheap to build."""
-
-    __slots__ = ("key", "kind", "parent")
-
-    def __init__(self, parent, kind, key=None):
-        self.parent, self.kind, self.key = parent, kind, key
-
-    def __str__(self):
-        steps = []
-        node = self
-        while node is not None:
-            steps.append(node)
-            node = node.parent
-        out = ""
-        for node in reversed(steps):
-            if node.kind == "root":
-                out += node.key
-            elif node.kind == "attr":
-                out += "." + node.key
-            elif node.kind == "item":
-                out += f"[{node.key!r}]"
-            else:
-                out += f".<{node.kind}{'' if node.key is None else ' ' + str(node.key)}>"
-        return out
+def _path_str(path) -> str:
+    """Formats an attribute path: nested (parent, kind, key) tuples, cheap to build."""
+    steps = []
+    while path is not None:
+        steps.append(path)
+        path = path[0]
+    out = ""
+    for _, kind, key in reversed(steps):
+        if kind == "root":
+            out += key
+        elif kind == "attr":
+            out += "." + key
+        elif kind == "item":
+            out += f"[{key!r}]"
+        else:
+            out += f".<{kind}{'' if key is None else ' ' + str(key)}>"
+    return out
 
 
 class _LateRef:
@@ -184,6 +176,16 @@ def _solid_base(cls):
         if new is not None and isinstance(new, types.BuiltinFunctionType):
             return klass
     return object
+
+
+@functools.cache
+def _reset_attrs(cls):
+    """The cached Keras attributes a clone of a cls instance starts without."""
+    return _KERAS_RESET_ATTRS if hasattr(cls, "make_train_function") else ()
+
+
+# What remap_key may change, besides _LateRef: ids, unique ids, tuples of them.
+_MAYBE_IDS = frozenset({str, int, tuple})
 
 
 # C bases whose instances clone can create empty and fill (see _Cloner.generic).
@@ -246,10 +248,15 @@ def _proxy_own_dict(proxy):
     return {}
 
 
+# Type -> name of the _Cloner method that copies its instances (classify is pure).
+_HANDLER_NAMES: dict[type, str] = {}
+
+
 class _Cloner:
-    def __init__(self, copy_values: bool, root_name: str):
+    def __init__(self, copy_values: bool, root_name: str, values: dict | None = None):
         self.copy_values = copy_values
-        self.root = _Path(None, "root", root_name)
+        self.values = values or {}  # id(original variable) -> initial value of its copy
+        self.root = (None, "root", root_name)
         self.memo: dict[int, object] = {}
         self.keep: list = []  # originals kept alive so their ids stay unique
         self.queue: collections.deque = collections.deque()
@@ -281,13 +288,13 @@ class _Cloner:
         return result
 
     def fail(self, x, path, why):
-        kind = type(x)
+        kind, where = type(x), _path_str(path)
         raise CloneError(
             f"objckpt.clone cannot copy the {kind.__module__}.{kind.__qualname__} at "
-            f"`{path}`: {why}. Expected only variables, layers, modules and plain Python "
+            f"`{where}`: {why}. Expected only variables, layers, modules and plain Python "
             "state. Fix: remove or reset that attribute before cloning, or build a fresh "
             "obj instead, e.g. objckpt.Twins(model, past=factory()) where factory() returns "
-            "a new, identically built model.", str(path), kind)
+            "a new, identically built model.", where, kind)
 
     # ------------------------------------------------------------ dispatch
     def copy(self, x, path):
@@ -298,10 +305,15 @@ class _Cloner:
             return self.memo[id(x)]
         except KeyError:
             pass
-        handler = self.handlers.get(cls)
-        if handler is None:
-            handler = self.handlers[cls] = self.classify(cls)
+        handler = self.handlers.get(cls) or self.handler(cls)
         return handler(x, path)
+
+    def handler(self, cls):
+        name = _HANDLER_NAMES.get(cls)
+        if name is None:
+            name = _HANDLER_NAMES[cls] = self.classify(cls).__name__
+        handler = self.handlers[cls] = getattr(self, name)
+        return handler
 
     def remember(self, x, new):
         self.memo[id(x)] = new
@@ -352,7 +364,7 @@ class _Cloner:
         if cls is frozenset:
             return self.copy_frozenset
         if cls is bytearray:
-            return lambda x, path: self.remember(x, bytearray(x))
+            return self.copy_bytearray
         if cls is collections.deque:
             return self.copy_deque
         if issubclass(cls, tuple):
@@ -369,6 +381,9 @@ class _Cloner:
     # ------------------------------------------------------------- leaves
     def copy_share(self, x, path):
         return x
+
+    def copy_bytearray(self, x, path):
+        return self.remember(x, bytearray(x))
 
     def copy_uncopyable(self, x, path):
         self.fail(x, path, "it holds a live operating-system or interpreter resource "
@@ -400,7 +415,10 @@ class _Cloner:
         name = re.sub(r":\d+$", "", name)
         try:
             with tf.device(v.device):
-                if self.copy_values:
+                value = self.values.pop(id(v), None)
+                if value is not None:
+                    pass  # checked against v by the caller (load_ensemble's plan)
+                elif self.copy_values:
                     value = v.value()
                 elif v.shape.is_fully_defined():
                     value = tf.zeros(v.shape, v.dtype)
@@ -422,15 +440,15 @@ class _Cloner:
         own = v.__dict__
         fresh = new.__dict__
         if own.get("_constraint") is not None:
-            fresh["_constraint"] = self.copy(own["_constraint"], _Path(path, "attr", "_constraint"))
+            fresh["_constraint"] = self.copy(own["_constraint"], (path, "attr", "_constraint"))
         for key, value in own.items():  # attributes added by Keras or the user
             if key not in fresh:
-                fresh[key] = self.value(self.copy(value, _Path(path, "attr", key)),
+                fresh[key] = self.value(self.copy(value, (path, "attr", key)),
                                         lambda r, key=key: fresh.__setitem__(key, r))
 
     def tf_function(self, f, path):
         python_function = f._python_function
-        copied = self.copy(python_function, _Path(path, "attr", "_python_function"))
+        copied = self.copy(python_function, (path, "attr", "_python_function"))
         if copied is python_function:
             return self.remember(f, f)  # stateless: tracing depends on arguments only
         kwargs = dict(input_signature=f.input_signature, autograph=f._autograph,
@@ -453,7 +471,7 @@ class _Cloner:
             return self.remember(fn, fn)
         cells = None
         if fn.__closure__ is not None:
-            cells = tuple(self.copy(c, _Path(path, "closure", name))
+            cells = tuple(self.copy(c, (path, "closure", name))
                           for c, name in zip(fn.__closure__, fn.__code__.co_freevars))
         new = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__,
                                  cells)
@@ -481,8 +499,8 @@ class _Cloner:
         new.cell_contents = self.value(value, lambda r: setattr(new, "cell_contents", r))
 
     def copy_method(self, m, path):
-        func = self.copy(m.__func__, _Path(path, "attr", "__func__"))
-        owner = self.copy(m.__self__, _Path(path, "attr", "__self__"))
+        func = self.copy(m.__func__, (path, "attr", "__func__"))
+        owner = self.copy(m.__self__, (path, "attr", "__self__"))
         if func is m.__func__ and owner is m.__self__:
             return self.remember(m, m)
         return self.remember(m, types.MethodType(func, owner))
@@ -491,15 +509,15 @@ class _Cloner:
         owner = getattr(m, "__self__", None)
         if owner is None or isinstance(owner, (types.ModuleType, type)):
             return m
-        new_owner = self.copy(owner, _Path(path, "attr", "__self__"))
+        new_owner = self.copy(owner, (path, "attr", "__self__"))
         if new_owner is owner:
             return m
         return self.remember(m, getattr(new_owner, m.__name__))
 
     def copy_partial(self, p, path):
-        func = self.copy(p.func, _Path(path, "attr", "func"))
-        args = tuple(self.copy(a, _Path(path, "item", i)) for i, a in enumerate(p.args))
-        kwargs = {k: self.copy(v, _Path(path, "item", k)) for k, v in p.keywords.items()}
+        func = self.copy(p.func, (path, "attr", "func"))
+        args = tuple(self.copy(a, (path, "item", i)) for i, a in enumerate(p.args))
+        kwargs = {k: self.copy(v, (path, "item", k)) for k, v in p.keywords.items()}
         new = self.remember(p, functools.partial(func, *args, **kwargs))
         if p.__dict__:
             self.queue.append((self.fill_dict_attrs, (p.__dict__, new.__dict__, path)))
@@ -542,10 +560,10 @@ class _Cloner:
         if isinstance(x, weakref.WeakSet):
             self.inserts.append(("weakset", new, list(x), path))
         elif isinstance(x, weakref.WeakKeyDictionary):
-            items = [(k, self.copy(v, _Path(path, "item", str(k)))) for k, v in x.items()]
+            items = [(k, self.copy(v, (path, "item", str(k)))) for k, v in x.items()]
             self.inserts.append(("weakkey", new, items, path))
         else:
-            items = [(self.copy(k, _Path(path, "item", k)), v) for k, v in x.items()]
+            items = [(self.copy(k, (path, "item", k)), v) for k, v in x.items()]
             self.inserts.append(("weakvalue", new, items, path))
         return new
 
@@ -556,7 +574,7 @@ class _Cloner:
         return new
 
     def fill_list(self, x, new, path, extend, setitem=list.__setitem__):
-        items = [self.copy(item, _Path(path, "item", i)) for i, item in enumerate(list.__iter__(x))]
+        items = [self.copy(item, (path, "item", i)) for i, item in enumerate(list.__iter__(x))]
         extend(new, items)
         maybe_ids = False
         for i, item in enumerate(items):
@@ -580,7 +598,9 @@ class _Cloner:
         return new
 
     def fill_mapping(self, x, new, path, setitem, items_of):
-        items = [(self.copy(k, _Path(path, "key", None)), self.copy(v, _Path(path, "item", k)))
+        copy, atomic = self.copy, _ATOMIC_TYPES
+        items = [(k if type(k) in atomic else copy(k, (path, "key", None)),
+                  v if type(v) in atomic else copy(v, (path, "item", k)))
                  for k, v in items_of(x)]
         self.inserts.append(("map", new, (items, setitem), path))
 
@@ -590,11 +610,11 @@ class _Cloner:
         return new
 
     def fill_set(self, x, new, path, add):
-        items = [self.copy(item, _Path(path, "item", None)) for item in set.__iter__(x)]
+        items = [self.copy(item, (path, "item", None)) for item in set.__iter__(x)]
         self.inserts.append(("set", new, (items, add), path))
 
     def copy_frozenset(self, x, path):
-        items = [self.copy(item, _Path(path, "item", None)) for item in x]
+        items = [self.copy(item, (path, "item", None)) for item in x]
         if all(a is b for a, b in zip(items, x)):
             return self.remember(x, x)
         # Items may be unfilled shells; hashing by identity is safe, by value is not.
@@ -604,7 +624,7 @@ class _Cloner:
         return self.resolve_ref(item.original) if type(item) is _LateRef else item
 
     def copy_tuple(self, x, path):
-        items = [self.resolve_now(self.copy(item, _Path(path, "item", i)))
+        items = [self.resolve_now(self.copy(item, (path, "item", i)))
                  for i, item in enumerate(tuple.__iter__(x))]
         if id(x) in self.memo:  # reached itself through a cycle
             return self.memo[id(x)]
@@ -623,7 +643,7 @@ class _Cloner:
             new = np.empty_like(x)
             self.remember(x, new)
             for index, item in np.ndenumerate(x):
-                new[index] = self.resolve_now(self.copy(item, _Path(path, "item", index)))
+                new[index] = self.resolve_now(self.copy(item, (path, "item", index)))
             return new
         return self.remember(x, x.copy())
 
@@ -637,7 +657,7 @@ class _Cloner:
 
     def copy_proxy(self, x, path):
         cls = type(x)
-        wrapped = self.copy(x.__wrapped__, _Path(path, "attr", "__wrapped__"))
+        wrapped = self.copy(x.__wrapped__, (path, "attr", "__wrapped__"))
         new = _solid_base(cls).__new__(cls)
         _solid_base(cls).__init__(new, wrapped)
         self.remember(x, new)
@@ -649,7 +669,7 @@ class _Cloner:
         for key, value in list(_proxy_own_dict(x).items()):
             if not key.startswith("_self_"):
                 continue  # e.g. __doc__; anything else lives on the wrapped object
-            copied = self.copy(value, _Path(path, "attr", key))
+            copied = self.copy(value, (path, "attr", key))
             setattr_(new, key, copied)
             self.value(copied, lambda r, k=key: setattr_(new, k, r))
 
@@ -677,14 +697,14 @@ class _Cloner:
             own = None
         if own:
             new_dict = object.__getattribute__(new, "__dict__")
-            reset = _KERAS_RESET_ATTRS if hasattr(type(x), "make_train_function") else ()
+            reset = _reset_attrs(type(x))
             self.fill_dict_attrs(own, new_dict, path, reset)
         for name, descriptor in _slot_descriptors(type(x)):
             try:
                 value = descriptor.__get__(x, type(x))
             except AttributeError:
                 continue
-            copied = self.copy(value, _Path(path, "attr", name))
+            copied = self.copy(value, (path, "attr", name))
             descriptor.__set__(new, copied)
             self.value(copied, lambda r, d=descriptor: d.__set__(new, r))
         if base is object:
@@ -701,21 +721,24 @@ class _Cloner:
             self.fill_list(x, new, path, collections.deque.extend, collections.deque.__setitem__)
 
     def fill_dict_attrs(self, own, new_dict, path, reset=()):
-        copy, memo = self.copy, self.memo
-        for key, value in list(own.items()):
-            if key in reset:
+        memo, handlers, atomic, id_attrs = self.memo, self.handlers, _ATOMIC_TYPES, self.id_attrs
+        items = list(own.items())
+        new_dict.update(items)  # immutable values stay as they are; the rest is replaced
+        for key, value in items:
+            if reset and key in reset:
                 new_dict[key] = None
                 continue
             kind = type(value)
-            if kind in _ATOMIC_TYPES:
-                new_dict[key] = value
-                if (kind is str and len(value) >= 6 and value[0].isdigit()) or (
-                        kind is int and value > 1 << 32):
-                    self.id_attrs.append((new_dict, key))  # may be an id: remapped at the end
+            if kind in atomic:
+                if kind is str:
+                    if len(value) >= 6 and value[0].isdigit():
+                        id_attrs.append((new_dict, key))  # may be an id: remapped at the end
+                elif kind is int and value > 1 << 32:
+                    id_attrs.append((new_dict, key))
                 continue
             copied = memo.get(id(value))
             if copied is None:
-                copied = copy(value, _Path(path, "attr", key))
+                copied = (handlers.get(kind) or self.handler(kind))(value, (path, "attr", key))
             new_dict[key] = copied
             if type(copied) is _LateRef:
                 self.late_refs.append((lambda r, k=key: new_dict.__setitem__(k, r), copied))
@@ -756,8 +779,16 @@ class _Cloner:
     def insert(self, kind, container, payload, path):
         if kind == "map":
             items, setitem = payload
+            remap = self.remap_key
             for key, value in items:
-                setitem(container, self.remap_key(key), self.remap_key(self.resolve_now(value)))
+                if type(key) in _MAYBE_IDS or type(key) is _LateRef:
+                    key = remap(key)
+                kind = type(value)
+                if kind is _LateRef:
+                    value = self.resolve_ref(value.original)
+                elif kind in _MAYBE_IDS:
+                    value = remap(value)
+                setitem(container, key, value)
         elif kind == "set":
             items, add = payload
             for item in items:
@@ -801,9 +832,19 @@ def clone(obj, *, copy_values: bool = True):
         file, thread, traced ConcreteFunction, lookup table, a variable of a
         tf.distribute strategy); the message names its attribute path.
     """
+    return clone_with_values(obj, copy_values=copy_values)[0]
+
+
+def clone_with_values(obj, values: dict | None = None, *, copy_values: bool = False):
+    """`clone`, where a variable whose id is in `values` starts with that value.
+
+    Returns (the clone, a dict mapping id(original object) to its copy, for
+    every object copied). The values must fit their variables (shape, dtype).
+    """
     if not tf.executing_eagerly():
         raise CloneError("objckpt.clone needs eager execution; it was called inside a "
                          "tf.function or TF1 graph.")
     name = getattr(obj, "name", None)
     root = type(obj).__name__ if not isinstance(name, str) else f"{type(obj).__name__}({name!r})"
-    return _Cloner(copy_values, root).run(obj)
+    cloner = _Cloner(copy_values, root, values)
+    return cloner.run(obj), cloner.memo

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import logging
 import os
 from collections.abc import Sequence
@@ -129,17 +130,63 @@ def load_ensemble(template, sources: Sequence, *, rules=(), at: str | None = Non
         except errors.ObjckptError as err:
             raise _with_context(err, f"member {k} (source {_describe_source(source)})") \
                 from err
-    members = []
+    if optimizer_state is True:
+        # Moving optimizer state may build the optimizer's slots: plan on each member.
+        members = []
+        for k, (source, member_rule) in enumerate(zip(opened, member_rules)):
+            member = _clone.clone(template, copy_values=False)
+            try:
+                _snapshot.restore(member, source, rules=member_rule, at=at, strict=strict,
+                                  optimizer_state=optimizer_state)
+            except errors.ObjckptError as err:
+                raise _with_context(
+                    err, f"member {k} (source {_describe_source(sources[k])})") from err
+            members.append(member)
+        return Ensemble(members)
+    # Clones share the template's paths, so every source is planned against the
+    # template (once per distinct source structure) and read before any member
+    # exists; each member's variables are then created with their values.
+    variables = _tree.tree(template)
+    plans: dict = {}
+    loaded = []
     for k, (source, member_rule) in enumerate(zip(opened, member_rules)):
-        member = _clone.clone(template, copy_values=False)
         try:
-            _snapshot.restore(member, source, rules=member_rule, at=at, strict=strict,
-                              optimizer_state=optimizer_state)
+            the_plan = _plan_for(template, variables, source, member_rule, plans,
+                                 strict=strict, at=at, optimizer_state=optimizer_state)
+            values = _snapshot.fetch_values(the_plan, variables)
         except errors.ObjckptError as err:
             raise _with_context(err, f"member {k} (source {_describe_source(sources[k])})") \
                 from err
+        loaded.append({id(variables[m.target]): v for m, v in zip(the_plan.matches, values)})
+    network = _compat.network_variable_paths(template)
+    members, trees = [], []
+    for value_of in loaded:
+        member, copies = _clone.clone_with_values(template, value_of)
+        for key, value in value_of.items():  # not created from its value (a wrapper)
+            copies[key].assign(value, read_value=False)
         members.append(member)
-    return Ensemble(members)
+        trees.append({path: copies[id(v)] for path, v in network})
+    return Ensemble._of_clones(members, trees)
+
+
+def _plan_for(template, variables, source, rules, plans: dict, **kwargs):
+    """The checked plan of source into the template, reused for equal structures."""
+    from objckpt import _snapshot
+
+    key = None
+    if source.structure is not None:
+        key = (source.structure, tuple(tuple(rule) for rule in rules))
+        try:
+            hash(key)
+        except TypeError:
+            key = None
+    cached = plans.get(key) if key is not None else None
+    if cached is not None:
+        return dataclasses.replace(cached, source=source.description, _source=source)
+    the_plan = _snapshot.checked_plan(template, variables, source, rules=rules, **kwargs)
+    if key is not None:
+        plans[key] = the_plan
+    return the_plan
 
 
 def _is_keras(obj) -> bool:
@@ -252,6 +299,16 @@ class Ensemble:
                         f"Ensemble members must have their own variables: `{path}` of member "
                         f"{k} is the variable `{other[1]}` of member {other[0]}. Fix: "
                         "objckpt.clone(model) for each member.", (path,))
+        self._init(members, trees)
+
+    @classmethod
+    def _of_clones(cls, members: tuple, trees: list) -> Ensemble:
+        """Members cloned from one template: one architecture, own variables (no check)."""
+        ensemble = cls.__new__(cls)
+        ensemble._init(tuple(members), trees)
+        return ensemble
+
+    def _init(self, members: tuple, trees: list) -> None:
         self._members = members
         self._trees = trees
         self._keras = _is_keras(members[0])

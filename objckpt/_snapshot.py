@@ -209,6 +209,19 @@ def fetch_values(the_plan: _match.Plan, variables, matches=None) -> list:
     return out
 
 
+def checked_plan(obj, variables, src: _match.Source, *, rules=(), strict: bool = True,
+                 at: str | None = None, optimizer_state: bool | None = None) -> _match.Plan:
+    """The plan restore follows, or the error restore raises for it (nothing assigned)."""
+    if not variables:
+        _refuse(obj, variables, src, _match.Plan(src.description, ()), strict)
+    the_plan = _match.make_plan(src, obj, variables, rules=rules, at=at,
+                                optimizer_state=optimizer_state)
+    if (the_plan.mismatched or the_plan.ambiguous or not the_plan.matches
+            or (strict and (the_plan.unmatched_variables or the_plan.unmatched_source))):
+        _refuse(obj, variables, src, the_plan, strict)
+    return the_plan
+
+
 def restore(obj, source, *, rules=(), strict: bool = True, at: str | None = None,
             optimizer_state: bool | None = None) -> RestoreReport:
     """Restores obj's variables from a source, all or nothing.
@@ -262,13 +275,8 @@ def restore(obj, source, *, rules=(), strict: bool = True, at: str | None = None
         variables.fused.assign_all(source._items.values())
         return RestoreReport(tuple(variables), source="Snapshot")
     src = _match.open_source(source)
-    if not variables:
-        _refuse(obj, variables, src, _match.Plan(src.description, ()), strict)
-    the_plan = _match.make_plan(src, obj, variables, rules=rules, at=at,
-                                optimizer_state=optimizer_state)
-    if (the_plan.mismatched or the_plan.ambiguous or not the_plan.matches
-            or (strict and (the_plan.unmatched_variables or the_plan.unmatched_source))):
-        _refuse(obj, variables, src, the_plan, strict)
+    the_plan = checked_plan(obj, variables, src, rules=rules, strict=strict, at=at,
+                            optimizer_state=optimizer_state)
     values = fetch_values(the_plan, variables)
     if len(the_plan.matches) == len(variables) and all(
             m.target == p for m, p in zip(the_plan.matches, variables)):

@@ -234,3 +234,62 @@ def test_ensemble_members_must_share_one_architecture_and_not_variables():
     with pytest.raises(errors.StructureMismatchError, match="own variables"):
         objckpt.Ensemble([a, shared])
     assert len(objckpt.Ensemble([a, b])) == 2
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_sources_of_one_structure_are_planned_once(flavour, tmp_path, monkeypatch):
+    from objckpt import _snapshot
+
+    planned = []
+    checked_plan = _snapshot.checked_plan
+    monkeypatch.setattr(_snapshot, "checked_plan",
+                        lambda *a, **k: planned.append(a[2].description) or checked_plan(*a, **k))
+    # Four runs of the same code (Keras names their layers and variables differently in
+    # each run: mlp_3/dense_7/kernel) saved as prefixes, one of them as a Snapshot.
+    nets = [mlp(flavour, seed) for seed in range(4)]
+    x = tf.random.stateless_normal((5, 16), seed=(7, 8))
+    for net in nets:
+        call(net, x)
+    sources = [objckpt.save(n, tmp_path / f"run{k}" / "ckpt") for k, n in enumerate(nets[:3])]
+    sources.append(objckpt.snapshot(nets[3]))
+    template = mlp(flavour, 99)
+    call(template, x)
+    ensemble = objckpt.load_ensemble(template, sources)
+    assert len(planned) == 2  # one plan for the three prefixes, one for the Snapshot
+    assert planned[0].endswith("ckpt`") and planned[1] == "Snapshot"
+    for member, net in zip(ensemble.members, nets):
+        got = dict(objckpt._compat.network_variable_paths(member))
+        for path, want in objckpt._compat.network_variable_paths(net):
+            assert got[path].numpy().tobytes() == want.numpy().tobytes(), path
+    np.testing.assert_allclose(ensemble(x).numpy(),
+                               np.stack([call(n, x).numpy() for n in nets]), rtol=1e-5,
+                               atol=1e-5)
+    # A source of another structure is planned on its own, and refused as before.
+    wide = tf.Module()
+    wide.w = tf.Variable([1.0, 2.0])
+    with pytest.raises(errors.StructureMismatchError, match=r"member 1 \(source Module\)|"
+                                                             r"member 1 \(source Snapshot\)"):
+        objckpt.load_ensemble(template, [sources[0], objckpt.snapshot(wide)])
+
+
+@pytest.mark.parametrize("flavour", ["tf_keras", "keras2"])
+def test_mixed_precision_members_hold_their_float32_values(flavour):
+    keras = keras_for(flavour)
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        nets = []
+        for seed in range(3):
+            keras.utils.set_random_seed(seed)
+            nets.append(keras.Sequential([keras.Input((16,)), keras.layers.Dense(8),
+                                          keras.layers.Dense(4)]))
+        ensemble = objckpt.load_ensemble(nets[0], [objckpt.snapshot(n) for n in nets])
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    for member, net in zip(ensemble.members, nets):
+        got = dict(objckpt._compat.network_variable_paths(member))
+        for path, want in objckpt._compat.network_variable_paths(net):
+            assert want.dtype == tf.float32
+            assert got[path].numpy().tobytes() == want.numpy().tobytes(), path
+    x = tf.ones((2, 16))
+    np.testing.assert_allclose(ensemble(x, mode="loop").numpy(),
+                               np.stack([n(x).numpy() for n in nets]), rtol=1e-3)
