@@ -9,12 +9,25 @@ reads it inside the step, so the same traced step honours every later
 How a frozen variable stays bit-identical
 -----------------------------------------
 Optimizers update their state (momentum, Adam moments, weight decay, EMA)
-even for a zero gradient, so a zero gradient alone moves a variable. For
-each variable, one conditional reads the variable and its optimizer state
-before the update, only when it is frozen, and hands the optimizer a zero
-gradient (so global-norm clipping ignores it); a second one writes the read
-values back after the update. The writes adopt the read buffers (no copy),
-and unfrozen variables pay nothing but the two conditionals.
+even for a zero gradient, so a zero gradient alone moves a variable. Inside a
+`tf.function`, the update runs in one of two branches of an `If` on "is any
+variable frozen": the optimizer's plain update when none is. Otherwise:
+
+* Keras optimizers (Keras 3, tf_keras, Keras 2, and their `legacy` ones)
+  update each variable and its state in one method call (`update_step`, or
+  `_resource_apply_dense`; weight decay in `_apply_weight_decay`); while the
+  frozen branch is traced these are wrapped so that each variable's call runs
+  only when it is not frozen. A frozen
+  variable's update is skipped, not undone: it costs one conditional per
+  variable, and freezing half the variables makes a step cheaper, not dearer.
+* Other optimizers (TF1 `tf.compat.v1.train`, Keras optimizers with EMA,
+  gradient accumulation, global-norm clipping or a loss-scale wrapper, whose
+  state or scaling spans variables; variables with constraints, which Keras
+  re-applies to every variable): for each variable, one conditional
+  reads the variable and its optimizer state before the update, only when it
+  is frozen, and hands the optimizer a zero gradient (so global-norm clipping
+  ignores it); a second one writes the read values back after the update.
+  The writes adopt the read buffers (no copy).
 """
 
 from __future__ import annotations
@@ -55,6 +68,8 @@ class Freezer:
         flavour). A pattern selects a variable when it is found (re.search) in
         its object path or in its name.
       traces: how many times `apply_gradients` was traced into a `tf.function`.
+      hooked_traces: how many of those skip frozen variables' per-variable
+        updates (Keras optimizers) rather than restoring them afterwards.
 
     Example:
       >>> freezer = objckpt.Freezer(model)
@@ -94,6 +109,7 @@ class Freezer:
         self._frozen = np.zeros(len(self.paths), bool)
         self._state: dict = {}  # id(optimizer) -> id(variable) -> optimizer state variables
         self.traces = 0
+        self.hooked_traces = 0  # traces whose frozen branch skips per-variable updates
 
     def __repr__(self) -> str:
         return f"Freezer({len(self.frozen)} of {len(self.paths)} variables frozen)"
@@ -221,6 +237,18 @@ class Freezer:
             apply(list(pairs), *args, **kwargs)
             return tf.constant(False)
 
+        def hooked_apply():
+            # Keras optimizers (Keras 3, tf_keras, Keras 2) update each variable in one
+            # method call: skipping that call for frozen variables leaves them and their
+            # state untouched at the cost of one conditional per variable.
+            with _SkipFrozenUpdates(self, optimizer, mask, methods) as hook:
+                apply(list(pairs), *args, **kwargs)
+            missing = {i for _, i in guarded} - hook.seen
+            if missing:  # an optimizer that updates some variable another way
+                raise _NotCovered(sorted(missing))
+            self.hooked_traces += 1
+            return tf.constant(True)
+
         def guarded_apply():
             guarded_pairs = list(pairs)
             backups = []
@@ -249,7 +277,15 @@ class Freezer:
             return tf.constant(True)
 
         # Nothing frozen (the common case): the plain update, no per-variable work.
-        _compat.called_cond(tf.reduce_any(tf.gather(mask, indices)), guarded_apply, plain)
+        any_frozen = tf.reduce_any(tf.gather(mask, indices))
+        methods = _SkipFrozenUpdates.methods(optimizer, [pairs[p][1] for p, _ in guarded])
+        if methods:
+            try:
+                _compat.called_cond(any_frozen, hooked_apply, plain)
+                return getattr(optimizer, "iterations", None)
+            except _NotCovered:
+                pass  # nothing was added to this graph: the branches are built first
+        _compat.called_cond(any_frozen, guarded_apply, plain)
         return getattr(optimizer, "iterations", None)
 
     def _apply_eagerly(self, apply, pairs, guarded, state, args, kwargs):
@@ -265,6 +301,108 @@ class Freezer:
         for tensors, values in backups:
             _restore(tensors, values)
         return result
+
+
+class _NotCovered(Exception):
+    """The optimizer updated a guarded variable without its per-variable method."""
+
+
+# The per-variable methods of OptimizerV2 (tf_keras and Keras 2 `optimizers.legacy`).
+_LEGACY_METHODS = ("_resource_apply_dense", "_resource_apply_sparse_duplicate_indices")
+
+
+class _SkipFrozenUpdates:
+    """While tracing: the optimizer's per-variable update runs only if not frozen.
+
+    Keras 3 and the tf_keras / Keras 2 optimizers call `update_step` once per
+    variable (slots included) and `_apply_weight_decay` for all; their
+    `optimizers.legacy` ones call `_resource_apply_dense` (or the sparse
+    variant) per variable. Those methods are shadowed by instance attributes
+    that wrap each variable's call in a conditional on the frozen mask.
+    `seen` collects the Freezer indices that went through them.
+    """
+
+    def __init__(self, freezer, optimizer, mask, methods):
+        self.freezer, self.optimizer, self.mask = freezer, optimizer, mask
+        self.methods = methods
+        self.seen: set = set()
+        self.saved: dict = {}
+
+    @staticmethod
+    def methods(optimizer, variables) -> tuple[str, ...]:
+        """The per-variable update methods to wrap; () where skipping is not enough.
+
+        Not with EMA, gradient accumulation or global-norm clipping (state or
+        scaling shared across variables), loss-scale wrappers (the inner
+        optimizer updates), XLA-compiled update steps (cached across traces)
+        or variable constraints (re-applied to every variable after updates).
+        """
+        if (type(optimizer).__module__.split(".", 1)[0] not in ("keras", "tf_keras")
+                or getattr(optimizer, "use_ema", False)
+                or getattr(optimizer, "gradient_accumulation_steps", None)
+                or getattr(optimizer, "global_clipnorm", None) is not None
+                or hasattr(optimizer, "inner_optimizer")
+                or getattr(optimizer, "jit_compile", False)
+                or any(getattr(v, "constraint", None) is not None
+                       or getattr(_compat.as_variable(v), "constraint", None) is not None
+                       for v in variables)):
+            return ()
+        if callable(getattr(optimizer, "update_step", None)) and callable(
+                getattr(optimizer, "_apply_weight_decay", None)):
+            return ("update_step",)  # Keras 3; tf_keras and Keras 2 (2.11+) optimizers
+        if all(callable(getattr(optimizer, name, None)) for name in _LEGACY_METHODS):
+            return _LEGACY_METHODS  # tf_keras / Keras 2 `optimizers.legacy`
+        return ()
+
+    def _index(self, variable):
+        return self.freezer._index.get(id(_compat.as_variable(variable)))
+
+    def __enter__(self):
+        optimizer = self.optimizer
+        legacy = self.methods == _LEGACY_METHODS
+
+        def guard(update):
+            def update_one(gradient, variable, *args, **kwargs):
+                index = self._index(variable)
+                if index is None:
+                    return update(gradient, variable, *args, **kwargs)
+                self.seen.add(index)
+                tf.cond(self.mask[index], tf.no_op,
+                        lambda: (update(gradient, variable, *args, **kwargs), tf.no_op())[1])
+                # Legacy optimizers group the update ops they get back.
+                return tf.no_op() if legacy else None
+
+            return update_one
+
+        def apply_weight_decay(variables):
+            for variable in variables:
+                index = self._index(variable)
+                if index is None:
+                    decay([variable])
+                else:
+                    tf.cond(self.mask[index], tf.no_op,
+                            lambda v=variable: (decay([v]), tf.no_op())[1])
+
+        hooks = {name: guard(getattr(optimizer, name)) for name in self.methods}
+        if not legacy and getattr(optimizer, "weight_decay", None):
+            decay = optimizer._apply_weight_decay
+            hooks["_apply_weight_decay"] = apply_weight_decay
+        own = vars(optimizer)
+        for name, hook in hooks.items():
+            if name in own:
+                self.saved[name] = own[name]
+            object.__setattr__(optimizer, name, hook)
+        self.hooks = hooks
+        return self
+
+    def __exit__(self, *exc):
+        own = vars(self.optimizer)
+        for name in self.hooks:
+            if name in self.saved:
+                own[name] = self.saved[name]
+            else:
+                own.pop(name, None)
+        return False
 
 
 def _restore(variables, values):

@@ -76,6 +76,8 @@ def test_seed_alternate_freezing_x_and_y_in_one_traced_step(flavour, name):
             first_traces = len(traces)
     assert moved == {"x": 50, "y": 50}
     assert first_traces <= 2 and len(traces) == first_traces == freezer.traces
+    # Keras optimizers: frozen variables' updates are skipped, not undone afterwards.
+    assert freezer.hooked_traces == freezer.traces
 
 
 def net(keras):
@@ -158,6 +160,79 @@ def any_keras():
         except pytest.skip.Exception:
             continue
     pytest.skip("no Keras flavour installed")
+
+
+def run_frozen_steps(optimizer, steps=4):
+    """Trains XY with x frozen in one traced step; returns the freezer and what moved."""
+    model = XY()
+    freezer = objckpt.Freezer(model)
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            loss = tf.abs(model.x - model.y) + 0.1 * model.y ** 2
+        grads = tape.gradient(loss, [model.x, model.y])
+        freezer.apply_gradients(optimizer, zip(grads, [model.x, model.y]))
+
+    step()  # builds the optimizer
+    freezer.freeze("^x$")
+    before = (model.x.numpy(), model.y.numpy(), optimizer_values(optimizer))
+    for _ in range(steps):
+        step()
+    after = (model.x.numpy(), model.y.numpy(), optimizer_values(optimizer))
+    assert after[0].tobytes() == before[0].tobytes()  # x: bit-identical
+    assert after[1].tobytes() != before[1].tobytes()  # y: trained
+    return freezer, changed(before[2], after[2])
+
+
+def new_optimizer(keras, name, *args, **kwargs):
+    """A `keras.optimizers.<name>` of the 2.11+ kind (Keras 2.12 exports the legacy ones)."""
+    import importlib
+
+    cls = getattr(keras.optimizers, name, None)
+    if cls is None or "legacy" in cls.__module__:
+        module = importlib.import_module(f"{keras.__name__}.optimizers.{name.lower()}")
+        cls = getattr(module, name)
+    assert "legacy" not in cls.__module__
+    return cls(*args, **kwargs)
+
+
+@pytest.mark.parametrize("flavour", KERAS_FLAVOURS)
+def test_weight_decay_skips_frozen_variables(flavour):
+    keras = keras_for(flavour)
+    optimizer = new_optimizer(keras, "AdamW", 0.05, weight_decay=0.5)
+    freezer, moved = run_frozen_steps(optimizer)
+    assert moved == 2 + 1  # y's m and v and the step counter; x's state untouched
+    assert freezer.hooked_traces == freezer.traces >= 1
+
+
+@pytest.mark.parametrize("options", [{"global_clipnorm": 1.0}, {"use_ema": True}])
+@pytest.mark.parametrize("flavour", KERAS_FLAVOURS)
+def test_optimizers_with_shared_state_restore_frozen_variables(flavour, options):
+    keras = keras_for(flavour)
+    freezer, moved = run_frozen_steps(new_optimizer(keras, "Adam", 0.05, **options))
+    # Cross-variable scaling or state: the update is undone for frozen variables instead.
+    assert freezer.hooked_traces == 0 and freezer.traces >= 1
+    assert moved >= 2 + 1
+
+
+@pytest.mark.parametrize("flavour", KERAS_FLAVOURS)
+def test_an_optimizer_bypassing_update_step_falls_back_to_restoring(flavour):
+    keras = keras_for(flavour)
+
+    class PlainSGD(keras.optimizers.SGD):
+        """Updates variables without update_step (Keras 3 / tf_keras internals)."""
+
+        def _backend_update_step(self, grads, variables, learning_rate):  # Keras 3
+            for gradient, variable in zip(grads, variables):
+                variable.assign_sub(gradient * learning_rate)
+
+        def _update_step(self, gradient, variable):  # tf_keras, Keras 2
+            variable.assign_sub(gradient * self.learning_rate)
+
+    freezer, moved = run_frozen_steps(PlainSGD(0.05))
+    assert freezer.traces >= 1 and freezer.hooked_traces == 0
+    assert moved == 1  # the step counter only
 
 
 def test_tf1_optimizer_slots_stay_put_too():
