@@ -415,15 +415,10 @@ class _Cloner:
         name = re.sub(r":\d+$", "", name)
         try:
             with tf.device(v.device):
+                # A value given by the caller was checked against v (load_ensemble's plan).
                 value = self.values.pop(id(v), None)
-                if value is not None:
-                    pass  # checked against v by the caller (load_ensemble's plan)
-                elif self.copy_values:
-                    value = v.value()
-                elif v.shape.is_fully_defined():
-                    value = tf.zeros(v.shape, v.dtype)
-                else:
-                    value = tf.zeros(tf.shape(v.value()), v.dtype)
+                if value is None:
+                    value = self._initial_value(v)
                 # ResourceVariable directly: the original's kind, and it skips the
                 # tf.Variable creator stack (about a third of the creation time).
                 new = _ResourceVariable(
@@ -435,6 +430,13 @@ class _Cloner:
         self.uids[v._unique_id] = new._unique_id
         self.queue.append((self.fill_variable, (v, new, path)))
         return new
+
+    def _initial_value(self, v):
+        if self.copy_values:
+            return v.value()
+        if v.shape.is_fully_defined():
+            return tf.zeros(v.shape, v.dtype)
+        return tf.zeros(tf.shape(v.value()), v.dtype)
 
     def fill_variable(self, v, new, path):
         own = v.__dict__

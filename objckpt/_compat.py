@@ -258,14 +258,7 @@ def packed_pairs_call(kind: str, current, past):
                     continue
                 if dtype not in coefficients:
                     coefficients[dtype] = polyak_coefficients(tau[0], dtype)
-                scale, proximal = coefficients[dtype]
-                if proximal is not None:  # see polyak_update
-                    alpha, l1, l2 = proximal
-                    tf.raw_ops.ResourceApplyProximalGradientDescent(
-                        var=p, alpha=alpha, l1=l1, l2=l2, delta=value)
-                else:
-                    tf.raw_ops.ResourceApplyGradientDescent(
-                        var=p, alpha=scale, delta=read(p, dtype) - value)
+                polyak_apply(p, dtype, value, coefficients[dtype])
 
     specs = [spec, spec] + ([tf.TensorSpec((), tf.float64)] if kind == "blend" else [])
     concrete = tf.function(body, autograph=False).get_concrete_function(*specs)
@@ -325,17 +318,27 @@ def polyak_update(current_value, past, coefficients) -> None:
     `ResourceApplyGradientDescent` or, for distributed or AutoCast variables,
     their own `assign_sub`.
     """
+    tau = coefficients[0]
+    if type(past) is _ResourceVariable:
+        polyak_apply(past.handle, past.dtype, current_value,
+                     coefficients if _on_cpu(past) else (tau, None))
+    else:
+        past.assign_sub(tau * (read_value(past) - current_value), read_value=False)
+
+
+def polyak_apply(handle, dtype, current_value, coefficients) -> None:
+    """`polyak_update` of a plain resource variable given by its handle.
+
+    The proximal form (coefficients from `polyak_coefficients`) only on the CPU.
+    """
     tau, proximal = coefficients
-    if proximal is not None and type(past) is _ResourceVariable and _on_cpu(past):
+    if proximal is not None:
         alpha, l1, l2 = proximal
         tf.raw_ops.ResourceApplyProximalGradientDescent(
-            var=past.handle, alpha=alpha, l1=l1, l2=l2, delta=current_value)
-        return
-    delta = read_value(past) - current_value
-    if type(past) is _ResourceVariable:
-        tf.raw_ops.ResourceApplyGradientDescent(var=past.handle, alpha=tau, delta=delta)
+            var=handle, alpha=alpha, l1=l1, l2=l2, delta=current_value)
     else:
-        past.assign_sub(tau * delta, read_value=False)
+        delta = tf.raw_ops.ReadVariableOp(resource=handle, dtype=dtype) - current_value
+        tf.raw_ops.ResourceApplyGradientDescent(var=handle, alpha=tau, delta=delta)
 
 
 def _on_cpu(variable) -> bool:

@@ -360,6 +360,7 @@ class _SkipFrozenUpdates:
     def __enter__(self):
         optimizer = self.optimizer
         legacy = self.methods == _LEGACY_METHODS
+        decay = getattr(optimizer, "_apply_weight_decay", None)
 
         def guard(update):
             def update_one(gradient, variable, *args, **kwargs):
@@ -385,7 +386,6 @@ class _SkipFrozenUpdates:
 
         hooks = {name: guard(getattr(optimizer, name)) for name in self.methods}
         if not legacy and getattr(optimizer, "weight_decay", None):
-            decay = optimizer._apply_weight_decay
             hooks["_apply_weight_decay"] = apply_weight_decay
         own = vars(optimizer)
         for name, hook in hooks.items():
