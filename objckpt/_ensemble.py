@@ -175,7 +175,7 @@ def _plan_for(template, variables, source, rules, plans: dict, **kwargs):
 
     key = None
     if source.structure is not None:
-        key = (source.structure, tuple(tuple(rule) for rule in rules))
+        key = (source.structure(), tuple(tuple(rule) for rule in rules))
         try:
             hash(key)
         except TypeError:

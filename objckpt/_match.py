@@ -85,11 +85,11 @@ class Source:
     # Extra keys for the same tensors: a variable's path through the network when its
     # canonical path runs through an optimizer (a trained Keras 3 model).
     aliases: dict = dataclasses.field(default_factory=dict)
-    # Everything planning reads but `names` (which only places optimizer slots when
-    # optimizer_state=True), hashable: two sources with equal structures get the same
-    # plan for the same obj unless optimizer state is moved (load_ensemble plans once
-    # per structure). None: unknown.
-    structure: tuple | None = None
+    # Returns everything planning reads but `names` (which only places optimizer slots
+    # when optimizer_state=True), hashable: two sources with equal structures get the
+    # same plan for the same obj unless optimizer state is moved (load_ensemble plans
+    # once per structure). Computed on request only. None: unknown.
+    structure: Callable | None = None
 
 
 def _prefix_subtree(keys, at: str) -> dict:
@@ -146,23 +146,24 @@ def _object_source(prefix: str, notes) -> Source:
             view.setdefault(path, full)
         return view
 
-    names = {path: e.name for path, e in entries.items() if e.name}
-    # The graph without the variables' saved names (`mlp_3/dense/kernel`), which
-    # differ between runs of the same code and only place optimizer slots.
-    graph = type(entries.object_graph)()
-    graph.CopyFrom(entries.object_graph)
-    for node in graph.nodes:
-        for attribute in node.attributes:
-            attribute.full_name = ""
-    structure = ("object", graph.SerializeToString(deterministic=True),
-                 tuple(specs.items()), tuple(notes))
+    def structure():
+        # The graph without the variables' saved names (`mlp_3/dense/kernel`), which
+        # differ between runs of the same code and only place optimizer slots.
+        graph = type(entries.object_graph)()
+        graph.CopyFrom(entries.object_graph)
+        for node in graph.nodes:
+            for attribute in node.attributes:
+                attribute.full_name = ""
+        return ("object", graph.SerializeToString(deterministic=True),
+                tuple(specs.items()), tuple(notes))
+
     return Source(
         f"checkpoint `{prefix}`", "object", specs,
         lambda paths: _restore_v2(prefix, [entry(p).key for p in paths],
                                   [entry(p).dtype for p in paths]),
         subtree,
         _tree.top_level_names(entries.object_graph), prefix, tuple(notes),
-        names, aliases, structure)
+        {path: e.name for path, e in entries.items() if e.name}, aliases, structure)
 
 
 def _name_source(prefix: str, notes) -> Source:
@@ -174,7 +175,7 @@ def _name_source(prefix: str, notes) -> Source:
         f"name-based checkpoint `{prefix}`", "name", specs,
         lambda names: _restore_v2(prefix, list(names), [specs[n][1] for n in names]),
         lambda at: _prefix_subtree(specs, at), _top_names(specs), prefix, tuple(notes),
-        structure=("name", tuple(specs.items()), tuple(notes)))
+        structure=lambda: ("name", tuple(specs.items()), tuple(notes)))
 
 
 def snapshot_source(items: dict, aliases: dict | None = None) -> Source:
@@ -189,7 +190,8 @@ def snapshot_source(items: dict, aliases: dict | None = None) -> Source:
     return Source("Snapshot", "snapshot", specs,
                   lambda paths: [items[aliases.get(p, p)] for p in paths],
                   lambda at: _prefix_subtree(specs, at), _top_names(specs), aliases=aliases,
-                  structure=("snapshot", tuple(specs.items()), tuple(aliases.items())))
+                  structure=lambda: ("snapshot", tuple(specs.items()),
+                                     tuple(aliases.items())))
 
 
 def open_source(source) -> Source:
