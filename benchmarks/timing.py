@@ -9,14 +9,16 @@ import time
 import numpy as np
 
 
-def time_ops(operations: dict, repeats: int) -> dict:
+def time_ops(operations: dict, repeats: int, samples: dict | None = None) -> dict:
     """Median milliseconds of each operation, measured in one run.
 
     Operations are interleaved round by round so machine drift hits all of
-    them alike. As timeit does, a sample of a fast operation runs it several
+    them alike, in the reverse order every other round (no operation always
+    runs first). As timeit does, a sample of a fast operation runs it several
     times back to back (enough for ~20 ms) and the garbage collector is off
     while a sample runs (it runs between samples, as usual). The first round
-    is dropped (caches settling).
+    is dropped (caches settling). `samples`, if given, receives each
+    operation's kept per-round seconds (for `paired_ratio`).
     """
     inner = {}
     for name, fn in operations.items():
@@ -26,18 +28,32 @@ def time_ops(operations: dict, repeats: int) -> dict:
         fn()  # calibrate on a warm call, as timeit's autorange does
         once = time.perf_counter() - start
         inner[name] = max(1, min(50, int(0.02 / max(once, 1e-6))))
-    samples = {name: [] for name in operations}
-    for _ in range(repeats):
-        for name, fn in operations.items():
+    times = {name: [] for name in operations}
+    names = list(operations)
+    for round_ in range(repeats):
+        for name in (names if round_ % 2 == 0 else names[::-1]):
+            fn = operations[name]
             gc.disable()
             try:
                 start = time.perf_counter()
                 for _ in range(inner[name]):
                     fn()
-                samples[name].append((time.perf_counter() - start) / inner[name])
+                times[name].append((time.perf_counter() - start) / inner[name])
             finally:
                 gc.enable()
-    return {name: float(np.median(s[1:] or s)) * 1e3 for name, s in samples.items()}
+    if samples is not None:
+        samples.update({name: s[1:] or s for name, s in times.items()})
+    return {name: float(np.median(s[1:] or s)) * 1e3 for name, s in times.items()}
+
+
+def paired_ratio(samples: dict, name: str, base: str) -> float:
+    """Median over rounds of `name`'s time over `base`'s time in the same round.
+
+    For targets on a small difference between two operations: a ratio per
+    round cancels the drift between rounds, which the ratio of two medians
+    does not.
+    """
+    return float(np.median(np.array(samples[name]) / np.array(samples[base])))
 
 
 def met(value: float, target: str) -> bool:

@@ -288,6 +288,19 @@ def called_cond(pred, true_fn, false_fn):
     return result
 
 
+def switch(pred, rare_fn, common_fn) -> None:
+    """`tf.cond(pred, rare_fn, common_fn)` in a graph, cheap while `pred` is false.
+
+    The common branch is inlined (TF lowers a `tf.cond` in a `tf.function` to
+    Switch/Merge nodes; its ops run like the others, each as soon as its
+    inputs are ready). The rare one, however large, is one function call
+    (`called_cond`) nested in the other branch: the executor walks the branch
+    not taken node by node, so it costs one node while it is not taken.
+    Both functions return None.
+    """
+    tf.cond(pred, lambda: called_cond(pred, rare_fn, lambda: None), common_fn)
+
+
 def read_values(variables) -> list:
     """Reads many variables, each on its own device, without copying.
 

@@ -30,6 +30,27 @@ def changed(before: list, after: list) -> int:
     return sum(a.tobytes() != b.tobytes() for a, b in zip(before, after))
 
 
+@pytest.fixture(params=["inline", "called"])
+def layout(request, monkeypatch):
+    """Both ways a traced `apply_gradients` arranges its branches.
+
+    inline: a few variables (the tests' models): the plain update inlined in the
+    step, and one function call per variable while something is frozen.
+    called: many variables: the plain or the frozen update in one function call.
+    """
+    if request.param == "called":
+        monkeypatch.setattr(objckpt._freeze, "_FEW", 0)
+    return request.param
+
+
+def lowered_ifs(function, *args) -> list:
+    """For each `If` op in the graph of `function(*args)` (not in its branches): lowered?"""
+    graph = function.get_concrete_function(*args).graph
+    return [op.get_attr("_lower_using_switch_merge") if "_lower_using_switch_merge" in
+            op.node_def.attr else True
+            for op in graph.get_operations() if op.type in ("If", "StatelessIf")]
+
+
 class XY(tf.Module):
     def __init__(self):
         super().__init__()
@@ -37,6 +58,7 @@ class XY(tf.Module):
         self.y = tf.Variable(-2.0)
 
 
+@pytest.mark.usefixtures("layout")
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 @pytest.mark.parametrize("flavour", KERAS_FLAVOURS)
 def test_seed_alternate_freezing_x_and_y_in_one_traced_step(flavour, name):
@@ -97,7 +119,7 @@ def paths_matching(freezer, pattern):
 
 
 @pytest.mark.parametrize("flavour", KERAS_FLAVOURS)
-def test_custom_loop_freeze_a_layer_then_unfreeze_without_retracing(flavour):
+def test_custom_loop_freeze_a_layer_then_unfreeze_without_retracing(flavour, layout):
     keras = keras_for(flavour)
     model, optimizer = net(keras), keras.optimizers.Adam(0.01)
     images, _, targets = _data()
@@ -134,6 +156,9 @@ def test_custom_loop_freeze_a_layer_then_unfreeze_without_retracing(flavour):
     assert all(not np.array_equal(a, v.numpy()) for a, v in
                zip(frozen_before, [variables[p] for p in conv] + slots))
     assert first_traces <= 2 and len(traces) == first_traces
+    # The layout: nothing frozen, the plain update is inlined (a lowered conditional)
+    # for a few variables; with many, one function call (an If left unlowered).
+    assert lowered_ifs(step, images, targets) == [layout == "inline"]
 
 
 def test_eager_apply_and_unknown_variables_pass_through():
@@ -197,6 +222,7 @@ def new_optimizer(keras, name, *args, **kwargs):
     return cls(*args, **kwargs)
 
 
+@pytest.mark.usefixtures("layout")
 @pytest.mark.parametrize("flavour", KERAS_FLAVOURS)
 def test_weight_decay_skips_frozen_variables(flavour):
     keras = keras_for(flavour)
@@ -206,6 +232,7 @@ def test_weight_decay_skips_frozen_variables(flavour):
     assert freezer.hooked_traces == freezer.traces >= 1
 
 
+@pytest.mark.usefixtures("layout")
 @pytest.mark.parametrize("options", [{"global_clipnorm": 1.0}, {"use_ema": True}])
 @pytest.mark.parametrize("flavour", KERAS_FLAVOURS)
 def test_optimizers_with_shared_state_restore_frozen_variables(flavour, options):
@@ -216,6 +243,7 @@ def test_optimizers_with_shared_state_restore_frozen_variables(flavour, options)
     assert moved >= 2 + 1
 
 
+@pytest.mark.usefixtures("layout")
 @pytest.mark.parametrize("flavour", KERAS_FLAVOURS)
 def test_an_optimizer_bypassing_update_step_falls_back_to_restoring(flavour):
     keras = keras_for(flavour)
@@ -235,6 +263,7 @@ def test_an_optimizer_bypassing_update_step_falls_back_to_restoring(flavour):
     assert moved == 1  # the step counter only
 
 
+@pytest.mark.usefixtures("layout")
 def test_tf1_optimizer_slots_stay_put_too():
     model = XY()
     optimizer = tf.compat.v1.train.AdamOptimizer(0.1)
@@ -284,6 +313,7 @@ def fit_model(keras):
     return model
 
 
+@pytest.mark.usefixtures("layout")
 @pytest.mark.parametrize("flavour", KERAS_FLAVOURS)
 def test_freeze_schedule_in_fit(flavour):
     keras = keras_for(flavour)
