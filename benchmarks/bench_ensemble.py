@@ -16,7 +16,7 @@ against `Freezer.apply_gradients` with nothing frozen and with half the
 variables frozen, on (s) the small MLP at batch 64, (a) the ~25M-parameter
 MLP and (b) the ~500-variable model of the foundation benchmarks. Its ratios
 are medians of the ratios within each round (see `timing.paired_ratio`), over
-at least 41 rounds where a step takes less than 0.1 s.
+at least 101 rounds where a step takes less than 0.1 s.
 """
 
 from __future__ import annotations
@@ -137,7 +137,7 @@ def bench_freezer(name: str, model, keras, batch: int, repeats: int) -> dict:
     start = time.perf_counter()
     steps["step, optimizer.apply_gradients"]()
     fast = time.perf_counter() - start < 0.1
-    ms = time_ops(steps, max(repeats, 41) if fast else repeats, samples)
+    ms = time_ops(steps, max(repeats, 101) if fast else repeats, samples)
     # Medians of per-round ratios: the targets are a few percent, about the drift of
     # this machine between rounds.
     base = "step, optimizer.apply_gradients"
