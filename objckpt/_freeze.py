@@ -286,6 +286,8 @@ class Freezer:
         # after it, and while something is frozen each variable's update is one small
         # function call. With many, a Switch per input costs more than one function call
         # for all of them (the plain or the frozen update), which is used instead.
+        # (Any of the Freezer's variables: one frozen but not passed here only costs the
+        # frozen branch, where each passed variable is updated as its own flag says.)
         any_frozen = self._any.read_value()
         few = len(guarded) <= _FEW
         methods = _SkipFrozenUpdates.methods(optimizer, [pairs[p][1] for p, _ in guarded])
