@@ -294,9 +294,9 @@ def switch(pred, rare_fn, common_fn) -> None:
     The common branch is inlined (TF lowers a `tf.cond` in a `tf.function` to
     Switch/Merge nodes; its ops run like the others, each as soon as its
     inputs are ready). The rare one, however large, is one function call
-    (`called_cond`) nested in the other branch: the executor walks the branch
-    not taken node by node, so it costs one node while it is not taken.
-    Both functions return None.
+    (`called_cond`), the lowered conditional's whole other branch: the
+    executor walks the branch not taken node by node, so it costs one node
+    while it is not taken. Both functions return None.
     """
     tf.cond(pred, lambda: called_cond(pred, rare_fn, lambda: None), common_fn)
 
