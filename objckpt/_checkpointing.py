@@ -242,7 +242,7 @@ class CheckpointDirectory:
                     f"Nothing to save to `{self.directory}`: the model has no variables. "
                     "Build it (call it on a batch) before saving.")
             names = [_compat.variable_name(v) for v in variables.values()]
-            graph = _tree.build_object_graph(list(variables), names, variables.network_aliases())
+            graph = _tree.build_object_graph(list(variables), names, variables.graph_aliases())
             keys = [_compat.checkpoint_key(p) for p in variables] + [_compat.OBJECT_GRAPH_KEY]
             self._layout = (key, variables, keys, tf.constant(graph.SerializeToString()))
         return self._layout

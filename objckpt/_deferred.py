@@ -230,7 +230,7 @@ def _child(node, edge: str, attached=None, cache=None):
         return attached[(id(node), edge)]
     index = cache.get(id(node)) if cache is not None else None
     if index is None:
-        children = _compat.children(node)
+        children = _compat.children_with_collections(node)
         stripped: dict = {}
         for child_name, child in children.items():
             stripped.setdefault(child_name.lstrip("_") or child_name, []).append(child)

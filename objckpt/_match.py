@@ -39,6 +39,7 @@ from collections.abc import Callable, Sequence
 import tensorflow as tf
 
 from objckpt import _compat, _tree, errors
+from objckpt._roles import ROLE_ALIASES as _ROLE_ALIASES
 
 __all__ = ["Match", "Plan", "plan"]
 
@@ -49,17 +50,32 @@ BOOKKEEPING = frozenset({"save_counter", _compat.OBJECT_GRAPH_KEY})
 # Optimizer slot names of every flavour -> one canonical role: "m" is the first
 # moment or momentum buffer, "v" the second moment (Adam v, RMSprop rms).
 _SLOT_ALIASES = {
-    "m": "m", "Adam": "m", "momentum": "m", "Momentum": "m", "RMSProp_1": "m",
-    "v": "v", "Adam_1": "v", "rms": "v", "RMSProp": "v", "velocity": "v",
+    "m": "m", "Adam": "m", "adam_m": "m", "momentum": "m", "Momentum": "m",
+    "RMSProp_1": "m",
+    "v": "v", "Adam_1": "v", "adam_v": "v", "rms": "v", "RMSProp": "v", "velocity": "v",
     "vhat": "vhat", "velocity_hat": "vhat", "mg": "mg", "average_gradient": "mg",
-    "accumulator": "accumulator", "Adagrad": "accumulator",
+    "accumulator": "accumulator", "Adagrad": "accumulator", "Ftrl": "accumulator",
+    "accum": "accumulator", "linear": "linear", "Ftrl_1": "linear",
+    "Adadelta": "accum_grad", "accumulated_grad": "accum_grad",
+    "Adadelta_1": "accum_delta", "accum_update": "accum_delta",
+    "accumulated_delta_var": "accum_delta",
 }
+# Keras 3 names an optimizer variable `<owner path, / as _>_<role>`, in `_variables`.
+_KERAS3_ROLES = ("velocity_hat", "average_gradient", "accumulated_delta_var",
+                 "accumulated_grad", "momentum", "velocity", "accumulator", "linear")
 # A tf_keras (2.11+) / Keras 3 optimizer variable's saved name: `<opt>/<slot>/<variable name>`.
 _NAMED_SLOT = re.compile(r"^(?:[^/]+/)?(?P<slot>m|v|vhat|momentum|velocity|velocity_hat|"
-                         r"average_gradient|accumulator)/(?P<var>.+?)(?::0)?$")
-_TF1_SLOT = re.compile(r"^(?P<var>.+)/(?P<slot>Adam|Adam_1|Momentum|RMSProp|RMSProp_1|Adagrad)$")
+                         r"average_gradient|accumulator|linear|accumulated_grad|"
+                         r"accumulated_delta_var)/(?P<var>.+?)(?::0)?$")
+# TF1 `tf.compat.v1.train` optimizers' slot names (`<var>/Adam`), and the original BERT's
+# AdamWeightDecayOptimizer (`<var>/adam_m`).
+_TF1_SLOT = re.compile(r"^(?P<var>.+)/(?P<slot>Adam|Adam_1|adam_m|adam_v|Momentum|RMSProp|"
+                       r"RMSProp_1|Adagrad|Ftrl|Ftrl_1|Adadelta|Adadelta_1)$")
 _COUNTERS = {"iter": "iterations", "iterations": "iterations", "global_step": "iterations",
-             "learning_rate": "learning_rate", "lr": "learning_rate"}
+             "learning_rate": "learning_rate", "lr": "learning_rate",
+             # Keras 2's OptimizerV2 keeps its hyperparameters as variables too.
+             "beta_1": "beta_1", "beta_2": "beta_2", "decay": "decay", "rho": "rho",
+             "epsilon": "epsilon", "momentum": "momentum"}
 
 
 # --- sources -------------------------------------------------------------------
@@ -90,6 +106,10 @@ class Source:
     # same plan for the same obj unless optimizer state is moved (load_ensemble plans
     # once per structure). Computed on request only. None: unknown.
     structure: Callable | None = None
+    # Returns {key: (key of the variable it belongs to, slot role)} for the optimizer
+    # entries whose owner the source itself records (slot tables, saved names, Keras 3
+    # variable lists), so optimizer state moves by owner, never by position.
+    owners: Callable = lambda: {}  # noqa: E731
 
 
 def _prefix_subtree(keys, at: str) -> dict:
@@ -163,7 +183,51 @@ def _object_source(prefix: str, notes) -> Source:
                                   [entry(p).dtype for p in paths]),
         subtree,
         _tree.top_level_names(entries.object_graph), prefix, tuple(notes),
-        {path: e.name for path, e in entries.items() if e.name}, aliases, structure)
+        {path: e.name for path, e in entries.items() if e.name}, aliases, structure,
+        lambda: keras3_slot_owners(entries.object_graph))
+
+
+def keras3_slot_owners(graph) -> dict:
+    """{slot path: (owner path, role)} for Keras 3 optimizers in a graph proto.
+
+    A Keras 3 optimizer keeps its per-variable state in `_variables`, named
+    `<owner path, / as _>_<role>`, one per role in the order of
+    `_trainable_variables` (whose edges lead to the variables trained). The
+    k-th variable of a role belongs to the k-th trained variable; a role
+    whose count differs from the trained count is left without owners.
+    """
+    key_of, name_of = {}, {}
+    for node_id, node in enumerate(graph.nodes):
+        for attribute in node.attributes:
+            if attribute.name == _compat.VARIABLE_VALUE:
+                key_of[node_id] = attribute.checkpoint_key.split(_compat.ATTRIBUTES, 1)[0]
+                name_of[node_id] = attribute.full_name
+    out: dict = {}
+    for node in graph.nodes:
+        kids = {child.local_name: child.node_id for child in node.children}
+        if "_variables" not in kids or "_trainable_variables" not in kids:
+            continue
+        state, trained = (_list_nodes(graph, kids[name])
+                          for name in ("_variables", "_trainable_variables"))
+        by_role: dict = {}
+        for node_id in state:
+            name = name_of.get(node_id, "").split(":", 1)[0]
+            role = next((r for r in _KERAS3_ROLES if name.endswith("_" + r)), None)
+            if role is not None and node_id in key_of:
+                by_role.setdefault(role, []).append(key_of[node_id])
+        for role, keys in by_role.items():
+            if len(keys) == len(trained) and all(t in key_of for t in trained):
+                for key, owner in zip(keys, trained):
+                    out[key] = (key_of[owner], role)
+    return out
+
+
+def _list_nodes(graph, node_id: int) -> list[int]:
+    """Node ids of a list node's children, by index (`0`, `1`, ...)."""
+    children = [(c.local_name, c.node_id) for c in graph.nodes[node_id].children]
+    if not all(name.isdigit() for name, _ in children):
+        return []
+    return [node for _, node in sorted(children, key=lambda item: int(item[0]))]
 
 
 def _name_source(prefix: str, notes) -> Source:
@@ -178,10 +242,11 @@ def _name_source(prefix: str, notes) -> Source:
         structure=lambda: ("name", tuple(specs.items()), tuple(notes)))
 
 
-def snapshot_source(items: dict, aliases: dict | None = None) -> Source:
+def snapshot_source(items: dict, aliases: dict | None = None, owners=None) -> Source:
     """A Source over an in-memory mapping path -> tensor (a Snapshot).
 
     aliases: extra key -> key in items (network paths of a trained Keras 3 model).
+    owners: returns {slot path: (owner path, role)} of the obj it was taken from.
     """
     aliases = {a: k for a, k in (aliases or {}).items() if k in items and a not in items}
     specs = {path: (tuple(value.shape), value.dtype) for path, value in items.items()}
@@ -191,7 +256,8 @@ def snapshot_source(items: dict, aliases: dict | None = None) -> Source:
                   lambda paths: [items[aliases.get(p, p)] for p in paths],
                   lambda at: _prefix_subtree(specs, at), _top_names(specs), aliases=aliases,
                   structure=lambda: ("snapshot", tuple(specs.items()),
-                                     tuple(aliases.items())))
+                                     tuple(aliases.items())),
+                  owners=owners or (lambda: {}))
 
 
 def open_source(source) -> Source:
@@ -399,6 +465,10 @@ class _Targets:
     slots: dict  # (tree path of a variable, slot role) -> tree path of the slot
     counters: dict  # "iterations" / "learning_rate" -> tree path
     optimizer_paths: frozenset
+    rng: frozenset = frozenset()  # tree paths of random generator state (Keras 3 seeds)
+    by_network: dict = dataclasses.field(default_factory=dict)  # network path -> tree path
+    # Returns {tree path: class name of the object holding the variable}; walked on request.
+    holders: Callable = dict
 
 
 def index_targets(obj, variables) -> _Targets:
@@ -418,6 +488,12 @@ def index_targets(obj, variables) -> _Targets:
     path_of = {id(v): p for p, v in variables.items()}
     network = {path_of[id(v)]: net_path for net_path, v in _compat.network_variable_paths(obj)
                if id(v) in path_of}
+    by_network = {}
+    for path, net_path in network.items():
+        if net_path != path:  # a trained Keras 3 model: the canonical path runs elsewhere
+            by_network[net_path] = path
+            if path not in by_strip.get(_strip(net_path), ()):
+                by_strip.setdefault(_strip(net_path), []).append(path)
     optimizer_paths = frozenset(p for p in variables if p not in network)
     slots, counters = {}, {}
     for path in variables:  # slot variables (Keras 2, tf_keras < 2.11 optimizers, TF1)
@@ -430,14 +506,27 @@ def index_targets(obj, variables) -> _Targets:
     for name, counter in _compat.optimizer_counters(obj):
         if id(counter) in path_of:
             counters[name] = path_of[id(counter)]
+    rng = {id(v) for v in _compat.rng_state_variables(obj)}
+
+    memo: list = []
+
+    def holders():
+        if not memo:
+            classes = _compat.variable_holders(obj)
+            memo.append({p: classes.get(id(v)) for p, v in variables.items()})
+        return memo[0]
+
     return _Targets(dict(variables), by_strip, by_name, network, slots, counters,
-                    optimizer_paths)
+                    optimizer_paths, frozenset(p for p, v in variables.items() if id(v) in rng),
+                    by_network, holders)
 
 
 def _candidates(key: str, targets: _Targets, rewritten: bool):
     """Returns (strategy, [target paths]) for one rewritten key, best strategy first."""
     if key in targets.paths:
         return ("rule" if rewritten else "exact"), [key]
+    if key in targets.by_network:  # the variable's path through the layers
+        return ("rule" if rewritten else "exact"), [targets.by_network[key]]
     found = targets.by_strip.get(_strip(key))
     if found:
         return "underscore", found
@@ -469,8 +558,12 @@ def _layers(paths_and_specs) -> list[tuple[str, list]]:
     return list(groups.items())
 
 
-def _structure(source_left, target_left):
-    """Matches leftovers layer by layer. Returns (pairs, ambiguous, note)."""
+def _structure(source_left, target_left, aliases_of=lambda path: {}):
+    """Matches leftovers layer by layer. Returns (pairs, ambiguous, note).
+
+    aliases_of(target path) gives the role renames of the layer holding that
+    variable ({old role: new role}); source roles are read through them.
+    """
     src_layers = _layers(source_left)
     tgt_layers = _layers(target_left)
     if len(src_layers) != len(tgt_layers):
@@ -478,6 +571,8 @@ def _structure(source_left, target_left):
                         f"layers with weights, the obj {len(tgt_layers)}")
     pairs, ambiguous = [], []
     for (src_name, src), (tgt_name, tgt) in zip(src_layers, tgt_layers):
+        renames = aliases_of(tgt[0][2]) if tgt else {}
+        src = [(renames.get(r, r), s, i) for r, s, i in src]
         if sorted((r, s) for r, s, _ in src) != sorted((r, s) for r, s, _ in tgt):
             describe = lambda ws: ", ".join(f"{r}{s}" for r, s, _ in ws)  # noqa: E731
             return [], [], (f"structure: not used: layer `{src_name or '(root)'}` of the source "
@@ -496,6 +591,7 @@ def make_plan(source: Source, obj, variables, *, rules=(), at=None,
               optimizer_state=None) -> Plan:
     """Computes the plan for a live tree `variables` of obj (see `plan`)."""
     parsed = parse_rules(rules)
+    optimizer_state = optimizer_mode(optimizer_state)
     targets = index_targets(obj, variables)
     notes = list(source.notes)
     view = view_at(source, at)
@@ -508,6 +604,19 @@ def make_plan(source: Source, obj, variables, *, rules=(), at=None,
                 notes.append(note)
     result = _match(source, targets, view, parsed, optimizer_state)
     return dataclasses.replace(result, at=at, notes=tuple(notes) + result.notes, _source=source)
+
+
+def optimizer_mode(optimizer_state):
+    """Validates `optimizer_state`: "auto" (None means the same), True or False."""
+    if optimizer_state is None or (isinstance(optimizer_state, str)
+                                   and optimizer_state == "auto"):
+        return "auto"
+    if optimizer_state is True or optimizer_state is False:
+        return optimizer_state
+    raise errors.InvalidArgumentError(
+        f"optimizer_state must be 'auto', True or False. Received: "
+        f"optimizer_state={optimizer_state!r}. 'auto' moves optimizer state by the variable it "
+        "belongs to when the obj has an optimizer to put it in and skips it otherwise.")
 
 
 def view_at(source: Source, at: str | None) -> dict:
@@ -554,7 +663,12 @@ def _match(source: Source, targets: _Targets, view: dict, rules, optimizer_state
     skipped, skipped_targets, fired = [], set(), set()
     claims: dict = {}  # target -> [(rank, view key, strategy, rule)]
     unmatched, ambiguous, ambiguous_targets, optimizer_left = [], [], set(), []
+    rewritten: dict = {}  # unmatched view key -> (rewritten key, rule)
     rank_of = {"exact": 0, "rule": 0, "underscore": 1, "name": 2}
+    canon = lambda full: source.aliases.get(full, full)  # noqa: E731
+    # A network variable a Keras 3 optimizer lists (`optimizer/_trainable_variables/N`) is
+    # the same tensor as its layer path: that edge is no optimizer state of its own.
+    network_tensors = {canon(full) for key, full in view.items() if not _is_optimizer_key(key)}
     for key, full in view.items():
         if (key in BOOKKEEPING or full in BOOKKEEPING) and key not in targets.paths:
             skipped.append(f"{full}: checkpoint bookkeeping")
@@ -565,11 +679,13 @@ def _match(source: Source, targets: _Targets, view: dict, rules, optimizer_state
         if new is None:
             skipped.append(f"{full}: dropped by {rule}")
             continue
-        is_optimizer = optimizer_state is not None and _is_optimizer_key(key)
+        is_optimizer = _is_optimizer_key(key)
         if is_optimizer:  # unless it names a network variable (a module's own `global_step`)
             _, found = _candidates(new, targets, new != key)
             is_optimizer = not (found and all(p in targets.network for p in found))
-        if is_optimizer and not optimizer_state:
+        if is_optimizer and canon(full) in network_tensors:
+            continue
+        if is_optimizer and optimizer_state is False:
             skipped.append(f"{full}: optimizer state (pass optimizer_state=True to move it)")
             continue
         if is_optimizer:  # placed by the variable it belongs to, below; by path only after
@@ -583,10 +699,13 @@ def _match(source: Source, targets: _Targets, view: dict, rules, optimizer_state
             claims.setdefault(found[0], []).append((rank_of[strategy], key, strategy, rule))
         else:
             unmatched.append(key)
+            rewritten[key] = (new, rule)
     chosen: dict = {}  # target -> (view key, strategy, rule)
     for target, entries in claims.items():
         best = min(rank for rank, *_ in entries)
         top = [e for e in entries if e[0] == best]
+        if len({canon(view[k]) for _, k, _, _ in top}) == 1:  # one tensor, several keys
+            top = [next((e for e in top if e[1] == target), top[0])]
         if len(top) > 1:
             ambiguous.append((target, tuple(view[k] for _, k, _, _ in top)))
             ambiguous_targets.add(target)
@@ -596,10 +715,17 @@ def _match(source: Source, targets: _Targets, view: dict, rules, optimizer_state
     notes = []
     if source.kind != "name":
         unmatched, note = _match_structure(source, targets, view, unmatched, chosen,
-                                           ambiguous, ambiguous_targets)
+                                           ambiguous, ambiguous_targets, rewritten)
         if note:
             notes.append(note)
-    if optimizer_state and optimizer_left and not targets.optimizer_paths:
+    if optimizer_left and (optimizer_state == "auto" and not targets.slots):
+        # The obj has nowhere to put optimizer state (no optimizer, or one not built):
+        # a weights-only restore, as model.load_weights does. Listed, never silent.
+        for key, _ in optimizer_left:
+            skipped.append(f"{view[key]}: optimizer state; the obj has no optimizer slots to "
+                           "put it in (compile the model and build its optimizer to move it)")
+        optimizer_left = []
+    if optimizer_state is True and optimizer_left and not targets.optimizer_paths:
         # Asked to move optimizer state, but there is nowhere to move it: not a silent no-op.
         unmatched.extend(key for key, _ in optimizer_left)
         notes.append(f"optimizer_state=True, but the obj has no optimizer variables to move "
@@ -608,27 +734,28 @@ def _match(source: Source, targets: _Targets, view: dict, rules, optimizer_state
                      "(model.optimizer.build(model.trainable_variables)), or pass "
                      "optimizer_state=False to skip them.")
         optimizer_left = []
-    if optimizer_state:
-        source_of = {entry[0]: target for target, entry in chosen.items()}
-        key_of_name = {source.names.get(full, ""): key for key, full in view.items()}
-        by_path = []
-        for key, new in optimizer_left:
-            target = _optimizer_target(source, view, key, source_of, key_of_name, targets, rules)
-            if target is not None and target not in chosen:
-                chosen[target] = (key, "slot", None)
-            else:
-                by_path.append((key, new))
-        for key, new in by_path:  # same layout on both sides (e.g. Keras 3 to Keras 3)
-            strategy, found = _candidates(new, targets, new != key)
-            if len(found) == 1 and found[0] not in chosen and found[0] in targets.optimizer_paths:
-                chosen[found[0]] = (key, strategy, None)
-            else:
-                skipped.append(f"{view[key]}: no optimizer variable of the obj matches it")
-    if optimizer_state is not None:
-        why = "no source value" if optimizer_state else "optimizer state not moved"
+    if optimizer_left:
+        _place_optimizer_state(source, targets, view, rules, optimizer_left, chosen,
+                               unmatched, skipped, notes)
+    if optimizer_state is not False:
         for path in targets.paths:  # tree order
             if path in targets.optimizer_paths and path not in chosen:
-                skipped.append(f"{path}: the obj's optimizer variable, left as is ({why})")
+                skipped.append(f"{path}: the obj's optimizer variable, left as is "
+                               "(no source value)")
+                skipped_targets.add(path)
+            elif path in targets.rng and path not in chosen:
+                skipped.append(f"{path}: random generator state (Keras SeedGenerator), left as "
+                               "is (no source value)")
+                skipped_targets.add(path)
+    else:
+        for path in targets.paths:
+            if path in targets.optimizer_paths and path not in chosen:
+                skipped.append(f"{path}: the obj's optimizer variable, left as is "
+                               "(optimizer state not moved)")
+                skipped_targets.add(path)
+            elif path in targets.rng and path not in chosen:
+                skipped.append(f"{path}: random generator state (Keras SeedGenerator), left as "
+                               "is (no source value)")
                 skipped_targets.add(path)
     matches, mismatched = [], []
     for target in targets.paths:
@@ -642,7 +769,6 @@ def _match(source: Source, targets: _Targets, view: dict, rules, optimizer_state
             mismatched.append(problem)
         else:
             matches.append(match)
-    canon = lambda full: source.aliases.get(full, full)  # noqa: E731
     used = {canon(view[entry[0]]) for entry in chosen.values()}
     seen_unmatched, kept = set(), []
     for key in unmatched:  # one tensor listed once, and not at all when fed under another key
@@ -662,28 +788,154 @@ def _match(source: Source, targets: _Targets, view: dict, rules, optimizer_state
                 tuple(skipped), unused, notes=tuple(notes))
 
 
-def _match_structure(source, targets, view, unmatched, chosen, ambiguous, ambiguous_targets):
-    """Structure strategy over the leftovers; returns (still unmatched keys, note)."""
+def _place_optimizer_state(source, targets, view, rules, optimizer_left, chosen, unmatched,
+                           skipped, notes) -> None:
+    """Places optimizer entries by the variable they belong to; by path only when safe.
+
+    An entry whose owner the source records goes to the obj's slot of the same role
+    on the variable that owner feeds; if that owner feeds nothing, it is skipped and
+    listed. An entry with no recorded owner (an iteration counter aside) moves by its
+    path only when both sides lay out the network identically (every network
+    variable matched by its exact path, nothing left over), where positions agree;
+    otherwise it is unmatched, never guessed.
+    """
+    canon = lambda full: source.aliases.get(full, full)  # noqa: E731
+    fed = {canon(view[entry[0]]): target for target, entry in chosen.items()}
+    view_of = {canon(full): key for key, full in view.items()}
+    key_of_name = {}
+    for key, full in view.items():
+        name = source.names.get(full, "")
+        if name:
+            key_of_name[name] = None if name in key_of_name else key
+    owners = source.owners()
+    network_exact = all(t in chosen and chosen[t][1] == "exact" for t in targets.network) \
+        and not any(not _is_optimizer_key(k) for k in unmatched)
+    orphans = 0
+    for key, new in optimizer_left:
+        full = view[key]
+        counter = None
+        if _tree.split_slot(key) is None and not _TF1_SLOT.match(key):
+            counter = _COUNTERS.get(key.rsplit("/", 1)[-1].lstrip("_"))
+        if counter is not None and counter in targets.counters:
+            target = targets.counters[counter]
+            if target not in chosen:
+                chosen[target] = (key, "slot", None)
+                continue
+        owner, role = owners.get(canon(full), (None, None))
+        owner = view_of.get(canon(owner)) if owner is not None else None
+        if owner is None:
+            owner, role = _owner_by_name(source, view, key, key_of_name)
+        if owner is not None:
+            target = fed.get(canon(view.get(owner, owner)))
+            if target is None:
+                rewritten, _ = _rewrite(owner, rules)
+                if rewritten is not None:
+                    _, found = _candidates(rewritten, targets, rewritten != owner)
+                    target = found[0] if len(found) == 1 else None
+            if target is None:
+                skipped.append(f"{full}: optimizer state of `{owner}`, which feeds no variable "
+                               "of the obj")
+                orphans += 1
+                continue
+            slot = targets.slots.get((target, _SLOT_ALIASES.get(role, role)))
+            if slot is not None and slot not in chosen:
+                chosen[slot] = (key, "slot", None)
+            else:
+                unmatched.append(key)
+            continue
+        strategy, found = _candidates(new, targets, new != key)
+        if (network_exact and len(found) == 1 and found[0] not in chosen
+                and found[0] in targets.optimizer_paths):
+            chosen[found[0]] = (key, strategy, None)
+        else:
+            unmatched.append(key)
+    if orphans:
+        notes.append(f"{orphans} optimizer entries of the source belong to variables that feed "
+                     "nothing in the obj; they were skipped (listed under skipped)")
+
+
+def _owner_by_name(source, view, key, key_of_name):
+    """(view key of the owner, role) from a TF1 slot name or a saved slot name."""
+    parts = _tree.split_slot(key)
+    if parts is not None:
+        return parts[0], parts[2]
+    tf1 = _TF1_SLOT.match(key)
+    if tf1 is not None:
+        return tf1.group("var"), tf1.group("slot")
+    named = _NAMED_SLOT.match(source.names.get(view[key], ""))
+    if named is not None and key_of_name.get(named.group("var")):
+        return key_of_name[named.group("var")], named.group("slot")
+    return None, None
+
+
+def _match_structure(source, targets, view, unmatched, chosen, ambiguous, ambiguous_targets,
+                     rewritten):
+    """Saved names, then structure, over the leftovers; returns (still unmatched, note).
+
+    Both run only when no network variable matched by path (the two sides use
+    different naming schemes), and each is all or nothing. Keys are taken as
+    rules rewrote them, so a rule renaming a leaf takes part.
+    """
     if any(p in chosen or p in ambiguous_targets for p in targets.network):
         # Names line up at least in part: the rest is for rules, never for a guess.
         return unmatched, ""
-    left_targets = list(targets.network)
-    src_left = [(key, source.specs[view[key]][0], key) for key in unmatched
-                if not _is_optimizer_key(key)]
+    left_targets = [p for p in targets.network if p not in targets.rng]
+    src_left = [(rewritten.get(key, (key, None))[0], source.specs[view[key]][0], key)
+                for key in unmatched if not _is_optimizer_key(key)]
     if not src_left or not left_targets:
         return unmatched, ""
     if len(src_left) != len(left_targets):
         return unmatched, (f"structure: not used: the source has {len(src_left)} network "
                            f"entries, the obj {len(left_targets)} network variables")
-    tgt_left = [(targets.network[p], tuple(targets.paths[p].shape), p) for p in left_targets]
-    pairs, amb, note = _structure(src_left, tgt_left)
+    rule_of = {key: rewritten.get(key, (key, None))[1] for _, _, key in src_left}
+    pairs = _by_saved_name(source, targets, view, src_left)
+    strategy = "keras name"
+    amb, note = [], ""
+    if pairs is None:
+        strategy = "structure"
+        holders = targets.holders()
+        tgt_left = [(targets.network[p], tuple(targets.paths[p].shape), p) for p in left_targets]
+        pairs, amb, note = _structure(src_left, tgt_left,
+                                      lambda path: _ROLE_ALIASES.get(holders.get(path), {}))
     for key, target in pairs:
-        chosen[target] = (key, "structure", None)
+        chosen[target] = (key, strategy, rule_of[key])
     for key, candidates in amb:
         ambiguous.append((view[key], candidates))
         ambiguous_targets.update(candidates)
     used = {k for k, _ in pairs} | {k for k, _ in amb}
     return [k for k in unmatched if k not in used], note
+
+
+def _by_saved_name(source, targets, view, src_left):
+    """Pairs every leftover entry with a network variable by the Keras/TF name it was
+    saved under (`Conv1/kernel`, role renames applied), or None unless all pair up
+    one to one with equal shapes."""
+    if not source.names:
+        return None
+    holders = None
+    index: dict = {}
+    for path in targets.network:
+        if path in targets.rng:
+            continue
+        name = _compat.variable_name(targets.paths[path])
+        index.setdefault(name, []).append(path)
+        head, _, leaf = name.rpartition("/")
+        if holders is None:
+            holders = targets.holders()
+        for old, new in _ROLE_ALIASES.get(holders.get(path), {}).items():
+            if leaf.lstrip("_") == new:
+                index.setdefault(f"{head}/{old}" if head else old, []).append(path)
+    pairs, taken = [], set()
+    for _, shape, key in src_left:
+        name = source.names.get(view[key], "")
+        name = name[:-2] if name.endswith(":0") else name
+        found = index.get(name, [])
+        if len(found) != 1 or found[0] in taken or \
+                tuple(targets.paths[found[0]].shape) != tuple(shape):
+            return None
+        taken.add(found[0])
+        pairs.append((key, found[0]))
+    return pairs
 
 
 def _checked(match: Match, source: Source, variable):
@@ -705,32 +957,6 @@ def _checked(match: Match, source: Source, variable):
     return match, ""
 
 
-def _optimizer_target(source, view, key, source_of, key_of_name, targets: _Targets, rules):
-    """The obj's optimizer variable a source optimizer entry belongs in, or None."""
-    counter = _COUNTERS.get(key.rsplit("/", 1)[-1].lstrip("_"))
-    if counter is not None:
-        return targets.counters.get(counter)
-    variable_key = slot_name = None
-    parts = _tree.split_slot(key)
-    if parts is not None:
-        variable_key, _, slot_name = parts
-    elif (tf1 := _TF1_SLOT.match(key)) is not None:
-        variable_key, slot_name = tf1.group("var"), tf1.group("slot")
-    elif (named := _NAMED_SLOT.match(source.names.get(view[key], ""))) is not None:
-        variable_key, slot_name = key_of_name.get(named.group("var")), named.group("slot")
-    if variable_key is None:
-        return None
-    target = source_of.get(variable_key)
-    if target is None:
-        rewritten, _ = _rewrite(variable_key, rules)
-        if rewritten is not None:
-            _, found = _candidates(rewritten, targets, rewritten != variable_key)
-            target = found[0] if len(found) == 1 else None
-    if target is None:
-        return None
-    return targets.slots.get((target, _SLOT_ALIASES.get(slot_name, slot_name)))
-
-
 def _transformed(transform, shape, dtype, rule: str):
     """Shape and dtype a rule's transform produces, from metadata (traced, not run)."""
     try:
@@ -746,7 +972,7 @@ def _transformed(transform, shape, dtype, rule: str):
 
 
 def plan(source, obj, *, rules: Sequence = (), at: str | None = None,
-         optimizer_state: bool | None = None) -> Plan:
+         optimizer_state="auto") -> Plan:
     """Plans a restore of obj from source without changing anything.
 
     Args:
@@ -756,10 +982,13 @@ def plan(source, obj, *, rules: Sequence = (), at: str | None = None,
       rules: ordered `(regex, replacement)` or `(regex, replacement,
         transform)` rewrites of source keys (see the module docstring).
       at: plan from this subtree of the source (e.g. "model").
-      optimizer_state: None (default): optimizer entries are matched like any
-        other. True: optimizer slots (Keras 2/tf_keras `m`, `v`; TF1 `Adam`,
-        `Adam_1`) and step counters move into obj's optimizer variables by the
-        variable they belong to. False: they are skipped and listed.
+      optimizer_state: "auto" (default): like True when obj has optimizer
+        slots to put state in, else optimizer entries are skipped and listed.
+        True: optimizer slots (Keras 3 `momentum`/`velocity`, Keras 2/tf_keras
+        `m`, `v`; TF1 `Adam`/`Adam_1`, `adam_m`/`adam_v`, `Momentum`,
+        `RMSProp`, `Adagrad`, `Ftrl`, ...) and step counters (`iterations`,
+        `global_step`) move into obj's optimizer variables by the variable
+        they belong to, never by position. False: they are skipped and listed.
 
     Returns:
       A frozen `Plan`; `print(plan.describe())` shows it as a table.

@@ -60,7 +60,9 @@ class Snapshot(_tree._FrozenMapping):
         origin = self.origin()
         # Taken from a live obj whose canonical paths run through its optimizer (a
         # trained Keras 3 model): its network paths feed untrained models too.
-        return _match.snapshot_source(self._items, origin.network_aliases() if origin else {})
+        if origin is None:
+            return _match.snapshot_source(self._items)
+        return _match.snapshot_source(self._items, origin.network_aliases(), origin.slot_owners)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +79,10 @@ class RestoreReport:
         checkpoint used because the newest is damaged.
       plan: the `Plan` that was applied (None for the fast path of a Snapshot
         restored into the obj it was taken from).
+      skipped: source entries and variables left out on purpose, with why:
+        optimizer state with nowhere to go (`optimizer_state="auto"` into an obj
+        without an optimizer), or belonging to a variable that was not restored,
+        random generator state the source lacks, entries dropped by rules.
     """
 
     restored: tuple[str, ...]
@@ -86,6 +92,7 @@ class RestoreReport:
     at: str | None = None
     notes: tuple[str, ...] = ()
     plan: _match.Plan | None = dataclasses.field(default=None, repr=False, compare=False)
+    skipped: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         lines = [f"restored {len(self.restored)} variables from {self.source}"
@@ -95,6 +102,9 @@ class RestoreReport:
                          + ", ".join(self.missing))
         if self.unexpected:
             lines.append(f"not in the obj ({len(self.unexpected)}): " + ", ".join(self.unexpected))
+        if self.skipped:
+            lines.append(f"skipped ({len(self.skipped)}): " + "; ".join(self.skipped[:5])
+                         + ("; ..." if len(self.skipped) > 5 else ""))
         lines.extend(self.notes)
         return "\n".join(lines)
 
@@ -210,7 +220,7 @@ def fetch_values(the_plan: _match.Plan, variables, matches=None) -> list:
 
 
 def checked_plan(obj, variables, src: _match.Source, *, rules=(), strict: bool = True,
-                 at: str | None = None, optimizer_state: bool | None = None) -> _match.Plan:
+                 at: str | None = None, optimizer_state="auto") -> _match.Plan:
     """The plan restore follows, or the error restore raises for it (nothing assigned)."""
     if not variables:
         _refuse(obj, variables, src, _match.Plan(src.description, ()), strict)
@@ -223,7 +233,7 @@ def checked_plan(obj, variables, src: _match.Source, *, rules=(), strict: bool =
 
 
 def restore(obj, source, *, rules=(), strict: bool = True, at: str | None = None,
-            optimizer_state: bool | None = None) -> RestoreReport:
+            optimizer_state="auto") -> RestoreReport:
     """Restores obj's variables from a source, all or nothing.
 
     Source entries are matched to variables by `objckpt.plan` (object path,
@@ -249,9 +259,15 @@ def restore(obj, source, *, rules=(), strict: bool = True, at: str | None = None
         When None (and no rules) and the source's root does not match obj but
         exactly one child subtree does, that subtree is used and the report
         says so.
-      optimizer_state: None: optimizer entries are matched like any other.
-        True: move optimizer slots and counters by the variable they belong
-        to (e.g. tf_keras Adam `m`/`v` into a Keras 3 Adam). False: skip them.
+      optimizer_state: "auto" (default): when obj has an optimizer with
+        state to put them in, optimizer slots and counters move by the
+        variable they belong to (e.g. tf_keras Adam `m`/`v` into a Keras 3
+        Adam), strictly; when it has none (an uncompiled model), they are
+        skipped and listed in the report's `skipped`, as `load_weights`
+        does. True: move them; an obj without optimizer variables is an
+        error. False: skip them. Optimizer state never moves by position
+        between different optimizer layouts: an entry whose owner feeds no
+        variable is skipped and listed.
 
     Returns:
       A frozen `RestoreReport`; its `plan` says which entry fed which variable.
@@ -268,25 +284,62 @@ def restore(obj, source, *, rules=(), strict: bool = True, at: str | None = None
       >>> objckpt.restore(model, "tf1/model.ckpt", rules=[("^model_001/", "")])
     """
     variables = _tree.tree(obj)
-    if (isinstance(source, Snapshot) and at is None and not rules and optimizer_state is None
-            and source.origin() is variables):
+    if (isinstance(source, Snapshot) and at is None and not rules
+            and optimizer_state in (None, "auto") and source.origin() is variables):
         # Taken from this very obj, and its structure is unchanged: the paths,
         # shapes and dtypes are the ones just read, so there is nothing to check.
         variables.fused.assign_all(source._items.values())
         return RestoreReport(tuple(variables), source="Snapshot")
+    cache_key = _plan_cache_key(source, rules, strict, at, optimizer_state)
+    cached = variables._plans.get(cache_key) if cache_key is not None else None
+    if cached is not None and cached[0]() is source.origin():
+        # A Snapshot of a tree planned into this tree before: the same paths, shapes
+        # and dtypes on both sides (each tree is immutable), so the same checked plan.
+        _, keys, report = cached
+        items = source._items
+        _assign(variables, report.plan, [items[key] for key in keys])
+        return report
     src = _match.open_source(source)
     the_plan = checked_plan(obj, variables, src, rules=rules, strict=strict, at=at,
                             optimizer_state=optimizer_state)
     values = fetch_values(the_plan, variables)
+    _assign(variables, the_plan, values)
+    report = RestoreReport(tuple(m.target for m in the_plan.matches),
+                           the_plan.unmatched_variables, the_plan.unmatched_source,
+                           src.description, the_plan.at, the_plan.notes, the_plan,
+                           the_plan.skipped)
+    if cache_key is not None:
+        if len(variables._plans) >= _PLAN_CACHE_SIZE:
+            variables._plans.pop(next(iter(variables._plans)))
+        aliases = src.aliases
+        variables._plans[cache_key] = (
+            weakref.ref(source.origin()),
+            tuple(aliases.get(m.source, m.source) for m in the_plan.matches), report)
+    return report
+
+
+# Plans kept per target tree, for Snapshots of this many other trees.
+_PLAN_CACHE_SIZE = 8
+
+
+def _plan_cache_key(source, rules, strict, at, optimizer_state):
+    """The key a checked plan of this restore is cached under, or None (not cached).
+
+    Only Snapshots taken from a live tree, without rules: the origin tree's identity
+    stands for its paths, shapes and dtypes, as the target tree's does for its own.
+    """
+    if not isinstance(source, Snapshot) or rules or source.origin() is None:
+        return None
+    return (id(source.origin()), bool(strict), at, _match.optimizer_mode(optimizer_state))
+
+
+def _assign(variables, the_plan: _match.Plan, values) -> None:
     if len(the_plan.matches) == len(variables) and all(
             m.target == p for m, p in zip(the_plan.matches, variables)):
         variables.fused.assign_all(values)
     else:
         for match, value in zip(the_plan.matches, values):
             variables[match.target].assign(value, read_value=False)
-    return RestoreReport(tuple(m.target for m in the_plan.matches),
-                         the_plan.unmatched_variables, the_plan.unmatched_source,
-                         src.description, the_plan.at, the_plan.notes, the_plan)
 
 
 # --- saving --------------------------------------------------------------------
@@ -313,17 +366,21 @@ def save(obj_or_snapshot, prefix: str | os.PathLike) -> str:
     Raises:
       UnbuiltModelError: there is nothing to save.
     """
-    snap = obj_or_snapshot if isinstance(obj_or_snapshot, Snapshot) else snapshot(obj_or_snapshot)
+    if isinstance(obj_or_snapshot, Snapshot):
+        snap = obj_or_snapshot
+        origin = snap.origin()
+    else:  # the tree held here: an obj's tree may be cached nowhere (a tf.train.Checkpoint)
+        origin = _tree.tree(obj_or_snapshot)
+        snap = Snapshot._of_tree(origin, origin.fused.read_all())
     prefix = os.fspath(prefix)
     if not snap:
         raise errors.UnbuiltModelError(
             f"Nothing to save to `{prefix}`: {_describe(obj_or_snapshot)} has no variables. "
             "Build the model (call it on a batch) before saving it.")
-    origin = snap.origin()
     names = ([_compat.variable_name(v) for v in origin.values()] if origin is not None
              else [""] * len(snap))
     graph = _tree.build_object_graph(list(snap), names,
-                                     origin.network_aliases() if origin is not None else None)
+                                     origin.graph_aliases() if origin is not None else None)
     keys = [_compat.checkpoint_key(path) for path in snap] + [_compat.OBJECT_GRAPH_KEY]
     directory = os.path.dirname(prefix)
     if directory:

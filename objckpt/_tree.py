@@ -47,11 +47,13 @@ class _FrozenMapping(Mapping):
 class VariableTree(_FrozenMapping):
     """Ordered mapping object path -> variable of a live obj (see `tree`)."""
 
-    __slots__ = ("__weakref__", "_fingerprint", "_owner", "fused")
+    __slots__ = ("__weakref__", "_fingerprint", "_owner", "_plans", "fused")
 
     def __init__(self, items: dict, fingerprint=None, owner=None):
         super().__init__(items)
         self.fused = _compat.FusedOps(items.values())
+        # Checked restore plans from Snapshots of other trees (see objckpt.restore).
+        self._plans: dict = {}
         self._fingerprint = fingerprint
         try:
             self._owner = weakref.ref(owner) if owner is not None else None
@@ -68,6 +70,38 @@ class VariableTree(_FrozenMapping):
         path_of = {id(v): p for p, v in self._items.items()}
         return {path: path_of[id(v)] for path, v in _compat.network_variable_paths(owner)
                 if id(v) in path_of and path_of[id(v)] != path}
+
+    def graph_aliases(self) -> dict[str, str]:
+        """Every other path to a variable that a checkpoint's graph should record.
+
+        `network_aliases`, plus each edge TF's object graph has to a variable
+        besides its canonical one (a Keras 3 optimizer's `_trainable_variables`
+        list), so a checkpoint written from paths holds the edges TF writes.
+        """
+        owner = self._owner() if self._owner is not None else None
+        if owner is None:
+            return {}
+        path_of = {id(v): p for p, v in self._items.items()}
+        aliases = {path: path_of[id(v)] for path, v in _compat.variable_edges(owner)
+                   if id(v) in path_of and path_of[id(v)] != path}
+        aliases.update(self.network_aliases())
+        return aliases
+
+    def slot_owners(self) -> dict[str, tuple[str, str]]:
+        """{optimizer variable path: (path of the variable it belongs to, role)}."""
+        owner = self._owner() if self._owner is not None else None
+        out = {}
+        for path in self._items:
+            parts = split_slot(path)
+            if parts is not None:
+                out[path] = (parts[0], parts[2])
+        if owner is None:
+            return out
+        path_of = {id(v): p for p, v in self._items.items()}
+        for variable, role, slot in _compat.optimizer_slot_lists(owner, self._items.values()):
+            if id(variable) in path_of and id(slot) in path_of:
+                out[path_of[id(slot)]] = (path_of[id(variable)], role)
+        return out
 
     def __repr__(self) -> str:
         head = ", ".join(list(self)[:3]) + (", ..." if len(self) > 3 else "")

@@ -21,6 +21,7 @@ __all__ = [
     "TemplateError",
     "UnbuiltModelError",
     "UnsupportedObjectError",
+    "UntrackedVariableError",
 ]
 
 
@@ -62,6 +63,18 @@ class UnsupportedObjectError(ObjckptError, TypeError):
 
 class InvalidArgumentError(ObjckptError, ValueError):
     """An argument has a value objckpt cannot use (range, pattern, option)."""
+
+
+class UntrackedVariableError(ObjckptError, ValueError):
+    """An obj owns a variable (Keras: in `obj.variables`) that no attribute path reaches.
+
+    Attributes:
+      problems: one line per such variable: its name, shape and owning layer.
+    """
+
+    def __init__(self, message: str, problems: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.problems = problems
 
 
 class CloneError(UnsupportedObjectError):
