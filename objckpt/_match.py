@@ -734,29 +734,26 @@ def _match(source: Source, targets: _Targets, view: dict, rules, optimizer_state
                      "(model.optimizer.build(model.trainable_variables)), or pass "
                      "optimizer_state=False to skip them.")
         optimizer_left = []
+    moved = bool(optimizer_left)
     if optimizer_left:
         _place_optimizer_state(source, targets, view, rules, optimizer_left, chosen,
                                unmatched, skipped, notes)
-    if optimizer_state is not False:
-        for path in targets.paths:  # tree order
-            if path in targets.optimizer_paths and path not in chosen:
-                skipped.append(f"{path}: the obj's optimizer variable, left as is "
-                               "(no source value)")
-                skipped_targets.add(path)
-            elif path in targets.rng and path not in chosen:
-                skipped.append(f"{path}: random generator state (Keras SeedGenerator), left as "
-                               "is (no source value)")
-                skipped_targets.add(path)
-    else:
-        for path in targets.paths:
-            if path in targets.optimizer_paths and path not in chosen:
-                skipped.append(f"{path}: the obj's optimizer variable, left as is "
-                               "(optimizer state not moved)")
-                skipped_targets.add(path)
-            elif path in targets.rng and path not in chosen:
-                skipped.append(f"{path}: random generator state (Keras SeedGenerator), left as "
-                               "is (no source value)")
-                skipped_targets.add(path)
+    # When state moves, a slot of a restored variable that gets no value is missing (a
+    # strict restore refuses it); counters and the slots of variables not restored stay.
+    owner_of_slot = {slot: owner for (owner, _), slot in targets.slots.items()}
+    why = "no source value" if optimizer_state is not False else "optimizer state not moved"
+    for path in targets.paths:  # tree order
+        if path in chosen:
+            continue
+        if path in targets.optimizer_paths:
+            if moved and owner_of_slot.get(path) in chosen:
+                continue  # listed as missing below
+            skipped.append(f"{path}: the obj's optimizer variable, left as is ({why})")
+            skipped_targets.add(path)
+        elif path in targets.rng:
+            skipped.append(f"{path}: random generator state (Keras SeedGenerator), left as "
+                           "is (no source value)")
+            skipped_targets.add(path)
     matches, mismatched = [], []
     for target in targets.paths:
         if target not in chosen:
@@ -847,6 +844,9 @@ def _place_optimizer_state(source, targets, view, rules, optimizer_left, chosen,
         if (network_exact and len(found) == 1 and found[0] not in chosen
                 and found[0] in targets.optimizer_paths):
             chosen[found[0]] = (key, strategy, None)
+        elif key.rsplit("/", 1)[-1] in ("beta1_power", "beta2_power") and not found:
+            skipped.append(f"{full}: TF1 Adam's running beta power; the obj's optimizer "
+                           "computes it from the step count, which moves")
         else:
             unmatched.append(key)
     if orphans:

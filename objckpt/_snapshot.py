@@ -28,17 +28,19 @@ class Snapshot(_tree._FrozenMapping):
     `Snapshot({"hidden/_kernel": np.ones((3, 4))})`.
     """
 
-    __slots__ = ("_origin",)
+    __slots__ = ("_keep", "_origin")
 
     def __init__(self, values: Mapping):
         super().__init__({str(path): tf.convert_to_tensor(value) for path, value in values.items()})
         self._origin = None
+        self._keep = None
 
     @classmethod
     def _of_tree(cls, variables: _tree.VariableTree, values: list) -> Snapshot:
         result = cls.__new__(cls)
         _tree._FrozenMapping.__init__(result, dict(zip(variables, values)))
         result._origin = weakref.ref(variables)
+        result._keep = None
         return result
 
     def origin(self) -> _tree.VariableTree | None:
@@ -128,7 +130,12 @@ def snapshot(obj) -> Snapshot:
       >>> objckpt.restore(model, best)
     """
     variables = _tree.tree(obj)
-    return Snapshot._of_tree(variables, variables.fused.read_all())
+    snap = Snapshot._of_tree(variables, variables.fused.read_all())
+    if not _tree.is_cached(obj, variables):
+        # Nothing else keeps this tree (an obj without a cheap fingerprint, such as a
+        # tf.train.Checkpoint): the Snapshot does, for what saving it needs to know.
+        snap._keep = variables
+    return snap
 
 
 def _describe(obj) -> str:
@@ -149,10 +156,18 @@ def _refuse(obj, variables, source, the_plan: _match.Plan, strict: bool,
     lines = list(the_plan.mismatched)
     lines += [f"ambiguous, not guessed: `{what}` could be any of "
               + ", ".join(f"`{c}`" for c in candidates) for what, candidates in the_plan.ambiguous]
-    if strict:
-        lines += [f"`{p}`: in the obj but missing from the source"
-                  for p in the_plan.unmatched_variables]
-        lines += [f"`{p}`: in the source but not in the obj" for p in the_plan.unmatched_source]
+    if strict:  # the network's problems first: optimizer state follows from them
+        missing = sorted(the_plan.unmatched_variables,
+                         key=lambda p: _match._is_optimizer_key(p))
+        extra = sorted(the_plan.unmatched_source, key=lambda p: _match._is_optimizer_key(p))
+        lines += [f"`{p}`: in the obj but missing from the source" for p in missing
+                  if not _match._is_optimizer_key(p)]
+        lines += [f"`{p}`: in the source but not in the obj" for p in extra
+                  if not _match._is_optimizer_key(p)]
+        lines += [f"`{p}`: in the obj but missing from the source" for p in missing
+                  if _match._is_optimizer_key(p)]
+        lines += [f"`{p}`: in the source but not in the obj" for p in extra
+                  if _match._is_optimizer_key(p)]
     fixes = []
     if the_plan.mismatched:
         fixes.append("rebuild the obj with the source's shapes and dtypes, or fix the rule's "

@@ -156,6 +156,14 @@ def tree(obj) -> VariableTree:
     return result
 
 
+def is_cached(obj, variables) -> bool:
+    """Whether `variables` is the tree cached for obj (kept alive while obj is unchanged)."""
+    try:
+        return _TREE_CACHE.get(obj) is variables
+    except TypeError:  # not weak-referenceable
+        return False
+
+
 @dataclasses.dataclass(frozen=True)
 class Entry:
     """One variable of a checkpoint, read from metadata only.
