@@ -13,8 +13,17 @@ nox.options.sessions = ["keras3", "tf_keras", "keras2"]
 nox.options.reuse_existing_virtualenvs = True
 
 
-def _run_tests(session, *pins, env=None, extras="test"):
+# keras-hub backbones are tested in the keras3 session (tests/test_keras_hub.py). Its
+# tensorflow-text requirement pins an older TensorFlow and the backbones do not use it, so
+# keras-hub goes in without its dependencies, then those the backbones import.
+KERAS_HUB = (("--no-deps", "keras-hub"),
+             ("regex", "rich", "kagglehub", "tokenizers", "sentencepiece"))
+
+
+def _run_tests(session, *pins, env=None, extras="test", also=()):
     session.install(*pins, f".[{extras}]")
+    for args in also:
+        session.install(*args)
     session.run("python", "-c", "import tensorflow as tf, keras; "
                 "print('TF', tf.__version__, 'keras', keras.__version__)", env=env)
     session.run("pytest", "-q", "-p", "no:cacheprovider", *session.posargs, env=env)
@@ -22,7 +31,8 @@ def _run_tests(session, *pins, env=None, extras="test"):
 
 @nox.session
 def keras3(session):
-    """Latest TF with Keras 3 (tf.keras is Keras 3); also runs the colab/ notebooks.
+    """Latest TF with Keras 3 (tf.keras is Keras 3); also runs the colab/ notebooks and the
+    keras-hub backbone tests.
 
     The notebooks' Jupyter kernel also needs tf_keras (the migration notebook writes a
     tf_keras checkpoint); it goes into a side folder that only the kernel sees, so the rest
@@ -31,7 +41,7 @@ def keras3(session):
     side = os.path.join(session.virtualenv.location, "notebook-site")
     session.run("python", "-m", "pip", "install", "--quiet", "--upgrade", "--no-deps",
                 "--target", side, "tf_keras")
-    _run_tests(session, "tensorflow", extras="test,notebooks",
+    _run_tests(session, "tensorflow", extras="test,notebooks", also=KERAS_HUB,
                env={"TF_USE_LEGACY_KERAS": "0", "OBJCKPT_NOTEBOOK_PATH": side})
 
 

@@ -2,7 +2,8 @@
 
 Usage:
   python benchmarks/run.py [--json results.json] [--repeats N] [--only a|b]
-                           [--section all|foundation|twins|migrate|ensemble|checkpointing]
+                           [--section all|foundation|twins|migrate|ensemble|checkpointing|
+                                      completeness]
                            [--steps N] [--batch N] [--migrate-tensors N]
 
 Models:
@@ -159,7 +160,7 @@ def main(argv=None) -> int:
     parser.add_argument("--only", choices=["a", "b"], help="one model only")
     parser.add_argument("--section",
                         choices=["all", "foundation", "twins", "migrate", "ensemble",
-                                 "checkpointing"],
+                                 "checkpointing", "completeness"],
                         default="all")
     parser.add_argument("--migrate-tensors", type=int, default=16,
                         help="float32 4096x4096 tensors in the migrate source (16: ~1.07 GB)")
@@ -223,6 +224,20 @@ def main(argv=None) -> int:
             out.setdefault("freezer", []).append(result)
             print(f"\n[freezer] ({key}) {result['model']}, Adam step in a tf.function")
             _print_result(key, result)
+    if args.section in ("all", "completeness") and args.only != "b":
+        import bench_completeness
+
+        result = bench_completeness.bench_snapshot_into_twin(build_mlp, keras, args.repeats)
+        out["snapshot_into_twin"] = result
+        print(f"\n[completeness] (a) snapshot of one instance into another: {result['model']}")
+        _print_result("a", result)
+        result = bench_completeness.bench_vit_coverage(keras, args.repeats)
+        if result is None:
+            print("\n[completeness] keras-hub is not installed: ViT coverage not measured")
+        else:
+            out["vit_coverage"] = result
+            print(f"\n[completeness] {result['model']}")
+            _print_result("", result)
     if args.section in ("all", "checkpointing") and args.only != "b":
         import bench_checkpointing
 

@@ -486,13 +486,14 @@ def keras_collection_children(node) -> list[tuple[tuple[str, ...], object]]:
     """Children of a Keras 3 object that TF's object graph does not list.
 
     Keras 3 wraps lists and dicts assigned to a layer in its own tracked
-    collections, which TF's checkpoint walk does not enter (tf_keras wraps
-    them in TF's `ListWrapper`/`_DictWrapper`, which it does): every layer,
-    variable or object in them is returned with the edge names tf_keras uses,
-    `("blocks", "0")` for `self.blocks[0]`, `("heads", "a")` for
-    `self.heads["a"]`. Keras objects that are not trackables but hold
-    variables (a `SeedGenerator`'s `state`) come as `("seed_generator",
-    "state")`. Edge names are unescaped. Everything else returns [].
+    collections (their names in `layer._tracked`), which TF's checkpoint walk
+    does not enter (tf_keras wraps them in TF's `ListWrapper`/`_DictWrapper`,
+    which it does): every layer, variable or object in them is returned with
+    the edge names tf_keras uses, `("blocks", "0")` for `self.blocks[0]`,
+    `("heads", "a")` for `self.heads["a"]`. Tuples count too. The state of a
+    `SeedGenerator` (not a trackable) comes as `("seed_generator", "state")`,
+    named by the attribute holding the generator. Edge names are unescaped.
+    Everything else returns [].
     """
     if not _is_keras3_type(type(node)):
         return []
@@ -500,15 +501,27 @@ def keras_collection_children(node) -> list[tuple[tuple[str, ...], object]]:
         attributes = vars(node)
     except TypeError:
         return []
+    tracked = attributes.get("_tracked")
+    names = list(tracked) if isinstance(tracked, list) else []
+    names += [name for name, value in attributes.items()
+              if type(value) is tuple or (not isinstance(tracked, list)
+                                          and isinstance(value, (list, dict)))]
     out: list = []
-    for name, value in attributes.items():
-        if name in _KERAS3_BOOKKEEPING or is_trackable(value) and not isinstance(
-                value, (list, tuple, dict)):
-            continue
-        _collect(out, (name,), value, 0)
+    for name in dict.fromkeys(names):
+        value = attributes.get(name)
+        if name not in _KERAS3_BOOKKEEPING and isinstance(value, (list, tuple, dict)):
+            _collect(out, (name,), value, 0)
     seeds = attributes.get("_seed_generators")
-    if isinstance(seeds, (list, tuple)):  # those held by no attribute of their own
-        _collect(out, ("_seed_generators",), seeds, 0)
+    if seeds:
+        held_by = {id(value): name for name, value in attributes.items()
+                   if name != "_seed_generators"}
+        for index, generator in enumerate(seeds):
+            state = getattr(generator, "state", None)
+            if state is None:
+                continue
+            name = held_by.get(id(generator))
+            edges = (name,) if name else ("_seed_generators", str(index))
+            out.append(((*edges, "state"), state))
     return out
 
 
@@ -518,16 +531,15 @@ def _collect(out: list, edges: tuple, value, depth: int) -> None:
     if isinstance(value, dict):
         for key, item in value.items():
             _collect(out, (*edges, str(key)), item, depth + 1)
-    elif isinstance(value, (list, tuple)) and not isinstance(value, str):
+    elif isinstance(value, (list, tuple)):
         for index, item in enumerate(value):
             _collect(out, (*edges, str(index)), item, depth + 1)
     elif depth > 0 and (is_trackable(value) or _keras3_variable(value)):
         out.append((edges, value))
-    elif not is_trackable(value) and _is_keras3_type(type(value)) and \
-            hasattr(value, "__dict__"):
-        for attribute, inner in vars(value).items():  # a SeedGenerator's state
-            if _keras3_variable(inner) or isinstance(inner, tf.Variable):
-                out.append(((*edges, attribute), inner))
+    elif depth > 0 and type(value).__name__ == "SeedGenerator":  # in a list of its own
+        state = getattr(value, "state", None)
+        if state is not None:
+            out.append(((*edges, "state"), state))
 
 
 def _collection_paths(reached, found, skip_optimizers: bool = False) -> list:

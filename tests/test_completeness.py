@@ -319,3 +319,37 @@ def test_snapshot_into_a_second_instance_reuses_the_checked_plan():
         objckpt.restore(b, objckpt.snapshot(other))
     third = objckpt.restore(b, objckpt.snapshot(a), strict=False)
     assert third is not first
+
+
+def test_freezer_ensemble_and_default_twins_cover_list_layers(tmp_path):
+    keras = keras_for("keras3")
+    model = list_net("keras3", train=False)
+    x = _x(4)
+
+    twins = objckpt.Twins(model)  # past = clone: weights only in lists and dicts
+    before = np.asarray(twins.past(x))
+    model.blocks[1].inner[0].kernel.assign(model.blocks[1].inner[0].kernel * 2.0 + 0.1)
+    assert np.abs(np.asarray(model(x)) - before).max() > 0
+    twins.sync()
+    np.testing.assert_array_equal(np.asarray(twins.past(x)), np.asarray(model(x)))
+
+    freezer = objckpt.Freezer(model)
+    frozen = freezer.freeze("^blocks/1/")
+    assert len(frozen) == 8 and all(p.startswith("blocks/1/") for p in frozen)
+    optimizer = keras.optimizers.SGD(0.1)
+    kept = model.blocks[1].dense.kernel.numpy()
+    moved = model.heads["score"].kernel.numpy()
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(model(x, training=True) ** 2)
+    variables = model.trainable_variables
+    freezer.apply_gradients(optimizer, zip(tape.gradient(loss, variables), variables))
+    np.testing.assert_array_equal(model.blocks[1].dense.kernel.numpy(), kept)
+    assert np.abs(model.heads["score"].kernel.numpy() - moved).max() > 0
+
+    prefixes = [objckpt.save(list_net("keras3", train=False, seed=s), tmp_path / f"m{s}")
+                for s in (5, 6)]
+    ensemble = objckpt.load_ensemble(list_net("keras3", train=False), prefixes)
+    stacked = np.asarray(ensemble(x))
+    for i, seed in enumerate((5, 6)):
+        np.testing.assert_allclose(stacked[i], np.asarray(list_net("keras3", train=False,
+                                                                   seed=seed)(x)), atol=1e-5)
