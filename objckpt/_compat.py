@@ -471,8 +471,9 @@ _KERAS3_TYPES: dict = {}
 
 def _is_keras3_type(cls) -> bool:
     known = _KERAS3_TYPES.get(cls)
-    if known is None:
-        known = any(c.__module__.startswith("keras.src.") for c in cls.__mro__)
+    if known is None:  # Keras 2.13-2.15 live in `keras.src` too: the version tells
+        known = _keras3_variable_type() is not None and any(
+            c.__module__.startswith("keras.src.") for c in cls.__mro__)
         _KERAS3_TYPES[cls] = known
     return known
 

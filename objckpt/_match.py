@@ -14,13 +14,19 @@ restore will do. Strategies, in order:
    `hidden/_kernel` ~ `hidden/kernel`), else whose variable name equals it
    ("name": TF1 names such as `dense/kernel`; a Keras model's own name may
    be left off, as in `conv/kernel` for `tf1_rewrite/conv/kernel`).
-3. "structure": when no network variable matched by name at all (the two
-   object graphs use different naming schemes), an object-based source's
-   entries are matched layer by layer, in depth-first order, by weight role
-   (kernel, bias, gamma, moving_mean, ...) and shape, if and only if the two
-   sequences of layers line up exactly. This is what carries a Keras 2 / tf_keras checkpoint
+3. "keras name", then "structure": when no network variable matched by path
+   at all (the two object graphs use different naming schemes), an
+   object-based source's leftover entries are matched by the Keras/TF name
+   each was saved under (`Conv1/kernel`) if every one pairs up one to one;
+   else layer by layer, in depth-first order, by weight role (kernel, bias,
+   gamma, moving_mean, ...) and shape, if and only if the two sequences of
+   layers line up exactly. Both read keys as the rules rewrote them, and
+   roles through `_roles.ROLE_ALIASES` (Keras 2 / tf_keras -> Keras 3 renames,
+   per layer class). This is what carries a Keras 2 / tf_keras checkpoint
    (`layer_with_weights-0/kernel`) into the same architecture in Keras 3
    (`_functional/_operations/1/_kernel`).
+4. optimizer state (see `_place_optimizer_state`): by the variable each entry
+   belongs to, never by position between different layouts.
 
 A candidate is never guessed between equals: two sources for one variable, or
 two variables for one source, are reported as ambiguous.
@@ -109,7 +115,7 @@ class Source:
     # Returns {key: (key of the variable it belongs to, slot role)} for the optimizer
     # entries whose owner the source itself records (slot tables, saved names, Keras 3
     # variable lists), so optimizer state moves by owner, never by position.
-    owners: Callable = lambda: {}  # noqa: E731
+    owners: Callable = lambda: {}
 
 
 def _prefix_subtree(keys, at: str) -> dict:
@@ -356,7 +362,8 @@ class Match:
     Attributes:
       target: the variable's object path in the obj.
       source: the source key (object path or TF1 name) as stored.
-      strategy: "exact", "rule", "underscore", "name", "structure" or "slot".
+      strategy: "exact", "rule", "underscore", "name", "keras name", "structure"
+        or "slot".
       rule: the rule that rewrote the key, described, or "".
     """
 

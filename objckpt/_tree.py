@@ -115,10 +115,15 @@ _TREE_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def tree(obj) -> VariableTree:
     """Returns the ordered mapping object path -> variable of a live obj.
 
-    The key set is the one `tf.train.Checkpoint(root=obj)` writes, minus
-    `save_counter`: a variable reachable by two paths (a shared layer) appears
-    once, under TF's canonical (breadth-first) path; optimizer slot variables
-    keep TF's `<variable>/.OPTIMIZER_SLOT/<optimizer>/<slot>` form. Keras 3
+    For everything TF's object graph reaches, the key set is the one
+    `tf.train.Checkpoint(root=obj)` writes, minus `save_counter`: a variable
+    reachable by two paths (a shared layer) appears once, under TF's canonical
+    (breadth-first) path; optimizer slot variables keep TF's
+    `<variable>/.OPTIMIZER_SLOT/<optimizer>/<slot>` form. What TF's graph
+    misses follows: Keras 3 layers held in lists and dicts, under the paths
+    tf_keras gives the same code (`blocks/0/dense/_kernel`), and Keras 3
+    `SeedGenerator` states (`dropout/seed_generator/state`). Every variable in
+    a Keras obj's `variables` (and its optimizer's) is covered. Keras 3
     `keras.Variable`s are resolved to the `tf.Variable` they wrap, so every
     value of the mapping can be read and assigned.
 
@@ -131,6 +136,8 @@ def tree(obj) -> VariableTree:
 
     Raises:
       UnsupportedObjectError: obj is not trackable.
+      UntrackedVariableError: obj owns a variable no attribute path reaches
+        (a layer held in a set); the message names it and its layer.
 
     Example:
       >>> objckpt.tree(model)["hidden/_kernel"].shape

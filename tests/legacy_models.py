@@ -27,7 +27,7 @@ def block_class(keras):
     return Block
 
 
-def ListNet(keras, units: int = 8):  # noqa: N802 (builds a model, named like one)
+def ListNet(keras, units: int = 8):  # builds a model: named like one
     """A subclassed model whose layers sit in a list and a nested dict (a transformer's
     usual layout): `blocks/0/...`, `heads/score`, `heads/extra/0`, plus a Dropout."""
     block = block_class(keras)

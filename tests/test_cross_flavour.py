@@ -174,8 +174,8 @@ def test_structure_reads_renamed_roles_through_the_alias_table(keras3, applicati
 
 def test_role_alias_table_is_generated_and_current():
     script = os.path.join(HERE, "make_role_aliases.py")
-    env = dict(os.environ, TF_USE_LEGACY_KERAS="0", TF_CPP_MIN_LOG_LEVEL="2",
-               PYTHONPATH=os.pathsep.join([os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")]))
+    path = os.pathsep.join([os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")])
+    env = dict(os.environ, TF_USE_LEGACY_KERAS="0", TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=path)
     result = subprocess.run([sys.executable, script, "--check"], env=env, capture_output=True,
                             text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr[-2000:]

@@ -69,7 +69,7 @@ def pair(request):
 
 
 def test_tree_and_snapshot_cover_every_weight(pair):
-    name, a, _ = pair
+    _, a, _ = pair
     variables = objckpt.tree(a)
     assert inner_ids(a.weights) <= {id(v) for v in variables.values()}
     assert inner_ids(a.variables) == {id(v) for v in variables.values()}

@@ -76,7 +76,7 @@ def write(keras, what, directory, compile_):
     if train:
         model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
         y_train = np.asarray(model(x[:1]))
-        targets = rng.normal(size=(len(x),) + y_train.shape[1:]).astype("float32")
+        targets = rng.normal(size=(len(x), *y_train.shape[1:])).astype("float32")
         model.fit(x, targets, epochs=1, batch_size=len(x), verbose=0)
         extra = _moments(model)
     y = np.asarray(model(x, training=False))
