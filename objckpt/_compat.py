@@ -31,6 +31,19 @@ VARIABLE_VALUE = "VARIABLE_VALUE"
 OPTIMIZER_SLOT = ".OPTIMIZER_SLOT"
 
 
+def unescape_local(component: str) -> str:
+    """Inverse of TF's `escape_local_name`: ".." -> "." and ".S" -> "/"."""
+    out, i = [], 0
+    while i < len(component):
+        if component[i] == "." and i + 1 < len(component):
+            out.append("/" if component[i + 1] == "S" else component[i + 1])
+            i += 2
+        else:
+            out.append(component[i])
+            i += 1
+    return "".join(out)
+
+
 def checkpoint_key(path: str) -> str:
     """Returns the checkpoint key TF uses for the variable at `path`."""
     return path + ATTRIBUTES + VARIABLE_VALUE
@@ -93,7 +106,22 @@ def variable_paths(obj) -> list[tuple[str, object]]:
             out.append((names[trackable], variable))
     out.extend(_collection_paths([(t, names[t]) for t in objects], out))
     check_complete(obj, out)
+    _check_unique(obj, out)
     return out
+
+
+def _check_unique(obj, found) -> None:
+    """Two variables under one path (dict keys 1 and "1" in one Keras 3 dict) is an error."""
+    paths: dict = {}
+    for path, variable in found:
+        paths.setdefault(path, []).append(variable)
+    clashes = [path for path, variables in paths.items() if len(variables) > 1]
+    if clashes:
+        raise errors.UntrackedVariableError(
+            f"{type(obj).__name__} holds {len(clashes)} pair(s) of variables under one object "
+            f"path, so one of each would be left behind: {', '.join(clashes[:5])}. This "
+            "happens when one dict of layers has keys that read the same as text (1 and "
+            "'1'). Fix: give the dict distinct string keys.", tuple(clashes))
 
 
 def is_unbuilt(obj) -> bool:
@@ -560,11 +588,13 @@ def _collection_paths(reached, found, skip_optimizers: bool = False) -> list:
     def visit(child, path):
         if id(child) in seen or (skip_optimizers and _is_optimizer(child)):
             return
-        seen.add(id(child))
         variable = as_variable(child)
+        if variable is not None and id(variable) in seen:
+            return  # a keras.Variable whose tf.Variable was reached already
+        seen.add(id(child))
         if variable is None:
             queue.append((child, path, True))
-        elif id(variable) not in seen:
+        else:
             seen.add(id(variable))
             out.append((path, variable))
 
@@ -588,6 +618,8 @@ def check_complete(obj, found, optimizer: bool = True) -> None:
     have = {id(variable) for _, variable in found}
     missing = []
     for owner in _keras_roots(obj):
+        if is_unbuilt(owner):  # its layers may exist before it does: unbuilt, not untracked
+            continue
         for value in _owned_variables(owner, optimizer):
             variable = as_variable(value)
             if variable is not None and id(variable) not in have:
@@ -673,6 +705,10 @@ def _optimizers(obj) -> list:
         for child in _graph_view.ObjectGraphView(obj).children(obj).values():
             # tf.train.Checkpoint(model=m): m's optimizer too
             candidates.extend((child, getattr(child, "optimizer", None)))
+    for candidate in list(candidates):  # what a wrapper (LossScaleOptimizer) wraps
+        inner = getattr(candidate, "inner_optimizer", None)
+        if inner is not None:
+            candidates.append(inner)
     for candidate in candidates:
         if callable(getattr(candidate, "apply_gradients", None)) and \
                 all(candidate is not f for f in found):
@@ -685,6 +721,7 @@ def _optimizers(obj) -> list:
 _SLOT_LISTS = (("_momentums", "m"), ("momentums", "m"), ("_velocities", "v"),
                ("_velocity_hats", "vhat"), ("_average_gradients", "mg"),
                ("_accumulators", "accumulator"), ("_linears", "linear"),
+               ("_accumulated_gradients", "gradient_accumulator"), ("_m", "m"), ("_u", "norm"),
                ("_accumulated_grads", "accum_grad"),
                ("_accumulated_delta_vars", "accum_delta"))
 
@@ -1013,13 +1050,20 @@ def live_object_graph(obj):
             path = f"{path_of[current]}/{local}" if path_of[current] else local
             node_of[path], path_of[child.node_id] = child.node_id, path
             order.append(child.node_id)
+    known: dict = {}  # id(node) -> its children, each node listed once (large models)
+
+    def children_of(node):
+        if id(node) not in known:
+            known[id(node)] = (node, children_with_collections(node))
+        return known[id(node)][1]
+
     for path, _ in extra:
         node, walked = obj, []
         for edge in path.split("/"):
             walked.append(edge)
             here = "/".join(walked)
-            local = edge.replace(".S", "/").replace("..", ".")
-            node = children_with_collections(node).get(local) if node is not None else None
+            local = unescape_local(edge)
+            node = children_of(node).get(local) if node is not None else None
             if here in node_of:
                 continue
             node_id = len(proto.nodes)

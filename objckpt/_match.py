@@ -65,10 +65,12 @@ _SLOT_ALIASES = {
     "Adadelta": "accum_grad", "accumulated_grad": "accum_grad",
     "Adadelta_1": "accum_delta", "accum_update": "accum_delta",
     "accumulated_delta_var": "accum_delta",
+    "gradient_accumulator": "gradient_accumulator", "norm": "norm",
 }
 # Keras 3 names an optimizer variable `<owner path, / as _>_<role>`, in `_variables`.
 _KERAS3_ROLES = ("velocity_hat", "average_gradient", "accumulated_delta_var",
-                 "accumulated_grad", "momentum", "velocity", "accumulator", "linear")
+                 "accumulated_grad", "gradient_accumulator", "momentum", "velocity",
+                 "accumulator", "linear", "norm")
 # A tf_keras (2.11+) / Keras 3 optimizer variable's saved name: `<opt>/<slot>/<variable name>`.
 _NAMED_SLOT = re.compile(r"^(?:[^/]+/)?(?P<slot>m|v|vhat|momentum|velocity|velocity_hat|"
                          r"average_gradient|accumulator|linear|accumulated_grad|"
@@ -107,10 +109,11 @@ class Source:
     # Extra keys for the same tensors: a variable's path through the network when its
     # canonical path runs through an optimizer (a trained Keras 3 model).
     aliases: dict = dataclasses.field(default_factory=dict)
-    # Returns everything planning reads but `names` (which only places optimizer slots
-    # when optimizer_state=True), hashable: two sources with equal structures get the
-    # same plan for the same obj unless optimizer state is moved (load_ensemble plans
-    # once per structure). Computed on request only. None: unknown.
+    # Returns everything planning reads but `names`, hashable: two sources with equal
+    # structures get the same plan for the same obj unless their saved names decide it
+    # (optimizer state that moves, the "keras name" strategy); load_ensemble plans once
+    # per structure only with optimizer_state=False and a path match. Computed on
+    # request only. None: unknown.
     structure: Callable | None = None
     # Returns {key: (key of the variable it belongs to, slot role)} for the optimizer
     # entries whose owner the source itself records (slot tables, saved names, Keras 3
@@ -470,7 +473,7 @@ class _Targets:
     by_name: dict
     network: dict  # tree path -> network path (no optimizer), for structure
     slots: dict  # (tree path of a variable, slot role) -> tree path of the slot
-    counters: dict  # "iterations" / "learning_rate" -> tree path
+    counters: dict  # "iterations" / "learning_rate" / ... -> [tree paths] (one per optimizer)
     optimizer_paths: frozenset
     rng: frozenset = frozenset()  # tree paths of random generator state (Keras 3 seeds)
     by_network: dict = dataclasses.field(default_factory=dict)  # network path -> tree path
@@ -511,8 +514,8 @@ def index_targets(obj, variables) -> _Targets:
         if id(variable) in path_of and id(slot_variable) in path_of:
             slots[(path_of[id(variable)], role)] = path_of[id(slot_variable)]
     for name, counter in _compat.optimizer_counters(obj):
-        if id(counter) in path_of:
-            counters[name] = path_of[id(counter)]
+        if id(counter) in path_of and path_of[id(counter)] not in counters.get(name, ()):
+            counters.setdefault(name, []).append(path_of[id(counter)])
     rng = {id(v) for v in _compat.rng_state_variables(obj)}
 
     memo: list = []
@@ -725,12 +728,12 @@ def _match(source: Source, targets: _Targets, view: dict, rules, optimizer_state
                                            ambiguous, ambiguous_targets, rewritten)
         if note:
             notes.append(note)
-    if optimizer_left and (optimizer_state == "auto" and not targets.slots):
-        # The obj has nowhere to put optimizer state (no optimizer, or one not built):
-        # a weights-only restore, as model.load_weights does. Listed, never silent.
+    if optimizer_left and (optimizer_state == "auto" and not targets.optimizer_paths):
+        # The obj has no optimizer to put optimizer state in: a weights-only restore, as
+        # model.load_weights does. Listed, never silent.
         for key, _ in optimizer_left:
-            skipped.append(f"{view[key]}: optimizer state; the obj has no optimizer slots to "
-                           "put it in (compile the model and build its optimizer to move it)")
+            skipped.append(f"{view[key]}: optimizer state; the obj has no optimizer to put it "
+                           "in (compile the model and build its optimizer to move it)")
         optimizer_left = []
     if optimizer_state is True and optimizer_left and not targets.optimizer_paths:
         # Asked to move optimizer state, but there is nowhere to move it: not a silent no-op.
@@ -812,8 +815,15 @@ def _place_optimizer_state(source, targets, view, rules, optimizer_left, chosen,
         if name:
             key_of_name[name] = None if name in key_of_name else key
     owners = source.owners()
-    network_exact = all(t in chosen and chosen[t][1] == "exact" for t in targets.network) \
+    network_exact = all(t in chosen and chosen[t][1] == "exact" for t in targets.network
+                        if t not in targets.rng) \
         and not any(not _is_optimizer_key(k) for k in unmatched)
+    if network_exact and _same_optimizer_layout(source, targets, view, optimizer_left, chosen):
+        # The same network and the same optimizer layout on both sides (a model restored
+        # from its own checkpoint): every entry has its twin at the same path.
+        for key, new in optimizer_left:
+            chosen[_candidates(new, targets, new != key)[1][0]] = (key, "exact", None)
+        return
     orphans = 0
     for key, new in optimizer_left:
         full = view[key]
@@ -821,10 +831,17 @@ def _place_optimizer_state(source, targets, view, rules, optimizer_left, chosen,
         if _tree.split_slot(key) is None and not _TF1_SLOT.match(key):
             counter = _COUNTERS.get(key.rsplit("/", 1)[-1].lstrip("_"))
         if counter is not None and counter in targets.counters:
-            target = targets.counters[counter]
-            if target not in chosen:
-                chosen[target] = (key, "slot", None)
+            found = [p for p in targets.counters[counter] if p not in chosen]
+            if len(found) > 1:  # several optimizers: the one at the same place
+                parent = new.rpartition("/")[0]
+                found = [p for p in found if p.rpartition("/")[0] == parent]
+            if len(found) == 1:
+                chosen[found[0]] = (key, "slot", None)
                 continue
+        if counter in _HYPERPARAMETERS and counter not in targets.counters:
+            skipped.append(f"{full}: a hyperparameter of Keras 2's optimizer; the obj's "
+                           "optimizer keeps none of that name")
+            continue
         owner, role = owners.get(canon(full), (None, None))
         owner = view_of.get(canon(owner)) if owner is not None else None
         if owner is None:
@@ -861,6 +878,37 @@ def _place_optimizer_state(source, targets, view, rules, optimizer_left, chosen,
                      "nothing in the obj; they were skipped (listed under skipped)")
 
 
+_HYPERPARAMETERS = frozenset({"beta_1", "beta_2", "decay", "rho", "epsilon", "momentum"})
+
+
+def _same_optimizer_layout(source, targets, view, optimizer_left, chosen) -> bool:
+    """Whether every optimizer entry has a twin at its own path in the obj (and back),
+    with the same shape and, where the source saved names, the same role at the end of
+    the name (`adam/dense_kernel_momentum` ~ `adamw/dense_3_kernel_momentum`)."""
+    wanted = {p for p in targets.optimizer_paths if p not in chosen}
+    found = set()
+    for key, new in optimizer_left:
+        _, paths = _candidates(new, targets, new != key)
+        if len(paths) != 1 or paths[0] not in wanted or paths[0] in found:
+            return False
+        variable = targets.paths[paths[0]]
+        if tuple(variable.shape) != tuple(source.specs[view[key]][0]):
+            return False
+        name = source.names.get(view[key], "")
+        if name and _role_of(name) != _role_of(_compat.variable_name(variable)):
+            return False
+        found.add(paths[0])
+    return found == wanted
+
+
+def _role_of(name: str) -> str:
+    """The role an optimizer variable's name ends in (`..._momentum` -> momentum; the
+    owner's part of the name differs between instances: `dense_3_kernel`)."""
+    leaf = name.split(":")[0].rsplit("/", 1)[-1]
+    known = next((r for r in _KERAS3_ROLES if leaf.endswith("_" + r)), None)
+    return known or leaf.rsplit("_", 1)[-1]
+
+
 def _owner_by_name(source, view, key, key_of_name):
     """(view key of the owner, role) from a TF1 slot name or a saved slot name."""
     parts = _tree.split_slot(key)
@@ -883,7 +931,8 @@ def _match_structure(source, targets, view, unmatched, chosen, ambiguous, ambigu
     different naming schemes), and each is all or nothing. Keys are taken as
     rules rewrote them, so a rule renaming a leaf takes part.
     """
-    if any(p in chosen or p in ambiguous_targets for p in targets.network):
+    if any(p in chosen or p in ambiguous_targets for p in targets.network
+           if p not in targets.rng):
         # Names line up at least in part: the rest is for rules, never for a guess.
         return unmatched, ""
     left_targets = [p for p in targets.network if p not in targets.rng]

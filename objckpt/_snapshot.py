@@ -274,12 +274,12 @@ def restore(obj, source, *, rules=(), strict: bool = True, at: str | None = None
         When None (and no rules) and the source's root does not match obj but
         exactly one child subtree does, that subtree is used and the report
         says so.
-      optimizer_state: "auto" (default): when obj has an optimizer with
-        state to put them in, optimizer slots and counters move by the
-        variable they belong to (e.g. tf_keras Adam `m`/`v` into a Keras 3
-        Adam), strictly; when it has none (an uncompiled model), they are
-        skipped and listed in the report's `skipped`, as `load_weights`
-        does. True: move them; an obj without optimizer variables is an
+      optimizer_state: "auto" (default): when obj has an optimizer,
+        optimizer slots and counters move by the variable they belong to
+        (e.g. tf_keras Adam `m`/`v` into a Keras 3 Adam), strictly (an
+        optimizer not built yet has no slots to receive them: build it); when
+        it has none (an uncompiled model), they are skipped and listed in the
+        report's `skipped`, as `load_weights` does. True: move them; an obj without optimizer variables is an
         error. False: skip them. Optimizer state never moves by position
         between different optimizer layouts: an entry whose owner feeds no
         variable is skipped and listed.
@@ -324,6 +324,9 @@ def restore(obj, source, *, rules=(), strict: bool = True, at: str | None = None
                            src.description, the_plan.at, the_plan.notes, the_plan,
                            the_plan.skipped)
     if cache_key is not None:
+        # Kept without the source (its tensors and origin tree stay the caller's), and
+        # returned as is on every hit: the report is the same for every snapshot of it.
+        report = dataclasses.replace(report, plan=dataclasses.replace(the_plan, _source=None))
         if len(variables._plans) >= _PLAN_CACHE_SIZE:
             variables._plans.pop(next(iter(variables._plans)))
         aliases = src.aliases

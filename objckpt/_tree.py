@@ -393,16 +393,7 @@ def resolve_prefix(source: str | os.PathLike) -> tuple[str, tuple[str, ...]]:
 
 
 def _unescape(component: str) -> str:
-    # Inverse of TF's escape_local_name: ".." -> "." and ".S" -> "/".
-    out, i = [], 0
-    while i < len(component):
-        if component[i] == "." and i + 1 < len(component):
-            out.append("/" if component[i + 1] == "S" else component[i + 1])
-            i += 2
-        else:
-            out.append(component[i])
-            i += 1
-    return "".join(out)
+    return _compat.unescape_local(component)
 
 
 def split_slot(path: str) -> tuple[str, str, str] | None:
