@@ -189,10 +189,13 @@ objckpt.restore(rewrite, migrated)
 np.testing.assert_allclose(rewrite(x[:8]), tf1_out, rtol=1e-6, atol=1e-6)
 print(objckpt.verify(migrated).describe())''',
         "## A tf_keras (Keras 2) checkpoint into the same model in Keras 3\n\n"
-        "tf_keras and Keras 3 can live in one process. No rules: the layers line up, so entries "
-        "are matched by **structure** (layer by layer, by weight role and shape); with "
-        "`optimizer_state=True` Adam's moments and step counter move into the Keras 3 "
-        "optimizer by the variable they belong to.",
+        "tf_keras and Keras 3 can live in one process. No rules: the object paths differ, so "
+        "entries are matched by the Keras names they were saved under where every one pairs "
+        "up (`keras name`), else by **structure** (layer by layer, by weight role and shape, "
+        "renamed roles such as DepthwiseConv2D's `depthwise_kernel` read through a generated "
+        "table); Adam's moments and step counter move into the Keras 3 optimizer by the "
+        "variable they belong to (`optimizer_state='auto'`, the default, does so whenever "
+        "the model has an optimizer).",
         '''import tf_keras
 
 old = tf_keras.Sequential([tf_keras.Input((8,)),

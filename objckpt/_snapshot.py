@@ -279,8 +279,8 @@ def restore(obj, source, *, rules=(), strict: bool = True, at: str | None = None
         (e.g. tf_keras Adam `m`/`v` into a Keras 3 Adam), strictly (an
         optimizer not built yet has no slots to receive them: build it); when
         it has none (an uncompiled model), they are skipped and listed in the
-        report's `skipped`, as `load_weights` does. True: move them; an obj without optimizer variables is an
-        error. False: skip them. Optimizer state never moves by position
+        report's `skipped`, as `load_weights` does. True: move them; an obj
+        without optimizer variables is an error. False: skip them. Optimizer state never moves by position
         between different optimizer layouts: an entry whose owner feeds no
         variable is skipped and listed.
 

@@ -6,7 +6,6 @@ import io
 import os
 import tempfile
 import threading
-import time
 import weakref
 
 import numpy as np
@@ -193,12 +192,6 @@ def test_checkpoint_write_of_clone_has_original_paths(obj, tmp_path):
     assert set(objckpt.read_tree(prefix)) == set(objckpt.read_tree(ref))
 
 
-def test_clone_is_fast_enough(obj):
-    start = time.perf_counter()
-    clone(obj)
-    assert time.perf_counter() - start < 1.0
-
-
 # --- sharing, nesting, BatchNorm ------------------------------------------------
 
 
@@ -354,7 +347,7 @@ def test_deep_functional_chain_no_recursion_limit(flavour):
 
 
 @pytest.mark.parametrize("flavour", KERAS_FLAVOURS)
-def test_500_variables_clone_fast(flavour):
+def test_500_variables_clone(flavour):
     keras = keras_or_skip(flavour)
     x = inp = keras.Input((8,))
     for _ in range(250):
@@ -363,13 +356,9 @@ def test_500_variables_clone_fast(flavour):
     model.compile(optimizer=keras.optimizers.Adam(), loss="mse")
     data = np.ones((4, 8), "float32")
     model.fit(data, data, verbose=0)
-    start = time.perf_counter()
-    c = clone(model)
-    elapsed = time.perf_counter() - start
+    c = clone(model)  # its speed is measured in benchmarks/ (no wall-clock asserts here)
     assert len(objckpt.tree(model)) >= 500
     check_same_structure(model, c)
-    print(f"{flavour}: cloned {len(objckpt.tree(model))} variables in {elapsed:.2f}s")
-    assert elapsed < 3.0
 
 
 # --- tf.Module / tf.function ---------------------------------------------------------

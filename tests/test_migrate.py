@@ -94,7 +94,12 @@ def test_keras2_checkpoint_into_keras3_by_structure(kind, tmp_path_factory):
     with pytest.raises(AssertionError):
         status.assert_existing_objects_matched()
     report = objckpt.restore(model, legacy["prefix"], optimizer_state=False)
-    assert report.plan.strategies() == {"structure": 10}, report.plan.describe()
+    # By the Keras names the weights were saved under where they line up (the functional
+    # net names its layers), else by structure; never partly by path.
+    strategies = report.plan.strategies()
+    assert len(strategies) == 1 and strategies.get("keras name", strategies.get("structure")) \
+        == 10, report.plan.describe()
+    by = next(iter(strategies))
     np.testing.assert_allclose(_predict(model, legacy["x"]), legacy["y"], atol=1e-6, rtol=0)
 
     # Optimizer state moved when asked: Adam m/v of every weight and the step counter.
@@ -103,7 +108,7 @@ def test_keras2_checkpoint_into_keras3_by_structure(kind, tmp_path_factory):
     model.optimizer.build(model.trainable_variables)
     report = objckpt.restore(model, legacy["prefix"], optimizer_state=True)
     strategies = report.plan.strategies()
-    assert strategies["structure"] == 10 and strategies["slot"] >= 2 * 8 + 1, \
+    assert strategies[by] == 10 and strategies["slot"] >= 2 * 8 + 1, \
         report.plan.describe()
     optimizer = model.optimizer
     index = optimizer._get_variable_index(model.get_layer("conv1").kernel)
