@@ -280,9 +280,9 @@ def restore(obj, source, *, rules=(), strict: bool = True, at: str | None = None
         optimizer not built yet has no slots to receive them: build it); when
         it has none (an uncompiled model), they are skipped and listed in the
         report's `skipped`, as `load_weights` does. True: move them; an obj
-        without optimizer variables is an error. False: skip them. Optimizer state never moves by position
-        between different optimizer layouts: an entry whose owner feeds no
-        variable is skipped and listed.
+        without optimizer variables is an error. False: skip them. Optimizer
+        state never moves by position between different optimizer layouts:
+        an entry whose owner feeds no variable is skipped and listed.
 
     Returns:
       A frozen `RestoreReport`; its `plan` says which entry fed which variable.
