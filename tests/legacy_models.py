@@ -14,9 +14,11 @@ def block_class(keras):
 
         def __init__(self, units, **kwargs):
             super().__init__(**kwargs)
-            self.dense = keras.layers.Dense(units)
-            self.norm = keras.layers.BatchNormalization()
-            self.inner = [keras.layers.Dense(units), keras.layers.Dense(units)]
+            # explicit names: variable names must not depend on how many layers the
+            # process built before (the tests compare tf_keras and Keras 3 names)
+            self.dense = keras.layers.Dense(units, name="dense")
+            self.norm = keras.layers.BatchNormalization(name="norm")
+            self.inner = [keras.layers.Dense(units, name=f"inner{i}") for i in range(2)]
 
         def call(self, x, training=False):
             x = self.norm(self.dense(x), training=training)
@@ -35,10 +37,10 @@ def ListNet(keras, units: int = 8):  # builds a model: named like one
     class Net(keras.Model):
         def __init__(self):
             super().__init__(name="list_net")
-            self.blocks = [block(units) for _ in range(2)]
-            self.heads = {"score": keras.layers.Dense(3),
-                          "extra": [keras.layers.Dense(3, use_bias=False)]}
-            self.drop = keras.layers.Dropout(0.25, seed=3)
+            self.blocks = [block(units, name=f"block{i}") for i in range(2)]
+            self.heads = {"score": keras.layers.Dense(3, name="score"),
+                          "extra": [keras.layers.Dense(3, use_bias=False, name="extra")]}
+            self.drop = keras.layers.Dropout(0.25, seed=3, name="drop")
 
         def call(self, x, training=False):
             for each in self.blocks:
