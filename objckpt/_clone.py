@@ -77,7 +77,6 @@ __all__ = ["clone"]
 # TF types the copier treats specially; TF internals are looked up in _compat.
 _T = _compat.clone_types()
 _BaseResourceVariable = _T.BaseResourceVariable
-_ResourceVariable = _T.ResourceVariable
 _UninitializedVariable = _T.UninitializedVariable
 _DistributedValues = _T.DistributedValues
 _EagerTensor = _T.EagerTensor
@@ -106,15 +105,6 @@ except ImportError:  # pragma: no cover
 _ID_STRING = re.compile(r"(\d{6,})(?:$|[^\d])")
 _LockType = type(threading.Lock())
 _RLockType = type(threading.RLock())
-
-# Cached per-instance state of Keras models (every flavour): traced train /
-# test / predict functions and data iterators. They capture the original's
-# variables, so the clone gets None and Keras makes new ones on first use.
-_KERAS_RESET_ATTRS = frozenset({
-    "train_function", "test_function", "predict_function",
-    "train_tf_function",
-    "_eval_epoch_iterator", "_predict_epoch_iterator", "_eval_data_handler",
-})
 
 _ATOMIC_TYPES = frozenset({
     type(None), bool, int, float, complex, str, bytes, range, slice,
@@ -181,7 +171,7 @@ def _solid_base(cls):
 @functools.cache
 def _reset_attrs(cls):
     """The cached Keras attributes a clone of a cls instance starts without."""
-    return _KERAS_RESET_ATTRS if hasattr(cls, "make_train_function") else ()
+    return _compat.KERAS_CACHED_ATTRS if hasattr(cls, "make_train_function") else ()
 
 
 # What remap_key may change, besides _LateRef: ids, unique ids, tuples of them.
@@ -419,15 +409,11 @@ class _Cloner:
                 value = self.values.pop(id(v), None)
                 if value is None:
                     value = self._initial_value(v)
-                # ResourceVariable directly: the original's kind, and it skips the
-                # tf.Variable creator stack (about a third of the creation time).
-                new = _ResourceVariable(
-                    value, trainable=v.trainable, name=name, dtype=v.dtype, shape=v.shape,
-                    synchronization=v.synchronization, aggregation=v.aggregation)
+                new = _compat.recreate_variable(v, value, name)
         except (tf.errors.OpError, ValueError, TypeError) as err:
             self.fail(v, path, f"re-creating the variable failed: {err}")
         self.remember(v, new)
-        self.uids[v._unique_id] = new._unique_id
+        self.uids[_compat.unique_id(v)] = _compat.unique_id(new)
         self.queue.append((self.fill_variable, (v, new, path)))
         return new
 
@@ -449,22 +435,11 @@ class _Cloner:
                                         lambda r, key=key: fresh.__setitem__(key, r))
 
     def tf_function(self, f, path):
-        python_function = f._python_function
+        python_function, kwargs = _compat.function_parts(f)
         copied = self.copy(python_function, (path, "attr", "_python_function"))
         if copied is python_function:
             return self.remember(f, f)  # stateless: tracing depends on arguments only
-        kwargs = dict(input_signature=f.input_signature, autograph=f._autograph,
-                      jit_compile=f._jit_compile, reduce_retracing=f._reduce_retracing)
-        if getattr(f, "_experimental_autograph_options", None) is not None:
-            kwargs["experimental_autograph_options"] = f._experimental_autograph_options
-        if getattr(f, "_attributes", None):
-            kwargs["experimental_attributes"] = dict(f._attributes)
-        try:
-            new = tf.function(copied, **kwargs)
-        except TypeError:
-            new = tf.function(copied, input_signature=f.input_signature,
-                              autograph=f._autograph, jit_compile=f._jit_compile)
-        return self.remember(f, new)
+        return self.remember(f, _compat.rewrap_function(copied, kwargs))
 
     # ----------------------------------------------------------- callables
     def copy_function(self, fn, path):

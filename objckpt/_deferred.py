@@ -197,9 +197,7 @@ class PendingRestore:
         if id(layer) in self._wrapped_ids:
             return
         self._wrapped_ids.add(id(layer))
-        had = "build" in layer.__dict__  # Keras 3 keeps its own build wrapper there
-        previous = layer.__dict__.get("build")
-        original = layer.build
+        original = layer.build  # Keras 3 keeps its own build wrapper in the instance dict
         pending = self
 
         @functools.wraps(original)  # Keras 3 reads build's signature to pass shapes
@@ -209,17 +207,11 @@ class PendingRestore:
                 pending.poll(scope={id(each) for each in _compat.keras_layers(layer)})
             return result
 
-        object.__setattr__(layer, "build", build)
-        self._wrapped.append((layer, build, (had, previous)))
+        self._wrapped.append((layer, _compat.override_methods(layer, {"build": build})))
 
     def _unwrap(self) -> None:
-        for layer, installed, (had, previous) in self._wrapped:
-            if layer.__dict__.get("build") is not installed:
-                continue  # wrapped again on top of ours: leave that one in place
-            if had:
-                object.__setattr__(layer, "build", previous)
-            else:
-                layer.__dict__.pop("build", None)
+        for layer, undo in self._wrapped:
+            _compat.restore_methods(layer, undo)  # one wrapped on top of ours stays
         self._wrapped = []
         self._wrapped_ids = set()
 

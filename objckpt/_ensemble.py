@@ -34,7 +34,6 @@ from objckpt import _compat, _match, errors
 __all__ = ["Ensemble", "load_ensemble"]
 
 _MODES = ("auto", "batched", "loop")
-_VALUE_SUFFIX = "/_objckpt_value"
 
 
 def _is_rule_list(value) -> bool:
@@ -202,63 +201,6 @@ def _relaxed_spec(value):
     return tf.TensorSpec(shape, value.dtype)
 
 
-class _Unbatchable(Exception):
-    """The call cannot be turned into a function of the weights."""
-
-
-def _stateless_graph(member, kwargs: dict, specs, variables: dict):
-    """Traces member's call; returns its graph with variable reads made inputs.
-
-    Returns (graph_def, input names, output names, structured outputs, paths
-    read in order of the value placeholders, other captures by name).
-    """
-    def call(*flat):
-        inputs = tf.nest.pack_sequence_as(specs, list(flat))
-        return member(inputs, **kwargs)
-
-    flat_specs = tf.nest.flatten(specs)
-    concrete = tf.function(call, autograph=True).get_concrete_function(*flat_specs)
-    graph = concrete.graph
-    path_of_handle = {id(v.handle): p for p, v in variables.items()}
-    resource_placeholders = {}
-    other_captures = {}
-    for external, internal in zip(concrete.captured_inputs, graph.internal_captures):
-        path = path_of_handle.get(id(external))
-        if path is not None:
-            resource_placeholders[internal.op.name] = path
-        else:
-            other_captures[internal.name] = external
-    graph_def = graph.as_graph_def()
-    from tensorflow.core.framework import graph_pb2
-
-    rewritten = graph_pb2.GraphDef()
-    rewritten.versions.CopyFrom(graph_def.versions)
-    rewritten.library.CopyFrom(graph_def.library)
-    reads = []
-    for node in graph_def.node:
-        if node.name in resource_placeholders:
-            continue
-        sources = [i.lstrip("^").split(":")[0] for i in node.input]
-        read = [s for s in sources if s in resource_placeholders]
-        if read and node.op != "ReadVariableOp":
-            raise _Unbatchable(
-                f"the call uses variable `{resource_placeholders[read[0]]}` in a {node.op} op, "
-                "not only by reading it (e.g. it updates it, or reads it in a nested function)")
-        if read:
-            value = rewritten.node.add(name=node.name + _VALUE_SUFFIX, op="Placeholder")
-            value.attr["dtype"].CopyFrom(node.attr["dtype"])
-            identity = rewritten.node.add(name=node.name, op="Identity")
-            identity.input.append(value.name)
-            identity.input.extend(i for i in node.input[1:] if i.startswith("^"))
-            identity.attr["T"].CopyFrom(node.attr["dtype"])
-            reads.append((value.name + ":0", resource_placeholders[read[0]]))
-            continue
-        rewritten.node.add().CopyFrom(node)
-    inputs = [t.name for t in concrete.inputs[:len(flat_specs)]]
-    outputs = [t.name for t in concrete.outputs]
-    return rewritten, inputs, outputs, concrete.structured_outputs, reads, other_captures
-
-
 class Ensemble:
     """N members of one architecture evaluated together.
 
@@ -374,7 +316,7 @@ class Ensemble:
                 with _quiet_tf_logger():  # pfor logs the op it cannot batch as an ERROR
                     function.get_concrete_function(*flat_specs)  # vectorizes now, or raises
                 return "batched", function, None
-            except (_Unbatchable, ValueError, TypeError, NotImplementedError,
+            except (_compat.Unbatchable, ValueError, TypeError, NotImplementedError,
                     tf.errors.OpError) as err:
                 reason = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
                 if mode == "batched":
@@ -395,7 +337,7 @@ class Ensemble:
 
     def _batched_function(self, specs, kwargs: dict):
         template, trees = self._members[0], self._trees
-        graph_def, input_names, output_names, structure, reads, others = _stateless_graph(
+        graph_def, input_names, output_names, structure, reads, others = _compat.stateless_graph(
             template, kwargs, specs, trees[0])
         paths = list(dict.fromkeys(path for _, path in reads))  # a variable read twice: once
         column_of = {path: i for i, path in enumerate(paths)}

@@ -350,7 +350,7 @@ class _SkipFrozenUpdates:
         self.freezer, self.optimizer, self.flags = freezer, optimizer, flags
         self.methods, self.cond = methods, cond
         self.seen: set = set()
-        self.saved: dict = {}
+        self.undo: list = []
 
     @staticmethod
     def methods(optimizer, variables) -> tuple[str, ...]:
@@ -371,8 +371,8 @@ class _SkipFrozenUpdates:
                        or getattr(_compat.as_variable(v), "constraint", None) is not None
                        for v in variables)):
             return ()
-        if callable(getattr(optimizer, "update_step", None)) and callable(
-                getattr(optimizer, "_apply_weight_decay", None)):
+        if callable(getattr(optimizer, "update_step", None)) and \
+                _compat.weight_decay_method(optimizer) is not None:
             return ("update_step",)  # Keras 3; tf_keras and Keras 2 (2.11+) optimizers
         if all(callable(getattr(optimizer, name, None)) for name in _LEGACY_METHODS):
             return _LEGACY_METHODS  # tf_keras / Keras 2 `optimizers.legacy`
@@ -384,7 +384,7 @@ class _SkipFrozenUpdates:
     def __enter__(self):
         optimizer = self.optimizer
         legacy = self.methods == _LEGACY_METHODS
-        decay = getattr(optimizer, "_apply_weight_decay", None)
+        decay = _compat.weight_decay_method(optimizer)
 
         def guard(update):
             def update_one(gradient, variable, *args, **kwargs):
@@ -411,22 +411,13 @@ class _SkipFrozenUpdates:
 
         hooks = {name: guard(getattr(optimizer, name)) for name in self.methods}
         if not legacy and getattr(optimizer, "weight_decay", None):
-            hooks["_apply_weight_decay"] = apply_weight_decay
-        own = vars(optimizer)
-        for name, hook in hooks.items():
-            if name in own:
-                self.saved[name] = own[name]
-            object.__setattr__(optimizer, name, hook)
+            hooks[_compat.WEIGHT_DECAY_METHOD] = apply_weight_decay
+        self.undo = _compat.override_methods(optimizer, hooks)
         self.hooks = hooks
         return self
 
     def __exit__(self, *exc):
-        own = vars(self.optimizer)
-        for name in self.hooks:
-            if name in self.saved:
-                own[name] = self.saved[name]
-            else:
-                own.pop(name, None)
+        _compat.restore_methods(self.optimizer, self.undo)
         return False
 
 

@@ -85,8 +85,9 @@ class TwinSync:
 
 
 def _default(function):
-    function._is_default = True  # Keras 3: a hook that does nothing (keeps async dispatch)
-    return function
+    from objckpt import _compat  # imports TF; callbacks stays cheap to import
+
+    return _compat.mark_default_hook(function)
 
 
 class _FlavourFreeCallback:

@@ -123,3 +123,8 @@ class CheckpointWriteError(ObjckptError, OSError):
     def __init__(self, message: str, prefix: str = ""):
         super().__init__(message)
         self.prefix = prefix
+
+
+class IncompatibleTensorFlowError(ObjckptError, ImportError):
+    """This TensorFlow lacks a TF/Keras internal objckpt needs (it names the version and the
+    missing name); objckpt refuses rather than fall back to something silently wrong."""

@@ -1,0 +1,496 @@
+"""TF's trackable object graph, and the Keras 3 collections it misses: object paths of live
+objs (one walk), completeness checks, children for deferred restore and `objckpt graph`."""
+
+from __future__ import annotations
+
+import contextlib
+
+from tensorflow.core.protobuf import trackable_object_graph_pb2
+from tensorflow.python.checkpoint import graph_view as _graph_view
+from tensorflow.python.checkpoint import util as _checkpoint_util
+from tensorflow.python.trackable import trackable_utils as _trackable_utils
+
+from objckpt import errors
+from objckpt._compat.optimizers import _is_optimizer
+from objckpt._compat.variables import (
+    _keras3_variable,
+    _keras3_variable_type,
+    _variable_list,
+    as_variable,
+    is_trackable,
+    is_unbuilt,
+    variable_name,
+)
+
+__all__ = ["ATTRIBUTES", "OBJECT_GRAPH_KEY", "OPTIMIZER_SLOT", "VARIABLE_VALUE", "CollectionNode",
+           "TrackableObjectGraph", "check_complete", "checkpoint_key", "children",
+           "children_with_collections", "keras_collection_children", "keras_layers",
+           "live_object_graph", "network_variable_paths", "parse_checkpoint_state",
+           "rng_state_variables", "unescape_local", "variable_edges", "variable_holders",
+           "variable_paths"]
+
+TrackableObjectGraph = trackable_object_graph_pb2.TrackableObjectGraph
+
+# Key under which TF stores the serialized object graph in every object-based
+# checkpoint, and the pieces of a checkpoint key.
+OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
+ATTRIBUTES = "/.ATTRIBUTES/"
+VARIABLE_VALUE = "VARIABLE_VALUE"
+OPTIMIZER_SLOT = ".OPTIMIZER_SLOT"
+
+
+def unescape_local(component: str) -> str:
+    """Inverse of TF's `escape_local_name`: ".." -> "." and ".S" -> "/"."""
+    out, i = [], 0
+    while i < len(component):
+        if component[i] == "." and i + 1 < len(component):
+            out.append("/" if component[i + 1] == "S" else component[i + 1])
+            i += 2
+        else:
+            out.append(component[i])
+            i += 1
+    return "".join(out)
+
+
+def checkpoint_key(path: str) -> str:
+    """Returns the checkpoint key TF uses for the variable at `path`."""
+    return path + ATTRIBUTES + VARIABLE_VALUE
+
+
+def variable_paths(obj) -> list[tuple[str, object]]:
+    """Lists (object path, variable) for every variable obj owns.
+
+    The paths and their order are TF's own for everything TF's object graph
+    reaches: a breadth-first walk, so a variable reachable by two paths
+    appears once, under the shortest (first found) one, and optimizer slot
+    variables come in TF's `<variable>/.OPTIMIZER_SLOT/<optimizer>/<slot>`
+    form. Variables TF's graph misses (Keras 3 layers held in lists and dicts,
+    `SeedGenerator` states) follow, under the paths tf_keras gives the same
+    code (`blocks/0/dense/...`; see `keras_collection_children`).
+
+    Raises:
+      UntrackedVariableError: a variable obj owns (Keras: `obj.variables` and
+        its optimizer's) is reachable by no path at all.
+    """
+    view = _graph_view.ObjectGraphView(obj)
+    objects, _, _, _, names = _checkpoint_util.objects_ids_and_slot_variables_and_paths(
+        view
+    )
+    out = []
+    for trackable in objects:
+        variable = as_variable(trackable)
+        if variable is not None:
+            out.append((names[trackable], variable))
+    out.extend(_collection_paths([(t, names[t]) for t in objects], out))
+    check_complete(obj, out)
+    _check_unique(obj, out)
+    return out
+
+
+def _check_unique(obj, found) -> None:
+    """Two variables under one path (dict keys 1 and "1" in one Keras 3 dict) is an error."""
+    paths: dict = {}
+    for path, variable in found:
+        paths.setdefault(path, []).append(variable)
+    clashes = [path for path, variables in paths.items() if len(variables) > 1]
+    if clashes:
+        raise errors.UntrackedVariableError(
+            f"{type(obj).__name__} holds {len(clashes)} pair(s) of variables under one object "
+            f"path, so one of each would be left behind: {', '.join(clashes[:5])}. This "
+            "happens when one dict of layers has keys that read the same as text (1 and "
+            "'1'). Fix: give the dict distinct string keys.", tuple(clashes))
+
+
+def network_variable_paths(obj) -> list[tuple[str, object]]:
+    """Like `variable_paths`, but never walks into an optimizer.
+
+    A breadth-first walk in TF's order that skips every child with an
+    `apply_gradients` method (TF1, Keras 2, tf_keras and Keras 3 optimizers):
+    the paths are those of the network alone, the same whether or not a model
+    is compiled (TF's canonical path of a variable can otherwise run through
+    the optimizer's list of the variables it trains). Keras 3 collections
+    follow as in `variable_paths`.
+    """
+    view = _graph_view.ObjectGraphView(obj)
+    seen = {id(obj)}
+    queue = [(obj, "")]
+    out = []
+    for node, path in queue:  # grows while iterating: a breadth-first walk
+        for name, child in view.children(node).items():
+            if id(child) in seen or _is_optimizer(child):
+                continue
+            seen.add(id(child))
+            local = _trackable_utils.escape_local_name(name)
+            child_path = f"{path}/{local}" if path else local
+            variable = as_variable(child)
+            if variable is not None:
+                out.append((child_path, variable))
+            queue.append((child, child_path))
+    out.extend(_collection_paths(queue, out, skip_optimizers=True))
+    check_complete(obj, out, optimizer=False)
+    return out
+
+
+def variable_edges(obj) -> list[tuple[str, object]]:
+    """(path, variable) for every edge of TF's object graph that ends at a variable.
+
+    Objects are walked once (breadth-first, TF's canonical paths); a variable
+    with edges from several objects (a Keras 3 optimizer's `_trainable_variables`
+    and its layer) is listed once per edge.
+    """
+    view = _graph_view.ObjectGraphView(obj)
+    seen = {id(obj)}
+    queue = [(obj, "")]
+    out = []
+    for node, path in queue:  # grows while iterating: a breadth-first walk
+        for name, child in view.children(node).items():
+            local = _trackable_utils.escape_local_name(name)
+            child_path = f"{path}/{local}" if path else local
+            variable = as_variable(child)
+            if variable is not None:
+                out.append((child_path, variable))
+            elif id(child) not in seen:
+                seen.add(id(child))
+                queue.append((child, child_path))
+    return out
+
+
+def variable_holders(obj) -> dict:
+    """id(variable) -> class name of the object holding it directly (optimizers skipped)."""
+    out: dict = {}
+    seen = {id(obj)}
+    queue = [obj]
+    for node in queue:  # grows while iterating: a breadth-first walk
+        found = list(children(node).values())
+        found += [child for _, child in keras_collection_children(node)]
+        for child in found:
+            variable = as_variable(child)
+            if variable is not None:
+                out.setdefault(id(variable), type(node).__name__)
+            elif id(child) not in seen and not _is_optimizer(child):
+                seen.add(id(child))
+                queue.append(child)
+    return out
+
+
+# Keras 3 bookkeeping attributes: lists of what the layer's own attributes already hold.
+_KERAS3_BOOKKEEPING = frozenset({
+    "_inbound_nodes", "_outbound_nodes", "_losses", "_loss_ids", "_losses_override",
+    "_layers", "_trainable_variables", "_non_trainable_variables", "_metrics",
+    "_tracker", "_tracked", "_seed_generators", "call_signature_parameters",
+    "_call_context_args", "_build_shapes_dict", "_compile_metrics", "_loss_tracker",
+    "_compile_loss", "_metrics_names"})
+_KERAS3_TYPES: dict = {}
+
+
+def _is_keras3_type(cls) -> bool:
+    known = _KERAS3_TYPES.get(cls)
+    if known is None:  # Keras 2.13-2.15 live in `keras.src` too: the version tells
+        known = _keras3_variable_type() is not None and any(
+            c.__module__.startswith("keras.src.") for c in cls.__mro__)
+        _KERAS3_TYPES[cls] = known
+    return known
+
+
+def keras_collection_children(node) -> list[tuple[tuple[str, ...], object]]:
+    """Children of a Keras 3 object that TF's object graph does not list.
+
+    Keras 3 wraps lists and dicts assigned to a layer in its own tracked
+    collections (their names in `layer._tracked`), which TF's checkpoint walk
+    does not enter (tf_keras wraps them in TF's `ListWrapper`/`_DictWrapper`,
+    which it does): every layer, variable or object in them is returned with
+    the edge names tf_keras uses, `("blocks", "0")` for `self.blocks[0]`,
+    `("heads", "a")` for `self.heads["a"]`. Tuples count too. The state of a
+    `SeedGenerator` (not a trackable) comes as `("seed_generator", "state")`,
+    named by the attribute holding the generator. Edge names are unescaped.
+    Everything else returns [].
+    """
+    if not _is_keras3_type(type(node)):
+        return []
+    try:
+        attributes = vars(node)
+    except TypeError:
+        return []
+    tracked = attributes.get("_tracked")
+    names = list(tracked) if isinstance(tracked, list) else []
+    names += [name for name, value in attributes.items()
+              if type(value) is tuple or (not isinstance(tracked, list)
+                                          and isinstance(value, (list, dict)))]
+    out: list = []
+    for name in dict.fromkeys(names):
+        value = attributes.get(name)
+        if name not in _KERAS3_BOOKKEEPING and isinstance(value, (list, tuple, dict)):
+            _collect(out, (name,), value, 0)
+    seeds = attributes.get("_seed_generators")
+    if seeds:
+        held_by = {id(value): name for name, value in attributes.items()
+                   if name != "_seed_generators"}
+        for index, generator in enumerate(seeds):
+            state = getattr(generator, "state", None)
+            if state is None:
+                continue
+            name = held_by.get(id(generator))
+            edges = (name,) if name else ("_seed_generators", str(index))
+            out.append(((*edges, "state"), state))
+    return out
+
+
+def _collect(out: list, edges: tuple, value, depth: int) -> None:
+    if depth > 8:
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _collect(out, (*edges, str(key)), item, depth + 1)
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            _collect(out, (*edges, str(index)), item, depth + 1)
+    elif depth > 0 and (is_trackable(value) or _keras3_variable(value)):
+        out.append((edges, value))
+    elif depth > 0 and type(value).__name__ == "SeedGenerator":  # in a list of its own
+        state = getattr(value, "state", None)
+        if state is not None:
+            out.append(((*edges, "state"), state))
+
+
+def _collection_paths(reached, found, skip_optimizers: bool = False) -> list:
+    """(path, variable) of variables only reachable through Keras 3 collections.
+
+    reached: (trackable, path) of every object the TF walk found, in its
+    order; found: the (path, variable) it found. New objects are walked
+    breadth-first, through their TF children and their collections.
+    """
+    if not any(_is_keras3_type(type(node)) for node, _ in reached):
+        return []
+    seen = {id(node) for node, _ in reached}
+    seen.update(id(variable) for _, variable in found)
+    queue = [(node, path, False) for node, path in reached]
+    out: list = []
+
+    def visit(child, path):
+        if id(child) in seen or (skip_optimizers and _is_optimizer(child)):
+            return
+        variable = as_variable(child)
+        if variable is not None and id(variable) in seen:
+            return  # a keras.Variable whose tf.Variable was reached already
+        seen.add(id(child))
+        if variable is None:
+            queue.append((child, path, True))
+        else:
+            seen.add(id(variable))
+            out.append((path, variable))
+
+    for node, path, new in queue:  # grows while iterating: a breadth-first walk
+        if new:  # reached only here: its TF children too
+            for name, child in children(node).items():
+                visit(child, f"{path}/{_trackable_utils.escape_local_name(name)}")
+        for edges, child in keras_collection_children(node):
+            local = "/".join(_trackable_utils.escape_local_name(e) for e in edges)
+            visit(child, f"{path}/{local}" if path else local)
+    return out
+
+
+def check_complete(obj, found, optimizer: bool = True) -> None:
+    """Raises UntrackedVariableError if obj owns a variable missing from `found`.
+
+    What a Keras obj owns is `obj.variables` plus its optimizer's variables
+    (for a `tf.train.Checkpoint` or other container: those of each Keras
+    model among its direct children). Other objs own what TF's graph reaches.
+    """
+    have = {id(variable) for _, variable in found}
+    missing = []
+    for owner in _keras_roots(obj):
+        if is_unbuilt(owner):  # its layers may exist before it does: unbuilt, not untracked
+            continue
+        for value in _owned_variables(owner, optimizer):
+            variable = as_variable(value)
+            if variable is not None and id(variable) not in have:
+                missing.append((owner, value))
+                have.add(id(variable))
+    if not missing:
+        return
+    lines = []
+    for owner, value in missing[:10]:
+        layer = _owning_layer(owner, value)
+        name = getattr(value, "path", None) or variable_name(as_variable(value))
+        lines.append(f"  - `{name}` {tuple(value.shape)} of {type(layer).__name__} "
+                     f"`{getattr(layer, 'name', '?')}`")
+    more = f"\n  - ... and {len(missing) - 10} more" if len(missing) > 10 else ""
+    raise errors.UntrackedVariableError(
+        f"{type(obj).__name__} owns {len(missing)} variable(s) that no attribute path reaches "
+        "(they are in its `variables`, but no attribute path leads to them: a layer held in a "
+        "set, which has no stable order, or by an object TF's object graph does not follow), "
+        "so no checkpoint could save or restore them and objckpt refuses to leave them "
+        "behind:\n" + "\n".join(lines) + more
+        + "\nFix: assign the layer or variable to an attribute of a layer or model (directly, "
+        "or in a list or dict attribute), e.g. self.blocks = [Block(), Block()].",
+        tuple(name for name in lines))
+
+
+def rng_state_variables(obj) -> list:
+    """The state variables of the Keras 3 `SeedGenerator`s obj's layers use."""
+    out = []
+    for root in _keras_roots(obj):
+        for layer in keras_layers(root):
+            for generator in getattr(layer, "_seed_generators", None) or ():
+                variable = as_variable(getattr(generator, "state", None))
+                if variable is not None:
+                    out.append(variable)
+    return out
+
+
+def _keras_roots(obj) -> list:
+    if _has_keras_variables(obj):
+        return [obj]
+    roots = []
+    with contextlib.suppress(Exception):
+        roots = [c for c in _graph_view.ObjectGraphView(obj).children(obj).values()
+                 if _has_keras_variables(c)]
+    return roots
+
+
+def _has_keras_variables(node) -> bool:
+    return hasattr(node, "built") and not _is_optimizer(node) and \
+        hasattr(type(node), "variables")
+
+
+def _owned_variables(owner, with_optimizer: bool = True) -> list:
+    try:  # tf_keras raises ValueError for `variables` of an unbuilt model
+        variables = list(_variable_list(owner.variables) or ())
+        optimizer = getattr(owner, "optimizer", None) if with_optimizer else None
+        if optimizer is not None and hasattr(optimizer, "variables"):
+            variables.extend(_variable_list(optimizer.variables) or ())
+    except (AttributeError, TypeError, ValueError):
+        return []
+    return variables
+
+
+def _owning_layer(root, value):
+    """The innermost Keras layer whose own weights hold `value` (or root)."""
+    found = root
+    for layer in keras_layers(root):
+        own = []
+        for attribute in ("_trainable_variables", "_non_trainable_variables",
+                          "_trainable_weights", "_non_trainable_weights"):
+            own.extend(getattr(layer, attribute, None) or ())
+        if any(v is value for v in own):
+            found = layer
+    return found
+
+
+def children(node) -> dict:
+    """The named children of a trackable, as a checkpoint sees them."""
+    try:
+        return dict(_graph_view.ObjectGraphView(node).children(node))
+    except Exception:  # not walkable (yet): no children
+        return {}
+
+
+class CollectionNode:
+    """A Keras 3 list or dict attribute seen as a node: its children by index or key."""
+
+    __slots__ = ("items",)
+
+    def __init__(self):
+        self.items: dict = {}
+
+
+def children_with_collections(node) -> dict:
+    """`children(node)`, plus Keras 3 collections as `CollectionNode`s (see
+    `keras_collection_children`), so paths such as `blocks/0/d/_kernel` can be
+    followed edge by edge. Edge names are unescaped."""
+    if isinstance(node, CollectionNode):
+        return dict(node.items)
+    found = children(node)
+    for edges, child in keras_collection_children(node):
+        parent = found
+        for edge in edges[:-1]:
+            existing = parent.get(edge)
+            if existing is None:
+                existing = parent[edge] = CollectionNode()
+            if not isinstance(existing, CollectionNode):
+                break
+            parent = existing.items
+        else:
+            parent.setdefault(edges[-1], child)
+    return found
+
+
+def keras_layers(node) -> list:
+    """node and every layer inside it, for a Keras layer or model of any flavour."""
+    if not (hasattr(node, "built") and callable(getattr(node, "build", None))):
+        return []
+    flatten = getattr(node, "_flatten_layers", None)
+    try:
+        return list(flatten(include_self=True, recursive=True)) if flatten else [node]
+    except Exception:  # a layer that cannot list its sublayers yet
+        return [node]
+
+
+def parse_checkpoint_state(data: bytes):
+    """Parses the text of a TF `checkpoint` state file into its proto."""
+    from google.protobuf import text_format
+    from tensorflow.python.training import checkpoint_state_pb2
+
+    state = checkpoint_state_pb2.CheckpointState()
+    text_format.Merge(data.decode("utf-8"), state)
+    return state
+
+
+def live_object_graph(obj):
+    """Returns (TrackableObjectGraph proto, class name per node id) of a live obj.
+
+    The proto is the one `tf.train.Checkpoint(root=obj)` would write, plus
+    nodes for what TF's graph misses (Keras 3 lists and dicts of layers,
+    `SeedGenerator` states, under the paths `variable_paths` gives them); the
+    class names are known only for a live obj (a checkpoint does not store
+    them). Slot variable nodes come after the objects, as TF numbers them.
+    """
+    view = _graph_view.ObjectGraphView(obj)
+    _, proto, _ = view.serialize_object_graph()
+    objects, _ = view.breadth_first_traversal()
+    classes = [type(trackable).__name__ for trackable in objects]
+    classes += ["?"] * (len(proto.nodes) - len(classes))
+    objects_, _, _, _, names = _checkpoint_util.objects_ids_and_slot_variables_and_paths(view)
+    reached = [(t, names[t]) for t in objects_]
+    found = [(names[t], as_variable(t)) for t in objects_ if as_variable(t) is not None]
+    extra = _collection_paths(reached, found)
+    if not extra:
+        return proto, classes
+    node_of, path_of = {"": 0}, {0: ""}
+    order = [0]
+    for current in order:  # the proto's canonical paths, breadth-first
+        for child in proto.nodes[current].children:
+            if child.node_id in path_of:
+                continue
+            local = _trackable_utils.escape_local_name(child.local_name)
+            path = f"{path_of[current]}/{local}" if path_of[current] else local
+            node_of[path], path_of[child.node_id] = child.node_id, path
+            order.append(child.node_id)
+    known: dict = {}  # id(node) -> its children, each node listed once (large models)
+
+    def children_of(node):
+        if id(node) not in known:
+            known[id(node)] = (node, children_with_collections(node))
+        return known[id(node)][1]
+
+    for path, _ in extra:
+        node, walked = obj, []
+        for edge in path.split("/"):
+            walked.append(edge)
+            here = "/".join(walked)
+            local = unescape_local(edge)
+            node = children_of(node).get(local) if node is not None else None
+            if here in node_of:
+                continue
+            node_id = len(proto.nodes)
+            proto.nodes.add()
+            parent = node_of["/".join(walked[:-1])]
+            proto.nodes[parent].children.add(node_id=node_id, local_name=local)
+            node_of[here] = node_id
+            classes.append("list or dict" if isinstance(node, CollectionNode)
+                           else type(node).__name__)
+            if here == path:
+                proto.nodes[node_id].attributes.add(
+                    name=VARIABLE_VALUE, full_name=variable_name(as_variable(node)),
+                    checkpoint_key=checkpoint_key(path))
+    return proto, classes

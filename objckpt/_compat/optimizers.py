@@ -1,0 +1,199 @@
+"""Optimizer internals of every flavour: which objects are optimizers, their per-variable
+state lists and slots, counters, and building their state ahead of the first step."""
+
+from __future__ import annotations
+
+import contextlib
+
+import tensorflow as tf
+from tensorflow.python.checkpoint import graph_view as _graph_view
+
+from objckpt._compat.variables import as_variable
+
+__all__ = ["build_optimizer", "optimizer_counters", "optimizer_slot_lists", "optimizer_state"]
+
+
+def _is_optimizer(node) -> bool:
+    return callable(getattr(node, "apply_gradients", None))
+
+
+def _optimizers(obj) -> list:
+    """obj itself, its `optimizer`, and its direct children that are optimizers."""
+    found = []
+    candidates = [obj, getattr(obj, "optimizer", None)]
+    # An object TF cannot list the children of: just obj and its .optimizer.
+    with contextlib.suppress(Exception):
+        for child in _graph_view.ObjectGraphView(obj).children(obj).values():
+            # tf.train.Checkpoint(model=m): m's optimizer too
+            candidates.extend((child, getattr(child, "optimizer", None)))
+    for candidate in list(candidates):  # what a wrapper (LossScaleOptimizer) wraps
+        inner = getattr(candidate, "inner_optimizer", None)
+        if inner is not None:
+            candidates.append(inner)
+    for candidate in candidates:
+        if callable(getattr(candidate, "apply_gradients", None)) and \
+                all(candidate is not f for f in found):
+            found.append(candidate)
+    return found
+
+
+# Lists a Keras 3 / tf_keras (2.11+) optimizer keeps per trained variable, by
+# role: "m" first moment or momentum buffer, "v" second moment.
+_SLOT_LISTS = (("_momentums", "m"), ("momentums", "m"), ("_velocities", "v"),
+               ("_velocity_hats", "vhat"), ("_average_gradients", "mg"),
+               ("_accumulators", "accumulator"), ("_linears", "linear"),
+               ("_accumulated_gradients", "gradient_accumulator"), ("_m", "m"), ("_u", "norm"),
+               ("_accumulated_grads", "accum_grad"),
+               ("_accumulated_delta_vars", "accum_delta"))
+
+
+def optimizer_slot_lists(obj, candidates=()):
+    """Yields (model variable, role, optimizer variable) for list-based optimizers.
+
+    Keras 3 and tf_keras 2.11+ optimizers keep their per-variable state in
+    lists aligned with the variables they train (not as TF slot variables);
+    this pairs them up. `candidates` are obj's variables, for optimizers that
+    index by variable key (tf_keras) rather than keep the list (Keras 3).
+    Optimizers with TF slot variables yield nothing (their slots already
+    appear as `.OPTIMIZER_SLOT` paths).
+    """
+    for optimizer in _optimizers(obj):
+        trained = getattr(optimizer, "_trainable_variables", None)
+        index_dict = getattr(optimizer, "_index_dict", None)
+        var_key = getattr(optimizer, "_var_key", None)
+        if trained:
+            pairs = [(i, as_variable(v)) for i, v in enumerate(trained)]
+        elif isinstance(index_dict, dict) and callable(var_key):
+            pairs = []
+            for variable in candidates:
+                with contextlib.suppress(Exception):
+                    key = var_key(variable)
+                    if key in index_dict:
+                        pairs.append((index_dict[key], variable))
+        else:
+            continue
+        for attribute, role in _SLOT_LISTS:
+            values = getattr(optimizer, attribute, None)
+            if not isinstance(values, (list, tuple)) or not values:
+                continue
+            for index, variable in pairs:
+                slot = as_variable(values[index]) if index < len(values) else None
+                if variable is not None and slot is not None:
+                    yield variable, role, slot
+
+
+def optimizer_counters(obj):
+    """Yields ("iterations" | "learning_rate", variable) of obj's optimizers."""
+    for optimizer in _optimizers(obj):
+        for name, attributes in (("iterations", ("_iterations", "iterations")),
+                                 ("learning_rate", ("_learning_rate",))):
+            for attribute in attributes:
+                try:
+                    value = as_variable(getattr(optimizer, attribute, None))
+                except Exception:  # a property that fails before the optimizer is built
+                    value = None
+                if value is not None:
+                    yield name, value
+                    break
+        hyper = getattr(optimizer, "_hyper", None)  # Keras 2 / tf_keras OptimizerV2
+        if isinstance(hyper, dict):
+            for name, value in hyper.items():
+                if as_variable(value) is not None:
+                    yield name, as_variable(value)
+
+
+# --- per-variable optimizer state (Freezer) --------------------------------------
+
+# Lists on Keras optimizers that hold variables but are not per-variable state.
+_NOT_STATE_LISTS = frozenset({"_variables", "_trainable_variables", "variables",
+                              "_all_variables", "_non_trainable_variables"})
+
+
+def _inner_optimizers(optimizer) -> list:
+    """The optimizer and those it wraps (a LossScaleOptimizer's inner optimizer)."""
+    found, node = [], optimizer
+    while node is not None and all(node is not f for f in found):
+        found.append(node)
+        node = getattr(node, "inner_optimizer", None)
+    return found
+
+
+def build_optimizer(optimizer, variables) -> None:
+    """Creates an optimizer's per-variable state for `variables` if it has none yet.
+
+    Keras optimizers build lazily on their first `apply_gradients`; the Freezer
+    needs the state to exist before then, so it builds them the same way (in
+    the init scope, so this works while a `tf.function` is being traced).
+    """
+    for inner in reversed(_inner_optimizers(optimizer)):
+        with tf.init_scope():
+            if isinstance(getattr(inner, "built", None), bool):  # Keras 3
+                if not inner.built:
+                    inner.build(list(variables))
+                    inner.built = True
+            elif callable(getattr(inner, "_create_all_weights", None)):
+                inner._create_all_weights(list(variables))  # legacy OptimizerV2 (Keras 2)
+            elif callable(getattr(inner, "_create_slots", None)) and \
+                    callable(getattr(inner, "get_slot_names", None)):
+                inner._create_slots(list(variables))  # TF1 tf.compat.v1.train optimizers
+            elif callable(getattr(inner, "_var_key", None)) and \
+                    callable(getattr(inner, "build", None)) and not getattr(inner, "_built", False):
+                inner.build(list(variables))  # tf_keras and Keras 2 (2.11+ optimizers)
+
+
+def optimizer_state(optimizer, variables) -> dict:
+    """id(variable) -> the optimizer variables that hold state for it.
+
+    Keras 3, tf_keras and Keras 2 (2.11+) optimizers keep their state in
+    lists aligned with the variables they train (momentums, velocities, EMA
+    copies, gradient accumulators, ...); every such list is found, not only
+    known names. Legacy OptimizerV2 and TF1 optimizers keep TF slot variables.
+    """
+    state: dict = {id(v): [] for v in variables}
+    for inner in _inner_optimizers(optimizer):
+        indexed = _variable_index(inner, variables)
+        if indexed is not None:
+            index_of, count = indexed
+            for name, value in vars(inner).items():
+                if name in _NOT_STATE_LISTS or not isinstance(value, (list, tuple)) \
+                        or len(value) != count or not value:
+                    continue
+                slots = [as_variable(v) if v is not None else None for v in value]
+                if any(s is None and v is not None for s, v in zip(slots, value)) or \
+                        all(s is None for s in slots):
+                    continue
+                for index, variable_id in index_of.items():
+                    slot = slots[index]
+                    if slot is not None and id(slot) != variable_id:
+                        state[variable_id].append(slot)
+            continue
+        names = getattr(inner, "get_slot_names", None)
+        if not callable(names):
+            continue
+        for variable in variables:
+            for slot_name in names():
+                with contextlib.suppress(KeyError, ValueError, AttributeError):
+                    slot = inner.get_slot(variable, slot_name)
+                    if as_variable(slot) is not None:
+                        state[id(variable)].append(as_variable(slot))
+    return state
+
+
+def _variable_index(optimizer, variables):
+    """({index in the state lists: id(variable)}, list length), or None (slot-based)."""
+    trained = getattr(optimizer, "_trainable_variables", None)
+    if isinstance(trained, (list, tuple)) and trained:  # Keras 3
+        wanted = {id(v) for v in variables}
+        return {i: id(as_variable(t)) for i, t in enumerate(trained)
+                if as_variable(t) is not None and id(as_variable(t)) in wanted}, len(trained)
+    index_dict = getattr(optimizer, "_index_dict", None)
+    var_key = getattr(optimizer, "_var_key", None)
+    if isinstance(index_dict, dict) and index_dict and callable(var_key):  # tf_keras, Keras 2
+        out = {}
+        for variable in variables:
+            with contextlib.suppress(Exception):
+                key = var_key(variable)
+                if key in index_dict:
+                    out[index_dict[key]] = id(variable)
+        return out, len(index_dict)
+    return None

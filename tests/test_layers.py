@@ -1,0 +1,183 @@
+"""The package's layering is a contract, checked on the source (no TF needed).
+
+- Imports flow one way: a module imports only modules below it in `LAYERS` (function-body
+  imports included), so there is no cycle.
+- No module uses another module's private name (`from objckpt._x import _y`, `_x._y`).
+- Only `objckpt/_compat/` touches `tensorflow.python`, `keras.src` or private TF/Keras
+  attributes: outside it, `obj._name` (and `getattr(obj, "_name")`) is allowed only for names
+  the same module defines (its own private attributes).
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "objckpt"
+
+# Bottom to top. A module may import only modules listed before it.
+LAYERS = [
+    "objckpt.errors",
+    "objckpt._roles",
+    "objckpt._compat",  # the package and its submodules
+    "objckpt._paths",
+    "objckpt._render",
+    "objckpt._files",
+    "objckpt._dirlock",
+    "objckpt._tree",
+    "objckpt._match",
+    "objckpt._snapshot",
+    "objckpt._verify",
+    "objckpt._diff",
+    "objckpt._graph",
+    "objckpt._deferred",
+    "objckpt._migrate",
+    "objckpt._clone",
+    "objckpt._twins",
+    "objckpt._ensemble",
+    "objckpt._freeze",
+    "objckpt._asyncwrite",
+    "objckpt._checkpointing",
+    "objckpt._fitckpt",
+    "objckpt.callbacks",
+    "objckpt._demo",
+    "objckpt.cli",
+    "objckpt",
+    "objckpt.__main__",
+]
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _layer(module: str) -> str:
+    """The LAYERS entry a module belongs to (`objckpt._compat.graph` -> `objckpt._compat`)."""
+    best = None
+    for name in LAYERS:
+        if module == name or module.startswith(name + "."):
+            if best is None or len(name) > len(best):
+                best = name
+    return best
+
+
+SOURCES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+TREES = {name: ast.parse(path.read_text(), str(path)) for name, path in SOURCES.items()}
+
+
+def _imports(module: str, tree: ast.AST):
+    """(line, imported objckpt module, imported names) for every import in the module."""
+    package = module if SOURCES[module].name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "objckpt":
+                    yield node.lineno, alias.name, ()
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] != "objckpt":
+                continue
+            names = [a.name for a in node.names]
+            # `from objckpt import _tree` imports modules; `from objckpt._tree import x` names
+            submodules = [n for n in names if f"{target}.{n}" in SOURCES]
+            for name in submodules:
+                yield node.lineno, f"{target}.{name}", ()
+            others = [n for n in names if n not in submodules]
+            if others or not submodules:
+                yield node.lineno, target, tuple(others)
+
+
+def test_every_module_has_a_layer():
+    assert [m for m in SOURCES if _layer(m) is None] == []
+
+
+def test_imports_flow_down():
+    problems = []
+    for module, tree in TREES.items():
+        rank = LAYERS.index(_layer(module))
+        for line, target, _ in _imports(module, tree):
+            if _layer(target) == _layer(module):
+                continue  # inside one layer (the _compat package)
+            if LAYERS.index(_layer(target)) >= rank:
+                problems.append(f"{SOURCES[module].name}:{line} {module} imports {target}")
+    assert problems == []
+
+
+def _defined_names(tree: ast.AST) -> set[str]:
+    """Private names a module defines: functions, classes, assignments, dataclass fields,
+    parameters, attributes it sets on `self`/`cls`, and `_objckpt...` attributes it sets on
+    other objects."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and (
+                isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
+                or node.attr.startswith("_objckpt")):
+            names.add(node.attr)  # our own attributes (on foreign objects: `_objckpt...`)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                and node.func.id == "setattr" and len(node.args) > 1 \
+                and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str):
+            names.add(node.args[1].value)
+    return names
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _private_uses(tree: ast.AST):
+    """(line, name) for `x._name` attribute reads and `getattr/hasattr(x, "_name")`."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _is_private(node.attr):
+            yield node.lineno, node.attr, node.value
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                and node.func.id in ("getattr", "hasattr", "setattr", "delattr") \
+                and len(node.args) > 1 and isinstance(node.args[1], ast.Constant) \
+                and isinstance(node.args[1].value, str) and _is_private(node.args[1].value):
+            yield node.lineno, node.args[1].value, node.args[0]
+
+
+def test_no_private_names_across_modules():
+    problems = []
+    for module, tree in TREES.items():
+        modules = {alias.asname or alias.name for node in ast.walk(tree)
+                   if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names
+                   if alias.name.startswith("_") or alias.name.startswith("objckpt")}
+        for line, target, names in _imports(module, tree):
+            for name in names:
+                if _is_private(name) and _layer(target) != _layer(module):
+                    problems.append(f"{SOURCES[module].name}:{line} imports {target}.{name}")
+        for line, name, value in _private_uses(tree):
+            if isinstance(value, ast.Name) and value.id in modules:
+                target = SOURCES.get(f"objckpt.{value.id}") or SOURCES.get(value.id)
+                if _layer(f"objckpt.{value.id}") != _layer(module):
+                    problems.append(f"{SOURCES[module].name}:{line} uses {value.id}.{name}")
+    assert problems == []
+
+
+@pytest.mark.parametrize("module", [m for m in SOURCES if _layer(m) != "objckpt._compat"])
+def test_private_tf_and_keras_only_in_compat(module):
+    tree = TREES[module]
+    source = SOURCES[module].read_text()
+    problems = [f"mentions {text}" for text in ("tensorflow.python", "keras.src")
+                if text in source]
+    own = _defined_names(tree)
+    for line, name, _ in _private_uses(tree):
+        if name not in own:
+            problems.append(f"line {line}: ._{name.lstrip('_')} is not this module's")
+    assert problems == []
