@@ -15,8 +15,9 @@ class Writer:
     thread, which raises or warns at its next save or at `wait()`.
     """
 
-    def __init__(self, owner):
-        self._owner = owner
+    def __init__(self, write, on_superseded):
+        """write(*job) writes and commits one job; on_superseded() counts a dropped one."""
+        self._write, self._on_superseded = write, on_superseded
         self._cond = threading.Condition()
         self._waiting = None
         self._busy = False
@@ -26,7 +27,7 @@ class Writer:
     def submit(self, job) -> None:
         with self._cond:
             if self._waiting is not None:
-                self._owner.superseded += 1
+                self._on_superseded()
             self._waiting = job
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="objckpt-writer",
@@ -44,7 +45,7 @@ class Writer:
                     return
                 job, self._waiting, self._busy = self._waiting, None, True
             try:
-                self._owner._write(*job)
+                self._write(*job)
             except BaseException as err:  # handed to the training thread
                 with self._cond:
                     self._error = err

@@ -20,22 +20,29 @@ removes. Everything written is a standard object-based checkpoint, so
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import re
 import time
-import uuid
 import warnings
 
 import tensorflow as tf
 
-from objckpt import _asyncwrite, _compat, _dirlock, _snapshot, _tree, errors
+from objckpt import (
+    _asyncwrite,
+    _compat,
+    _dirlock,
+    _files,
+    _paths,
+    _render,
+    _snapshot,
+    _tree,
+    errors,
+)
 
 __all__ = ["CheckpointDirectory", "Kept"]
 
-STATE_FILE = "checkpoint"
-_DATA = ".data-00000-of-00001"
+STATE_FILE = _files.STATE_FILE
 _NAME = re.compile(r"^ckpt-(\d+)\.(index|data-\d{5}-of-\d{5})$")
 _DEBRIS = re.compile(r"^\.(ckpt-\d+|checkpoint)\.tmp-[0-9a-f]{12}")
 COUNTERS = ("epoch", "step", "batch")
@@ -102,7 +109,8 @@ class CheckpointDirectory:
         self._layout = None  # (fingerprint, tree, keys, graph bytes)
         self._next = 1
         self._lock = _dirlock.DirectoryLock(self.directory)
-        self._writer = _asyncwrite.Writer(self) if async_save else None
+        self._writer = (_asyncwrite.Writer(self._write, self._superseded) if async_save
+                        else None)
 
     # --- opening and resuming ---------------------------------------------------
 
@@ -117,16 +125,16 @@ class CheckpointDirectory:
           DirectoryLockedError: another writer uses the directory.
         """
         self._lock.acquire()
-        names = _listdir(self.directory)
+        names = _files.listdir(self.directory)
         for name in names:
             if _DEBRIS.match(name):
-                _remove(os.path.join(self.directory, name))
+                _files.remove(os.path.join(self.directory, name))
         on_disk = sorted({int(m.group(1)) for m in map(_NAME.match, names) if m})
         listed, state_ok = self._read_state(on_disk)
         kept, damaged = [], []
         for number in listed:
             prefix = self._prefix(number)
-            problem = _tree._check_intact(prefix)
+            problem = _files.check_intact(prefix)
             if problem is None:
                 metric = self._read_metric(prefix) if self.keep_best else math.nan
                 kept.append(Kept(number, prefix, metric))
@@ -155,17 +163,13 @@ class CheckpointDirectory:
         """
         path = os.path.join(self.directory, STATE_FILE)
         try:
-            with open(path, "rb") as f:
-                state = _compat.parse_checkpoint_state(f.read())
-            names = [*state.all_model_checkpoint_paths, state.model_checkpoint_path]
+            names = _files.read_state(self.directory)
             numbers = []
             for name in names:
                 match = _NAME.match(os.path.basename(name) + ".index")
                 if not name or match is None:
                     raise ValueError(f"`{name}` is not a ckpt-N checkpoint of this directory")
                 numbers.append(int(match.group(1)))
-            if not numbers:
-                raise ValueError("it names no checkpoint")
             return sorted(set(numbers)), True
         except FileNotFoundError:
             if on_disk:
@@ -174,14 +178,14 @@ class CheckpointDirectory:
             return on_disk, not on_disk
         except Exception as err:  # unreadable state: never a silent fresh start
             self._warn(f"The checkpoint state file `{path}` cannot be read "
-                       f"({_tree._first_line(err)}); using the intact checkpoints found on disk "
+                       f"({_render.first_line(err)}); using the intact checkpoints found on disk "
                        f"instead ({len(on_disk)} candidates) and writing a new state file.")
             return on_disk, False
 
     def _read_metric(self, prefix: str) -> float:
         try:
             value = tf.train.load_checkpoint(prefix).get_tensor(
-                METRIC + _compat.ATTRIBUTES + _compat.VARIABLE_VALUE)
+                METRIC + _paths.ATTRIBUTES + _paths.VARIABLE_VALUE)
             return float(value)
         except Exception:  # written by something else: no metric, never "best"
             return math.nan
@@ -243,24 +247,15 @@ class CheckpointDirectory:
                     "Build it (call it on a batch) before saving.")
             names = [_compat.variable_name(v) for v in variables.values()]
             graph = _tree.build_object_graph(list(variables), names, variables.graph_aliases())
-            keys = [_compat.checkpoint_key(p) for p in variables] + [_compat.OBJECT_GRAPH_KEY]
+            keys = [_paths.checkpoint_key(p) for p in variables] + [_compat.OBJECT_GRAPH_KEY]
             self._layout = (key, variables, keys, tf.constant(graph.SerializeToString()))
         return self._layout
 
     def _write(self, number: int, metric: float, layout, values) -> None:
         prefix = self._prefix(number)
-        temp = os.path.join(self.directory, f".ckpt-{number}.tmp-{uuid.uuid4().hex[:12]}")
         committed = False
         try:
-            _stage("write")
-            with tf.device("/cpu:0"):
-                tf.raw_ops.SaveV2(prefix=temp, tensor_names=layout[2],
-                                  shape_and_slices=[""] * len(layout[2]),
-                                  tensors=[*values, layout[3]])
-            _stage("data")
-            os.replace(temp + _DATA, prefix + _DATA)
-            os.replace(temp + ".index", prefix + ".index")
-            _stage("index")
+            _files.write_tensors(prefix, layout[2], [*values, layout[3]], stage=_stage)
             previous = list(self.kept)
             self.kept = [*previous, Kept(number, prefix, metric)]
             dropped = self._retain()
@@ -273,14 +268,12 @@ class CheckpointDirectory:
             _stage("state")
         except (OSError, tf.errors.OpError) as err:
             raise errors.CheckpointWriteError(
-                f"Could not write checkpoint `{prefix}`: {_tree._first_line(err)}. The earlier "
+                f"Could not write checkpoint `{prefix}`: {_render.first_line(err)}. The earlier "
                 f"checkpoints in `{self.directory}` are untouched and `latest` still names "
                 f"{self._latest_name()}. Fix: free disk space or check the directory's "
                 "permissions; pass on_error='warn' to keep training when a save fails.",
                 prefix) from err
         finally:
-            for leftover in tf.io.gfile.glob(temp + "*"):
-                _remove(leftover)
             if not committed:
                 self._delete_files(number, hook=False)
         for kept in dropped:
@@ -288,7 +281,7 @@ class CheckpointDirectory:
                 self._delete_files(kept.number, hook=True)
             except OSError as err:  # committed already; the next open() removes the rest
                 self._warn(f"Could not delete the old checkpoint `{kept.prefix}`: "
-                           f"{_tree._first_line(err)}. It is no longer listed; it will be "
+                           f"{_render.first_line(err)}. It is no longer listed; it will be "
                            "removed when the directory is next opened.")
 
     def _retain(self) -> list[Kept]:
@@ -306,28 +299,17 @@ class CheckpointDirectory:
                       key=lambda k: (sign * k.metric, k.number))
 
     def _write_state(self) -> None:
-        names = [os.path.basename(k.prefix) for k in self.kept]
-        now = time.time()
-        text = [f'model_checkpoint_path: "{names[-1]}"']
-        text += [f'all_model_checkpoint_paths: "{n}"' for n in names]
-        text += [f"all_model_checkpoint_timestamps: {now!r}" for _ in names]
-        text.append(f"last_preserved_timestamp: {now!r}")
-        temp = os.path.join(self.directory, f".{STATE_FILE}.tmp-{uuid.uuid4().hex[:12]}")
-        try:
-            with open(temp, "w") as f:
-                f.write("\n".join(text) + "\n")
-            os.replace(temp, os.path.join(self.directory, STATE_FILE))
-        finally:
-            _remove(temp)
+        _files.write_state(self.directory, [os.path.basename(k.prefix) for k in self.kept],
+                           time.time())
 
     def _delete_files(self, number: int, hook: bool) -> None:
         prefix = self._prefix(number)
-        _remove(prefix + ".index")  # first: without its index, no one reads the rest
+        _files.remove(prefix + ".index")  # first: without its index, no one reads the rest
         if hook:
             _stage("delete")
-        for name in _listdir(self.directory):
+        for name in _files.listdir(self.directory):
             if name.startswith(f"ckpt-{number}.data-"):
-                _remove(os.path.join(self.directory, name))
+                _files.remove(os.path.join(self.directory, name))
 
     # --- life cycle -----------------------------------------------------------------
 
@@ -342,7 +324,14 @@ class CheckpointDirectory:
         try:
             self.wait()
         finally:
-            self._lock.release()
+            self.release()
+
+    def _superseded(self) -> None:
+        self.superseded += 1
+
+    def release(self) -> None:
+        """Releases the directory's lock (without waiting for pending writes)."""
+        self._lock.release()
 
     def _prefix(self, number: int) -> str:
         return os.path.join(self.directory, f"ckpt-{number}")
@@ -353,15 +342,3 @@ class CheckpointDirectory:
     def _warn(self, message: str) -> None:
         self.notes.append(message)
         warnings.warn(message, RuntimeWarning, stacklevel=3)
-
-
-def _listdir(directory: str) -> list[str]:
-    try:
-        return os.listdir(directory)
-    except FileNotFoundError:
-        return []
-
-
-def _remove(path: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.remove(path)

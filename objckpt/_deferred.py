@@ -19,7 +19,7 @@ import warnings
 
 import tensorflow as tf
 
-from objckpt import _compat, _match, _tree, errors
+from objckpt import _compat, _match, _paths, errors
 
 __all__ = ["PendingRestore", "restore_on_create"]
 
@@ -174,7 +174,7 @@ class PendingRestore:
         if key in self._hooked:
             return
         self._hooked.add(key)
-        name = _tree._unescape(edge)
+        name = _paths.unescape(edge)
 
         def attached(child):  # TF attaches `child` as node.<name>: look again from it
             self._hooked.discard(key)
@@ -230,7 +230,7 @@ def _child(node, edge: str, attached=None, cache=None):
         if cache is not None:
             cache[id(node)] = index
     children, stripped = index
-    name = _tree._unescape(edge)
+    name = _paths.unescape(edge)
     if name in children:
         return children[name]
     found = stripped.get(name.lstrip("_") or name, ())
@@ -239,7 +239,7 @@ def _child(node, edge: str, attached=None, cache=None):
 
 def _edge_name(path: str, depth: int) -> str:
     edges = path.split("/")
-    name = _tree._unescape(edges[depth]) if depth < len(edges) else ""
+    name = _paths.unescape(edges[depth]) if depth < len(edges) else ""
     return name.lstrip("_") or name
 
 
@@ -294,7 +294,7 @@ def restore_on_create(obj, source, *, rules=(), at: str | None = None) -> Pendin
     for key, full in view.items():
         if key in _match.BOOKKEEPING or full in _match.BOOKKEEPING:
             continue
-        new, rule = _match._rewrite(key, parsed)
+        new, rule = _match.rewrite(key, parsed)
         if rule is not None:
             fired.add(rule.index)
         if new is None:

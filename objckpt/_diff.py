@@ -17,13 +17,13 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from objckpt import _compat, _tree, errors
+from objckpt import _compat, _files, _paths, _render, _tree, errors
 
 __all__ = ["Diff", "ShapeDiff", "ValueDiff", "diff"]
 
 # Entries a checkpoint writes for itself: never compared.
 _BOOKKEEPING = frozenset({
-    "save_counter", _compat.checkpoint_key("save_counter"), _compat.OBJECT_GRAPH_KEY})
+    "save_counter", _paths.checkpoint_key("save_counter"), _compat.OBJECT_GRAPH_KEY})
 # Elements compared per NumPy step: bounds the temporaries (float64 copies, masks).
 _CHUNK = 1 << 20
 
@@ -102,12 +102,12 @@ class _Side:
 
 
 def _open(source, label: str, notes: list) -> _Side:
-    prefix, skipped = _tree.resolve_prefix(source)
+    prefix, skipped = _files.resolve_prefix(source)
     notes.extend(f"{label}: {note}" for note in skipped)
     try:
-        tree = _tree._read_tree_at(prefix)
+        tree = _tree.read_tree_at(prefix)
     except errors.NotObjectBasedError:
-        reader = _tree._open_reader(prefix)
+        reader = _files.open_reader(prefix)
         shapes = reader.get_variable_to_shape_map()
         dtypes = reader.get_variable_to_dtype_map()
         entries = {name: (tuple(shapes[name]), tf.as_dtype(dtypes[name]), name)
@@ -115,7 +115,7 @@ def _open(source, label: str, notes: list) -> _Side:
         return _Side(label, prefix, True, entries, reader)
     entries = {path: (entry.shape, entry.dtype, entry.key) for path, entry in tree.items()
                if path not in _BOOKKEEPING}
-    return _Side(label, prefix, False, entries, _tree._open_reader(prefix))
+    return _Side(label, prefix, False, entries, _files.open_reader(prefix))
 
 
 def _tolerance(value, name: str) -> float:
@@ -131,7 +131,7 @@ def _tolerance(value, name: str) -> float:
 
 
 def _describe(shape, dtype) -> str:
-    return f"{dtype.name} (" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")"
+    return f"{dtype.name} {_render.shape(shape)}"
 
 
 def _read(side: _Side, path: str, key: str):
@@ -140,7 +140,7 @@ def _read(side: _Side, path: str, key: str):
     except (tf.errors.OpError, ValueError) as err:
         raise errors.CheckpointCorruptError(
             f"Checkpoint {side.label} `{side.prefix}`: the value of `{path}` (key `{key}`) "
-            f"cannot be read: {_tree._first_line(err)}. Expected: a tensor as its index "
+            f"cannot be read: {_render.first_line(err)}. Expected: a tensor as its index "
             "describes. Its data file is damaged or truncated; write the checkpoint again, or "
             "compare another one.") from err
 

@@ -170,7 +170,6 @@ def load_ensemble(template, sources: Sequence, *, rules=(), at: str | None = Non
 
 def _plan_for(template, variables, source, rules, plans: dict, **kwargs):
     """The checked plan of source into the template, reused for equal structures."""
-    from objckpt import _snapshot
 
     key = None
     if source.structure is not None:
@@ -182,7 +181,7 @@ def _plan_for(template, variables, source, rules, plans: dict, **kwargs):
     cached = plans.get(key) if key is not None else None
     if cached is not None:
         return dataclasses.replace(cached, source=source.description, _source=source)
-    the_plan = _snapshot.checked_plan(template, variables, source, rules=rules, **kwargs)
+    the_plan = _match.checked_plan(template, variables, source, rules=rules, **kwargs)
     if key is not None:
         plans[key] = the_plan
     return the_plan

@@ -33,7 +33,7 @@ class FitCheckpointer:
     def begin(self, model) -> None:
         cb = self.callback
         if self.manager is not None:
-            self.manager._lock.release()  # an earlier fit of ours that raised
+            self.manager.release()  # an earlier fit of ours that raised
         if self.manager is None or self.manager.root.model is not model:
             self.manager = _checkpointing.CheckpointDirectory(
                 cb.directory, model, max_to_keep=cb.max_to_keep, keep_best=cb.keep_best,
@@ -92,7 +92,7 @@ class FitCheckpointer:
         before, freq = self.step, self.callback.save_freq
         self.batch, self.step = batch + 1, self._epoch_start_step + batch + 1
         if (freq != "epoch" and self.step // freq > before // freq) or self._sigterm:
-            self.callback._save(logs)
+            self.save(logs)
         if self._sigterm:
             self._stop()
 
@@ -102,7 +102,7 @@ class FitCheckpointer:
         self._skip_until = 0
         self.epoch, self.batch = epoch + 1, 0
         if self.callback.save_freq == "epoch" or self._sigterm:
-            self.callback._save(logs)
+            self.save(logs)
         if self._sigterm:
             self._stop()
 

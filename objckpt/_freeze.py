@@ -107,6 +107,7 @@ class Freezer:
         self._untrainable = tuple((p, _compat.variable_name(v)) for p, v in everything
                                   if not v.trainable)
         self._index = {id(v): i for i, v in enumerate(self._variables)}
+        self._hooks: dict = {}  # id(optimizer) -> (optimizer, undo) of `hook`
         with tf.init_scope():
             self._mask = tf.Variable(tf.zeros([len(self.paths)], tf.bool), trainable=False,
                                      name="objckpt_frozen")
@@ -221,6 +222,31 @@ class Freezer:
         two branches: the plain one while nothing is frozen).
         """
         return self._apply(optimizer, optimizer.apply_gradients, grads_and_vars, **kwargs)
+
+    def matching(self, *patterns: str) -> tuple[str, ...]:
+        """The object paths `freeze(*patterns)` would freeze, changing nothing.
+
+        Raises InvalidArgumentError for a bad pattern or one that matches nothing.
+        """
+        chosen = self._select(patterns, "freeze")
+        return tuple(p for p, c in zip(self.paths, chosen) if c)
+
+    def hook(self, optimizer) -> None:
+        """Routes every `optimizer.apply_gradients(...)` call through this Freezer (what
+        `callbacks.FreezeSchedule` does for `model.fit`); `unhook` undoes it."""
+        original = optimizer.apply_gradients
+
+        def apply_gradients(grads_and_vars, *args, **kwargs):
+            return self._apply(optimizer, original, grads_and_vars, *args, **kwargs)
+
+        self._hooks[id(optimizer)] = (optimizer, _compat.override_methods(
+            optimizer, {"apply_gradients": apply_gradients}))
+
+    def unhook(self, optimizer) -> None:
+        """Undoes `hook(optimizer)`; an optimizer never hooked is left as it is."""
+        entry = self._hooks.pop(id(optimizer), None)
+        if entry is not None:
+            _compat.restore_methods(optimizer, entry[1])
 
     def _apply(self, optimizer, apply, grads_and_vars, *args, **kwargs):
         pairs = list(grads_and_vars)

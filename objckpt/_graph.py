@@ -20,7 +20,7 @@ import os
 import shutil
 import subprocess
 
-from objckpt import errors
+from objckpt import _paths, _render, errors
 
 __all__ = ["Graph", "graph", "render"]
 
@@ -75,18 +75,6 @@ def _escape(text: str) -> str:
 def _lines(lines) -> str:
     """Lines of text as one quoted-DOT label: each escaped, joined by DOT's line break."""
     return "\\n".join(_escape(line) for line in lines)
-
-
-def _size(nbytes: int) -> str:
-    for unit in ("B", "KB", "MB"):
-        if nbytes < 1000:
-            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
-        nbytes /= 1000
-    return f"{nbytes:.1f} GB"
-
-
-def _shape(shape) -> str:
-    return "(" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")"
 
 
 class Graph:
@@ -236,20 +224,20 @@ def _hide_empty(nodes: dict) -> int:
 
 def _load(source):
     """(graph proto, {checkpoint key: (shape, dtype name, nbytes)}, classes, title, note)."""
-    from objckpt import _compat, _tree
+    from objckpt import _compat, _files, _tree
 
     if isinstance(source, (str, os.PathLike)):
         try:
             entries = _tree.read_tree(source)
         except errors.NotObjectBasedError:
-            prefix, _ = _tree.resolve_prefix(source)
-            reader = _tree._open_reader(prefix)
+            prefix, _ = _files.resolve_prefix(source)
+            reader = _files.open_reader(prefix)
             shapes = reader.get_variable_to_shape_map()
             dtypes = reader.get_variable_to_dtype_map()
             names = sorted(shapes)
-            paths = ["/".join(map(_tree._escape, n.split("/"))) for n in names]
+            paths = ["/".join(map(_paths.escape, n.split("/"))) for n in names]
             proto = _tree.build_object_graph(paths, names)
-            specs = {_compat.checkpoint_key(path): _spec(shapes[n], dtypes[n])
+            specs = {_paths.checkpoint_key(path): _spec(shapes[n], dtypes[n])
                      for path, n in zip(paths, names)}
             return (proto, specs, None, prefix,
                     "name-based (TF1 Saver) checkpoint: variable names split at '/'")
@@ -264,7 +252,7 @@ def _load(source):
     variables = _tree.tree(source)
     specs = {}
     for path, variable in variables.items():
-        specs[_compat.checkpoint_key(path)] = _spec(variable.shape, variable.dtype)
+        specs[_paths.checkpoint_key(path)] = _spec(variable.shape, variable.dtype)
     return proto, specs, classes, f"{type(source).__name__} (live obj)", ""
 
 
@@ -281,7 +269,7 @@ def _spec(shape, dtype):
 
 def _walk(proto, specs, classes) -> dict[int, _Node]:
     """Breadth-first from the root: every reachable node with its canonical path and depth."""
-    from objckpt import _compat, _tree
+    from objckpt import _tree
 
     count = len(proto.nodes)
     nodes = {0: _Node(0, "root", "", "", 0, None)}
@@ -289,7 +277,7 @@ def _walk(proto, specs, classes) -> dict[int, _Node]:
 
     def add(current: int, child) -> None:
         parent = nodes[current]
-        local = _tree._escape(child.local_name)
+        local = _paths.escape(child.local_name)
         path = f"{parent.path}/{local}" if parent.path else local
         nodes[child.node_id] = _Node(child.node_id, "object", path, child.local_name,
                                      parent.depth + 1, current)
@@ -309,7 +297,7 @@ def _walk(proto, specs, classes) -> dict[int, _Node]:
         for child in proto.nodes[current].children:
             if child.node_id in nodes or not 0 <= child.node_id < count:
                 continue
-            if _tree._is_optimizer_node(proto, child.node_id, child.local_name):
+            if _tree.is_optimizer_node(proto, child.node_id, child.local_name):
                 deferred.append((current, child))
             else:
                 add(current, child)
@@ -321,17 +309,17 @@ def _walk(proto, specs, classes) -> dict[int, _Node]:
                 continue
             slot_ids.add(sid)
             variable = nodes.get(slot.original_variable_node_id)
-            path = (f"{variable.path if variable else '?'}/{_compat.OPTIMIZER_SLOT}/"
+            path = (f"{variable.path if variable else '?'}/{_paths.OPTIMIZER_SLOT}/"
                     f"{nodes[current].path}/{slot.slot_name}")
             nodes[sid] = _Node(sid, "slot", path, slot.slot_name, nodes[current].depth + 1,
                                current)
     for node in nodes.values():
         for attribute in proto.nodes[node.id].attributes:
-            if attribute.name == _compat.VARIABLE_VALUE and attribute.checkpoint_key in specs:
+            if attribute.name == _paths.VARIABLE_VALUE and attribute.checkpoint_key in specs:
                 node.shape, node.dtype, node.nbytes = specs[attribute.checkpoint_key]
                 if node.kind != "slot":
                     node.kind = "variable"
-        if node.kind == "object" and _tree._is_optimizer_node(proto, node.id, node.edge):
+        if node.kind == "object" and _tree.is_optimizer_node(proto, node.id, node.edge):
             node.kind = "optimizer"
         if classes is not None and node.id < len(classes) and node.kind not in (
                 "variable", "slot"):
@@ -423,11 +411,11 @@ def _label(node: _Node, folded: list) -> list[str]:
     if node.kind != "root" and node.class_name:
         lines.append(node.class_name)
     if node.kind in ("variable", "slot") and node.shape is not None:
-        lines.append(f"{_shape(node.shape)} {node.dtype}")
+        lines.append(f"{_render.shape(node.shape)} {node.dtype}")
     if folded:
         objects = sum(1 for n in folded if n.kind not in ("variable", "slot"))
         variables = [n for n in folded if n.kind in ("variable", "slot")]
         nbytes = sum(n.nbytes for n in variables)
         lines.append(f"+{objects} object{'s' * (objects != 1)}, {len(variables)} "
-                     f"variable{'s' * (len(variables) != 1)}, {_size(nbytes)}")
+                     f"variable{'s' * (len(variables) != 1)}, {_render.size(nbytes)}")
     return lines

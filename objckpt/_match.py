@@ -44,7 +44,7 @@ from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
-from objckpt import _compat, _tree, errors
+from objckpt import _compat, _files, _paths, _render, _tree, errors
 from objckpt._roles import ROLE_ALIASES as _ROLE_ALIASES
 
 __all__ = ["Match", "Plan", "plan"]
@@ -126,14 +126,14 @@ def _prefix_subtree(keys, at: str) -> dict:
     head = at.strip("/") + "/"
     view = {}
     for key in keys:
-        slot = _tree.split_slot(key)
+        slot = _paths.split_slot(key)
         if slot is None:
             if key.startswith(head):
                 view[key[len(head):]] = key
         else:
             variable, optimizer, name = slot
             if variable.startswith(head) and optimizer.startswith(head):
-                view[f"{variable[len(head):]}/{_compat.OPTIMIZER_SLOT}/"
+                view[f"{variable[len(head):]}/{_paths.OPTIMIZER_SLOT}/"
                      f"{optimizer[len(head):]}/{name}"] = key
     return view
 
@@ -152,12 +152,12 @@ def _restore_v2(prefix: str, keys: list[str], dtypes: list) -> list:
     except tf.errors.OpError as err:
         raise errors.CheckpointCorruptError(
             f"Checkpoint `{prefix}` could not be read: its data is damaged, truncated or "
-            f"missing. Received from TF: {_tree._first_line(err)}. Nothing was changed; "
+            f"missing. Received from TF: {_render.first_line(err)}. Nothing was changed; "
             "use another checkpoint.") from err
 
 
 def _object_source(prefix: str, notes) -> Source:
-    entries = _tree._read_tree_at(prefix)
+    entries = _tree.read_tree_at(prefix)
     specs = {path: (entry.shape, entry.dtype) for path, entry in entries.items()}
     aliases = _tree.network_aliases(entries.object_graph)
     for alias, full in aliases.items():
@@ -208,8 +208,8 @@ def keras3_slot_owners(graph) -> dict:
     key_of, name_of = {}, {}
     for node_id, node in enumerate(graph.nodes):
         for attribute in node.attributes:
-            if attribute.name == _compat.VARIABLE_VALUE:
-                key_of[node_id] = attribute.checkpoint_key.split(_compat.ATTRIBUTES, 1)[0]
+            if attribute.name == _paths.VARIABLE_VALUE:
+                key_of[node_id] = attribute.checkpoint_key.split(_paths.ATTRIBUTES, 1)[0]
                 name_of[node_id] = attribute.full_name
     out: dict = {}
     for node in graph.nodes:
@@ -240,7 +240,7 @@ def _list_nodes(graph, node_id: int) -> list[int]:
 
 
 def _name_source(prefix: str, notes) -> Source:
-    reader = _tree._open_reader(prefix)
+    reader = _files.open_reader(prefix)
     shapes = reader.get_variable_to_shape_map()
     dtypes = reader.get_variable_to_dtype_map()
     specs = {name: (tuple(shapes[name]), tf.as_dtype(dtypes[name])) for name in sorted(shapes)}
@@ -271,7 +271,7 @@ def snapshot_source(items: dict, aliases: dict | None = None, owners=None) -> So
 
 def open_source(source) -> Source:
     """Opens a Snapshot, prefix or directory; name-based prefixes included."""
-    as_source = getattr(source, "_as_source", None)
+    as_source = getattr(source, "as_source", None)
     if callable(as_source):
         return as_source()
     if isinstance(source, Source):
@@ -281,7 +281,7 @@ def open_source(source) -> Source:
             "A source must be an objckpt.Snapshot, a checkpoint prefix or a directory of "
             f"checkpoints. Received: source of type {type(source).__name__}. Fix: pass "
             "objckpt.snapshot(obj) or a path.")
-    prefix, notes = _tree.resolve_prefix(source)
+    prefix, notes = _files.resolve_prefix(source)
     try:
         return _object_source(prefix, notes)
     except errors.NotObjectBasedError:
@@ -340,7 +340,7 @@ def parse_rules(rules) -> tuple[_Rule, ...]:
     return tuple(parsed)
 
 
-def _rewrite(key: str, rules: tuple[_Rule, ...]):
+def rewrite(key: str, rules: tuple[_Rule, ...]):
     """Returns (rewritten key or None when dropped, the rule that fired or None)."""
     for rule in rules:
         if rule.regex.search(key):
@@ -452,14 +452,26 @@ class Plan:
     def __str__(self) -> str:
         return self.describe()
 
+    def fetch(self, keys) -> list:
+        """The source values of these source keys (the plan must still hold its source)."""
+        if self._source is None:
+            raise errors.InvalidArgumentError(
+                f"This plan of {self.source} no longer holds its source (a cached plan); "
+                "make a new one with objckpt.plan(source, obj).")
+        return self._source.fetch(keys)
+
+    def detached(self) -> Plan:
+        """This plan without its source (it keeps no source tensors alive)."""
+        return dataclasses.replace(self, _source=None)
+
 
 def _strip(path: str) -> str:
     return "/".join(edge.lstrip("_") or edge for edge in path.split("/"))
 
 
-def _is_optimizer_key(key: str) -> bool:
+def is_optimizer_key(key: str) -> bool:
     edges = key.split("/")
-    return (_compat.OPTIMIZER_SLOT in edges or "optimizer" in edges or "_optimizer" in edges
+    return (_paths.OPTIMIZER_SLOT in edges or "optimizer" in edges or "_optimizer" in edges
             or key in _COUNTERS or key.endswith(("beta1_power", "beta2_power"))
             or bool(_TF1_SLOT.match(key)))
 
@@ -507,7 +519,7 @@ def index_targets(obj, variables) -> _Targets:
     optimizer_paths = frozenset(p for p in variables if p not in network)
     slots, counters = {}, {}
     for path in variables:  # slot variables (Keras 2, tf_keras < 2.11 optimizers, TF1)
-        parts = _tree.split_slot(path)
+        parts = _paths.split_slot(path)
         if parts is not None:
             slots[(parts[0], _SLOT_ALIASES.get(parts[2], parts[2]))] = path
     for variable, role, slot_variable in _compat.optimizer_slot_lists(obj, variables.values()):
@@ -678,18 +690,18 @@ def _match(source: Source, targets: _Targets, view: dict, rules, optimizer_state
     canon = lambda full: source.aliases.get(full, full)  # noqa: E731
     # A network variable a Keras 3 optimizer lists (`optimizer/_trainable_variables/N`) is
     # the same tensor as its layer path: that edge is no optimizer state of its own.
-    network_tensors = {canon(full) for key, full in view.items() if not _is_optimizer_key(key)}
+    network_tensors = {canon(full) for key, full in view.items() if not is_optimizer_key(key)}
     for key, full in view.items():
         if (key in BOOKKEEPING or full in BOOKKEEPING) and key not in targets.paths:
             skipped.append(f"{full}: checkpoint bookkeeping")
             continue
-        new, rule = _rewrite(key, rules)
+        new, rule = rewrite(key, rules)
         if rule is not None:
             fired.add(rule.index)
         if new is None:
             skipped.append(f"{full}: dropped by {rule}")
             continue
-        is_optimizer = _is_optimizer_key(key)
+        is_optimizer = is_optimizer_key(key)
         if is_optimizer:  # unless it names a network variable (a module's own `global_step`)
             _, found = _candidates(new, targets, new != key)
             is_optimizer = not (found and all(p in targets.network for p in found))
@@ -817,7 +829,7 @@ def _place_optimizer_state(source, targets, view, rules, optimizer_left, chosen,
     owners = source.owners()
     network_exact = all(t in chosen and chosen[t][1] == "exact" for t in targets.network
                         if t not in targets.rng) \
-        and not any(not _is_optimizer_key(k) for k in unmatched)
+        and not any(not is_optimizer_key(k) for k in unmatched)
     if network_exact and _same_optimizer_layout(source, targets, view, optimizer_left, chosen):
         # The same network and the same optimizer layout on both sides (a model restored
         # from its own checkpoint): every entry has its twin at the same path.
@@ -828,7 +840,7 @@ def _place_optimizer_state(source, targets, view, rules, optimizer_left, chosen,
     for key, new in optimizer_left:
         full = view[key]
         counter = None
-        if _tree.split_slot(key) is None and not _TF1_SLOT.match(key):
+        if _paths.split_slot(key) is None and not _TF1_SLOT.match(key):
             counter = _COUNTERS.get(key.rsplit("/", 1)[-1].lstrip("_"))
         if counter is not None and counter in targets.counters:
             found = [p for p in targets.counters[counter] if p not in chosen]
@@ -849,7 +861,7 @@ def _place_optimizer_state(source, targets, view, rules, optimizer_left, chosen,
         if owner is not None:
             target = fed.get(canon(view.get(owner, owner)))
             if target is None:
-                rewritten, _ = _rewrite(owner, rules)
+                rewritten, _ = rewrite(owner, rules)
                 if rewritten is not None:
                     _, found = _candidates(rewritten, targets, rewritten != owner)
                     target = found[0] if len(found) == 1 else None
@@ -911,7 +923,7 @@ def _role_of(name: str) -> str:
 
 def _owner_by_name(source, view, key, key_of_name):
     """(view key of the owner, role) from a TF1 slot name or a saved slot name."""
-    parts = _tree.split_slot(key)
+    parts = _paths.split_slot(key)
     if parts is not None:
         return parts[0], parts[2]
     tf1 = _TF1_SLOT.match(key)
@@ -937,7 +949,7 @@ def _match_structure(source, targets, view, unmatched, chosen, ambiguous, ambigu
         return unmatched, ""
     left_targets = [p for p in targets.network if p not in targets.rng]
     src_left = [(rewritten.get(key, (key, None))[0], source.specs[view[key]][0], key)
-                for key in unmatched if not _is_optimizer_key(key)]
+                for key in unmatched if not is_optimizer_key(key)]
     if not src_left or not left_targets:
         return unmatched, ""
     if len(src_left) != len(left_targets):
@@ -1024,7 +1036,7 @@ def _transformed(transform, shape, dtype, rule: str):
         return tuple(out[0].shape), out[0].dtype, ""
     except Exception as err:  # the user's callable: any failure is reported, not raised
         return shape, dtype, (f"{rule}: the transform fails on a {dtype.name}{tuple(shape)} "
-                              f"input: {type(err).__name__}: {_tree._first_line(err)}")
+                              f"input: {type(err).__name__}: {_render.first_line(err)}")
 
 
 def plan(source, obj, *, rules: Sequence = (), at: str | None = None,
@@ -1061,6 +1073,85 @@ def plan(source, obj, *, rules: Sequence = (), at: str | None = None,
             "variables are created.")
     return make_plan(open_source(source), obj, variables, rules=rules, at=at,
                      optimizer_state=optimizer_state)
+
+
+def describe_obj(obj) -> str:
+    name = getattr(obj, "name", None)
+    return f"{type(obj).__name__}" + (f" `{name}`" if isinstance(name, str) and name else "")
+
+
+def refuse(obj, variables, source, the_plan: Plan, strict: bool,
+            action: str = "restore"):
+    """Raises the error that says why `the_plan` cannot be applied (restored or migrated)."""
+    nothing = "Nothing was restored" if action == "restore" else "Nothing was written"
+    if not variables or (the_plan.unmatched_variables and _compat.is_unbuilt(obj)):
+        raise errors.UnbuiltModelError(
+            f"Cannot {action} {source.description} into {describe_obj(obj)}: it is not built yet, "
+            f"so it has {len(variables)} of the source's {len(source.specs)} variables. "
+            f"{nothing}. Fix: build it first (call it on a batch, or model.build(shape)), or "
+            "use objckpt.restore_on_create(obj, source) to apply values as variables are created.")
+    lines = list(the_plan.mismatched)
+    lines += [f"ambiguous, not guessed: `{what}` could be any of "
+              + ", ".join(f"`{c}`" for c in candidates) for what, candidates in the_plan.ambiguous]
+    if strict:  # the network's problems first: optimizer state follows from them
+        missing = sorted(the_plan.unmatched_variables,
+                         key=lambda p: is_optimizer_key(p))
+        extra = sorted(the_plan.unmatched_source, key=lambda p: is_optimizer_key(p))
+        lines += [f"`{p}`: in the obj but missing from the source" for p in missing
+                  if not is_optimizer_key(p)]
+        lines += [f"`{p}`: in the source but not in the obj" for p in extra
+                  if not is_optimizer_key(p)]
+        lines += [f"`{p}`: in the obj but missing from the source" for p in missing
+                  if is_optimizer_key(p)]
+        lines += [f"`{p}`: in the source but not in the obj" for p in extra
+                  if is_optimizer_key(p)]
+    fixes = []
+    if the_plan.mismatched:
+        fixes.append("rebuild the obj with the source's shapes and dtypes, or fix the rule's "
+                     "transform (strict=False never skips a shape or dtype mismatch)")
+    if the_plan.ambiguous:
+        fixes.append("add a rule that names the intended source entry exactly")
+    if strict and (the_plan.unmatched_variables or the_plan.unmatched_source):
+        fixes.append("pass strict=False to restore only what matches")
+        fixes.append("add rules=[(regex, replacement), ...] that map source keys onto the obj's "
+                     "object paths or variable names (objckpt.plan(source, obj) shows the "
+                     "plan)")
+        names = ", ".join(repr(n) for n in source.top_level_names)
+        if names and the_plan.at is None:
+            fixes.append(f"pass at=... if the obj sits under a child of the source's root "
+                         f"(top-level names: {names})")
+        if any(is_optimizer_key(p) for p in the_plan.unmatched_source) or \
+                any("optimizer" in p for p in the_plan.unmatched_variables):
+            fixes.append("pass optimizer_state=True to move optimizer state by the variable it "
+                         "belongs to, or optimizer_state=False to skip it")
+    if source.kind == "name":
+        fixes.insert(0, "the source is name-based (TF1 Saver): its keys are global variable "
+                        "names such as `" + next(iter(source.specs), "scope/w") + "`; map them "
+                        "onto the obj with rules, e.g. rules=[('^model_001/', '')], and check "
+                        "with objckpt.plan(source, obj)")
+    if not lines:
+        lines = [f"no entry of the source matches a variable of the obj "
+                 f"({len(variables)} variables, {len(source.specs)} source entries)"]
+        fixes.append("check that the source was written for this model, or add rules")
+    shown = listed(lines)
+    raise errors.StructureMismatchError(
+        f"Cannot {action} {source.description} into {describe_obj(obj)}: {len(lines)} problem"
+        f"{'s' if len(lines) != 1 else ''}. {nothing}.\n" + "\n".join(shown)
+        + "".join(f"\n{note}" for note in the_plan.notes) + "\nFix: " + "; or ".join(fixes)
+        + ".", tuple(lines))
+
+
+def checked_plan(obj, variables, src: Source, *, rules=(), strict: bool = True,
+                 at: str | None = None, optimizer_state="auto") -> Plan:
+    """The plan restore follows, or the error restore raises for it (nothing assigned)."""
+    if not variables:
+        refuse(obj, variables, src, Plan(src.description, ()), strict)
+    the_plan = make_plan(src, obj, variables, rules=rules, at=at,
+                                optimizer_state=optimizer_state)
+    if (the_plan.mismatched or the_plan.ambiguous or not the_plan.matches
+            or (strict and (the_plan.unmatched_variables or the_plan.unmatched_source))):
+        refuse(obj, variables, src, the_plan, strict)
+    return the_plan
 
 
 def listed(items, limit: int = _MAX_LISTED) -> list[str]:

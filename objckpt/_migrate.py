@@ -16,11 +16,10 @@ import os
 import shutil
 import sys
 import time
-import uuid
 
 import tensorflow as tf
 
-from objckpt import _compat, _match, _snapshot, _tree, errors
+from objckpt import _compat, _files, _match, _paths, _render, _snapshot, _tree, errors
 from objckpt._verify import tensor_problems
 
 __all__ = ["migrate"]
@@ -29,11 +28,9 @@ _GROUP_BYTES = 32 << 20  # small tensors are written together up to this size
 _PROGRESS_BYTES = 64 << 20  # inputs at least this big show progress on a terminal
 
 
-def _nbytes(shape, dtype) -> int:
-    count = 1
-    for dim in shape:
-        count *= int(dim)
-    return count * tf.as_dtype(dtype).size
+def _nbytes(spec) -> int:
+    shape, dtype = spec
+    return _render.elements(shape) * tf.as_dtype(dtype).size
 
 
 class _Progress:
@@ -103,13 +100,13 @@ def migrate(source, obj, prefix, *, rules=(), at: str | None = None,
     variables = _tree.tree(obj)
     src = _match.open_source(source)
     if not variables:
-        _snapshot._refuse(obj, variables, src, _match.Plan(src.description, ()), strict,
+        _match.refuse(obj, variables, src, _match.Plan(src.description, ()), strict,
                           action="migrate")
     the_plan = _match.make_plan(src, obj, variables, rules=rules, at=at,
                                 optimizer_state=optimizer_state)
     if (the_plan.mismatched or the_plan.ambiguous or not the_plan.matches
             or (strict and (the_plan.unmatched_variables or the_plan.unmatched_source))):
-        _snapshot._refuse(obj, variables, src, the_plan, strict, action="migrate")
+        _match.refuse(obj, variables, src, the_plan, strict, action="migrate")
     prefix = os.fspath(prefix)
     fed = {m.target: m for m in the_plan.matches}
     paths = list(variables)
@@ -118,9 +115,9 @@ def migrate(source, obj, prefix, *, rules=(), at: str | None = None,
     created = bool(directory) and not tf.io.gfile.exists(directory)
     if directory:
         tf.io.gfile.makedirs(directory)
-    work = os.path.join(directory, f".{os.path.basename(prefix)}.tmp-{uuid.uuid4().hex[:12]}")
+    work = _files.temp_prefix(prefix)
     tf.io.gfile.makedirs(work)
-    meter = _Progress(sum(_nbytes(*specs[p]) for p in paths), progress)
+    meter = _Progress(sum(_nbytes(specs[p]) for p in paths), progress)
     try:
         parts = _write_parts(work, paths, specs, fed, variables, the_plan, meter)
         merged = os.path.join(work, "merged")
@@ -128,7 +125,7 @@ def migrate(source, obj, prefix, *, rules=(), at: str | None = None,
             tf.raw_ops.MergeV2Checkpoints(checkpoint_prefixes=parts, destination_prefix=merged,
                                           delete_old_dirs=False)
         _verify(merged, prefix, specs)  # before it replaces anything at `prefix`
-        _commit(merged, prefix)
+        _files.commit(merged, prefix)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         if created and not os.listdir(directory):
@@ -157,7 +154,7 @@ def _write_parts(work, paths, specs, fed, variables, the_plan, meter) -> list[st
             value = values[path] if path in values else _compat.read_value(variables[path])
             tensors.append(tf.cast(value, specs[path][1]) if value.dtype != specs[path][1]
                            else value)
-        keys = [_compat.checkpoint_key(p) for p in group]
+        keys = [_paths.checkpoint_key(p) for p in group]
         if not parts:  # the object graph goes with the first shard
             keys.append(_compat.OBJECT_GRAPH_KEY)
             tensors.append(tf.constant(graph.SerializeToString()))
@@ -170,7 +167,7 @@ def _write_parts(work, paths, specs, fed, variables, the_plan, meter) -> list[st
         group, group_bytes = [], 0
 
     for path in paths:
-        size = _nbytes(*specs[path])
+        size = _nbytes(specs[path])
         if group and group_bytes + size > _GROUP_BYTES:
             flush()
         group.append(path)
@@ -179,30 +176,16 @@ def _write_parts(work, paths, specs, fed, variables, the_plan, meter) -> list[st
     return parts
 
 
-def _commit(temp: str, prefix: str) -> None:
-    """Moves a (possibly sharded) checkpoint into place: old index out, data, index last."""
-    if tf.io.gfile.exists(prefix + ".index"):
-        tf.io.gfile.remove(prefix + ".index")
-    new_data = sorted(tf.io.gfile.glob(temp + ".data-*"))
-    targets = {prefix + name[len(temp):] for name in new_data}
-    for stale in tf.io.gfile.glob(prefix + ".data-*"):
-        if stale not in targets:
-            tf.io.gfile.remove(stale)
-    for name in new_data:
-        tf.io.gfile.rename(name, prefix + name[len(temp):], overwrite=True)
-    tf.io.gfile.rename(temp + ".index", prefix + ".index", overwrite=True)
-
-
 def _verify(prefix: str, final: str, specs: dict) -> None:
     """Reads the result back: its tree must be obj's, and every tensor must read."""
-    written = _tree._read_tree_at(prefix)
+    written = _tree.read_tree_at(prefix)
     problems = [f"`{p}`: missing" for p in specs if p not in written]
     problems += [f"`{p}`: {written[p].dtype.name}{written[p].shape} written, "
                  f"{dtype.name}{shape} expected"
                  for p, (shape, dtype) in specs.items()
                  if p in written and (written[p].shape != shape or written[p].dtype != dtype)]
     if not problems:
-        reader = _tree._open_reader(prefix)
+        reader = _files.open_reader(prefix)
         path_of = {written[path].key: path for path in specs}
         problems += [f"`{path_of[key]}`: {error}" for key, error in tensor_problems(
             reader, list(path_of), stop_at_first=True)]

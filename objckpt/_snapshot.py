@@ -4,20 +4,19 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import uuid
 import weakref
 from collections.abc import Mapping
 
 import numpy as np
 import tensorflow as tf
 
-from objckpt import _compat, _match, _tree, errors
+from objckpt import _compat, _files, _match, _paths, _tree, errors
 
 __all__ = ["RestoreReport", "Snapshot", "restore", "save", "snapshot"]
 
 
 
-class Snapshot(_tree._FrozenMapping):
+class Snapshot(_tree.FrozenMapping):
     """An immutable mapping object path -> tensor: the values of an obj at one time.
 
     Tensors stay on the variables' devices and share memory with the values
@@ -38,7 +37,7 @@ class Snapshot(_tree._FrozenMapping):
     @classmethod
     def _of_tree(cls, variables: _tree.VariableTree, values: list) -> Snapshot:
         result = cls.__new__(cls)
-        _tree._FrozenMapping.__init__(result, dict(zip(variables, values)))
+        _tree.FrozenMapping.__init__(result, dict(zip(variables, values)))
         result._origin = weakref.ref(variables)
         result._keep = None
         return result
@@ -49,22 +48,24 @@ class Snapshot(_tree._FrozenMapping):
 
     def numpy(self) -> dict[str, np.ndarray]:
         """Returns host (NumPy) copies of every value, keyed by object path."""
-        return {path: np.array(value) for path, value in self._items.items()}
+        return {path: np.array(value) for path, value in self.as_dict().items()}
 
     @property
     def nbytes(self) -> int:
-        return sum(value.shape.num_elements() * value.dtype.size for value in self._items.values())
+        return sum(value.shape.num_elements() * value.dtype.size
+                   for value in self.as_dict().values())
 
     def __repr__(self) -> str:
         return f"Snapshot({len(self)} variables, {self.nbytes / 1e6:.1f} MB)"
 
-    def _as_source(self) -> _match.Source:
+    def as_source(self) -> _match.Source:
+        """This snapshot as a plan source (its network paths and slot owners included)."""
         origin = self.origin()
         # Taken from a live obj whose canonical paths run through its optimizer (a
         # trained Keras 3 model): its network paths feed untrained models too.
         if origin is None:
-            return _match.snapshot_source(self._items)
-        return _match.snapshot_source(self._items, origin.network_aliases(), origin.slot_owners)
+            return _match.snapshot_source(self.as_dict())
+        return _match.snapshot_source(self.as_dict(), origin.network_aliases(), origin.slot_owners)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,72 +139,6 @@ def snapshot(obj) -> Snapshot:
     return snap
 
 
-def _describe(obj) -> str:
-    name = getattr(obj, "name", None)
-    return f"{type(obj).__name__}" + (f" `{name}`" if isinstance(name, str) and name else "")
-
-
-def _refuse(obj, variables, source, the_plan: _match.Plan, strict: bool,
-            action: str = "restore"):
-    """Raises the error that says why `the_plan` cannot be applied (restored or migrated)."""
-    nothing = "Nothing was restored" if action == "restore" else "Nothing was written"
-    if not variables or (the_plan.unmatched_variables and _compat.is_unbuilt(obj)):
-        raise errors.UnbuiltModelError(
-            f"Cannot {action} {source.description} into {_describe(obj)}: it is not built yet, "
-            f"so it has {len(variables)} of the source's {len(source.specs)} variables. "
-            f"{nothing}. Fix: build it first (call it on a batch, or model.build(shape)), or "
-            "use objckpt.restore_on_create(obj, source) to apply values as variables are created.")
-    lines = list(the_plan.mismatched)
-    lines += [f"ambiguous, not guessed: `{what}` could be any of "
-              + ", ".join(f"`{c}`" for c in candidates) for what, candidates in the_plan.ambiguous]
-    if strict:  # the network's problems first: optimizer state follows from them
-        missing = sorted(the_plan.unmatched_variables,
-                         key=lambda p: _match._is_optimizer_key(p))
-        extra = sorted(the_plan.unmatched_source, key=lambda p: _match._is_optimizer_key(p))
-        lines += [f"`{p}`: in the obj but missing from the source" for p in missing
-                  if not _match._is_optimizer_key(p)]
-        lines += [f"`{p}`: in the source but not in the obj" for p in extra
-                  if not _match._is_optimizer_key(p)]
-        lines += [f"`{p}`: in the obj but missing from the source" for p in missing
-                  if _match._is_optimizer_key(p)]
-        lines += [f"`{p}`: in the source but not in the obj" for p in extra
-                  if _match._is_optimizer_key(p)]
-    fixes = []
-    if the_plan.mismatched:
-        fixes.append("rebuild the obj with the source's shapes and dtypes, or fix the rule's "
-                     "transform (strict=False never skips a shape or dtype mismatch)")
-    if the_plan.ambiguous:
-        fixes.append("add a rule that names the intended source entry exactly")
-    if strict and (the_plan.unmatched_variables or the_plan.unmatched_source):
-        fixes.append("pass strict=False to restore only what matches")
-        fixes.append("add rules=[(regex, replacement), ...] that map source keys onto the obj's "
-                     "object paths or variable names (objckpt.plan(source, obj) shows the "
-                     "plan)")
-        names = ", ".join(repr(n) for n in source.top_level_names)
-        if names and the_plan.at is None:
-            fixes.append(f"pass at=... if the obj sits under a child of the source's root "
-                         f"(top-level names: {names})")
-        if any(_match._is_optimizer_key(p) for p in the_plan.unmatched_source) or \
-                any("optimizer" in p for p in the_plan.unmatched_variables):
-            fixes.append("pass optimizer_state=True to move optimizer state by the variable it "
-                         "belongs to, or optimizer_state=False to skip it")
-    if source.kind == "name":
-        fixes.insert(0, "the source is name-based (TF1 Saver): its keys are global variable "
-                        "names such as `" + next(iter(source.specs), "scope/w") + "`; map them "
-                        "onto the obj with rules, e.g. rules=[('^model_001/', '')], and check "
-                        "with objckpt.plan(source, obj)")
-    if not lines:
-        lines = [f"no entry of the source matches a variable of the obj "
-                 f"({len(variables)} variables, {len(source.specs)} source entries)"]
-        fixes.append("check that the source was written for this model, or add rules")
-    shown = _match.listed(lines)
-    raise errors.StructureMismatchError(
-        f"Cannot {action} {source.description} into {_describe(obj)}: {len(lines)} problem"
-        f"{'s' if len(lines) != 1 else ''}. {nothing}.\n" + "\n".join(shown)
-        + "".join(f"\n{note}" for note in the_plan.notes) + "\nFix: " + "; or ".join(fixes)
-        + ".", tuple(lines))
-
-
 def fetch_values(the_plan: _match.Plan, variables, matches=None) -> list:
     """Reads the source values of a plan's matches, transforms applied, and checks them.
 
@@ -212,7 +147,7 @@ def fetch_values(the_plan: _match.Plan, variables, matches=None) -> list:
     again here, before anything is assigned or written.
     """
     matches = the_plan.matches if matches is None else matches
-    values = the_plan._source.fetch([m.source for m in matches])
+    values = the_plan.fetch([m.source for m in matches])
     out, problems = [], []
     for match, value in zip(matches, values):
         if match.transform is not None:
@@ -232,19 +167,6 @@ def fetch_values(the_plan: _match.Plan, variables, matches=None) -> list:
             + "\nFix: make the rule's transform return the variable's shape and dtype.",
             tuple(problems))
     return out
-
-
-def checked_plan(obj, variables, src: _match.Source, *, rules=(), strict: bool = True,
-                 at: str | None = None, optimizer_state="auto") -> _match.Plan:
-    """The plan restore follows, or the error restore raises for it (nothing assigned)."""
-    if not variables:
-        _refuse(obj, variables, src, _match.Plan(src.description, ()), strict)
-    the_plan = _match.make_plan(src, obj, variables, rules=rules, at=at,
-                                optimizer_state=optimizer_state)
-    if (the_plan.mismatched or the_plan.ambiguous or not the_plan.matches
-            or (strict and (the_plan.unmatched_variables or the_plan.unmatched_source))):
-        _refuse(obj, variables, src, the_plan, strict)
-    return the_plan
 
 
 def restore(obj, source, *, rules=(), strict: bool = True, at: str | None = None,
@@ -303,19 +225,19 @@ def restore(obj, source, *, rules=(), strict: bool = True, at: str | None = None
             and optimizer_state in (None, "auto") and source.origin() is variables):
         # Taken from this very obj, and its structure is unchanged: the paths,
         # shapes and dtypes are the ones just read, so there is nothing to check.
-        variables.fused.assign_all(source._items.values())
+        variables.fused.assign_all(source.as_dict().values())
         return RestoreReport(tuple(variables), source="Snapshot")
     cache_key = _plan_cache_key(source, rules, strict, at, optimizer_state)
-    cached = variables._plans.get(cache_key) if cache_key is not None else None
+    cached = variables.plans.get(cache_key) if cache_key is not None else None
     if cached is not None and cached[0]() is source.origin():
         # A Snapshot of a tree planned into this tree before: the same paths, shapes
         # and dtypes on both sides (each tree is immutable), so the same checked plan.
         _, keys, report = cached
-        items = source._items
+        items = source.as_dict()
         _assign(variables, report.plan, [items[key] for key in keys])
         return report
     src = _match.open_source(source)
-    the_plan = checked_plan(obj, variables, src, rules=rules, strict=strict, at=at,
+    the_plan = _match.checked_plan(obj, variables, src, rules=rules, strict=strict, at=at,
                             optimizer_state=optimizer_state)
     values = fetch_values(the_plan, variables)
     _assign(variables, the_plan, values)
@@ -326,11 +248,11 @@ def restore(obj, source, *, rules=(), strict: bool = True, at: str | None = None
     if cache_key is not None:
         # Kept without the source (its tensors and origin tree stay the caller's), and
         # returned as is on every hit: the report is the same for every snapshot of it.
-        report = dataclasses.replace(report, plan=dataclasses.replace(the_plan, _source=None))
-        if len(variables._plans) >= _PLAN_CACHE_SIZE:
-            variables._plans.pop(next(iter(variables._plans)))
+        report = dataclasses.replace(report, plan=the_plan.detached())
+        if len(variables.plans) >= _PLAN_CACHE_SIZE:
+            variables.plans.pop(next(iter(variables.plans)))
         aliases = src.aliases
-        variables._plans[cache_key] = (
+        variables.plans[cache_key] = (
             weakref.ref(source.origin()),
             tuple(aliases.get(m.source, m.source) for m in the_plan.matches), report)
     return report
@@ -393,45 +315,13 @@ def save(obj_or_snapshot, prefix: str | os.PathLike) -> str:
     prefix = os.fspath(prefix)
     if not snap:
         raise errors.UnbuiltModelError(
-            f"Nothing to save to `{prefix}`: {_describe(obj_or_snapshot)} has no variables. "
-            "Build the model (call it on a batch) before saving it.")
+            f"Nothing to save to `{prefix}`: {_match.describe_obj(obj_or_snapshot)} has no "
+            "variables. Build the model (call it on a batch) before saving it.")
     names = ([_compat.variable_name(v) for v in origin.values()] if origin is not None
              else [""] * len(snap))
     graph = _tree.build_object_graph(list(snap), names,
                                      origin.graph_aliases() if origin is not None else None)
-    keys = [_compat.checkpoint_key(path) for path in snap] + [_compat.OBJECT_GRAPH_KEY]
-    directory = os.path.dirname(prefix)
-    if directory:
-        tf.io.gfile.makedirs(directory)
-    temp = os.path.join(directory, f".{os.path.basename(prefix)}.tmp-{uuid.uuid4().hex[:12]}")
-    try:
-        with tf.device("/cpu:0"):
-            tf.raw_ops.SaveV2(
-                prefix=temp, tensor_names=keys, shape_and_slices=[""] * len(keys),
-                tensors=[*snap._items.values(), tf.constant(graph.SerializeToString())])
-        _commit(temp, prefix)
-    finally:
-        for leftover in tf.io.gfile.glob(temp + "*"):
-            tf.io.gfile.remove(leftover)
+    keys = [_paths.checkpoint_key(path) for path in snap] + [_compat.OBJECT_GRAPH_KEY]
+    _files.write_tensors(prefix, keys, [*snap.as_dict().values(),
+                                        tf.constant(graph.SerializeToString())])
     return prefix
-
-
-_DATA_SUFFIX = ".data-00000-of-00001"
-
-
-def _commit(temp: str, prefix: str) -> None:
-    # The index is what makes a prefix a checkpoint. Remove the old one first,
-    # so an old index never describes new data; then move the data, then the
-    # index. A crash at any point leaves either the old checkpoint, no
-    # checkpoint, or the new one under `prefix`, never a mix.
-    if tf.io.gfile.exists(prefix + ".index"):
-        tf.io.gfile.remove(prefix + ".index")
-    _rename(temp + _DATA_SUFFIX, prefix + _DATA_SUFFIX)
-    for stale in tf.io.gfile.glob(prefix + ".data-*"):
-        if not stale.endswith(_DATA_SUFFIX):
-            tf.io.gfile.remove(stale)
-    _rename(temp + ".index", prefix + ".index")
-
-
-def _rename(src: str, dst: str) -> None:
-    tf.io.gfile.rename(src, dst, overwrite=True)

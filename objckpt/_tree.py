@@ -16,14 +16,13 @@ from collections.abc import Iterator, Mapping
 
 import tensorflow as tf
 
-from objckpt import _compat, errors
+from objckpt import _compat, _files, _paths, _render, errors
 
-__all__ = ["CheckpointTree", "Entry", "VariableTree", "read_tree", "resolve_prefix", "tree"]
-
-_STATE_FILE = "checkpoint"
+__all__ = ["CheckpointTree", "Entry", "VariableTree", "read_tree", "tree"]
 
 
-class _FrozenMapping(Mapping):
+
+class FrozenMapping(Mapping):
     """An ordered, read-only mapping from object path to a value."""
 
     __slots__ = ("_items",)
@@ -40,11 +39,15 @@ class _FrozenMapping(Mapping):
     def __len__(self) -> int:
         return len(self._items)
 
+    def as_dict(self) -> dict:
+        """The underlying path -> value dict (not a copy: read it, never change it)."""
+        return self._items
+
     def __contains__(self, path) -> bool:
         return path in self._items
 
 
-class VariableTree(_FrozenMapping):
+class VariableTree(FrozenMapping):
     """Ordered mapping object path -> variable of a live obj (see `tree`)."""
 
     __slots__ = ("__weakref__", "_fingerprint", "_owner", "_plans", "fused")
@@ -59,6 +62,11 @@ class VariableTree(_FrozenMapping):
             self._owner = weakref.ref(owner) if owner is not None else None
         except TypeError:  # not weak-referenceable
             self._owner = None
+
+    @property
+    def plans(self) -> dict:
+        """Checked restore plans from Snapshots of other trees, kept by `objckpt.restore`."""
+        return self._plans
 
     def network_aliases(self) -> dict[str, str]:
         """Network path -> canonical path, where a variable's canonical path runs
@@ -92,7 +100,7 @@ class VariableTree(_FrozenMapping):
         owner = self._owner() if self._owner is not None else None
         out = {}
         for path in self._items:
-            parts = split_slot(path)
+            parts = _paths.split_slot(path)
             if parts is not None:
                 out[path] = (parts[0], parts[2])
         if owner is None:
@@ -195,7 +203,7 @@ class Entry:
         return count * self.dtype.size
 
 
-class CheckpointTree(_FrozenMapping):
+class CheckpointTree(FrozenMapping):
     """Ordered mapping object path -> `Entry` of a checkpoint (see `read_tree`).
 
     Attributes:
@@ -235,22 +243,12 @@ def read_tree(source: str | os.PathLike) -> CheckpointTree:
       CheckpointCorruptError: the index or object graph cannot be read.
       NotObjectBasedError: a name-based (TF1 `Saver`) checkpoint.
     """
-    prefix, _ = resolve_prefix(source)
-    return _read_tree_at(prefix)
+    prefix, _ = _files.resolve_prefix(source)
+    return read_tree_at(prefix)
 
 
-def _open_reader(prefix: str):
-    try:
-        return tf.train.load_checkpoint(prefix)
-    except (tf.errors.OpError, ValueError) as err:
-        raise errors.CheckpointCorruptError(
-            f"Checkpoint `{prefix}` cannot be read: its index file `{prefix}.index` is damaged "
-            f"or not a checkpoint index. Received from TF: {_first_line(err)}. Restore from "
-            "another checkpoint, or write this one again.") from err
-
-
-def _read_tree_at(prefix: str) -> CheckpointTree:
-    reader = _open_reader(prefix)
+def read_tree_at(prefix: str) -> CheckpointTree:
+    reader = _files.open_reader(prefix)
     shapes = reader.get_variable_to_shape_map()
     dtypes = reader.get_variable_to_dtype_map()
     if _compat.OBJECT_GRAPH_KEY not in shapes:
@@ -268,15 +266,15 @@ def _read_tree_at(prefix: str) -> CheckpointTree:
     except Exception as err:  # DataLossError, DecodeError: both mean damage
         raise errors.CheckpointCorruptError(
             f"Checkpoint `{prefix}` has a damaged object graph (`{_compat.OBJECT_GRAPH_KEY}`): "
-            f"{_first_line(err)}. Restore from another checkpoint, or write this one again."
+            f"{_render.first_line(err)}. Restore from another checkpoint, or write this one again."
         ) from err
     items = {}
     for node in graph.nodes:
         for attribute in node.attributes:
-            if attribute.name != _compat.VARIABLE_VALUE:
+            if attribute.name != _paths.VARIABLE_VALUE:
                 continue
             key = attribute.checkpoint_key
-            path = key.split(_compat.ATTRIBUTES, 1)[0]
+            path = _paths.path_of_key(key)
             if key not in shapes:
                 raise errors.CheckpointCorruptError(
                     f"Checkpoint `{prefix}`: the object graph lists `{path}` (key `{key}`) but the "
@@ -284,126 +282,6 @@ def _read_tree_at(prefix: str) -> CheckpointTree:
             items[path] = Entry(tuple(shapes[key]), tf.as_dtype(dtypes[key]), key,
                                 attribute.full_name)
     return CheckpointTree(items, prefix, graph)
-
-
-def _first_line(err: BaseException) -> str:
-    text = getattr(err, "message", None) or str(err)
-    return text.strip().splitlines()[0] if text.strip() else type(err).__name__
-
-
-def _data_files_present(prefix: str) -> str | None:
-    """Returns why the data shards of `prefix` are incomplete, or None."""
-    directory = os.path.dirname(prefix) or "."
-    base = os.path.basename(prefix) + ".data-"
-    try:
-        shards = [name for name in os.listdir(directory) if name.startswith(base)]
-    except OSError as err:
-        return str(err)
-    if not shards:
-        return f"its data file `{prefix}.data-00000-of-00001` is missing"
-    total = int(shards[0].rsplit("-of-", 1)[1])
-    if len(shards) != total:
-        return f"it has {len(shards)} of {total} data shards"
-    return None
-
-
-def _check_intact(prefix: str) -> str | None:
-    """Returns why `prefix` is not an intact checkpoint, or None if it looks intact."""
-    if not tf.io.gfile.exists(prefix + ".index"):
-        return f"`{prefix}.index` does not exist"
-    missing = _data_files_present(prefix) if "://" not in prefix else None
-    if missing:
-        return missing
-    try:
-        _open_reader(prefix)
-    except errors.CheckpointCorruptError as err:
-        return str(err)
-    return None
-
-
-def _nearby_prefixes(directory: str, limit: int = 5) -> list[str]:
-    try:
-        names = sorted(n[: -len(".index")] for n in os.listdir(directory or ".")
-                       if n.endswith(".index"))
-    except OSError:
-        return []
-    return [os.path.join(directory, n) for n in names[:limit]]
-
-
-def _state_candidates(directory: str) -> list[str]:
-    """Checkpoint prefixes named by a directory's state file, newest first."""
-    state_path = os.path.join(directory, _STATE_FILE)
-    found = _nearby_prefixes(directory)
-    hint = (f" Prefixes found in the directory: {', '.join(found)}; pass one of them directly."
-            if found else "")
-    if not os.path.exists(state_path):
-        raise errors.CheckpointNotFoundError(
-            f"Directory `{directory}` holds no managed checkpoints: expected a TF `checkpoint` "
-            f"state file in it, found none.{hint}")
-    try:
-        with open(state_path, "rb") as f:
-            state = _compat.parse_checkpoint_state(f.read())
-    except Exception as err:
-        raise errors.CheckpointCorruptError(
-            f"The checkpoint state file `{state_path}` cannot be parsed: {_first_line(err)}. "
-            f"Expected lines like `model_checkpoint_path: \"ckpt-3\"`.{hint} Or delete the "
-            "state file and write a new checkpoint.") from err
-    names = [state.model_checkpoint_path, *reversed(state.all_model_checkpoint_paths)]
-    names = [n for n in dict.fromkeys(names) if n]
-    if not names:
-        raise errors.CheckpointCorruptError(
-            f"The checkpoint state file `{state_path}` names no checkpoint (it is empty or "
-            f"has no `model_checkpoint_path`).{hint}")
-    return [n if os.path.isabs(n) else os.path.join(directory, n) for n in names]
-
-
-def resolve_prefix(source: str | os.PathLike) -> tuple[str, tuple[str, ...]]:
-    """Turns a prefix, `prefix.index` or directory into an intact prefix.
-
-    Returns:
-      (prefix, notes): notes say when an older checkpoint was used because the
-      newest one named by a directory's state file is not intact.
-    """
-    source = os.fspath(source)
-    if source.endswith(".index") and tf.io.gfile.exists(source):
-        source = source[: -len(".index")]
-    if os.path.isdir(source):
-        notes = []
-        for prefix in _state_candidates(source):
-            problem = _check_intact(prefix)
-            if problem is None:
-                return prefix, tuple(notes)
-            notes.append(f"skipped `{prefix}`: {problem}")
-        raise errors.CheckpointCorruptError(
-            f"Directory `{source}` has no intact checkpoint; every one its state file names is "
-            "damaged or missing:\n  " + "\n  ".join(notes) +
-            "\nRestore from another copy, or write a new checkpoint.")
-    if tf.io.gfile.exists(source + ".index"):
-        return source, ()
-    if os.path.isfile(source):
-        raise errors.CheckpointNotFoundError(
-            f"`{source}` is a file, not a checkpoint prefix: expected `{source}.index` and "
-            f"`{source}.data-*` beside it. Pass the prefix (the path without `.index` or "
-            "`.data-*`); for a Keras `.weights.h5`/`.keras` file use model.load_weights.")
-    found = _nearby_prefixes(os.path.dirname(source))
-    hint = f" Checkpoints found there: {', '.join(found)}." if found else ""
-    raise errors.CheckpointNotFoundError(
-        f"No checkpoint at prefix `{source}`: expected `{source}.index`, found nothing.{hint} "
-        "Check the path, or pass the directory to use its newest checkpoint.")
-
-
-def _unescape(component: str) -> str:
-    return _compat.unescape_local(component)
-
-
-def split_slot(path: str) -> tuple[str, str, str] | None:
-    """Splits `<var>/.OPTIMIZER_SLOT/<optimizer>/<slot>` into its three parts."""
-    marker = "/" + _compat.OPTIMIZER_SLOT + "/"
-    if marker not in path:
-        return None
-    variable, rest = path.split(marker, 1)
-    optimizer, _, slot = rest.rpartition("/")
-    return variable, optimizer, slot
 
 
 def build_object_graph(paths: list[str], names: list[str], aliases: dict | None = None):
@@ -428,18 +306,18 @@ def build_object_graph(paths: list[str], names: list[str], aliases: dict | None 
         parent = node_for(parent_path)
         node_id = len(graph.nodes)
         graph.nodes.add()
-        graph.nodes[parent].children.add(node_id=node_id, local_name=_unescape(local))
+        graph.nodes[parent].children.add(node_id=node_id, local_name=_paths.unescape(local))
         node_of[path] = node_id
         return node_id
 
     def add_value(node_id: int, path: str, name: str) -> None:
         graph.nodes[node_id].attributes.add(
-            name=_compat.VARIABLE_VALUE, full_name=name,
-            checkpoint_key=_compat.checkpoint_key(path))
+            name=_paths.VARIABLE_VALUE, full_name=name,
+            checkpoint_key=_paths.checkpoint_key(path))
 
     slots = []
     for path, name in zip(paths, names):
-        parts = split_slot(path)
+        parts = _paths.split_slot(path)
         if parts is None:
             add_value(node_for(path), path, name)
         else:
@@ -456,7 +334,7 @@ def build_object_graph(paths: list[str], names: list[str], aliases: dict | None 
         if path in node_of and alias not in node_of:
             parent_path, _, local = alias.rpartition("/")
             graph.nodes[node_for(parent_path)].children.add(node_id=node_of[path],
-                                                            local_name=_unescape(local))
+                                                            local_name=_paths.unescape(local))
             node_of[alias] = node_of[path]
     fields = _compat.TrackableObjectGraph.TrackableObject.DESCRIPTOR.fields_by_name
     if "has_checkpoint_values" in fields:
@@ -465,11 +343,7 @@ def build_object_graph(paths: list[str], names: list[str], aliases: dict | None 
     return graph
 
 
-def _escape(name: str) -> str:
-    return name.replace(".", "..").replace("/", ".S")
-
-
-def _is_optimizer_node(graph, node_id: int, local_name: str) -> bool:
+def is_optimizer_node(graph, node_id: int, local_name: str) -> bool:
     node = graph.nodes[node_id]
     names = {child.local_name for child in node.children}
     return (local_name in ("optimizer", "_optimizer") or len(node.slot_variables) > 0
@@ -499,7 +373,7 @@ def subtree_paths(graph, at: str, skip_optimizers: bool = False) -> dict[str, st
     """
     node_id = 0
     for component in filter(None, at.split("/")):
-        local = _unescape(component)
+        local = _paths.unescape(component)
         node_id = next((c.node_id for c in graph.nodes[node_id].children
                         if c.local_name == local), None)
         if node_id is None:
@@ -508,18 +382,18 @@ def subtree_paths(graph, at: str, skip_optimizers: bool = False) -> dict[str, st
     order = [node_id]
     for current in order:  # grows while iterating: a breadth-first walk
         for child in graph.nodes[current].children:
-            if skip_optimizers and _is_optimizer_node(graph, child.node_id, child.local_name):
+            if skip_optimizers and is_optimizer_node(graph, child.node_id, child.local_name):
                 continue
             if child.node_id not in paths:
-                local = _escape(child.local_name)
+                local = _paths.escape(child.local_name)
                 paths[child.node_id] = f"{paths[current]}/{local}" if paths[current] else local
                 order.append(child.node_id)
     result = {}
 
     def add(node, path):
         for attribute in graph.nodes[node].attributes:
-            if attribute.name == _compat.VARIABLE_VALUE:
-                result[path] = attribute.checkpoint_key.split(_compat.ATTRIBUTES, 1)[0]
+            if attribute.name == _paths.VARIABLE_VALUE:
+                result[path] = _paths.path_of_key(attribute.checkpoint_key)
 
     for current in order:
         add(current, paths[current])
@@ -527,11 +401,11 @@ def subtree_paths(graph, at: str, skip_optimizers: bool = False) -> dict[str, st
         for slot in graph.nodes[current].slot_variables:
             if slot.original_variable_node_id in paths:
                 add(slot.slot_variable_node_id,
-                    f"{paths[slot.original_variable_node_id]}/{_compat.OPTIMIZER_SLOT}/"
+                    f"{paths[slot.original_variable_node_id]}/{_paths.OPTIMIZER_SLOT}/"
                     f"{paths[current]}/{slot.slot_name}")
     return result
 
 
 def top_level_names(graph) -> list[str]:
     """The escaped names of the root's children in a graph proto."""
-    return [_escape(child.local_name) for child in graph.nodes[0].children]
+    return [_paths.escape(child.local_name) for child in graph.nodes[0].children]

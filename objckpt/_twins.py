@@ -42,7 +42,7 @@ def _network_variables(obj) -> dict:
     return dict(_compat.network_variable_paths(obj))
 
 
-def _check_tau(tau) -> None:
+def check_tau(tau) -> None:
     if isinstance(tau, (int, float)) and not 0.0 <= tau <= 1.0:
         raise errors.InvalidArgumentError(
             f"tau is the weight of current in past = tau*current + (1-tau)*past and must lie "
@@ -154,7 +154,7 @@ class Twins:
         """
         if not isinstance(tau, (int, float)) and tf.executing_eagerly():
             tau = float(tau)  # an eager scalar tensor: its value picks copy or blend
-        _check_tau(tau)
+        check_tau(tau)
         chosen = self._select(include, exclude)
         if isinstance(tau, (int, float)):
             if tau == 1.0:

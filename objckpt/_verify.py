@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from objckpt import errors
+from objckpt import _paths, _render, errors
 
 __all__ = ["Problem", "VerifyReport", "tensor_problems", "verify"]
 
@@ -87,13 +87,12 @@ def tensor_problems(reader, keys, *, stop_at_first: bool = False):
     One tensor at a time, so memory stays near the largest tensor. Shared by
     `verify` and `migrate`'s read-back check.
     """
-    from objckpt import _tree
 
     for key in keys:
         try:
             reader.get_tensor(key)
         except Exception as err:  # DataLossError, OutOfRangeError, ...: damage
-            yield key, _tree._first_line(err)
+            yield key, _render.first_line(err)
             if stop_at_first:
                 return
 
@@ -131,37 +130,37 @@ def verify(source) -> VerifyReport:
 
 
 def _prefixes(source: str) -> tuple[list[str], list[Problem]]:
-    from objckpt import _tree
+    from objckpt import _files
 
     if source.endswith(".index") and os.path.isfile(source):
         source = source[: -len(".index")]
     if not os.path.isdir(source):
-        _tree.resolve_prefix(source)  # raises CheckpointNotFoundError with its hints
+        _files.resolve_prefix(source)  # raises CheckpointNotFoundError with its hints
         return [source], []
     try:
-        names = _tree._state_candidates(source)
+        names = _files.state_candidates(source)
     except errors.CheckpointCorruptError as err:
-        found = _tree._nearby_prefixes(source, limit=1000)
+        found = _files.nearby_prefixes(source, limit=1000)
         if not found:
             raise
-        state = os.path.join(source, _tree._STATE_FILE)
+        state = os.path.join(source, _files.STATE_FILE)
         return found, [Problem(state, "", str(err).splitlines()[0])]
     return list(reversed(names)), []  # oldest first
 
 
 def _verify_prefix(prefix: str):
     """(tensors read intact, their bytes, problems, notes) for one prefix."""
-    from objckpt import _compat, _tree
+    from objckpt import _compat, _files
 
     problems: list[Problem] = []
     if not os.path.exists(prefix + ".index"):
         return 0, 0, [Problem(prefix, prefix + ".index", "the index file is missing")], []
-    missing = _tree._data_files_present(prefix)
+    missing = _files.data_files_problem(prefix)
     if missing:
         return 0, 0, [Problem(prefix, "", missing)], [
             f"{prefix}: tensors and object graph not read (data files incomplete)"]
     try:
-        reader = _tree._open_reader(prefix)
+        reader = _files.open_reader(prefix)
         shapes = reader.get_variable_to_shape_map()
         dtypes = reader.get_variable_to_dtype_map()
     except errors.CheckpointCorruptError as err:
@@ -199,10 +198,9 @@ def _check_graph(prefix: str, reader, shapes):
         graph = _compat.TrackableObjectGraph()
         graph.ParseFromString(reader.get_tensor(_compat.OBJECT_GRAPH_KEY))
     except Exception as err:
-        from objckpt import _tree
 
         return [Problem(prefix, _compat.OBJECT_GRAPH_KEY,
-                        f"the object graph cannot be read: {_tree._first_line(err)}")], {}
+                        f"the object graph cannot be read: {_render.first_line(err)}")], {}
     problems = []
     count = len(graph.nodes)
     if count == 0:
@@ -234,7 +232,7 @@ def _check_graph(prefix: str, reader, shapes):
     for node_id, node in enumerate(graph.nodes):
         for attribute in node.attributes:
             key = attribute.checkpoint_key
-            path = key.split(_compat.ATTRIBUTES, 1)[0]
+            path = key.split(_paths.ATTRIBUTES, 1)[0]
             referenced[key] = path
             if key not in shapes:
                 problems.append(Problem(prefix, path, f"the object graph lists key `{key}` (node "

@@ -7,8 +7,6 @@ callback is created, so `model.fit(callbacks=[...])` accepts it everywhere.
 
 from __future__ import annotations
 
-import contextlib
-
 from objckpt import errors
 
 __all__ = ["BestSnapshot", "Checkpointing", "FreezeSchedule", "TwinSync"]
@@ -62,9 +60,9 @@ class TwinSync:
         if on not in ("batch", "epoch"):
             raise errors.InvalidArgumentError(
                 f'on must be "batch" or "epoch". Received: on={on!r}.')
-        from objckpt._twins import _check_tau
+        from objckpt._twins import check_tau
 
-        _check_tau(tau)
+        check_tau(tau)
         self.twins, self.every, self.tau, self.on = twins, every, tau, on
         self.syncs = 0
         self._count = 0
@@ -206,15 +204,10 @@ class FreezeSchedule(_FlavourFreeCallback):
         for epoch, patterns in self.schedule.items():  # every pattern checked before training
             try:
                 if patterns:
-                    self.freezer._select(patterns, "freeze")
+                    self.freezer.matching(*patterns)
             except errors.InvalidArgumentError as err:
                 raise errors.InvalidArgumentError(f"FreezeSchedule[{epoch}]: {err}") from err
-        freezer, original = self.freezer, optimizer.apply_gradients
-
-        def apply_gradients(grads_and_vars, *args, **kwargs):
-            return freezer._apply(optimizer, original, grads_and_vars, *args, **kwargs)
-
-        optimizer.apply_gradients = apply_gradients
+        self.freezer.hook(optimizer)
         self._optimizer = optimizer
         # The train function may have been traced by an earlier fit, before this hook:
         # make a fresh one (traced once, on the first batch).
@@ -226,8 +219,7 @@ class FreezeSchedule(_FlavourFreeCallback):
 
     def on_train_end(self, logs=None):
         if self._optimizer is not None:
-            with contextlib.suppress(AttributeError):
-                del self._optimizer.apply_gradients
+            self.freezer.unhook(self._optimizer)
             self._optimizer = None
         self.freezer.set_frozen(None)
 
@@ -336,9 +328,6 @@ class Checkpointing(_FlavourFreeCallback):
         if self._fit is None:
             self._fit = _fitckpt.FitCheckpointer(self)
         self._fit.begin(self.model)
-
-    def _save(self, logs):
-        self._fit.save(logs)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._fit.epoch_begin(epoch)

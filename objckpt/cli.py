@@ -57,7 +57,8 @@ import sys
 from absl import app
 from absl.flags import argparse_flags
 
-from objckpt import errors
+from objckpt import _render, errors
+from objckpt._render import inspect_json, inspect_text  # noqa: F401 (public in the CLI)
 
 
 def _parse(argv):
@@ -130,93 +131,14 @@ def _depth(text: str) -> int:
     return value
 
 
-def _size(nbytes: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if nbytes < 1000 or unit == "GB":
-            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
-        nbytes /= 1000
-    return ""  # unreachable
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n:,} {noun}{'' if n == 1 else 's'}"
-
-
-def _shape(shape) -> str:
-    return "(" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")"
-
-
-def _params(entry) -> int:
-    count = 1
-    for dim in entry.shape:
-        count *= dim
-    return count
-
-
-def inspect_json(entries) -> dict:
-    """The JSON document `objckpt inspect --format json` prints."""
-    return {
-        "prefix": entries.prefix,
-        "variables": [
-            {"path": path, "shape": list(entry.shape), "dtype": entry.dtype.name,
-             "nbytes": entry.nbytes, "key": entry.key, "name": entry.name}
-            for path, entry in entries.items()],
-        "total": {"variables": len(entries),
-                  "parameters": sum(_params(e) for e in entries.values()),
-                  "nbytes": entries.nbytes},
-    }
-
-
-def inspect_text(entries) -> str:
-    """The object tree as indented text, objects with totals of their subtree."""
-    slot_marker = "/.OPTIMIZER_SLOT/"
-    plain = {p: e for p, e in entries.items() if slot_marker not in p}
-    slots = {p: e for p, e in entries.items() if slot_marker in p}
-    totals: dict[str, list[int]] = {}
-    for path, entry in plain.items():
-        parts = path.split("/")
-        for depth in range(1, len(parts)):
-            total = totals.setdefault("/".join(parts[:depth]), [0, 0])
-            total[0] += 1
-            total[1] += entry.nbytes
-    rows, seen = [], set()
-    for path, entry in plain.items():
-        parts = path.split("/")
-        for depth in range(1, len(parts)):
-            node = "/".join(parts[:depth])
-            if node not in seen:
-                seen.add(node)
-                count, nbytes = totals[node]
-                rows.append(("  " * (depth - 1) + parts[depth - 1] + "/",
-                             _count(count, "variable"), "", _size(nbytes)))
-        rows.append(("  " * (len(parts) - 1) + parts[-1], _shape(entry.shape),
-                     entry.dtype.name, _size(entry.nbytes)))
-    if slots:
-        rows.append(("optimizer slots (<variable>/.OPTIMIZER_SLOT/<optimizer>/<slot>):", "", "",
-                     _size(sum(e.nbytes for e in slots.values()))))
-        rows.extend(("  " + p, _shape(e.shape), e.dtype.name, _size(e.nbytes))
-                    for p, e in slots.items())
-    params = sum(_params(e) for e in entries.values())
-    header = (f"checkpoint {entries.prefix}: {_count(len(entries), 'variable')}, "
-              f"{_count(params, 'parameter')}, {_size(entries.nbytes)}")
-    widths = [max([len(r[i]) for r in rows] + [len(h)])
-              for i, h in enumerate(("object path", "shape", "dtype", "size"))]
-    lines = [header, ""]
-    for row in [("object path", "shape", "dtype", "size"), *rows]:
-        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row[:3], widths)).rstrip()
-                     .ljust(sum(widths[:3]) + 4) + "  " + row[3].rjust(widths[3]))
-    lines.append(f"{'total':<{sum(widths[:3]) + 4}}  {_size(entries.nbytes).rjust(widths[3])}")
-    return "\n".join(lines)
-
-
 def _inspect(args) -> int:
     from objckpt import _tree
 
     entries = _tree.read_tree(args.source)
     if args.format == "json":
-        print(json.dumps(inspect_json(entries), indent=2))
+        print(json.dumps(_render.inspect_json(entries), indent=2))
     else:
-        print(inspect_text(entries))
+        print(_render.inspect_text(entries))
     return 0
 
 
@@ -251,7 +173,7 @@ def diff_text(result) -> str:
     """One line per differing path, then the notes and a summary line."""
     lines = [f"A: {result.a}", f"B: {result.b}"]
     for d in result.values:
-        of = f"{d.differing:,} of {_count(d.size, 'value')}"
+        of = f"{d.differing:,} of {_render.count(d.size, 'value')}"
         if d.max_abs_diff is None:
             lines.append(f"~ {d.path}: {of} differ")
         else:

@@ -20,10 +20,10 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "objckpt"
 # Bottom to top. A module may import only modules listed before it.
 LAYERS = [
     "objckpt.errors",
+    "objckpt._render",  # pure: text for people
+    "objckpt._paths",  # pure: the path grammar
     "objckpt._roles",
     "objckpt._compat",  # the package and its submodules
-    "objckpt._paths",
-    "objckpt._render",
     "objckpt._files",
     "objckpt._dirlock",
     "objckpt._tree",
@@ -42,9 +42,9 @@ LAYERS = [
     "objckpt._checkpointing",
     "objckpt._fitckpt",
     "objckpt.callbacks",
-    "objckpt._demo",
-    "objckpt.cli",
-    "objckpt",
+    "objckpt",  # the public facade (imports the modules above lazily)
+    "objckpt._demo",  # uses the public API, as users do
+    "objckpt.cli",  # nothing imports it but __main__
     "objckpt.__main__",
 ]
 
@@ -124,7 +124,7 @@ def _defined_names(tree: ast.AST) -> set[str]:
         elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
             names.add(node.id)
         elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and (
-                isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
+                (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
                 or node.attr.startswith("_objckpt")):
             names.add(node.attr)  # our own attributes (on foreign objects: `_objckpt...`)
         elif isinstance(node, ast.arg):

@@ -23,14 +23,10 @@ from objckpt._compat.functions import (  # noqa: F401
     stateless_graph,
 )
 from objckpt._compat.graph import (  # noqa: F401
-    ATTRIBUTES,
     OBJECT_GRAPH_KEY,
-    OPTIMIZER_SLOT,
-    VARIABLE_VALUE,
     CollectionNode,
     TrackableObjectGraph,
     check_complete,
-    checkpoint_key,
     children,
     children_with_collections,
     keras_collection_children,
@@ -39,7 +35,6 @@ from objckpt._compat.graph import (  # noqa: F401
     network_variable_paths,
     parse_checkpoint_state,
     rng_state_variables,
-    unescape_local,
     variable_edges,
     variable_holders,
     variable_paths,

@@ -10,7 +10,7 @@ from tensorflow.python.checkpoint import graph_view as _graph_view
 from tensorflow.python.checkpoint import util as _checkpoint_util
 from tensorflow.python.trackable import trackable_utils as _trackable_utils
 
-from objckpt import errors
+from objckpt import _paths, errors
 from objckpt._compat.optimizers import _is_optimizer
 from objckpt._compat.variables import (
     _keras3_variable,
@@ -22,39 +22,17 @@ from objckpt._compat.variables import (
     variable_name,
 )
 
-__all__ = ["ATTRIBUTES", "OBJECT_GRAPH_KEY", "OPTIMIZER_SLOT", "VARIABLE_VALUE", "CollectionNode",
-           "TrackableObjectGraph", "check_complete", "checkpoint_key", "children",
+__all__ = ["OBJECT_GRAPH_KEY", "CollectionNode",
+           "TrackableObjectGraph", "check_complete", "children",
            "children_with_collections", "keras_collection_children", "keras_layers",
            "live_object_graph", "network_variable_paths", "parse_checkpoint_state",
-           "rng_state_variables", "unescape_local", "variable_edges", "variable_holders",
+           "rng_state_variables", "variable_edges", "variable_holders",
            "variable_paths"]
 
 TrackableObjectGraph = trackable_object_graph_pb2.TrackableObjectGraph
 
-# Key under which TF stores the serialized object graph in every object-based
-# checkpoint, and the pieces of a checkpoint key.
+# Key under which TF stores the serialized object graph in every object-based checkpoint.
 OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
-ATTRIBUTES = "/.ATTRIBUTES/"
-VARIABLE_VALUE = "VARIABLE_VALUE"
-OPTIMIZER_SLOT = ".OPTIMIZER_SLOT"
-
-
-def unescape_local(component: str) -> str:
-    """Inverse of TF's `escape_local_name`: ".." -> "." and ".S" -> "/"."""
-    out, i = [], 0
-    while i < len(component):
-        if component[i] == "." and i + 1 < len(component):
-            out.append("/" if component[i + 1] == "S" else component[i + 1])
-            i += 2
-        else:
-            out.append(component[i])
-            i += 1
-    return "".join(out)
-
-
-def checkpoint_key(path: str) -> str:
-    """Returns the checkpoint key TF uses for the variable at `path`."""
-    return path + ATTRIBUTES + VARIABLE_VALUE
 
 
 def variable_paths(obj) -> list[tuple[str, object]]:
@@ -478,7 +456,7 @@ def live_object_graph(obj):
         for edge in path.split("/"):
             walked.append(edge)
             here = "/".join(walked)
-            local = unescape_local(edge)
+            local = _paths.unescape(edge)
             node = children_of(node).get(local) if node is not None else None
             if here in node_of:
                 continue
@@ -491,6 +469,6 @@ def live_object_graph(obj):
                            else type(node).__name__)
             if here == path:
                 proto.nodes[node_id].attributes.add(
-                    name=VARIABLE_VALUE, full_name=variable_name(as_variable(node)),
-                    checkpoint_key=checkpoint_key(path))
+                    name=_paths.VARIABLE_VALUE, full_name=variable_name(as_variable(node)),
+                    checkpoint_key=_paths.checkpoint_key(path))
     return proto, classes

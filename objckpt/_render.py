@@ -1,0 +1,107 @@
+"""Text for people: sizes, shapes, counts, error causes. Pure Python, no TensorFlow.
+
+Every place that shows a size, a shape or the cause of an error uses these, so the CLI, the
+graph pictures, reports and error messages agree.
+"""
+
+from __future__ import annotations
+
+__all__ = ["count", "elements", "first_line", "inspect_json", "inspect_text", "mb", "shape",
+           "size"]
+
+
+def size(nbytes: float) -> str:
+    """`512 B`, `1.5 KB`, `12.0 MB`, `2.1 GB` (decimal units)."""
+    for unit in ("B", "KB", "MB", "GB"):
+        if nbytes < 1000 or unit == "GB":
+            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
+        nbytes /= 1000
+    raise AssertionError("unreachable")
+
+
+def mb(nbytes: float) -> str:
+    """`12.3 MB`: one fixed unit, for lines that compare sizes."""
+    return f"{nbytes / 1e6:.1f} MB"
+
+
+def shape(dims) -> str:
+    """A shape as Python writes a tuple: `()`, `(3,)`, `(2, 3)`."""
+    dims = tuple(dims)
+    return "(" + ", ".join(map(str, dims)) + ("," if len(dims) == 1 else "") + ")"
+
+
+def elements(dims) -> int:
+    """Number of elements of a fully defined shape."""
+    total = 1
+    for dim in dims:
+        total *= int(dim)
+    return total
+
+
+def count(n: int, noun: str) -> str:
+    """`1 variable`, `1,234 variables`."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
+def first_line(err: BaseException) -> str:
+    """The first line of an exception's message (TF's messages run to pages)."""
+    text = getattr(err, "message", None) or str(err)
+    return text.strip().splitlines()[0] if text.strip() else type(err).__name__
+
+
+# --- `objckpt inspect` ----------------------------------------------------------------
+
+def inspect_json(entries) -> dict:
+    """The JSON document `objckpt inspect --format json` prints."""
+    return {
+        "prefix": entries.prefix,
+        "variables": [
+            {"path": path, "shape": list(entry.shape), "dtype": entry.dtype.name,
+             "nbytes": entry.nbytes, "key": entry.key, "name": entry.name}
+            for path, entry in entries.items()],
+        "total": {"variables": len(entries),
+                  "parameters": sum(elements(e.shape) for e in entries.values()),
+                  "nbytes": entries.nbytes},
+    }
+
+
+def inspect_text(entries) -> str:
+    """The object tree as indented text, objects with totals of their subtree."""
+    slot_marker = "/.OPTIMIZER_SLOT/"  # _paths.OPTIMIZER_SLOT; _render imports nothing
+    plain = {p: e for p, e in entries.items() if slot_marker not in p}
+    slots = {p: e for p, e in entries.items() if slot_marker in p}
+    totals: dict[str, list[int]] = {}
+    for path, entry in plain.items():
+        parts = path.split("/")
+        for depth in range(1, len(parts)):
+            total = totals.setdefault("/".join(parts[:depth]), [0, 0])
+            total[0] += 1
+            total[1] += entry.nbytes
+    rows, seen = [], set()
+    for path, entry in plain.items():
+        parts = path.split("/")
+        for depth in range(1, len(parts)):
+            node = "/".join(parts[:depth])
+            if node not in seen:
+                seen.add(node)
+                count, nbytes = totals[node]
+                rows.append(("  " * (depth - 1) + parts[depth - 1] + "/",
+                             count(count, "variable"), "", size(nbytes)))
+        rows.append(("  " * (len(parts) - 1) + parts[-1], shape(entry.shape),
+                     entry.dtype.name, size(entry.nbytes)))
+    if slots:
+        rows.append(("optimizer slots (<variable>/.OPTIMIZER_SLOT/<optimizer>/<slot>):", "", "",
+                     size(sum(e.nbytes for e in slots.values()))))
+        rows.extend(("  " + p, shape(e.shape), e.dtype.name, size(e.nbytes))
+                    for p, e in slots.items())
+    params = sum(elements(e.shape) for e in entries.values())
+    header = (f"checkpoint {entries.prefix}: {count(len(entries), 'variable')}, "
+              f"{count(params, 'parameter')}, {size(entries.nbytes)}")
+    widths = [max([len(r[i]) for r in rows] + [len(h)])
+              for i, h in enumerate(("object path", "shape", "dtype", "size"))]
+    lines = [header, ""]
+    for row in [("object path", "shape", "dtype", "size"), *rows]:
+        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row[:3], widths)).rstrip()
+                     .ljust(sum(widths[:3]) + 4) + "  " + row[3].rjust(widths[3]))
+    lines.append(f"{'total':<{sum(widths[:3]) + 4}}  {size(entries.nbytes).rjust(widths[3])}")
+    return "\n".join(lines)
