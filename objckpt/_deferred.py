@@ -19,7 +19,7 @@ import warnings
 
 import tensorflow as tf
 
-from objckpt import _compat, _match, _paths, errors
+from objckpt import _compat, _match, _paths, _render, _rules, _sources, errors
 
 __all__ = ["PendingRestore", "restore_on_create"]
 
@@ -41,7 +41,7 @@ class PendingRestore:
       skipped: source entries dropped by rules or bookkeeping.
     """
 
-    def __init__(self, obj, source: _match.Source, entries: list[_Entry], skipped, at):
+    def __init__(self, obj, source: _sources.Source, entries: list[_Entry], skipped, at):
         self._obj = obj
         self._source = source
         self._entries = {e.path: e for e in entries}
@@ -82,7 +82,7 @@ class PendingRestore:
         raise errors.StructureMismatchError(
             f"restore_on_create from {self._source.description}: {len(lines)} of "
             f"{len(lines) + len(self._applied)} values have not landed:\n"
-            + "\n".join(_match.listed(lines))
+            + "\n".join(_render.listed(lines))
             + "\nFix: call the model on a batch (or build it) so its variables are created; "
             "check the object paths with objckpt.tree(obj) and map them with rules=[...].",
             tuple(lines))
@@ -287,14 +287,14 @@ def restore_on_create(obj, source, *, rules=(), at: str | None = None) -> Pendin
       >>> model.fit(x, y)          # values land as layers build
       >>> pending.assert_done()
     """
-    src = _match.open_source(source)
-    parsed = _match.parse_rules(rules)
+    src = _sources.open_source(source)
+    parsed = _rules.parse_rules(rules)
     view = _match.view_at(src, at)
     entries, skipped, seen, fired = [], [], {}, set()
     for key, full in view.items():
-        if key in _match.BOOKKEEPING or full in _match.BOOKKEEPING:
+        if key in _sources.BOOKKEEPING or full in _sources.BOOKKEEPING:
             continue
-        new, rule = _match.rewrite(key, parsed)
+        new, rule = _rules.rewrite(key, parsed)
         if rule is not None:
             fired.add(rule.index)
         if new is None:

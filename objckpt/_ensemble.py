@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
-from objckpt import _compat, _match, errors
+from objckpt import _checks, _compat, _rules, _sources, errors
 
 __all__ = ["Ensemble", "load_ensemble"]
 
@@ -51,9 +51,9 @@ def _rules_per_member(rules, count: int) -> list:
                 f"{count} sources. Fix: give one list of rules per source, or one list of "
                 "(regex, replacement) pairs for all, e.g. rules=[(r'^model_\\d+/', '')].")
         for member_rules in rules:
-            _match.parse_rules(member_rules)
+            _rules.parse_rules(member_rules)
         return list(rules)
-    _match.parse_rules(rules)
+    _rules.parse_rules(rules)
     return [rules] * count
 
 
@@ -125,7 +125,7 @@ def load_ensemble(template, sources: Sequence, *, rules=(), at: str | None = Non
     opened = []
     for k, source in enumerate(sources):
         try:
-            opened.append(_match.open_source(source))
+            opened.append(_sources.open_source(source))
         except errors.ObjckptError as err:
             raise _with_context(err, f"member {k} (source {_describe_source(source)})") \
                 from err
@@ -181,7 +181,7 @@ def _plan_for(template, variables, source, rules, plans: dict, **kwargs):
     cached = plans.get(key) if key is not None else None
     if cached is not None:
         return dataclasses.replace(cached, source=source.description, _source=source)
-    the_plan = _match.checked_plan(template, variables, source, rules=rules, **kwargs)
+    the_plan = _checks.checked_plan(template, variables, source, rules=rules, **kwargs)
     if key is not None:
         plans[key] = the_plan
     return the_plan

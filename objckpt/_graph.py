@@ -269,7 +269,7 @@ def _spec(shape, dtype):
 
 def _walk(proto, specs, classes) -> dict[int, _Node]:
     """Breadth-first from the root: every reachable node with its canonical path and depth."""
-    from objckpt import _tree
+    from objckpt import _compat
 
     count = len(proto.nodes)
     nodes = {0: _Node(0, "root", "", "", 0, None)}
@@ -297,7 +297,7 @@ def _walk(proto, specs, classes) -> dict[int, _Node]:
         for child in proto.nodes[current].children:
             if child.node_id in nodes or not 0 <= child.node_id < count:
                 continue
-            if _tree.is_optimizer_node(proto, child.node_id, child.local_name):
+            if _compat.is_optimizer_node(proto, child.node_id, child.local_name):
                 deferred.append((current, child))
             else:
                 add(current, child)
@@ -319,7 +319,7 @@ def _walk(proto, specs, classes) -> dict[int, _Node]:
                 node.shape, node.dtype, node.nbytes = specs[attribute.checkpoint_key]
                 if node.kind != "slot":
                     node.kind = "variable"
-        if node.kind == "object" and _tree.is_optimizer_node(proto, node.id, node.edge):
+        if node.kind == "object" and _compat.is_optimizer_node(proto, node.id, node.edge):
             node.kind = "optimizer"
         if classes is not None and node.id < len(classes) and node.kind not in (
                 "variable", "slot"):

@@ -37,322 +37,19 @@ This module sits between `_tree` and `_snapshot`: `restore` applies plans.
 from __future__ import annotations
 
 import dataclasses
-import os
-import re
 import warnings
 from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
-from objckpt import _compat, _files, _paths, _render, _tree, errors
+from objckpt import _compat, _render, _tree, errors
+from objckpt._optstate import place_optimizer_state
 from objckpt._roles import ROLE_ALIASES as _ROLE_ALIASES
+from objckpt._rules import parse_rules, rewrite
+from objckpt._sources import BOOKKEEPING, Source, open_source
+from objckpt._targets import Targets, candidates, index_targets, is_optimizer_key
 
 __all__ = ["Match", "Plan", "plan"]
-
-_MAX_LISTED = 20
-# Entries tf.train.Checkpoint or Saver add for themselves; never "unexpected".
-BOOKKEEPING = frozenset({"save_counter", _compat.OBJECT_GRAPH_KEY})
-
-# Optimizer slot names of every flavour -> one canonical role: "m" is the first
-# moment or momentum buffer, "v" the second moment (Adam v, RMSprop rms).
-_SLOT_ALIASES = {
-    "m": "m", "Adam": "m", "adam_m": "m", "momentum": "m", "Momentum": "m",
-    "RMSProp_1": "m",
-    "v": "v", "Adam_1": "v", "adam_v": "v", "rms": "v", "RMSProp": "v", "velocity": "v",
-    "vhat": "vhat", "velocity_hat": "vhat", "mg": "mg", "average_gradient": "mg",
-    "accumulator": "accumulator", "Adagrad": "accumulator", "Ftrl": "accumulator",
-    "accum": "accumulator", "linear": "linear", "Ftrl_1": "linear",
-    "Adadelta": "accum_grad", "accumulated_grad": "accum_grad",
-    "Adadelta_1": "accum_delta", "accum_update": "accum_delta",
-    "accumulated_delta_var": "accum_delta",
-    "gradient_accumulator": "gradient_accumulator", "norm": "norm",
-}
-# Keras 3 names an optimizer variable `<owner path, / as _>_<role>`, in `_variables`.
-_KERAS3_ROLES = ("velocity_hat", "average_gradient", "accumulated_delta_var",
-                 "accumulated_grad", "gradient_accumulator", "momentum", "velocity",
-                 "accumulator", "linear", "norm")
-# A tf_keras (2.11+) / Keras 3 optimizer variable's saved name: `<opt>/<slot>/<variable name>`.
-_NAMED_SLOT = re.compile(r"^(?:[^/]+/)?(?P<slot>m|v|vhat|momentum|velocity|velocity_hat|"
-                         r"average_gradient|accumulator|linear|accumulated_grad|"
-                         r"accumulated_delta_var)/(?P<var>.+?)(?::0)?$")
-# TF1 `tf.compat.v1.train` optimizers' slot names (`<var>/Adam`), and the original BERT's
-# AdamWeightDecayOptimizer (`<var>/adam_m`).
-_TF1_SLOT = re.compile(r"^(?P<var>.+)/(?P<slot>Adam|Adam_1|adam_m|adam_v|Momentum|RMSProp|"
-                       r"RMSProp_1|Adagrad|Ftrl|Ftrl_1|Adadelta|Adadelta_1)$")
-_COUNTERS = {"iter": "iterations", "iterations": "iterations", "global_step": "iterations",
-             "learning_rate": "learning_rate", "lr": "learning_rate",
-             # Keras 2's OptimizerV2 keeps its hyperparameters as variables too.
-             "beta_1": "beta_1", "beta_2": "beta_2", "decay": "decay", "rho": "rho",
-             "epsilon": "epsilon", "momentum": "momentum"}
-
-
-# --- sources -------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class Source:
-    """A source opened for matching: keys with shapes and dtypes, and a reader.
-
-    kind is "object" (an object-based checkpoint), "name" (a TF1 name-based
-    checkpoint) or "snapshot". `fetch(keys)` returns the tensors of those keys.
-    """
-
-    description: str
-    kind: str
-    specs: dict  # key -> (shape tuple, tf.DType)
-    fetch: Callable
-    subtree: Callable  # at -> {key within at: key}
-    top_level_names: list
-    prefix: str | None = None
-    notes: tuple[str, ...] = ()
-    names: dict = dataclasses.field(default_factory=dict)  # key -> variable name when saved
-    # Extra keys for the same tensors: a variable's path through the network when its
-    # canonical path runs through an optimizer (a trained Keras 3 model).
-    aliases: dict = dataclasses.field(default_factory=dict)
-    # Returns everything planning reads but `names`, hashable: two sources with equal
-    # structures get the same plan for the same obj unless their saved names decide it
-    # (optimizer state that moves, the "keras name" strategy); load_ensemble plans once
-    # per structure only with optimizer_state=False and a path match. Computed on
-    # request only. None: unknown.
-    structure: Callable | None = None
-    # Returns {key: (key of the variable it belongs to, slot role)} for the optimizer
-    # entries whose owner the source itself records (slot tables, saved names, Keras 3
-    # variable lists), so optimizer state moves by owner, never by position.
-    owners: Callable = lambda: {}
-
-
-def _prefix_subtree(keys, at: str) -> dict:
-    """Keys under `at` by path prefix; a slot belongs when its variable and optimizer do."""
-    head = at.strip("/") + "/"
-    view = {}
-    for key in keys:
-        slot = _paths.split_slot(key)
-        if slot is None:
-            if key.startswith(head):
-                view[key[len(head):]] = key
-        else:
-            variable, optimizer, name = slot
-            if variable.startswith(head) and optimizer.startswith(head):
-                view[f"{variable[len(head):]}/{_paths.OPTIMIZER_SLOT}/"
-                     f"{optimizer[len(head):]}/{name}"] = key
-    return view
-
-
-def _top_names(keys) -> list[str]:
-    return list(dict.fromkeys(k.split("/", 1)[0] for k in keys if "/" in k))
-
-
-def _restore_v2(prefix: str, keys: list[str], dtypes: list) -> list:
-    if not keys:
-        return []
-    try:
-        with tf.device("/cpu:0"):
-            return tf.raw_ops.RestoreV2(prefix=prefix, tensor_names=keys,
-                                        shape_and_slices=[""] * len(keys), dtypes=dtypes)
-    except tf.errors.OpError as err:
-        raise errors.CheckpointCorruptError(
-            f"Checkpoint `{prefix}` could not be read: its data is damaged, truncated or "
-            f"missing. Received from TF: {_render.first_line(err)}. Nothing was changed; "
-            "use another checkpoint.") from err
-
-
-def _object_source(prefix: str, notes) -> Source:
-    entries = _tree.read_tree_at(prefix)
-    specs = {path: (entry.shape, entry.dtype) for path, entry in entries.items()}
-    aliases = _tree.network_aliases(entries.object_graph)
-    for alias, full in aliases.items():
-        specs.setdefault(alias, specs[full])
-
-    def entry(path):
-        return entries[aliases.get(path, path)]
-
-    def subtree(at):
-        # As at the root: a variable whose path within `at` runs through an optimizer
-        # (a trained Keras 3 model) is also found by its path through the layers.
-        view = _tree.subtree_paths(entries.object_graph, at)
-        network = _tree.subtree_paths(entries.object_graph, at, skip_optimizers=True)
-        for path, full in network.items():
-            view.setdefault(path, full)
-        return view
-
-    def structure():
-        # The graph without the variables' saved names (`mlp_3/dense/kernel`), which
-        # differ between runs of the same code and only place optimizer slots.
-        graph = type(entries.object_graph)()
-        graph.CopyFrom(entries.object_graph)
-        for node in graph.nodes:
-            for attribute in node.attributes:
-                attribute.full_name = ""
-        return ("object", graph.SerializeToString(deterministic=True),
-                tuple(specs.items()), tuple(notes))
-
-    return Source(
-        f"checkpoint `{prefix}`", "object", specs,
-        lambda paths: _restore_v2(prefix, [entry(p).key for p in paths],
-                                  [entry(p).dtype for p in paths]),
-        subtree,
-        _tree.top_level_names(entries.object_graph), prefix, tuple(notes),
-        {path: e.name for path, e in entries.items() if e.name}, aliases, structure,
-        lambda: keras3_slot_owners(entries.object_graph))
-
-
-def keras3_slot_owners(graph) -> dict:
-    """{slot path: (owner path, role)} for Keras 3 optimizers in a graph proto.
-
-    A Keras 3 optimizer keeps its per-variable state in `_variables`, named
-    `<owner path, / as _>_<role>`, one per role in the order of
-    `_trainable_variables` (whose edges lead to the variables trained). The
-    k-th variable of a role belongs to the k-th trained variable; a role
-    whose count differs from the trained count is left without owners.
-    """
-    key_of, name_of = {}, {}
-    for node_id, node in enumerate(graph.nodes):
-        for attribute in node.attributes:
-            if attribute.name == _paths.VARIABLE_VALUE:
-                key_of[node_id] = attribute.checkpoint_key.split(_paths.ATTRIBUTES, 1)[0]
-                name_of[node_id] = attribute.full_name
-    out: dict = {}
-    for node in graph.nodes:
-        kids = {child.local_name: child.node_id for child in node.children}
-        if "_variables" not in kids or "_trainable_variables" not in kids:
-            continue
-        state, trained = (_list_nodes(graph, kids[name])
-                          for name in ("_variables", "_trainable_variables"))
-        by_role: dict = {}
-        for node_id in state:
-            name = name_of.get(node_id, "").split(":", 1)[0]
-            role = next((r for r in _KERAS3_ROLES if name.endswith("_" + r)), None)
-            if role is not None and node_id in key_of:
-                by_role.setdefault(role, []).append(key_of[node_id])
-        for role, keys in by_role.items():
-            if len(keys) == len(trained) and all(t in key_of for t in trained):
-                for key, owner in zip(keys, trained):
-                    out[key] = (key_of[owner], role)
-    return out
-
-
-def _list_nodes(graph, node_id: int) -> list[int]:
-    """Node ids of a list node's children, by index (`0`, `1`, ...)."""
-    children = [(c.local_name, c.node_id) for c in graph.nodes[node_id].children]
-    if not all(name.isdigit() for name, _ in children):
-        return []
-    return [node for _, node in sorted(children, key=lambda item: int(item[0]))]
-
-
-def _name_source(prefix: str, notes) -> Source:
-    reader = _files.open_reader(prefix)
-    shapes = reader.get_variable_to_shape_map()
-    dtypes = reader.get_variable_to_dtype_map()
-    specs = {name: (tuple(shapes[name]), tf.as_dtype(dtypes[name])) for name in sorted(shapes)}
-    return Source(
-        f"name-based checkpoint `{prefix}`", "name", specs,
-        lambda names: _restore_v2(prefix, list(names), [specs[n][1] for n in names]),
-        lambda at: _prefix_subtree(specs, at), _top_names(specs), prefix, tuple(notes),
-        structure=lambda: ("name", tuple(specs.items()), tuple(notes)))
-
-
-def snapshot_source(items: dict, aliases: dict | None = None, owners=None) -> Source:
-    """A Source over an in-memory mapping path -> tensor (a Snapshot).
-
-    aliases: extra key -> key in items (network paths of a trained Keras 3 model).
-    owners: returns {slot path: (owner path, role)} of the obj it was taken from.
-    """
-    aliases = {a: k for a, k in (aliases or {}).items() if k in items and a not in items}
-    specs = {path: (tuple(value.shape), value.dtype) for path, value in items.items()}
-    for alias, key in aliases.items():
-        specs[alias] = specs[key]
-    return Source("Snapshot", "snapshot", specs,
-                  lambda paths: [items[aliases.get(p, p)] for p in paths],
-                  lambda at: _prefix_subtree(specs, at), _top_names(specs), aliases=aliases,
-                  structure=lambda: ("snapshot", tuple(specs.items()),
-                                     tuple(aliases.items())),
-                  owners=owners or (lambda: {}))
-
-
-def open_source(source) -> Source:
-    """Opens a Snapshot, prefix or directory; name-based prefixes included."""
-    as_source = getattr(source, "as_source", None)
-    if callable(as_source):
-        return as_source()
-    if isinstance(source, Source):
-        return source
-    if not isinstance(source, (str, os.PathLike)):
-        raise errors.UnsupportedObjectError(
-            "A source must be an objckpt.Snapshot, a checkpoint prefix or a directory of "
-            f"checkpoints. Received: source of type {type(source).__name__}. Fix: pass "
-            "objckpt.snapshot(obj) or a path.")
-    prefix, notes = _files.resolve_prefix(source)
-    try:
-        return _object_source(prefix, notes)
-    except errors.NotObjectBasedError:
-        return _name_source(prefix, notes)
-
-
-# --- rules ---------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class _Rule:
-    index: int
-    regex: re.Pattern
-    replacement: str | None
-    transform: Callable | None
-
-    def __str__(self) -> str:
-        extra = ", transform" if self.transform is not None else ""
-        return f"rule {self.index} ({self.regex.pattern!r} -> {self.replacement!r}{extra})"
-
-
-def parse_rules(rules) -> tuple[_Rule, ...]:
-    """Validates rules: a sequence of (regex, replacement) or (regex, replacement, transform)."""
-    if rules is None:
-        return ()
-    if isinstance(rules, (str, bytes)) or (isinstance(rules, tuple) and len(rules) in (2, 3)
-                                           and isinstance(rules[0], str)
-                                           and (rules[1] is None or isinstance(rules[1], str))):
-        raise errors.InvalidArgumentError(
-            f"rules must be a sequence of (regex, replacement) pairs. Received: rules={rules!r}, "
-            "a single rule. Fix: wrap it in a list, e.g. rules=[('^model_001/', '')].")
-    parsed = []
-    for index, rule in enumerate(rules):
-        if not isinstance(rule, (tuple, list)) or len(rule) not in (2, 3):
-            raise errors.InvalidArgumentError(
-                f"rule {index} must be (regex, replacement) or (regex, replacement, transform). "
-                f"Received: {rule!r}. Example: ('^model_001/', '') or ('^old/', None) to drop.")
-        pattern, replacement = rule[0], rule[1]
-        transform = rule[2] if len(rule) == 3 else None
-        if replacement is not None and not isinstance(replacement, str):
-            raise errors.InvalidArgumentError(
-                f"rule {index}: the replacement must be a string or None (drop the entry). "
-                f"Received: {replacement!r}.")
-        if transform is not None and not callable(transform):
-            raise errors.InvalidArgumentError(
-                f"rule {index}: the transform must be a callable tensor -> tensor (e.g. "
-                f"lambda t: tf.transpose(t)). Received: {transform!r}.")
-        try:
-            regex = re.compile(pattern)
-        except (TypeError, re.error) as err:
-            raise errors.InvalidArgumentError(
-                f"rule {index}: {pattern!r} is not a valid regular expression ({err}). Rules "
-                "are (regex, replacement) pairs applied with re.sub(regex, replacement, key, "
-                "count=1).") from err
-        parsed.append(_Rule(index, regex, replacement, transform))
-    return tuple(parsed)
-
-
-def rewrite(key: str, rules: tuple[_Rule, ...]):
-    """Returns (rewritten key or None when dropped, the rule that fired or None)."""
-    for rule in rules:
-        if rule.regex.search(key):
-            if rule.replacement is None:
-                return None, rule
-            try:
-                return rule.regex.sub(rule.replacement, key, count=1), rule
-            except (re.error, IndexError) as err:
-                raise errors.InvalidArgumentError(
-                    f"{rule}: the replacement cannot be applied to `{key}` ({err}). Group "
-                    "references (\\1, \\g<name>) must exist in the regex.") from err
-    return key, None
 
 
 # --- plans ---------------------------------------------------------------------
@@ -465,99 +162,6 @@ class Plan:
         return dataclasses.replace(self, _source=None)
 
 
-def _strip(path: str) -> str:
-    return "/".join(edge.lstrip("_") or edge for edge in path.split("/"))
-
-
-def is_optimizer_key(key: str) -> bool:
-    edges = key.split("/")
-    return (_paths.OPTIMIZER_SLOT in edges or "optimizer" in edges or "_optimizer" in edges
-            or key in _COUNTERS or key.endswith(("beta1_power", "beta2_power"))
-            or bool(_TF1_SLOT.match(key)))
-
-
-@dataclasses.dataclass
-class _Targets:
-    """The obj's variables indexed every way a key can match them."""
-
-    paths: dict  # object path -> variable
-    by_strip: dict
-    by_name: dict
-    network: dict  # tree path -> network path (no optimizer), for structure
-    slots: dict  # (tree path of a variable, slot role) -> tree path of the slot
-    counters: dict  # "iterations" / "learning_rate" / ... -> [tree paths] (one per optimizer)
-    optimizer_paths: frozenset
-    rng: frozenset = frozenset()  # tree paths of random generator state (Keras 3 seeds)
-    by_network: dict = dataclasses.field(default_factory=dict)  # network path -> tree path
-    # Returns {tree path: class name of the object holding the variable}; walked on request.
-    holders: Callable = dict
-
-
-def index_targets(obj, variables) -> _Targets:
-    by_strip: dict = {}
-    by_name: dict = {}
-    root = getattr(obj, "name", None)
-    root = f"{root}/" if isinstance(root, str) and root else None
-    for path, variable in variables.items():
-        by_strip.setdefault(_strip(path), []).append(path)
-        name = _compat.variable_name(variable)
-        names = [name]
-        if root and name.startswith(root):  # names relative to obj, as paths are
-            names.append(name[len(root):])
-        for each in names:
-            if path not in by_name.get(each, ()):
-                by_name.setdefault(each, []).append(path)
-    path_of = {id(v): p for p, v in variables.items()}
-    network = {path_of[id(v)]: net_path for net_path, v in _compat.network_variable_paths(obj)
-               if id(v) in path_of}
-    by_network = {}
-    for path, net_path in network.items():
-        if net_path != path:  # a trained Keras 3 model: the canonical path runs elsewhere
-            by_network[net_path] = path
-            if path not in by_strip.get(_strip(net_path), ()):
-                by_strip.setdefault(_strip(net_path), []).append(path)
-    optimizer_paths = frozenset(p for p in variables if p not in network)
-    slots, counters = {}, {}
-    for path in variables:  # slot variables (Keras 2, tf_keras < 2.11 optimizers, TF1)
-        parts = _paths.split_slot(path)
-        if parts is not None:
-            slots[(parts[0], _SLOT_ALIASES.get(parts[2], parts[2]))] = path
-    for variable, role, slot_variable in _compat.optimizer_slot_lists(obj, variables.values()):
-        if id(variable) in path_of and id(slot_variable) in path_of:
-            slots[(path_of[id(variable)], role)] = path_of[id(slot_variable)]
-    for name, counter in _compat.optimizer_counters(obj):
-        if id(counter) in path_of and path_of[id(counter)] not in counters.get(name, ()):
-            counters.setdefault(name, []).append(path_of[id(counter)])
-    rng = {id(v) for v in _compat.rng_state_variables(obj)}
-
-    memo: list = []
-
-    def holders():
-        if not memo:
-            classes = _compat.variable_holders(obj)
-            memo.append({p: classes.get(id(v)) for p, v in variables.items()})
-        return memo[0]
-
-    return _Targets(dict(variables), by_strip, by_name, network, slots, counters,
-                    optimizer_paths, frozenset(p for p, v in variables.items() if id(v) in rng),
-                    by_network, holders)
-
-
-def _candidates(key: str, targets: _Targets, rewritten: bool):
-    """Returns (strategy, [target paths]) for one rewritten key, best strategy first."""
-    if key in targets.paths:
-        return ("rule" if rewritten else "exact"), [key]
-    if key in targets.by_network:  # the variable's path through the layers
-        return ("rule" if rewritten else "exact"), [targets.by_network[key]]
-    found = targets.by_strip.get(_strip(key))
-    if found:
-        return "underscore", found
-    found = targets.by_name.get(key[:-2] if key.endswith(":0") else key)
-    if found:
-        return "name", found
-    return None, []
-
-
 def _dfs_keys(paths: list[str]) -> dict:
     """Depth-first sort keys of paths listed breadth-first (TF's order)."""
     rank: dict = {}
@@ -654,7 +258,7 @@ def view_at(source: Source, at: str | None) -> dict:
     return view
 
 
-def _fits(source: Source, targets: _Targets, view: dict) -> bool:
+def _fits(source: Source, targets: Targets, view: dict) -> bool:
     for path, variable in targets.paths.items():
         key = view.get(path)
         if key is None:
@@ -681,7 +285,7 @@ def _auto_at(source, targets, root_view):
     return root_view, None, ""
 
 
-def _match(source: Source, targets: _Targets, view: dict, rules, optimizer_state) -> Plan:
+def _match(source: Source, targets: Targets, view: dict, rules, optimizer_state) -> Plan:
     skipped, skipped_targets, fired = [], set(), set()
     claims: dict = {}  # target -> [(rank, view key, strategy, rule)]
     unmatched, ambiguous, ambiguous_targets, optimizer_left = [], [], set(), []
@@ -703,7 +307,7 @@ def _match(source: Source, targets: _Targets, view: dict, rules, optimizer_state
             continue
         is_optimizer = is_optimizer_key(key)
         if is_optimizer:  # unless it names a network variable (a module's own `global_step`)
-            _, found = _candidates(new, targets, new != key)
+            _, found = candidates(new, targets, new != key)
             is_optimizer = not (found and all(p in targets.network for p in found))
         if is_optimizer and canon(full) in network_tensors:
             continue
@@ -713,7 +317,7 @@ def _match(source: Source, targets: _Targets, view: dict, rules, optimizer_state
         if is_optimizer:  # placed by the variable it belongs to, below; by path only after
             optimizer_left.append((key, new))
             continue
-        strategy, found = _candidates(new, targets, new != key)
+        strategy, found = candidates(new, targets, new != key)
         if len(found) > 1:
             ambiguous.append((full, tuple(found)))
             ambiguous_targets.update(found)
@@ -758,7 +362,7 @@ def _match(source: Source, targets: _Targets, view: dict, rules, optimizer_state
         optimizer_left = []
     moved = bool(optimizer_left)
     if optimizer_left:
-        _place_optimizer_state(source, targets, view, rules, optimizer_left, chosen,
+        place_optimizer_state(source, targets, view, rules, optimizer_left, chosen,
                                unmatched, skipped, notes)
     # When state moves, a slot of a restored variable that gets no value is missing (a
     # strict restore refuses it); counters and the slots of variables not restored stay.
@@ -807,134 +411,6 @@ def _match(source: Source, targets: _Targets, view: dict, rules, optimizer_state
                 tuple(skipped), unused, notes=tuple(notes))
 
 
-def _place_optimizer_state(source, targets, view, rules, optimizer_left, chosen, unmatched,
-                           skipped, notes) -> None:
-    """Places optimizer entries by the variable they belong to; by path only when safe.
-
-    An entry whose owner the source records goes to the obj's slot of the same role
-    on the variable that owner feeds; if that owner feeds nothing, it is skipped and
-    listed. An entry with no recorded owner (an iteration counter aside) moves by its
-    path only when both sides lay out the network identically (every network
-    variable matched by its exact path, nothing left over), where positions agree;
-    otherwise it is unmatched, never guessed.
-    """
-    canon = lambda full: source.aliases.get(full, full)  # noqa: E731
-    fed = {canon(view[entry[0]]): target for target, entry in chosen.items()}
-    view_of = {canon(full): key for key, full in view.items()}
-    key_of_name = {}
-    for key, full in view.items():
-        name = source.names.get(full, "")
-        if name:
-            key_of_name[name] = None if name in key_of_name else key
-    owners = source.owners()
-    network_exact = all(t in chosen and chosen[t][1] == "exact" for t in targets.network
-                        if t not in targets.rng) \
-        and not any(not is_optimizer_key(k) for k in unmatched)
-    if network_exact and _same_optimizer_layout(source, targets, view, optimizer_left, chosen):
-        # The same network and the same optimizer layout on both sides (a model restored
-        # from its own checkpoint): every entry has its twin at the same path.
-        for key, new in optimizer_left:
-            chosen[_candidates(new, targets, new != key)[1][0]] = (key, "exact", None)
-        return
-    orphans = 0
-    for key, new in optimizer_left:
-        full = view[key]
-        counter = None
-        if _paths.split_slot(key) is None and not _TF1_SLOT.match(key):
-            counter = _COUNTERS.get(key.rsplit("/", 1)[-1].lstrip("_"))
-        if counter is not None and counter in targets.counters:
-            found = [p for p in targets.counters[counter] if p not in chosen]
-            if len(found) > 1:  # several optimizers: the one at the same place
-                parent = new.rpartition("/")[0]
-                found = [p for p in found if p.rpartition("/")[0] == parent]
-            if len(found) == 1:
-                chosen[found[0]] = (key, "slot", None)
-                continue
-        if counter in _HYPERPARAMETERS and counter not in targets.counters:
-            skipped.append(f"{full}: a hyperparameter of Keras 2's optimizer; the obj's "
-                           "optimizer keeps none of that name")
-            continue
-        owner, role = owners.get(canon(full), (None, None))
-        owner = view_of.get(canon(owner)) if owner is not None else None
-        if owner is None:
-            owner, role = _owner_by_name(source, view, key, key_of_name)
-        if owner is not None:
-            target = fed.get(canon(view.get(owner, owner)))
-            if target is None:
-                rewritten, _ = rewrite(owner, rules)
-                if rewritten is not None:
-                    _, found = _candidates(rewritten, targets, rewritten != owner)
-                    target = found[0] if len(found) == 1 else None
-            if target is None:
-                skipped.append(f"{full}: optimizer state of `{owner}`, which feeds no variable "
-                               "of the obj")
-                orphans += 1
-                continue
-            slot = targets.slots.get((target, _SLOT_ALIASES.get(role, role)))
-            if slot is not None and slot not in chosen:
-                chosen[slot] = (key, "slot", None)
-            else:
-                unmatched.append(key)
-            continue
-        strategy, found = _candidates(new, targets, new != key)
-        if (network_exact and len(found) == 1 and found[0] not in chosen
-                and found[0] in targets.optimizer_paths):
-            chosen[found[0]] = (key, strategy, None)
-        elif key.rsplit("/", 1)[-1] in ("beta1_power", "beta2_power") and not found:
-            skipped.append(f"{full}: TF1 Adam's running beta power; the obj's optimizer "
-                           "computes it from the step count, which moves")
-        else:
-            unmatched.append(key)
-    if orphans:
-        notes.append(f"{orphans} optimizer entries of the source belong to variables that feed "
-                     "nothing in the obj; they were skipped (listed under skipped)")
-
-
-_HYPERPARAMETERS = frozenset({"beta_1", "beta_2", "decay", "rho", "epsilon", "momentum"})
-
-
-def _same_optimizer_layout(source, targets, view, optimizer_left, chosen) -> bool:
-    """Whether every optimizer entry has a twin at its own path in the obj (and back),
-    with the same shape and, where the source saved names, the same role at the end of
-    the name (`adam/dense_kernel_momentum` ~ `adamw/dense_3_kernel_momentum`)."""
-    wanted = {p for p in targets.optimizer_paths if p not in chosen}
-    found = set()
-    for key, new in optimizer_left:
-        _, paths = _candidates(new, targets, new != key)
-        if len(paths) != 1 or paths[0] not in wanted or paths[0] in found:
-            return False
-        variable = targets.paths[paths[0]]
-        if tuple(variable.shape) != tuple(source.specs[view[key]][0]):
-            return False
-        name = source.names.get(view[key], "")
-        if name and _role_of(name) != _role_of(_compat.variable_name(variable)):
-            return False
-        found.add(paths[0])
-    return found == wanted
-
-
-def _role_of(name: str) -> str:
-    """The role an optimizer variable's name ends in (`..._momentum` -> momentum; the
-    owner's part of the name differs between instances: `dense_3_kernel`)."""
-    leaf = name.split(":")[0].rsplit("/", 1)[-1]
-    known = next((r for r in _KERAS3_ROLES if leaf.endswith("_" + r)), None)
-    return known or leaf.rsplit("_", 1)[-1]
-
-
-def _owner_by_name(source, view, key, key_of_name):
-    """(view key of the owner, role) from a TF1 slot name or a saved slot name."""
-    parts = _paths.split_slot(key)
-    if parts is not None:
-        return parts[0], parts[2]
-    tf1 = _TF1_SLOT.match(key)
-    if tf1 is not None:
-        return tf1.group("var"), tf1.group("slot")
-    named = _NAMED_SLOT.match(source.names.get(view[key], ""))
-    if named is not None and key_of_name.get(named.group("var")):
-        return key_of_name[named.group("var")], named.group("slot")
-    return None, None
-
-
 def _match_structure(source, targets, view, unmatched, chosen, ambiguous, ambiguous_targets,
                      rewritten):
     """Saved names, then structure, over the leftovers; returns (still unmatched, note).
@@ -967,9 +443,9 @@ def _match_structure(source, targets, view, unmatched, chosen, ambiguous, ambigu
                                       lambda path: _ROLE_ALIASES.get(holders.get(path), {}))
     for key, target in pairs:
         chosen[target] = (key, strategy, rule_of[key])
-    for key, candidates in amb:
-        ambiguous.append((view[key], candidates))
-        ambiguous_targets.update(candidates)
+    for key, found in amb:
+        ambiguous.append((view[key], found))
+        ambiguous_targets.update(found)
     used = {k for k, _ in pairs} | {k for k, _ in amb}
     return [k for k in unmatched if k not in used], note
 
@@ -1073,89 +549,3 @@ def plan(source, obj, *, rules: Sequence = (), at: str | None = None,
             "variables are created.")
     return make_plan(open_source(source), obj, variables, rules=rules, at=at,
                      optimizer_state=optimizer_state)
-
-
-def describe_obj(obj) -> str:
-    name = getattr(obj, "name", None)
-    return f"{type(obj).__name__}" + (f" `{name}`" if isinstance(name, str) and name else "")
-
-
-def refuse(obj, variables, source, the_plan: Plan, strict: bool,
-            action: str = "restore"):
-    """Raises the error that says why `the_plan` cannot be applied (restored or migrated)."""
-    nothing = "Nothing was restored" if action == "restore" else "Nothing was written"
-    if not variables or (the_plan.unmatched_variables and _compat.is_unbuilt(obj)):
-        raise errors.UnbuiltModelError(
-            f"Cannot {action} {source.description} into {describe_obj(obj)}: it is not built yet, "
-            f"so it has {len(variables)} of the source's {len(source.specs)} variables. "
-            f"{nothing}. Fix: build it first (call it on a batch, or model.build(shape)), or "
-            "use objckpt.restore_on_create(obj, source) to apply values as variables are created.")
-    lines = list(the_plan.mismatched)
-    lines += [f"ambiguous, not guessed: `{what}` could be any of "
-              + ", ".join(f"`{c}`" for c in candidates) for what, candidates in the_plan.ambiguous]
-    if strict:  # the network's problems first: optimizer state follows from them
-        missing = sorted(the_plan.unmatched_variables,
-                         key=lambda p: is_optimizer_key(p))
-        extra = sorted(the_plan.unmatched_source, key=lambda p: is_optimizer_key(p))
-        lines += [f"`{p}`: in the obj but missing from the source" for p in missing
-                  if not is_optimizer_key(p)]
-        lines += [f"`{p}`: in the source but not in the obj" for p in extra
-                  if not is_optimizer_key(p)]
-        lines += [f"`{p}`: in the obj but missing from the source" for p in missing
-                  if is_optimizer_key(p)]
-        lines += [f"`{p}`: in the source but not in the obj" for p in extra
-                  if is_optimizer_key(p)]
-    fixes = []
-    if the_plan.mismatched:
-        fixes.append("rebuild the obj with the source's shapes and dtypes, or fix the rule's "
-                     "transform (strict=False never skips a shape or dtype mismatch)")
-    if the_plan.ambiguous:
-        fixes.append("add a rule that names the intended source entry exactly")
-    if strict and (the_plan.unmatched_variables or the_plan.unmatched_source):
-        fixes.append("pass strict=False to restore only what matches")
-        fixes.append("add rules=[(regex, replacement), ...] that map source keys onto the obj's "
-                     "object paths or variable names (objckpt.plan(source, obj) shows the "
-                     "plan)")
-        names = ", ".join(repr(n) for n in source.top_level_names)
-        if names and the_plan.at is None:
-            fixes.append(f"pass at=... if the obj sits under a child of the source's root "
-                         f"(top-level names: {names})")
-        if any(is_optimizer_key(p) for p in the_plan.unmatched_source) or \
-                any("optimizer" in p for p in the_plan.unmatched_variables):
-            fixes.append("pass optimizer_state=True to move optimizer state by the variable it "
-                         "belongs to, or optimizer_state=False to skip it")
-    if source.kind == "name":
-        fixes.insert(0, "the source is name-based (TF1 Saver): its keys are global variable "
-                        "names such as `" + next(iter(source.specs), "scope/w") + "`; map them "
-                        "onto the obj with rules, e.g. rules=[('^model_001/', '')], and check "
-                        "with objckpt.plan(source, obj)")
-    if not lines:
-        lines = [f"no entry of the source matches a variable of the obj "
-                 f"({len(variables)} variables, {len(source.specs)} source entries)"]
-        fixes.append("check that the source was written for this model, or add rules")
-    shown = listed(lines)
-    raise errors.StructureMismatchError(
-        f"Cannot {action} {source.description} into {describe_obj(obj)}: {len(lines)} problem"
-        f"{'s' if len(lines) != 1 else ''}. {nothing}.\n" + "\n".join(shown)
-        + "".join(f"\n{note}" for note in the_plan.notes) + "\nFix: " + "; or ".join(fixes)
-        + ".", tuple(lines))
-
-
-def checked_plan(obj, variables, src: Source, *, rules=(), strict: bool = True,
-                 at: str | None = None, optimizer_state="auto") -> Plan:
-    """The plan restore follows, or the error restore raises for it (nothing assigned)."""
-    if not variables:
-        refuse(obj, variables, src, Plan(src.description, ()), strict)
-    the_plan = make_plan(src, obj, variables, rules=rules, at=at,
-                                optimizer_state=optimizer_state)
-    if (the_plan.mismatched or the_plan.ambiguous or not the_plan.matches
-            or (strict and (the_plan.unmatched_variables or the_plan.unmatched_source))):
-        refuse(obj, variables, src, the_plan, strict)
-    return the_plan
-
-
-def listed(items, limit: int = _MAX_LISTED) -> list[str]:
-    lines = [f"  - {item}" for item in list(items)[:limit]]
-    if len(items) > limit:
-        lines.append(f"  - ... and {len(items) - limit} more")
-    return lines

@@ -19,7 +19,18 @@ import time
 
 import tensorflow as tf
 
-from objckpt import _compat, _files, _match, _paths, _render, _snapshot, _tree, errors
+from objckpt import (
+    _checks,
+    _compat,
+    _files,
+    _match,
+    _paths,
+    _render,
+    _snapshot,
+    _sources,
+    _tree,
+    errors,
+)
 from objckpt._verify import tensor_problems
 
 __all__ = ["migrate"]
@@ -98,15 +109,15 @@ def migrate(source, obj, prefix, *, rules=(), at: str | None = None,
       ...                 rules=[("^model_001/", "")])
     """
     variables = _tree.tree(obj)
-    src = _match.open_source(source)
+    src = _sources.open_source(source)
     if not variables:
-        _match.refuse(obj, variables, src, _match.Plan(src.description, ()), strict,
+        _checks.refuse(obj, variables, src, _match.Plan(src.description, ()), strict,
                           action="migrate")
     the_plan = _match.make_plan(src, obj, variables, rules=rules, at=at,
                                 optimizer_state=optimizer_state)
     if (the_plan.mismatched or the_plan.ambiguous or not the_plan.matches
             or (strict and (the_plan.unmatched_variables or the_plan.unmatched_source))):
-        _match.refuse(obj, variables, src, the_plan, strict, action="migrate")
+        _checks.refuse(obj, variables, src, the_plan, strict, action="migrate")
     prefix = os.fspath(prefix)
     fed = {m.target: m for m in the_plan.matches}
     paths = list(variables)

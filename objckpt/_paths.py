@@ -9,7 +9,7 @@ is escaped as TF escapes it in checkpoint keys (`.` -> `..`, `/` -> `.S`). A che
 from __future__ import annotations
 
 __all__ = ["ATTRIBUTES", "OPTIMIZER_SLOT", "VARIABLE_VALUE", "checkpoint_key", "escape",
-           "path_of_key", "slot_path", "split_slot", "unescape"]
+           "graph_paths", "path_of_key", "slot_path", "split_slot", "unescape"]
 
 ATTRIBUTES = "/.ATTRIBUTES/"
 VARIABLE_VALUE = "VARIABLE_VALUE"
@@ -56,3 +56,23 @@ def split_slot(path: str) -> tuple[str, str, str] | None:
     variable, rest = path.split(_SLOT_MARKER, 1)
     optimizer, _, slot = rest.rpartition("/")
     return variable, optimizer, slot
+
+
+def graph_paths(graph, start: int = 0, skip=None) -> dict[int, str]:
+    """The canonical object paths of a `TrackableObjectGraph` proto's nodes below `start`.
+
+    node id -> path relative to `start`, in breadth-first order (TF's: a node reachable by
+    several paths gets the first one found). `skip(node_id, local_name)` prunes a child edge
+    and what lies only below it.
+    """
+    paths = {start: ""}
+    order = [start]
+    for current in order:  # grows while iterating: a breadth-first walk
+        for child in graph.nodes[current].children:
+            if child.node_id in paths or (skip is not None
+                                          and skip(child.node_id, child.local_name)):
+                continue
+            local = escape(child.local_name)
+            paths[child.node_id] = f"{paths[current]}/{local}" if paths[current] else local
+            order.append(child.node_id)
+    return paths

@@ -6,8 +6,8 @@ graph pictures, reports and error messages agree.
 
 from __future__ import annotations
 
-__all__ = ["count", "elements", "first_line", "inspect_json", "inspect_text", "mb", "shape",
-           "size"]
+__all__ = ["count", "elements", "first_line", "inspect_json", "inspect_text", "listed", "mb",
+           "shape", "size"]
 
 
 def size(nbytes: float) -> str:
@@ -41,6 +41,15 @@ def elements(dims) -> int:
 def count(n: int, noun: str) -> str:
     """`1 variable`, `1,234 variables`."""
     return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
+def listed(items, limit: int = 20) -> list[str]:
+    """Items as `  - item` lines, at most `limit` of them, then `  - ... and N more`."""
+    items = list(items)
+    lines = [f"  - {item}" for item in items[:limit]]
+    if len(items) > limit:
+        lines.append(f"  - ... and {len(items) - limit} more")
+    return lines
 
 
 def first_line(err: BaseException) -> str:

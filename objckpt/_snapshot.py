@@ -10,7 +10,7 @@ from collections.abc import Mapping
 import numpy as np
 import tensorflow as tf
 
-from objckpt import _compat, _files, _match, _paths, _tree, errors
+from objckpt import _checks, _compat, _files, _match, _paths, _render, _sources, _tree, errors
 
 __all__ = ["RestoreReport", "Snapshot", "restore", "save", "snapshot"]
 
@@ -58,14 +58,15 @@ class Snapshot(_tree.FrozenMapping):
     def __repr__(self) -> str:
         return f"Snapshot({len(self)} variables, {self.nbytes / 1e6:.1f} MB)"
 
-    def as_source(self) -> _match.Source:
+    def as_source(self) -> _sources.Source:
         """This snapshot as a plan source (its network paths and slot owners included)."""
         origin = self.origin()
         # Taken from a live obj whose canonical paths run through its optimizer (a
         # trained Keras 3 model): its network paths feed untrained models too.
         if origin is None:
-            return _match.snapshot_source(self.as_dict())
-        return _match.snapshot_source(self.as_dict(), origin.network_aliases(), origin.slot_owners)
+            return _sources.snapshot_source(self.as_dict())
+        return _sources.snapshot_source(self.as_dict(), origin.network_aliases(),
+                                        origin.slot_owners)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,7 +164,7 @@ def fetch_values(the_plan: _match.Plan, variables, matches=None) -> list:
     if problems:
         raise errors.StructureMismatchError(
             f"{len(problems)} transformed value(s) from {the_plan.source} do not fit; nothing "
-            "was changed or written:\n" + "\n".join(_match.listed(problems))
+            "was changed or written:\n" + "\n".join(_render.listed(problems))
             + "\nFix: make the rule's transform return the variable's shape and dtype.",
             tuple(problems))
     return out
@@ -236,8 +237,8 @@ def restore(obj, source, *, rules=(), strict: bool = True, at: str | None = None
         items = source.as_dict()
         _assign(variables, report.plan, [items[key] for key in keys])
         return report
-    src = _match.open_source(source)
-    the_plan = _match.checked_plan(obj, variables, src, rules=rules, strict=strict, at=at,
+    src = _sources.open_source(source)
+    the_plan = _checks.checked_plan(obj, variables, src, rules=rules, strict=strict, at=at,
                             optimizer_state=optimizer_state)
     values = fetch_values(the_plan, variables)
     _assign(variables, the_plan, values)
@@ -315,7 +316,7 @@ def save(obj_or_snapshot, prefix: str | os.PathLike) -> str:
     prefix = os.fspath(prefix)
     if not snap:
         raise errors.UnbuiltModelError(
-            f"Nothing to save to `{prefix}`: {_match.describe_obj(obj_or_snapshot)} has no "
+            f"Nothing to save to `{prefix}`: {_checks.describe_obj(obj_or_snapshot)} has no "
             "variables. Build the model (call it on a batch) before saving it.")
     names = ([_compat.variable_name(v) for v in origin.values()] if origin is not None
              else [""] * len(snap))

@@ -343,13 +343,6 @@ def build_object_graph(paths: list[str], names: list[str], aliases: dict | None 
     return graph
 
 
-def is_optimizer_node(graph, node_id: int, local_name: str) -> bool:
-    node = graph.nodes[node_id]
-    names = {child.local_name for child in node.children}
-    return (local_name in ("optimizer", "_optimizer") or len(node.slot_variables) > 0
-            or "_iterations" in names or "iter" in names)
-
-
 def network_aliases(graph) -> dict[str, str]:
     """{network path: canonical path} for variables whose canonical path runs elsewhere.
 
@@ -378,16 +371,10 @@ def subtree_paths(graph, at: str, skip_optimizers: bool = False) -> dict[str, st
                         if c.local_name == local), None)
         if node_id is None:
             return {}
-    paths = {node_id: ""}
-    order = [node_id]
-    for current in order:  # grows while iterating: a breadth-first walk
-        for child in graph.nodes[current].children:
-            if skip_optimizers and is_optimizer_node(graph, child.node_id, child.local_name):
-                continue
-            if child.node_id not in paths:
-                local = _paths.escape(child.local_name)
-                paths[child.node_id] = f"{paths[current]}/{local}" if paths[current] else local
-                order.append(child.node_id)
+    skip = (lambda child, local: _compat.is_optimizer_node(graph, child, local)) \
+        if skip_optimizers else None
+    paths = _paths.graph_paths(graph, node_id, skip)
+    order = list(paths)
     result = {}
 
     def add(node, path):

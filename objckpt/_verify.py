@@ -232,7 +232,7 @@ def _check_graph(prefix: str, reader, shapes):
     for node_id, node in enumerate(graph.nodes):
         for attribute in node.attributes:
             key = attribute.checkpoint_key
-            path = key.split(_paths.ATTRIBUTES, 1)[0]
+            path = _paths.path_of_key(key)
             referenced[key] = path
             if key not in shapes:
                 problems.append(Problem(prefix, path, f"the object graph lists key `{key}` (node "

@@ -238,11 +238,11 @@ def test_ensemble_members_must_share_one_architecture_and_not_variables():
 
 @pytest.mark.parametrize("flavour", FLAVOURS)
 def test_sources_of_one_structure_are_planned_once(flavour, tmp_path, monkeypatch):
-    from objckpt import _match
+    from objckpt import _checks
 
     planned = []
-    checked_plan = _match.checked_plan
-    monkeypatch.setattr(_match, "checked_plan",
+    checked_plan = _checks.checked_plan
+    monkeypatch.setattr(_checks, "checked_plan",
                         lambda *a, **k: planned.append(a[2].description) or checked_plan(*a, **k))
     # Four runs of the same code (Keras names their layers and variables differently in
     # each run: mlp_3/dense_7/kernel) saved as prefixes, one of them as a Snapshot.

@@ -27,7 +27,12 @@ LAYERS = [
     "objckpt._files",
     "objckpt._dirlock",
     "objckpt._tree",
+    "objckpt._sources",
+    "objckpt._rules",
+    "objckpt._targets",
+    "objckpt._optstate",
     "objckpt._match",
+    "objckpt._checks",
     "objckpt._snapshot",
     "objckpt._verify",
     "objckpt._diff",
@@ -58,12 +63,8 @@ def _module_name(path: pathlib.Path) -> str:
 
 def _layer(module: str) -> str:
     """The LAYERS entry a module belongs to (`objckpt._compat.graph` -> `objckpt._compat`)."""
-    best = None
-    for name in LAYERS:
-        if module == name or module.startswith(name + "."):
-            if best is None or len(name) > len(best):
-                best = name
-    return best
+    owners = [name for name in LAYERS if module == name or module.startswith(name + ".")]
+    return max(owners, key=len) if owners else None
 
 
 SOURCES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
@@ -181,3 +182,33 @@ def test_private_tf_and_keras_only_in_compat(module):
         if name not in own:
             problems.append(f"line {line}: ._{name.lstrip('_')} is not this module's")
     assert problems == []
+
+
+def _all_of(tree: ast.AST) -> list[str]:
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "__all__":
+            return [element.value for element in node.value.elts]
+    return []
+
+
+def test_compat_names_load_from_where_the_table_says():
+    where = next(node.value for node in TREES["objckpt._compat"].body
+                 if isinstance(node, ast.Assign) and node.targets[0].id == "_WHERE")
+    table = {key.value: sorted(e.value for e in value.elts)
+             for key, value in zip(where.keys, where.values)}
+    submodules = {m.rsplit(".", 1)[1]: sorted(_all_of(t)) for m, t in TREES.items()
+                  if m.startswith("objckpt._compat.")}
+    assert table == submodules
+    names = [name for names in table.values() for name in names]
+    assert len(names) == len(set(names))  # one home per name
+
+
+def test_tf_free_modules_import_no_tensorflow():
+    """`callbacks` (constructed before fit) and the helpers it uses must stay cheap."""
+    for module in ("objckpt._compat", "objckpt._compat.hooks", "objckpt._render",
+                   "objckpt._paths", "objckpt.errors"):
+        imported = {alias.name.split(".")[0] for node in ast.walk(TREES[module])
+                    if isinstance(node, (ast.Import, ast.ImportFrom))
+                    for alias in (node.names if isinstance(node, ast.Import)
+                                  else [ast.alias(node.module or "")])}
+        assert not imported & {"tensorflow", "keras", "tf_keras", "numpy"}, module

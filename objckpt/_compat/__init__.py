@@ -9,77 +9,53 @@ enforces it). One module per topic, imports flowing down this list:
 - `graph`: TF's trackable object graph and the Keras 3 collections it misses (one walk);
 - `kernels`: fused grouped assigns, packed Polyak updates, cond lowering;
 - `functions`: `tf.function` internals (clone re-wraps functions) and GraphDef rewriting;
-- `keras`: callback base class, build hooks, optimizer hooks, resuming `model.fit`.
+- `keras`: the callback base class and resuming `model.fit`;
+- `hooks`: TF-free Keras conventions (method overrides, default-hook marks).
 
-A private TF name that cannot be found raises `errors.IncompatibleTensorFlowError` naming the
-TF version, at import or first use; nothing falls back silently.
+Names load on first use: `_compat.mark_default_hook` imports only the TF-free `hooks`
+module. A private TF name that cannot be found raises `errors.IncompatibleTensorFlowError`
+naming the TF version, at import or first use; nothing falls back silently.
 """
 
-from objckpt._compat.functions import (  # noqa: F401
-    VALUE_SUFFIX,
-    Unbatchable,
-    function_parts,
-    rewrap_function,
-    stateless_graph,
-)
-from objckpt._compat.graph import (  # noqa: F401
-    OBJECT_GRAPH_KEY,
-    CollectionNode,
-    TrackableObjectGraph,
-    check_complete,
-    children,
-    children_with_collections,
-    keras_collection_children,
-    keras_layers,
-    live_object_graph,
-    network_variable_paths,
-    parse_checkpoint_state,
-    rng_state_variables,
-    variable_edges,
-    variable_holders,
-    variable_paths,
-)
-from objckpt._compat.keras import (  # noqa: F401
-    KERAS_CACHED_ATTRS,
-    WEIGHT_DECAY_METHOD,
-    defer_on_attach,
-    keras_callback_base,
-    mark_default_hook,
-    override_methods,
-    restore_methods,
-    set_fit_start_epoch,
-    skip_fit_batches,
-    steps_per_execution,
-    unskip_fit_batches,
-    weight_decay_method,
-)
-from objckpt._compat.kernels import (  # noqa: F401
-    FusedOps,
-    called_cond,
-    fused_call,
-    packed_pairs_call,
-    polyak_apply,
-    polyak_coefficients,
-    polyak_update,
-    read_values,
-    switch,
-)
-from objckpt._compat.optimizers import (  # noqa: F401
-    build_optimizer,
-    optimizer_counters,
-    optimizer_slot_lists,
-    optimizer_state,
-)
-from objckpt._compat.variables import (  # noqa: F401
-    as_variable,
-    clone_types,
-    fingerprint,
-    is_trackable,
-    is_unbuilt,
-    lookup,
-    optional,
-    read_value,
-    recreate_variable,
-    unique_id,
-    variable_name,
-)
+from __future__ import annotations
+
+import importlib
+
+# Where each name lives (tests/test_layers.py checks this against each module's __all__).
+# Names load on first use, so importing one TF-free helper does not import TensorFlow.
+_WHERE = {
+    "variables": ("as_variable", "clone_types", "fingerprint", "is_trackable",
+        "is_unbuilt", "lookup", "optional", "read_value", "recreate_variable",
+        "unique_id", "variable_name"),
+    "optimizers": ("COUNTERS", "HYPERPARAMETERS", "KERAS3_ROLES", "NAMED_SLOT",
+        "SLOT_ALIASES", "TF1_SLOT", "build_optimizer", "is_optimizer_node",
+        "optimizer_counters", "optimizer_slot_lists", "optimizer_state"),
+    "graph": ("CollectionNode", "OBJECT_GRAPH_KEY", "TrackableObjectGraph",
+        "check_complete", "children", "children_with_collections",
+        "keras_collection_children", "keras_layers", "live_object_graph",
+        "network_variable_paths", "parse_checkpoint_state", "rng_state_variables",
+        "variable_edges", "variable_holders", "variable_paths", "walk"),
+    "kernels": ("FusedOps", "called_cond", "fused_call", "packed_pairs_call",
+        "polyak_apply", "polyak_coefficients", "polyak_update", "read_values", "switch"),
+    "functions": ("Unbatchable", "VALUE_SUFFIX", "function_parts", "rewrap_function",
+        "stateless_graph"),
+    "keras": ("defer_on_attach", "keras_callback_base", "set_fit_start_epoch",
+        "skip_fit_batches", "steps_per_execution", "unskip_fit_batches"),
+    "hooks": ("KERAS_CACHED_ATTRS", "WEIGHT_DECAY_METHOD", "mark_default_hook",
+        "override_methods", "restore_methods", "weight_decay_method"),
+}
+_MODULE_OF = {name: module for module, names in _WHERE.items() for name in names}
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str):
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'objckpt._compat' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"objckpt._compat.{module}"), name)
+    globals()[name] = value  # later lookups are plain module attributes
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_MODULE_OF))

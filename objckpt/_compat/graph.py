@@ -22,12 +22,24 @@ from objckpt._compat.variables import (
     variable_name,
 )
 
-__all__ = ["OBJECT_GRAPH_KEY", "CollectionNode",
-           "TrackableObjectGraph", "check_complete", "children",
-           "children_with_collections", "keras_collection_children", "keras_layers",
-           "live_object_graph", "network_variable_paths", "parse_checkpoint_state",
-           "rng_state_variables", "variable_edges", "variable_holders",
-           "variable_paths"]
+__all__ = [
+    "OBJECT_GRAPH_KEY",
+    "CollectionNode",
+    "TrackableObjectGraph",
+    "check_complete",
+    "children",
+    "children_with_collections",
+    "keras_collection_children",
+    "keras_layers",
+    "live_object_graph",
+    "network_variable_paths",
+    "parse_checkpoint_state",
+    "rng_state_variables",
+    "variable_edges",
+    "variable_holders",
+    "variable_paths",
+    "walk",
+]
 
 TrackableObjectGraph = trackable_object_graph_pb2.TrackableObjectGraph
 
@@ -79,32 +91,53 @@ def _check_unique(obj, found) -> None:
             "'1'). Fix: give the dict distinct string keys.", tuple(clashes))
 
 
+def walk(obj, *, skip_optimizers: bool = False, collections: bool = False,
+         visited: list | None = None):
+    """The one breadth-first walk of a live obj's object graph, in TF's order.
+
+    Yields (parent, path, child, first) for every edge from an object to a child: `path` is
+    the child's object path along that edge, `first` is False for an edge to a child reached
+    before. Objects are walked once, from their first (shortest) path; variables are leaves.
+    `skip_optimizers` leaves out every child with an `apply_gradients` method (TF1, Keras 2,
+    tf_keras and Keras 3 optimizers); `collections` adds the Keras 3 lists and dicts TF's
+    graph misses (`keras_collection_children`). `visited`, when given, receives (object,
+    path) for obj and every object walked.
+    """
+    seen = {id(obj)}
+    queue = [(obj, "")]
+    for node, path in queue:  # grows while iterating: a breadth-first walk
+        edges = [(_paths.escape(name), child) for name, child in children(node).items()]
+        if collections:
+            edges += [("/".join(map(_paths.escape, names)), child)
+                      for names, child in keras_collection_children(node)]
+        for local, child in edges:
+            if skip_optimizers and _is_optimizer(child):
+                continue
+            child_path = f"{path}/{local}" if path else local
+            first = id(child) not in seen
+            yield node, child_path, child, first
+            if first:
+                seen.add(id(child))
+                if as_variable(child) is None:
+                    queue.append((child, child_path))
+    if visited is not None:
+        visited.extend(queue)
+
+
 def network_variable_paths(obj) -> list[tuple[str, object]]:
     """Like `variable_paths`, but never walks into an optimizer.
 
-    A breadth-first walk in TF's order that skips every child with an
-    `apply_gradients` method (TF1, Keras 2, tf_keras and Keras 3 optimizers):
-    the paths are those of the network alone, the same whether or not a model
-    is compiled (TF's canonical path of a variable can otherwise run through
-    the optimizer's list of the variables it trains). Keras 3 collections
-    follow as in `variable_paths`.
+    `walk` in TF's order, skipping optimizers: the paths are those of the network alone, the
+    same whether or not a model is compiled (TF's canonical path of a variable can otherwise
+    run through the optimizer's list of the variables it trains). Keras 3 collections follow
+    as in `variable_paths`.
     """
-    view = _graph_view.ObjectGraphView(obj)
-    seen = {id(obj)}
-    queue = [(obj, "")]
-    out = []
-    for node, path in queue:  # grows while iterating: a breadth-first walk
-        for name, child in view.children(node).items():
-            if id(child) in seen or _is_optimizer(child):
-                continue
-            seen.add(id(child))
-            local = _trackable_utils.escape_local_name(name)
-            child_path = f"{path}/{local}" if path else local
-            variable = as_variable(child)
-            if variable is not None:
-                out.append((child_path, variable))
-            queue.append((child, child_path))
-    out.extend(_collection_paths(queue, out, skip_optimizers=True))
+    out, reached = [], []
+    for _, path, child, first in walk(obj, skip_optimizers=True, visited=reached):
+        variable = as_variable(child) if first else None
+        if variable is not None:
+            out.append((path, variable))
+    out.extend(_collection_paths(reached, out, skip_optimizers=True))
     check_complete(obj, out, optimizer=False)
     return out
 
@@ -112,42 +145,25 @@ def network_variable_paths(obj) -> list[tuple[str, object]]:
 def variable_edges(obj) -> list[tuple[str, object]]:
     """(path, variable) for every edge of TF's object graph that ends at a variable.
 
-    Objects are walked once (breadth-first, TF's canonical paths); a variable
-    with edges from several objects (a Keras 3 optimizer's `_trainable_variables`
-    and its layer) is listed once per edge.
+    Objects are walked once (`walk`: TF's canonical paths); a variable with edges from
+    several objects (a Keras 3 optimizer's `_trainable_variables` and its layer) is listed
+    once per edge.
     """
-    view = _graph_view.ObjectGraphView(obj)
-    seen = {id(obj)}
-    queue = [(obj, "")]
     out = []
-    for node, path in queue:  # grows while iterating: a breadth-first walk
-        for name, child in view.children(node).items():
-            local = _trackable_utils.escape_local_name(name)
-            child_path = f"{path}/{local}" if path else local
-            variable = as_variable(child)
-            if variable is not None:
-                out.append((child_path, variable))
-            elif id(child) not in seen:
-                seen.add(id(child))
-                queue.append((child, child_path))
+    for _, path, child, _ in walk(obj):
+        variable = as_variable(child)
+        if variable is not None:
+            out.append((path, variable))
     return out
 
 
 def variable_holders(obj) -> dict:
     """id(variable) -> class name of the object holding it directly (optimizers skipped)."""
     out: dict = {}
-    seen = {id(obj)}
-    queue = [obj]
-    for node in queue:  # grows while iterating: a breadth-first walk
-        found = list(children(node).values())
-        found += [child for _, child in keras_collection_children(node)]
-        for child in found:
-            variable = as_variable(child)
-            if variable is not None:
-                out.setdefault(id(variable), type(node).__name__)
-            elif id(child) not in seen and not _is_optimizer(child):
-                seen.add(id(child))
-                queue.append(child)
+    for parent, _, child, _ in walk(obj, skip_optimizers=True, collections=True):
+        variable = as_variable(child)
+        if variable is not None:
+            out.setdefault(id(variable), type(parent).__name__)
     return out
 
 
@@ -434,16 +450,8 @@ def live_object_graph(obj):
     extra = _collection_paths(reached, found)
     if not extra:
         return proto, classes
-    node_of, path_of = {"": 0}, {0: ""}
-    order = [0]
-    for current in order:  # the proto's canonical paths, breadth-first
-        for child in proto.nodes[current].children:
-            if child.node_id in path_of:
-                continue
-            local = _trackable_utils.escape_local_name(child.local_name)
-            path = f"{path_of[current]}/{local}" if path_of[current] else local
-            node_of[path], path_of[child.node_id] = child.node_id, path
-            order.append(child.node_id)
+    path_of = _paths.graph_paths(proto)
+    node_of = {path: node_id for node_id, path in path_of.items()}
     known: dict = {}  # id(node) -> its children, each node listed once (large models)
 
     def children_of(node):

@@ -4,13 +4,62 @@ state lists and slots, counters, and building their state ahead of the first ste
 from __future__ import annotations
 
 import contextlib
+import re
 
 import tensorflow as tf
 from tensorflow.python.checkpoint import graph_view as _graph_view
 
 from objckpt._compat.variables import as_variable
 
-__all__ = ["build_optimizer", "optimizer_counters", "optimizer_slot_lists", "optimizer_state"]
+__all__ = [
+    "COUNTERS",
+    "HYPERPARAMETERS",
+    "KERAS3_ROLES",
+    "NAMED_SLOT",
+    "SLOT_ALIASES",
+    "TF1_SLOT",
+    "build_optimizer",
+    "is_optimizer_node",
+    "optimizer_counters",
+    "optimizer_slot_lists",
+    "optimizer_state",
+]
+
+
+# Optimizer slot names of every flavour -> one canonical role: "m" is the first
+# moment or momentum buffer, "v" the second moment (Adam v, RMSprop rms).
+SLOT_ALIASES = {
+    "m": "m", "Adam": "m", "adam_m": "m", "momentum": "m", "Momentum": "m",
+    "RMSProp_1": "m",
+    "v": "v", "Adam_1": "v", "adam_v": "v", "rms": "v", "RMSProp": "v", "velocity": "v",
+    "vhat": "vhat", "velocity_hat": "vhat", "mg": "mg", "average_gradient": "mg",
+    "accumulator": "accumulator", "Adagrad": "accumulator", "Ftrl": "accumulator",
+    "accum": "accumulator", "linear": "linear", "Ftrl_1": "linear",
+    "Adadelta": "accum_grad", "accumulated_grad": "accum_grad",
+    "Adadelta_1": "accum_delta", "accum_update": "accum_delta",
+    "accumulated_delta_var": "accum_delta",
+    "gradient_accumulator": "gradient_accumulator", "norm": "norm",
+}
+# Keras 3 names an optimizer variable `<owner path, / as _>_<role>`, in `_variables`.
+KERAS3_ROLES = ("velocity_hat", "average_gradient", "accumulated_delta_var",
+                 "accumulated_grad", "gradient_accumulator", "momentum", "velocity",
+                 "accumulator", "linear", "norm")
+# A tf_keras (2.11+) / Keras 3 optimizer variable's saved name: `<opt>/<slot>/<variable name>`.
+NAMED_SLOT = re.compile(r"^(?:[^/]+/)?(?P<slot>m|v|vhat|momentum|velocity|velocity_hat|"
+                         r"average_gradient|accumulator|linear|accumulated_grad|"
+                         r"accumulated_delta_var)/(?P<var>.+?)(?::0)?$")
+# TF1 `tf.compat.v1.train` optimizers' slot names (`<var>/Adam`), and the original BERT's
+# AdamWeightDecayOptimizer (`<var>/adam_m`).
+TF1_SLOT = re.compile(r"^(?P<var>.+)/(?P<slot>Adam|Adam_1|adam_m|adam_v|Momentum|RMSProp|"
+                       r"RMSProp_1|Adagrad|Ftrl|Ftrl_1|Adadelta|Adadelta_1)$")
+COUNTERS = {"iter": "iterations", "iterations": "iterations", "global_step": "iterations",
+             "learning_rate": "learning_rate", "lr": "learning_rate",
+             # Keras 2's OptimizerV2 keeps its hyperparameters as variables too.
+             "beta_1": "beta_1", "beta_2": "beta_2", "decay": "decay", "rho": "rho",
+             "epsilon": "epsilon", "momentum": "momentum"}
+
+
+HYPERPARAMETERS = frozenset({"beta_1", "beta_2", "decay", "rho", "epsilon", "momentum"})
 
 
 def _is_optimizer(node) -> bool:
@@ -197,3 +246,12 @@ def _variable_index(optimizer, variables):
                     out[index_dict[key]] = id(variable)
         return out, len(index_dict)
     return None
+
+
+def is_optimizer_node(graph, node_id: int, local_name: str) -> bool:
+    """Whether a node of a checkpoint's object graph is an optimizer (every flavour): its
+    edge name, slot variables, or step counter tell."""
+    node = graph.nodes[node_id]
+    names = {child.local_name for child in node.children}
+    return (local_name in ("optimizer", "_optimizer") or len(node.slot_variables) > 0
+            or "_iterations" in names or "iter" in names)

@@ -1,0 +1,108 @@
+"""The obj's side of a plan: its variables indexed every way a source key can name them.
+
+A key finds variables by object path (or a Keras 3 variable's path through its layers), by
+path with leading underscores stripped from each edge, or by variable name; optimizer slots
+by (owner, role), counters by name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from objckpt import _compat, _paths
+
+__all__ = ["Targets", "candidates", "index_targets", "is_optimizer_key", "strip"]
+
+
+def strip(path: str) -> str:
+    return "/".join(edge.lstrip("_") or edge for edge in path.split("/"))
+
+
+def is_optimizer_key(key: str) -> bool:
+    edges = key.split("/")
+    return (_paths.OPTIMIZER_SLOT in edges or "optimizer" in edges or "_optimizer" in edges
+            or key in _compat.COUNTERS or key.endswith(("beta1_power", "beta2_power"))
+            or bool(_compat.TF1_SLOT.match(key)))
+
+
+@dataclasses.dataclass
+class Targets:
+    """The obj's variables indexed every way a key can match them."""
+
+    paths: dict  # object path -> variable
+    by_strip: dict
+    by_name: dict
+    network: dict  # tree path -> network path (no optimizer), for structure
+    slots: dict  # (tree path of a variable, slot role) -> tree path of the slot
+    counters: dict  # "iterations" / "learning_rate" / ... -> [tree paths] (one per optimizer)
+    optimizer_paths: frozenset
+    rng: frozenset = frozenset()  # tree paths of random generator state (Keras 3 seeds)
+    by_network: dict = dataclasses.field(default_factory=dict)  # network path -> tree path
+    # Returns {tree path: class name of the object holding the variable}; walked on request.
+    holders: Callable = dict
+
+
+def index_targets(obj, variables) -> Targets:
+    by_strip: dict = {}
+    by_name: dict = {}
+    root = getattr(obj, "name", None)
+    root = f"{root}/" if isinstance(root, str) and root else None
+    for path, variable in variables.items():
+        by_strip.setdefault(strip(path), []).append(path)
+        name = _compat.variable_name(variable)
+        names = [name]
+        if root and name.startswith(root):  # names relative to obj, as paths are
+            names.append(name[len(root):])
+        for each in names:
+            if path not in by_name.get(each, ()):
+                by_name.setdefault(each, []).append(path)
+    path_of = {id(v): p for p, v in variables.items()}
+    network = {path_of[id(v)]: net_path for net_path, v in _compat.network_variable_paths(obj)
+               if id(v) in path_of}
+    by_network = {}
+    for path, net_path in network.items():
+        if net_path != path:  # a trained Keras 3 model: the canonical path runs elsewhere
+            by_network[net_path] = path
+            if path not in by_strip.get(strip(net_path), ()):
+                by_strip.setdefault(strip(net_path), []).append(path)
+    optimizer_paths = frozenset(p for p in variables if p not in network)
+    slots, counters = {}, {}
+    for path in variables:  # slot variables (Keras 2, tf_keras < 2.11 optimizers, TF1)
+        parts = _paths.split_slot(path)
+        if parts is not None:
+            slots[(parts[0], _compat.SLOT_ALIASES.get(parts[2], parts[2]))] = path
+    for variable, role, slot_variable in _compat.optimizer_slot_lists(obj, variables.values()):
+        if id(variable) in path_of and id(slot_variable) in path_of:
+            slots[(path_of[id(variable)], role)] = path_of[id(slot_variable)]
+    for name, counter in _compat.optimizer_counters(obj):
+        if id(counter) in path_of and path_of[id(counter)] not in counters.get(name, ()):
+            counters.setdefault(name, []).append(path_of[id(counter)])
+    rng = {id(v) for v in _compat.rng_state_variables(obj)}
+
+    memo: list = []
+
+    def holders():
+        if not memo:
+            classes = _compat.variable_holders(obj)
+            memo.append({p: classes.get(id(v)) for p, v in variables.items()})
+        return memo[0]
+
+    return Targets(dict(variables), by_strip, by_name, network, slots, counters,
+                    optimizer_paths, frozenset(p for p, v in variables.items() if id(v) in rng),
+                    by_network, holders)
+
+
+def candidates(key: str, targets: Targets, rewritten: bool):
+    """Returns (strategy, [target paths]) for one rewritten key, best strategy first."""
+    if key in targets.paths:
+        return ("rule" if rewritten else "exact"), [key]
+    if key in targets.by_network:  # the variable's path through the layers
+        return ("rule" if rewritten else "exact"), [targets.by_network[key]]
+    found = targets.by_strip.get(strip(key))
+    if found:
+        return "underscore", found
+    found = targets.by_name.get(key[:-2] if key.endswith(":0") else key)
+    if found:
+        return "name", found
+    return None, []
