@@ -17,7 +17,8 @@ import contextlib
 import numpy as np
 
 import objckpt
-from objckpt import _compat, _tree
+from objckpt import _tree
+from objckpt._compat import graph as _compat_graph
 
 from timing import met, time_ops
 
@@ -42,14 +43,15 @@ def bench_snapshot_into_twin(builder, keras, repeats: int) -> dict:
 @contextlib.contextmanager
 def _coverage_off():
     """objckpt's walk as TF's alone: no Keras 3 collections, no completeness check."""
-    saved = _compat._collection_paths, _compat.check_complete
-    _compat._collection_paths = lambda *args, **kwargs: []
-    _compat.check_complete = lambda *args, **kwargs: None
+    graph = _compat_graph  # the walk and the check live there
+    saved = graph._collection_paths, graph.check_complete
+    graph._collection_paths = lambda *args, **kwargs: []
+    graph.check_complete = lambda *args, **kwargs: None
     _tree._TREE_CACHE.clear()
     try:
         yield
     finally:
-        _compat._collection_paths, _compat.check_complete = saved
+        graph._collection_paths, graph.check_complete = saved
         _tree._TREE_CACHE.clear()
 
 

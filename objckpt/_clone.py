@@ -1,4 +1,4 @@
-"""Prototype of `objckpt.clone`: an independent structural copy of a live obj.
+"""`objckpt.clone`: an independent structural copy of a live obj.
 
 `clone(obj)` returns a new obj with the same object tree (same checkpoint
 paths, shapes, dtypes) whose variables are new `tf.Variable`s. It works for
@@ -48,7 +48,9 @@ deep functional graphs are fine). Per kind of object:
 Impossible things raise `CloneError` (a `TypeError`) naming the attribute
 path: open files, sockets, threads, generators, traced `ConcreteFunction`s,
 resource tensors that are not variables (lookup tables, iterators), and
-variables created under a `tf.distribute` strategy other than the default.
+variables created under a `tf.distribute` strategy other than the default. The
+TF and Keras internals it relies on (variable re-creation, `tf.function` options, the
+types it treats specially, Keras' cached functions) come from `_compat`.
 """
 
 from __future__ import annotations
@@ -427,8 +429,9 @@ class _Cloner:
     def fill_variable(self, v, new, path):
         own = v.__dict__
         fresh = new.__dict__
-        if own.get("_constraint") is not None:
-            fresh["_constraint"] = self.copy(own["_constraint"], (path, "attr", "_constraint"))
+        key = _compat.CONSTRAINT_ATTR  # re-created variables have none: copy the original's
+        if own.get(key) is not None:
+            fresh[key] = self.copy(own[key], (path, "attr", key))
         for key, value in own.items():  # attributes added by Keras or the user
             if key not in fresh:
                 fresh[key] = self.value(self.copy(value, (path, "attr", key)),

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import warnings
 
 import tensorflow as tf
 
@@ -290,26 +289,16 @@ def restore_on_create(obj, source, *, rules=(), at: str | None = None) -> Pendin
     src = _sources.open_source(source)
     parsed = _rules.parse_rules(rules)
     view = _match.view_at(src, at)
-    entries, skipped, seen, fired = [], [], {}, set()
-    for key, full in view.items():
-        if key in _sources.BOOKKEEPING or full in _sources.BOOKKEEPING:
-            continue
-        new, rule = _rules.rewrite(key, parsed)
-        if rule is not None:
-            fired.add(rule.index)
-        if new is None:
-            skipped.append(f"{full}: dropped by {rule}")
-            continue
+    rewritten = _rules.rewrite_view(view, parsed, note_bookkeeping=False)
+    entries, skipped, seen = [], rewritten.skipped, {}
+    for _, full, new, rule in rewritten.entries:
         if new in seen:
             raise errors.StructureMismatchError(
                 f"restore_on_create: source entries `{seen[new]}` and `{full}` both map to "
                 f"`{new}`; nothing is guessed. Fix: drop one with a rule (regex, None).")
         seen[new] = full
         entries.append(_Entry(new, full, rule.transform if rule is not None else None))
-    unused = [str(r) for r in parsed if r.index not in fired]
-    if unused:
-        warnings.warn(f"{len(unused)} rule(s) matched no key of {src.description}: "
-                      + "; ".join(unused), stacklevel=2)
+    _rules.warn_unused(rewritten.unused, src.description, stacklevel=2)
     pending = PendingRestore(obj, src, entries, skipped, at)
     # Existing variables: every value read and checked before any is assigned.
     ready = []

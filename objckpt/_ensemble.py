@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
-from objckpt import _checks, _compat, _rules, _sources, errors
+from objckpt import _checks, _clone, _compat, _rules, _snapshot, _sources, _tree, errors
 
 __all__ = ["Ensemble", "load_ensemble"]
 
@@ -102,8 +102,6 @@ def load_ensemble(template, sources: Sequence, *, rules=(), at: str | None = Non
       >>> # three TF1 checkpoints whose variables live under model_001/ .. model_003/:
       >>> objckpt.load_ensemble(net, prefixes, rules=[(r"^model_\\d+/", "")])
     """
-    from objckpt import _clone, _snapshot, _tree
-
     if isinstance(sources, (str, bytes, os.PathLike)) or not isinstance(sources, Sequence):
         raise errors.InvalidArgumentError(
             "sources must be a list with one source per member (prefixes, directories or "

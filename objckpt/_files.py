@@ -18,7 +18,7 @@ import tensorflow as tf
 from objckpt import _compat, _render, errors
 
 __all__ = ["DATA_SUFFIX", "STATE_FILE", "check_intact", "commit", "data_files_problem",
-           "listdir", "nearby_prefixes", "open_reader", "read_state", "remove",
+           "listdir", "nearby_prefixes", "open_reader", "read_state", "remove", "rename",
            "resolve_prefix", "state_candidates", "temp_prefix", "write_state",
            "write_tensors"]
 
@@ -203,8 +203,13 @@ def commit(temp: str, prefix: str) -> None:
         if stale not in targets:
             tf.io.gfile.remove(stale)
     for name in new_data:
-        tf.io.gfile.rename(name, prefix + name[len(temp):], overwrite=True)
-    tf.io.gfile.rename(temp + ".index", prefix + ".index", overwrite=True)
+        rename(name, prefix + name[len(temp):])
+    rename(temp + ".index", prefix + ".index")
+
+
+def rename(src: str, dst: str) -> None:
+    """Renames a file over any existing one (atomic on one local file system)."""
+    tf.io.gfile.rename(src, dst, overwrite=True)
 
 
 def write_state(directory: str, names: list[str], timestamp: float) -> None:

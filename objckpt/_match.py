@@ -37,7 +37,6 @@ This module sits between `_tree` and `_snapshot`: `restore` applies plans.
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from collections.abc import Callable, Sequence
 
 import tensorflow as tf
@@ -45,8 +44,8 @@ import tensorflow as tf
 from objckpt import _compat, _render, _tree, errors
 from objckpt._optstate import place_optimizer_state
 from objckpt._roles import ROLE_ALIASES as _ROLE_ALIASES
-from objckpt._rules import parse_rules, rewrite
-from objckpt._sources import BOOKKEEPING, Source, open_source
+from objckpt._rules import parse_rules, rewrite_view, warn_unused
+from objckpt._sources import Source, open_source
 from objckpt._targets import Targets, candidates, index_targets, is_optimizer_key
 
 __all__ = ["Match", "Plan", "plan"]
@@ -285,101 +284,154 @@ def _auto_at(source, targets, root_view):
     return root_view, None, ""
 
 
+# Strategies of one key, best first: a target claimed by several keys takes the best rank.
+_RANK = {"exact": 0, "rule": 0, "underscore": 1, "name": 2}
+
+
+@dataclasses.dataclass
+class _Work:
+    """What planning has decided so far; each phase below reads and extends it."""
+
+    source: Source
+    targets: Targets
+    view: dict  # key within `at` -> full source key
+    rules: tuple
+    optimizer_state: object  # "auto", True or False
+    skipped: list = dataclasses.field(default_factory=list)
+    skipped_targets: set = dataclasses.field(default_factory=set)
+    unused_rules: list = dataclasses.field(default_factory=list)  # rules that matched nothing
+    claims: dict = dataclasses.field(default_factory=dict)  # target -> [(rank, key, how, rule)]
+    chosen: dict = dataclasses.field(default_factory=dict)  # target -> (key, strategy, rule)
+    unmatched: list = dataclasses.field(default_factory=list)  # view keys
+    rewritten: dict = dataclasses.field(default_factory=dict)  # unmatched key -> (new, rule)
+    ambiguous: list = dataclasses.field(default_factory=list)
+    ambiguous_targets: set = dataclasses.field(default_factory=set)
+    optimizer_left: list = dataclasses.field(default_factory=list)  # (key, rewritten key)
+    notes: list = dataclasses.field(default_factory=list)
+    moved: bool = False  # optimizer state is being placed
+
+    def canon(self, full: str) -> str:
+        """The key a tensor is stored under (a network alias names the same tensor)."""
+        return self.source.aliases.get(full, full)
+
+
 def _match(source: Source, targets: Targets, view: dict, rules, optimizer_state) -> Plan:
-    skipped, skipped_targets, fired = [], set(), set()
-    claims: dict = {}  # target -> [(rank, view key, strategy, rule)]
-    unmatched, ambiguous, ambiguous_targets, optimizer_left = [], [], set(), []
-    rewritten: dict = {}  # unmatched view key -> (rewritten key, rule)
-    rank_of = {"exact": 0, "rule": 0, "underscore": 1, "name": 2}
-    canon = lambda full: source.aliases.get(full, full)  # noqa: E731
+    work = _Work(source, targets, view, rules, optimizer_state)
+    _claim(work)  # exact, rules, underscores, names; optimizer entries set aside
+    _choose(work)  # one key per target, or ambiguous
+    if source.kind != "name":  # saved names, then structure, over what is left
+        work.unmatched, note = _match_structure(
+            source, targets, view, work.unmatched, work.chosen, work.ambiguous,
+            work.ambiguous_targets, work.rewritten)
+        if note:
+            work.notes.append(note)
+    _optimizer(work)  # optimizer state by owner (invariant 9)
+    _leave_alone(work)  # the obj's optimizer and RNG variables no source value feeds
+    return _result(work)
+
+
+def _claim(work: _Work) -> None:
+    """Every source key, rewritten by the rules, claims the targets it names."""
+    targets, view = work.targets, work.view
     # A network variable a Keras 3 optimizer lists (`optimizer/_trainable_variables/N`) is
     # the same tensor as its layer path: that edge is no optimizer state of its own.
-    network_tensors = {canon(full) for key, full in view.items() if not is_optimizer_key(key)}
-    for key, full in view.items():
-        if (key in BOOKKEEPING or full in BOOKKEEPING) and key not in targets.paths:
-            skipped.append(f"{full}: checkpoint bookkeeping")
-            continue
-        new, rule = rewrite(key, rules)
-        if rule is not None:
-            fired.add(rule.index)
-        if new is None:
-            skipped.append(f"{full}: dropped by {rule}")
-            continue
+    network_tensors = {work.canon(full) for key, full in view.items()
+                       if not is_optimizer_key(key)}
+    rewritten = rewrite_view(view, work.rules, keep=lambda key: key in targets.paths)
+    work.skipped.extend(rewritten.skipped)
+    work.unused_rules = rewritten.unused
+    for key, full, new, rule in rewritten.entries:
         is_optimizer = is_optimizer_key(key)
         if is_optimizer:  # unless it names a network variable (a module's own `global_step`)
             _, found = candidates(new, targets, new != key)
             is_optimizer = not (found and all(p in targets.network for p in found))
-        if is_optimizer and canon(full) in network_tensors:
+        if is_optimizer and work.canon(full) in network_tensors:
             continue
-        if is_optimizer and optimizer_state is False:
-            skipped.append(f"{full}: optimizer state (pass optimizer_state=True to move it)")
+        if is_optimizer and work.optimizer_state is False:
+            work.skipped.append(
+                f"{full}: optimizer state (pass optimizer_state=True to move it)")
             continue
         if is_optimizer:  # placed by the variable it belongs to, below; by path only after
-            optimizer_left.append((key, new))
+            work.optimizer_left.append((key, new))
             continue
         strategy, found = candidates(new, targets, new != key)
         if len(found) > 1:
-            ambiguous.append((full, tuple(found)))
-            ambiguous_targets.update(found)
+            work.ambiguous.append((full, tuple(found)))
+            work.ambiguous_targets.update(found)
         elif found:
-            claims.setdefault(found[0], []).append((rank_of[strategy], key, strategy, rule))
+            work.claims.setdefault(found[0], []).append((_RANK[strategy], key, strategy, rule))
         else:
-            unmatched.append(key)
-            rewritten[key] = (new, rule)
-    chosen: dict = {}  # target -> (view key, strategy, rule)
-    for target, entries in claims.items():
+            work.unmatched.append(key)
+            work.rewritten[key] = (new, rule)
+
+
+def _choose(work: _Work) -> None:
+    """Each claimed target takes its best-ranked key; equals are ambiguous, never guessed."""
+    view = work.view
+    for target, entries in work.claims.items():
         best = min(rank for rank, *_ in entries)
         top = [e for e in entries if e[0] == best]
-        if len({canon(view[k]) for _, k, _, _ in top}) == 1:  # one tensor, several keys
+        if len({work.canon(view[k]) for _, k, _, _ in top}) == 1:  # one tensor, several keys
             top = [next((e for e in top if e[1] == target), top[0])]
         if len(top) > 1:
-            ambiguous.append((target, tuple(view[k] for _, k, _, _ in top)))
-            ambiguous_targets.add(target)
+            work.ambiguous.append((target, tuple(view[k] for _, k, _, _ in top)))
+            work.ambiguous_targets.add(target)
         else:
-            chosen[target] = top[0][1:]
-        unmatched.extend(k for rank, k, _, _ in entries if rank != best)
-    notes = []
-    if source.kind != "name":
-        unmatched, note = _match_structure(source, targets, view, unmatched, chosen,
-                                           ambiguous, ambiguous_targets, rewritten)
-        if note:
-            notes.append(note)
-    if optimizer_left and (optimizer_state == "auto" and not targets.optimizer_paths):
+            work.chosen[target] = top[0][1:]
+        work.unmatched.extend(k for rank, k, _, _ in entries if rank != best)
+
+
+def _optimizer(work: _Work) -> None:
+    """Optimizer entries set aside by `_claim`: moved by owner, skipped or unmatched."""
+    left, targets, view = work.optimizer_left, work.targets, work.view
+    if left and (work.optimizer_state == "auto" and not targets.optimizer_paths):
         # The obj has no optimizer to put optimizer state in: a weights-only restore, as
         # model.load_weights does. Listed, never silent.
-        for key, _ in optimizer_left:
-            skipped.append(f"{view[key]}: optimizer state; the obj has no optimizer to put it "
-                           "in (compile the model and build its optimizer to move it)")
-        optimizer_left = []
-    if optimizer_state is True and optimizer_left and not targets.optimizer_paths:
+        for key, _ in left:
+            work.skipped.append(
+                f"{view[key]}: optimizer state; the obj has no optimizer to put it in "
+                "(compile the model and build its optimizer to move it)")
+        left = []
+    if work.optimizer_state is True and left and not targets.optimizer_paths:
         # Asked to move optimizer state, but there is nowhere to move it: not a silent no-op.
-        unmatched.extend(key for key, _ in optimizer_left)
-        notes.append(f"optimizer_state=True, but the obj has no optimizer variables to move "
-                     f"the source's {len(optimizer_left)} optimizer entries into. Fix: compile "
-                     "the model and build its optimizer first "
-                     "(model.optimizer.build(model.trainable_variables)), or pass "
-                     "optimizer_state=False to skip them.")
-        optimizer_left = []
-    moved = bool(optimizer_left)
-    if optimizer_left:
-        place_optimizer_state(source, targets, view, rules, optimizer_left, chosen,
-                               unmatched, skipped, notes)
-    # When state moves, a slot of a restored variable that gets no value is missing (a
-    # strict restore refuses it); counters and the slots of variables not restored stay.
+        work.unmatched.extend(key for key, _ in left)
+        work.notes.append(
+            f"optimizer_state=True, but the obj has no optimizer variables to move the "
+            f"source's {len(left)} optimizer entries into. Fix: compile the model and build "
+            "its optimizer first (model.optimizer.build(model.trainable_variables)), or pass "
+            "optimizer_state=False to skip them.")
+        left = []
+    work.moved = bool(left)
+    if left:
+        place_optimizer_state(work.source, targets, view, work.rules, left, work.chosen,
+                              work.unmatched, work.skipped, work.notes)
+
+
+def _leave_alone(work: _Work) -> None:
+    """Lists the obj's optimizer and RNG variables that keep their values. When state
+    moves, a slot of a restored variable that gets no value is missing instead (a strict
+    restore refuses it); counters and the slots of variables not restored stay."""
+    targets, chosen = work.targets, work.chosen
     owner_of_slot = {slot: owner for (owner, _), slot in targets.slots.items()}
-    why = "no source value" if optimizer_state is not False else "optimizer state not moved"
+    why = "no source value" if work.optimizer_state is not False else \
+        "optimizer state not moved"
     for path in targets.paths:  # tree order
         if path in chosen:
             continue
         if path in targets.optimizer_paths:
-            if moved and owner_of_slot.get(path) in chosen:
-                continue  # listed as missing below
-            skipped.append(f"{path}: the obj's optimizer variable, left as is ({why})")
-            skipped_targets.add(path)
+            if work.moved and owner_of_slot.get(path) in chosen:
+                continue  # listed as missing
+            work.skipped.append(f"{path}: the obj's optimizer variable, left as is ({why})")
+            work.skipped_targets.add(path)
         elif path in targets.rng:
-            skipped.append(f"{path}: random generator state (Keras SeedGenerator), left as "
-                           "is (no source value)")
-            skipped_targets.add(path)
+            work.skipped.append(f"{path}: random generator state (Keras SeedGenerator), left "
+                                "as is (no source value)")
+            work.skipped_targets.add(path)
+
+
+def _result(work: _Work) -> Plan:
+    """Checks every chosen pair's shape and dtype and lists what is left over."""
+    source, targets, view, chosen = work.source, work.targets, work.view, work.chosen
     matches, mismatched = [], []
     for target in targets.paths:
         if target not in chosen:
@@ -392,23 +444,21 @@ def _match(source: Source, targets: Targets, view: dict, rules, optimizer_state)
             mismatched.append(problem)
         else:
             matches.append(match)
-    used = {canon(view[entry[0]]) for entry in chosen.values()}
-    seen_unmatched, kept = set(), []
-    for key in unmatched:  # one tensor listed once, and not at all when fed under another key
-        c = canon(view[key])
-        if c not in used and c not in seen_unmatched:
-            seen_unmatched.add(c)
-            kept.append(key)
-    unmatched = kept
+    used = {work.canon(view[entry[0]]) for entry in chosen.values()}
+    seen, unmatched = set(), []
+    for key in work.unmatched:  # one tensor listed once; not at all when fed under another key
+        tensor = work.canon(view[key])
+        if tensor not in used and tensor not in seen:
+            seen.add(tensor)
+            unmatched.append(key)
     unmatched_variables = tuple(p for p in targets.paths if p not in chosen
-                                and p not in ambiguous_targets and p not in skipped_targets)
-    unused = tuple(str(r) for r in rules if r.index not in fired)
-    if unused:
-        warnings.warn(f"{len(unused)} rule(s) matched no key of {source.description}: "
-                      + "; ".join(unused), stacklevel=4)
+                                and p not in work.ambiguous_targets
+                                and p not in work.skipped_targets)
+    unused = tuple(work.unused_rules)
+    warn_unused(work.unused_rules, source.description, stacklevel=5)
     return Plan(source.description, tuple(matches), unmatched_variables,
-                tuple(view[k] for k in unmatched), tuple(ambiguous), tuple(mismatched),
-                tuple(skipped), unused, notes=tuple(notes))
+                tuple(view[k] for k in unmatched), tuple(work.ambiguous), tuple(mismatched),
+                tuple(work.skipped), unused, notes=tuple(work.notes))
 
 
 def _match_structure(source, targets, view, unmatched, chosen, ambiguous, ambiguous_targets,

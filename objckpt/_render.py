@@ -21,7 +21,7 @@ def size(nbytes: float) -> str:
 
 def mb(nbytes: float) -> str:
     """`12.3 MB`: one fixed unit, for lines that compare sizes."""
-    return f"{nbytes / 1e6:.1f} MB"
+    return f"{nbytes / 1e6:,.1f} MB"
 
 
 def shape(dims) -> str:
@@ -93,9 +93,9 @@ def inspect_text(entries) -> str:
             node = "/".join(parts[:depth])
             if node not in seen:
                 seen.add(node)
-                count, nbytes = totals[node]
+                variables, nbytes = totals[node]
                 rows.append(("  " * (depth - 1) + parts[depth - 1] + "/",
-                             count(count, "variable"), "", size(nbytes)))
+                             count(variables, "variable"), "", size(nbytes)))
         rows.append(("  " * (len(parts) - 1) + parts[-1], shape(entry.shape),
                      entry.dtype.name, size(entry.nbytes)))
     if slots:

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import warnings
 from collections.abc import Callable
 
-from objckpt import errors
+from objckpt import _sources, errors
 
-__all__ = ["Rule", "parse_rules", "rewrite"]
+__all__ = ["Rewritten", "Rule", "parse_rules", "rewrite", "rewrite_view", "warn_unused"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,3 +79,44 @@ def rewrite(key: str, rules: tuple[Rule, ...]):
                     f"{rule}: the replacement cannot be applied to `{key}` ({err}). Group "
                     "references (\\1, \\g<name>) must exist in the regex.") from err
     return key, None
+
+
+@dataclasses.dataclass
+class Rewritten:
+    """A source view rewritten by rules (see `rewrite_view`)."""
+
+    entries: list  # (key, full key, rewritten key, rule or None) for every entry kept
+    skipped: list  # "full: why" for every entry left out, in source order
+    unused: list  # the rules that matched no key, as text
+
+
+def rewrite_view(view: dict, rules: tuple[Rule, ...], *, keep=None,
+                 note_bookkeeping: bool = True) -> Rewritten:
+    """Rewrites every key of a source view ({key within `at`: full key}) by the rules.
+
+    Checkpoint bookkeeping (`save_counter`, the object graph) is left out unless
+    `keep(key)` says the obj has a variable of that name; entries a rule drops are left out
+    and listed.
+    """
+    entries, skipped, fired = [], [], set()
+    for key, full in view.items():
+        if (key in _sources.BOOKKEEPING or full in _sources.BOOKKEEPING) and not (
+                keep is not None and keep(key)):
+            if note_bookkeeping:
+                skipped.append(f"{full}: checkpoint bookkeeping")
+            continue
+        new, rule = rewrite(key, rules)
+        if rule is not None:
+            fired.add(rule.index)
+        if new is None:
+            skipped.append(f"{full}: dropped by {rule}")
+            continue
+        entries.append((key, full, new, rule))
+    return Rewritten(entries, skipped, [str(r) for r in rules if r.index not in fired])
+
+
+def warn_unused(unused: list, description: str, stacklevel: int) -> None:
+    """Warns that rules matched no key (`stacklevel` counted from the caller)."""
+    if unused:
+        warnings.warn(f"{len(unused)} rule(s) matched no key of {description}: "
+                      + "; ".join(unused), stacklevel=stacklevel + 1)

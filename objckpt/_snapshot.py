@@ -56,7 +56,7 @@ class Snapshot(_tree.FrozenMapping):
                    for value in self.as_dict().values())
 
     def __repr__(self) -> str:
-        return f"Snapshot({len(self)} variables, {self.nbytes / 1e6:.1f} MB)"
+        return f"Snapshot({len(self)} variables, {_render.mb(self.nbytes)})"
 
     def as_source(self) -> _sources.Source:
         """This snapshot as a plan source (its network paths and slot owners included)."""

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
-from objckpt import _compat, errors
+from objckpt import _clone, _compat, errors
 
 __all__ = ["Twins"]
 
@@ -75,9 +75,7 @@ class Twins:
 
     def __init__(self, model, *, past=None):
         if past is None:
-            from objckpt._clone import clone
-
-            past = clone(model)
+            past = _clone.clone(model)
         self.current = model
         self.past = past
         current_vars = _network_variables(model)

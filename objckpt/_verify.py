@@ -69,14 +69,14 @@ class VerifyReport:
         lines = [f"problem: {p}" for p in self.problems]
         lines += [f"note: {note}" for note in self.notes]
         checked = ", ".join(self.prefixes) or self.source
-        mb = self.nbytes / 1e6
+        mb = _render.mb(self.nbytes)
         if self.ok:
-            lines.append(f"OK: {checked}: {self.tensors:,} tensors ({mb:,.1f} MB) passed their "
+            lines.append(f"OK: {checked}: {self.tensors:,} tensors ({mb}) passed their "
                          "checksums; object graph consistent")
         else:
             lines.append(f"FAILED: {checked}: {len(self.problems)} problem"
                          f"{'s' * (len(self.problems) != 1)}; {self.tensors:,} tensors "
-                         f"({mb:,.1f} MB) read intact. Fix: restore from an intact copy or an "
+                         f"({mb}) read intact. Fix: restore from an intact copy or an "
                          "older checkpoint, or write this one again.")
         return "\n".join(lines)
 

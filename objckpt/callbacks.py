@@ -83,7 +83,7 @@ class TwinSync:
 
 
 def _default(function):
-    from objckpt import _compat  # imports TF; callbacks stays cheap to import
+    from objckpt import _compat  # loads only _compat.hooks: no TensorFlow
 
     return _compat.mark_default_hook(function)
 

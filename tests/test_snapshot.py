@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 import objckpt
-from objckpt import _snapshot, errors
+from objckpt import _files, errors
 
 from flavours import (
     CASES,
@@ -431,7 +431,7 @@ def test_crash_before_commit_keeps_the_previous_checkpoint(tmp_path, monkeypatch
     def crash(temp, final):
         raise KeyboardInterrupt("simulated crash after the data write")
 
-    monkeypatch.setattr(_snapshot, "_commit", crash)
+    monkeypatch.setattr(_files, "commit", crash)
     with pytest.raises(KeyboardInterrupt):
         objckpt.save(module, prefix)
     assert sorted(os.listdir(tmp_path)) == ["ck.data-00000-of-00001", "ck.index"]  # no debris
@@ -444,14 +444,14 @@ def test_crash_between_renames_leaves_no_half_checkpoint(tmp_path, monkeypatch):
     module = tf.Module()
     module.v = tf.Variable([1.0, 2.0])
     prefix = objckpt.save(module, str(tmp_path / "ck"))
-    real_rename = _snapshot._rename
+    real_rename = _files.rename
 
     def rename(src, dst):
         if dst.endswith(".index"):
             raise KeyboardInterrupt("simulated crash before the index rename")
         real_rename(src, dst)
 
-    monkeypatch.setattr(_snapshot, "_rename", rename)
+    monkeypatch.setattr(_files, "rename", rename)
     module.v.assign([3.0, 4.0])
     with pytest.raises(KeyboardInterrupt):
         objckpt.save(module, prefix)

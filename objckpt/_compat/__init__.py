@@ -24,9 +24,9 @@ import importlib
 # Where each name lives (tests/test_layers.py checks this against each module's __all__).
 # Names load on first use, so importing one TF-free helper does not import TensorFlow.
 _WHERE = {
-    "variables": ("as_variable", "clone_types", "fingerprint", "is_trackable",
-        "is_unbuilt", "lookup", "optional", "read_value", "recreate_variable",
-        "unique_id", "variable_name"),
+    "variables": ("CONSTRAINT_ATTR", "as_variable", "clone_types", "fingerprint",
+        "is_trackable", "is_unbuilt", "lookup", "optional", "read_value",
+        "recreate_variable", "unique_id", "variable_name"),
     "optimizers": ("COUNTERS", "HYPERPARAMETERS", "KERAS3_ROLES", "NAMED_SLOT",
         "SLOT_ALIASES", "TF1_SLOT", "build_optimizer", "is_optimizer_node",
         "optimizer_counters", "optimizer_slot_lists", "optimizer_state"),

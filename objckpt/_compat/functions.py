@@ -6,13 +6,7 @@ from __future__ import annotations
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
-__all__ = [
-    "VALUE_SUFFIX",
-    "Unbatchable",
-    "function_parts",
-    "rewrap_function",
-    "stateless_graph",
-]
+__all__ = ["VALUE_SUFFIX", "Unbatchable", "function_parts", "rewrap_function", "stateless_graph"]
 
 # Suffix of the placeholder that replaces each variable read in `stateless_graph`.
 VALUE_SUFFIX = "/_objckpt_value"

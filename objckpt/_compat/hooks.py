@@ -6,8 +6,8 @@ Imports no TensorFlow: `callbacks` marks its hooks at import time and stays chea
 
 from __future__ import annotations
 
-__all__ = ["KERAS_CACHED_ATTRS", "WEIGHT_DECAY_METHOD", "mark_default_hook",
-           "override_methods", "restore_methods", "weight_decay_method"]
+__all__ = ["KERAS_CACHED_ATTRS", "WEIGHT_DECAY_METHOD", "mark_default_hook", "override_methods",
+           "restore_methods", "weight_decay_method"]
 
 
 # --- instance method overrides (Freezer's optimizer hooks, deferred restore's build hook) --

@@ -11,19 +11,9 @@ from tensorflow.python.checkpoint import graph_view as _graph_view
 
 from objckpt._compat.variables import as_variable
 
-__all__ = [
-    "COUNTERS",
-    "HYPERPARAMETERS",
-    "KERAS3_ROLES",
-    "NAMED_SLOT",
-    "SLOT_ALIASES",
-    "TF1_SLOT",
-    "build_optimizer",
-    "is_optimizer_node",
-    "optimizer_counters",
-    "optimizer_slot_lists",
-    "optimizer_state",
-]
+__all__ = ["COUNTERS", "HYPERPARAMETERS", "KERAS3_ROLES", "NAMED_SLOT", "SLOT_ALIASES", "TF1_SLOT",
+           "build_optimizer", "is_optimizer_node", "optimizer_counters", "optimizer_slot_lists",
+           "optimizer_state"]
 
 
 # Optimizer slot names of every flavour -> one canonical role: "m" is the first

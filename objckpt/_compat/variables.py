@@ -11,8 +11,9 @@ from tensorflow.python.trackable import base as _trackable_base
 
 from objckpt import errors
 
-__all__ = ["as_variable", "clone_types", "fingerprint", "is_trackable", "is_unbuilt", "lookup",
-           "optional", "read_value", "recreate_variable", "unique_id", "variable_name"]
+__all__ = ["CONSTRAINT_ATTR", "as_variable", "clone_types", "fingerprint", "is_trackable",
+           "is_unbuilt", "lookup", "optional", "read_value", "recreate_variable", "unique_id",
+           "variable_name"]
 
 
 def is_trackable(obj) -> bool:
@@ -170,6 +171,10 @@ def clone_types():
     ns.AtomicFunction = lookup("tensorflow.python.eager.polymorphic_function.atomic_function",
         "AtomicFunction", since=(2, 16))
     return ns
+
+
+# Where a TF variable keeps its constraint (`tf.Variable(constraint=...)`).
+CONSTRAINT_ATTR = "_constraint"
 
 
 def unique_id(variable) -> str:

@@ -1,0 +1,105 @@
+"""The low layers on their own: path grammar, text rendering, checkpoint files."""
+
+from __future__ import annotations
+
+import os
+import types
+
+import pytest
+import tensorflow as tf
+
+from objckpt import _files, _paths, _render, errors
+
+
+@pytest.mark.parametrize("name", ["kernel", "a.b", "a/b", "..S", "./.", ".", "S", ""])
+def test_escape_round_trips_and_matches_tf(name):
+    from tensorflow.python.trackable import trackable_utils  # the oracle: TF's own escaping
+
+    assert _paths.escape(name) == trackable_utils.escape_local_name(name)
+    assert _paths.unescape(_paths.escape(name)) == name
+
+
+def test_slot_paths_split_and_join():
+    path = _paths.slot_path("dense/kernel", "optimizer", "m")
+    assert path == "dense/kernel/.OPTIMIZER_SLOT/optimizer/m"
+    assert _paths.split_slot(path) == ("dense/kernel", "optimizer", "m")
+    assert _paths.split_slot("dense/kernel") is None
+    assert _paths.path_of_key(_paths.checkpoint_key("a/b")) == "a/b"
+
+
+def _proto(edges: dict[int, list[tuple[str, int]]], count: int):
+    nodes = [types.SimpleNamespace(children=[types.SimpleNamespace(local_name=n, node_id=i)
+                                             for n, i in edges.get(k, [])])
+             for k in range(count)]
+    return types.SimpleNamespace(nodes=nodes)
+
+
+def test_graph_paths_are_breadth_first_shortest_and_escaped():
+    # 0 -> a(1) -> deep(3) -> x(4); 0 -> b.c(2) -> x(4) again: x's first path is via b.c
+    proto = _proto({0: [("a", 1), ("b.c", 2)], 1: [("deep", 3)], 2: [("x", 4)],
+                    3: [("x", 4)]}, 5)
+    assert _paths.graph_paths(proto) == {0: "", 1: "a", 2: "b..c", 3: "a/deep",
+                                         4: "b..c/x"}
+    assert _paths.graph_paths(proto, 1) == {1: "", 3: "deep", 4: "deep/x"}
+    pruned = _paths.graph_paths(proto, skip=lambda node, name: name == "b.c")
+    assert pruned == {0: "", 1: "a", 3: "a/deep", 4: "a/deep/x"}
+
+
+def test_rendering():
+    assert [_render.size(n) for n in (0, 999, 1000, 1_500_000, 3e12)] == [
+        "0 B", "999 B", "1.0 KB", "1.5 MB", "3000.0 GB"]
+    assert [_render.shape(s) for s in ((), (3,), (2, 3))] == ["()", "(3,)", "(2, 3)"]
+    assert _render.count(1, "variable") == "1 variable"
+    assert _render.count(1234, "variable") == "1,234 variables"
+    assert _render.elements((2, 3, 4)) == 24 and _render.elements(()) == 1
+    assert _render.mb(12_345_678) == "12.3 MB"
+    assert _render.listed(["a", "b", "c"], limit=2) == ["  - a", "  - b", "  - ... and 1 more"]
+    assert _render.first_line(ValueError("first\nsecond")) == "first"
+    assert _render.first_line(ValueError("")) == "ValueError"
+
+
+def test_state_file_written_here_is_read_by_tf_and_by_us(tmp_path):
+    for number in (1, 2, 3):
+        (tmp_path / f"ckpt-{number}.index").write_bytes(b"")
+    _files.write_state(str(tmp_path), ["ckpt-1", "ckpt-2", "ckpt-3"], 1700000000.5)
+    state = tf.train.get_checkpoint_state(str(tmp_path))
+    assert os.path.basename(state.model_checkpoint_path) == "ckpt-3"
+    assert [os.path.basename(p) for p in state.all_model_checkpoint_paths] == [
+        "ckpt-1", "ckpt-2", "ckpt-3"]
+    assert _files.read_state(str(tmp_path)) == ["ckpt-1", "ckpt-2", "ckpt-3"]
+    assert _files.state_candidates(str(tmp_path)) == [
+        str(tmp_path / name) for name in ("ckpt-3", "ckpt-2", "ckpt-1")]
+    assert [n for n in os.listdir(tmp_path) if ".tmp-" in n] == []  # no debris
+
+
+def test_state_file_problems_are_typed(tmp_path):
+    with pytest.raises(errors.CheckpointNotFoundError, match="holds no managed checkpoints"):
+        _files.read_state(str(tmp_path))
+    (tmp_path / "checkpoint").write_text("model_checkpoint_path: ")
+    with pytest.raises(errors.CheckpointCorruptError, match="cannot be parsed"):
+        _files.read_state(str(tmp_path))
+    (tmp_path / "checkpoint").write_text("")
+    with pytest.raises(errors.CheckpointCorruptError, match="names no checkpoint"):
+        _files.read_state(str(tmp_path))
+
+
+def test_write_tensors_commits_atomically_and_calls_each_stage(tmp_path):
+    prefix = str(tmp_path / "sub" / "ck")
+    stages = []
+    _files.write_tensors(prefix, ["a", "b"], [tf.constant([1.0, 2.0]), tf.constant(3)],
+                         stage=stages.append)
+    assert stages == ["write", "data", "index"]
+    assert sorted(os.listdir(tmp_path / "sub")) == ["ck.data-00000-of-00001", "ck.index"]
+    reader = tf.train.load_checkpoint(prefix)
+    assert reader.get_tensor("a").tolist() == [1.0, 2.0] and int(reader.get_tensor("b")) == 3
+    assert _files.check_intact(prefix) is None
+
+    def crash(name):
+        if name == "data":
+            raise KeyboardInterrupt("killed before the commit")
+
+    with pytest.raises(KeyboardInterrupt):
+        _files.write_tensors(prefix, ["a"], [tf.constant([9.0])], stage=crash)
+    # the old checkpoint is intact and nothing else is left behind
+    assert sorted(os.listdir(tmp_path / "sub")) == ["ck.data-00000-of-00001", "ck.index"]
+    assert tf.train.load_checkpoint(prefix).get_tensor("a").tolist() == [1.0, 2.0]
