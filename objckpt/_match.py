@@ -1,13 +1,14 @@
 """Plans: which source entry feeds which variable, and why.
 
-Every entry point that takes a source (`restore`, `restore_on_create`,
-`migrate`, `plan`) opens it here and matches its keys to the obj's variables
-with one algorithm, so a plan shown by `objckpt.plan` is exactly what a
-restore will do. Strategies, in order:
+Every entry point that takes a source (`restore`, `migrate`, `load_ensemble`,
+`plan`) matches its keys (`_sources`) to the obj's variables (`_targets`) with
+one algorithm, so a plan shown by `objckpt.plan` is exactly what a restore will
+do. `_match` runs it in phases over one `_Work` record: claim, choose,
+structure, optimizer state, leave alone, result. Strategies, in order:
 
-1. rules: ordered `(regex, replacement[, transform])` rewrites of source keys;
-   the first rule that matches a key rewrites it once; a None replacement
-   drops the entry. Keys no rule matches stay as they are.
+1. rules (`_rules`): ordered `(regex, replacement[, transform])` rewrites of
+   source keys; the first rule that matches a key rewrites it once; a None
+   replacement drops the entry. Keys no rule matches stay as they are.
 2. a (rewritten) key matches a variable whose object path equals it
    ("exact", or "rule" when a rule rewrote it), else whose object path equals
    it with leading underscores stripped from every edge ("underscore":
@@ -25,13 +26,14 @@ restore will do. Strategies, in order:
    per layer class). This is what carries a Keras 2 / tf_keras checkpoint
    (`layer_with_weights-0/kernel`) into the same architecture in Keras 3
    (`_functional/_operations/1/_kernel`).
-4. optimizer state (see `_place_optimizer_state`): by the variable each entry
-   belongs to, never by position between different layouts.
+4. optimizer state (`_optstate`): by the variable each entry belongs to, never
+   by position between different layouts.
 
 A candidate is never guessed between equals: two sources for one variable, or
 two variables for one source, are reported as ambiguous.
 
-This module sits between `_tree` and `_snapshot`: `restore` applies plans.
+Imports flow `_sources`, `_rules`, `_targets`, `_optstate` -> here -> `_checks`
+(the error for a plan that cannot be applied) -> `_snapshot` (which applies plans).
 """
 
 from __future__ import annotations

@@ -307,6 +307,34 @@ def test_bad_patterns_are_refused_with_the_paths():
         objckpt.Freezer(tf.Module())
 
 
+def test_matching_previews_and_hook_routes_apply_gradients():
+    keras = any_keras()
+    model = net(keras)
+    model(np.zeros((1, 6, 6, 3), "float32"))
+    freezer = objckpt.Freezer(model)
+    expected = [p for p in freezer.paths if p in paths_matching(freezer, "conv")]
+    assert list(freezer.matching("conv")) == expected and expected  # in tree order
+    assert freezer.frozen == ()  # a preview changes nothing
+    with pytest.raises(errors.InvalidArgumentError, match="matches no"):
+        freezer.matching("encoder")
+    optimizer = keras.optimizers.SGD(0.1)
+    tree = objckpt.tree(model)
+    variables = [tree[p] for p in freezer.paths]  # aligned with freezer.paths
+    grads = [tf.ones_like(v) for v in variables]
+    freezer.freeze("conv")
+    freezer.hook(optimizer)
+    before = [v.numpy().copy() for v in variables]
+    optimizer.apply_gradients(zip(grads, variables))  # through the Freezer
+    moved = [p for p, v, b in zip(freezer.paths, variables, before)
+             if v.numpy().tobytes() != b.tobytes()]
+    assert sorted(moved) == sorted(set(freezer.paths) - set(expected))
+    freezer.unhook(optimizer)
+    freezer.unhook(optimizer)  # twice is harmless
+    before = [v.numpy().copy() for v in variables]
+    optimizer.apply_gradients(zip(grads, variables))  # plain again: every variable moves
+    assert all(v.numpy().tobytes() != b.tobytes() for v, b in zip(variables, before))
+
+
 def fit_model(keras):
     model = net(keras)
     model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
