@@ -103,10 +103,11 @@ def walk(obj, *, skip_optimizers: bool = False, collections: bool = False,
     graph misses (`keras_collection_children`). `visited`, when given, receives (object,
     path) for obj and every object walked.
     """
+    view = _graph_view.ObjectGraphView(obj)
     seen = {id(obj)}
     queue = [(obj, "")]
     for node, path in queue:  # grows while iterating: a breadth-first walk
-        edges = [(_paths.escape(name), child) for name, child in children(node).items()]
+        edges = [(_paths.escape(name), child) for name, child in view.children(node).items()]
         if collections:
             edges += [("/".join(map(_paths.escape, names)), child)
                       for names, child in keras_collection_children(node)]
