@@ -1,7 +1,7 @@
 """The test matrix: one session per supported TF/Keras combination.
 
 Run everything with `nox`; one combination with `nox -s keras3` (or
-`tf_keras`, `keras2`). Each session builds its own virtualenv from this
+`tf_keras`, `tf216`, `keras2`). Each session builds its own virtualenv from this
 project's pyproject.toml.
 """
 
@@ -9,7 +9,7 @@ import os
 
 import nox
 
-nox.options.sessions = ["keras3", "tf_keras", "keras2"]
+nox.options.sessions = ["keras3", "tf_keras", "tf216", "keras2"]
 nox.options.reuse_existing_virtualenvs = True
 
 
@@ -49,6 +49,13 @@ def keras3(session):
 def tf_keras(session):
     """Latest TF with tf_keras (TF_USE_LEGACY_KERAS=1: tf.keras is tf_keras)."""
     _run_tests(session, "tensorflow", "tf_keras", env={"TF_USE_LEGACY_KERAS": "1"})
+
+
+@nox.session
+def tf216(session):
+    """TF 2.16, the first TF whose tf.keras is Keras 3, with the Keras 3 pip resolves for it
+    (TF 2.16 needs NumPy 1)."""
+    _run_tests(session, "tensorflow==2.16.2", env={"TF_USE_LEGACY_KERAS": "0"})
 
 
 @nox.session
