@@ -23,10 +23,16 @@ import objckpt
 from objckpt import _checkpointing, errors
 from objckpt.callbacks import BestSnapshot, Checkpointing
 
-from flavours import _data, build_functional, build_subclassed, keras_for, legacy_keras_env
+from flavours import (
+    KERAS_FLAVOURS,
+    KINDS,
+    _data,
+    build_functional,
+    build_subclassed,
+    keras_for,
+    session_flavour,
+)
 
-KERAS_FLAVOURS = ("keras3", "tf_keras", "keras2")
-KINDS = ("functional", "subclassed")
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -73,15 +79,6 @@ def interrupter(keras, after_batches):
                 raise RuntimeError("interrupted on purpose")
 
     return Interrupt()
-
-
-def session_flavour():
-    """The Keras flavour this environment's tests are about (its nox session)."""
-    if legacy_keras_env():
-        return "tf_keras"
-    import keras
-
-    return "keras3" if keras.__version__.startswith("3") else "keras2"
 
 
 def reference(flavour, kind="functional", epochs=3):
@@ -414,8 +411,8 @@ class Server:
 def native(flavour):
     """Subprocess crash tests run each flavour in its own nox session only."""
     keras_for(flavour)
-    if flavour == "keras3" and legacy_keras_env():
-        pytest.skip("Keras 3 crash tests run in the keras3 session")
+    if flavour != session_flavour():
+        pytest.skip(f"{flavour} crash tests run in the {flavour} session")
 
 
 def restorable(directory, probe):
@@ -520,8 +517,6 @@ def wait_until_training(directory, pid, timeout=120.0):
 
 
 def test_fifty_random_sigkills_never_lose_the_newest_checkpoint(tmp_path):
-    if legacy_keras_env():
-        pytest.skip("the 50-kill test runs in the keras3 session")
     native("keras3")
     _, probe = make("keras3")
     probe_optimizer_built(probe)

@@ -17,9 +17,7 @@ from objckpt import _clone as _clone_module
 from objckpt import clone
 from objckpt.errors import CloneError
 
-from flavours import CASES, _data, assert_same, build, case_id, keras_for, values
-
-KERAS_FLAVOURS = ("keras3", "tf_keras", "keras2")
+from flavours import CASES, KERAS_FLAVOURS, _data, assert_same, build, case_id, keras_for, values
 
 
 @pytest.fixture(params=CASES, ids=case_id)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from flavours import keras_for
+from flavours import FLAVOURS, keras_for
 from legacy import (
     TF1_SHAPES,
     TF1_TRAINABLE,
@@ -80,7 +80,7 @@ def test_tf1_checkpoint_records_three_adam_steps(tf1):
     np.testing.assert_array_equal(tf1["x"], expected_x)
 
 
-@pytest.mark.parametrize("flavour", ["keras3", "tf_keras", "keras2", "module"])
+@pytest.mark.parametrize("flavour", FLAVOURS)
 def test_tf1_values_by_hand_reproduce_y(tf1, flavour):
     if flavour == "module":
         model = tf1_rewrite_module()
