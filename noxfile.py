@@ -47,7 +47,11 @@ def keras3(session):
 
 @nox.session
 def tf_keras(session):
-    """Latest TF with tf_keras (TF_USE_LEGACY_KERAS=1: tf.keras is tf_keras)."""
+    """Latest TF with tf_keras (TF_USE_LEGACY_KERAS=1: tf.keras is tf_keras).
+
+    Keras 3 is installed beside it; here the keras3 flavour runs only in the tests that
+    restore tf_keras or Keras 2 checkpoints into Keras 3 (keras3 and tf216 test the rest).
+    """
     _run_tests(session, "tensorflow", "tf_keras", env={"TF_USE_LEGACY_KERAS": "1"})
 
 

@@ -29,8 +29,17 @@ def case_id(case) -> str:
     return f"{case[0]}-{case[1]}"
 
 
-def keras_for(flavour: str):
-    """Returns the Keras module of a flavour, or skips the test with a reason."""
+def keras_for(flavour: str, *, beside_tf_keras: bool = False):
+    """Returns the Keras module of a flavour, or skips the test with a reason.
+
+    The tf_keras session (TF_USE_LEGACY_KERAS=1) has Keras 3 installed too, but the keras3
+    flavour is tested by the keras3 and tf216 sessions; here it skips, unless
+    `beside_tf_keras`: a test about Keras 3 next to tf_keras in one process (a tf_keras or
+    Keras 2 checkpoint restored into Keras 3), which only this session can run.
+    """
+    if flavour == "keras3" and legacy_keras_env() and not beside_tf_keras:
+        pytest.skip("the keras3 flavour runs in the keras3 and tf216 sessions; this one "
+                    "(TF_USE_LEGACY_KERAS=1) tests tf_keras and Keras 3 beside it")
     if flavour == "tf_keras":
         try:
             return importlib.import_module("tf_keras")
@@ -200,6 +209,8 @@ def session_flavour() -> str:
 # Keras 3 as the Keras of this session (TF_USE_LEGACY_KERAS unset or 0 and keras 3
 # installed): the keras3 and tf216 sessions. The tf_keras session has keras 3 installed
 # too, but there tf.keras is tf_keras.
+# (major, minor) of TensorFlow: the keras3 session has the latest, tf216 has (2, 16).
+TF_VERSION = tuple(int(part) for part in tf.__version__.split(".")[:2])
 KERAS3_SESSION = not legacy_keras_env() and _keras_major() == "3"
 requires_keras3_session = pytest.mark.skipif(
     not KERAS3_SESSION, reason="needs Keras 3 as this session's Keras (the keras3 and tf216 "

@@ -7,6 +7,7 @@ and SIGKILL them at fault-hook stages and at random moments.
 
 import contextlib
 import errno
+import functools
 import json
 import os
 import random
@@ -26,6 +27,7 @@ from objckpt.callbacks import BestSnapshot, Checkpointing
 from flavours import (
     KERAS_FLAVOURS,
     KINDS,
+    TF_VERSION,
     _data,
     build_functional,
     build_subclassed,
@@ -81,10 +83,16 @@ def interrupter(keras, after_batches):
     return Interrupt()
 
 
+@functools.cache
 def reference(flavour, kind="functional", epochs=3):
+    """The values of an uninterrupted fit (seeded: the same every time, so computed once for
+    the sync and async resume tests)."""
     _, model = make(flavour, kind)
     fit(model, [], epochs=epochs)
-    return values(model)
+    result = values(model)
+    for array in result.values():
+        array.flags.writeable = False
+    return result
 
 
 @pytest.fixture(autouse=True)
@@ -518,6 +526,9 @@ def wait_until_training(directory, pid, timeout=120.0):
 
 def test_fifty_random_sigkills_never_lose_the_newest_checkpoint(tmp_path):
     native("keras3")
+    if TF_VERSION <= (2, 16):
+        pytest.skip("the 50-kill stress test runs in the keras3 session (latest TF); this TF "
+                    "gets the kill at every stage of a save")
     _, probe = make("keras3")
     probe_optimizer_built(probe)
     rng = random.Random(6)

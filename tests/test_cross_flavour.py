@@ -55,7 +55,7 @@ def write_many(directory, names, *extra, nested=True) -> dict:
 
 @pytest.fixture(scope="module")
 def keras3():
-    return keras_for("keras3")
+    return keras_for("keras3", beside_tf_keras=True)
 
 
 def compiled(keras, model, x):

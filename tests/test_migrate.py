@@ -83,7 +83,7 @@ def test_tf1_restore_directly_and_adam_slots_moved(flavour, tf1, tmp_path):
 
 @pytest.mark.parametrize("kind", ["sequential", "functional"])
 def test_keras2_checkpoint_into_keras3_by_structure(kind, tmp_path_factory):
-    keras = keras_for("keras3")
+    keras = keras_for("keras3", beside_tf_keras=True)  # the Keras 2 writer needs tf_keras
     try:
         legacy = cached_keras2_checkpoint(tmp_path_factory, kind=kind)
     except LegacyKerasUnavailable as err:

@@ -333,14 +333,20 @@ def test_twin_sync_polyak_every_epoch():
                                atol=1e-7)
 
 
+@pytest.fixture(scope="module")
+def keras3_twins():
+    """Twins that argument checks are refused for (a refused TwinSync leaves them alone)."""
+    keras_for("keras3")
+    return make_twins("keras3")
+
+
 @pytest.mark.parametrize("kwargs, match", [
     ({"every": 0}, "every must be a positive int"),
     ({"on": "step"}, 'on must be "batch" or "epoch"'),
     ({"tau": 2.0}, "Received: tau=2.0"),
 ])
-def test_twin_sync_validates_its_arguments(kwargs, match):
-    keras_for("keras3")
-    twins = make_twins("keras3")
+def test_twin_sync_validates_its_arguments(keras3_twins, kwargs, match):
+    twins = keras3_twins
     with pytest.raises(errors.InvalidArgumentError, match=match):
         objckpt.callbacks.TwinSync(twins, **kwargs)
 
