@@ -26,7 +26,10 @@ def _run_tests(session, *pins, env=None, extras="test", also=()):
         session.install(*args)
     session.run("python", "-c", "import tensorflow as tf, keras; "
                 "print('TF', tf.__version__, 'keras', keras.__version__)", env=env)
-    session.run("pytest", "-q", "-p", "no:cacheprovider", *session.posargs, env=env)
+    # Two pytest-xdist workers (CI has 2 cores): a test file stays on one worker, so its
+    # module fixtures are built once. `nox -s ... -- -n 0` runs in one process.
+    session.run("pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadscope",
+                *session.posargs, env=env)
 
 
 @nox.session
