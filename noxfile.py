@@ -1,7 +1,7 @@
 """The test matrix: one session per supported TF/Keras combination.
 
 Run everything with `nox`; one combination with `nox -s keras3` (or
-`tf_keras`, `keras2`). Each session builds its own virtualenv from this
+`tf_keras`, `tf216`, `keras2`). Each session builds its own virtualenv from this
 project's pyproject.toml.
 """
 
@@ -9,7 +9,7 @@ import os
 
 import nox
 
-nox.options.sessions = ["keras3", "tf_keras", "keras2"]
+nox.options.sessions = ["keras3", "tf_keras", "tf216", "keras2"]
 nox.options.reuse_existing_virtualenvs = True
 
 
@@ -26,7 +26,10 @@ def _run_tests(session, *pins, env=None, extras="test", also=()):
         session.install(*args)
     session.run("python", "-c", "import tensorflow as tf, keras; "
                 "print('TF', tf.__version__, 'keras', keras.__version__)", env=env)
-    session.run("pytest", "-q", "-p", "no:cacheprovider", *session.posargs, env=env)
+    # Two pytest-xdist workers (CI has 2 cores): a test file stays on one worker, so its
+    # module fixtures are built once. `nox -s ... -- -n 0` runs in one process.
+    session.run("pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadscope",
+                *session.posargs, env=env)
 
 
 @nox.session
@@ -47,8 +50,19 @@ def keras3(session):
 
 @nox.session
 def tf_keras(session):
-    """Latest TF with tf_keras (TF_USE_LEGACY_KERAS=1: tf.keras is tf_keras)."""
+    """Latest TF with tf_keras (TF_USE_LEGACY_KERAS=1: tf.keras is tf_keras).
+
+    Keras 3 is installed beside it; here the keras3 flavour runs only in the tests that
+    restore tf_keras or Keras 2 checkpoints into Keras 3 (keras3 and tf216 test the rest).
+    """
     _run_tests(session, "tensorflow", "tf_keras", env={"TF_USE_LEGACY_KERAS": "1"})
+
+
+@nox.session
+def tf216(session):
+    """TF 2.16, the first TF whose tf.keras is Keras 3, with the Keras 3 pip resolves for it
+    (TF 2.16 needs NumPy 1)."""
+    _run_tests(session, "tensorflow==2.16.2", env={"TF_USE_LEGACY_KERAS": "0"})
 
 
 @nox.session

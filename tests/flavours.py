@@ -10,6 +10,7 @@ optimizer whose slot variables exist.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import os
 
 import numpy as np
@@ -17,6 +18,8 @@ import pytest
 import tensorflow as tf
 
 FLAVOURS = ("keras3", "tf_keras", "keras2", "module")
+KERAS_FLAVOURS = ("keras3", "tf_keras", "keras2")
+KINDS = ("functional", "subclassed")
 # (flavour, kind) pairs every structural test iterates; a module has one kind.
 CASES = [(flavour, kind) for flavour in FLAVOURS for kind in ("functional", "subclassed")
          if not (flavour == "module" and kind == "subclassed")]
@@ -26,8 +29,17 @@ def case_id(case) -> str:
     return f"{case[0]}-{case[1]}"
 
 
-def keras_for(flavour: str):
-    """Returns the Keras module of a flavour, or skips the test with a reason."""
+def keras_for(flavour: str, *, beside_tf_keras: bool = False):
+    """Returns the Keras module of a flavour, or skips the test with a reason.
+
+    The tf_keras session (TF_USE_LEGACY_KERAS=1) has Keras 3 installed too, but the keras3
+    flavour is tested by the keras3 and tf216 sessions; here it skips, unless
+    `beside_tf_keras`: a test about Keras 3 next to tf_keras in one process (a tf_keras or
+    Keras 2 checkpoint restored into Keras 3), which only this session can run.
+    """
+    if flavour == "keras3" and legacy_keras_env() and not beside_tf_keras:
+        pytest.skip("the keras3 flavour runs in the keras3 and tf216 sessions; this one "
+                    "(TF_USE_LEGACY_KERAS=1) tests tf_keras and Keras 3 beside it")
     if flavour == "tf_keras":
         try:
             return importlib.import_module("tf_keras")
@@ -173,4 +185,34 @@ def checkpoint_paths(prefix: str) -> set:
 
 
 def legacy_keras_env() -> bool:
+    """TF_USE_LEGACY_KERAS=1: `tf.keras` is tf_keras (the tf_keras nox session)."""
     return os.environ.get("TF_USE_LEGACY_KERAS") == "1"
+
+
+def _keras_major() -> str | None:
+    """The major version of the installed `keras` ("3", "2"), None where there is none;
+    read from its metadata, so that importing this module imports no Keras."""
+    try:
+        return importlib.metadata.version("keras").split(".")[0]
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def session_flavour() -> str:
+    """The Keras flavour this environment's tests are about (its nox session): tf_keras
+    where TF_USE_LEGACY_KERAS=1, else what `import keras` gives (keras3 or keras2)."""
+    if legacy_keras_env():
+        return "tf_keras"
+    return "keras3" if _keras_major() == "3" else "keras2"
+
+
+# Keras 3 as the Keras of this session (TF_USE_LEGACY_KERAS unset or 0 and keras 3
+# installed): the keras3 and tf216 sessions. The tf_keras session has keras 3 installed
+# too, but there tf.keras is tf_keras.
+# (major, minor) of TensorFlow: the keras3 session has the latest, tf216 has (2, 16).
+TF_VERSION = tuple(int(part) for part in tf.__version__.split(".")[:2])
+KERAS3_SESSION = not legacy_keras_env() and _keras_major() == "3"
+requires_keras3_session = pytest.mark.skipif(
+    not KERAS3_SESSION, reason="needs Keras 3 as this session's Keras (the keras3 and tf216 "
+    "nox sessions); here " + ("TF_USE_LEGACY_KERAS=1" if legacy_keras_env()
+                              else f"keras is {_keras_major() or 'not installed'}"))

@@ -11,10 +11,8 @@ import tensorflow as tf
 import objckpt
 from objckpt import errors
 
-from flavours import keras_for
+from flavours import KERAS_FLAVOURS, keras_for
 from legacy_models import ListNet, bias_free_mlp
-
-KERAS_FLAVOURS = ("keras3", "tf_keras", "keras2")
 
 
 def _inner(variable):

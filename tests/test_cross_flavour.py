@@ -55,10 +55,7 @@ def write_many(directory, names, *extra, nested=True) -> dict:
 
 @pytest.fixture(scope="module")
 def keras3():
-    keras = keras_for("keras3")
-    if not keras.__version__.startswith("3"):
-        pytest.skip("needs Keras 3 as `keras`")
-    return keras
+    return keras_for("keras3", beside_tf_keras=True)
 
 
 def compiled(keras, model, x):

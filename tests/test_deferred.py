@@ -7,9 +7,7 @@ import tensorflow as tf
 import objckpt
 from objckpt import errors
 
-from flavours import keras_for
-
-KERAS = ["keras3", "tf_keras", "keras2"]
+from flavours import KERAS_FLAVOURS, keras_for
 
 
 def _dense(keras, name, built=True, seed=0):
@@ -20,7 +18,7 @@ def _dense(keras, name, built=True, seed=0):
     return layer
 
 
-@pytest.mark.parametrize("flavour", KERAS)
+@pytest.mark.parametrize("flavour", KERAS_FLAVOURS)
 @pytest.mark.parametrize("to_disk", [False, True], ids=["snapshot", "prefix"])
 def test_dense_values_present_at_first_call(flavour, to_disk, tmp_path):
     keras = keras_for(flavour)
@@ -40,7 +38,7 @@ def test_dense_values_present_at_first_call(flavour, to_disk, tmp_path):
     np.testing.assert_array_equal(fresh.kernel.numpy(), saved.kernel.numpy())
 
 
-@pytest.mark.parametrize("flavour", KERAS)
+@pytest.mark.parametrize("flavour", KERAS_FLAVOURS)
 def test_partial_source_lists_pending(flavour):
     keras = keras_for(flavour)
     saved = objckpt.snapshot(_dense(keras, "first", seed=1))
@@ -55,7 +53,7 @@ def test_partial_source_lists_pending(flavour):
         pending.assert_done()
 
 
-@pytest.mark.parametrize("flavour", KERAS)
+@pytest.mark.parametrize("flavour", KERAS_FLAVOURS)
 def test_shape_mismatch_at_creation_names_the_path(flavour):
     keras = keras_for(flavour)
     saved = _dense(keras, "first", seed=1)  # kernel (2, 3)
@@ -70,7 +68,7 @@ def test_shape_mismatch_at_creation_names_the_path(flavour):
         pending.assert_done()
 
 
-@pytest.mark.parametrize("flavour", KERAS)
+@pytest.mark.parametrize("flavour", KERAS_FLAVOURS)
 def test_fit_on_an_unbuilt_model_trains_from_restored_values(flavour):
     keras = keras_for(flavour)
 
@@ -139,7 +137,7 @@ def _tf1_dense(prefix, scope="model_001"):
             return tf.compat.v1.train.Saver().save(sess, prefix)
 
 
-@pytest.mark.parametrize("flavour", KERAS)
+@pytest.mark.parametrize("flavour", KERAS_FLAVOURS)
 def test_name_based_source_through_rules(flavour, tmp_path):
     keras = keras_for(flavour)
     prefix = _tf1_dense(str(tmp_path / "tf1" / "model.ckpt"))
@@ -170,7 +168,7 @@ def test_at_picks_a_subtree(tmp_path):
         objckpt.restore_on_create(fresh, prefix, at="nope")
 
 
-@pytest.mark.parametrize("flavour", KERAS)
+@pytest.mark.parametrize("flavour", KERAS_FLAVOURS)
 def test_subclassed_model_values_at_first_call(flavour):
     keras = keras_for(flavour)
 

@@ -5,24 +5,15 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 
 import pytest
 import tensorflow as tf
 
 import objckpt
 
+from flavours import KERAS3_SESSION, requires_keras3_session
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _keras3() -> bool:
-    if os.environ.get("TF_USE_LEGACY_KERAS") == "1":
-        return False
-    try:
-        import keras
-    except ImportError:
-        return False
-    return keras.__version__.startswith("3")
 
 
 def _run(*args):
@@ -31,13 +22,10 @@ def _run(*args):
                           text=True, env=env, timeout=300)
 
 
-@pytest.mark.skipif(not _keras3(), reason="the demo trains and migrates into Keras 3; this "
-                    "environment has no Keras 3 (the next test checks its message)")
+@requires_keras3_session  # elsewhere the next test checks the demo's message
 def test_demo_trains_restores_migrates_and_draws(tmp_path):
     out = tmp_path / "demo"
-    began = time.perf_counter()
     result = _run("demo", "--out", str(out), "--epochs", "4")
-    wall = time.perf_counter() - began
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     text = result.stdout
     assert text.rstrip().endswith(f"All checks passed. Files are under {out}")
@@ -52,8 +40,8 @@ def test_demo_trains_restores_migrates_and_draws(tmp_path):
     assert saved == restored
     assert "complete: slot 8, name 4" in text  # TF1 Adam slots moved by role
     assert "max |diff| 0.00e+00" in text
-    total = float(re.search(r"total \(wall, with imports\)\s+([\d.]+) s", text)[1])
-    assert total < 60, f"the demo took {total:.1f} s (wall {wall:.1f} s); the target is < 60 s"
+    # The demo reports its own timings; how fast it is belongs in benchmarks, not here.
+    assert re.search(r"total \(wall, with imports\)\s+[\d.]+ s", text)
     # What it wrote is there and intact.
     assert objckpt.verify(out / "run").ok and objckpt.verify(out / "migrated" / "ckpt").ok
     assert tf.train.latest_checkpoint(str(out / "run")) is not None
@@ -64,7 +52,7 @@ def test_demo_trains_restores_migrates_and_draws(tmp_path):
     assert f"wrote {picture}" in text
 
 
-@pytest.mark.skipif(_keras3(), reason="Keras 3 is here: the demo runs (previous test)")
+@pytest.mark.skipif(KERAS3_SESSION, reason="Keras 3 is here: the demo runs (previous test)")
 def test_demo_without_keras3_says_what_to_install(tmp_path):
     result = _run("demo", "--out", str(tmp_path / "demo"))
     assert result.returncode == 1

@@ -7,9 +7,8 @@ import tensorflow as tf
 import objckpt
 from objckpt import errors
 
-from flavours import _data, keras_for
+from flavours import KERAS_FLAVOURS, _data, keras_for
 
-KERAS_FLAVOURS = ("keras3", "tf_keras", "keras2")
 OPTIMIZERS = {
     "sgd_momentum": lambda keras: keras.optimizers.SGD(0.05, momentum=0.9),
     "adam": lambda keras: keras.optimizers.Adam(0.05),

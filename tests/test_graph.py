@@ -13,7 +13,7 @@ import objckpt
 from objckpt import errors
 
 import legacy
-from flavours import FLAVOURS, build
+from flavours import KERAS_FLAVOURS, build
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HAS_DOT = shutil.which("dot") is not None
@@ -93,7 +93,7 @@ def test_depth_collapses_subtrees_and_counts_what_they_hold(module_prefix):
     assert objckpt.graph(module_prefix, depth=50).depth is None  # nothing to collapse
 
 
-@pytest.mark.parametrize("flavour", [f for f in FLAVOURS if f != "module"])
+@pytest.mark.parametrize("flavour", KERAS_FLAVOURS)
 def test_live_keras_obj_shows_classes_and_matches_its_checkpoint(flavour, tmp_path):
     model = build(flavour, "functional")
     live = objckpt.graph(model)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from flavours import keras_for
+from flavours import FLAVOURS, keras_for
 from legacy import (
     TF1_SHAPES,
     TF1_TRAINABLE,
@@ -80,7 +80,7 @@ def test_tf1_checkpoint_records_three_adam_steps(tf1):
     np.testing.assert_array_equal(tf1["x"], expected_x)
 
 
-@pytest.mark.parametrize("flavour", ["keras3", "tf_keras", "keras2", "module"])
+@pytest.mark.parametrize("flavour", FLAVOURS)
 def test_tf1_values_by_hand_reproduce_y(tf1, flavour):
     if flavour == "module":
         model = tf1_rewrite_module()
@@ -199,7 +199,7 @@ def test_keras2_checkpoint_restores_optimizer_state(keras2_ckpt):
 def test_conv_net_in_keras3_has_the_checkpoint_shapes(keras2_ckpt):
     """The Keras 3 target of a migration: same variables, in the same order, other paths."""
     kind, _ = keras2_ckpt
-    model = conv_net(keras_for("keras3"), kind)
+    model = conv_net(keras_for("keras3", beside_tf_keras=True), kind)
     shapes = [list(v.shape) for v in model.weights]
     per_layer = {"kernel": 0, "bias": 1, "gamma": 0, "beta": 1, "moving_mean": 2,
                  "moving_variance": 3}

@@ -9,7 +9,7 @@ import tensorflow as tf
 import objckpt
 from objckpt import errors
 
-from flavours import assert_same, keras_for, values
+from flavours import KERAS_FLAVOURS, assert_same, keras_for, values
 
 
 def _renamable(keras, first: str, second: str, seed: int):
@@ -38,7 +38,7 @@ def _outputs(model):
     return model(x, training=False).numpy()
 
 
-@pytest.mark.parametrize("flavour", ["keras3", "tf_keras", "keras2"])
+@pytest.mark.parametrize("flavour", KERAS_FLAVOURS)
 def test_renamed_attributes_restore_with_two_rules(flavour, tmp_path):
     keras = keras_for(flavour)
     old = _renamable(keras, "encoder", "head", seed=1)

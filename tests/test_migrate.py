@@ -10,7 +10,7 @@ import tensorflow as tf
 import objckpt
 from objckpt import errors
 
-from flavours import keras_for
+from flavours import FLAVOURS, KERAS_FLAVOURS, keras_for
 from legacy import (
     LegacyKerasUnavailable,
     cached_keras2_checkpoint,
@@ -42,7 +42,7 @@ def _predict(model, x):
     return model(tf.constant(x)).numpy()
 
 
-@pytest.mark.parametrize("flavour", ["keras3", "tf_keras", "keras2", "module"])
+@pytest.mark.parametrize("flavour", FLAVOURS)
 def test_tf1_saver_checkpoint_migrated_with_rules(flavour, tf1, tmp_path):
     model = tf1_rewrite_module() if flavour == "module" else tf1_rewrite(keras_for(flavour))
     plan = objckpt.plan(tf1["prefix"], model, rules=RULES, optimizer_state=False)
@@ -60,7 +60,7 @@ def test_tf1_saver_checkpoint_migrated_with_rules(flavour, tf1, tmp_path):
     assert not np.allclose(_predict(model, tf1["x"]), tf1["y"], atol=1e-3)
 
 
-@pytest.mark.parametrize("flavour", ["keras3", "tf_keras", "keras2"])
+@pytest.mark.parametrize("flavour", KERAS_FLAVOURS)
 def test_tf1_restore_directly_and_adam_slots_moved(flavour, tf1, tmp_path):
     keras = keras_for(flavour)
     model = tf1_rewrite(keras)
@@ -83,7 +83,7 @@ def test_tf1_restore_directly_and_adam_slots_moved(flavour, tf1, tmp_path):
 
 @pytest.mark.parametrize("kind", ["sequential", "functional"])
 def test_keras2_checkpoint_into_keras3_by_structure(kind, tmp_path_factory):
-    keras = keras_for("keras3")
+    keras = keras_for("keras3", beside_tf_keras=True)  # the Keras 2 writer needs tf_keras
     try:
         legacy = cached_keras2_checkpoint(tmp_path_factory, kind=kind)
     except LegacyKerasUnavailable as err:

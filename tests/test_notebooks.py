@@ -16,6 +16,8 @@ import sys
 
 import pytest
 
+from flavours import KERAS3_SESSION, requires_keras3_session
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COLAB = os.path.join(ROOT, "colab")
 NAMES = sorted(n for n in os.listdir(COLAB) if n.endswith(".ipynb"))
@@ -27,12 +29,8 @@ def _missing() -> str | None:
     for module in ("nbclient", "nbformat", "ipykernel", "matplotlib"):
         if importlib.util.find_spec(module) is None:
             return f"{module} is not installed (the keras3 nox session installs it)"
-    if os.environ.get("TF_USE_LEGACY_KERAS") == "1":
-        return "the notebooks use Keras 3; this session runs with TF_USE_LEGACY_KERAS=1"
-    import keras
-
-    if not keras.__version__.startswith("3"):
-        return f"the notebooks use Keras 3; this environment has keras {keras.__version__}"
+    if not KERAS3_SESSION:
+        return "the notebooks use Keras 3; " + requires_keras3_session.kwargs["reason"]
     return None
 
 

@@ -12,7 +12,7 @@ from objckpt import _files, errors
 
 from flavours import (
     CASES,
-    FLAVOURS,
+    KERAS_FLAVOURS,
     _data,
     assert_same,
     build,
@@ -111,7 +111,7 @@ def test_save_is_a_standard_checkpoint(obj, case, tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["functional", "subclassed"])
-@pytest.mark.parametrize("flavour", [f for f in FLAVOURS if f != "module"])
+@pytest.mark.parametrize("flavour", KERAS_FLAVOURS)
 def test_trained_model_saved_or_snapshotted_loads_into_an_untrained_copy(flavour, kind,
                                                                           tmp_path):
     """A trained Keras 3 model's weights have canonical paths through its optimizer; save
@@ -400,7 +400,7 @@ def test_wrong_source_type(guarded):
         objckpt.restore(guarded, {"a": 1})
 
 
-@pytest.mark.parametrize("flavour", [f for f in FLAVOURS if f != "module"])
+@pytest.mark.parametrize("flavour", KERAS_FLAVOURS)
 def test_unbuilt_model_points_to_restore_on_create(flavour, tmp_path):
     trained = build(flavour, "subclassed")
     prefix = objckpt.save(trained, str(tmp_path / "ck"))
@@ -505,7 +505,7 @@ def nested_model(keras):
     return model
 
 
-@pytest.mark.parametrize("flavour", [f for f in FLAVOURS if f != "module"])
+@pytest.mark.parametrize("flavour", KERAS_FLAVOURS)
 def test_trained_model_under_a_named_subtree_restores_into_an_untrained_copy(flavour, tmp_path):
     """tf.train.Checkpoint(model=m) of a trained model: a Keras 3 nested Sequential's weights
     have canonical paths through the optimizer; at="model" still finds them by layer path."""

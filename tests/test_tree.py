@@ -9,7 +9,7 @@ import tensorflow as tf
 import objckpt
 from objckpt import errors
 
-from flavours import CASES, build, case_id, checkpoint_paths
+from flavours import CASES, KERAS_FLAVOURS, build, case_id, checkpoint_paths
 
 
 @pytest.fixture(scope="module", params=CASES, ids=case_id)
@@ -128,7 +128,7 @@ def write_name_based(path) -> str:
             return saver.save(session, str(path))
 
 
-@pytest.mark.parametrize("flavour", ["keras3", "tf_keras", "keras2"])
+@pytest.mark.parametrize("flavour", KERAS_FLAVOURS)
 def test_tree_of_an_optimizer_alone(flavour, tmp_path):
     model = build(flavour)
     prefix = tf.train.Checkpoint(root=model.optimizer).write(str(tmp_path / "opt"))
