@@ -273,36 +273,16 @@ def _walk(proto, specs, classes) -> dict[int, _Node]:
 
     count = len(proto.nodes)
     nodes = {0: _Node(0, "root", "", "", 0, None)}
-    order, deferred = [0], []
-
-    def add(current: int, child) -> None:
-        parent = nodes[current]
-        local = _paths.escape(child.local_name)
-        path = f"{parent.path}/{local}" if parent.path else local
-        nodes[child.node_id] = _Node(child.node_id, "object", path, child.local_name,
-                                     parent.depth + 1, current)
-        order.append(child.node_id)
-
     # Breadth-first, optimizers last: a trained Keras 3 model's weights then hang under
     # their layers, and the optimizer's variable lists point at them with extra edges.
-    position = 0
-    while position < len(order) or deferred:
-        if position == len(order):
-            current, child = deferred.pop(0)
-            if child.node_id not in nodes:
-                add(current, child)
-            continue
-        current = order[position]
-        position += 1
-        for child in proto.nodes[current].children:
-            if child.node_id in nodes or not 0 <= child.node_id < count:
-                continue
-            if _compat.is_optimizer_node(proto, child.node_id, child.local_name):
-                deferred.append((current, child))
-            else:
-                add(current, child)
+    for current, name, node_id in _paths.graph_walk(
+            proto, defer=lambda node_id, name: _compat.is_optimizer_node(proto, node_id, name)):
+        parent = nodes[current]
+        local = _paths.escape(name)
+        nodes[node_id] = _Node(node_id, "object", f"{parent.path}/{local}" if parent.path
+                               else local, name, parent.depth + 1, current)
     slot_ids = set()
-    for current in list(order):
+    for current in list(nodes):
         for slot in proto.nodes[current].slot_variables:
             sid = slot.slot_variable_node_id
             if sid in nodes or not 0 <= sid < count:

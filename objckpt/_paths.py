@@ -9,7 +9,7 @@ is escaped as TF escapes it in checkpoint keys (`.` -> `..`, `/` -> `.S`). A che
 from __future__ import annotations
 
 __all__ = ["ATTRIBUTES", "OPTIMIZER_SLOT", "VARIABLE_VALUE", "checkpoint_key", "escape",
-           "graph_paths", "path_of_key", "slot_path", "split_slot", "unescape"]
+           "graph_paths", "graph_walk", "path_of_key", "slot_path", "split_slot", "unescape"]
 
 ATTRIBUTES = "/.ATTRIBUTES/"
 VARIABLE_VALUE = "VARIABLE_VALUE"
@@ -58,21 +58,54 @@ def split_slot(path: str) -> tuple[str, str, str] | None:
     return variable, optimizer, slot
 
 
+def graph_walk(graph, start: int = 0, *, skip=None, defer=None, slots: bool = False):
+    """Breadth-first over a `TrackableObjectGraph` proto's edges from node `start`.
+
+    Yields (parent id, edge name, node id) once for each node reached (not `start`), in TF's
+    order: a node reachable by several edges is reached by the first one found.
+    `skip(node_id, local_name)` prunes a child edge and what lies only below it;
+    `defer(node_id, local_name)` holds a child edge back until nothing else is left to walk
+    (held edges are then taken in order, each followed by what lies below it).
+    `slots=True` also follows slot-variable edges (named by their slot name). Node ids outside
+    the graph are not followed (`objckpt.verify` reports them): a checkpoint is untrusted input.
+    """
+    count = len(graph.nodes)
+    seen, order, held, position = {start}, [start], [], 0
+    while position < len(order) or held:
+        if position == len(order):
+            parent, name, node = held.pop(0)
+            if node not in seen:
+                seen.add(node)
+                order.append(node)
+                yield parent, name, node
+            continue
+        current = order[position]
+        position += 1
+        edges = [(c.local_name, c.node_id, True) for c in graph.nodes[current].children]
+        if slots:
+            edges += [(s.slot_name, s.slot_variable_node_id, False)
+                      for s in graph.nodes[current].slot_variables]
+        for name, node, child in edges:
+            if node in seen or not 0 <= node < count:
+                continue
+            if child and skip is not None and skip(node, name):
+                continue
+            if child and defer is not None and defer(node, name):
+                held.append((current, name, node))
+                continue
+            seen.add(node)
+            order.append(node)
+            yield current, name, node
+
+
 def graph_paths(graph, start: int = 0, skip=None) -> dict[int, str]:
     """The canonical object paths of a `TrackableObjectGraph` proto's nodes below `start`.
 
-    node id -> path relative to `start`, in breadth-first order (TF's: a node reachable by
-    several paths gets the first one found). `skip(node_id, local_name)` prunes a child edge
-    and what lies only below it.
+    node id -> path relative to `start`, in breadth-first order (`graph_walk`; `skip` prunes
+    as there).
     """
     paths = {start: ""}
-    order = [start]
-    for current in order:  # grows while iterating: a breadth-first walk
-        for child in graph.nodes[current].children:
-            if child.node_id in paths or (skip is not None
-                                          and skip(child.node_id, child.local_name)):
-                continue
-            local = escape(child.local_name)
-            paths[child.node_id] = f"{paths[current]}/{local}" if paths[current] else local
-            order.append(child.node_id)
+    for parent, name, node in graph_walk(graph, start, skip=skip):
+        local = escape(name)
+        paths[node] = f"{paths[parent]}/{local}" if paths[parent] else local
     return paths

@@ -205,8 +205,9 @@ def _check_graph(prefix: str, reader, shapes):
     count = len(graph.nodes)
     if count == 0:
         return [Problem(prefix, _compat.OBJECT_GRAPH_KEY, "the object graph has no nodes")], {}
-    reachable, order = {0}, [0]
-    for current in order:  # breadth-first; grows while iterating
+    order = [0] + [node for _, _, node in _paths.graph_walk(graph, slots=True)]
+    reachable = set(order)
+    for current in order:
         node = graph.nodes[current]
         refs = [(c.node_id, f"child `{c.local_name}`") for c in node.children]
         for slot in node.slot_variables:
@@ -221,9 +222,6 @@ def _check_graph(prefix: str, reader, shapes):
                 problems.append(Problem(prefix, f"node {current}",
                                         f"{what} points at node {target}, which does not exist "
                                         f"(the graph has {count} nodes)"))
-            elif target not in reachable:
-                reachable.add(target)
-                order.append(target)
     unreachable = [i for i in range(count) if i not in reachable]
     if unreachable:
         problems.append(Problem(prefix, "", f"{len(unreachable)} object graph node(s) are not "

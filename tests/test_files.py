@@ -45,6 +45,24 @@ def test_graph_paths_are_breadth_first_shortest_and_escaped():
     assert pruned == {0: "", 1: "a", 3: "a/deep", 4: "a/deep/x"}
 
 
+
+def test_graph_walk_defers_follows_slots_and_ignores_ids_outside_the_graph():
+    # 0 -> opt(1) -> vars(3) -> w(4); 0 -> layer(2) -> w(4): deferring `opt` gives w its
+    # path through the layer, as `objckpt.graph` draws a trained Keras 3 model.
+    proto = _proto({0: [("opt", 1), ("layer", 2), ("bad", 99), ("neg", -1)],
+                    1: [("vars", 3)], 2: [("w", 4)], 3: [("w", 4)]}, 6)
+    for node in proto.nodes:
+        node.slot_variables = []
+    proto.nodes[1].slot_variables = [types.SimpleNamespace(slot_name="m",
+                                                           slot_variable_node_id=5)]
+    plain = list(_paths.graph_walk(proto))
+    assert plain == [(0, "opt", 1), (0, "layer", 2), (1, "vars", 3), (2, "w", 4)]
+    deferred = list(_paths.graph_walk(proto, defer=lambda node, name: name == "opt"))
+    assert deferred == [(0, "layer", 2), (2, "w", 4), (0, "opt", 1), (1, "vars", 3)]
+    with_slots = list(_paths.graph_walk(proto, slots=True))
+    assert with_slots == [*plain[:3], (1, "m", 5), (2, "w", 4)]
+
+
 def test_rendering():
     assert [_render.size(n) for n in (0, 999, 1000, 1_500_000, 3e12)] == [
         "0 B", "999 B", "1.0 KB", "1.5 MB", "3000.0 GB"]
