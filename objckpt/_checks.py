@@ -24,26 +24,30 @@ def refuse(obj, variables, source, the_plan: Plan, strict: bool,
             action: str = "restore"):
     """Raises the error that says why `the_plan` cannot be applied (restored or migrated)."""
     nothing = "Nothing was restored" if action == "restore" else "Nothing was written"
+    # Names come from the source (untrusted): shown through `safe`, messages through `safe_text`.
+    safe, text = _render.safe, _render.safe_text
+    described = text(source.description)
     if not variables or (the_plan.unmatched_variables and _compat.is_unbuilt(obj)):
         raise errors.UnbuiltModelError(
-            f"Cannot {action} {source.description} into {describe_obj(obj)}: it is not built yet, "
+            f"Cannot {action} {described} into {describe_obj(obj)}: it is not built yet, "
             f"so it has {len(variables)} of the source's {len(source.specs)} variables. "
             f"{nothing}. Fix: build it first (call it on a batch, or model.build(shape)), or "
             "use objckpt.restore_on_create(obj, source) to apply values as variables are created.")
-    lines = list(the_plan.mismatched)
-    lines += [f"ambiguous, not guessed: `{what}` could be any of "
-              + ", ".join(f"`{c}`" for c in candidates) for what, candidates in the_plan.ambiguous]
+    lines = [text(problem) for problem in the_plan.mismatched]
+    lines += [f"ambiguous, not guessed: `{safe(what)}` could be any of "
+              + ", ".join(f"`{safe(c)}`" for c in candidates)
+              for what, candidates in the_plan.ambiguous]
     if strict:  # the network's problems first: optimizer state follows from them
         missing = sorted(the_plan.unmatched_variables,
                          key=lambda p: is_optimizer_key(p))
         extra = sorted(the_plan.unmatched_source, key=lambda p: is_optimizer_key(p))
-        lines += [f"`{p}`: in the obj but missing from the source" for p in missing
+        lines += [f"`{safe(p)}`: in the obj but missing from the source" for p in missing
                   if not is_optimizer_key(p)]
-        lines += [f"`{p}`: in the source but not in the obj" for p in extra
+        lines += [f"`{safe(p)}`: in the source but not in the obj" for p in extra
                   if not is_optimizer_key(p)]
-        lines += [f"`{p}`: in the obj but missing from the source" for p in missing
+        lines += [f"`{safe(p)}`: in the obj but missing from the source" for p in missing
                   if is_optimizer_key(p)]
-        lines += [f"`{p}`: in the source but not in the obj" for p in extra
+        lines += [f"`{safe(p)}`: in the source but not in the obj" for p in extra
                   if is_optimizer_key(p)]
     fixes = []
     if the_plan.mismatched:
@@ -66,18 +70,18 @@ def refuse(obj, variables, source, the_plan: Plan, strict: bool,
                          "belongs to, or optimizer_state=False to skip it")
     if source.kind == "name":
         fixes.insert(0, "the source is name-based (TF1 Saver): its keys are global variable "
-                        "names such as `" + next(iter(source.specs), "scope/w") + "`; map them "
-                        "onto the obj with rules, e.g. rules=[('^model_001/', '')], and check "
-                        "with objckpt.plan(source, obj)")
+                        "names such as `" + safe(next(iter(source.specs), "scope/w"))
+                        + "`; map them onto the obj with rules, e.g. rules=[('^model_001/', '')], "
+                        "and check with objckpt.plan(source, obj)")
     if not lines:
         lines = [f"no entry of the source matches a variable of the obj "
                  f"({len(variables)} variables, {len(source.specs)} source entries)"]
         fixes.append("check that the source was written for this model, or add rules")
     shown = _render.listed(lines)
     raise errors.StructureMismatchError(
-        f"Cannot {action} {source.description} into {describe_obj(obj)}: {len(lines)} problem"
+        f"Cannot {action} {described} into {describe_obj(obj)}: {len(lines)} problem"
         f"{'s' if len(lines) != 1 else ''}. {nothing}.\n" + "\n".join(shown)
-        + "".join(f"\n{note}" for note in the_plan.notes) + "\nFix: " + "; or ".join(fixes)
+        + "".join(f"\n{text(note)}" for note in the_plan.notes) + "\nFix: " + "; or ".join(fixes)
         + ".", tuple(lines))
 
 

@@ -138,11 +138,12 @@ def _read(side: _Side, path: str, key: str):
     try:
         return side.reader.get_tensor(key)
     except (tf.errors.OpError, ValueError) as err:
+        safe = _render.safe
         raise errors.CheckpointCorruptError(
-            f"Checkpoint {side.label} `{side.prefix}`: the value of `{path}` (key `{key}`) "
-            f"cannot be read: {_render.first_line(err)}. Expected: a tensor as its index "
-            "describes. Its data file is damaged or truncated; write the checkpoint again, or "
-            "compare another one.") from err
+            f"Checkpoint {side.label} `{safe(side.prefix)}`: the value of `{safe(path)}` (key "
+            f"`{safe(key)}`) cannot be read: {_render.first_line(err)}. Expected: a tensor as "
+            "its index describes. Its data file is damaged or truncated; write the checkpoint "
+            "again, or compare another one.") from err
 
 
 def _bits_differ(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -208,9 +209,10 @@ def _nesting_hint(a: _Side, b: _Side) -> str | None:
             if nested & inner.entries.keys():
                 return (
                     f"no object path is in both, but {inner.label}'s paths appear in "
-                    f"{outer.label} under `{top}/`: {outer.label} was likely written by "
-                    f"tf.train.Checkpoint({top}=obj) and {inner.label} with obj as root "
-                    "(objckpt.save). Save both the same way to compare them path by path.")
+                    f"{outer.label} under `{_render.safe(top)}/`: {outer.label} was likely "
+                    f"written by tf.train.Checkpoint({_render.safe(top)}=obj) and {inner.label} "
+                    "with obj as root (objckpt.save). Save both the same way to compare them "
+                    "path by path.")
     return None
 
 
@@ -256,10 +258,11 @@ def diff(a: str | os.PathLike, b: str | os.PathLike, *, rtol: float = 0.0,
     if side_a.name_based != side_b.name_based:
         named, other = (side_a, side_b) if side_a.name_based else (side_b, side_a)
         notes.append(
-            f"{named.label} (`{named.prefix}`) is name-based (TF1 Saver) and {other.label} is "
-            "object-based: keys are compared as they are (global variable names against object "
-            "paths), so they rarely line up. To compare by structure, migrate the name-based "
-            "one onto your model first (objckpt.migrate with rules) and diff the result.")
+            f"{named.label} (`{_render.safe(named.prefix)}`) is name-based (TF1 Saver) and "
+            f"{other.label} is object-based: keys are compared as they are (global variable "
+            "names against object paths), so they rarely line up. To compare by structure, "
+            "migrate the name-based one onto your model first (objckpt.migrate with rules) and "
+            "diff the result.")
     elif side_a.name_based:
         notes.append("A and B are name-based (TF1 Saver): compared by global variable name.")
     only_in_a, shape_or_dtype, values, equal = [], [], [], 0

@@ -120,28 +120,34 @@ class Plan:
         return counts
 
     def describe(self) -> str:
-        """A readable table: one line per match, then everything left over."""
-        width = max([len(m.target) for m in self.matches] + [len("variable")])
-        lines = [f"plan: {self.source}" + (f" (at={self.at!r})" if self.at else "")
+        """A readable table: one line per match, then everything left over.
+
+        Names (object paths, source keys) are shown through `_render.safe` and messages
+        through `_render.safe_text`: one line each, whatever the source's names hold.
+        """
+        safe, text = _render.safe, _render.safe_text
+        targets = [safe(m.target) for m in self.matches]
+        width = max([len(t) for t in targets] + [len("variable")])
+        lines = [f"plan: {text(self.source)}" + (f" (at={self.at!r})" if self.at else "")
                  + f" -> {len(self.matches)} variables"]
         lines.append(f"  {'variable'.ljust(width)}  {'strategy':10}  source")
-        for m in self.matches:
-            rule = f"  [{m.rule}]" if m.rule else ""
-            lines.append(f"  {m.target.ljust(width)}  {m.strategy:10}  {m.source}{rule}")
+        for m, target in zip(self.matches, targets):
+            rule = f"  [{text(m.rule)}]" if m.rule else ""
+            lines.append(f"  {target.ljust(width)}  {m.strategy:10}  {safe(m.source)}{rule}")
         sections = [
-            ("variables with no source", self.unmatched_variables),
-            ("source entries matching nothing", self.unmatched_source),
+            ("variables with no source", [safe(p) for p in self.unmatched_variables]),
+            ("source entries matching nothing", [safe(k) for k in self.unmatched_source]),
             ("ambiguous (not guessed)",
-             [f"{what}: {' | '.join(c)}" for what, c in self.ambiguous]),
-            ("shape or dtype mismatches", self.mismatched),
-            ("skipped", self.skipped),
-            ("rules that matched nothing", self.unused_rules),
+             [f"{safe(what)}: {' | '.join(map(safe, c))}" for what, c in self.ambiguous]),
+            ("shape or dtype mismatches", [text(m) for m in self.mismatched]),
+            ("skipped", [text(s) for s in self.skipped]),
+            ("rules that matched nothing", [text(r) for r in self.unused_rules]),
         ]
         for title, items in sections:
             if items:
                 lines.append(f"{title} ({len(items)}):")
                 lines.extend(f"  - {item}" for item in items)
-        lines.extend(self.notes)
+        lines.extend(text(note) for note in self.notes)
         counts = ", ".join(f"{k} {v}" for k, v in self.strategies().items())
         lines.append(("complete" if self.complete else "INCOMPLETE")
                      + (f": {counts}" if counts else ""))
@@ -252,10 +258,11 @@ def view_at(source: Source, at: str | None) -> dict:
         return {key: key for key in source.specs}
     view = source.subtree(at)
     if not view:
-        names = ", ".join(f"`{n}`" for n in source.top_level_names) or "none"
+        names = ", ".join(f"`{_render.safe(n)}`" for n in source.top_level_names) or "none"
         raise errors.StructureMismatchError(
-            f"{source.description} has no entries under at={at!r}. Top-level names in the "
-            f"source: {names}. Fix: pass one of them as at=..., or at=None for the root.")
+            f"{_render.safe_text(source.description)} has no entries under at={at!r}. "
+            f"Top-level names in the source: {names}. Fix: pass one of them as at=..., or "
+            "at=None for the root.")
     return view
 
 
@@ -537,18 +544,19 @@ def _by_saved_name(source, targets, view, src_left):
 def _checked(match: Match, source: Source, variable):
     """Checks shape and dtype (after the rule's transform). Returns (match, problem)."""
     shape, dtype = source.specs[match.source]
+    target, key = _render.safe(match.target), _render.safe(match.source)  # for messages
     if match.transform is not None:
         shape, dtype, problem = _transformed(match.transform, shape, dtype, match.rule)
         if problem:
-            return match, f"`{match.target}` (from `{match.source}`): {problem}"
+            return match, f"`{target}` (from `{key}`): {problem}"
     origin = ""
     if match.source != match.target or match.transform is not None:
-        origin = f" (source entry `{match.source}`{', transformed' if match.transform else ''})"
+        origin = f" (source entry `{key}`{', transformed' if match.transform else ''})"
     if not variable.shape.is_compatible_with(shape):
-        return match, (f"`{match.target}`: shape {tuple(shape)} in the source but "
+        return match, (f"`{target}`: shape {tuple(shape)} in the source but "
                        f"{tuple(variable.shape)} in the obj{origin}")
     if variable.dtype.base_dtype != dtype:
-        return match, (f"`{match.target}`: dtype {dtype.name} in the source but "
+        return match, (f"`{target}`: dtype {dtype.name} in the source but "
                        f"{variable.dtype.base_dtype.name} in the obj{origin}")
     return match, ""
 

@@ -1,13 +1,64 @@
-"""Text for people: sizes, shapes, counts, error causes. Pure Python, no TensorFlow.
+"""Text for people: sizes, shapes, counts, error causes, escaping. Pure Python, no TensorFlow.
 
 Every place that shows a size, a shape or the cause of an error uses these, so the CLI, the
 graph pictures, reports and error messages agree.
+
+Names read from a checkpoint (object paths, checkpoint keys, saved variable names, names in
+a `checkpoint` state file) are untrusted data (DESIGN.md, invariant 2): every text meant for
+a terminal shows them through `safe`, so no name can forge a line of a table or send an
+escape sequence to the terminal. JSON output needs no help: `json.dumps` escapes them.
 """
 
 from __future__ import annotations
 
+import re
+
 __all__ = ["count", "elements", "first_line", "inspect_json", "inspect_text", "listed", "mb",
-           "shape", "size"]
+           "safe", "safe_text", "shape", "size"]
+
+# What a terminal must never receive raw: C0 controls (\n, \r, \t, ESC, NUL, ...), DEL, C1
+# controls, the Unicode line and paragraph separators, bidi marks, embeddings, overrides and
+# isolates (which reorder what a terminal shows), and lone surrogates (which cannot be encoded).
+_CONTROLS = (r"\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069"
+             r"\ud800-\udfff")
+_UNSAFE_NAME = re.compile(r"[\\\x00-\x0a" + _CONTROLS + "]")  # backslash, controls
+_UNSAFE_TEXT = re.compile(r"[\x00-\x0a" + _CONTROLS + "]")  # controls
+_UNSAFE_LINES = re.compile(r"[\x00-\x09" + _CONTROLS + "]")  # controls but \n
+_NAMED = {"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _visible(match: re.Match) -> str:
+    char = match.group()
+    named = _NAMED.get(char)
+    if named is not None:
+        return named
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def safe(name) -> str:
+    """A name read from a checkpoint as one line of visible text, for terminals and tables.
+
+    Control characters become visible escapes as Python writes them (`\\n`, `\\x1b`,
+    `\\x00`, `\\x85`, `\\u202e`), and so does a backslash (`\\\\`), so the escaped text
+    is unambiguous. Printable text, non-ASCII letters included (`café`, `層`), is kept, and a
+    name that needs no escaping comes back unchanged.
+
+    Example:
+      >>> print(safe("dense\\x1b[2J\\nkernel"))
+      dense\\x1b[2J\\nkernel
+    """
+    return _UNSAFE_NAME.sub(_visible, str(name))
+
+
+def safe_text(text, *, lines: bool = False) -> str:
+    """A message for people that may quote names: control characters escaped as by `safe`.
+
+    Backslashes are kept (names in the text may be escaped already, and escaping them again
+    would double them). `lines=True` keeps line breaks (`\\n`), for messages of several
+    lines; otherwise the text stays one line.
+    """
+    return (_UNSAFE_LINES if lines else _UNSAFE_TEXT).sub(_visible, str(text))
 
 
 def size(nbytes: float) -> str:
@@ -55,7 +106,8 @@ def listed(items, limit: int = 20) -> list[str]:
 def first_line(err: BaseException) -> str:
     """The first line of an exception's message (TF's messages run to pages)."""
     text = getattr(err, "message", None) or str(err)
-    return text.strip().splitlines()[0] if text.strip() else type(err).__name__
+    # TF's messages may quote checkpoint keys: controls escaped, the line kept one line.
+    return safe_text(text.strip().splitlines()[0]) if text.strip() else type(err).__name__
 
 
 # --- `objckpt inspect` ----------------------------------------------------------------
@@ -75,7 +127,10 @@ def inspect_json(entries) -> dict:
 
 
 def inspect_text(entries) -> str:
-    """The object tree as indented text, objects with totals of their subtree."""
+    """The object tree as indented text, objects with totals of their subtree.
+
+    Names are shown through `safe`: one row per object or variable whatever the names hold.
+    """
     slot_marker = "/.OPTIMIZER_SLOT/"  # _paths.OPTIMIZER_SLOT; _render imports nothing
     plain = {p: e for p, e in entries.items() if slot_marker not in p}
     slots = {p: e for p, e in entries.items() if slot_marker in p}
@@ -94,17 +149,17 @@ def inspect_text(entries) -> str:
             if node not in seen:
                 seen.add(node)
                 variables, nbytes = totals[node]
-                rows.append(("  " * (depth - 1) + parts[depth - 1] + "/",
+                rows.append(("  " * (depth - 1) + safe(parts[depth - 1]) + "/",
                              count(variables, "variable"), "", size(nbytes)))
-        rows.append(("  " * (len(parts) - 1) + parts[-1], shape(entry.shape),
+        rows.append(("  " * (len(parts) - 1) + safe(parts[-1]), shape(entry.shape),
                      entry.dtype.name, size(entry.nbytes)))
     if slots:
         rows.append(("optimizer slots (<variable>/.OPTIMIZER_SLOT/<optimizer>/<slot>):", "", "",
                      size(sum(e.nbytes for e in slots.values()))))
-        rows.extend(("  " + p, shape(e.shape), e.dtype.name, size(e.nbytes))
+        rows.extend(("  " + safe(p), shape(e.shape), e.dtype.name, size(e.nbytes))
                     for p, e in slots.items())
     params = sum(elements(e.shape) for e in entries.values())
-    header = (f"checkpoint {entries.prefix}: {count(len(entries), 'variable')}, "
+    header = (f"checkpoint {safe(entries.prefix)}: {count(len(entries), 'variable')}, "
               f"{count(params, 'parameter')}, {size(entries.nbytes)}")
     widths = [max([len(r[i]) for r in rows] + [len(h)])
               for i, h in enumerate(("object path", "shape", "dtype", "size"))]

@@ -99,17 +99,21 @@ class RestoreReport:
     skipped: tuple[str, ...] = ()
 
     def __str__(self) -> str:
-        lines = [f"restored {len(self.restored)} variables from {self.source}"
+        # Paths through `safe`, messages through `safe_text`: the source's names are data.
+        safe, text = _render.safe, _render.safe_text
+        lines = [f"restored {len(self.restored)} variables from {text(self.source)}"
                  + (f" (at={self.at!r})" if self.at else "")]
         if self.missing:
             lines.append(f"missing from the source ({len(self.missing)}): "
-                         + ", ".join(self.missing))
+                         + ", ".join(map(safe, self.missing)))
         if self.unexpected:
-            lines.append(f"not in the obj ({len(self.unexpected)}): " + ", ".join(self.unexpected))
+            lines.append(f"not in the obj ({len(self.unexpected)}): "
+                         + ", ".join(map(safe, self.unexpected)))
         if self.skipped:
-            lines.append(f"skipped ({len(self.skipped)}): " + "; ".join(self.skipped[:5])
+            lines.append(f"skipped ({len(self.skipped)}): "
+                         + "; ".join(map(text, self.skipped[:5]))
                          + ("; ..." if len(self.skipped) > 5 else ""))
-        lines.extend(self.notes)
+        lines.extend(map(text, self.notes))
         return "\n".join(lines)
 
 

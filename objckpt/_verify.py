@@ -35,8 +35,10 @@ class Problem:
     message: str
 
     def __str__(self) -> str:
-        where = f"`{self.where}`: " if self.where else ""
-        return f"{self.prefix}: {where}{self.message}"
+        # One line whatever the checkpoint's names hold: names through `safe`, the message
+        # (which may quote names) through `safe_text`.
+        where = f"`{_render.safe(self.where)}`: " if self.where else ""
+        return f"{_render.safe(self.prefix)}: {where}{_render.safe_text(self.message)}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,8 +69,8 @@ class VerifyReport:
     def describe(self) -> str:
         """One line per problem, then a summary line."""
         lines = [f"problem: {p}" for p in self.problems]
-        lines += [f"note: {note}" for note in self.notes]
-        checked = ", ".join(self.prefixes) or self.source
+        lines += [f"note: {_render.safe_text(note)}" for note in self.notes]
+        checked = _render.safe(", ".join(self.prefixes) or self.source)
         mb = _render.mb(self.nbytes)
         if self.ok:
             lines.append(f"OK: {checked}: {self.tensors:,} tensors ({mb}) passed their "

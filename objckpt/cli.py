@@ -170,18 +170,23 @@ def diff_json(result) -> dict:
 
 
 def diff_text(result) -> str:
-    """One line per differing path, then the notes and a summary line."""
-    lines = [f"A: {result.a}", f"B: {result.b}"]
+    """One line per differing path, then the notes and a summary line.
+
+    Paths and prefixes are shown through `_render.safe`, notes through `_render.safe_text`:
+    one line each, whatever a checkpoint's names hold.
+    """
+    safe = _render.safe
+    lines = [f"A: {safe(result.a)}", f"B: {safe(result.b)}"]
     for d in result.values:
         of = f"{d.differing:,} of {_render.count(d.size, 'value')}"
         if d.max_abs_diff is None:
-            lines.append(f"~ {d.path}: {of} differ")
+            lines.append(f"~ {safe(d.path)}: {of} differ")
         else:
-            lines.append(f"~ {d.path}: max |a-b| {d.max_abs_diff:.6g} at {of}")
-    lines.extend(f"! {d.path}: {d.a} vs {d.b}" for d in result.shape_or_dtype)
-    lines.extend(f"- {path} (only in A)" for path in result.only_in_a)
-    lines.extend(f"+ {path} (only in B)" for path in result.only_in_b)
-    lines.extend(f"note: {note}" for note in result.notes)
+            lines.append(f"~ {safe(d.path)}: max |a-b| {d.max_abs_diff:.6g} at {of}")
+    lines.extend(f"! {safe(d.path)}: {d.a} vs {d.b}" for d in result.shape_or_dtype)
+    lines.extend(f"- {safe(path)} (only in A)" for path in result.only_in_a)
+    lines.extend(f"+ {safe(path)} (only in B)" for path in result.only_in_b)
+    lines.extend(f"note: {_render.safe_text(note)}" for note in result.notes)
     tolerance = ("bit-exact" if result.rtol == 0 and result.atol == 0
                  else f"rtol {result.rtol:g}, atol {result.atol:g}")
     summary = f"{result.equal:,} equal, {result.differ:,} differ"
@@ -264,7 +269,7 @@ def _migrate(args) -> int:
         return 0 if plan.complete else 1
     prefix = _migrate.migrate(args.source, obj, args.out, rules=rules, at=args.at,
                               optimizer_state=args.optimizer_state)
-    print(f"wrote {prefix}")
+    print(f"wrote {_render.safe(prefix)}")
     return 0
 
 
@@ -283,7 +288,7 @@ def _graph(args) -> int:
         sys.stdout.write(picture.dot)
         return 0
     picture.save(args.out, format=fmt)
-    print(f"wrote {args.out}: {picture!r}")
+    print(f"wrote {_render.safe(args.out)}: {picture!r}")
     return 0
 
 
@@ -316,7 +321,9 @@ def main(args) -> int:
         if args.command == "demo":
             return _demo(args)
     except errors.ObjckptError as err:
-        print(f"objckpt {args.command}: {err}", file=sys.stderr)
+        # Messages escape the names they quote; this keeps any control character that got
+        # through (from TF's own text, say) off the terminal all the same.
+        print(f"objckpt {args.command}: {_render.safe_text(err, lines=True)}", file=sys.stderr)
         return 1
     raise app.UsageError(f"unknown command {args.command!r}", exitcode=2)
 
