@@ -3,7 +3,7 @@
 Usage:
   python benchmarks/run.py [--json results.json] [--repeats N] [--only a|b]
                            [--section all|foundation|twins|migrate|ensemble|checkpointing|
-                                      completeness]
+                                      completeness|untrusted]
                            [--steps N] [--batch N] [--migrate-tensors N]
 
 Models:
@@ -160,7 +160,7 @@ def main(argv=None) -> int:
     parser.add_argument("--only", choices=["a", "b"], help="one model only")
     parser.add_argument("--section",
                         choices=["all", "foundation", "twins", "migrate", "ensemble",
-                                 "checkpointing", "completeness"],
+                                 "checkpointing", "completeness", "untrusted"],
                         default="all")
     parser.add_argument("--migrate-tensors", type=int, default=16,
                         help="float32 4096x4096 tensors in the migrate source (16: ~1.07 GB)")
@@ -237,6 +237,17 @@ def main(argv=None) -> int:
         else:
             out["vit_coverage"] = result
             print(f"\n[completeness] {result['model']}")
+            _print_result("", result)
+    if args.section in ("all", "untrusted") and args.only != "b":
+        import bench_untrusted
+
+        for title, result in (
+                ("validation, 1,000 variables", bench_untrusted.bench_validation(keras,
+                                                                                 args.repeats)),
+                ("large object graph", bench_untrusted.bench_large_graph(
+                    keras, max(3, args.repeats // 3)))):
+            out.setdefault("untrusted", []).append(result)
+            print(f"\n[untrusted: {title}] {result['model']}")
             _print_result("", result)
     if args.section in ("all", "checkpointing") and args.only != "b":
         import bench_checkpointing

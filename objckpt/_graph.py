@@ -60,13 +60,19 @@ class _Node:
 
 
 def _escape(text: str) -> str:
-    """A string as the inside of a quoted DOT string, shown literally by Graphviz."""
+    """A string as the inside of a quoted DOT string, shown literally by Graphviz.
+
+    Quotes and backslashes are DOT-escaped (Graphviz shows them as they are); control, line
+    separator and bidi characters (what `_render.safe` escapes) are shown as `\\xNN` or
+    `\\uNNNN` text.
+    """
     out = []
     for char in str(text):
         if char in ('"', "\\"):
             out.append("\\" + char)
-        elif ord(char) < 32 or ord(char) == 127:
-            out.append(f"\\\\x{ord(char):02x}")  # control characters shown as \xNN
+        elif _render.safe(char) != char:
+            code = ord(char)
+            out.append(f"\\\\x{code:02x}" if code < 0x100 else f"\\\\u{code:04x}")
         else:
             out.append(char)
     return "".join(out)

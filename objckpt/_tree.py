@@ -16,7 +16,7 @@ from collections.abc import Iterator, Mapping
 
 import tensorflow as tf
 
-from objckpt import _compat, _files, _paths, _render, errors
+from objckpt import _bundle, _compat, _files, _paths, _render, errors
 
 __all__ = ["CheckpointTree", "Entry", "VariableTree", "read_tree", "tree"]
 
@@ -248,14 +248,13 @@ def read_tree(source: str | os.PathLike) -> CheckpointTree:
 
 
 def read_tree_at(prefix: str) -> CheckpointTree:
-    reader = _files.open_reader(prefix)
-    shapes = reader.get_variable_to_shape_map()
-    dtypes = reader.get_variable_to_dtype_map()
-    if _compat.OBJECT_GRAPH_KEY not in shapes:
-        sample = ", ".join(f"`{k}`" for k in sorted(shapes)[:3])
+    reader, index = _files.open_checked(prefix)
+    entries = index.entries
+    if _compat.OBJECT_GRAPH_KEY not in entries:
+        sample = ", ".join(f"`{_render.safe(k)}`" for k in sorted(entries)[:3])
         raise errors.NotObjectBasedError(
             f"Checkpoint `{prefix}` is name-based (written by tf.compat.v1.train.Saver): its "
-            f"{len(shapes)} entries are keyed by global variable name ({sample}) and it has no "
+            f"{len(entries)} entries are keyed by global variable name ({sample}) and it has no "
             "object graph, so it cannot be matched by object structure. Expected: an object-based "
             "checkpoint. Fix: map its names onto your model with objckpt.plan(...) and "
             "objckpt.migrate(...) using rules, e.g. rules=[('^model_001/', '')].")
@@ -268,19 +267,25 @@ def read_tree_at(prefix: str) -> CheckpointTree:
             f"Checkpoint `{prefix}` has a damaged object graph (`{_compat.OBJECT_GRAPH_KEY}`): "
             f"{_render.first_line(err)}. Restore from another checkpoint, or write this one again."
         ) from err
-    items = {}
-    for node in graph.nodes:
+    # Node ids, child names and slots here; checkpoint keys in the loop below (one pass).
+    _bundle.check_graph(graph, entries, prefix, attributes=False)
+    items, owner = {}, {_compat.OBJECT_GRAPH_KEY: -1}
+    for node_id, node in enumerate(graph.nodes):
         for attribute in node.attributes:
-            if attribute.name != _paths.VARIABLE_VALUE:
-                continue
             key = attribute.checkpoint_key
-            path = _paths.path_of_key(key)
-            if key not in shapes:
+            entry = entries.get(key)
+            if entry is None or owner.setdefault(key, node_id) != node_id:
+                path = _render.safe(_paths.path_of_key(key))
+                problem = ("the index has no such tensor" if entry is None else
+                           "another node of the graph names the same key")
                 raise errors.CheckpointCorruptError(
-                    f"Checkpoint `{prefix}`: the object graph lists `{path}` (key `{key}`) but the "
-                    "index has no such tensor. The checkpoint is inconsistent; write it again.")
-            items[path] = Entry(tuple(shapes[key]), tf.as_dtype(dtypes[key]), key,
-                                attribute.full_name)
+                    f"Checkpoint `{prefix}`: the object graph lists `{path}` (key "
+                    f"`{_render.safe(key)}`, node {node_id}) but {problem}. The checkpoint is "
+                    "inconsistent: nothing was read into any variable. Restore from another "
+                    "checkpoint, or write this one again.")
+            if attribute.name == _paths.VARIABLE_VALUE:
+                items[_paths.path_of_key(key)] = Entry(
+                    entry.shape, tf.as_dtype(entry.dtype), key, attribute.full_name)
     return CheckpointTree(items, prefix, graph)
 
 

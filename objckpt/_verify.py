@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from objckpt import _paths, _render, errors
+from objckpt import _bundle, _paths, _render, errors
 
 __all__ = ["Problem", "VerifyReport", "tensor_problems", "verify"]
 
@@ -162,7 +162,7 @@ def _verify_prefix(prefix: str):
         return 0, 0, [Problem(prefix, "", missing)], [
             f"{prefix}: tensors and object graph not read (data files incomplete)"]
     try:
-        reader = _files.open_reader(prefix)
+        reader, index = _files.open_checked(prefix, data=False)
         shapes = reader.get_variable_to_shape_map()
         dtypes = reader.get_variable_to_dtype_map()
     except errors.CheckpointCorruptError as err:
@@ -178,7 +178,8 @@ def _verify_prefix(prefix: str):
     import tensorflow as tf
 
     keys = [k for k in sorted(shapes) if k != _compat.OBJECT_GRAPH_KEY]
-    bad = dict(tensor_problems(reader, keys))
+    bad = dict(index.beyond)  # past the end of a truncated shard: not read at all
+    bad.update(tensor_problems(reader, [k for k in keys if k not in bad]))
     problems.extend(Problem(prefix, paths.get(key, key),
                             f"tensor unreadable or checksum mismatch: {bad[key]}")
                     for key in keys if key in bad)
@@ -207,6 +208,9 @@ def _check_graph(prefix: str, reader, shapes):
     count = len(graph.nodes)
     if count == 0:
         return [Problem(prefix, _compat.OBJECT_GRAPH_KEY, "the object graph has no nodes")], {}
+    for kind, problem in _bundle.graph_problems(graph, shapes):
+        if kind in ("duplicate", "shared"):  # the rest is reported below, per node and path
+            problems.append(Problem(prefix, _compat.OBJECT_GRAPH_KEY, problem))
     order = [0] + [node for _, _, node in _paths.graph_walk(graph, slots=True)]
     reachable = set(order)
     for current in order:

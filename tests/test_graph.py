@@ -115,7 +115,8 @@ def test_live_keras_obj_shows_classes_and_matches_its_checkpoint(flavour, tmp_pa
 
 def test_names_from_a_checkpoint_are_escaped_data(tmp_path):
     module = tf.Module()
-    hostile = ['q"uote', "back\\slash\\N", "new\nline", "<b>html</b>", "a/b.c", "x\\G;}"]
+    hostile = ['q"uote', "back\\slash\\N", "new\nline", "<b>html</b>", "a/b.c", "x\\G;}",
+               "c1\x85bidi\u202eend\u2028", "esc\x1b]0;t\x07"]
     for i, name in enumerate(hostile):
         setattr(module, name, tf.Variable(float(i)))
     prefix = tf.train.Checkpoint(root=module).write(str(tmp_path / "ck"))
@@ -123,7 +124,8 @@ def test_names_from_a_checkpoint_are_escaped_data(tmp_path):
     nodes, _ = _parse(picture.dot)  # every line still a well-formed node or edge
     labels = {label.split("\\n")[0] for shape, label in nodes.values() if shape == "ellipse"}
     assert labels == {r"q\"uote", r"back\\slash\\N", r"new\\x0aline", "<b>html</b>", "a/b.c",
-                      r"x\\G;}"}
+                      r"x\\G;}", r"c1\\x85bidi\\u202eend\\u2028", r"esc\\x1b]0;t\\x07"}
+    assert not any(c in picture.dot for c in "\x85\u202e\u2028\x1b\x07")
     if HAS_DOT:
         svg = picture.render("svg").decode()
         assert "&lt;b&gt;html&lt;/b&gt;" in svg and "<b>" not in svg

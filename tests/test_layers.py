@@ -22,6 +22,7 @@ LAYERS = [
     "objckpt.errors",
     "objckpt._render",  # pure: text for people
     "objckpt._paths",  # pure: the path grammar
+    "objckpt._bundle",  # pure: TF's index table, read and validated before TF reads it
     "objckpt._roles",
     "objckpt._compat",  # the package and its submodules
     "objckpt._files",
