@@ -22,6 +22,7 @@ that fails raises an error, not a crash.
 
 from __future__ import annotations
 
+import bisect
 import os
 import stat
 import struct
@@ -29,7 +30,7 @@ import struct
 from objckpt import _render, errors
 
 __all__ = ["DTYPE_SIZES", "OBJECT_GRAPH_KEY", "Entry", "Index", "check_graph", "graph_problems",
-           "read_index", "shard_name"]
+           "read_index", "saved_under", "shard_name"]
 
 OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 _MAGIC = 0xDB4775248B80FB57
@@ -68,6 +69,7 @@ DTYPE_SIZES = {
     25: 1,  # float8_e4m3fn
 }
 _STRING = 7
+_VARIANT = 21
 
 
 class _Bad(Exception):
@@ -493,12 +495,64 @@ def read_index(prefix: str, *, data: bool = True) -> Index:
                                f"({sizes[entry.shard]} bytes)")
                 if data:
                     problem = beyond[key]
+            elif entry.dtype in (_STRING, _VARIANT) and not entry.slices:
+                problem = _framing_problem(prefix, entry, num_shards)
         if problem is not None:
             raise _corrupt(path, key, problem)
     for shard in range(num_shards):
         if shard not in sizes:
             sizes[shard] = _shard_size(prefix, shard, num_shards)
     return Index(prefix, num_shards, entries, beyond)
+
+
+def _framing_problem(prefix: str, entry: Entry, num_shards: int) -> str | None:
+    """Whether the lengths a string or variant tensor declares add up to its size.
+
+    TF writes a string tensor as the varint64 length of each element, a masked crc32c of
+    those lengths (4 bytes), then the bytes; a variant tensor as, per element, a varint64
+    length, the serialized element and its masked crc32c. TF's reader allocates each element
+    by the length it reads: a crafted length of 2^40 whose checksum is right crashes it
+    (a segfault, seen with TF 2.21) before any data checksum can fail. Only the lengths are
+    read here.
+    """
+    elements = entry.elements
+    name = shard_name(prefix, entry.shard, num_shards)
+    if "://" in name:
+        import tensorflow as tf  # noqa: PLC0415 - only for non-local prefixes
+
+        opened = tf.io.gfile.GFile(name, "rb")
+    else:
+        opened = open(name, "rb")  # noqa: SIM115 - closed below
+    with opened as f:
+        f.seek(entry.offset)
+        if entry.dtype == _STRING:
+            head = f.read(min(entry.size, 10 * elements))
+            total, pos = 0, 0
+            try:
+                for _ in range(elements):
+                    length, pos = _varint(head, pos, len(head))
+                    total += length
+            except _Bad:
+                return "its string lengths cannot be read from the data shard"
+            if pos + 4 + total == entry.size:
+                return None
+            return (f"its {elements} string(s) declare {total} bytes in an entry of "
+                    f"{entry.size} bytes")
+        used = 0
+        for element in range(elements):
+            head = f.read(10)
+            try:
+                length, pos = _varint(head, 0, len(head))
+            except _Bad:
+                return f"the length of its element {element} cannot be read from the data shard"
+            used += pos + length + 4
+            if used > entry.size:
+                return (f"its element {element} declares {length} bytes, beyond the entry's "
+                        f"{entry.size} bytes")
+            f.seek(entry.offset + used)
+        if used != entry.size:
+            return f"its {elements} elements take {used} bytes of the entry's {entry.size}"
+    return None
 
 
 def _shard_size(prefix: str, shard: int, num_shards: int) -> int:
@@ -621,6 +675,16 @@ def check_graph(graph, keys, prefix: str, *, attributes: bool = True) -> None:
             "one again.")
 
 
+def saved_under(key: str, keys) -> bool:
+    """Whether some tensor of `keys` (in the index's sorted order) is saved under an
+    attribute's checkpoint key: exactly (a variable) or with a suffix (a saveable of several
+    tensors: a tf.data iterator's `.../ITERATOR` is saved as `.../ITERATOR_STATE`).
+    """
+    ordered = keys if isinstance(keys, list) else sorted(keys)
+    at = bisect.bisect_left(ordered, key)
+    return at < len(ordered) and ordered[at].startswith(key)
+
+
 def graph_problems(graph, keys, *, attributes: bool = True):
     """(kind, problem) for what is wrong in a parsed `TrackableObjectGraph` given the index's
     `keys`: kind is "empty", "child" (id out of range), "duplicate" (two children of one
@@ -649,7 +713,7 @@ def graph_problems(graph, keys, *, attributes: bool = True):
                 names.add(local)
         for attribute in (node.attributes if attributes else ()):
             key = attribute.checkpoint_key
-            if key not in keys or key == OBJECT_GRAPH_KEY:
+            if key == OBJECT_GRAPH_KEY or not (key in keys or saved_under(key, keys)):
                 yield "key", (f"node {node_id} names checkpoint key `{_render.safe(key)}`, "
                               "which the index lacks")
             elif owner_of_key.setdefault(key, node_id) != node_id:

@@ -269,11 +269,16 @@ def read_tree_at(prefix: str) -> CheckpointTree:
         ) from err
     # Node ids, child names and slots here; checkpoint keys in the loop below (one pass).
     _bundle.check_graph(graph, entries, prefix, attributes=False)
-    items, owner = {}, {_compat.OBJECT_GRAPH_KEY: -1}
+    items, owner, sorted_keys = {}, {_compat.OBJECT_GRAPH_KEY: -1}, None
     for node_id, node in enumerate(graph.nodes):
         for attribute in node.attributes:
             key = attribute.checkpoint_key
             entry = entries.get(key)
+            if entry is None and attribute.name != _paths.VARIABLE_VALUE:
+                if sorted_keys is None:
+                    sorted_keys = sorted(entries)
+                if _bundle.saved_under(key, sorted_keys):  # a saveable of several tensors
+                    continue
             if entry is None or owner.setdefault(key, node_id) != node_id:
                 path = _render.safe(_paths.path_of_key(key))
                 problem = ("the index has no such tensor" if entry is None else

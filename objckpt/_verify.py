@@ -11,6 +11,7 @@ Nothing is restored and no model is built.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import os
 
@@ -167,6 +168,8 @@ def _verify_prefix(prefix: str):
         dtypes = reader.get_variable_to_dtype_map()
     except errors.CheckpointCorruptError as err:
         return 0, 0, [*problems, Problem(prefix, prefix + ".index", str(err))], []
+    import tensorflow as tf
+
     notes = []
     paths = {}
     if _compat.OBJECT_GRAPH_KEY in shapes:
@@ -175,11 +178,18 @@ def _verify_prefix(prefix: str):
     else:
         notes.append(f"{prefix}: name-based (TF1 Saver) checkpoint: no object graph to check; "
                      "tensors checked by variable name")
-    import tensorflow as tf
 
     keys = [k for k in sorted(shapes) if k != _compat.OBJECT_GRAPH_KEY]
     bad = dict(index.beyond)  # past the end of a truncated shard: not read at all
-    bad.update(tensor_problems(reader, [k for k in keys if k not in bad]))
+    variant = {k for k in keys if dtypes[k] == tf.variant}  # not convertible to NumPy
+    bad.update(tensor_problems(reader, [k for k in keys if k not in bad and k not in variant]))
+    for key in sorted(variant - set(bad)):
+        try:  # the op checks the checksum as the reader would
+            with tf.device("/cpu:0"):
+                tf.raw_ops.RestoreV2(prefix=prefix, tensor_names=[key], shape_and_slices=[""],
+                                     dtypes=[tf.variant])
+        except tf.errors.OpError as err:
+            bad[key] = _render.first_line(err)
     problems.extend(Problem(prefix, paths.get(key, key),
                             f"tensor unreadable or checksum mismatch: {bad[key]}")
                     for key in keys if key in bad)
@@ -233,20 +243,24 @@ def _check_graph(prefix: str, reader, shapes):
         problems.append(Problem(prefix, "", f"{len(unreachable)} object graph node(s) are not "
                                             f"reachable from the root: {unreachable[:10]}"))
     referenced: dict[str, str] = {}
+    ordered = sorted(shapes)
     for node_id, node in enumerate(graph.nodes):
         for attribute in node.attributes:
             key = attribute.checkpoint_key
             path = _paths.path_of_key(key)
             referenced[key] = path
-            if key not in shapes:
+            if key not in shapes and not _bundle.saved_under(key, ordered):
                 problems.append(Problem(prefix, path, f"the object graph lists key `{key}` (node "
                                                       f"{node_id}) but the index has no such "
                                                       "tensor"))
     registered = any(node.HasField("registered_saver") for node in graph.nodes
                      if "registered_saver" in node.DESCRIPTOR.fields_by_name)
     if not registered:
-        for key in sorted(shapes):
-            if key != _compat.OBJECT_GRAPH_KEY and key not in referenced:
+        prefixes = sorted(referenced)  # a saveable's tensors: its key plus a suffix
+        for key in ordered:
+            at = bisect.bisect_right(prefixes, key) - 1
+            if key != _compat.OBJECT_GRAPH_KEY and key not in referenced and not (
+                    at >= 0 and key.startswith(prefixes[at])):
                 problems.append(Problem(prefix, key, "tensor in the index that no object of the "
                                                      "object graph refers to"))
     return problems, referenced

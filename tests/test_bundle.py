@@ -11,6 +11,7 @@ fails here kills the worker, which pytest reports as a failure too.
 from __future__ import annotations
 
 import os
+import struct
 import threading
 
 import numpy as np
@@ -99,6 +100,13 @@ def _entry_edit(key, **fields):
     return edit
 
 
+def _huge_string() -> bytes:
+    """A scalar string's bytes claiming 2^40 bytes, with the lengths' checksum recomputed."""
+    length = 1 << 40
+    crc = fuzzlib.mask(fuzzlib.crc32c(struct.pack("<Q", length)))
+    return fuzzlib.varint(length) + struct.pack("<I", crc) + b"a label"
+
+
 KERNEL = b"kernel/.ATTRIBUTES/VARIABLE_VALUE"
 LABEL = b"label/.ATTRIBUTES/VARIABLE_VALUE"
 
@@ -115,6 +123,9 @@ CRAFTED = [
     ("graph-2^32+1-strings", _entry_edit(GRAPH, dims=[(1 << 32) + 1]), "_CHECKPOINTABLE"),
     ("graph-not-a-string", _entry_edit(GRAPH, dtype=1, size=4), "must be a scalar string"),
     ("string-too-many-elements", _entry_edit(LABEL, dims=[1 << 20]), "variable-length"),
+    # A length of 2^40 whose length checksum is right: plain TF segfaults reading it.
+    ("string-length-2^40", lambda b: b.put_tensor(LABEL, _huge_string()),
+     "declare 1099511627776 bytes"),
     ("entry-unparseable", lambda b: b.set_value(KERNEL, b"\x0a\xff\xff\xff"), "entry"),
     ("entry-group-wire-type", lambda b: b.set_value(KERNEL, b"\x0b\x0c"), "wire type 3"),
     ("dim-name-not-utf8", lambda b: b.set_value(KERNEL, b"\x12\x06\x12\x04\x12\x02\xff\xfe"),
@@ -259,3 +270,28 @@ def test_a_missing_shard_is_named(good, tmp_path):
     prefix = _craft(good, tmp_path, lambda b: b.set_value(b"", b"\x08\x02"))  # 2 shards
     with pytest.raises(errors.CheckpointCorruptError, match="data shard 0 of 2 is missing"):
         objckpt.read_tree(prefix)
+
+
+def test_saveables_of_several_tensors_and_variant_tensors(tmp_path):
+    # A tf.data iterator is saved as `it/.ATTRIBUTES/ITERATOR_STATE` (its attribute's key plus
+    # a suffix), a variant tensor framed per element: length, bytes, checksum.
+    iterator = iter(tf.data.Dataset.range(10).shuffle(5, seed=1))
+    next(iterator)
+    weight = tf.Variable([1.5, 2.5])
+    prefix = tf.train.Checkpoint(it=iterator, w=weight).write(str(tmp_path / "it"))
+    assert sorted(objckpt.read_tree(prefix)) == ["w"]
+    report = objckpt.verify(prefix)
+    assert report.ok and report.tensors == 2, report.describe()
+    target = tf.Variable([0.0, 0.0])
+    objckpt.restore(tf.train.Checkpoint(w=target), prefix, strict=False)
+    assert target.numpy().tolist() == [1.5, 2.5]
+    # An element claiming more bytes than the entry holds.
+    key = b"it/.ATTRIBUTES/ITERATOR_STATE"
+
+    def inflate(bundle):
+        raw = bytearray(bundle.tensor_bytes(key))
+        raw[:2] = fuzzlib.varint(1 << 13)  # the first element's length (2 varint bytes)
+        bundle.put_tensor(key, bytes(raw), crc=bundle.entry(key).crc32c)
+    crafted = _craft(prefix, tmp_path, inflate)
+    with pytest.raises(errors.CheckpointCorruptError, match="element 0 declares 8192 bytes"):
+        objckpt.read_tree(crafted)
