@@ -12,9 +12,17 @@ state file is the commit point:
 4. the files of checkpoints no longer kept are deleted, index first.
 
 A SIGKILL anywhere leaves the state file naming only fully written
-checkpoints; whatever it does not name (temporary files, a written but
-uncommitted `ckpt-N`, half-deleted old ones) is debris that the next `open()`
-removes. Everything written is a standard object-based checkpoint, so
+checkpoints; the next `open()` removes our temporary files, half-deleted old
+ones and every `ckpt-N` that is not intact. An intact checkpoint is deleted
+only when provably superseded (DESIGN.md, invariant 10): dropped by retention,
+or unlisted and older than the newest intact one the state file lists. One
+written but not committed (a crash between the index rename and the state
+file) is left in place until a newer one is committed. Every file is
+untrusted: a stray file beside a checkpoint (`ckpt-3.data-00000-of-00001.bak`)
+is never taken for a shard nor deleted; a state file naming anything but this
+directory's `ckpt-N`, or nothing intact, falls back to the intact `ckpt-N` on
+disk; intact checkpoints of other names and none of ours make `open()` refuse
+a fresh start. Everything written is a standard object-based checkpoint, so
 `tf.train.latest_checkpoint(directory)` and `objckpt.restore` find it.
 """
 
@@ -43,7 +51,8 @@ from objckpt import (
 __all__ = ["CheckpointDirectory", "Kept"]
 
 STATE_FILE = _files.STATE_FILE
-_NAME = re.compile(r"^ckpt-(\d+)\.(index|data-\d{5}-of-\d{5})$")
+# Files of ckpt-N, by TF's exact names (fullmatch; ASCII digits, no leading zeros).
+_NAME = re.compile(r"ckpt-(0|[1-9][0-9]*)\.(index|data-[0-9]{5}-of-[0-9]{5})")
 _DEBRIS = re.compile(r"^\.(ckpt-\d+|checkpoint)\.tmp-[0-9a-f]{12}")
 COUNTERS = ("epoch", "step", "batch")
 METRIC = "monitor_value"
@@ -108,6 +117,7 @@ class CheckpointDirectory:
         self._fingerprint = fingerprint
         self._layout = None  # (fingerprint, tree, keys, graph bytes)
         self._next = 1
+        self._read_only = None  # the CheckpointWriteError of an unwritable directory
         self._lock = _dirlock.DirectoryLock(self.directory)
         self._writer = (_asyncwrite.Writer(self._write, self._superseded) if async_save
                         else None)
@@ -117,70 +127,170 @@ class CheckpointDirectory:
     def open(self) -> Kept | None:
         """Locks the directory, removes debris and returns the newest intact checkpoint.
 
-        Returns None when the directory holds no checkpoint yet. A state file
-        that cannot be read, or a newest checkpoint that is missing or damaged,
-        falls back to the newest intact older one, with a warning.
+        Returns None when the directory holds no checkpoint yet. A state file that is
+        missing, cannot be read or names anything but this directory's `ckpt-N`, or whose
+        checkpoints are all missing or damaged, falls back to the intact `ckpt-N` found on
+        disk, with a warning. What is deleted here: temporary files of our writers, files of
+        `ckpt-N` that are not intact, and intact ones the state file no longer lists that are
+        older than the newest intact one it lists (superseded). An intact `ckpt-N` newer
+        than that (written, but not committed before a crash) is left in place, unused.
 
         Raises:
           DirectoryLockedError: another writer uses the directory.
+          CheckpointWriteError: the directory cannot be written (with on_error="warn", a
+            warning instead: nothing is saved, the newest checkpoint is still returned).
+          CheckpointDirectoryError: the directory holds intact checkpoints of other names
+            and none of ours: a fresh start there is refused.
         """
-        self._lock.acquire()
+        self._read_only = None
+        try:
+            self._lock.acquire()
+        except errors.CheckpointWriteError as err:
+            if self.on_error == "raise":
+                raise
+            self._read_only = err
+            self._warn(f"{err} Training goes on without saving (on_error='warn').")
+        try:
+            return self._open()
+        except BaseException:
+            self.release()
+            raise
+
+    def _open(self) -> Kept | None:
         names = _files.listdir(self.directory)
+        on_disk = {int(m.group(1)) for m in map(_NAME.fullmatch, names) if m}
+        listed = self._read_state(bool(on_disk))
+        numbers = sorted(on_disk.union(listed or ()))
+        problems = {n: _files.check_intact(self._prefix(n)) for n in numbers}
+        intact = [n for n in numbers if problems[n] is None]
+        damaged = [f"`{self._prefix(n)}`: {problems[n]}" for n in listed or () if problems[n]]
+        use = [n for n in listed or () if problems[n] is None]
+        if not use:  # no usable state file, or it names nothing intact: what is on disk
+            listed, use = None, intact
+        if not use:
+            self._refuse_fresh_start(names)
+        if damaged:
+            self._warn(
+                f"Checkpoint directory `{self.directory}`: skipped {len(damaged)} "
+                "checkpoint(s) named by the state file that are not intact:\n  "
+                + "\n  ".join(damaged) + "\n" + (
+                    f"Resuming from the newest intact one, `{self._prefix(use[-1])}`."
+                    if listed else "The state file names no intact checkpoint; resuming from "
+                    f"the newest of the {len(use)} intact one(s) found on disk, "
+                    f"`{self._prefix(use[-1])}`." if use
+                    else "No intact checkpoint is left: training starts fresh."))
+        newest = max(use, default=0)
+        kept = [Kept(n, self._prefix(n), self._read_metric(self._prefix(n))
+                     if self.keep_best else math.nan) for n in use]
+        superseded = [n for n in intact if n not in use and n < newest]
+        uncommitted = [n for n in intact if n not in use and n > newest]
+        if uncommitted:
+            self._warn(
+                f"Checkpoint directory `{self.directory}`: "
+                + ", ".join(f"`{self._prefix(n)}`" for n in uncommitted) + " is intact but "
+                "not listed by the state file (a save interrupted before its commit, or a copy "
+                f"from elsewhere). Resuming from `{self._prefix(newest)}`, the newest listed; "
+                "the unlisted checkpoint is left in place and is removed only once a newer "
+                "checkpoint has been committed here.")
+        self.kept = kept
+        self._next = max(numbers, default=0) + 1  # never reuse a number
+        if self._read_only is None:
+            try:
+                self._tidy(names, [n for n in numbers if problems[n] is not None] + superseded,
+                           rewrite=bool(kept) and listed != use)
+            except OSError as err:
+                self._failed(errors.CheckpointWriteError(
+                    f"Cannot tidy checkpoint directory `{self.directory}`: "
+                    f"{_render.first_line(err)}. Nothing of what it holds was lost; the newest "
+                    f"checkpoint is {self._latest_name()}. Fix: check the directory's "
+                    "permissions; pass on_error='warn' to train on regardless."))
+        return kept[-1] if kept else None
+
+    def _tidy(self, names: list[str], delete: list[int], rewrite: bool) -> None:
+        """Removes our writers' temporary files and the files of checkpoints `delete`, and
+        rewrites the state file when `rewrite`."""
         for name in names:
             if _DEBRIS.match(name):
                 _files.remove(os.path.join(self.directory, name))
-        on_disk = sorted({int(m.group(1)) for m in map(_NAME.match, names) if m})
-        listed, state_ok = self._read_state(on_disk)
-        kept, damaged = [], []
-        for number in listed:
-            prefix = self._prefix(number)
-            problem = _files.check_intact(prefix)
-            if problem is None:
-                metric = self._read_metric(prefix) if self.keep_best else math.nan
-                kept.append(Kept(number, prefix, metric))
-            else:
-                damaged.append(f"`{prefix}`: {problem}")
-        if damaged:
-            self._warn(f"Checkpoint directory `{self.directory}`: skipped {len(damaged)} "
-                       "checkpoint(s) named by the state file that are not intact:\n  "
-                       + "\n  ".join(damaged) + "\n" + (
-                           f"Resuming from the newest intact one, `{kept[-1].prefix}`."
-                           if kept else "No intact checkpoint is left: training starts fresh."))
-        self.kept = kept
-        for number in on_disk:  # uncommitted, half-deleted or damaged: debris
-            if all(k.number != number for k in kept):
-                self._delete_files(number, hook=False)
-        self._next = max([*on_disk, *listed], default=0) + 1  # never reuse a number
-        if kept and (not state_ok or listed != [k.number for k in kept]):
+        for number in delete:  # not intact, or superseded
+            self._delete_files(number, hook=False)
+        if rewrite:
             self._write_state()
-        return kept[-1] if kept else None
 
-    def _read_state(self, on_disk: list[int]) -> tuple[list[int], bool]:
-        """(numbers the state file lists, oldest first; whether it could be read).
+    def _refuse_fresh_start(self, names: list[str]) -> None:
+        """Raises CheckpointDirectoryError when intact checkpoints of other names are here."""
+        candidates = sorted(n[: -len(".index")] for n in names
+                            if n.endswith(".index") and not (n.startswith(".") and ".tmp-" in n))
+        found = [p for p in (os.path.join(self.directory, c) for c in candidates)
+                 if _files.check_intact(p) is None]
+        if not found:
+            return
+        shown = _render.listed([f"`{_render.safe(p)}`" for p in found], limit=10)
+        raise errors.CheckpointDirectoryError(
+            f"Checkpoint directory `{self.directory}` holds {len(found)} intact checkpoint(s) "
+            "that Checkpointing did not write (it writes and resumes from `ckpt-N` listed in "
+            f"the `{STATE_FILE}` state file):\n" + "\n".join(shown) + "\nExpected none, or "
+            "checkpoints of its own to resume from; refusing to start training fresh beside "
+            "them. Nothing was changed. Fix: to start over, pass another directory or move "
+            "those checkpoints away; to continue from one of them, restore it first "
+            "(objckpt.restore(model, prefix)) and give Checkpointing another directory.",
+            directory=self.directory, found=tuple(found))
 
-        Without a readable state file, every checkpoint on disk is a candidate
-        (with a warning when there are any).
+    def _read_state(self, files: bool) -> list[int] | None:
+        """The numbers the state file lists, oldest first; None when it is missing, cannot be
+        read, or names anything but `ckpt-N` of this directory (`files`: whether checkpoint
+        files are on disk, for the warning).
         """
         path = os.path.join(self.directory, STATE_FILE)
         try:
             names = _files.read_state(self.directory)
-            numbers = []
-            for name in names:
-                match = _NAME.match(os.path.basename(name) + ".index")
-                if not name or match is None:
-                    raise ValueError(f"`{name}` is not a ckpt-N checkpoint of this directory")
-                numbers.append(int(match.group(1)))
-            return sorted(set(numbers)), True
         except FileNotFoundError:
-            if on_disk:
+            if files:
                 self._warn(f"Checkpoint directory `{self.directory}` has checkpoint files but no "
                            f"`{STATE_FILE}` state file; using every intact one found on disk.")
-            return on_disk, not on_disk
+            return None
         except Exception as err:  # unreadable state: never a silent fresh start
             self._warn(f"The checkpoint state file `{path}` cannot be read "
-                       f"({_render.first_line(err)}); using the intact checkpoints found on disk "
-                       f"instead ({len(on_disk)} candidates) and writing a new state file.")
-            return on_disk, False
+                       f"({_render.first_line(err)}); using the intact checkpoints found on "
+                       "disk instead and writing a new state file.")
+            return None
+        numbers, wrong = set(), []
+        for name in names:
+            number = self._number(name)
+            if number is None:
+                wrong.append(name)
+            else:
+                numbers.add(number)
+        if wrong:
+            self._warn(
+                f"The checkpoint state file `{path}` names "
+                + ", ".join(f"`{_render.safe(n)}`" for n in wrong[:5])
+                + (f" and {len(wrong) - 5} more" if len(wrong) > 5 else "")
+                + f", which is not a `ckpt-N` checkpoint of `{self.directory}` (expected names "
+                "like `ckpt-3`); such names are neither used nor deleted. Using the intact "
+                "checkpoints found on disk instead and writing a new state file.")
+            return None
+        return sorted(numbers)
+
+    def _number(self, name: str) -> int | None:
+        """N when `name` (from the state file) is `ckpt-N` of this directory, else None.
+
+        Accepted: `ckpt-N`, or an absolute path whose folder is this directory. Never a
+        relative path with folders (`../x/ckpt-5`), nor another directory's `ckpt-N`.
+        """
+        if "\x00" in name:
+            return None
+        if os.path.isabs(name):
+            folder, name = os.path.split(name)
+            try:
+                if os.path.realpath(folder) != os.path.realpath(self.directory):
+                    return None
+            except (OSError, ValueError):
+                return None
+        elif os.sep in name or (os.altsep and os.altsep in name):
+            return None
+        match = _NAME.fullmatch(name + ".index")
+        return int(match.group(1)) if match else None
 
     def _read_metric(self, prefix: str) -> float:
         try:
@@ -203,6 +313,9 @@ class CheckpointDirectory:
         copied) happens here; a background thread writes and commits it. A
         newer save supersedes one still waiting to start.
         """
+        if self._read_only is not None:
+            self._failed(self._read_only)
+            return None
         if not self._lock.held:
             raise errors.DirectoryLockedError(
                 f"Cannot save to `{self.directory}`: this writer no longer holds the directory's "
@@ -307,9 +420,8 @@ class CheckpointDirectory:
         _files.remove(prefix + ".index")  # first: without its index, no one reads the rest
         if hook:
             _stage("delete")
-        for name in _files.listdir(self.directory):
-            if name.startswith(f"ckpt-{number}.data-"):
-                _files.remove(os.path.join(self.directory, name))
+        for path, _, _ in _files.data_shards(prefix):  # by TF's exact names: no stray file
+            _files.remove(path)
 
     # --- life cycle -----------------------------------------------------------------
 

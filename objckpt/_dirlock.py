@@ -8,12 +8,16 @@ for the error message of whoever is refused.
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
+import stat
 
 from objckpt import errors
 
 LOCK_FILE = ".objckpt.lock"
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 # realpath -> the DirectoryLock of this process that holds it.
 _HELD: dict = {}
@@ -51,8 +55,18 @@ class DirectoryLock:
             self._fd, other._fd = other._fd, None
             _HELD[key] = self
             return
-        os.makedirs(self.directory, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+            # Untrusted directory: never follow a link or block on a FIFO named like the lock.
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | _NOFOLLOW | _NONBLOCK, 0o644)
+        except OSError as err:
+            raise self._write_error("creating or opening its lock file", err) from err
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(errno.EINVAL, "the lock file is not a regular file (delete it)")
+        except OSError as err:
+            os.close(fd)
+            raise self._write_error("opening its lock file", err) from err
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as err:
@@ -63,10 +77,27 @@ class DirectoryLock:
                 f"({holder}): expected to hold its lock `{self.path}` alone. Nothing was "
                 "written or changed. Fix: stop the other training run, or give this run its "
                 "own directory.", directory=self.directory, holder=holder) from err
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
+        except OSError as err:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+            raise self._write_error("writing its lock file", err) from err
         self._fd = fd
         _HELD[key] = self
+
+    def _write_error(self, doing: str, err: OSError) -> errors.CheckpointWriteError:
+        cause = err.strerror or str(err)
+        if err.filename is not None:
+            cause += f" (`{err.filename}`)"
+        return errors.CheckpointWriteError(
+            f"Cannot write to checkpoint directory `{self.directory}`: {doing} `{self.path}` "
+            f"failed: {cause}. Expected a directory this process can create and replace "
+            "files in. Nothing was written or changed. Fix: make the directory writable "
+            "(e.g. `chmod u+w`), mount it read-write, or pass another directory; with "
+            "on_error='warn' training goes on without saving (resuming from what can be "
+            "read).")
 
     def release(self) -> None:
         if self._fd is None:

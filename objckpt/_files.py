@@ -11,60 +11,211 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import stat
 import uuid
 
 import tensorflow as tf
 
-from objckpt import _compat, _render, errors
+from objckpt import _bundle, _compat, _render, errors
 
-__all__ = ["DATA_SUFFIX", "STATE_FILE", "check_intact", "commit", "data_files_problem",
-           "listdir", "nearby_prefixes", "open_reader", "read_state", "remove", "rename",
-           "resolve_prefix", "state_candidates", "temp_prefix", "write_state",
-           "write_tensors"]
+__all__ = ["DATA_SUFFIX", "STATE_FILE", "STATE_FILE_LIMIT", "check_intact", "commit",
+           "data_files_problem", "data_shards", "inside", "intact_prefixes", "listdir",
+           "nearby_prefixes", "open_checked", "open_reader", "read_state",
+           "regular_file_problem", "remove", "rename", "resolve_prefix", "state_candidates",
+           "state_prefixes", "temp_prefix", "write_state", "write_tensors"]
 
 STATE_FILE = "checkpoint"
 DATA_SUFFIX = ".data-00000-of-00001"
+STATE_FILE_LIMIT = 1 << 20  # bytes; a real state file has about 100 per checkpoint
+
+
+# --- untrusted files ------------------------------------------------------------------
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISSOCK, "a socket"))
+
+
+def regular_file_problem(path: str, limit: int | None = None) -> str | None:
+    """Why `path` is not a regular file (of at most `limit` bytes) that is safe to open, or
+    None. Nothing is opened.
+
+    Every file of a checkpoint directory is untrusted: a FIFO would block `open` forever and
+    a device (say a symbolic link to `/dev/zero`) would be read until memory runs out. This
+    looks with `os.stat` (which follows symbolic links); call it before anything (TF's C++
+    reader included) opens a file of a checkpoint.
+
+    Returns:
+      None, or one clause naming the file and what it is, for error messages, e.g.
+      "`/run/ckpt-3.index` is a FIFO (named pipe), not a regular file".
+    """
+    try:
+        info = os.stat(path)  # follows symlinks: a link to /dev/zero is a device
+    except (FileNotFoundError, NotADirectoryError):
+        return f"`{_render.safe(path)}` does not exist"
+    except (OSError, ValueError) as err:  # ValueError: a NUL in the path
+        return f"`{_render.safe(path)}` cannot be examined ({_render.first_line(err)})"
+    return _stat_problem(path, info, limit)
+
+
+def _stat_problem(path: str, info: os.stat_result, limit: int | None) -> str | None:
+    if not stat.S_ISREG(info.st_mode):
+        kind = next((name for test, name in _KINDS if test(info.st_mode)), "not a file")
+        shown = f"`{_render.safe(path)}`"
+        if os.path.islink(path):
+            shown += f" (a symbolic link to `{_render.safe(os.path.realpath(path))}`)"
+        return f"{shown} is {kind}, not a regular file"
+    if limit is not None and info.st_size > limit:
+        return (f"`{_render.safe(path)}` is {info.st_size:,} bytes, more than the "
+                f"{limit:,} such a file can sensibly be")
+    return None
+
+
+def _read_small(path: str, limit: int) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes; never blocks on a FIFO.
+
+    Raises:
+      FileNotFoundError: no such file.
+      ValueError: what is there is not such a file (the message says what it is).
+      OSError: it cannot be read.
+    """
+    problem = regular_file_problem(path, limit)
+    if problem is not None:
+        if problem.endswith("does not exist"):
+            raise FileNotFoundError(problem)
+        raise ValueError(problem)
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+    fd = os.open(path, flags)
+    try:
+        problem = _stat_problem(path, os.fstat(fd), limit)  # what was opened, not a swap
+        if problem is not None:
+            raise ValueError(problem)
+        chunks, total = [], 0
+        while total <= limit:
+            chunk = os.read(fd, min(limit + 1 - total, 1 << 16))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+    finally:
+        os.close(fd)
+    if total > limit:
+        raise ValueError(f"`{_render.safe(path)}` grew past {limit:,} bytes while it was read")
+    return b"".join(chunks)
+
+
+_SHARD = re.compile(r"([0-9]{5,})-of-([0-9]{5,})")
+
+
+def data_shards(prefix: str) -> list[tuple[str, int, int]]:
+    """The data shards beside `prefix`: (path, shard, number of shards), sorted.
+
+    A shard is only a file named exactly `<prefix>.data-NNNNN-of-MMMMM` as TF names them;
+    anything else that merely starts with `<prefix>.data-` (`.bak` copies, TF's
+    `.tempstate*` leftovers) is not one, so it neither completes nor spoils a checkpoint.
+    The directory is listed, not globbed (its name may hold `[` or `*`).
+
+    Raises:
+      OSError (or TF's error for a remote prefix): the directory cannot be listed.
+    """
+    directory = os.path.dirname(prefix)
+    start = os.path.basename(prefix) + ".data-"
+    if "://" in prefix:
+        names = [n.rstrip("/") for n in tf.io.gfile.listdir(directory)]
+    else:
+        names = os.listdir(directory or ".")
+    shards = []
+    for name in names:
+        match = _SHARD.fullmatch(name[len(start):]) if name.startswith(start) else None
+        if match is not None:
+            shard, count = int(match.group(1)), int(match.group(2))
+            if name == f"{start}{shard:05d}-of-{count:05d}":  # TF's spelling, no other
+                shards.append((os.path.join(directory, name), shard, count))
+    return sorted(shards)
 
 
 # --- reading -------------------------------------------------------------------------
 
-def open_reader(prefix: str):
-    """TF's checkpoint reader for `prefix`; a damaged index is a CheckpointCorruptError."""
+def open_reader(prefix: str, *, data: bool = True):
+    """TF's checkpoint reader for `prefix`, after `open_checked`'s validation."""
+    return open_checked(prefix, data=data)[0]
+
+
+def open_checked(prefix: str, *, data: bool = True):
+    """(TF's checkpoint reader, the validated `_bundle.Index`) for `prefix`.
+
+    The index and its data shards' sizes are validated in Python first (TF's C++ reader
+    aborts the process on some crafted files); a damaged index is a CheckpointCorruptError.
+    `data=False` lets entries past the end of a truncated data shard through (TF reports
+    them when read; `verify` names them).
+    """
     try:
-        return tf.train.load_checkpoint(prefix)
+        index = _bundle.read_index(prefix, data=data)
+    except FileNotFoundError as err:
+        raise errors.CheckpointNotFoundError(
+            f"No checkpoint at prefix `{_render.safe(prefix)}`: `{_render.safe(prefix)}.index` "
+            "does not exist. Check the path, or pass the directory to use its newest "
+            "checkpoint.") from err
+    try:
+        return tf.train.load_checkpoint(prefix), index
     except (tf.errors.OpError, ValueError) as err:
         raise errors.CheckpointCorruptError(
-            f"Checkpoint `{prefix}` cannot be read: its index file `{prefix}.index` is damaged "
-            f"or not a checkpoint index. Received from TF: {_render.first_line(err)}. Restore "
-            "from another checkpoint, or write this one again.") from err
+            f"Checkpoint `{_render.safe(prefix)}` cannot be read: its index file "
+            f"`{_render.safe(prefix)}.index` is damaged or not a checkpoint index. Received from "
+            f"TF: {_render.first_line(err)}. Restore from another checkpoint, or write this one "
+            "again.") from err
 
 
 def data_files_problem(prefix: str) -> str | None:
-    """Why the data shards of `prefix` are incomplete, or None."""
-    directory = os.path.dirname(prefix) or "."
-    base = os.path.basename(prefix) + ".data-"
+    """Why the data shards of `prefix` are incomplete, or None.
+
+    Complete: for a number of shards M, every shard 0..M-1 exists as a regular file. Shards
+    named for another M (leftovers of another write) neither complete nor spoil that set;
+    which M the checkpoint uses is its index's to say (`open_reader` checks it).
+    """
     try:
-        shards = [name for name in os.listdir(directory) if name.startswith(base)]
-    except OSError as err:
-        return str(err)
+        shards = data_shards(prefix)
+    except (OSError, tf.errors.OpError) as err:
+        return f"its directory cannot be listed ({_render.first_line(err)})"
     if not shards:
         return f"its data file `{prefix}{DATA_SUFFIX}` is missing"
-    total = int(shards[0].rsplit("-of-", 1)[1])
-    if len(shards) != total:
-        return f"it has {len(shards)} of {total} data shards"
-    return None
+    sets: dict[int, dict[int, str]] = {}
+    for path, shard, count in shards:
+        sets.setdefault(count, {})[shard] = path
+    problems = []
+    for count, present in sorted(sets.items(), key=lambda item: -len(item[1])):
+        missing = next((i for i in range(count) if i not in present), None)
+        if count == 0 or max(present) >= count:
+            problems.append(f"its data shard names are not TF's "
+                            f"(`{os.path.basename(present[max(present)])}`)")
+        elif missing is not None:
+            problems.append(f"it has {len(present)} of {count} data shards (`{prefix}.data-"
+                            f"{missing:05d}-of-{count:05d}` is missing)")
+        else:
+            bad = None if "://" in prefix else next(
+                filter(None, map(regular_file_problem, present.values())), None)
+            if bad is None:
+                return None
+            problems.append(bad)
+    return problems[0]
 
 
 def check_intact(prefix: str) -> str | None:
     """Why `prefix` is not an intact checkpoint, or None if it looks intact."""
-    if not tf.io.gfile.exists(prefix + ".index"):
-        return f"`{prefix}.index` does not exist"
-    missing = data_files_problem(prefix) if "://" not in prefix else None
-    if missing:
-        return missing
+    if "://" in prefix:
+        if not tf.io.gfile.exists(prefix + ".index"):
+            return f"`{prefix}.index` does not exist"
+    else:
+        problem = regular_file_problem(prefix + ".index")
+        if problem is not None:
+            return problem
+        missing = data_files_problem(prefix)
+        if missing:
+            return missing
     try:
         open_reader(prefix)
-    except errors.CheckpointCorruptError as err:
+    except (errors.CheckpointCorruptError, errors.CheckpointNotFoundError) as err:
         return str(err)
     return None
 
@@ -79,67 +230,146 @@ def nearby_prefixes(directory: str, limit: int = 5) -> list[str]:
     return [os.path.join(directory, n) for n in names[:limit]]
 
 
+def intact_prefixes(directory: str, limit: int = 5) -> list[str]:
+    """Up to `limit` intact checkpoints in a directory, by name (for hints in errors)."""
+    found = []
+    for prefix in nearby_prefixes(directory, limit=1000):
+        if check_intact(prefix) is None:
+            found.append(prefix)
+            if len(found) == limit:
+                break
+    return found
+
+
+def _hint(directory: str) -> str:
+    found = intact_prefixes(directory)
+    if not found:
+        return ""
+    return (" Intact checkpoints found in the directory: "
+            + ", ".join(f"`{_render.safe(p)}`" for p in found)
+            + "; pass one of them as the prefix to restore from it.")
+
+
 def read_state(directory: str) -> list[str]:
     """The checkpoint names a directory's `checkpoint` state file lists, oldest first (its
     `model_checkpoint_path` last), as written (relative or absolute).
 
+    The state file is untrusted: it must be a regular file of at most `STATE_FILE_LIMIT`
+    bytes (a FIFO or a link to a device is refused, never opened for reading).
+
     Raises:
       CheckpointNotFoundError (a FileNotFoundError): no state file.
-      CheckpointCorruptError: it cannot be parsed, or names no checkpoint.
+      CheckpointCorruptError: it is not a regular file, too large, cannot be parsed, or
+        names no checkpoint.
     """
     state_path = os.path.join(directory, STATE_FILE)
-    found = nearby_prefixes(directory)
-    hint = (f" Prefixes found in the directory: {', '.join(found)}; pass one of them directly."
-            if found else "")
-    if not os.path.exists(state_path):
+    try:
+        text = _read_small(state_path, STATE_FILE_LIMIT)
+    except FileNotFoundError:
         raise errors.CheckpointNotFoundError(
             f"Directory `{directory}` holds no managed checkpoints: expected a TF `checkpoint` "
-            f"state file in it, found none.{hint}")
+            f"state file in it, found none.{_hint(directory)}") from None
+    except (OSError, ValueError) as err:
+        raise errors.CheckpointCorruptError(
+            f"The checkpoint state file `{state_path}` was not read: {err}. Expected a "
+            f"regular text file of at most {_render.size(STATE_FILE_LIMIT)}. Fix: delete it, "
+            f"or replace it with the state file of the directory.{_hint(directory)}") from err
     try:
-        with open(state_path, "rb") as f:
-            state = _compat.parse_checkpoint_state(f.read())
+        state = _compat.parse_checkpoint_state(text)
     except Exception as err:
         raise errors.CheckpointCorruptError(
             f"The checkpoint state file `{state_path}` cannot be parsed: "
-            f"{_render.first_line(err)}. Expected lines like `model_checkpoint_path: "
-            f"\"ckpt-3\"`.{hint} Or delete the state file and write a new checkpoint.") from err
+            f"{_render.safe(_render.first_line(err))}. Expected lines like "
+            f"`model_checkpoint_path: \"ckpt-3\"`.{_hint(directory)} Or delete the state file "
+            "and write a new checkpoint.") from err
     names = [*state.all_model_checkpoint_paths, state.model_checkpoint_path]
     names = list(reversed(dict.fromkeys(n for n in reversed(names) if n)))
     if not names:
         raise errors.CheckpointCorruptError(
             f"The checkpoint state file `{state_path}` names no checkpoint (it is empty or "
-            f"has no `model_checkpoint_path`).{hint}")
+            f"has no `model_checkpoint_path`).{_hint(directory)}")
     return names
 
 
+def inside(directory: str, path: str) -> bool:
+    """Whether `path` resolves (`os.path.realpath`: links followed) to a place strictly inside
+    `directory`."""
+    try:
+        root, real = os.path.realpath(directory), os.path.realpath(path)
+    except (OSError, ValueError):  # ValueError: a NUL in a name read from a file
+        return False
+    return real != root and os.path.commonpath([root, real]) == root
+
+
+def state_prefixes(directory: str) -> tuple[list[str], list[str]]:
+    """(prefixes a directory's state file names inside the directory, newest first; notes on
+    the names skipped because they resolve outside it).
+
+    A directory is read only from inside it: a state file naming `/elsewhere/ckpt-5` or
+    `../other/ckpt-5` does not make its reader open that checkpoint (pass it as a prefix).
+
+    Raises:
+      as `read_state`.
+    """
+    prefixes, notes = [], []
+    for name in reversed(read_state(directory)):
+        prefix = name if os.path.isabs(name) else os.path.join(directory, name)
+        if inside(directory, prefix):
+            prefixes.append(prefix)
+            continue
+        try:
+            where = f" (it resolves to `{_render.safe(os.path.realpath(prefix))}`)"
+        except (OSError, ValueError):
+            where = ""
+        notes.append(
+            f"skipped `{_render.safe(name)}`, named by the state file "
+            f"`{os.path.join(directory, STATE_FILE)}`: it is outside the directory "
+            f"`{directory}`{where}. A directory's checkpoints are read only from inside it; "
+            "pass that checkpoint's prefix explicitly to restore from it.")
+    return prefixes, notes
+
+
 def state_candidates(directory: str) -> list[str]:
-    """Checkpoint prefixes named by a directory's state file, newest first."""
-    names = reversed(read_state(directory))
-    return [n if os.path.isabs(n) else os.path.join(directory, n) for n in names]
+    """Checkpoint prefixes named by a directory's state file inside it, newest first."""
+    return state_prefixes(directory)[0]
 
 
 def resolve_prefix(source: str | os.PathLike) -> tuple[str, tuple[str, ...]]:
     """Turns a prefix, `prefix.index` or directory into an intact prefix.
 
+    A directory gives the newest intact checkpoint its state file names inside it.
+
     Returns:
-      (prefix, notes): notes say when an older checkpoint was used because the
-      newest one named by a directory's state file is not intact.
+      (prefix, notes): notes say when an older checkpoint was used because the newest one
+      named by a directory's state file is not intact, or when a name in the state file was
+      skipped because it lies outside the directory.
     """
     source = os.fspath(source)
     if source.endswith(".index") and tf.io.gfile.exists(source):
         source = source[: -len(".index")]
     if os.path.isdir(source):
-        notes = []
-        for prefix in state_candidates(source):
+        prefixes, notes = state_prefixes(source)
+        for prefix in prefixes:
             problem = check_intact(prefix)
             if problem is None:
                 return prefix, tuple(notes)
-            notes.append(f"skipped `{prefix}`: {problem}")
+            notes.append(f"skipped `{_render.safe(prefix)}`: {problem}")
+        found = intact_prefixes(source)
+        fix = ("\nIntact checkpoints found in the directory, which its state file does not "
+               "name: " + ", ".join(f"`{_render.safe(p)}`" for p in found) + ". Pass one of "
+               f"them as the prefix to restore from it, or fix the state file "
+               f"`{os.path.join(source, STATE_FILE)}` so that it names them."
+               if found else "\nRestore from another copy, or write a new checkpoint.")
         raise errors.CheckpointCorruptError(
-            f"Directory `{source}` has no intact checkpoint; every one its state file names is "
-            "damaged or missing:\n  " + "\n  ".join(notes) +
-            "\nRestore from another copy, or write a new checkpoint.")
+            f"Directory `{source}` has no intact checkpoint that its state file names; "
+            "expected at least one, found:\n  " + "\n  ".join(notes) + fix)
     if tf.io.gfile.exists(source + ".index"):
+        problem = None if "://" in source else regular_file_problem(source + ".index")
+        if problem is not None:
+            raise errors.CheckpointCorruptError(
+                f"Checkpoint `{source}` cannot be read: {problem}. Expected its index "
+                f"`{source}.index` to be a regular file (not opened). Fix: pass another "
+                "checkpoint, or replace the file with the checkpoint's real index.")
         return source, ()
     if os.path.isfile(source):
         raise errors.CheckpointNotFoundError(
@@ -184,8 +414,22 @@ def write_tensors(prefix: str, keys: list, tensors: list, stage=_no_stage) -> No
         commit(temp, prefix)
         stage("index")
     finally:
-        for leftover in tf.io.gfile.glob(temp + "*"):
+        for leftover in _starting_with(temp):
             remove(leftover)
+
+
+def _starting_with(temp: str) -> list[str]:
+    """Files whose names start with the (unique, temporary) name `temp` (no glob: a directory
+    name may hold `[` or `*`)."""
+    directory, start = os.path.split(temp)
+    try:
+        if "://" in temp:
+            names = [n.rstrip("/") for n in tf.io.gfile.listdir(directory)]
+        else:
+            names = os.listdir(directory or ".")
+    except (OSError, tf.errors.OpError):
+        return []
+    return [os.path.join(directory, n) for n in names if n.startswith(start)]
 
 
 def commit(temp: str, prefix: str) -> None:
@@ -193,13 +437,14 @@ def commit(temp: str, prefix: str) -> None:
 
     The old index goes first, so an old index never describes new data; then stale shards,
     then the data, the index last. A crash at any point leaves the old checkpoint, none, or
-    the new one under `prefix`; never a mix.
+    the new one under `prefix`; never a mix. Files beside `prefix` that are not data shards
+    by TF's exact names (say `prefix.data-00000-of-00001.bak`) are left alone.
     """
     if tf.io.gfile.exists(prefix + ".index"):
         tf.io.gfile.remove(prefix + ".index")
-    new_data = sorted(tf.io.gfile.glob(temp + ".data-*"))
+    new_data = [path for path, _, _ in data_shards(temp)]
     targets = {prefix + name[len(temp):] for name in new_data}
-    for stale in tf.io.gfile.glob(prefix + ".data-*"):
+    for stale, _, _ in data_shards(prefix):
         if stale not in targets:
             tf.io.gfile.remove(stale)
     for name in new_data:

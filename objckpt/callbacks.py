@@ -255,8 +255,11 @@ class Checkpointing(_FlavourFreeCallback):
     A SIGKILL at any moment leaves the newest fully written checkpoint
     restorable (see `objckpt._checkpointing` for the commit protocol); an
     unreadable state file or a missing newest checkpoint falls back to the
-    newest intact one, with a warning. On SIGTERM during fit one more
-    checkpoint is written, then the signal takes its course.
+    newest intact one, with a warning. An intact checkpoint is deleted only
+    when superseded by a newer one; a directory holding intact checkpoints
+    of other names and none of ours raises `errors.CheckpointDirectoryError`
+    rather than start fresh. On SIGTERM during fit one more checkpoint is
+    written, then the signal takes its course.
 
     Args:
       directory: a local directory of checkpoints (created if missing); one
@@ -271,8 +274,9 @@ class Checkpointing(_FlavourFreeCallback):
       async_save: write in a background thread; the training step that
         triggers a save blocks only for the in-memory copy.
       on_error: "raise" a `CheckpointWriteError` when a save fails (disk
-        full, I/O error), or "warn" and keep training. Earlier checkpoints
-        are untouched either way.
+        full, I/O error, a read-only directory), or "warn" and keep training
+        (in a read-only directory: resume, and train without saving).
+        Earlier checkpoints are untouched either way.
 
     Attributes:
       resumed_from: the prefix restored at the start of the last fit, or None.

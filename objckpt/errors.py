@@ -9,6 +9,7 @@ from __future__ import annotations
 
 __all__ = [
     "CheckpointCorruptError",
+    "CheckpointDirectoryError",
     "CheckpointNotFoundError",
     "CheckpointWriteError",
     "CloneError",
@@ -123,6 +124,21 @@ class CheckpointWriteError(ObjckptError, OSError):
     def __init__(self, message: str, prefix: str = ""):
         super().__init__(message)
         self.prefix = prefix
+
+
+class CheckpointDirectoryError(ObjckptError, FileExistsError):
+    """A directory holds intact checkpoints that `callbacks.Checkpointing` would not resume
+    from, so it refuses to start training fresh there (and to bury them under new ones).
+
+    Attributes:
+      directory: the directory of checkpoints.
+      found: the intact checkpoints found in it (prefixes).
+    """
+
+    def __init__(self, message: str, directory: str = "", found: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.directory = directory
+        self.found = tuple(found)
 
 
 class IncompatibleTensorFlowError(ObjckptError, ImportError):
