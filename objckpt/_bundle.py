@@ -111,18 +111,26 @@ class Index:
 # --- files -----------------------------------------------------------------------------
 
 def _read_file(path: str, limit: int) -> bytes:
-    """All bytes of a regular file (no FIFO, device or socket), at most `limit` of them."""
+    """All bytes of a regular file (no FIFO, device or socket), at most `limit` of them.
+
+    The size is checked first: nothing is allocated for a file larger than `limit`.
+    """
     if "://" in path:  # ram://, gs://: through TF's file system layer (no special files)
         import tensorflow as tf  # noqa: PLC0415 - only for non-local prefixes
 
+        size = tf.io.gfile.stat(path).length
+        if size > limit:
+            raise _Bad(f"it is {size} bytes, larger than {limit}")
         with tf.io.gfile.GFile(path, "rb") as f:
-            data = f.read(limit + 1)
+            data = f.read()
     else:
-        _require_regular(path)
+        size = _require_regular(path)
+        if size > limit:
+            raise _Bad(f"it is {size} bytes, larger than {limit}")
         with open(path, "rb") as f:
-            data = f.read(limit + 1)
-    if len(data) > limit:
-        raise _Bad(f"it is larger than {limit} bytes")
+            data = f.read(size)
+    if len(data) != size:
+        raise _Bad(f"it changed while it was read ({len(data)} of {size} bytes)")
     return data
 
 

@@ -140,15 +140,17 @@ def _prefixes(source: str) -> tuple[list[str], list[Problem]]:
     if not os.path.isdir(source):
         _files.resolve_prefix(source)  # raises CheckpointNotFoundError with its hints
         return [source], []
+    state = os.path.join(source, _files.STATE_FILE)
     try:
-        names = _files.state_candidates(source)
+        names, outside = _files.state_prefixes(source)
     except errors.CheckpointCorruptError as err:
         found = _files.nearby_prefixes(source, limit=1000)
         if not found:
             raise
-        state = os.path.join(source, _files.STATE_FILE)
         return found, [Problem(state, "", str(err).splitlines()[0])]
-    return list(reversed(names)), []  # oldest first
+    # A name outside the directory is not followed (restore would not either): a problem of
+    # the state file.
+    return list(reversed(names)), [Problem(state, "", note) for note in outside]
 
 
 def _verify_prefix(prefix: str):

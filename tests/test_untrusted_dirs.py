@@ -486,6 +486,11 @@ def test_restore_from_a_directory_never_follows_its_state_file_outside(tmp_path,
     assert target.v.numpy().tolist() == [1.0, 1.0]
     assert report.source.endswith("ckpt-1`")
     assert any("outside the directory" in n and "ckpt-5" in n for n in report.notes)
+    # verify checks what restore would read, and names the name it did not follow.
+    checked = objckpt.verify(str(directory))
+    assert checked.prefixes == (str(directory / "ckpt-1"),)
+    assert [p.where for p in checked.problems] == [""]
+    assert "outside the directory" in checked.problems[0].message
     # Passed explicitly, that prefix is the caller's choice.
     objckpt.restore(target, outside)
     assert target.v.numpy().tolist() == [5.0, 5.0]
