@@ -70,6 +70,9 @@ class DirectoryLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as err:
+            if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                os.close(fd)  # locking unsupported (some network file systems), not "in use"
+                raise self._write_error("locking its lock file", err) from err
             holder = _read_holder(fd)
             os.close(fd)
             raise errors.DirectoryLockedError(

@@ -515,3 +515,16 @@ def test_restore_from_a_directory_whose_state_file_names_a_deleted_checkpoint(tm
     assert "ckpt-3.index` does not exist" in message
     assert f"`{tmp_path / 'ckpt-1'}`, `{tmp_path / 'ckpt-2'}`" in message
     assert "Pass one of them as the prefix" in message
+
+
+def test_a_lock_the_file_system_cannot_take_is_not_called_in_use(tmp_path, monkeypatch):
+    from objckpt import _dirlock
+
+    def unsupported(fd, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(_dirlock.fcntl, "flock", unsupported)
+    with pytest.raises(errors.CheckpointWriteError) as info:
+        _dirlock.DirectoryLock(str(tmp_path)).acquire()
+    assert "locking its lock file" in str(info.value) and "No locks available" in str(info.value)
+    assert "in use" not in str(info.value)
