@@ -4,6 +4,7 @@ Usage:
   python benchmarks/fuzz_checkpoints.py [--cases 10000] [--seed 0] [--jobs 2]
                                         [--timeout 20] [--no-tf] [--groups index,graph]
                                         [--objckpt PATH] [--json out.json]
+  python benchmarks/fuzz_checkpoints.py --repro MUTATION:BASE:SEED:OP [--keep DIR]
 
 Base checkpoints are written in this environment's flavour (a Keras conv + BatchNorm +
 Dense model after one Adam step, saved by objckpt.save and by tf.train.Checkpoint; a
@@ -17,7 +18,8 @@ TF's `tf.train.Checkpoint(...).read(prefix)` runs too (unless --no-tf), for comp
 
 Prints, for objckpt and for plain TF, counts per mutation class (group, then each named
 mutation with anything but ok/typed) x outcome, each distinct failure with what reproduces
-it (mutation, base, seed, operation, error or signal), and the total time. Exit status 1
+it (mutation, base, seed, operation, error or signal; `--repro` runs one such case again,
+`--keep DIR` leaves its files there), and the total time. Exit status 1
 when objckpt has any crash, hang, untyped error, partial restore, silent wrong result or
 deleted intact checkpoint (silent_undetectable excepted: no checksum can tell).
 """
@@ -98,6 +100,35 @@ def _report(rows, who) -> str:
     return "\n".join(lines)
 
 
+def _repro(args) -> int:
+    """Runs the given cases one by one and prints each raw result and its files."""
+    if args.objckpt:
+        os.environ["FUZZ_OBJCKPT_PATH"] = os.path.abspath(args.objckpt)
+    plan = []
+    for spec in args.repro:
+        name, base, seed, op = spec.split(":")
+        if name not in F.MUTATIONS or base not in F.BASES:
+            print(f"unknown mutation or base in {spec!r}", file=sys.stderr)
+            return 2
+        plan.append((name, base, int(seed), op))
+    work = args.keep or tempfile.mkdtemp(prefix="objckpt-fuzz-repro-")
+    bases = args.bases or os.path.join(work, "bases")
+    if not os.path.exists(os.path.join(bases, "bases.json")):
+        F.make_bases(bases)
+    pool = F.Pool(bases, timeout=args.timeout, standby=False)
+    bad = False
+    try:
+        def show(i, n, row):
+            print(f"{row.repro()}\n  note: {row.note}\n  files: "
+                  f"{os.path.join(work, f'case-{i}')}", flush=True)
+
+        rows = F.run_plan(pool, plan, bases, work, progress=show, keep=True)
+        bad = any(r.outcome in BAD for r in rows)
+    finally:
+        pool.close()
+    return 1 if bad else 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -114,7 +145,13 @@ def main(argv=None) -> int:
     parser.add_argument("--json", help="write every case's outcome here")
     parser.add_argument("--failures", type=int, default=60,
                         help="distinct failures to list (default 60)")
+    parser.add_argument("--repro", action="append", metavar="MUTATION:BASE:SEED:OP",
+                        help="run only this case (repeatable), e.g. "
+                             "index.dim_negative:keras:0:restore")
+    parser.add_argument("--keep", metavar="DIR", help="with --repro: write the cases here")
     args = parser.parse_args(argv)
+    if args.repro:
+        return _repro(args)
     if args.objckpt:
         os.environ["FUZZ_OBJCKPT_PATH"] = os.path.abspath(args.objckpt)
     started = time.monotonic()

@@ -1838,15 +1838,16 @@ class Row:
 
 
 def run_plan(pool: Pool, plan, bases: str, workdir: str, *, progress=None,
-             skip_after_hang: bool = False) -> list[Row]:
+             skip_after_hang: bool = False, keep: bool = False) -> list[Row]:
     """Runs (mutation, base, seed, op) tuples; each op gets a freshly mutated copy.
 
     With `skip_after_hang`, once an operation on a mutated case hangs, its other operations
-    are recorded as `not_run` instead of each costing the timeout (the bounded suite)."""
+    are recorded as `not_run` instead of each costing the timeout (the bounded suite). With
+    `keep`, each case's files stay in `workdir/case-N` (to reproduce a failure by hand)."""
     rows = []
     hung = set()
     for i, (name, base, seed, op) in enumerate(plan):
-        root = os.path.join(workdir, "case")
+        root = os.path.join(workdir, f"case-{i}" if keep else "case")
         if (name, base, seed) in hung:
             rows.append(Row(name, base, seed, op, NOT_RUN,
                             "skipped: an earlier operation on this case hung", 0.0))
@@ -1866,6 +1867,7 @@ def run_plan(pool: Pool, plan, bases: str, workdir: str, *, progress=None,
         rows.append(row)
         if progress is not None:
             progress(i, len(plan), row)
-        shutil.rmtree(root, ignore_errors=True)
+        if not keep:
+            shutil.rmtree(root, ignore_errors=True)
         shutil.rmtree(os.path.join(workdir, "scratch"), ignore_errors=True)
     return rows
