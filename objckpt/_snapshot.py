@@ -153,18 +153,27 @@ def fetch_values(the_plan: _match.Plan, variables, matches=None) -> list:
     """
     matches = the_plan.matches if matches is None else matches
     values = the_plan.fetch([m.source for m in matches])
-    out, problems = [], []
+    out, problems, corrupt = [], [], []
     for match, value in zip(matches, values):
         if match.transform is not None:
             value = match.transform(value)
-            variable = variables[match.target]
-            if (tuple(value.shape) != tuple(variable.shape)
-                    or value.dtype != variable.dtype.base_dtype):
-                problems.append(
-                    f"`{match.target}`: the transform of `{match.source}` gave "
-                    f"{value.dtype.name}{tuple(value.shape)} but the obj has "
-                    f"{variable.dtype.base_dtype.name}{tuple(variable.shape)}")
+        variable = variables[match.target]
+        if (value.shape != variable.shape or value.dtype != variable.dtype.base_dtype):
+            got = (f"{value.dtype.name}{tuple(value.shape)} but the obj has "
+                   f"{variable.dtype.base_dtype.name}{tuple(variable.shape)}")
+            if match.transform is not None:
+                problems.append(f"`{_render.safe(match.target)}`: the transform of "
+                                f"`{_render.safe(match.source)}` gave {got}")
+            else:  # the plan checked the metadata: the data disagrees with it
+                corrupt.append(f"`{_render.safe(match.target)}`: `{_render.safe(match.source)}`"
+                               f" read as {got}")
         out.append(value)
+    if corrupt:
+        raise errors.CheckpointCorruptError(
+            f"{the_plan.source}: {len(corrupt)} value(s) read do not have the shape or dtype "
+            "its metadata promised (an inconsistent or crafted checkpoint); nothing was "
+            "changed or written:\n" + "\n".join(_render.listed(corrupt))
+            + "\nFix: restore from another checkpoint, or write this one again.")
     if problems:
         raise errors.StructureMismatchError(
             f"{len(problems)} transformed value(s) from {the_plan.source} do not fit; nothing "

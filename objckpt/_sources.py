@@ -96,7 +96,9 @@ def _object_source(prefix: str, notes) -> Source:
         specs.setdefault(alias, specs[full])
 
     def entry(path):
-        return entries[aliases.get(path, path)]
+        # A path that is a key of its own is that entry (as in `specs`), even when the graph
+        # also reaches another variable by it: metadata and values must never disagree.
+        return entries[path] if path in entries else entries[aliases[path]]
 
     def subtree(at):
         # As at the root: a variable whose path within `at` runs through an optimizer

@@ -295,3 +295,23 @@ def test_saveables_of_several_tensors_and_variant_tensors(tmp_path):
     crafted = _craft(prefix, tmp_path, inflate)
     with pytest.raises(errors.CheckpointCorruptError, match="element 0 declares 8192 bytes"):
         objckpt.read_tree(crafted)
+
+
+def test_values_read_that_disagree_with_the_metadata_change_nothing(good, monkeypatch):
+    """Invariant 1: every value is checked under the path it will be assigned to, after it is
+    read and before any assignment, even when the metadata the plan checked said otherwise."""
+    from objckpt import _sources
+
+    real = _sources._restore_v2
+
+    def lying(prefix, keys, dtypes):
+        values = list(real(prefix, keys, dtypes))
+        values[-1] = tf.zeros([9], values[-1].dtype)  # the last one read: after the others
+        return values
+
+    monkeypatch.setattr(_sources, "_restore_v2", lying)
+    target = Net()
+    before = [v.numpy() for v in target.variables]
+    with pytest.raises(errors.CheckpointCorruptError, match=r"read as \w+\(9,\) but the obj"):
+        objckpt.restore(target, good)
+    assert all(np.array_equal(a, v.numpy()) for a, v in zip(before, target.variables))

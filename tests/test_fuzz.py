@@ -107,8 +107,9 @@ REGRESSIONS = [
     # do, with every variable bit-identical to before (checked by the outcome: "partial").
     ("duplicate-child-name-partial", "graph.duplicate_child_name", "module", "restore",
      "ObjckptError"),
-    ("swapped-keys-partial", "graph.swap_keys_diff_shape", "module", "restore",
-     "ObjckptError"),
+    # Restored by the paths the checkpoint keys name (each value is the one saved under its
+    # own path: the originals), or refused; never half of it.
+    ("swapped-keys-partial", "graph.swap_keys_diff_shape", "module", "restore", None),
     ("state-file-fifo-hang", "files.state_fifo", "fit", "restore_dir", CORRUPT),
     ("index-fifo-hang", "files.index_fifo", "keras", "restore", CORRUPT),
     ("state-file-dev-zero-hang", "files.state_devzero", "fit", "restore_dir", CORRUPT),
@@ -120,6 +121,9 @@ REGRESSIONS = [
 def test_regression(mutation, base, op, expected, pool, bases, workdir):
     case = F.make_case(mutation, base, 0, bases, os.path.join(workdir, "case"))
     outcome, detail, result = F.run_case(pool, case, op, os.path.join(workdir, "scratch"))
+    if expected is None:  # the original values, or a typed error with nothing changed
+        assert outcome in (F.OK, F.TYPED), f"{mutation} ({case.note}) {op}: {outcome}: {detail}"
+        return
     assert outcome == F.TYPED, f"{mutation} ({case.note}) {op}: {outcome}: {detail}"
     assert expected in result["mro"], result["error"]
 
