@@ -116,7 +116,7 @@ def _read_file(path: str, limit: int) -> bytes:
     The size is checked first: nothing is allocated for a file larger than `limit`.
     """
     if "://" in path:  # ram://, gs://: through TF's file system layer (no special files)
-        import tensorflow as tf  # noqa: PLC0415 - only for non-local prefixes
+        import tensorflow as tf
 
         size = tf.io.gfile.stat(path).length
         if size > limit:
@@ -150,7 +150,7 @@ def _require_regular(path: str) -> int:
 
 def _file_size(path: str) -> int:
     if "://" in path:
-        import tensorflow as tf  # noqa: PLC0415
+        import tensorflow as tf
 
         return tf.io.gfile.stat(path).length
     return _require_regular(path)
@@ -526,7 +526,7 @@ def _framing_problem(prefix: str, entry: Entry, num_shards: int) -> str | None:
     elements = entry.elements
     name = shard_name(prefix, entry.shard, num_shards)
     if "://" in name:
-        import tensorflow as tf  # noqa: PLC0415 - only for non-local prefixes
+        import tensorflow as tf
 
         opened = tf.io.gfile.GFile(name, "rb")
     else:

@@ -237,7 +237,7 @@ def _answers_within(call, seconds=20):
     def run():
         try:
             outcome["value"] = call()
-        except BaseException as err:  # noqa: BLE001 - handed to the test
+        except BaseException as err:
             outcome["error"] = err
 
     thread = threading.Thread(target=run, daemon=True)

@@ -19,8 +19,9 @@ from __future__ import annotations
 import collections
 import os
 
-import fuzzlib as F
 import pytest
+
+import fuzzlib as F
 
 # Seconds one case may take before it counts as a hang (its worker is then replaced).
 TIMEOUT = float(os.environ.get("OBJCKPT_FUZZ_TIMEOUT", "10"))
