@@ -115,20 +115,11 @@ def _read_file(path: str, limit: int) -> bytes:
 
     The size is checked first: nothing is allocated for a file larger than `limit`.
     """
-    if "://" in path:  # ram://, gs://: through TF's file system layer (no special files)
-        import tensorflow as tf
-
-        size = tf.io.gfile.stat(path).length
-        if size > limit:
-            raise _Bad(f"it is {size} bytes, larger than {limit}")
-        with tf.io.gfile.GFile(path, "rb") as f:
-            data = f.read()
-    else:
-        size = _require_regular(path)
-        if size > limit:
-            raise _Bad(f"it is {size} bytes, larger than {limit}")
-        with open(path, "rb") as f:
-            data = f.read(size)
+    size = _file_size(path)
+    if size > limit:
+        raise _Bad(f"it is {size} bytes, larger than {limit}")
+    with _open(path) as f:
+        data = f.read(size)
     if len(data) != size:
         raise _Bad(f"it changed while it was read ({len(data)} of {size} bytes)")
     return data
@@ -149,11 +140,22 @@ def _require_regular(path: str) -> int:
 
 
 def _file_size(path: str) -> int:
+    """The size of a file to read: a regular local file, or one behind TF's file systems
+    (`ram://`, `gs://`: no special files there)."""
     if "://" in path:
-        import tensorflow as tf
+        import tensorflow as tf  # only for non-local prefixes: no TF import otherwise
 
         return tf.io.gfile.stat(path).length
     return _require_regular(path)
+
+
+def _open(path: str):
+    """A binary reader of a file `_file_size` accepted."""
+    if "://" in path:
+        import tensorflow as tf
+
+        return tf.io.gfile.GFile(path, "rb")
+    return open(path, "rb")  # the caller closes it
 
 
 def shard_name(prefix: str, shard: int, num_shards: int) -> str:
@@ -525,13 +527,7 @@ def _framing_problem(prefix: str, entry: Entry, num_shards: int) -> str | None:
     """
     elements = entry.elements
     name = shard_name(prefix, entry.shard, num_shards)
-    if "://" in name:
-        import tensorflow as tf
-
-        opened = tf.io.gfile.GFile(name, "rb")
-    else:
-        opened = open(name, "rb")  # noqa: SIM115 - closed below
-    with opened as f:
+    with _open(name) as f:
         f.seek(entry.offset)
         if entry.dtype == _STRING:
             head = f.read(min(entry.size, 10 * elements))
