@@ -251,6 +251,12 @@ def _parse_shape(buf, start: int, end: int) -> tuple:
             _singular(seen, number, "TensorShapeProto")
             if value:
                 raise _Bad("its shape has unknown rank")
+    return _checked_shape(dims)
+
+
+def _checked_shape(dims) -> tuple:
+    """Dimension sizes (each >= 0 already) as TF's TensorShape accepts them: at most 254
+    dimensions and 2^62 elements (TF aborts the process on more)."""
     if len(dims) > _MAX_DIMS:
         raise _Bad(f"its shape has {len(dims)} dimensions (at most {_MAX_DIMS})")
     count = 1
@@ -323,7 +329,7 @@ def _parse_entry(buf, start: int, end: int) -> Entry:
                 if pos != dim_stop or value >= 1 << 63:
                     return _parse_entry_general(buf, start, end)
                 dims.append(value)
-            shape = tuple(dims)
+            shape = _checked_shape(dims)
             continue
         bit = _FAST_FIELDS.get(tag)
         if bit is None or seen & bit:
@@ -343,13 +349,6 @@ def _parse_entry(buf, start: int, end: int) -> Entry:
             offset = _int64(value)
         else:
             size = _int64(value)
-    if len(shape) > _MAX_DIMS:
-        raise _Bad(f"its shape has {len(shape)} dimensions (at most {_MAX_DIMS})")
-    count = 1
-    for dim in shape:
-        count *= dim
-        if count > _MAX_ELEMENTS:
-            raise _Bad(f"its shape {shape} has more than 2^62 elements")
     return Entry(dtype, shape, shard, offset, size, ())
 
 
