@@ -39,7 +39,10 @@ def test_demo_trains_restores_migrates_and_draws(tmp_path):
                                 text).groups()
     assert saved == restored
     assert "complete: slot 8, name 4" in text  # TF1 Adam slots moved by role
-    assert "max |diff| 0.00e+00" in text
+    # The migrated weights are TF1's bit for bit; the two forward passes may round apart by
+    # float32 ulps (oneDNN picks kernels per CPU: 0 on some machines, 1.49e-07 on others).
+    diff = float(re.search(r"max \|diff\| ([-+.\de]+)", text).group(1))
+    assert diff <= 1e-6, diff
     # The demo reports its own timings; how fast it is belongs in benchmarks, not here.
     assert re.search(r"total \(wall, with imports\)\s+[\d.]+ s", text)
     # What it wrote is there and intact.
