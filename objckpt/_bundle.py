@@ -30,7 +30,8 @@ import struct
 from objckpt import _render, errors
 
 __all__ = ["DTYPE_SIZES", "OBJECT_GRAPH_KEY", "Entry", "Index", "check_graph", "graph_problems",
-           "read_index", "saved_under", "shard_name"]
+           "read_index", "regular_file_problem", "saved_under", "shard_name",
+           "stat_problem"]
 
 OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 _MAGIC = 0xDB4775248B80FB57
@@ -125,17 +126,57 @@ def _read_file(path: str, limit: int) -> bytes:
     return data
 
 
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISSOCK, "a socket"))
+
+
+def regular_file_problem(path: str, limit: int | None = None) -> str | None:
+    """Why `path` is not a regular file (of at most `limit` bytes) that is safe to open, or
+    None. Nothing is opened.
+
+    Every file of a checkpoint directory is untrusted: a FIFO would block `open` forever and
+    a device (say a symbolic link to `/dev/zero`) would be read until memory runs out. This
+    looks with `os.stat` (which follows symbolic links); call it before anything (TF's C++
+    reader included) opens a file of a checkpoint.
+
+    Returns:
+      None, or one clause naming the file and what it is, for error messages, e.g.
+      "`/run/ckpt-3.index` is a FIFO (named pipe), not a regular file".
+    """
+    try:
+        info = os.stat(path)  # follows symlinks: a link to /dev/zero is a device
+    except (FileNotFoundError, NotADirectoryError):
+        return f"`{_render.safe(path)}` does not exist"
+    except (OSError, ValueError) as err:  # ValueError: a NUL in the path
+        return f"`{_render.safe(path)}` cannot be examined ({_render.first_line(err)})"
+    return stat_problem(path, info, limit)
+
+
+def stat_problem(path: str, info: os.stat_result, limit: int | None) -> str | None:
+    if not stat.S_ISREG(info.st_mode):
+        kind = next((name for test, name in _KINDS if test(info.st_mode)), "not a file")
+        shown = f"`{_render.safe(path)}`"
+        if os.path.islink(path):
+            shown += f" (a symbolic link to `{_render.safe(os.path.realpath(path))}`)"
+        return f"{shown} is {kind}, not a regular file"
+    if limit is not None and info.st_size > limit:
+        return (f"`{_render.safe(path)}` is {info.st_size:,} bytes, more than the "
+                f"{limit:,} such a file can sensibly be")
+    return None
+
+
 def _require_regular(path: str) -> int:
     """The size of a regular file; anything else (FIFO, device, directory) is refused."""
     try:
         info = os.stat(path)  # follows symlinks: a link to /dev/zero is a device
     except FileNotFoundError:
         raise
-    except OSError as err:
+    except (OSError, ValueError) as err:
         raise _Bad(f"it cannot be read: {err}") from err
-    if not stat.S_ISREG(info.st_mode):
-        raise _Bad("it is not a regular file (a FIFO, device, socket or directory); refused "
-                   "without reading it")
+    problem = stat_problem(path, info, None)
+    if problem is not None:
+        raise _Bad(f"{problem}; refused without opening it")
     return info.st_size
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import stat
 import uuid
 
 import tensorflow as tf
@@ -32,45 +31,9 @@ STATE_FILE_LIMIT = 1 << 20  # bytes; a real state file has about 100 per checkpo
 
 # --- untrusted files ------------------------------------------------------------------
 
-_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
-          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-          (stat.S_ISSOCK, "a socket"))
-
-
-def regular_file_problem(path: str, limit: int | None = None) -> str | None:
-    """Why `path` is not a regular file (of at most `limit` bytes) that is safe to open, or
-    None. Nothing is opened.
-
-    Every file of a checkpoint directory is untrusted: a FIFO would block `open` forever and
-    a device (say a symbolic link to `/dev/zero`) would be read until memory runs out. This
-    looks with `os.stat` (which follows symbolic links); call it before anything (TF's C++
-    reader included) opens a file of a checkpoint.
-
-    Returns:
-      None, or one clause naming the file and what it is, for error messages, e.g.
-      "`/run/ckpt-3.index` is a FIFO (named pipe), not a regular file".
-    """
-    try:
-        info = os.stat(path)  # follows symlinks: a link to /dev/zero is a device
-    except (FileNotFoundError, NotADirectoryError):
-        return f"`{_render.safe(path)}` does not exist"
-    except (OSError, ValueError) as err:  # ValueError: a NUL in the path
-        return f"`{_render.safe(path)}` cannot be examined ({_render.first_line(err)})"
-    return _stat_problem(path, info, limit)
-
-
-def _stat_problem(path: str, info: os.stat_result, limit: int | None) -> str | None:
-    if not stat.S_ISREG(info.st_mode):
-        kind = next((name for test, name in _KINDS if test(info.st_mode)), "not a file")
-        shown = f"`{_render.safe(path)}`"
-        if os.path.islink(path):
-            shown += f" (a symbolic link to `{_render.safe(os.path.realpath(path))}`)"
-        return f"{shown} is {kind}, not a regular file"
-    if limit is not None and info.st_size > limit:
-        return (f"`{_render.safe(path)}` is {info.st_size:,} bytes, more than the "
-                f"{limit:,} such a file can sensibly be")
-    return None
-
+# Why a path is not a regular file that is safe to open (one definition, in the lowest layer
+# that needs it: the index validator refuses FIFOs and devices too).
+regular_file_problem = _bundle.regular_file_problem
 
 def _read_small(path: str, limit: int) -> bytes:
     """The bytes of a regular file of at most `limit` bytes; never blocks on a FIFO.
@@ -80,7 +43,7 @@ def _read_small(path: str, limit: int) -> bytes:
       ValueError: what is there is not such a file (the message says what it is).
       OSError: it cannot be read.
     """
-    problem = regular_file_problem(path, limit)
+    problem = _bundle.regular_file_problem(path, limit)
     if problem is not None:
         if problem.endswith("does not exist"):
             raise FileNotFoundError(problem)
@@ -88,7 +51,7 @@ def _read_small(path: str, limit: int) -> bytes:
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
     fd = os.open(path, flags)
     try:
-        problem = _stat_problem(path, os.fstat(fd), limit)  # what was opened, not a swap
+        problem = _bundle.stat_problem(path, os.fstat(fd), limit)  # what was opened, not a swap
         if problem is not None:
             raise ValueError(problem)
         chunks, total = [], 0
