@@ -23,6 +23,7 @@ that fails raises an error, not a crash.
 from __future__ import annotations
 
 import bisect
+import itertools
 import os
 import stat
 import struct
@@ -429,7 +430,7 @@ def _parse_entry_general(buf, start: int, end: int) -> Entry:
 
 def _parse_header(buf, start: int, end: int) -> int:
     """num_shards of a BundleHeaderProto (which TF also parses as a BundleEntryProto)."""
-    num_shards, seen = 1, set()
+    num_shards, seen = 0, set()  # proto3: an absent field is 0
     for number, wire, value in _fields(buf, start, end):
         if number not in (1, 2, 3):
             raise _Bad(f"the header has an unknown field {number}")
@@ -530,11 +531,11 @@ def read_index(prefix: str, *, data: bool = True) -> Index:
     path = prefix + ".index"
     try:
         buf = _read_file(path, _MAX_INDEX_BYTES)
-        num_shards, entries = _parse_table(buf)
+        num_shards, entries, slices = _parse_table(buf)
     except _Bad as err:
         raise _corrupt(path, None, str(err)) from None
     sizes, beyond = {}, {}
-    for key, entry in entries.items():
+    for key, entry in itertools.chain(entries.items(), slices.items()):
         problem = _entry_problem(key, entry, num_shards)
         if problem is None and entry.size:
             if entry.shard not in sizes:
@@ -609,8 +610,9 @@ def _shard_size(prefix: str, shard: int, num_shards: int) -> int:
         raise _corrupt(name, None, str(err)) from None
 
 
-def _parse_table(buf) -> tuple[int, dict]:
-    """(num_shards, {tensor name: Entry}) of an index table's bytes."""
+def _parse_table(buf) -> tuple[int, dict, dict]:
+    """(num_shards, {tensor name: Entry}, {shown binary key: Entry} of the slices of
+    partitioned tensors) of an index table's bytes."""
     size = len(buf)
     if size < _FOOTER:
         raise _Bad(f"it is {size} bytes, shorter than a table footer ({_FOOTER} bytes)")
@@ -623,6 +625,7 @@ def _parse_table(buf) -> tuple[int, dict]:
     index_offset, index_size, _ = _handle(buf, pos, size - 8)
     index = _block(buf, index_offset, index_size, footer, "index")
     entries: dict = {}
+    slices: dict = {}
     num_shards = last = None
     previous_limit = 0
     for separator, value_start, value_end in _block_entries(buf, *index, "index"):
@@ -651,9 +654,10 @@ def _parse_table(buf) -> tuple[int, dict]:
                 if key[:1] != b"\x00":
                     raise _Bad(f"tensor name {_show(key)} is not UTF-8") from None
                 # A slice of a partitioned tensor: TF encodes its key in binary.
+                slices[_show(key)] = entry
     if num_shards is None:
         raise _Bad("it has no header entry (the empty key)")
-    return num_shards, entries
+    return num_shards, entries, slices
 
 
 def _show(key: bytes) -> str:

@@ -76,6 +76,18 @@ def test_index_of_real_checkpoints_matches_tfs_reader(good, tmp_path):
     ours, index = _ours(merged)
     assert ours == _tf_maps(merged) and index.num_shards == 2
     assert {e.shard for e in index.entries.values()} == {0, 1}
+    # A TF1 partitioned variable: its slices are stored under binary keys.
+    with tf.Graph().as_default():
+        tf.compat.v1.get_variable("emb", shape=[10, 4],
+                                  partitioner=tf.compat.v1.fixed_size_partitioner(3))
+        saver = tf.compat.v1.train.Saver()
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            partitioned = saver.save(session, str(tmp_path / "tf1" / "model.ckpt"))
+    ours, index = _ours(partitioned)
+    assert ours == _tf_maps(partitioned)
+    assert [first for first, _ in (s[0] for s in index.entries["emb"].slices)] == [0, 4, 7]
+    assert objckpt.verify(partitioned).ok
 
 
 def _craft(good, tmp_path, edit, name="crafted"):
@@ -132,6 +144,7 @@ CRAFTED = [
      "not UTF-8"),
     ("header-missing", lambda b: b.entries.pop(0), "no header entry"),
     ("header-zero-shards", lambda b: b.set_value(b"", b"\x08\x00"), "says 0 data shards"),
+    ("header-without-shards", lambda b: b.set_value(b"", b""), "says 0 data shards"),
     ("header-huge-shards", lambda b: b.set_value(b"", b"\x08\xff\xff\xff\xff\x07"),
      "data shards (1 to"),
     ("keys-unsorted", lambda b: b.entries.insert(2, b.entries.pop(1)), "strictly increasing"),
