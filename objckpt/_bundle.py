@@ -335,7 +335,8 @@ def _parse_slice(buf, start: int, end: int) -> tuple:
 def _parse_entry(buf, start: int, end: int) -> Entry:
     """A BundleEntryProto; the common encoding (one-byte tags of the known fields, dims with
     only a size) is read inline, anything else by the general strict parser."""
-    dtype = shard = offset = size = seen = 0
+    ints: dict = {}  # field number -> raw varint of dtype, shard_id, offset, size
+    seen = 0
     shape = ()
     pos = start
     while pos < end:
@@ -373,33 +374,30 @@ def _parse_entry(buf, start: int, end: int) -> Entry:
                 dims.append(value)
             shape = _checked_shape(dims)
             continue
-        bit = _FAST_FIELDS.get(tag)
-        if bit is None or seen & bit:
+        number = _VARINT_TAGS.get(tag)
+        if number is None or number in ints:
             return _parse_entry_general(buf, start, end)
-        seen |= bit
         pos += 1
         if pos < end and buf[pos] < 0x80:
-            value = buf[pos]
+            ints[number] = buf[pos]
             pos += 1
         else:
-            value, pos = _varint(buf, pos, end)
-        if bit == 2:
-            dtype = _int32(value)
-        elif bit == 8:
-            shard = _int32(value)
-        elif bit == 16:
-            offset = _int64(value)
-        else:
-            size = _int64(value)
-    return Entry(dtype, shape, shard, offset, size, ())
+            ints[number], pos = _varint(buf, pos, end)
+    return _entry(ints, shape, ())
 
 
-# One-byte tags of BundleEntryProto's varint fields -> a bit for "seen".
-_FAST_FIELDS = {0x08: 2, 0x18: 8, 0x20: 16, 0x28: 32}
+# One-byte tags of BundleEntryProto's varint fields (dtype, shard_id, offset, size) -> field.
+_VARINT_TAGS = {0x08: 1, 0x18: 3, 0x20: 4, 0x28: 5}
+
+
+def _entry(ints: dict, shape: tuple, slices: tuple) -> Entry:
+    """An Entry from the raw varints of fields 1, 3, 4, 5 (proto3: absent is 0)."""
+    return Entry(_int32(ints.get(1, 0)), shape, _int32(ints.get(3, 0)),
+                 _int64(ints.get(4, 0)), _int64(ints.get(5, 0)), slices)
 
 
 def _parse_entry_general(buf, start: int, end: int) -> Entry:
-    dtype = shard = offset = size = 0
+    ints: dict = {}
     shape, slices, seen = (), [], set()
     for number, wire, value in _fields(buf, start, end):
         if number == 7:
@@ -417,15 +415,8 @@ def _parse_entry_general(buf, start: int, end: int) -> Entry:
         elif number in (1, 3, 4, 5):
             _expect(wire, 0, "BundleEntryProto", number)
             _singular(seen, number, "BundleEntryProto")
-            if number == 1:
-                dtype = _int32(value)
-            elif number == 3:
-                shard = _int32(value)
-            elif number == 4:
-                offset = _int64(value)
-            else:
-                size = _int64(value)
-    return Entry(dtype, shape, shard, offset, size, tuple(slices))
+            ints[number] = value
+    return _entry(ints, shape, tuple(slices))
 
 
 def _parse_header(buf, start: int, end: int) -> int:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import struct
-import threading
 
 import numpy as np
 import pytest
@@ -243,40 +242,18 @@ def test_inconsistent_object_graphs_are_refused_before_any_assignment(good, tmp_
     assert not objckpt.verify(prefix).ok
 
 
-def _answers_within(call, seconds=20):
-    """Runs call() in a thread; fails (instead of hanging the suite) if it does not return."""
-    outcome = {}
-
-    def run():
-        try:
-            outcome["value"] = call()
-        except BaseException as err:
-            outcome["error"] = err
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    assert not thread.is_alive(), f"no answer within {seconds} s (a FIFO was opened?)"
-    return outcome
-
-
 def test_special_files_are_refused_without_opening_them(good, tmp_path):
-    fifo = str(tmp_path / "fifo")
-    os.mkfifo(fifo + ".index")
-    for name in os.listdir(os.path.dirname(good)):
-        if name.startswith(os.path.basename(good) + ".data-"):
-            os.link(os.path.join(os.path.dirname(good), name),
-                    fifo + name[len(os.path.basename(good)):])
-    outcome = _answers_within(lambda: objckpt.read_tree(fifo))
-    assert isinstance(outcome.get("error"), errors.CheckpointCorruptError)
-    assert "not a regular file" in str(outcome["error"])
-    # A data shard that is a link to a device.
+    # A FIFO as the index is tested in a child process with a time limit
+    # (tests/test_untrusted_dirs.py): opened by mistake, it blocks forever. A data shard that
+    # is a link to a device is read by nothing either.
     device = str(tmp_path / "device")
     os.link(good + ".index", device + ".index")
     os.symlink("/dev/zero", device + ".data-00000-of-00001")
-    outcome = _answers_within(lambda: objckpt.restore(Net(), device))
-    assert isinstance(outcome.get("error"), errors.CheckpointCorruptError)
-    assert "not a regular file" in str(outcome["error"])
+    target = Net()
+    before = [v.numpy() for v in target.variables]
+    with pytest.raises(errors.CheckpointCorruptError, match="character device, not a regular"):
+        objckpt.restore(target, device)
+    assert all(np.array_equal(a, v.numpy()) for a, v in zip(before, target.variables))
 
 
 def test_a_missing_shard_is_named(good, tmp_path):
