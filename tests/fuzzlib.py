@@ -1372,25 +1372,26 @@ def _index_devzero(ctx):
           ("restore_dir", "verify", "cli_inspect", "resume"))
 def _state_outside(ctx):
     """The state file names a checkpoint outside the directory (an older copy)."""
+    outside, oldest = _copy_oldest_outside(ctx)
+    with open(os.path.join(ctx.directory, STATE_FILE), "wb") as f:
+        f.write(state_text([os.path.join(outside, f"ckpt-{oldest}")]))
+
+
+def _copy_oldest_outside(ctx) -> tuple[str, int]:
+    """Copies the directory's oldest checkpoint to `<case root>/outside`; (that folder, N)."""
     outside = os.path.join(ctx.case.root, "outside")
     os.makedirs(outside, exist_ok=True)
     oldest = checkpoint_numbers(ctx.directory)[0]
     for name in os.listdir(ctx.directory):
         if name.startswith(f"ckpt-{oldest}."):
             shutil.copy(os.path.join(ctx.directory, name), outside)
-    with open(os.path.join(ctx.directory, STATE_FILE), "wb") as f:
-        f.write(state_text([os.path.join(outside, f"ckpt-{oldest}")]))
+    return outside, oldest
 
 
 @mutation("files.state_outside_relative", "files", ("manager", "fit"),
           ("restore_dir", "verify", "resume"))
 def _state_outside_rel(ctx):
-    outside = os.path.join(ctx.case.root, "outside")
-    os.makedirs(outside, exist_ok=True)
-    oldest = checkpoint_numbers(ctx.directory)[0]
-    for name in os.listdir(ctx.directory):
-        if name.startswith(f"ckpt-{oldest}."):
-            shutil.copy(os.path.join(ctx.directory, name), outside)
+    _, oldest = _copy_oldest_outside(ctx)
     with open(os.path.join(ctx.directory, STATE_FILE), "wb") as f:
         f.write(state_text([f"../outside/ckpt-{oldest}"]))
 
