@@ -30,7 +30,7 @@ import struct
 
 from objckpt import _render, errors
 
-__all__ = ["DTYPE_SIZES", "OBJECT_GRAPH_KEY", "Entry", "Index", "check_graph", "graph_problems",
+__all__ = ["OBJECT_GRAPH_KEY", "Entry", "Index", "check_graph", "graph_problems",
            "read_index", "regular_file_problem", "saved_under", "shard_name",
            "stat_problem"]
 
@@ -44,7 +44,7 @@ _MAX_SHARDS = 1 << 20
 _MAX_INDEX_BYTES = 1 << 31
 
 # DataType enum values TF writes into checkpoints -> bytes per element (0: variable length).
-DTYPE_SIZES = {
+_DTYPE_SIZES = {
     1: 4,  # float32
     2: 8,  # float64
     3: 4,  # int32
@@ -657,7 +657,7 @@ def _show(key: bytes) -> str:
 
 def _entry_problem(key: str, entry: Entry, num_shards: int) -> str | None:
     """What is wrong with one entry, or None."""
-    if entry.dtype not in DTYPE_SIZES:
+    if entry.dtype not in _DTYPE_SIZES:
         return f"its dtype is {entry.dtype}, not one TF saves in checkpoints"
     if not 0 <= entry.shard < num_shards:
         return f"its shard is {entry.shard}, but the checkpoint has {num_shards} shard(s)"
@@ -675,7 +675,7 @@ def _entry_problem(key: str, entry: Entry, num_shards: int) -> str | None:
         if len(set(entry.slices)) != len(entry.slices):
             return "it lists the same slice twice"
     else:
-        width = DTYPE_SIZES[entry.dtype]
+        width = _DTYPE_SIZES[entry.dtype]
         if width and entry.size != elements * width:
             return (f"it holds {entry.size} bytes, but its shape {entry.shape} of dtype "
                     f"{entry.dtype} needs {elements * width}")

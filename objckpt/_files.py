@@ -93,8 +93,9 @@ def data_shards(prefix: str) -> list[tuple[str, int, int]]:
         match = _SHARD.fullmatch(name[len(start):]) if name.startswith(start) else None
         if match is not None:
             shard, count = int(match.group(1)), int(match.group(2))
-            if name == f"{start}{shard:05d}-of-{count:05d}":  # TF's spelling, no other
-                shards.append((os.path.join(directory, name), shard, count))
+            path = _bundle.shard_name(prefix, shard, count)
+            if os.path.basename(path) == name:  # TF's spelling, no other
+                shards.append((path, shard, count))
     return sorted(shards)
 
 
