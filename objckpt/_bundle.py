@@ -30,9 +30,10 @@ import struct
 
 from objckpt import _render, errors
 
-__all__ = ["OBJECT_GRAPH_KEY", "Entry", "Index", "check_graph", "graph_problems",
-           "read_index", "regular_file_problem", "saved_under", "shard_name",
-           "stat_problem"]
+__all__ = ["OBJECT_GRAPH_KEY", "Entry", "Index", "WireError", "check_graph", "corrupt",
+           "expect_wire", "fields", "graph_problems", "int32", "open_file", "read_index",
+           "regular_file_problem", "saved_under", "shard_name", "singular", "stat_problem",
+           "varint"]
 
 OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 _MAGIC = 0xDB4775248B80FB57
@@ -79,14 +80,16 @@ class _Bad(Exception):
 
 
 class Entry:
-    """One tensor of the index: dtype enum, shape, shard, byte range, slices."""
+    """One tensor of the index: dtype enum, shape, shard, byte range, slices, and the masked
+    crc32c of its bytes (`crc32c`, as TF writes it)."""
 
-    __slots__ = ("dtype", "offset", "shape", "shard", "size", "slices")
+    __slots__ = ("crc32c", "dtype", "offset", "shape", "shard", "size", "slices")
 
     def __init__(self, dtype: int, shape: tuple, shard: int, offset: int, size: int,
-                 slices: tuple):
+                 slices: tuple, crc32c: int = 0):
         self.dtype, self.shape, self.shard = dtype, shape, shard
         self.offset, self.size, self.slices = offset, size, slices
+        self.crc32c = crc32c
 
     @property
     def elements(self) -> int:
@@ -345,6 +348,7 @@ def _parse_entry(buf, start: int, end: int) -> Entry:
             if seen & 64 or pos + 5 > end:
                 return _parse_entry_general(buf, start, end)
             seen |= 64
+            ints[6] = int.from_bytes(buf[pos + 1:pos + 5], "little")
             pos += 5
             continue
         if tag == 0x12:  # shape
@@ -391,9 +395,10 @@ _VARINT_TAGS = {0x08: 1, 0x18: 3, 0x20: 4, 0x28: 5}
 
 
 def _entry(ints: dict, shape: tuple, slices: tuple) -> Entry:
-    """An Entry from the raw varints of fields 1, 3, 4, 5 (proto3: absent is 0)."""
+    """An Entry from the raw varints of fields 1, 3, 4, 5 and the fixed32 of field 6
+    (proto3: absent is 0)."""
     return Entry(_int32(ints.get(1, 0)), shape, _int32(ints.get(3, 0)),
-                 _int64(ints.get(4, 0)), _int64(ints.get(5, 0)), slices)
+                 _int64(ints.get(4, 0)), _int64(ints.get(5, 0)), slices, ints.get(6, 0))
 
 
 def _parse_entry_general(buf, start: int, end: int) -> Entry:
@@ -407,6 +412,7 @@ def _parse_entry_general(buf, start: int, end: int) -> Entry:
         if number == 6:
             _expect(wire, 5, "BundleEntryProto", number)
             _singular(seen, number, "BundleEntryProto")
+            ints[number] = value
             continue
         if number == 2:
             _expect(wire, 2, "BundleEntryProto", number)
@@ -763,3 +769,11 @@ def graph_problems(graph, keys, *, attributes: bool = True):
                 if not 0 <= ref < count:
                     yield "slot", (f"node {node_id} has slot `{_render.safe(slot.slot_name)}` "
                                    f"referring to node {ref}, outside 0..{count - 1}")
+
+
+# The strict wire decoding and file access above, for the object graph reader
+# (`objckpt._objgraph`): one decoder of TF's protobuf records in the package.
+WireError = _Bad  # what the decoders raise; the caller names the file and entry
+fields, varint, int32 = _fields, _varint, _int32
+expect_wire, singular = _expect, _singular
+open_file, corrupt = _open, _corrupt

@@ -20,9 +20,11 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "objckpt"
 # Bottom to top. A module may import only modules listed before it.
 LAYERS = [
     "objckpt.errors",
+    "objckpt._options",  # pure: argument checks of checkpoint directories (no TF)
     "objckpt._render",  # pure: text for people
     "objckpt._paths",  # pure: the path grammar
     "objckpt._bundle",  # pure: TF's index table, read and validated before TF reads it
+    "objckpt._objgraph",  # pure: the object graph entry, read and decoded without TF
     "objckpt._roles",
     "objckpt._compat",  # the package and its submodules
     "objckpt._files",
@@ -48,6 +50,7 @@ LAYERS = [
     "objckpt._checkpointing",
     "objckpt._fitckpt",
     "objckpt.callbacks",
+    "objckpt._manager",  # CheckpointManager: the directory of Checkpointing, for custom loops
     "objckpt",  # the public facade (imports the modules above lazily)
     "objckpt._demo",  # uses the public API, as users do
     "objckpt.cli",  # nothing imports it but __main__
