@@ -18,6 +18,7 @@ from objckpt import errors as errors
 __version__ = "0.1.0"
 
 __all__ = [
+    "CheckpointManager",
     "CheckpointTree",
     "Diff",
     "Ensemble",
@@ -51,6 +52,7 @@ __all__ = [
 
 # name -> private module that defines it; loaded (with TensorFlow) on first use.
 _LAZY = {
+    "CheckpointManager": "_manager",
     "CheckpointTree": "_tree",
     "Entry": "_tree",
     "VariableTree": "_tree",
@@ -92,6 +94,7 @@ if TYPE_CHECKING:
     from objckpt._freeze import Freezer as Freezer
     from objckpt._graph import Graph as Graph
     from objckpt._graph import graph as graph
+    from objckpt._manager import CheckpointManager as CheckpointManager
     from objckpt._match import Match as Match
     from objckpt._match import Plan as Plan
     from objckpt._match import plan as plan

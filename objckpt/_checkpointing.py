@@ -70,12 +70,20 @@ def _stage(name: str) -> None:
 
 
 class Kept:
-    """One committed checkpoint: its number, prefix and monitored value (NaN: none)."""
+    """One committed checkpoint.
 
-    __slots__ = ("metric", "number", "prefix")
+    Attributes:
+      number: N of `ckpt-N`.
+      prefix: its path prefix.
+      metric: its monitored value (NaN: none; never counts as best).
+      timestamp: when it was saved (seconds since the epoch), as the state file lists it.
+    """
 
-    def __init__(self, number: int, prefix: str, metric: float):
+    __slots__ = ("metric", "number", "prefix", "timestamp")
+
+    def __init__(self, number: int, prefix: str, metric: float, timestamp: float = math.nan):
         self.number, self.prefix, self.metric = number, prefix, metric
+        self.timestamp = timestamp
 
     def __repr__(self) -> str:
         return f"Kept(ckpt-{self.number}, metric={self.metric})"
@@ -111,6 +119,8 @@ class CheckpointDirectory:
         self.metric = tf.Variable(math.nan, dtype=tf.float64, trainable=False, name=METRIC)
         self.root = tf.train.Checkpoint(model=obj, **self.counters, **{METRIC: self.metric})
         self.kept: list[Kept] = []
+        self.preserved = math.nan  # TF's last_preserved_timestamp
+        self._clock = 0.0  # the newest timestamp given: they never go back
         self.notes: list[str] = []
         self.superseded = 0
         self.failures = 0
@@ -180,8 +190,9 @@ class CheckpointDirectory:
                     f"`{self._prefix(use[-1])}`." if use
                     else "No intact checkpoint is left: training starts fresh."))
         newest = max(use, default=0)
+        times = self._timestamps(use)
         kept = [Kept(n, self._prefix(n), self._read_metric(self._prefix(n))
-                     if self.keep_best else math.nan) for n in use]
+                     if self.keep_best else math.nan, times[n]) for n in use]
         superseded = [n for n in intact if n not in use and n < newest]
         uncommitted = [n for n in intact if n not in use and n > newest]
         if uncommitted:
@@ -272,6 +283,28 @@ class CheckpointDirectory:
             return None
         return sorted(numbers)
 
+    def _timestamps(self, numbers: list[int]) -> dict[int, float]:
+        """When each checkpoint was saved: from the state file where it lists a plausible time
+        (finite, after 1970 and not in the future), else its index file's modification time;
+        also sets `preserved` (TF's `last_preserved_timestamp`) the same way."""
+        now = time.time()
+        listed, preserved = _files.state_timestamps(self.directory)
+        stamps = {}
+        for name, stamp in listed.items():
+            number = self._number(name)
+            if number is not None and math.isfinite(stamp) and 0 < stamp <= now:
+                stamps[number] = stamp
+        for number in numbers:
+            if number not in stamps:
+                try:
+                    stamps[number] = min(os.stat(self._prefix(number) + ".index").st_mtime, now)
+                except OSError:
+                    stamps[number] = now
+        self._clock = max((stamps[n] for n in numbers), default=0.0)
+        ok = preserved is not None and math.isfinite(preserved) and 0 < preserved <= now
+        self.preserved = preserved if ok else min([stamps[n] for n in numbers] + [now])
+        return stamps
+
     def _number(self, name: str) -> int | None:
         """N when `name` (from the state file) is `ckpt-N` of this directory, else None.
 
@@ -300,9 +333,28 @@ class CheckpointDirectory:
         except Exception:  # written by something else: no metric, never "best"
             return math.nan
 
-    def restore(self, kept: Kept) -> None:
-        """Restores obj and the counters from a checkpoint, all or nothing."""
+    def restore(self, kept: Kept, who: str, when: str) -> dict[str, int]:
+        """Restores obj and the counters from a checkpoint, all or nothing; returns the counters.
+
+        A Keras model's own optimizer is built first (Keras creates its slots lazily).
+        `who` and `when` word the error for an unbuilt model ("Checkpointing", "at the
+        start of fit").
+
+        Raises:
+          UnbuiltModelError: obj is a Keras model that is not built yet.
+          as `objckpt.restore`: the checkpoint does not fit obj (nothing is changed).
+        """
+        obj = self.root.model
+        if _compat.is_unbuilt(obj):
+            raise errors.UnbuiltModelError(
+                f"{who}: cannot resume from `{kept.prefix}` into {type(obj).__name__} because "
+                f"it is not built yet. Expected a built model {when}. Fix: build it first "
+                "(call it on a batch, or model.build(input_shape)).")
+        optimizer = getattr(obj, "optimizer", None)
+        if optimizer is not None and callable(getattr(optimizer, "apply_gradients", None)):
+            _compat.build_optimizer(optimizer, obj.trainable_variables)
         _snapshot.restore(self.root, kept.prefix)
+        return {name: int(v.numpy()) for name, v in self.counters.items()}
 
     # --- saving -------------------------------------------------------------------
 
@@ -319,20 +371,22 @@ class CheckpointDirectory:
         if not self._lock.held:
             raise errors.DirectoryLockedError(
                 f"Cannot save to `{self.directory}`: this writer no longer holds the directory's "
-                "lock (a newer Checkpointing in this process took it over, or open() was not "
-                "called). Nothing was written. Fix: use one Checkpointing per directory.",
+                "lock (a newer Checkpointing or CheckpointManager in this process took it over, "
+                "it was closed, or open() was not called). Nothing was written. Fix: use one "
+                "writer per directory, and save before closing it.",
                 directory=self.directory)
         self.metric.assign(math.nan if metric is None else float(metric))
         layout = self._current_layout()
         values = layout[1].fused.read_all()
         number, self._next = self._next, self._next + 1
         metric = float(self.metric.numpy())
+        self._clock = stamp = max(time.time(), self._clock)  # the time of these values
         if self._writer is not None:
             self._check_writer()
-            self._writer.submit((number, metric, layout, values))
+            self._writer.submit((number, metric, stamp, layout, values))
             return self._prefix(number)
         try:
-            self._write(number, metric, layout, values)
+            self._write(number, metric, stamp, layout, values)
         except errors.CheckpointWriteError as err:
             self._failed(err)
             return None
@@ -364,13 +418,13 @@ class CheckpointDirectory:
             self._layout = (key, variables, keys, tf.constant(graph.SerializeToString()))
         return self._layout
 
-    def _write(self, number: int, metric: float, layout, values) -> None:
+    def _write(self, number: int, metric: float, stamp: float, layout, values) -> None:
         prefix = self._prefix(number)
         committed = False
         try:
             _files.write_tensors(prefix, layout[2], [*values, layout[3]], stage=_stage)
             previous = list(self.kept)
-            self.kept = [*previous, Kept(number, prefix, metric)]
+            self.kept = [*previous, Kept(number, prefix, metric, stamp)]
             dropped = self._retain()
             try:
                 self._write_state()
@@ -412,8 +466,11 @@ class CheckpointDirectory:
                       key=lambda k: (sign * k.metric, k.number))
 
     def _write_state(self) -> None:
+        """Lists the kept checkpoints, each with its own timestamp (as TF's CheckpointManager)."""
+        if math.isnan(self.preserved):  # never opened (a test's direct save): now
+            self.preserved = time.time()
         _files.write_state(self.directory, [os.path.basename(k.prefix) for k in self.kept],
-                           time.time())
+                           [k.timestamp for k in self.kept], self.preserved)
 
     def _delete_files(self, number: int, hook: bool) -> None:
         prefix = self._prefix(number)

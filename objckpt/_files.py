@@ -421,12 +421,26 @@ def rename(src: str, dst: str) -> None:
     tf.io.gfile.rename(src, dst, overwrite=True)
 
 
-def write_state(directory: str, names: list[str], timestamp: float) -> None:
-    """Writes TF's `checkpoint` state file atomically: `names` oldest first, the last newest."""
-    text = [f'model_checkpoint_path: "{names[-1]}"']
-    text += [f'all_model_checkpoint_paths: "{n}"' for n in names]
-    text += [f"all_model_checkpoint_timestamps: {timestamp!r}" for _ in names]
-    text.append(f"last_preserved_timestamp: {timestamp!r}")
+def write_state(directory: str, names: list[str], timestamps, last_preserved=None) -> None:
+    """Writes TF's `checkpoint` state file atomically: `names` oldest first, the last newest.
+
+    Args:
+      directory: the directory the state file is written in.
+      names: the checkpoints, oldest first.
+      timestamps: when each checkpoint was saved (seconds since the epoch), one per name
+        (as `tf.train.CheckpointManager` writes them); one float gives all names that time.
+      last_preserved: TF's `last_preserved_timestamp`; None: the newest timestamp.
+    """
+    if isinstance(timestamps, (int, float)):
+        timestamps = [timestamps] * len(names)
+    if len(timestamps) != len(names):
+        raise ValueError(f"{len(names)} checkpoint names but {len(timestamps)} timestamps")
+    quoted = [n.replace("\\", "\\\\").replace('"', '\\"') for n in names]
+    text = [f'model_checkpoint_path: "{quoted[-1]}"']
+    text += [f'all_model_checkpoint_paths: "{n}"' for n in quoted]
+    text += [f"all_model_checkpoint_timestamps: {float(t)!r}" for t in timestamps]
+    preserved = float(timestamps[-1] if last_preserved is None else last_preserved)
+    text.append(f"last_preserved_timestamp: {preserved!r}")
     temp = temp_prefix(os.path.join(directory, STATE_FILE))
     try:
         with open(temp, "w") as f:
@@ -448,3 +462,22 @@ def remove(path: str) -> None:
     """Removes a file; a missing one is fine."""
     with contextlib.suppress(FileNotFoundError):
         os.remove(path)
+
+
+def state_timestamps(directory: str) -> tuple[dict[str, float], float | None]:
+    """({name: timestamp} and `last_preserved_timestamp`) from a directory's state file, as
+    written (untrusted: the caller checks each value); ({}, None) when it has none.
+
+    Timestamps count only when the file lists exactly one per checkpoint name (else TF's
+    own `CheckpointManager` ignores them too). Never raises: a missing, unreadable or garbled
+    state file has no timestamps.
+    """
+    try:
+        state = _compat.parse_checkpoint_state(
+            _read_small(os.path.join(directory, STATE_FILE), STATE_FILE_LIMIT))
+        names = list(state.all_model_checkpoint_paths)
+        stamps = [float(t) for t in state.all_model_checkpoint_timestamps]
+        preserved = float(state.last_preserved_timestamp) or None
+    except Exception:  # what read_state reports; here: no timestamps
+        return {}, None
+    return (dict(zip(names, stamps)) if len(stamps) == len(names) else {}), preserved

@@ -2,8 +2,9 @@
 
 The callback is a thin adapter; this module keeps the position of training
 (epoch, batch in the epoch, global step), resumes it from the newest intact
-checkpoint (starting epoch and skipped batches, through `_compat`), decides
-when to save, and turns a SIGTERM into one more save and a stop.
+checkpoint (starting epoch and skipped batches, through `_compat`), says so
+in one line on stdout (or that training is already finished), decides when to
+save, and turns a SIGTERM into one more save and a stop.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import signal
 import threading
 import warnings
 
-from objckpt import _checkpointing, _compat, errors
+from objckpt import _checkpointing, _compat
 
 
 class FitCheckpointer:
@@ -53,19 +54,13 @@ class FitCheckpointer:
         self._install_sigterm()
 
     def _resume(self, model, latest) -> None:
-        if _compat.is_unbuilt(model):
-            raise errors.UnbuiltModelError(
-                f"Checkpointing: cannot resume from `{latest.prefix}` into {type(model).__name__}"
-                " because it is not built yet. Expected a built model at the start of fit. "
-                "Fix: build it first (call it on a batch, or model.build(input_shape)).")
-        optimizer = getattr(model, "optimizer", None)
-        if optimizer is not None and callable(getattr(optimizer, "apply_gradients", None)):
-            _compat.build_optimizer(optimizer, model.trainable_variables)
-        self.manager.restore(latest)
+        counters = self.manager.restore(latest, "Checkpointing", "at the start of fit")
         self.callback.resumed_from = latest.prefix
-        counters = {name: int(v.numpy()) for name, v in self.manager.counters.items()}
         self.epoch, self.step, self.batch = counters["epoch"], counters["step"], counters["batch"]
         self._skip_until = self.batch
+        if self.callback.verbose:
+            print(resume_line(latest.prefix, self.epoch, self.batch, self.step,
+                              (self.callback.params or {}).get("epochs")), flush=True)
         _compat.set_fit_start_epoch(model, self.epoch)
         _compat.skip_fit_batches(model, self.batch // _compat.steps_per_execution(model))
 
@@ -139,3 +134,24 @@ class FitCheckpointer:
         prefix = self.manager.save(None if value is None else float(value))
         if prefix is not None:
             cb.saved.append(prefix)
+
+
+def resume_line(prefix: str, epoch: int, batch: int, step: int, epochs) -> str:
+    """The line Checkpointing prints on resuming: from where, and what fit does next.
+
+    Args:
+      prefix: the checkpoint restored.
+      epoch, batch, step: its counters (epochs done, batches done in the next, global step).
+      epochs: fit's `epochs` (None when unknown).
+    """
+    if isinstance(epochs, int) and epoch >= epochs:
+        return (f"Checkpointing: training already finished: {prefix} holds {epoch} epoch(s) "
+                f"(step {step}) and fit(epochs={epochs}) counts all epochs, these included, so "
+                "this fit trains no more. To train further, pass a larger epochs= to fit; to "
+                "start over, give Checkpointing a new directory.")
+    of = f" of {epochs}" if isinstance(epochs, int) else ""
+    if batch:
+        return (f"Checkpointing: resumed from {prefix} (epoch {epoch + 1}{of} at batch {batch}, "
+                f"step {step}); training continues with batch {batch + 1} of that epoch.")
+    return (f"Checkpointing: resumed from {prefix} (epoch {epoch}{of} done, step {step}); "
+            f"training continues with epoch {epoch + 1}.")

@@ -7,7 +7,7 @@ callback is created, so `model.fit(callbacks=[...])` accepts it everywhere.
 
 from __future__ import annotations
 
-from objckpt import errors
+from objckpt import _options, errors
 
 __all__ = ["BestSnapshot", "Checkpointing", "FreezeSchedule", "TwinSync"]
 
@@ -224,19 +224,6 @@ class FreezeSchedule(_FlavourFreeCallback):
         self.freezer.set_frozen(None)
 
 
-def _check_choice(name, value, choices):
-    if value not in choices:
-        raise errors.InvalidArgumentError(
-            f"{name} must be one of {', '.join(repr(c) for c in choices)}. "
-            f"Received: {name}={value!r}.")
-
-
-def _check_count(name, value, minimum, what):
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise errors.InvalidArgumentError(
-            f"{name} must be an int >= {minimum} ({what}). Received: {name}={value!r}.")
-
-
 class Checkpointing(_FlavourFreeCallback):
     """Saves crash-safe, object-based checkpoints during `model.fit` and resumes from them.
 
@@ -277,6 +264,12 @@ class Checkpointing(_FlavourFreeCallback):
         full, I/O error, a read-only directory), or "warn" and keep training
         (in a read-only directory: resume, and train without saving).
         Earlier checkpoints are untouched either way.
+      verbose: 1 (the default) prints one line to stdout when fit resumes
+        (`Checkpointing: resumed from /tmp/run/ckpt-7 (epoch 3 of 10 done,
+        step 120); training continues with epoch 4.`), or when the directory
+        holds a finished run (`Checkpointing: training already finished:
+        ...`, with how to train further); 0 prints nothing. A fresh start
+        prints nothing either way.
 
     Attributes:
       resumed_from: the prefix restored at the start of the last fit, or None.
@@ -293,31 +286,18 @@ class Checkpointing(_FlavourFreeCallback):
 
     def __init__(self, directory, *, max_to_keep: int = 5, keep_best: int = 0,
                  monitor: str = "val_loss", mode: str = "min", save_freq="epoch",
-                 async_save: bool = False, on_error: str = "raise"):
+                 async_save: bool = False, on_error: str = "raise", verbose: int = 1):
         super().__init__()
-        import os
-
-        if not isinstance(directory, (str, os.PathLike)) or "://" in os.fspath(directory):
-            raise errors.InvalidArgumentError(
-                "Checkpointing needs a local directory path (it locks the directory and "
-                f"renames files atomically). Received: directory={directory!r}. Fix: pass a "
-                "local path; copy the checkpoints to remote storage afterwards.")
-        _check_count("max_to_keep", max_to_keep, 1, "the newest checkpoints to keep")
-        _check_count("keep_best", keep_best, 0, "the best checkpoints to keep as well")
-        _check_choice("mode", mode, ("min", "max"))
-        _check_choice("on_error", on_error, ("raise", "warn"))
-        if not isinstance(monitor, str) or not monitor:
-            raise errors.InvalidArgumentError(
-                f"monitor must be a logs key such as 'val_loss'. Received: monitor={monitor!r}.")
+        self.directory = _options.checkpoint_directory(
+            "Checkpointing", directory, max_to_keep=max_to_keep, keep_best=keep_best,
+            monitor=monitor, mode=mode, async_save=async_save, on_error=on_error,
+            verbose=verbose)
         if save_freq != "epoch":
-            _check_count("save_freq", save_freq, 1, '"epoch" or save every N batches')
-        if not isinstance(async_save, bool):
-            raise errors.InvalidArgumentError(
-                f"async_save must be True or False. Received: async_save={async_save!r}.")
-        self.directory = os.fspath(directory)
+            _options.check_count("save_freq", save_freq, 1, '"epoch" or save every N batches')
         self.max_to_keep, self.keep_best, self.monitor, self.mode = (
             max_to_keep, keep_best, monitor, mode)
         self.save_freq, self.async_save, self.on_error = save_freq, async_save, on_error
+        self.verbose = int(verbose)
         self.manager = None
         self.resumed_from = None
         self.saved: list[str] = []
@@ -371,7 +351,7 @@ class BestSnapshot(_FlavourFreeCallback):
     def __init__(self, monitor: str = "val_loss", mode: str = "min",
                  restore_at_end: bool = True):
         super().__init__()
-        _check_choice("mode", mode, ("min", "max"))
+        _options.check_choice("mode", mode, ("min", "max"))
         if not isinstance(monitor, str) or not monitor:
             raise errors.InvalidArgumentError(
                 f"monitor must be a logs key such as 'val_loss'. Received: monitor={monitor!r}.")

@@ -86,6 +86,7 @@ def main():
         job = json.loads(line)
         pid = os.fork()
         if pid == 0:
+            os.dup2(2, 1)  # the worker's prints (resume lines) stay off the server's protocol
             code = 0
             try:
                 train(flavour, kind, job)

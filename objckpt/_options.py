@@ -1,0 +1,59 @@
+"""Argument checks shared by `callbacks.Checkpointing` and `CheckpointManager` (no TF import).
+
+Both are created before anything heavy runs (a callback before `fit`), so the
+checks live here, below TensorFlow, and give the same messages for both.
+"""
+
+from __future__ import annotations
+
+import os
+
+from objckpt import errors
+
+__all__ = ["check_choice", "check_count", "checkpoint_directory"]
+
+
+def check_choice(name, value, choices):
+    """Raises InvalidArgumentError unless `value` is one of `choices`."""
+    if value not in choices:
+        raise errors.InvalidArgumentError(
+            f"{name} must be one of {', '.join(repr(c) for c in choices)}. "
+            f"Received: {name}={value!r}.")
+
+
+def check_count(name, value, minimum, what):
+    """Raises InvalidArgumentError unless `value` is an int (not a bool) >= `minimum`."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise errors.InvalidArgumentError(
+            f"{name} must be an int >= {minimum} ({what}). Received: {name}={value!r}.")
+
+
+def checkpoint_directory(who: str, directory, *, max_to_keep, keep_best, monitor, mode,
+                         async_save, on_error, verbose) -> str:
+    """Checks the arguments of a managed checkpoint directory; returns the directory as a str.
+
+    Args:
+      who: the class, for the messages ("Checkpointing", "CheckpointManager").
+      directory, max_to_keep, keep_best, monitor, mode, async_save, on_error, verbose: as
+        `callbacks.Checkpointing` documents them.
+
+    Raises:
+      InvalidArgumentError: naming the argument, what it must be and what was received.
+    """
+    if not isinstance(directory, (str, os.PathLike)) or "://" in os.fspath(directory):
+        raise errors.InvalidArgumentError(
+            f"{who} needs a local directory path (it locks the directory and "
+            f"renames files atomically). Received: directory={directory!r}. Fix: pass a "
+            "local path; copy the checkpoints to remote storage afterwards.")
+    check_count("max_to_keep", max_to_keep, 1, "the newest checkpoints to keep")
+    check_count("keep_best", keep_best, 0, "the best checkpoints to keep as well")
+    check_choice("mode", mode, ("min", "max"))
+    check_choice("on_error", on_error, ("raise", "warn"))
+    if not isinstance(monitor, str) or not monitor:
+        raise errors.InvalidArgumentError(
+            f"monitor must be a logs key such as 'val_loss'. Received: monitor={monitor!r}.")
+    if not isinstance(async_save, bool):
+        raise errors.InvalidArgumentError(
+            f"async_save must be True or False. Received: async_save={async_save!r}.")
+    check_choice("verbose", verbose, (0, 1))
+    return os.fspath(directory)
