@@ -5,6 +5,11 @@ A prefix is a checkpoint when `prefix.index` exists beside all of its data shard
 is what makes it one, so it is written last and removed first. Every writer (`objckpt.save`,
 `migrate`, `callbacks.Checkpointing`) writes under a temporary name in the same directory and
 commits with renames, so a crash leaves the old checkpoint, none, or the new one; never a mix.
+
+Resolving a local prefix or directory (`resolve_prefix(..., tf_reader=False)`, the state file,
+intact checks) needs no TensorFlow: TF is imported only by the functions that read tensors
+with TF's reader, write checkpoints, or reach a remote (`gs://`, `ram://`) path, so the
+command line's `inspect`, `graph` and `diff` start without it.
 """
 
 from __future__ import annotations
@@ -13,8 +18,6 @@ import contextlib
 import os
 import re
 import uuid
-
-import tensorflow as tf
 
 from objckpt import _bundle, _compat, _render, errors
 
@@ -80,14 +83,11 @@ def data_shards(prefix: str) -> list[tuple[str, int, int]]:
     The directory is listed, not globbed (its name may hold `[` or `*`).
 
     Raises:
-      OSError (or TF's error for a remote prefix): the directory cannot be listed.
+      OSError: the directory cannot be listed.
     """
     directory = os.path.dirname(prefix)
     start = os.path.basename(prefix) + ".data-"
-    if "://" in prefix:
-        names = [n.rstrip("/") for n in tf.io.gfile.listdir(directory)]
-    else:
-        names = os.listdir(directory or ".")
+    names = _list_names(directory, remote="://" in prefix)
     shards = []
     for name in names:
         match = _SHARD.fullmatch(name[len(start):]) if name.startswith(start) else None
@@ -97,6 +97,28 @@ def data_shards(prefix: str) -> list[tuple[str, int, int]]:
             if os.path.basename(path) == name:  # TF's spelling, no other
                 shards.append((path, shard, count))
     return sorted(shards)
+
+
+def _list_names(directory: str, *, remote: bool) -> list[str]:
+    """Names in a directory: local (`os.listdir`), or remote through TF's file systems (whose
+    errors are raised as OSError)."""
+    if not remote:
+        return os.listdir(directory or ".")
+    import tensorflow as tf
+
+    try:
+        return [n.rstrip("/") for n in tf.io.gfile.listdir(directory)]
+    except tf.errors.OpError as err:
+        raise OSError(_render.first_line(err)) from err
+
+
+def _exists(path: str) -> bool:
+    """Whether a local or remote (TF's file systems) path exists."""
+    if "://" not in path:
+        return os.path.exists(path)
+    import tensorflow as tf
+
+    return tf.io.gfile.exists(path)
 
 
 # --- reading -------------------------------------------------------------------------
@@ -114,6 +136,8 @@ def open_checked(prefix: str, *, data: bool = True):
     `data=False` lets entries past the end of a truncated data shard through (TF reports
     them when read; `verify` names them).
     """
+    import tensorflow as tf
+
     try:
         index = _bundle.read_index(prefix, data=data)
     except FileNotFoundError as err:
@@ -140,7 +164,7 @@ def data_files_problem(prefix: str) -> str | None:
     """
     try:
         shards = data_shards(prefix)
-    except (OSError, tf.errors.OpError) as err:
+    except OSError as err:
         return f"its directory cannot be listed ({_render.first_line(err)})"
     if not shards:
         return f"its data file `{prefix}{DATA_SUFFIX}` is missing"
@@ -165,10 +189,14 @@ def data_files_problem(prefix: str) -> str | None:
     return problems[0]
 
 
-def check_intact(prefix: str) -> str | None:
-    """Why `prefix` is not an intact checkpoint, or None if it looks intact."""
+def check_intact(prefix: str, *, tf_reader: bool = True) -> str | None:
+    """Why `prefix` is not an intact checkpoint, or None if it looks intact.
+
+    `tf_reader=False` validates the index in Python only (`_bundle.read_index`), without
+    opening TF's reader (which also checks the index blocks' checksums).
+    """
     if "://" in prefix:
-        if not tf.io.gfile.exists(prefix + ".index"):
+        if not _exists(prefix + ".index"):
             return f"`{prefix}.index` does not exist"
     else:
         problem = regular_file_problem(prefix + ".index")
@@ -178,8 +206,13 @@ def check_intact(prefix: str) -> str | None:
         if missing:
             return missing
     try:
-        open_reader(prefix)
-    except (errors.CheckpointCorruptError, errors.CheckpointNotFoundError) as err:
+        if tf_reader:
+            open_reader(prefix)
+        else:
+            _bundle.read_index(prefix)
+    except FileNotFoundError:  # CheckpointNotFoundError is one
+        return f"`{_render.safe(prefix)}.index` does not exist"
+    except errors.CheckpointCorruptError as err:
         return str(err)
     return None
 
@@ -194,19 +227,19 @@ def nearby_prefixes(directory: str, limit: int = 5) -> list[str]:
     return [os.path.join(directory, n) for n in names[:limit]]
 
 
-def intact_prefixes(directory: str, limit: int = 5) -> list[str]:
+def intact_prefixes(directory: str, limit: int = 5, *, tf_reader: bool = True) -> list[str]:
     """Up to `limit` intact checkpoints in a directory, by name (for hints in errors)."""
     found = []
     for prefix in nearby_prefixes(directory, limit=1000):
-        if check_intact(prefix) is None:
+        if check_intact(prefix, tf_reader=tf_reader) is None:
             found.append(prefix)
             if len(found) == limit:
                 break
     return found
 
 
-def _hint(directory: str) -> str:
-    found = intact_prefixes(directory)
+def _hint(directory: str, tf_reader: bool = True) -> str:
+    found = intact_prefixes(directory, tf_reader=tf_reader)
     if not found:
         return ""
     return (" Intact checkpoints found in the directory: "
@@ -214,12 +247,13 @@ def _hint(directory: str) -> str:
             + "; pass one of them as the prefix to restore from it.")
 
 
-def read_state(directory: str) -> list[str]:
+def read_state(directory: str, *, tf_reader: bool = True) -> list[str]:
     """The checkpoint names a directory's `checkpoint` state file lists, oldest first (its
     `model_checkpoint_path` last), as written (relative or absolute).
 
     The state file is untrusted: it must be a regular file of at most `STATE_FILE_LIMIT`
-    bytes (a FIFO or a link to a device is refused, never opened for reading).
+    bytes (a FIFO or a link to a device is refused, never opened for reading). It is parsed
+    without TF; `tf_reader` is for the hints in errors (see `check_intact`).
 
     Raises:
       CheckpointNotFoundError (a FileNotFoundError): no state file.
@@ -232,27 +266,68 @@ def read_state(directory: str) -> list[str]:
     except FileNotFoundError:
         raise errors.CheckpointNotFoundError(
             f"Directory `{directory}` holds no managed checkpoints: expected a TF `checkpoint` "
-            f"state file in it, found none.{_hint(directory)}") from None
+            f"state file in it, found none.{_hint(directory, tf_reader)}") from None
     except (OSError, ValueError) as err:
         raise errors.CheckpointCorruptError(
             f"The checkpoint state file `{state_path}` was not read: {err}. Expected a "
             f"regular text file of at most {_render.size(STATE_FILE_LIMIT)}. Fix: delete it, "
-            f"or replace it with the state file of the directory.{_hint(directory)}") from err
+            f"or replace it with the state file of the directory."
+            f"{_hint(directory, tf_reader)}") from err
     try:
-        state = _compat.parse_checkpoint_state(text)
+        state = parse_state(text)
     except Exception as err:
         raise errors.CheckpointCorruptError(
             f"The checkpoint state file `{state_path}` cannot be parsed: "
             f"{_render.safe(_render.first_line(err))}. Expected lines like "
-            f"`model_checkpoint_path: \"ckpt-3\"`.{_hint(directory)} Or delete the state file "
-            "and write a new checkpoint.") from err
+            f"`model_checkpoint_path: \"ckpt-3\"`.{_hint(directory, tf_reader)} Or delete the "
+            "state file and write a new checkpoint.") from err
     names = [*state.all_model_checkpoint_paths, state.model_checkpoint_path]
     names = list(reversed(dict.fromkeys(n for n in reversed(names) if n)))
     if not names:
         raise errors.CheckpointCorruptError(
             f"The checkpoint state file `{state_path}` names no checkpoint (it is empty or "
-            f"has no `model_checkpoint_path`).{_hint(directory)}")
+            f"has no `model_checkpoint_path`).{_hint(directory, tf_reader)}")
     return names
+
+
+_STATE_FIELDS = (("model_checkpoint_path", 1, "string", False),
+                 ("all_model_checkpoint_paths", 2, "string", True),
+                 ("all_model_checkpoint_timestamps", 3, "double", True),
+                 ("last_preserved_timestamp", 4, "double", False))
+_STATE_MESSAGE = []  # the message class, built on first use
+
+
+def parse_state(data: bytes):
+    """Parses the text of a TF `checkpoint` state file into a `CheckpointState` message.
+
+    The message class is built from the same fields as TF's `CheckpointState` proto in a
+    private descriptor pool, and parsed with protobuf's `text_format` as TF parses it, so no
+    TensorFlow import is needed (nor clashes with TF's own proto when TF is loaded).
+
+    Raises:
+      google.protobuf.text_format.ParseError, UnicodeDecodeError: not a state file.
+    """
+    from google.protobuf import text_format
+
+    if not _STATE_MESSAGE:
+        from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+        file = descriptor_pb2.FileDescriptorProto(
+            name="objckpt/checkpoint_state.proto", package="objckpt", syntax="proto3")
+        message = file.message_type.add(name="CheckpointState")
+        field = descriptor_pb2.FieldDescriptorProto
+        for name, number, kind, repeated in _STATE_FIELDS:
+            message.field.add(
+                name=name, number=number,
+                type=field.TYPE_STRING if kind == "string" else field.TYPE_DOUBLE,
+                label=field.LABEL_REPEATED if repeated else field.LABEL_OPTIONAL)
+        pool = descriptor_pool.DescriptorPool()
+        pool.Add(file)
+        _STATE_MESSAGE.append(message_factory.GetMessageClass(
+            pool.FindMessageTypeByName("objckpt.CheckpointState")))
+    state = _STATE_MESSAGE[0]()
+    text_format.Merge(data.decode("utf-8"), state)
+    return state
 
 
 def inside(directory: str, path: str) -> bool:
@@ -265,7 +340,7 @@ def inside(directory: str, path: str) -> bool:
     return real != root and os.path.commonpath([root, real]) == root
 
 
-def state_prefixes(directory: str) -> tuple[list[str], list[str]]:
+def state_prefixes(directory: str, *, tf_reader: bool = True) -> tuple[list[str], list[str]]:
     """(prefixes a directory's state file names inside the directory, newest first; notes on
     the names skipped because they resolve outside it).
 
@@ -276,7 +351,7 @@ def state_prefixes(directory: str) -> tuple[list[str], list[str]]:
       as `read_state`.
     """
     prefixes, notes = [], []
-    for name in reversed(read_state(directory)):
+    for name in reversed(read_state(directory, tf_reader=tf_reader)):
         prefix = name if os.path.isabs(name) else os.path.join(directory, name)
         if inside(directory, prefix):
             prefixes.append(prefix)
@@ -298,10 +373,13 @@ def state_candidates(directory: str) -> list[str]:
     return state_prefixes(directory)[0]
 
 
-def resolve_prefix(source: str | os.PathLike) -> tuple[str, tuple[str, ...]]:
+def resolve_prefix(source: str | os.PathLike, *,
+                   tf_reader: bool = True) -> tuple[str, tuple[str, ...]]:
     """Turns a prefix, `prefix.index` or directory into an intact prefix.
 
     A directory gives the newest intact checkpoint its state file names inside it.
+    `tf_reader=False` checks checkpoints without TF (see `check_intact`): a local source is
+    then resolved without importing TensorFlow.
 
     Returns:
       (prefix, notes): notes say when an older checkpoint was used because the newest one
@@ -309,16 +387,16 @@ def resolve_prefix(source: str | os.PathLike) -> tuple[str, tuple[str, ...]]:
       skipped because it lies outside the directory.
     """
     source = os.fspath(source)
-    if source.endswith(".index") and tf.io.gfile.exists(source):
+    if source.endswith(".index") and _exists(source):
         source = source[: -len(".index")]
     if os.path.isdir(source):
-        prefixes, notes = state_prefixes(source)
+        prefixes, notes = state_prefixes(source, tf_reader=tf_reader)
         for prefix in prefixes:
-            problem = check_intact(prefix)
+            problem = check_intact(prefix, tf_reader=tf_reader)
             if problem is None:
                 return prefix, tuple(notes)
             notes.append(f"skipped `{_render.safe(prefix)}`: {problem}")
-        found = intact_prefixes(source)
+        found = intact_prefixes(source, tf_reader=tf_reader)
         fix = ("\nIntact checkpoints found in the directory, which its state file does not "
                "name: " + ", ".join(f"`{_render.safe(p)}`" for p in found) + ". Pass one of "
                f"them as the prefix to restore from it, or fix the state file "
@@ -327,7 +405,7 @@ def resolve_prefix(source: str | os.PathLike) -> tuple[str, tuple[str, ...]]:
         raise errors.CheckpointCorruptError(
             f"Directory `{source}` has no intact checkpoint that its state file names; "
             "expected at least one, found:\n  " + "\n  ".join(notes) + fix)
-    if tf.io.gfile.exists(source + ".index"):
+    if _exists(source + ".index"):
         problem = None if "://" in source else regular_file_problem(source + ".index")
         if problem is not None:
             raise errors.CheckpointCorruptError(
@@ -365,6 +443,8 @@ def write_tensors(prefix: str, keys: list, tensors: list, stage=_no_stage) -> No
     `stage(name)` is called at "write" (nothing written yet), "data" (temporary files
     complete) and "index" (committed under `prefix`); tests crash there.
     """
+    import tensorflow as tf
+
     directory = os.path.dirname(prefix)
     if directory:
         tf.io.gfile.makedirs(directory)
@@ -387,11 +467,8 @@ def _starting_with(temp: str) -> list[str]:
     name may hold `[` or `*`)."""
     directory, start = os.path.split(temp)
     try:
-        if "://" in temp:
-            names = [n.rstrip("/") for n in tf.io.gfile.listdir(directory)]
-        else:
-            names = os.listdir(directory or ".")
-    except (OSError, tf.errors.OpError):
+        names = _list_names(directory, remote="://" in temp)
+    except OSError:
         return []
     return [os.path.join(directory, n) for n in names if n.startswith(start)]
 
@@ -404,6 +481,8 @@ def commit(temp: str, prefix: str) -> None:
     the new one under `prefix`; never a mix. Files beside `prefix` that are not data shards
     by TF's exact names (say `prefix.data-00000-of-00001.bak`) are left alone.
     """
+    import tensorflow as tf
+
     if tf.io.gfile.exists(prefix + ".index"):
         tf.io.gfile.remove(prefix + ".index")
     new_data = [path for path, _, _ in data_shards(temp)]
@@ -418,6 +497,8 @@ def commit(temp: str, prefix: str) -> None:
 
 def rename(src: str, dst: str) -> None:
     """Renames a file over any existing one (atomic on one local file system)."""
+    import tensorflow as tf
+
     tf.io.gfile.rename(src, dst, overwrite=True)
 
 
