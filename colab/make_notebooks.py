@@ -176,8 +176,13 @@ with tf.Graph().as_default():
         tf1_prefix = tf.compat.v1.train.Saver().save(sess, os.path.join(tf1_dir, "model.ckpt"))
 for name, shape in tf.train.list_variables(tf1_prefix):
     print(f"{name:35s} {shape}")''',
-        "### The plan: rules rewrite names, Adam slots move by role",
-        '''rules = [("^model_001/", ""), ("^global_step$", None)]
+        "### The plan: rules rewrite names, Adam slots move by role\n\n"
+        "Rules are `(regex, replacement)` pairs: each source key is rewritten once, by the "
+        "**first** rule whose regex matches it (`re.sub(regex, replacement, key, count=1)`); "
+        "rules never chain, and a replacement of `None` drops the entry. `global_step` is "
+        "kept: with `optimizer_state=True` it becomes the Keras optimizer's `iterations`, "
+        "and Adam's `Adam`/`Adam_1` slots move by the variable they belong to.",
+        '''rules = [("^model_001/", "")]
 rewrite = mlp(names=("dense1", "dense2"))
 rewrite.compile(keras.optimizers.Adam(0.01), "mse")
 rewrite.optimizer.build(rewrite.trainable_variables)
@@ -187,6 +192,8 @@ print(plan.describe())''',
                            rules=rules, optimizer_state=True)
 objckpt.restore(rewrite, migrated)
 np.testing.assert_allclose(rewrite(x[:8]), tf1_out, rtol=1e-6, atol=1e-6)
+assert int(rewrite.optimizer.iterations) == 20   # TF1's global_step after 20 steps
+print("optimizer step:", int(rewrite.optimizer.iterations))
 print(objckpt.verify(migrated).describe())''',
         "## A tf_keras (Keras 2) checkpoint into the same model in Keras 3\n\n"
         "tf_keras and Keras 3 can live in one process. No rules: the object paths differ, so "

@@ -270,7 +270,13 @@ def restore_on_create(obj, source, *, rules=(), at: str | None = None) -> Pendin
       source: a `Snapshot`, an object-based prefix or directory, or a
         name-based prefix (with rules that map names to object paths).
       rules: ordered `(regex, replacement[, transform])` rewrites of source
-        keys (see `objckpt.plan`).
+        keys. Each key is rewritten by the first rule whose regex matches it
+        (`re.sub(regex, replacement, key, count=1)`), once: rules never
+        chain. A None replacement drops the entry; keys no rule matches stay
+        as they are. The rewritten key must be an object path of obj
+        (leading underscores of each edge optional). To chain, write one
+        rule with a combined regex, or rules that each match the full
+        original key. See `objckpt.plan`.
       at: take values from this subtree of the source (e.g. "model").
 
     Returns:
@@ -298,7 +304,8 @@ def restore_on_create(obj, source, *, rules=(), at: str | None = None) -> Pendin
                 f"`{new}`; nothing is guessed. Fix: drop one with a rule (regex, None).")
         seen[new] = full
         entries.append(_Entry(new, full, rule.transform if rule is not None else None))
-    _rules.warn_unused(rewritten.unused, src.description, stacklevel=2)
+    _rules.warn_unused(rewritten.unused, src.description, stacklevel=2,
+                       shadowed=rewritten.shadowed)
     pending = PendingRestore(obj, src, entries, skipped, at)
     # Existing variables: every value read and checked before any is assigned.
     ready = []

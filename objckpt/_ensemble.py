@@ -86,7 +86,14 @@ def load_ensemble(template, sources: Sequence, *, rules=(), at: str | None = Non
       sources: one source per member: Snapshots, checkpoint prefixes,
         directories, or name-based (TF1 Saver) prefixes with rules.
       rules: one sequence of `(regex, replacement)` rules for all members,
-        or a list holding one such sequence per member.
+        or a list holding one such sequence per member. Each source key is
+        rewritten by the first rule whose regex matches it (`re.sub(regex,
+        replacement, key, count=1)`), once: rules never chain. A None
+        replacement drops the entry; keys no rule matches stay as they are.
+        The rewritten key then matches a variable by object path, by object
+        path with leading underscores stripped, or by variable name. To
+        chain, write one rule with a combined regex, or rules that each
+        match the full original key. See `objckpt.plan`.
       at, strict: as in `objckpt.restore`, for every member.
       optimizer_state: False (default): optimizer state in the sources and in the
         template is left alone (an ensemble evaluates); None or True as in

@@ -7,14 +7,22 @@ do. `_match` runs it in phases over one `_Work` record: claim, choose,
 structure, optimizer state, leave alone, result. Strategies, in order:
 
 1. rules (`_rules`): ordered `(regex, replacement[, transform])` rewrites of
-   source keys; the first rule that matches a key rewrites it once; a None
-   replacement drops the entry. Keys no rule matches stay as they are.
+   source keys; the first rule whose regex matches a key rewrites it
+   (`re.sub(regex, replacement, key, count=1)`), once: rules never chain. A
+   None replacement drops the entry. Keys no rule matches stay as they are.
+   A rule that rewrote no key is listed: shadowed (another rule took every
+   key it matches) or matching no key.
 2. a (rewritten) key matches a variable whose object path equals it
-   ("exact", or "rule" when a rule rewrote it), else whose object path equals
-   it with leading underscores stripped from every edge ("underscore":
-   `hidden/_kernel` ~ `hidden/kernel`), else whose variable name equals it
-   ("name": TF1 names such as `dense/kernel`; a Keras model's own name may
-   be left off, as in `conv/kernel` for `tf1_rewrite/conv/kernel`).
+   ("exact"), else whose object path equals it with leading underscores
+   stripped from every edge ("underscore": `hidden/_kernel` ~
+   `hidden/kernel`), else whose variable name equals it ("name": TF1 names
+   such as `dense/kernel`; a Keras model's own name may be left off, as in
+   `conv/kernel` for `tf1_rewrite/conv/kernel`). Every match whose key a rule
+   rewrote reports strategy "rule" (with the rule), whatever matched after
+   the rewrite (path, underscores, name, keras name, structure); candidates
+   still rank by how they matched, so a rewritten exact path beats a
+   rewritten name for one variable. Optimizer state placed by its owner
+   reports "slot".
 3. "keras name", then "structure": when no network variable matched by path
    at all (the two object graphs use different naming schemes), an
    object-based source's leftover entries are matched by the Keras/TF name
@@ -63,9 +71,15 @@ class Match:
     Attributes:
       target: the variable's object path in the obj.
       source: the source key (object path or TF1 name) as stored.
-      strategy: "exact", "rule", "underscore", "name", "keras name", "structure"
-        or "slot".
-      rule: the rule that rewrote the key, described, or "".
+      strategy: how the variable was found: "rule" when a rule rewrote the
+        source key (whatever then matched: path, underscores, name, keras
+        name or structure), else "exact" (object path), "underscore" (path
+        with leading underscores stripped), "name" (variable name), "keras
+        name" (the Keras name it was saved under), "structure" (layer by
+        layer, by role and shape) or "slot" (optimizer state, by the variable
+        it belongs to).
+      rule: the rule that rewrote the key, described (`rule 0 ('^model_001/'
+        -> '')`), or "".
     """
 
     target: str
@@ -90,6 +104,10 @@ class Plan:
       skipped: source keys dropped on purpose (rules with None, bookkeeping,
         optimizer state not moved), with why.
       unused_rules: rules that matched no source key.
+      shadowed_rules: rules that rewrote no key although their regex matches
+        some (as stored, or as another rule rewrote them): every such key was
+        taken by another rule that matched first; each says which and how to
+        fix it.
       at: the source subtree used, or None for its root.
       notes: anything else worth knowing.
     """
@@ -104,6 +122,7 @@ class Plan:
     unused_rules: tuple[str, ...] = ()
     at: str | None = None
     notes: tuple[str, ...] = ()
+    shadowed_rules: tuple[str, ...] = ()
     _source: Source | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
@@ -142,6 +161,7 @@ class Plan:
             ("shape or dtype mismatches", [text(m) for m in self.mismatched]),
             ("skipped", [text(s) for s in self.skipped]),
             ("rules that matched nothing", [text(r) for r in self.unused_rules]),
+            ("rules shadowed by another rule", [text(r) for r in self.shadowed_rules]),
         ]
         for title, items in sections:
             if items:
@@ -309,6 +329,7 @@ class _Work:
     skipped: list = dataclasses.field(default_factory=list)
     skipped_targets: set = dataclasses.field(default_factory=set)
     unused_rules: list = dataclasses.field(default_factory=list)  # rules that matched nothing
+    shadowed_rules: list = dataclasses.field(default_factory=list)  # rules others shadowed
     claims: dict = dataclasses.field(default_factory=dict)  # target -> [(rank, key, how, rule)]
     chosen: dict = dataclasses.field(default_factory=dict)  # target -> (key, strategy, rule)
     unmatched: list = dataclasses.field(default_factory=list)  # view keys
@@ -349,6 +370,7 @@ def _claim(work: _Work) -> None:
     rewritten = rewrite_view(view, work.rules, keep=lambda key: key in targets.paths)
     work.skipped.extend(rewritten.skipped)
     work.unused_rules = rewritten.unused
+    work.shadowed_rules = rewritten.shadowed
     for key, full, new, rule in rewritten.entries:
         is_optimizer = is_optimizer_key(key)
         if is_optimizer:  # unless it names a network variable (a module's own `global_step`)
@@ -367,8 +389,9 @@ def _claim(work: _Work) -> None:
         if len(found) > 1:
             work.ambiguous.append((full, tuple(found)))
             work.ambiguous_targets.update(found)
-        elif found:
-            work.claims.setdefault(found[0], []).append((_RANK[strategy], key, strategy, rule))
+        elif found:  # ranked by how it matched; reported as "rule" when a rule rewrote it
+            work.claims.setdefault(found[0], []).append(
+                (_RANK[strategy], key, "rule" if rule is not None else strategy, rule))
         else:
             work.unmatched.append(key)
             work.rewritten[key] = (new, rule)
@@ -464,10 +487,12 @@ def _result(work: _Work) -> Plan:
                                 and p not in work.ambiguous_targets
                                 and p not in work.skipped_targets)
     unused = tuple(work.unused_rules)
-    warn_unused(work.unused_rules, source.description, stacklevel=5)
+    warn_unused(work.unused_rules, source.description, stacklevel=5,
+                shadowed=work.shadowed_rules)
     return Plan(source.description, tuple(matches), unmatched_variables,
                 tuple(view[k] for k in unmatched), tuple(work.ambiguous), tuple(mismatched),
-                tuple(work.skipped), unused, notes=tuple(work.notes))
+                tuple(work.skipped), unused, notes=tuple(work.notes),
+                shadowed_rules=tuple(work.shadowed_rules))
 
 
 def _match_structure(source, targets, view, unmatched, chosen, ambiguous, ambiguous_targets,
@@ -500,8 +525,8 @@ def _match_structure(source, targets, view, unmatched, chosen, ambiguous, ambigu
         tgt_left = [(targets.network[p], tuple(targets.paths[p].shape), p) for p in left_targets]
         pairs, amb, note = _structure(src_left, tgt_left,
                                       lambda path: _ROLE_ALIASES.get(holders.get(path), {}))
-    for key, target in pairs:
-        chosen[target] = (key, strategy, rule_of[key])
+    for key, target in pairs:  # "rule" when a rule rewrote the key (a renamed role)
+        chosen[target] = (key, strategy if rule_of[key] is None else "rule", rule_of[key])
     for key, found in amb:
         ambiguous.append((view[key], found))
         ambiguous_targets.update(found)
@@ -584,7 +609,21 @@ def plan(source, obj, *, rules: Sequence = (), at: str | None = None,
         name-based (TF1 `Saver`) prefix.
       obj: the trackable that would receive the values; it must be built.
       rules: ordered `(regex, replacement)` or `(regex, replacement,
-        transform)` rewrites of source keys (see the module docstring).
+        transform)` rewrites of source keys. Each source key is rewritten by
+        the FIRST rule whose regex matches it, `re.sub(regex, replacement,
+        key, count=1)`, once: rules never chain, so a later rule never sees
+        what an earlier one made of a key. A replacement of None drops the
+        entry; keys no rule matches stay as they are. The rewritten key then
+        matches a variable by object path, by object path with leading
+        underscores stripped (`hidden/kernel` ~ `hidden/_kernel`), or by
+        variable name; such rows say strategy "rule". To chain, write one
+        rule whose regex does the whole rewrite (`("^model_001/dense/",
+        "hidden/")`, not `("^model_001/", "")` then `("^dense/", "hidden/")`),
+        or several rules that each match the full original key. A rule that
+        rewrote no key warns and is listed: in `shadowed_rules` when other
+        rules took every key it matches (naming them), else in
+        `unused_rules`. A transform (tensor -> tensor, e.g. `tf.transpose`)
+        changes the values of the entries its rule rewrote.
       at: plan from this subtree of the source (e.g. "model").
       optimizer_state: "auto" (default): like True when obj has optimizer
         slots to put state in, else optimizer entries are skipped and listed.

@@ -83,7 +83,15 @@ def migrate(source, obj, prefix, *, rules=(), at: str | None = None,
       obj: a built obj with the target layout (e.g. the Keras 3 rewrite).
       prefix: where to write.
       rules: ordered `(regex, replacement[, transform])` rewrites of source
-        keys (see `objckpt.plan`).
+        keys. Each key is rewritten by the first rule whose regex matches it
+        (`re.sub(regex, replacement, key, count=1)`), once: rules never
+        chain. A None replacement drops the entry; keys no rule matches stay
+        as they are. The rewritten key then matches a variable by object
+        path, by object path with leading underscores stripped, or by
+        variable name. To chain, write one rule with a combined regex, or
+        rules that each match the full original key. Keep `global_step`
+        (do not drop it) when moving optimizer state: it becomes the
+        optimizer's `iterations`. See `objckpt.plan`.
       at: take values from this subtree of the source.
       optimizer_state: False (default): optimizer entries of the source are
         skipped (listed by `objckpt.plan(..., optimizer_state=False)`). True:

@@ -2,7 +2,9 @@
 
 Owners come from the source (TF slot tables, saved names, Keras 3 variable lists, TF1 slot
 names); an entry whose owner feeds nothing is skipped and listed; an entry with no known
-owner moves by path only when both sides lay out network and optimizer identically.
+owner moves by path only when both sides lay out network and optimizer identically. An
+entry placed by its owner reports strategy "slot"; one matched by a path a rule rewrote
+reports "rule", as network variables do.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ def place_optimizer_state(source, targets, view, rules, optimizer_left, chosen, 
         # The same network and the same optimizer layout on both sides (a model restored
         # from its own checkpoint): every entry has its twin at the same path.
         for key, new in optimizer_left:
-            chosen[candidates(new, targets, new != key)[1][0]] = (key, "exact", None)
+            chosen[candidates(new, targets, new != key)[1][0]] = _by_path(key, "exact", rules)
         return
     orphans = 0
     for key, new in optimizer_left:
@@ -86,7 +88,7 @@ def place_optimizer_state(source, targets, view, rules, optimizer_left, chosen, 
         strategy, found = candidates(new, targets, new != key)
         if (network_exact and len(found) == 1 and found[0] not in chosen
                 and found[0] in targets.optimizer_paths):
-            chosen[found[0]] = (key, strategy, None)
+            chosen[found[0]] = _by_path(key, strategy, rules)
         elif key.rsplit("/", 1)[-1] in ("beta1_power", "beta2_power") and not found:
             skipped.append(f"{full}: TF1 Adam's running beta power; the obj's optimizer "
                            "computes it from the step count, which moves")
@@ -97,6 +99,11 @@ def place_optimizer_state(source, targets, view, rules, optimizer_left, chosen, 
                      "nothing in the obj; they were skipped (listed under skipped)")
 
 
+def _by_path(key: str, strategy: str, rules) -> tuple:
+    """The plan's entry for an optimizer key matched by its own (rewritten) path: "rule",
+    with the rule and its transform, when a rule rewrote it, as for network keys."""
+    _, rule = rewrite(key, rules)
+    return (key, strategy, None) if rule is None else (key, "rule", rule)
 
 
 def _same_optimizer_layout(source, targets, view, optimizer_left, chosen) -> bool:

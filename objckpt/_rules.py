@@ -1,8 +1,11 @@
 """Rules: ordered `(regex, replacement[, transform])` rewrites of source keys.
 
 Each source key is rewritten by the first rule whose regex matches it (`re.sub(regex,
-replacement, key, count=1)`), once: rules do not chain. A replacement of None drops the
-entry; keys no rule matches stay as they are.
+replacement, key, count=1)`), once: rules never chain, so a later rule never sees what an
+earlier one made of a key. A replacement of None drops the entry; keys no rule matches stay
+as they are. A rule that rewrote no key is reported: "shadowed" when the keys it matches
+(as stored, or as an earlier rule rewrote them) were all taken by another rule that matched
+first, else "matched no key".
 """
 
 from __future__ import annotations
@@ -12,9 +15,10 @@ import re
 import warnings
 from collections.abc import Callable
 
-from objckpt import _sources, errors
+from objckpt import _render, _sources, errors
 
-__all__ = ["Rewritten", "Rule", "parse_rules", "rewrite", "rewrite_view", "warn_unused"]
+__all__ = ["Rewritten", "Rule", "parse_rules", "rewrite", "rewrite_view", "warn_unused",
+           "why_shadowed"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +92,7 @@ class Rewritten:
     entries: list  # (key, full key, rewritten key, rule or None) for every entry kept
     skipped: list  # "full: why" for every entry left out, in source order
     unused: list  # the rules that matched no key, as text
+    shadowed: list = dataclasses.field(default_factory=list)  # why each shadowed rule never applied
 
 
 def rewrite_view(view: dict, rules: tuple[Rule, ...], *, keep=None,
@@ -96,9 +101,10 @@ def rewrite_view(view: dict, rules: tuple[Rule, ...], *, keep=None,
 
     Checkpoint bookkeeping (`save_counter`, the object graph) is left out unless
     `keep(key)` says the obj has a variable of that name; entries a rule drops are left out
-    and listed.
+    and listed. A rule that rewrote no key is listed as shadowed (see `why_shadowed`) or, when
+    it matches no key at all, as unused.
     """
-    entries, skipped, fired = [], [], set()
+    entries, skipped, fired, taken = [], [], set(), []
     for key, full in view.items():
         if (key in _sources.BOOKKEEPING or full in _sources.BOOKKEEPING) and not (
                 keep is not None and keep(key)):
@@ -108,15 +114,72 @@ def rewrite_view(view: dict, rules: tuple[Rule, ...], *, keep=None,
         new, rule = rewrite(key, rules)
         if rule is not None:
             fired.add(rule.index)
+            taken.append((key, new, rule))
         if new is None:
             skipped.append(f"{full}: dropped by {rule}")
             continue
         entries.append((key, full, new, rule))
-    return Rewritten(entries, skipped, [str(r) for r in rules if r.index not in fired])
+    unused, shadowed_rules = [], []
+    for rule in rules:
+        if rule.index not in fired:
+            why = why_shadowed(rule, taken)
+            if why:
+                shadowed_rules.append(why)
+            else:
+                unused.append(str(rule))
+    return Rewritten(entries, skipped, unused, shadowed_rules)
 
 
-def warn_unused(unused: list, description: str, stacklevel: int) -> None:
-    """Warns that rules matched no key (`stacklevel` counted from the caller)."""
+def why_shadowed(rule: Rule, taken) -> str:
+    """Why a rule that rewrote no key never applied, or "" when it matches no key at all.
+
+    `taken` holds (key, rewritten key or None, rule that fired) for every key a rule
+    rewrote. The rule is shadowed when its regex matches such keys: as stored (a rule
+    before it matched them first), or as rewritten (the rule was written to chain).
+    """
+    takers: dict = {}  # index of the rule that took the keys -> [that rule, count]
+    direct, chained = set(), None  # indexes of the rules that took keys it matches as stored
+    for key, new, taker in taken:
+        if rule.regex.search(key):
+            direct.add(taker.index)
+        elif new is not None and rule.regex.search(new):
+            chained = chained or (key, new)
+        else:
+            continue
+        takers.setdefault(taker.index, [taker, 0])[1] += 1
+    if not takers:
+        return ""
+    count = sum(n for _, n in takers.values())
+    by = " and ".join(f"{taker} ({n} of them)" if len(takers) > 1 else str(taker)
+                      for taker, n in sorted(takers.values(), key=lambda t: t[0].index))
+    keys = "the key it matches was" if count == 1 else f"the {count} keys it matches were all"
+    text = f"{rule} is shadowed: {keys} taken by {by}, which matched first"
+    if chained is not None:
+        key, new = chained
+        them = "it" if count == 1 else "them"
+        text += (f"; it matches {them} only as rewritten (`{_render.safe(key)}` became "
+                 f"`{_render.safe(new)}`, which no rule rewrites again)")
+    fixes = []
+    if direct:
+        first = min(direct)
+        fixes.append(f"put rule {rule.index} before rule {first} (the more specific rule "
+                     f"first), or narrow the regex of rule {first}")
+    if chained is not None:
+        fixes.append("write one rule whose regex matches the original key and does the "
+                     "whole rewrite (a combined regex), or several rules that each match "
+                     "the full original key")
+    return (text + ". Rules do not chain: each source key is rewritten once, by the first "
+            "rule whose regex matches it. Fix: " + "; or ".join(fixes) + ".")
+
+
+def warn_unused(unused: list, description: str, stacklevel: int, shadowed=()) -> None:
+    """Warns about rules that rewrote no key: those matching none, then shadowed ones.
+
+    `stacklevel` is counted from the caller.
+    """
     if unused:
         warnings.warn(f"{len(unused)} rule(s) matched no key of {description}: "
                       + "; ".join(unused), stacklevel=stacklevel + 1)
+    if shadowed:
+        warnings.warn(f"{len(shadowed)} rule(s) never applied to {description}: "
+                      + " ".join(shadowed), stacklevel=stacklevel + 1)

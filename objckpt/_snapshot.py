@@ -200,8 +200,14 @@ def restore(obj, source, *, rules=(), strict: bool = True, at: str | None = None
         intact checkpoint; older ones are used when the newest is damaged), or
         a name-based (TF1 `Saver`) prefix, usually with rules.
       rules: ordered `(regex, replacement)` or `(regex, replacement,
-        transform)` rewrites of source keys; a None replacement drops the
-        entry. See `objckpt.plan`.
+        transform)` rewrites of source keys. Each key is rewritten by the
+        first rule whose regex matches it (`re.sub(regex, replacement, key,
+        count=1)`), once: rules never chain. A None replacement drops the
+        entry; keys no rule matches stay as they are. The rewritten key then
+        matches a variable by object path, by object path with leading
+        underscores stripped, or by variable name. To chain, write one rule
+        with a combined regex, or rules that each match the full original
+        key. See `objckpt.plan`.
       strict: if True (default), entries missing from the source or extra in it
         are errors. If False they are skipped and listed in the report. A shape
         or dtype mismatch, or an ambiguous match, is an error either way.

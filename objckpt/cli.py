@@ -19,8 +19,17 @@ Commands:
       Writes SOURCE (a TF1 name-based or object-based checkpoint) as an
       object-based checkpoint at prefix OUT laid out for the obj that
       MODULE:CALLABLE returns (called with no arguments; it must build the
-      model). --rules FILE is JSON: a list of [regex, replacement] pairs
-      (replacement null drops the entry). --dry-run prints the plan only.
+      model). --rules FILE is JSON: a list of [regex, replacement] pairs,
+      e.g. [["^model_001/", ""]]. Each source key is rewritten by the first
+      rule whose regex matches it (re.sub(regex, replacement, key, count=1)),
+      once: rules never chain. Replacement null drops the entry; keys no rule
+      matches stay as they are. The rewritten key then matches a variable by
+      object path, by object path with leading underscores stripped, or by
+      variable name. To chain, write one rule with a combined regex, or rules
+      that each match the full original key; a rule that never applied is
+      reported (shadowed by another rule, or matching no key). Keep
+      global_step with --optimizer-state: it becomes the optimizer's
+      iterations. --dry-run prints the plan only.
 
   objckpt graph PREFIX|DIRECTORY [--format dot|svg|png] [--out FILE]
                 [--depth N] [--empty]
@@ -83,7 +92,10 @@ def _parse(argv):
     migrate.add_argument("--template", required=True, metavar="MODULE:CALLABLE",
                          help="returns the built obj whose layout OUT takes")
     migrate.add_argument("--rules", metavar="FILE",
-                         help="JSON list of [regex, replacement] pairs")
+                         help="JSON list of [regex, replacement] pairs, e.g. "
+                              "[[\"^model_001/\", \"\"]]; each key is rewritten once, by the "
+                              "first rule whose regex matches it (rules never chain); "
+                              "replacement null drops the entry")
     migrate.add_argument("--at", metavar="NAME", help="subtree of SOURCE to take values from")
     migrate.add_argument("--optimizer-state", action="store_true",
                          help="move optimizer slots into the obj's optimizer variables")
