@@ -351,8 +351,9 @@ class CheckpointDirectory:
                 f"it is not built yet. Expected a built model {when}. Fix: build it first "
                 "(call it on a batch, or model.build(input_shape)).")
         optimizer = getattr(obj, "optimizer", None)
-        if optimizer is not None and callable(getattr(optimizer, "apply_gradients", None)):
-            _compat.build_optimizer(optimizer, obj.trainable_variables)
+        variables = getattr(obj, "trainable_variables", None)  # a Keras model's own optimizer
+        if variables is not None and callable(getattr(optimizer, "apply_gradients", None)):
+            _compat.build_optimizer(optimizer, variables)
         _snapshot.restore(self.root, kept.prefix)
         return {name: int(v.numpy()) for name, v in self.counters.items()}
 

@@ -10,7 +10,9 @@ each of the many kills of a test from paying for a TensorFlow import.
 
 Job keys: dir, out, epochs, save_freq, async (bool), fault ([stage, hit]:
 SIGKILL itself at that hit of that stage of a save), sleep (seconds per
-batch, to give a signal time to land), max_to_keep.
+batch, to give a signal time to land), max_to_keep, loop (bool: a custom
+training loop with `objckpt.CheckpointManager` instead of fit, saving after
+every step).
 """
 
 import json
@@ -23,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np
-import tensorflow as tf  # noqa: F401  (imported once, before the fork server forks)
+import tensorflow as tf  # imported once, before the fork server forks
 
 import objckpt
 from objckpt import _checkpointing
@@ -45,8 +47,8 @@ def inputs(model):
     return (images if model.name == "net" else [images, tokens]), targets
 
 
-def train(flavour, kind, job):
-    keras, model = build(flavour, kind)
+def kill_at(job):
+    """Installs the fault hook that SIGKILLs this worker at job["fault"] (if any)."""
     if job.get("fault"):
         stage, hit = job["fault"]
         seen = [0]
@@ -58,6 +60,44 @@ def train(flavour, kind, job):
                     os.kill(os.getpid(), signal.SIGKILL)
 
         _checkpointing.fault_hook = hook
+
+
+def write_result(model, job, **info):
+    values = [np.array(v.numpy()) for v in objckpt.tree(model).values()]
+    np.savez(job["out"] + ".tmp.npz", *values)
+    os.replace(job["out"] + ".tmp.npz", job["out"])
+    with open(job["out"] + ".json", "w") as f:
+        json.dump(info, f)
+
+
+def train_loop(flavour, kind, job):
+    """A custom loop: batches of 2 in order, one save per step, `epochs` passes."""
+    _, model = build(flavour, kind)
+    kill_at(job)
+    x, y = inputs(model)
+    x = x if isinstance(x, list) else [x]
+    steps = job["epochs"] * (len(y) // 2)
+    with objckpt.CheckpointManager(model, job["dir"], max_to_keep=job.get("max_to_keep", 2),
+                                   keep_best=1, monitor="loss", async_save=job.get("async", False),
+                                   verbose=0) as manager:
+        start = manager.restore_latest() or 0
+        for step in range(start, steps):
+            i = 2 * (step % (len(y) // 2))
+            batch = [part[i:i + 2] for part in x]
+            with tf.GradientTape() as tape:
+                out = model(batch if len(batch) > 1 else batch[0], training=True)
+                loss = tf.reduce_mean(tf.square(out - y[i:i + 2]))
+            grads = tape.gradient(loss, model.trainable_variables)
+            model.optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            manager.save(step + 1, {"loss": loss})
+    write_result(model, job, start=start)
+
+
+def train(flavour, kind, job):
+    if job.get("loop"):
+        return train_loop(flavour, kind, job)
+    keras, model = build(flavour, kind)
+    kill_at(job)
     callbacks = [Checkpointing(job["dir"], save_freq=job.get("save_freq", 1),
                                max_to_keep=job.get("max_to_keep", 2),
                                async_save=job.get("async", False), monitor="loss")]
@@ -72,11 +112,7 @@ def train(flavour, kind, job):
     x, y = inputs(model)
     model.fit(x, y, epochs=job["epochs"], batch_size=2, shuffle=False, verbose=0,
               callbacks=callbacks)
-    values = [np.array(v.numpy()) for v in objckpt.tree(model).values()]
-    np.savez(job["out"] + ".tmp.npz", *values)
-    os.replace(job["out"] + ".tmp.npz", job["out"])
-    with open(job["out"] + ".json", "w") as f:
-        json.dump({"resumed_from": callbacks[0].resumed_from}, f)
+    write_result(model, job, resumed_from=callbacks[0].resumed_from)
 
 
 def main():

@@ -95,6 +95,12 @@ def reference(flavour, kind="functional", epochs=3):
     return result
 
 
+def said(capsys) -> list[str]:
+    """The lines Checkpointing printed since the last call."""
+    return [line for line in capsys.readouterr().out.splitlines()
+            if line.startswith("Checkpointing")]
+
+
 @pytest.fixture(autouse=True)
 def no_fault_hook():
     yield
@@ -107,7 +113,7 @@ def no_fault_hook():
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("flavour", KERAS_FLAVOURS)
 @pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
-def test_interrupted_fit_resumes_bit_identical(tmp_path, flavour, kind, async_save):
+def test_interrupted_fit_resumes_bit_identical(tmp_path, flavour, kind, async_save, capsys):
     if async_save and kind == "subclassed":
         pytest.skip("async resume is covered by the functional model")
     expected = reference(flavour, kind)
@@ -121,6 +127,9 @@ def test_interrupted_fit_resumes_bit_identical(tmp_path, flavour, kind, async_sa
     second = Checkpointing(tmp_path, save_freq=3, max_to_keep=2, async_save=async_save)
     fit(model, [second])
     assert second.resumed_from == os.path.join(str(tmp_path), "ckpt-2")
+    assert said(capsys) == [  # the first fit started fresh: no line
+        f"Checkpointing: resumed from {tmp_path}/ckpt-2 (epoch 2 of 3 at batch 2, step 6); "
+        "training continues with batch 3 of that epoch."]
     assert_bit_identical(expected, values(model))
     reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(tmp_path)))
     counters = {name: int(reader.get_tensor(f"{name}/.ATTRIBUTES/VARIABLE_VALUE"))
@@ -130,10 +139,15 @@ def test_interrupted_fit_resumes_bit_identical(tmp_path, flavour, kind, async_sa
 
 
 @pytest.mark.parametrize("flavour", KERAS_FLAVOURS)
-def test_checkpoints_are_standard_and_finished_runs_do_not_retrain(tmp_path, flavour):
+def test_checkpoints_are_standard_and_finished_runs_do_not_retrain(tmp_path, flavour, capsys):
     _keras, model = make(flavour)
     callback = Checkpointing(tmp_path, max_to_keep=2, monitor="loss")
-    history = fit(model, [callback])
+    history = fit(model, [callback], epochs=2)
+    resumed = Checkpointing(tmp_path, max_to_keep=2, monitor="loss")
+    history = fit(model, [resumed])
+    assert said(capsys) == [  # fresh: nothing; then from the end of epoch 2
+        f"Checkpointing: resumed from {tmp_path}/ckpt-2 (epoch 2 of 3 done, step 8); "
+        "training continues with epoch 3."]
     trained = values(model)
     latest = tf.train.latest_checkpoint(str(tmp_path))
     assert latest == os.path.join(str(tmp_path), "ckpt-3")
@@ -161,6 +175,19 @@ def test_checkpoints_are_standard_and_finished_runs_do_not_retrain(tmp_path, fla
     fit(model, [again])
     assert again.resumed_from == latest and again.saved == []
     assert_bit_identical(trained, values(model))
+    assert said(capsys) == [
+        f"Checkpointing: training already finished: {tmp_path}/ckpt-3 holds 3 epoch(s) "
+        "(step 12) and fit(epochs=3) counts all epochs, these included, so this fit trains "
+        "no more. To train further, pass a larger epochs= to fit; to start over, give "
+        "Checkpointing a new directory."]
+    # Each checkpoint keeps its own time in the state file, read back on every restart.
+    assert state.all_model_checkpoint_timestamps[0] < state.all_model_checkpoint_timestamps[1]
+    assert list(tf.train.get_checkpoint_state(str(tmp_path)).all_model_checkpoint_timestamps) \
+        == list(state.all_model_checkpoint_timestamps)
+    assert [k.timestamp for k in again.manager.kept] == list(
+        state.all_model_checkpoint_timestamps)
+    fit(model, [Checkpointing(tmp_path, max_to_keep=2, monitor="loss", verbose=0)])
+    assert said(capsys) == []
 
 
 # --- retention ----------------------------------------------------------------------------
@@ -328,7 +355,8 @@ def test_arguments_are_validated():
              ({"mode": "auto"}, "mode must be one of 'min', 'max'"),
              ({"save_freq": "batch"}, "save_freq must be an int >= 1"),
              ({"on_error": "ignore"}, "on_error must be one of 'raise', 'warn'"),
-             ({"async_save": 1}, "async_save must be True or False")]
+             ({"async_save": 1}, "async_save must be True or False"),
+             ({"verbose": 2}, "verbose must be one of 0, 1. Received: verbose=2.")]
     for kwargs, message in cases:
         with pytest.raises(errors.InvalidArgumentError, match=message):
             Checkpointing("/tmp/x", **kwargs)
