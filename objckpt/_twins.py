@@ -65,6 +65,14 @@ class Twins:
       StructureMismatchError: `past` differs from `model` (paths, shapes,
         dtypes) or shares variables with it.
 
+    Attributes:
+      current: the model passed in, the very object (not a copy): keep training it.
+      past: the copy kept behind: `past` when given, else the clone made of
+        `model`. Call it like the model (`twins.past(x)`). `sync()` and
+        `swap()` change the values of their variables, never which objects
+        `current` and `past` are.
+      paths: the object paths twinned, in tree order.
+
     Example:
       >>> twins = objckpt.Twins(model)
       >>> for x, y in data:
@@ -74,6 +82,26 @@ class Twins:
     """
 
     def __init__(self, model, *, past=None):
+        """Pairs `model` with `past`, or with a structural clone of it.
+
+        The past copy starts with the values `past` has (a clone starts equal to
+        `model`); call `sync()` to make it equal when you pass your own.
+
+        Args:
+          model: the obj being trained (a built Keras model of any flavour, or a
+            `tf.Module`); becomes `current`.
+          past: an obj of the same structure with its own variables, or None to
+            clone `model` (`objckpt.clone(model)`, values copied).
+
+        Raises:
+          UnbuiltModelError: `model` has no variables yet (build it first).
+          UnsupportedObjectError: `model` or `past` is not trackable.
+          StructureMismatchError: `past` differs from `model` in object paths,
+            shapes or dtypes, or shares a variable with it (every problem listed).
+          CloneError: with past=None, something in `model` cannot be cloned
+            (the message names its attribute path); pass `past` built by your
+            own code instead.
+        """
         if past is None:
             past = _clone.clone(model)
         self.current = model

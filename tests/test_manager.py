@@ -16,8 +16,17 @@ from test_checkpointing import Server, final_values, native
 
 import objckpt
 from objckpt import _checkpointing, _compat, errors
+from objckpt.callbacks import Checkpointing
 
-from flavours import FLAVOURS, KERAS_FLAVOURS, _data, build_functional, build_module, keras_for
+from flavours import (
+    FLAVOURS,
+    KERAS_FLAVOURS,
+    _data,
+    build_functional,
+    build_module,
+    keras_for,
+    session_flavour,
+)
 
 BATCHES = 4  # 8 samples, batches of 2
 
@@ -305,3 +314,53 @@ def test_sigkill_in_a_custom_loop_then_restart_resumes_bit_identical(tmp_path, f
     for a, b in zip(final_values(tmp_path / "ref.npz"), final_values(tmp_path / "run.npz")):
         assert a.tobytes() == b.tobytes()
     assert not [n for n in os.listdir(directory) if ".tmp-" in n]
+
+
+# --- layouts it shares ------------------------------------------------------------------------
+
+
+def test_keras3_model_and_optimizer_side_by_side_as_the_readme_shows(tmp_path):
+    keras = keras_for("keras3")
+
+    def build():
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4),
+                                  keras.layers.Dense(2)])
+        optimizer = keras.optimizers.Adam(0.01)
+        optimizer.build(model.trainable_variables)
+        return tf.train.Checkpoint(model=model, optimizer=optimizer)
+
+    def step(state):
+        x = tf.ones((2, 3))
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(state.model(x) ** 2)
+        variables = state.model.trainable_variables
+        state.optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        return loss
+
+    state = build()
+    with objckpt.CheckpointManager(state, tmp_path, keep_best=1, verbose=0) as manager:
+        for number in range(1, 4):
+            manager.save(number, {"val_loss": step(state)})
+        saved = values(state)
+    fresh = build()
+    with objckpt.CheckpointManager(fresh, tmp_path, keep_best=1, verbose=0) as manager:
+        assert manager.restore_latest() == 3
+    assert_bit_identical(saved, values(fresh))
+    assert int(fresh.optimizer.iterations.numpy()) == 3
+
+
+def test_resumes_a_directory_that_checkpointing_wrote(tmp_path):
+    flavour = session_flavour()
+    model = make(flavour)
+    images, tokens, targets = _data()
+    model.fit([images, tokens], targets, epochs=2, batch_size=2, shuffle=False, verbose=0,
+              callbacks=[Checkpointing(tmp_path, verbose=0)])
+    fresh = make(flavour)
+    with objckpt.CheckpointManager(fresh, tmp_path, verbose=0) as manager:
+        assert manager.restore_latest() == 8  # 2 epochs of 4 batches
+        manager.save(9)
+    assert_bit_identical(values(model), values(fresh))
+    reader = tf.train.load_checkpoint(str(tmp_path / "ckpt-3"))
+    assert int(reader.get_tensor("epoch/.ATTRIBUTES/VARIABLE_VALUE")) == 2  # kept as restored
+    assert int(reader.get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE")) == 9
