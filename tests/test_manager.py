@@ -106,7 +106,7 @@ def test_save_then_restore_latest_is_bit_identical(tmp_path, flavour, capsys):
         assert manager.latest == str(tmp_path / "ckpt-2")
     # Weights, optimizer slots and its step counter (`iterations`) all came back.
     assert_bit_identical(saved, values(fresh))
-    assert any("iterations" in p or "/m/" in p or "beta1_power" in p for p in saved)
+    assert sum("optimizer" in p for p in saved) >= 5  # its step counter and slots among them
     assert printed(capsys) == [f"CheckpointManager: resumed from {tmp_path}/ckpt-2 (step 3)."]
     # What it writes is standard: TF's reader and objckpt.restore(at="model") both load it.
     assert tf.train.latest_checkpoint(str(tmp_path)) == str(tmp_path / "ckpt-2")
