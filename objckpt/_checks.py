@@ -7,10 +7,13 @@ network first, and the fixes that apply.
 
 from __future__ import annotations
 
+import collections
+import re
+
 from objckpt import _compat, _render, errors
 from objckpt._match import Plan, make_plan
 from objckpt._sources import Source
-from objckpt._targets import is_optimizer_key
+from objckpt._targets import is_default_name, is_optimizer_key
 
 __all__ = ["checked_plan", "describe_obj", "refuse"]
 
@@ -38,41 +41,12 @@ def refuse(obj, variables, source, the_plan: Plan, strict: bool,
               + ", ".join(f"`{safe(c)}`" for c in candidates)
               for what, candidates in the_plan.ambiguous]
     if strict:  # the network's problems first: optimizer state follows from them
-        missing = sorted(the_plan.unmatched_variables,
-                         key=lambda p: is_optimizer_key(p))
-        extra = sorted(the_plan.unmatched_source, key=lambda p: is_optimizer_key(p))
-        lines += [f"`{safe(p)}`: in the obj but missing from the source" for p in missing
-                  if not is_optimizer_key(p)]
-        lines += [f"`{safe(p)}`: in the source but not in the obj" for p in extra
-                  if not is_optimizer_key(p)]
-        lines += [f"`{safe(p)}`: in the obj but missing from the source" for p in missing
-                  if is_optimizer_key(p)]
-        lines += [f"`{safe(p)}`: in the source but not in the obj" for p in extra
-                  if is_optimizer_key(p)]
-    fixes = []
-    if the_plan.mismatched:
-        fixes.append("rebuild the obj with the source's shapes and dtypes, or fix the rule's "
-                     "transform (strict=False never skips a shape or dtype mismatch)")
-    if the_plan.ambiguous:
-        fixes.append("add a rule that names the intended source entry exactly")
-    if strict and (the_plan.unmatched_variables or the_plan.unmatched_source):
-        fixes.append("pass strict=False to restore only what matches")
-        fixes.append("add rules=[(regex, replacement), ...] that map source keys onto the obj's "
-                     "object paths or variable names (objckpt.plan(source, obj) shows the "
-                     "plan)")
-        names = ", ".join(repr(n) for n in source.top_level_names)
-        if names and the_plan.at is None:
-            fixes.append(f"pass at=... if the obj sits under a child of the source's root "
-                         f"(top-level names: {names})")
-        if any(is_optimizer_key(p) for p in the_plan.unmatched_source) or \
-                any("optimizer" in p for p in the_plan.unmatched_variables):
-            fixes.append("pass optimizer_state=True to move optimizer state by the variable it "
-                         "belongs to, or optimizer_state=False to skip it")
-    if source.kind == "name":
-        fixes.insert(0, "the source is name-based (TF1 Saver): its keys are global variable "
-                        "names such as `" + safe(next(iter(source.specs), "scope/w"))
-                        + "`; map them onto the obj with rules, e.g. rules=[('^model_001/', '')], "
-                        "and check with objckpt.plan(source, obj)")
+        missing, extra = _missing_lines(the_plan), _extra_lines(the_plan, source)
+        lines += [line for line, optimizer in missing if not optimizer]
+        lines += [line for line, optimizer in extra if not optimizer]
+        lines += [line for line, optimizer in missing if optimizer]
+        lines += [line for line, optimizer in extra if optimizer]
+    fixes = _fixes(the_plan, source, strict, variables)
     if not lines:
         lines = [f"no entry of the source matches a variable of the obj "
                  f"({len(variables)} variables, {len(source.specs)} source entries)"]
@@ -83,6 +57,100 @@ def refuse(obj, variables, source, the_plan: Plan, strict: bool,
         f"{'s' if len(lines) != 1 else ''}. {nothing}.\n" + "\n".join(shown)
         + "".join(f"\n{text(note)}" for note in the_plan.notes) + "\nFix: " + "; or ".join(fixes)
         + ".", tuple(lines))
+
+
+def _missing_lines(the_plan: Plan) -> list[tuple[str, bool]]:
+    """(line, is optimizer state) per variable no source entry feeds, as people know it.
+
+    (The optimizer slots of a variable that gets no value keep theirs and are listed as
+    skipped by the plan, so a missing layer is one line per weight.)"""
+    return [(f"{the_plan.label(path)}: in the obj but missing from the source",
+             is_optimizer_key(path)) for path in the_plan.unmatched_variables]
+
+
+def _extra_lines(the_plan: Plan, source: Source) -> list[tuple[str, bool]]:
+    """(line, is optimizer state) per source entry that feeds nothing, with its saved name."""
+    lines = []
+    shared = collections.Counter(source.names.values())
+    for key in the_plan.unmatched_source:
+        name = source.names.get(key, "")
+        note = f" [{_render.safe(name.removesuffix(':0'))}]" if name and shared[name] == 1 \
+            and name.removesuffix(":0") != key and not is_default_name(name) else ""
+        lines.append((f"`{_render.safe(key)}`{note}: in the source but not in the obj",
+                      is_optimizer_key(key)))
+    return lines
+
+
+def _fixes(the_plan: Plan, source: Source, strict: bool, variables) -> list[str]:
+    """The fixes that apply to this plan's problems, with examples in its own keys."""
+    fixes = []
+    if the_plan.mismatched:
+        fixes.append("rebuild the obj with the source's shapes and dtypes (strict=False never "
+                     "skips a shape or dtype mismatch)")
+        if any(getattr(p, "transformed", False) for p in the_plan.mismatched):
+            fixes.append("fix the rule's transform so it returns the obj's shape and dtype")
+    if the_plan.ambiguous:
+        what, candidates = the_plan.ambiguous[0]
+        fixes.append(f"add a rule that names the intended entry exactly, e.g. "
+                     f"rules=[({'^' + re.escape(candidates[0]) + '$'!r}, "
+                     f"{_render.safe(what)!r})]" if candidates else
+                     "add a rule that names the intended source entry exactly")
+    if not strict or not (the_plan.unmatched_variables or the_plan.unmatched_source):
+        return fixes
+    network_missing = [p for p in the_plan.unmatched_variables if not is_optimizer_key(p)]
+    network_extra = [k for k in the_plan.unmatched_source if not is_optimizer_key(k)]
+    if the_plan.matches:
+        fixes.append("pass strict=False to restore only what matches")
+    at = _at_fix(the_plan, source, network_extra, network_missing)
+    if at:
+        fixes.append(at)
+    if network_extra and network_missing:
+        example = _example_rule(network_extra, network_missing, the_plan, source, variables)
+        fixes.append("add rules that map source keys onto the obj's object paths, e.g. "
+                     f"rules=[{example}] "
+                     "(rules are tried in order; the first that matches a key rewrites it, "
+                     "once; objckpt.plan(source, obj, rules=...) shows the result)")
+    if any(is_optimizer_key(p) for p in the_plan.unmatched_source) or \
+            any(is_optimizer_key(p) for p in the_plan.unmatched_variables):
+        fixes.append("pass optimizer_state=True to move optimizer state by the variable it "
+                     "belongs to, or optimizer_state=False to skip it")
+    if source.kind == "name":
+        fixes.insert(0, "the source is name-based (TF1 Saver): its keys are global variable "
+                        "names such as `" + _render.safe(next(iter(source.specs), "scope/w"))
+                        + "`; map them onto the obj with rules and check the result with "
+                        "objckpt.plan(source, obj, rules=...)")
+    return fixes
+
+
+def _at_fix(the_plan: Plan, source: Source, extra: list, missing: list) -> str:
+    """`at=...` when the obj's missing paths sit under one top-level name of the source."""
+    if the_plan.at is not None or not extra or not missing:
+        return ""
+    wanted = set(missing)
+    for name in source.top_level_names:
+        head = f"{name}/"
+        if any(k.startswith(head) and k[len(head):] in wanted for k in extra):
+            return (f"pass at={name!r}: the obj's variables sit under the source's "
+                    f"`{_render.safe(name)}`")
+    return ""
+
+
+def _example_rule(extra: list, missing: list, the_plan: Plan, source: Source,
+                  variables) -> str:
+    """A rule, in the user's own keys, mapping a source entry onto a variable it could feed:
+    a prefix to strip when a key ends with a variable's path, else one key onto a variable
+    of its shape, else the first onto the first."""
+    shown = {path: the_plan.display(path)[0] for path in missing}
+    for key in extra:
+        for path in missing:
+            for target in (shown[path], path):
+                if key != target and key.endswith("/" + target):
+                    return _render.safe(repr(("^" + re.escape(key[:-len(target)]), "")))
+    pairs = [(key, path) for key in extra for path in missing
+             if key in source.specs and path in variables
+             and tuple(source.specs[key][0]) == tuple(variables[path].shape)]
+    key, path = pairs[0] if pairs else (extra[0], missing[0])
+    return _render.safe(repr(("^" + re.escape(key) + "$", shown[path])))
 
 
 def checked_plan(obj, variables, src: Source, *, rules=(), strict: bool = True,

@@ -56,7 +56,7 @@ from objckpt._optstate import place_optimizer_state
 from objckpt._roles import ROLE_ALIASES as _ROLE_ALIASES
 from objckpt._rules import parse_rules, rewrite_view, warn_unused
 from objckpt._sources import Source, open_source
-from objckpt._targets import Targets, candidates, index_targets, is_optimizer_key
+from objckpt._targets import Targets, candidates, index_targets, is_optimizer_key, label
 
 __all__ = ["Match", "Plan", "plan"]
 
@@ -124,6 +124,30 @@ class Plan:
     notes: tuple[str, ...] = ()
     shadowed_rules: tuple[str, ...] = ()
     _source: Source | None = dataclasses.field(default=None, repr=False, compare=False)
+    # object path -> (path people know, note), unescaped (see `Targets.display`)
+    _labels: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    # {optimizer slot path: (path of its variable, role)} in the obj
+    _slot_owners: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
+
+    def slot_of(self, target: str) -> tuple[str, str] | None:
+        """(object path of the variable, role) when `target` is one of its optimizer slots."""
+        return self._slot_owners.get(target)
+
+    def label(self, target: str) -> str:
+        """A variable of the obj as messages show it: the path people know in backquotes and
+        its Keras/TF name (`hidden/_kernel` [encoder/kernel]), or whose optimizer slot it is
+        (`optimizer/_variables/2` [m of `hidden/_kernel`])."""
+        return label(*self.display(target))
+
+    def display(self, target: str) -> tuple[str, str]:
+        """(path people know, note) of a variable of the obj, unescaped: a network
+        variable's path through its layers and its Keras/TF name, or an optimizer slot's
+        path and "m of `hidden/_kernel`"; ("path", "") when there is nothing to add."""
+        return self._labels.get(target) or (target, "")
+
+    def _row(self, target: str) -> str:
+        shown, note = self.display(target)
+        return _render.safe(shown) + (f"  [{_render.safe(note)}]" if note else "")
 
     @property
     def complete(self) -> bool:
@@ -145,7 +169,7 @@ class Plan:
         through `_render.safe_text`: one line each, whatever the source's names hold.
         """
         safe, text = _render.safe, _render.safe_text
-        targets = [safe(m.target) for m in self.matches]
+        targets = [self._row(m.target) for m in self.matches]
         width = max([len(t) for t in targets] + [len("variable")])
         lines = [f"plan: {text(self.source)}" + (f" (at={self.at!r})" if self.at else "")
                  + f" -> {len(self.matches)} variables"]
@@ -154,7 +178,7 @@ class Plan:
             rule = f"  [{text(m.rule)}]" if m.rule else ""
             lines.append(f"  {target.ljust(width)}  {m.strategy:10}  {safe(m.source)}{rule}")
         sections = [
-            ("variables with no source", [safe(p) for p in self.unmatched_variables]),
+            ("variables with no source", [self._row(p) for p in self.unmatched_variables]),
             ("source entries matching nothing", [safe(k) for k in self.unmatched_source]),
             ("ambiguous (not guessed)",
              [f"{safe(what)}: {' | '.join(map(safe, c))}" for what, c in self.ambiguous]),
@@ -256,7 +280,11 @@ def make_plan(source: Source, obj, variables, *, rules=(), at=None,
             if note:
                 notes.append(note)
     result = _match(source, targets, view, parsed, optimizer_state)
-    return dataclasses.replace(result, at=at, notes=tuple(notes) + result.notes, _source=source)
+    owners = targets.slot_owners()
+    return dataclasses.replace(result, at=at, notes=tuple(notes) + result.notes, _source=source,
+                               mismatched=_labelled(result.mismatched, targets),
+                               _labels={p: targets.display(p, owners) for p in targets.paths},
+                               _slot_owners=owners)
 
 
 def optimizer_mode(optimizer_state):
@@ -445,6 +473,7 @@ def _leave_alone(work: _Work) -> None:
     restore refuses it); counters and the slots of variables not restored stay."""
     targets, chosen = work.targets, work.chosen
     owner_of_slot = {slot: owner for (owner, _), slot in targets.slots.items()}
+    owners = targets.slot_owners()
     why = "no source value" if work.optimizer_state is not False else \
         "optimizer state not moved"
     for path in targets.paths:  # tree order
@@ -453,7 +482,9 @@ def _leave_alone(work: _Work) -> None:
         if path in targets.optimizer_paths:
             if work.moved and owner_of_slot.get(path) in chosen:
                 continue  # listed as missing
-            work.skipped.append(f"{path}: the obj's optimizer variable, left as is ({why})")
+            shown, note = work.targets.display(path, owners)
+            work.skipped.append(f"{shown}" + (f" [{note}]" if note else "")
+                                + f": the obj's optimizer variable, left as is ({why})")
             work.skipped_targets.add(path)
         elif path in targets.rng:
             work.skipped.append(f"{path}: random generator state (Keras SeedGenerator), left "
@@ -566,24 +597,74 @@ def _by_saved_name(source, targets, view, src_left):
     return pairs
 
 
+class _Problem(str):
+    """A shape or dtype problem of one match: its text, plus what `_labelled` needs."""
+
+    target: str = ""
+    what: str = ""  # "shape (4, 8) in the source but (4, 9) in the obj"
+    origin: str = ""  # " (source entry `k`)" or ""
+    transformed: bool = False  # the match had a rule's transform
+
+
+def _problem(target: str, what: str, origin: str, transformed: bool = False) -> _Problem:
+    problem = _Problem(f"`{_render.safe(target)}`: {what}{origin}")
+    problem.target, problem.what, problem.origin = target, what, origin
+    problem.transformed = transformed
+    return problem
+
+
 def _checked(match: Match, source: Source, variable):
     """Checks shape and dtype (after the rule's transform). Returns (match, problem)."""
     shape, dtype = source.specs[match.source]
-    target, key = _render.safe(match.target), _render.safe(match.source)  # for messages
+    key = _render.safe(match.source)  # for messages
     if match.transform is not None:
         shape, dtype, problem = _transformed(match.transform, shape, dtype, match.rule)
         if problem:
-            return match, f"`{target}` (from `{key}`): {problem}"
+            return match, _problem(match.target, problem, f" (from `{key}`)", True)
     origin = ""
     if match.source != match.target or match.transform is not None:
         origin = f" (source entry `{key}`{', transformed' if match.transform else ''})"
     if not variable.shape.is_compatible_with(shape):
-        return match, (f"`{target}`: shape {tuple(shape)} in the source but "
-                       f"{tuple(variable.shape)} in the obj{origin}")
+        return match, _problem(match.target, f"shape {tuple(shape)} in the source but "
+                               f"{tuple(variable.shape)} in the obj", origin,
+                               match.transform is not None)
     if variable.dtype.base_dtype != dtype:
-        return match, (f"`{target}`: dtype {dtype.name} in the source but "
-                       f"{variable.dtype.base_dtype.name} in the obj{origin}")
+        return match, _problem(match.target, f"dtype {dtype.name} in the source but "
+                               f"{variable.dtype.base_dtype.name} in the obj", origin,
+                               match.transform is not None)
     return match, ""
+
+
+def _labelled(problems, targets: Targets) -> tuple[str, ...]:
+    """Problems as messages show them: each variable by the path people know and its
+    Keras/TF name, one line per network variable; an optimizer slot with the same problem
+    as its variable is summarised on the variable's line, not repeated."""
+    owners = targets.slot_owners()
+    by_target = {getattr(p, "target", ""): p for p in problems}
+    folded: dict = {}  # owner tree path -> [roles]
+    for problem in problems:
+        owner = owners.get(getattr(problem, "target", ""))
+        if owner is not None and owner[0] in by_target and \
+                by_target[owner[0]].what == problem.what:
+            folded.setdefault(owner[0], []).append(owner[1])
+    lines = []
+    for problem in problems:
+        target = getattr(problem, "target", "")
+        if not target:  # not ours: kept as it is
+            lines.append(problem)
+            continue
+        owner = owners.get(target)
+        if owner is not None and target not in folded and owner[0] in folded and \
+                owner[1] in folded[owner[0]]:
+            continue
+        roles = folded.get(target)
+        slots = (f" (also its optimizer slots {', '.join(map(_render.safe, roles))})"
+                 if roles else "")
+        line = _Problem(f"{targets.label(target, owners)}: {problem.what}{slots}{problem.origin}")
+        line.target, line.what, line.origin = target, problem.what, problem.origin
+        line.transformed = problem.transformed
+        lines.append(line)
+    return tuple(lines)
 
 
 def _transformed(transform, shape, dtype, rule: str):

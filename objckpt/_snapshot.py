@@ -104,8 +104,10 @@ class RestoreReport:
         lines = [f"restored {len(self.restored)} variables from {text(self.source)}"
                  + (f" (at={self.at!r})" if self.at else "")]
         if self.missing:
+            shown = (self.plan.label if self.plan is not None
+                     else lambda path: f"`{safe(path)}`")
             lines.append(f"missing from the source ({len(self.missing)}): "
-                         + ", ".join(map(safe, self.missing)))
+                         + ", ".join(map(shown, self.missing)))
         if self.unexpected:
             lines.append(f"not in the obj ({len(self.unexpected)}): "
                          + ", ".join(map(safe, self.unexpected)))
@@ -162,10 +164,10 @@ def fetch_values(the_plan: _match.Plan, variables, matches=None) -> list:
             got = (f"{value.dtype.name}{tuple(value.shape)} but the obj has "
                    f"{variable.dtype.base_dtype.name}{tuple(variable.shape)}")
             if match.transform is not None:
-                problems.append(f"`{_render.safe(match.target)}`: the transform of "
+                problems.append(f"{the_plan.label(match.target)}: the transform of "
                                 f"`{_render.safe(match.source)}` gave {got}")
             else:  # the plan checked the metadata: the data disagrees with it
-                corrupt.append(f"`{_render.safe(match.target)}`: `{_render.safe(match.source)}`"
+                corrupt.append(f"{the_plan.label(match.target)}: `{_render.safe(match.source)}`"
                                f" read as {got}")
         out.append(value)
     if corrupt:

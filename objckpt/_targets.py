@@ -8,11 +8,16 @@ by (owner, role), counters by name.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable
 
-from objckpt import _compat, _paths
+from objckpt import _compat, _paths, _render
 
-__all__ = ["Targets", "candidates", "index_targets", "is_optimizer_key", "strip"]
+# TF's name for a variable created without one (`tf.Variable(0.0)`): says nothing.
+_DEFAULT_NAME = re.compile(r"Variable(_[0-9]+)?")
+
+__all__ = ["Targets", "candidates", "index_targets", "is_default_name", "is_optimizer_key",
+           "label", "strip"]
 
 
 def strip(path: str) -> str:
@@ -41,20 +46,63 @@ class Targets:
     by_network: dict = dataclasses.field(default_factory=dict)  # network path -> tree path
     # Returns {tree path: class name of the object holding the variable}; walked on request.
     holders: Callable = dict
+    names: dict = dataclasses.field(default_factory=dict)  # tree path -> variable name
 
+    def shown(self, path: str) -> str:
+        """The path people know for a tree path: a network variable's path through its
+        layers (`_functional/_operations/1/_kernel`), not the optimizer list TF's walk
+        reached it by first (`optimizer/_trainable_variables/0`)."""
+        return self.network.get(path, path)
+
+    def slot_owners(self) -> dict:
+        """{tree path of an optimizer slot: (tree path of its variable, role)}."""
+        return {slot: owner for owner, slot in self.slots.items()}
+
+    def display(self, path: str, owners: dict | None = None) -> tuple[str, str]:
+        """(path, note) as people know a variable, unescaped: the path of `shown` and its
+        Keras/TF name (`hidden/_kernel`, `encoder/kernel`) or, for an optimizer slot, its own
+        path and whose slot it is (`optimizer/_variables/2`, "m of `hidden/_kernel`"); the
+        note is "" when it would only repeat the path."""
+        if owners is None:
+            owners = self.slot_owners()
+        owner = owners.get(path)
+        if owner is not None:
+            return path, f"{owner[1]} of `{self.shown(owner[0])}`"
+        shown = self.shown(path)
+        name = self.names.get(path, "")
+        if name == shown or is_default_name(name) or len(self.by_name.get(name, ())) > 1:
+            return shown, ""  # nothing to add, or a name several variables share
+        return shown, name
+
+    def label(self, path: str, owners: dict | None = None) -> str:
+        """A variable as messages show it, escaped: `hidden/_kernel` [encoder/kernel], or
+        `optimizer/_variables/2` [m of `hidden/_kernel`] for an optimizer slot."""
+        return label(*self.display(path, owners))
+
+
+def is_default_name(name: str) -> bool:
+    """Whether a variable name is TF's default (`Variable`, `Variable_3`): it tells nothing."""
+    return bool(_DEFAULT_NAME.fullmatch(name))
+
+
+def label(shown: str, note: str) -> str:
+    """`shown` [note], escaped for a terminal; just `shown` without a note."""
+    return f"`{_render.safe(shown)}`" + (f" [{_render.safe(note)}]" if note else "")
 
 def index_targets(obj, variables) -> Targets:
     by_strip: dict = {}
     by_name: dict = {}
+    names: dict = {}
     root = getattr(obj, "name", None)
     root = f"{root}/" if isinstance(root, str) and root else None
     for path, variable in variables.items():
         by_strip.setdefault(strip(path), []).append(path)
         name = _compat.variable_name(variable)
-        names = [name]
+        names[path] = name
+        forms = [name]
         if root and name.startswith(root):  # names relative to obj, as paths are
-            names.append(name[len(root):])
-        for each in names:
+            forms.append(name[len(root):])
+        for each in forms:
             if path not in by_name.get(each, ()):
                 by_name.setdefault(each, []).append(path)
     path_of = {id(v): p for p, v in variables.items()}
@@ -90,7 +138,7 @@ def index_targets(obj, variables) -> Targets:
 
     return Targets(dict(variables), by_strip, by_name, network, slots, counters,
                     optimizer_paths, frozenset(p for p, v in variables.items() if id(v) in rng),
-                    by_network, holders)
+                    by_network, holders, names)
 
 
 def candidates(key: str, targets: Targets, rewritten: bool):
