@@ -31,9 +31,9 @@ import struct
 from objckpt import _render, errors
 
 __all__ = ["OBJECT_GRAPH_KEY", "Entry", "Index", "WireError", "check_graph", "corrupt",
-           "expect_wire", "fields", "graph_problems", "int32", "open_file", "read_index",
-           "regular_file_problem", "saved_under", "shard_name", "singular", "stat_problem",
-           "varint"]
+           "dtype_size", "expect_wire", "fields", "graph_problems", "int32", "open_file",
+           "read_index", "regular_file_problem", "saved_under", "shard_name", "singular",
+           "stat_problem", "varint"]
 
 OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 _MAGIC = 0xDB4775248B80FB57
@@ -777,3 +777,4 @@ WireError = _Bad  # what the decoders raise; the caller names the file and entry
 fields, varint, int32 = _fields, _varint, _int32
 expect_wire, singular = _expect, _singular
 open_file, corrupt = _open, _corrupt
+dtype_size = _DTYPE_SIZES.get  # bytes per element of a DataType enum (0: variable length)

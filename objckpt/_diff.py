@@ -5,6 +5,12 @@ object path, name-based (TF1 `Saver`) ones by global variable name. Shapes
 and dtypes are compared from metadata first; values are then read one pair of
 tensors at a time and compared with NumPy in bounded chunks, so memory stays
 near the largest tensor, never the whole checkpoints.
+
+No TensorFlow: the index and object graph are read by `_meta`, and each tensor
+straight from its data shard's byte range (validated against the index, its
+crc32c checked) into NumPy; string tensors are decoded from TF's framing. Only
+a partitioned (sliced) variable of a TF1 checkpoint or a variant tensor is read
+with TF's reader (TF is imported then).
 """
 
 from __future__ import annotations
@@ -15,15 +21,14 @@ import os
 from typing import NamedTuple
 
 import numpy as np
-import tensorflow as tf
 
-from objckpt import _compat, _files, _paths, _render, _tree, errors
+from objckpt import _bundle, _files, _meta, _objgraph, _paths, _render, errors
 
 __all__ = ["Diff", "ShapeDiff", "ValueDiff", "diff"]
 
 # Entries a checkpoint writes for itself: never compared.
 _BOOKKEEPING = frozenset({
-    "save_counter", _paths.checkpoint_key("save_counter"), _compat.OBJECT_GRAPH_KEY})
+    "save_counter", _paths.checkpoint_key("save_counter"), _bundle.OBJECT_GRAPH_KEY})
 # Elements compared per NumPy step: bounds the temporaries (float64 copies, masks).
 _CHUNK = 1 << 20
 
@@ -67,6 +72,10 @@ class Diff:
         older checkpoint used because the newest is damaged, a likely nesting
         difference between the two roots.
       rtol, atol: the tolerances used; both 0 means bit-exact.
+      names: path -> (network path, saved variable name) for the paths above
+        (A's where both have one): how `objckpt diff` shows them, e.g.
+        `optimizer/_trainable_variables/0` -> (`_functional/_operations/1/_kernel`,
+        `sequential/encoder/kernel`) for a trained Keras 3 model.
     """
 
     a: str
@@ -79,6 +88,7 @@ class Diff:
     notes: tuple[str, ...] = ()
     rtol: float = 0.0
     atol: float = 0.0
+    names: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     @property
     def same(self) -> bool:
@@ -95,27 +105,27 @@ class Diff:
 @dataclasses.dataclass
 class _Side:
     label: str  # "A" or "B"
-    prefix: str
-    name_based: bool
-    entries: dict  # path or name -> (shape, tf.DType, checkpoint key)
-    reader: object
+    meta: _meta.Metadata
+    entries: dict  # path or name -> (shape, _meta.DType, checkpoint key)
+    reader: object = None  # TF's reader, opened only for what NumPy cannot read
+
+    @property
+    def prefix(self) -> str:
+        return self.meta.prefix
+
+    @property
+    def name_based(self) -> bool:
+        return self.meta.name_based
 
 
 def _open(source, label: str, notes: list) -> _Side:
-    prefix, skipped = _files.resolve_prefix(source)
-    notes.extend(f"{label}: {note}" for note in skipped)
-    try:
-        tree = _tree.read_tree_at(prefix)
-    except errors.NotObjectBasedError:
-        reader = _files.open_reader(prefix)
-        shapes = reader.get_variable_to_shape_map()
-        dtypes = reader.get_variable_to_dtype_map()
-        entries = {name: (tuple(shapes[name]), tf.as_dtype(dtypes[name]), name)
-                   for name in sorted(shapes) if name not in _BOOKKEEPING}
-        return _Side(label, prefix, True, entries, reader)
-    entries = {path: (entry.shape, entry.dtype, entry.key) for path, entry in tree.items()
+    meta = _meta.read(source)
+    notes.extend(f"{label}: {note}" for note in meta.notes)
+    entries = {path: (v.shape, v.dtype, v.key) for path, v in meta.items()
                if path not in _BOOKKEEPING}
-    return _Side(label, prefix, False, entries, _files.open_reader(prefix))
+    if meta.name_based:
+        entries = dict(sorted(entries.items()))
+    return _Side(label, meta, entries)
 
 
 def _tolerance(value, name: str) -> float:
@@ -134,16 +144,58 @@ def _describe(shape, dtype) -> str:
     return f"{dtype.name} {_render.shape(shape)}"
 
 
+# NumPy's reading of each stored dtype (little-endian, as TF writes them); bfloat16 is read
+# as its 16 bits and widened to float32, float8 through ml_dtypes (installed with TF).
+_NUMPY = {"float32": "<f4", "float64": "<f8", "int32": "<i4", "uint8": "u1", "int16": "<i2",
+          "int8": "i1", "complex64": "<c8", "int64": "<i8", "bool": "?", "qint8": "i1",
+          "quint8": "u1", "qint32": "<i4", "bfloat16": "<u2", "qint16": "<i2",
+          "quint16": "<u2", "uint16": "<u2", "complex128": "<c16", "float16": "<f2",
+          "uint32": "<u4", "uint64": "<u8", "float8_e5m2": "u1", "float8_e4m3fn": "u1"}
+_FLOATS = frozenset({"float16", "float32", "float64", "bfloat16", "float8_e5m2",
+                     "float8_e4m3fn"})
+_INTEGERS = frozenset({"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
+                       "uint64"})
+
+
 def _read(side: _Side, path: str, key: str):
+    """The values of one tensor as a flat-able NumPy array (objects for strings)."""
+    index = side.meta.index
+    entry = index.entries[key]
+    name = _meta.dtype(entry.dtype).name
     try:
-        return side.reader.get_tensor(key)
-    except (tf.errors.OpError, ValueError) as err:
+        if entry.slices or name == "variant":
+            return _read_with_tf(side, key)
+        if name == "string":
+            return np.array(_objgraph.read_strings(index, key) or [], dtype=object)
+        values = np.frombuffer(_objgraph.read_bytes(index, key), _NUMPY[name])
+    except errors.CheckpointCorruptError as err:
         safe = _render.safe
         raise errors.CheckpointCorruptError(
             f"Checkpoint {side.label} `{safe(side.prefix)}`: the value of `{safe(path)}` (key "
-            f"`{safe(key)}`) cannot be read: {_render.first_line(err)}. Expected: a tensor as "
-            "its index describes. Its data file is damaged or truncated; write the checkpoint "
-            "again, or compare another one.") from err
+            f"`{safe(key)}`) cannot be read: {err}") from err
+    if name == "bfloat16":
+        return (values.astype(np.uint32) << 16).view(np.float32)
+    if name.startswith("float8"):
+        import ml_dtypes
+
+        return values.view(getattr(ml_dtypes, name))
+    return values
+
+
+def _read_with_tf(side: _Side, key: str):
+    """A tensor NumPy cannot take from the bytes: a TF1 partitioned variable (its slices are
+    assembled by TF's reader) or a variant."""
+    import tensorflow as tf
+
+    if side.reader is None:
+        side.reader = _files.open_reader(side.prefix)
+    try:
+        return side.reader.get_tensor(key)
+    except (tf.errors.OpError, ValueError) as err:
+        raise errors.CheckpointCorruptError(
+            f"{_render.first_line(err)}. Expected: a tensor as its index describes. Its data "
+            "file is damaged or truncated; write the checkpoint again, or compare another "
+            "one.") from err
 
 
 def _bits_differ(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -153,23 +205,24 @@ def _bits_differ(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return (x.view(np.uint8).reshape(-1, size) != y.view(np.uint8).reshape(-1, size)).any(axis=1)
 
 
-def _compare(x, y, dtype: tf.DType, rtol: float, atol: float) -> tuple[float | None, int]:
+def _compare(x, y, dtype: _meta.DType, rtol: float, atol: float) -> tuple[float | None, int]:
     """Returns (max |x - y| over differing values, number of differing values)."""
-    if dtype == tf.string:  # data, compared for equality only (invariant 2)
+    if dtype.name == "string":  # data, compared for equality only (invariant 2)
         x = np.asarray(x, dtype=object).reshape(-1)
         y = np.asarray(y, dtype=object).reshape(-1)
         return None, int(np.count_nonzero(x != y))
     x = np.ascontiguousarray(x).reshape(-1)
     y = np.ascontiguousarray(y).reshape(-1)
     exact = rtol == 0 and atol == 0
-    inexact = dtype.is_floating or dtype.is_complex
-    numeric = inexact or dtype.is_integer
-    wide = np.complex128 if dtype.is_complex else np.float64
+    complex_ = dtype.name.startswith("complex")
+    inexact = dtype.name in _FLOATS or complex_
+    numeric = inexact or dtype.name in _INTEGERS
+    wide = np.complex128 if complex_ else np.float64
     count, largest, nan_only = 0, -math.inf, False
     for start in range(0, x.size, _CHUNK):
         xs, ys = x[start:start + _CHUNK], y[start:start + _CHUNK]
         if not numeric:  # bool, quantized: equal or not
-            differ = _bits_differ(xs, ys) if dtype != tf.bool else xs != ys
+            differ = _bits_differ(xs, ys) if dtype.name != "bool" else xs != ys
         else:
             differ = _bits_differ(xs, ys)
             if not differ.any():
@@ -232,6 +285,11 @@ def diff(a: str | os.PathLike, b: str | os.PathLike, *, rtol: float = 0.0,
     (float16, bfloat16 included) are compared numerically, booleans and
     strings for equality only.
 
+    TensorFlow is not imported: tensors are read straight from the data
+    shards' byte ranges the index validated (each crc32c checked) into NumPy,
+    strings decoded from TF's framing. Only a partitioned variable of a TF1
+    checkpoint and a variant tensor are read with TF's reader.
+
     Args:
       a, b: checkpoint prefixes (`prefix.index` may be given too) or
         directories of managed checkpoints (the newest intact one is used).
@@ -289,5 +347,18 @@ def diff(a: str | os.PathLike, b: str | os.PathLike, *, rtol: float = 0.0,
         hint = _nesting_hint(side_a, side_b)
         if hint:
             notes.append(hint)
+    shown = [*only_in_a, *only_in_b, *(d.path for d in shape_or_dtype),
+             *(d.path for d in values)]
     return Diff(side_a.prefix, side_b.prefix, tuple(only_in_a), tuple(only_in_b),
-                tuple(shape_or_dtype), tuple(values), equal, tuple(notes), rtol, atol)
+                tuple(shape_or_dtype), tuple(values), equal, tuple(notes), rtol, atol,
+                _names(shown, side_a, side_b))
+
+
+def _names(paths, *sides: _Side) -> dict:
+    """path -> (network path, saved name) where either says more than the path."""
+    out = {}
+    for path in paths:
+        variable = next((s.meta[path] for s in sides if path in s.meta), None)
+        if variable is not None and (variable.shown != path or variable.name):
+            out[path] = (variable.shown, variable.name)
+    return out

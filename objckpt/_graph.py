@@ -230,25 +230,22 @@ def _hide_empty(nodes: dict) -> int:
 
 def _load(source):
     """(graph proto, {checkpoint key: (shape, dtype name, nbytes)}, classes, title, note)."""
-    from objckpt import _compat, _files, _tree
-
     if isinstance(source, (str, os.PathLike)):
-        try:
-            entries = _tree.read_tree(source)
-        except errors.NotObjectBasedError:
-            prefix, _ = _files.resolve_prefix(source)
-            reader = _files.open_reader(prefix)
-            shapes = reader.get_variable_to_shape_map()
-            dtypes = reader.get_variable_to_dtype_map()
-            names = sorted(shapes)
-            paths = ["/".join(map(_paths.escape, n.split("/"))) for n in names]
-            proto = _tree.build_object_graph(paths, names)
-            specs = {_paths.checkpoint_key(path): _spec(shapes[n], dtypes[n])
-                     for path, n in zip(paths, names)}
-            return (proto, specs, None, prefix,
+        # A checkpoint is read without TF (`_meta`): `objckpt graph` answers in a second.
+        from objckpt import _meta, _objgraph
+
+        entries = _meta.read(source)
+        if entries.name_based:
+            names = sorted(entries)
+            proto = _objgraph.name_graph(names)
+            specs = {_paths.checkpoint_key("/".join(map(_paths.escape, n.split("/")))):
+                     _spec(entries[n]) for n in names}
+            return (proto, specs, None, entries.prefix,
                     "name-based (TF1 Saver) checkpoint: variable names split at '/'")
-        specs = {e.key: (tuple(e.shape), e.dtype.name, e.nbytes) for e in entries.values()}
-        return entries.object_graph, specs, None, entries.prefix, ""
+        specs = {e.key: _spec(e) for e in entries.values()}
+        return entries.graph, specs, None, entries.prefix, ""
+    from objckpt import _compat, _tree
+
     if not _compat.is_trackable(source):
         raise errors.UnsupportedObjectError(
             f"objckpt.graph needs a checkpoint prefix or directory, or a trackable obj (a Keras "
@@ -258,19 +255,18 @@ def _load(source):
     variables = _tree.tree(source)
     specs = {}
     for path, variable in variables.items():
-        specs[_paths.checkpoint_key(path)] = _spec(variable.shape, variable.dtype)
+        specs[_paths.checkpoint_key(path)] = _spec(variable)
     return proto, specs, classes, f"{type(source).__name__} (live obj)", ""
 
 
-def _spec(shape, dtype):
-    import tensorflow as tf
-
-    dims = tuple(int(d) for d in shape)
-    dtype = tf.as_dtype(dtype).base_dtype
+def _spec(variable) -> tuple:
+    """(shape, dtype name, nbytes) of a variable: a live one (`tf.DType`) or a checkpoint's
+    (`_meta.Variable`, whose dtype has TF's `.name` and `.size`)."""
+    dims = tuple(int(d) for d in variable.shape)
     count = 1
     for dim in dims:
         count *= dim
-    return dims, dtype.name, count * dtype.size
+    return dims, variable.dtype.name, count * variable.dtype.size
 
 
 def _walk(proto, specs, classes) -> dict[int, _Node]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 
 __all__ = ["count", "elements", "first_line", "inspect_json", "inspect_text", "listed", "mb",
-           "safe", "safe_text", "shape", "size"]
+           "safe", "safe_text", "saved_name", "shape", "size"]
 
 # What a terminal must never receive raw: C0 controls (\n, \r, \t, ESC, NUL, ...), DEL, C1
 # controls, the Unicode line and paragraph separators, bidi marks, embeddings, overrides and
@@ -112,13 +112,24 @@ def first_line(err: BaseException) -> str:
 
 # --- `objckpt inspect` ----------------------------------------------------------------
 
+def _shown(path: str, entry) -> str:
+    """The path people recognise (`_meta.Variable.shown`), else the canonical path."""
+    return getattr(entry, "shown", path)
+
+
 def inspect_json(entries) -> dict:
-    """The JSON document `objckpt inspect --format json` prints."""
+    """The JSON document `objckpt inspect --format json` prints.
+
+    Each variable has its canonical object `path` (what checkpoint keys and `objckpt.diff`
+    use), its `network_path` (the path through the layers, optimizers last), its saved
+    `name`, shape, dtype, size and checkpoint key.
+    """
     return {
         "prefix": entries.prefix,
         "variables": [
-            {"path": path, "shape": list(entry.shape), "dtype": entry.dtype.name,
-             "nbytes": entry.nbytes, "key": entry.key, "name": entry.name}
+            {"path": path, "network_path": _shown(path, entry), "shape": list(entry.shape),
+             "dtype": entry.dtype.name, "nbytes": entry.nbytes, "key": entry.key,
+             "name": entry.name}
             for path, entry in entries.items()],
         "total": {"variables": len(entries),
                   "parameters": sum(elements(e.shape) for e in entries.values()),
@@ -129,11 +140,16 @@ def inspect_json(entries) -> dict:
 def inspect_text(entries) -> str:
     """The object tree as indented text, objects with totals of their subtree.
 
-    Names are shown through `safe`: one row per object or variable whatever the names hold.
+    Variables are shown under their network path (a trained Keras 3 model's weights under
+    its layers, not under `optimizer/_trainable_variables`) with the name they were saved
+    under beside it (`_kernel  [sequential/encoder/kernel]`); TF optimizer slots (paths with
+    `/.OPTIMIZER_SLOT/`) are listed after the tree. Names are shown through `safe`: one row
+    per object or variable whatever the names hold.
     """
     slot_marker = "/.OPTIMIZER_SLOT/"  # _paths.OPTIMIZER_SLOT; _render imports nothing
-    plain = {p: e for p, e in entries.items() if slot_marker not in p}
-    slots = {p: e for p, e in entries.items() if slot_marker in p}
+    shown = {path: _shown(path, entry) for path, entry in entries.items()}
+    plain = {shown[p]: e for p, e in entries.items() if slot_marker not in shown[p]}
+    slots = {shown[p]: e for p, e in entries.items() if slot_marker in shown[p]}
     totals: dict[str, list[int]] = {}
     for path, entry in plain.items():
         parts = path.split("/")
@@ -151,21 +167,38 @@ def inspect_text(entries) -> str:
                 variables, nbytes = totals[node]
                 rows.append(("  " * (depth - 1) + safe(parts[depth - 1]) + "/",
                              count(variables, "variable"), "", size(nbytes)))
-        rows.append(("  " * (len(parts) - 1) + safe(parts[-1]), shape(entry.shape),
-                     entry.dtype.name, size(entry.nbytes)))
+        rows.append(("  " * (len(parts) - 1) + safe(parts[-1]) + _saved(path, entry),
+                     shape(entry.shape), entry.dtype.name, size(entry.nbytes)))
     if slots:
         rows.append(("optimizer slots (<variable>/.OPTIMIZER_SLOT/<optimizer>/<slot>):", "", "",
                      size(sum(e.nbytes for e in slots.values()))))
-        rows.extend(("  " + safe(p), shape(e.shape), e.dtype.name, size(e.nbytes))
-                    for p, e in slots.items())
+        rows.extend(("  " + safe(p) + _saved(p, e), shape(e.shape), e.dtype.name,
+                     size(e.nbytes)) for p, e in slots.items())
     params = sum(elements(e.shape) for e in entries.values())
-    header = (f"checkpoint {safe(entries.prefix)}: {count(len(entries), 'variable')}, "
+    kind = (" (name-based, TF1 Saver: variables by global name)"
+            if getattr(entries, "name_based", False) else "")
+    header = (f"checkpoint {safe(entries.prefix)}{kind}: {count(len(entries), 'variable')}, "
               f"{count(params, 'parameter')}, {size(entries.nbytes)}")
     widths = [max([len(r[i]) for r in rows] + [len(h)])
-              for i, h in enumerate(("object path", "shape", "dtype", "size"))]
+              for i, h in enumerate(("object path  [saved name]", "shape", "dtype", "size"))]
     lines = [header, ""]
-    for row in [("object path", "shape", "dtype", "size"), *rows]:
+    for row in [("object path  [saved name]", "shape", "dtype", "size"), *rows]:
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(row[:3], widths)).rstrip()
                      .ljust(sum(widths[:3]) + 4) + "  " + row[3].rjust(widths[3]))
     lines.append(f"{'total':<{sum(widths[:3]) + 4}}  {size(entries.nbytes).rjust(widths[3])}")
     return "\n".join(lines)
+
+
+def _saved(path: str, entry) -> str:
+    return saved_name(path, getattr(entry, "name", ""))
+
+
+_DEFAULT_NAME = re.compile(r"Variable(_[0-9]+)?(:0)?")  # what TF names an unnamed tf.Variable
+
+
+def saved_name(path: str, name: str) -> str:
+    """`  [name]`: the name a variable was saved under, to show beside its object path;
+    "" when it has none, it is the path itself, or it is TF's default `Variable` (`_N`)."""
+    if not name or name == path or _DEFAULT_NAME.fullmatch(name):
+        return ""
+    return f"  [{safe(name)}]"

@@ -2,16 +2,19 @@
 
 Commands:
   objckpt inspect PREFIX|DIRECTORY [--format text|json]
-      The object tree: every variable's object path, shape, dtype and size,
-      with per-object and overall totals. A directory means its newest
-      intact checkpoint.
+      The object tree: every variable's object path (through the layers;
+      optimizer-owned paths last) with the name it was saved under, shape,
+      dtype and size, with per-object and overall totals. A directory means
+      its newest intact checkpoint. Name-based (TF1 Saver) checkpoints are
+      listed by variable name.
 
   objckpt diff A B [--format text|json] [--rtol R] [--atol T]
       Per-path differences between two checkpoints (prefixes or directories):
       paths only in A (-) or only in B (+), shape or dtype (!), values (~).
-      Object-based checkpoints are compared by object path, name-based (TF1
-      Saver) ones by variable name. Values must be bit-identical (NaNs at
-      the same positions are equal) unless a tolerance is given:
+      Object-based checkpoints are compared by object path (shown through
+      the layers, with the saved variable name), name-based (TF1 Saver) ones
+      by variable name. Values must be bit-identical (NaNs at the same
+      positions are equal) unless a tolerance is given:
       |a - b| <= atol + rtol * |b|.
 
   objckpt migrate SOURCE OUT --template MODULE:CALLABLE [--rules FILE]
@@ -50,6 +53,10 @@ Commands:
       checkpoint migrated into Keras 3, object trees, timings and the graph
       picture (written under DIR, default a new temporary folder).
 
+inspect, diff and graph (DOT text) read checkpoints without importing
+TensorFlow and answer in about a second; the other commands import it and
+keep its start-up log lines off the terminal (errors still show).
+
 Exit status: 0 on success (diff: the checkpoints are the same; verify: intact),
 1 when a checkpoint cannot be read (diff: also when they differ; verify: any
 problem), 2 on a usage error.
@@ -58,10 +65,13 @@ problem), 2 on a usage error.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
+import re
 import sys
+import threading
 
 from absl import app
 from absl.flags import argparse_flags
@@ -144,9 +154,9 @@ def _depth(text: str) -> int:
 
 
 def _inspect(args) -> int:
-    from objckpt import _tree
+    from objckpt import _meta
 
-    entries = _tree.read_tree(args.source)
+    entries = _meta.read(args.source)
     if args.format == "json":
         print(json.dumps(_render.inspect_json(entries), indent=2))
     else:
@@ -178,6 +188,8 @@ def diff_json(result) -> dict:
         "values": [{"path": d.path, "max_abs_diff": _number(d.max_abs_diff),
                     "differing": d.differing, "size": d.size} for d in result.values],
         "notes": list(result.notes),
+        "names": {path: {"network_path": shown, "name": name}
+                  for path, (shown, name) in result.names.items()},
     }
 
 
@@ -188,16 +200,21 @@ def diff_text(result) -> str:
     one line each, whatever a checkpoint's names hold.
     """
     safe = _render.safe
+
+    def shown(path: str) -> str:  # the network path and saved name, matched by `path`
+        network, name = result.names.get(path, (path, ""))
+        return safe(network) + _render.saved_name(network, name)
+
     lines = [f"A: {safe(result.a)}", f"B: {safe(result.b)}"]
     for d in result.values:
         of = f"{d.differing:,} of {_render.count(d.size, 'value')}"
         if d.max_abs_diff is None:
-            lines.append(f"~ {safe(d.path)}: {of} differ")
+            lines.append(f"~ {shown(d.path)}: {of} differ")
         else:
-            lines.append(f"~ {safe(d.path)}: max |a-b| {d.max_abs_diff:.6g} at {of}")
-    lines.extend(f"! {safe(d.path)}: {d.a} vs {d.b}" for d in result.shape_or_dtype)
-    lines.extend(f"- {safe(path)} (only in A)" for path in result.only_in_a)
-    lines.extend(f"+ {safe(path)} (only in B)" for path in result.only_in_b)
+            lines.append(f"~ {shown(d.path)}: max |a-b| {d.max_abs_diff:.6g} at {of}")
+    lines.extend(f"! {shown(d.path)}: {d.a} vs {d.b}" for d in result.shape_or_dtype)
+    lines.extend(f"- {shown(path)} (only in A)" for path in result.only_in_a)
+    lines.extend(f"+ {shown(path)} (only in B)" for path in result.only_in_b)
     lines.extend(f"note: {_render.safe_text(note)}" for note in result.notes)
     tolerance = ("bit-exact" if result.rtol == 0 and result.atol == 0
                  else f"rtol {result.rtol:g}, atol {result.atol:g}")
@@ -299,7 +316,12 @@ def _graph(args) -> int:
     if not args.out:
         sys.stdout.write(picture.dot)
         return 0
-    picture.save(args.out, format=fmt)
+    try:
+        picture.save(args.out, format=fmt)
+    except errors.GraphvizNotFoundError as err:  # the library's advice in the CLI's words
+        raise errors.GraphvizNotFoundError(
+            str(err).replace("(format='dot')", "(--format dot, or an --out FILE.dot)")) \
+            from None
     print(f"wrote {_render.safe(args.out)}: {picture!r}")
     return 0
 
@@ -318,20 +340,57 @@ def _demo(args) -> int:
     return _demo.run(out=args.out, epochs=args.epochs)
 
 
-def main(args) -> int:
+# TF's start-up lines (C++ logging before absl is initialised, CUDA probing on a machine
+# without a GPU, CPU feature notes, plugin registration): not for the terminal of a CLI.
+_TF_NOISE = re.compile(
+    r"All log messages before absl::InitializeLog|oneDNN custom operations are on|"
+    r"cudart_stub\.cc|Could not find cuda drivers|failed call to cuInit|"
+    r"cpu_feature_guard\.cc|rebuild TensorFlow with the appropriate compiler flags|"
+    r"TF-TRT Warning|Unable to register cu(DNN|FFT|BLAS) factory|"
+    r"computation_placer\.cc|oneDNN supports DT_HALF only|Unable to register factory")
+
+
+@contextlib.contextmanager
+def _quiet_tf():
+    """Filters TF's start-up noise out of this process's stderr (file descriptor 2, where
+    TF's C++ code writes); every other line (errors, warnings) reaches the terminal."""
     try:
-        if args.command == "inspect":
-            return _inspect(args)
-        if args.command == "diff":
-            return _diff(args)
-        if args.command == "migrate":
-            return _migrate(args)
-        if args.command == "graph":
-            return _graph(args)
-        if args.command == "verify":
-            return _verify(args)
-        if args.command == "demo":
-            return _demo(args)
+        terminal = os.dup(2)
+        read_end, write_end = os.pipe()
+    except OSError:  # no stderr to filter
+        yield
+        return
+
+    def pump() -> None:
+        with os.fdopen(read_end, "rb") as pipe:
+            for line in pipe:
+                if not _TF_NOISE.search(line.decode("utf-8", "replace")):
+                    os.write(terminal, line)
+
+    sys.stderr.flush()
+    os.dup2(write_end, 2)
+    os.close(write_end)
+    thread = threading.Thread(target=pump, name="objckpt-stderr", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(terminal, 2)  # closes the pipe's last write end here: the pump sees its end
+        thread.join(timeout=10)
+        os.close(terminal)
+
+
+_COMMANDS = {"inspect": (_inspect, False), "diff": (_diff, False), "graph": (_graph, False),
+             "migrate": (_migrate, True), "verify": (_verify, True), "demo": (_demo, True)}
+
+
+def main(args) -> int:
+    command, imports_tf = _COMMANDS.get(args.command, (None, False))
+    try:
+        if command is not None:
+            with _quiet_tf() if imports_tf else contextlib.nullcontext():
+                return command(args)
     except errors.ObjckptError as err:
         # Messages escape the names they quote; this keeps any control character that got
         # through (from TF's own text, say) off the terminal all the same.

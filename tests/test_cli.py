@@ -8,7 +8,7 @@ import sys
 import tensorflow as tf
 
 import objckpt
-from objckpt import cli
+from objckpt import _meta, cli
 
 from flavours import build
 
@@ -36,7 +36,10 @@ def test_inspect_text_and_json_from_the_command_line(tmp_path):
     js = _run("inspect", prefix, "--format", "json")
     assert js.returncode == 0, js.stderr
     doc = json.loads(js.stdout)
-    assert doc == cli.inspect_json(entries)
+    assert doc == cli.inspect_json(_meta.read(prefix))  # read without TF
+    assert {v["path"]: (v["shape"], v["dtype"], v["key"], v["name"]) for v in doc["variables"]} \
+        == {p: (list(e.shape), e.dtype.name, e.key, e.name) for p, e in entries.items()}
+    assert all(v["network_path"] == v["path"] for v in doc["variables"])  # no optimizer path
     assert doc["total"]["variables"] == len(entries)
     assert doc["total"]["nbytes"] == sum(v["nbytes"] for v in doc["variables"])
     w = next(v for v in doc["variables"] if v["path"] == "model/encoder/w")

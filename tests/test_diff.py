@@ -278,9 +278,10 @@ def test_a_damaged_data_file_is_a_typed_error_naming_the_path(tmp_path):
     b = _write(tmp_path / "b", w=np.ones(1000, np.float32))
     with open(b + ".data-00000-of-00001", "r+b") as f:
         f.seek(8)  # inside w's 4000 bytes, written before the object graph
-        f.write(b"\xff" * 16)  # TF checks each tensor's CRC when it reads it
+        f.write(b"\xff" * 16)  # each tensor's crc32c is checked when it is read
     with pytest.raises(errors.CheckpointCorruptError,
-                       match=re.escape(f"Checkpoint B `{b}`: the value of `w`") + ".*Checksum"):
+                       match=re.escape(f"Checkpoint B `{b}`: the value of `w`") +
+                       r".*its bytes do not match their checksum \(crc32c\)"):
         _diff.diff(a, b)
 
 

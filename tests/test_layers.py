@@ -28,6 +28,7 @@ LAYERS = [
     "objckpt._roles",
     "objckpt._compat",  # the package and its submodules
     "objckpt._files",
+    "objckpt._meta",  # pure: a checkpoint's variables from its metadata (CLI inspect/diff)
     "objckpt._dirlock",
     "objckpt._tree",
     "objckpt._sources",
