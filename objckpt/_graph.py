@@ -1,9 +1,11 @@
 """Pictures of an object dependency graph: DOT text, SVG/PNG through Graphviz.
 
 `graph(source)` draws a checkpoint's object graph (or a live obj's, with the
-class of every object): objects as boxes, variables as ellipses with shape
-and dtype, optimizer slot edges dashed and red, extra edges to an object
-already drawn (shared layers, a Keras 3 optimizer's variable lists) dotted.
+class of every object): objects as boxes with their layer names, variables as
+ellipses with shape and dtype, an edge from each weight to its optimizer slots
+dashed and red, extra edges to an object already drawn (shared layers, a Keras
+3 optimizer's variable lists) dotted. Drawing a checkpoint needs no
+TensorFlow: `_names` reads layer names and slot owners from the saved names.
 Large graphs are collapsed below a depth. The DOT text needs nothing extra;
 SVG and PNG are rendered by Graphviz's `dot` program when it is installed.
 
@@ -20,7 +22,7 @@ import os
 import shutil
 import subprocess
 
-from objckpt import _paths, _render, errors
+from objckpt import _names, _paths, _render, errors
 
 __all__ = ["Graph", "graph", "render"]
 
@@ -57,6 +59,8 @@ class _Node:
     shape: tuple | None = None
     dtype: str = ""
     nbytes: int = 0
+    name: str = ""  # the layer's (module's, optimizer's) own name, where known
+    links: list = dataclasses.field(default_factory=list)  # slot: [(weight id, role)]
 
 
 def _escape(text: str) -> str:
@@ -166,13 +170,27 @@ def graph(source, *, depth: int | None = None, max_nodes: int = _MAX_NODES,
           empty: bool = False) -> Graph:
     """Draws the object dependency graph of a checkpoint or a live obj.
 
-    Objects are boxes (with their class when a live obj is drawn: a checkpoint
-    does not record classes), variables ellipses with shape and dtype,
-    optimizers orange, optimizer slot variables yellow with a dashed red edge
-    from the variable they belong to. A second edge to an object already drawn
-    (a shared layer, a Keras 3 optimizer's variable list) is dotted. A
-    name-based (TF1 `Saver`) checkpoint has no object graph; its variable names
-    are split at `/` instead.
+    Objects are boxes labelled with their edge name and, in brackets where it
+    differs, the layer's own name (`1 [encoder]`, `hidden [dense]`), then their
+    class when a live obj is drawn (a checkpoint does not record classes).
+    Variables are ellipses with shape and dtype, hanging under their layers;
+    optimizers are orange. Optimizer slot variables are yellow, with a dashed
+    red edge from the weight they belong to, labelled with their role (`m`,
+    `v`, `momentum`, `velocity`, ...): TF's slot table (TF1, Keras 2 legacy
+    optimizers) and the lists Keras 3 and tf_keras optimizers keep alike. A
+    second edge to an object already drawn (a shared layer, a Keras 3
+    optimizer's variable list) is dotted. A name-based (TF1 `Saver`)
+    checkpoint has no object graph; its variable names are split at `/`.
+
+    A live obj gives every layer's name and pairs slots with weights by
+    identity. A checkpoint gives them through its saved variable names, used
+    only where unambiguous: an object is named after the prefix its variables'
+    names share (`conv/kernel`, `conv/bias` -> `conv`) when no other object
+    has that prefix; a slot is paired by its optimizer's lists (Keras 3) or by
+    name (`adam/conv_kernel_momentum`, `Adam/m/conv/kernel`) when exactly one
+    weight matches. Keras 3 saves a subclassed model's weights under
+    TensorFlow names without their layer (`net/kernel`), so such layers stay
+    unnamed in a checkpoint drawing.
 
     Args:
       source: a checkpoint prefix or directory (its newest intact checkpoint),
@@ -202,8 +220,8 @@ def graph(source, *, depth: int | None = None, max_nodes: int = _MAX_NODES,
         raise errors.InvalidArgumentError(
             f"depth must be a whole number >= 1 (edges from the root) or None. Received: "
             f"depth={depth!r}.")
-    proto, specs, classes, title, note = _load(source)
-    nodes = _walk(proto, specs, classes)
+    proto, specs, live, title, note = _load(source)
+    nodes = _walk(proto, specs, live)
     if not empty:
         hidden = _hide_empty(nodes)
         if hidden:
@@ -269,16 +287,23 @@ def _spec(variable) -> tuple:
     return dims, variable.dtype.name, count * variable.dtype.size
 
 
-def _walk(proto, specs, classes) -> dict[int, _Node]:
-    """Breadth-first from the root: every reachable node with its canonical path and depth."""
-    from objckpt import _compat
+def _walk(proto, specs, live) -> dict[int, _Node]:
+    """Breadth-first from the root: every reachable node with its canonical path and depth.
 
+    Also marks optimizers and slot variables, names the layers (`live.names` for a live obj,
+    else from the saved variable names, `_names.layer_names`) and gives each slot an
+    optimizer keeps outside TF's table the weight it belongs to (`_Node.links`: by identity
+    for a live obj, by the optimizer's lists and saved names for a checkpoint).
+    """
     count = len(proto.nodes)
     nodes = {0: _Node(0, "root", "", "", 0, None)}
+
+    def optimizer(node_id: int, name: str) -> bool:
+        return _paths.is_optimizer_node(proto, node_id, name)
+
     # Breadth-first, optimizers last: a trained Keras 3 model's weights then hang under
     # their layers, and the optimizer's variable lists point at them with extra edges.
-    for current, name, node_id in _paths.graph_walk(
-            proto, defer=lambda node_id, name: _compat.is_optimizer_node(proto, node_id, name)):
+    for current, name, node_id in _paths.graph_walk(proto, defer=optimizer):
         parent = nodes[current]
         local = _paths.escape(name)
         nodes[node_id] = _Node(node_id, "object", f"{parent.path}/{local}" if parent.path
@@ -301,11 +326,31 @@ def _walk(proto, specs, classes) -> dict[int, _Node]:
                 node.shape, node.dtype, node.nbytes = specs[attribute.checkpoint_key]
                 if node.kind != "slot":
                     node.kind = "variable"
-        if node.kind == "object" and _compat.is_optimizer_node(proto, node.id, node.edge):
+        if node.kind == "object" and optimizer(node.id, node.edge):
             node.kind = "optimizer"
-        if classes is not None and node.id < len(classes) and node.kind not in (
+    saved = _names.variable_names(proto)
+    if live is not None:
+        links = [(owner, _names.slot_role(saved, owner, slot, role), slot)
+                 for owner, role, slot in live.slots]
+    else:
+        network = {0} | {node_id for _, _, node_id in _paths.graph_walk(proto, skip=optimizer)}
+        links = _names.slot_links(proto, network, saved)
+    for owner, role, slot in links:
+        if owner in nodes and slot in nodes and nodes[slot].kind == "variable" and \
+                nodes[owner].kind == "variable":
+            nodes[slot].kind = "slot"
+            nodes[slot].links.append((owner, role))
+    if live is None:
+        parents = {n.id: n.parent for n in nodes.values() if n.kind != "slot"}
+        names = _names.layer_names(proto, parents, links, saved)
+    else:
+        names = {i: name for i, name in enumerate(live.names) if name}
+    for node in nodes.values():
+        if live is not None and node.id < len(live.classes) and node.kind not in (
                 "variable", "slot"):
-            node.class_name = classes[node.id]
+            node.class_name = live.classes[node.id]
+        if node.kind not in ("variable", "slot"):
+            node.name = names.get(node.id, "")
     return nodes
 
 
@@ -374,6 +419,9 @@ def _draw(proto, nodes: dict, title: str, note: str, depth, max_nodes) -> Graph:
                 if slot.original_variable_node_id in nodes:
                     edge(slot.original_variable_node_id, slot.slot_variable_node_id, "slot",
                          slot.slot_name)
+        for owner, role in nodes[node_id].links:  # slots kept in an optimizer's lists
+            if owner in nodes and shown(node_id) == node_id:
+                edge(owner, node_id, "slot", role)
     lines.append("}")
     return Graph("\n".join(lines) + "\n", title, len(drawn), len(edges), applied,
                  sum(len(v) for v in folded.values()))
@@ -389,7 +437,10 @@ def _caption(title: str, note: str, applied) -> list[str]:
 
 
 def _label(node: _Node, folded: list) -> list[str]:
-    lines = [node.class_name or "root"] if node.kind == "root" else [node.edge]
+    """Edge name (the class or `root` for the root) with the layer name beside it, in
+    brackets, where it differs (`1 [encoder]`); then the class, shape and dtype, contents."""
+    first = (node.class_name or "root") if node.kind == "root" else node.edge
+    lines = [f"{first} [{node.name}]" if node.name and node.name != first else first]
     if node.kind != "root" and node.class_name:
         lines.append(node.class_name)
     if node.kind in ("variable", "slot") and node.shape is not None:

@@ -9,7 +9,8 @@ is escaped as TF escapes it in checkpoint keys (`.` -> `..`, `/` -> `.S`). A che
 from __future__ import annotations
 
 __all__ = ["ATTRIBUTES", "OPTIMIZER_SLOT", "VARIABLE_VALUE", "checkpoint_key", "escape",
-           "graph_paths", "graph_walk", "path_of_key", "slot_path", "split_slot", "unescape"]
+           "graph_paths", "graph_walk", "is_optimizer_node", "path_of_key", "slot_path",
+           "split_slot", "unescape"]
 
 ATTRIBUTES = "/.ATTRIBUTES/"
 VARIABLE_VALUE = "VARIABLE_VALUE"
@@ -109,3 +110,17 @@ def graph_paths(graph, start: int = 0, skip=None) -> dict[int, str]:
         local = escape(name)
         paths[node] = f"{paths[parent]}/{local}" if paths[parent] else local
     return paths
+
+
+def is_optimizer_node(graph, node_id: int, local_name: str) -> bool:
+    """Whether a node of an object graph is an optimizer, in every flavour.
+
+    Its edge name (`optimizer`, `_optimizer`), TF slot variables (TF1, Keras 2 legacy
+    optimizers) or a step counter child (`_iterations`: Keras 3, tf_keras; `iter`: Keras 2
+    OptimizerV2) tell. Works on TF's `TrackableObjectGraph` proto and on its pure-Python
+    duck type alike.
+    """
+    node = graph.nodes[node_id]
+    if local_name in ("optimizer", "_optimizer") or len(node.slot_variables) > 0:
+        return True
+    return any(child.local_name in ("_iterations", "iter") for child in node.children)

@@ -1,19 +1,22 @@
 """`objckpt.graph` / `objckpt graph`: the object dependency graph as DOT, SVG and PNG."""
 
+import collections
 import os
 import re
 import shutil
 import subprocess
 import sys
+from typing import NamedTuple
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
 import objckpt
-from objckpt import errors
+from objckpt import _names, errors
 
 import legacy
-from flavours import KERAS_FLAVOURS, build
+from flavours import KERAS_FLAVOURS, build, keras_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HAS_DOT = shutil.which("dot") is not None
@@ -101,9 +104,10 @@ def test_live_keras_obj_shows_classes_and_matches_its_checkpoint(flavour, tmp_pa
     labels = [label for _, label in nodes.values()]
     assert any(label.endswith(r"\nConv2D") for label in labels), labels
     assert any(label.endswith(r"\nDense") for label in labels)
-    assert nodes[0][1] == "Functional"
+    assert nodes[0][1] == "Functional [functional]"  # the class, then the model's name
     prefix = tf.train.Checkpoint(root=model).write(str(tmp_path / "ck"))
     on_disk, _ = _parse(objckpt.graph(prefix).dot)
+    assert on_disk[0][1] == "root"
     variables = sorted(label.split("\\n")[-1] for shape, label in on_disk.values()
                        if shape == "ellipse")
     assert variables == sorted(label.split("\\n")[-1] for shape, label in nodes.values()
@@ -113,23 +117,258 @@ def test_live_keras_obj_shows_classes_and_matches_its_checkpoint(flavour, tmp_pa
     assert objckpt.graph(model, empty=True).nodes > live.nodes
 
 
+# --- layer names on nodes, slots linked to their weights ----------------------------------
+
+def _expected_layers(model, kind: str) -> dict:
+    """{layer name: shape and dtype of the variables right under it}; auto-generated names
+    (`dense_4`) are read from the model, they depend on what the process built before."""
+    if kind == "sequential":
+        return {"encoder": ["(3, 4) float32", "(4,) float32"],
+                "head": ["(2,) float32", "(4, 2) float32"]}
+    if kind == "functional":
+        head = model.get_layer("head").layers
+        return {
+            "conv": ["(3, 3, 3, 4) float32", "(4,) float32"], "bn": ["(4,) float32"] * 4,
+            "embed": ["(10, 3) float32"], "proj_x": ["(6,) float32", "(64, 6) float32"],
+            "proj_e": ["(12, 6) float32", "(6,) float32"],
+            "shared": ["(5,) float32", "(6, 5) float32"],
+            head[0].name: ["(4,) float32", "(5, 4) float32"],
+            head[1].name: ["(2,) float32", "(4, 2) float32"]}
+    return {model.conv.name: ["(3, 3, 3, 4) float32", "(4,) float32"],
+            model.bn.name: ["(4,) float32"] * 4,
+            model.hidden.name: ["(6,) float32", "(64, 6) float32"],
+            model.block.layers[0].name: ["(4,) float32", "(6, 4) float32"],
+            model.block.layers[1].name: ["(2,) float32", "(4, 2) float32"]}
+
+
+# The optimizer's own name and counters, where they tell: Keras 3 saves `adam/iteration`,
+# Keras 2's OptimizerV2 `Adam/iter` (and its hyperparameters), tf_keras plain `iteration`.
+COUNTERS = {"keras3": ["() float32", "() int64"], "tf_keras": ["() float32", "() int64"],
+            "keras2": ["() float32"] * 4 + ["() int64"]}
+ROLES = {"keras3": ("momentum", "velocity"), "tf_keras": ("m", "v"), "keras2": ("m", "v")}
+LABEL = re.compile(r"^(.*) \[(.*)\]$")
+SLOT_NODE = re.compile(r'^  n(\d+) \[shape=ellipse, style=filled, fillcolor="#fff2d9"', re.M)
+
+
+def build_sequential(keras):
+    """Sequential([Input, Dense(4, name="encoder"), Dense(2, name="head")]), Adam, one step:
+    every weight has its own shape, so a slot's shape names its weight."""
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, name="encoder"),
+                              keras.layers.Dense(2, name="head")])
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    rng = np.random.default_rng(0)
+    model.fit(rng.normal(size=(4, 3)).astype("float32"),
+              rng.normal(size=(4, 2)).astype("float32"), epochs=1, batch_size=4, verbose=0)
+    return model
+
+
+def _layers(dot: str) -> dict:
+    """{layer name: sorted shape+dtype of the variables (not slots) drawn right under it}, for
+    every box labelled `edge [name]` that has variables under it (a name drawn twice fails)."""
+    nodes, edges = _parse(dot)
+    slots = {int(i) for i in SLOT_NODE.findall(dot)}
+    out = {}
+    for node_id, (shape, label) in nodes.items():
+        named = LABEL.match(label.split("\\n")[0])
+        if shape != "box" or named is None:
+            continue
+        held = sorted(nodes[b][1].split("\\n")[-1] for a, b, attrs in edges
+                      if a == node_id and not attrs and nodes[b][0] == "ellipse"
+                      and b not in slots)
+        if held:
+            assert named[2] not in out, f"{named[2]} drawn twice"
+            out[named[2]] = held
+    return out
+
+
+def _slot_links(dot: str, weights: int, roles: tuple) -> set:
+    """The (weight, role, slot) dashed edges, checked: every yellow slot node has exactly one,
+    from a variable of the same shape and dtype; each of `weights` weights has one per role."""
+    nodes, edges = _parse(dot)
+    slots = {int(i) for i in SLOT_NODE.findall(dot)}
+    links = [(a, re.search(r'label="([^"]*)"', attrs)[1], b) for a, b, attrs in edges
+             if "style=dashed" in attrs]
+    assert sorted(b for _, _, b in links) == sorted(slots)  # no slot unlinked or linked twice
+    by_weight = collections.defaultdict(list)
+    for weight, role, slot in links:
+        assert nodes[weight][0] == "ellipse" and weight not in slots
+        assert nodes[weight][1].split("\\n")[-1] == nodes[slot][1].split("\\n")[-1]
+        by_weight[weight].append(role)
+    assert len(by_weight) == weights
+    assert all(sorted(found) == sorted(roles) for found in by_weight.values()), by_weight
+    return set(links)
+
+
+KERAS_CASES = [(flavour, kind) for flavour in KERAS_FLAVOURS
+               for kind in ("functional", "subclassed", "sequential")]
+
+
+@pytest.mark.parametrize("flavour,kind", KERAS_CASES, ids=[f"{f}-{k}" for f, k in KERAS_CASES])
+def test_layer_names_and_slot_links_live_and_saved(flavour, kind, tmp_path):
+    keras = keras_for(flavour)
+    model = build_sequential(keras) if kind == "sequential" else build(flavour, kind)
+    prefix = tf.train.Checkpoint(root=model).write(str(tmp_path / "ck"))
+    live, saved = objckpt.graph(model).dot, objckpt.graph(prefix).dot
+    layers = _expected_layers(model, kind)
+    counters = COUNTERS[flavour]
+    optimizer_name = getattr(model.optimizer, "name", None) or model.optimizer._name
+    assert _layers(live) == {**layers, optimizer_name: counters}
+    if flavour == "keras3" and kind == "subclassed":
+        # Keras 3 saves these weights under TF names without their layer (`net/kernel`, one
+        # name for several layers): nothing is guessed.
+        assert _layers(saved) == {optimizer_name: counters}
+    elif flavour == "tf_keras":  # tf_keras saves `iteration`: its optimizer stays unnamed
+        assert _layers(saved) == layers
+    else:
+        assert _layers(saved) == {**layers, optimizer_name: counters}
+    weights = len(model.trainable_variables)
+    assert _slot_links(live, weights, ROLES[flavour]) == \
+        _slot_links(saved, weights, ROLES[flavour])  # same node ids: the same pairs
+
+
+class Linear(tf.Module):
+    """A Sonnet-like module: its variables are created in its name scope."""
+
+    def __init__(self, n_in, n_out, name=None):
+        super().__init__(name=name)
+        with self.name_scope:
+            self.w = tf.Variable(tf.random.stateless_normal((n_in, n_out), seed=(1, n_out)),
+                                 name="w")
+            self.b = tf.Variable(tf.zeros((n_out,)), name="b")
+
+    def __call__(self, x):
+        return tf.matmul(x, self.w) + self.b
+
+
+class MLP(tf.Module):
+    def __init__(self):
+        super().__init__(name="mlp")
+        with self.name_scope:
+            self.layers = [Linear(3, 4, name="linear_0"), Linear(4, 2, name="linear_1")]
+
+    def __call__(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+@pytest.fixture(scope="module")
+def mlp_checkpoint():
+    net = MLP()
+    optimizer = tf.compat.v1.train.AdamOptimizer(0.01)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(net(tf.ones((2, 3))) ** 2)
+    optimizer.apply_gradients(zip(tape.gradient(loss, net.trainable_variables),
+                                  net.trainable_variables))
+    return tf.train.Checkpoint(model=net, optimizer=optimizer)
+
+
+def test_module_layer_names_and_tf_slot_table(mlp_checkpoint, tmp_path):
+    prefix = mlp_checkpoint.write(str(tmp_path / "ck"))
+    live, saved = objckpt.graph(mlp_checkpoint).dot, objckpt.graph(prefix).dot
+    layers = {"linear_0": ["(3, 4) float32", "(4,) float32"],
+              "linear_1": ["(2,) float32", "(4, 2) float32"]}
+    assert _layers(saved) == layers
+    assert {k: v for k, v in _layers(live).items() if k in layers} == layers
+    assert re.search(r'label="model \[mlp\]\\nMLP"', live)  # named, though no variable of its own
+    assert _slot_links(live, 4, ("m", "v")) == _slot_links(saved, 4, ("m", "v"))
+
+
 def test_names_from_a_checkpoint_are_escaped_data(tmp_path):
     module = tf.Module()
     hostile = ['q"uote', "back\\slash\\N", "new\nline", "<b>html</b>", "a/b.c", "x\\G;}",
                "c1\x85bidi\u202eend\u2028", "esc\x1b]0;t\x07"]
     for i, name in enumerate(hostile):
         setattr(module, name, tf.Variable(float(i)))
+    module.layer = tf.Module()  # a layer name read from the saved names: hostile too
+    module.layer.w = tf.Variable(1.0, name='ev"il<b>\x1b\u202e\\/w')
+    module.layer.b = tf.Variable(2.0, name='ev"il<b>\x1b\u202e\\/b')
     prefix = tf.train.Checkpoint(root=module).write(str(tmp_path / "ck"))
     picture = objckpt.graph(prefix)
     nodes, _ = _parse(picture.dot)  # every line still a well-formed node or edge
     labels = {label.split("\\n")[0] for shape, label in nodes.values() if shape == "ellipse"}
     assert labels == {r"q\"uote", r"back\\slash\\N", r"new\\x0aline", "<b>html</b>", "a/b.c",
-                      r"x\\G;}", r"c1\\x85bidi\\u202eend\\u2028", r"esc\\x1b]0;t\\x07"}
+                      r"x\\G;}", r"c1\\x85bidi\\u202eend\\u2028", r"esc\\x1b]0;t\\x07", "w", "b"}
+    assert r"layer [ev\"il<b>\\x1b\\u202e\\]" in {label for _, label in nodes.values()}
     assert not any(c in picture.dot for c in "\x85\u202e\u2028\x1b\x07")
     if HAS_DOT:
         svg = picture.render("svg").decode()
         assert "&lt;b&gt;html&lt;/b&gt;" in svg and "<b>" not in svg
         assert "back\\slash\\N" in svg and "x\\G;}" in svg and "new\\x0aline" in svg
+
+
+# --- the name rules, on hand-made graphs (no TensorFlow) -----------------------------------
+
+class _Ref(NamedTuple):
+    node_id: int
+    local_name: str
+
+
+class _Attr(NamedTuple):
+    name: str
+    full_name: str
+    checkpoint_key: str
+
+
+class _Node(NamedTuple):
+    children: tuple = ()
+    attributes: tuple = ()
+    slot_variables: tuple = ()
+
+
+class _Graph(NamedTuple):
+    nodes: tuple
+
+
+def _graph(edges: dict, names: dict) -> _Graph:
+    """A duck-typed object graph: {node: [(edge, child)]}, {variable node: saved name}."""
+    count = 1 + max([*edges, *names, *(c for kids in edges.values() for _, c in kids)])
+    return _Graph(tuple(
+        _Node(tuple(_Ref(c, e) for e, c in edges.get(i, ())),
+              (_Attr("VARIABLE_VALUE", names[i], f"{i}/.ATTRIBUTES/VARIABLE_VALUE"),)
+              if i in names else ()) for i in range(count)))
+
+
+def test_layer_names_only_where_the_saved_names_agree():
+    # root -> a (x/kernel, x/bias), b (y/kernel, z/bias), c (s/kernel), d (s/bias),
+    # e (a plain `Variable`), list (0: m/kernel)
+    edges = {0: [("a", 1), ("b", 2), ("c", 3), ("d", 4), ("e", 5), ("list", 6)],
+             1: [("kernel", 7), ("bias", 8)], 2: [("kernel", 9), ("bias", 10)],
+             3: [("kernel", 11)], 4: [("bias", 12)], 5: [("v", 13)], 6: [("0", 14)]}
+    names = {7: "x/kernel", 8: "x/bias:0", 9: "y/kernel", 10: "z/bias", 11: "s/kernel",
+             12: "s/bias", 13: "Variable", 14: "m/kernel"}
+    graph = _graph(edges, names)
+    parents = {c: p for p, kids in edges.items() for _, c in kids}
+    assert _names.layer_names(graph, parents) == {1: "x"}  # y/z disagree, s claimed twice
+    # A Keras 3 slot name that spells another path for a's weight: a is not named either.
+    assert _names.layer_names(graph, parents, [(7, "momentum", 99)],
+                              {**names, 99: "adam/net_x_kernel_momentum"}) == {}
+
+
+def test_slot_links_by_list_and_by_unique_name():
+    # A Keras 3 optimizer (node 3): _trainable_variables [w1, w2], _momentums [s1, s2]; and
+    # optimizer variables linked by their names only, one of them ambiguous.
+    edges = {0: [("l1", 1), ("l2", 2), ("optimizer", 3), ("l3", 20)],
+             1: [("kernel", 4)], 2: [("kernel", 5)], 20: [("kernel", 21)],
+             3: [("_variables", 6), ("_trainable_variables", 7), ("_momentums", 8),
+                 ("_iterations", 9), ("extra", 10)],
+             6: [("0", 9), ("1", 11), ("2", 12)], 7: [("0", 4), ("1", 5)],
+             8: [("0", 11), ("1", 12)],
+             10: [("0", 13), ("1", 14), ("2", 15)]}
+    names = {4: "net/kernel", 5: "net/kernel", 21: "dense/kernel", 9: "adam/iteration",
+             11: "adam/net_conv_kernel_momentum", 12: "adam/net_dense_kernel_momentum",
+             13: "Adam/v/dense/kernel", 14: "adam/dense_kernel_velocity_hat",
+             15: "adam/net_kernel_velocity"}
+    graph = _graph(edges, names)
+    network = {0, 1, 2, 4, 5, 20, 21}
+    links = _names.slot_links(graph, network)
+    # The list pairs as the optimizer does, by its own lists (the weights' names, `net/kernel`
+    # twice, could not); by name, one weight matches 13 and 14, and two match 15.
+    assert links == [(4, "momentum", 11), (5, "momentum", 12), (21, "v", 13),
+                     (21, "velocity_hat", 14)]
+    assert _names.slot_role(names, 21, 13, "?") == "v"
+    assert _names.slot_role({1: "a/b", 2: "opt/a_b_custom"}, 1, 2, "?") == "custom"
+    assert _names.slot_role({1: "a/b", 2: "opt/other"}, 1, 2, "fallback") == "fallback"
 
 
 def test_name_based_checkpoint_is_drawn_from_its_names(tmp_path_factory):

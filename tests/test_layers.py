@@ -23,6 +23,7 @@ LAYERS = [
     "objckpt._options",  # pure: argument checks of checkpoint directories (no TF)
     "objckpt._render",  # pure: text for people
     "objckpt._paths",  # pure: the path grammar
+    "objckpt._names",  # pure: layer names and slot owners from saved variable names
     "objckpt._bundle",  # pure: TF's index table, read and validated before TF reads it
     "objckpt._objgraph",  # pure: the object graph entry, read and decoded without TF
     "objckpt._roles",
@@ -211,7 +212,7 @@ def test_compat_names_load_from_where_the_table_says():
 def test_tf_free_modules_import_no_tensorflow():
     """`callbacks` (constructed before fit) and the helpers it uses must stay cheap."""
     for module in ("objckpt._compat", "objckpt._compat.hooks", "objckpt._render",
-                   "objckpt._paths", "objckpt.errors"):
+                   "objckpt._paths", "objckpt._names", "objckpt.errors"):
         imported = {alias.name.split(".")[0] for node in ast.walk(TREES[module])
                     if isinstance(node, (ast.Import, ast.ImportFrom))
                     for alias in (node.names if isinstance(node, ast.Import)

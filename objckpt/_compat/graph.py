@@ -4,6 +4,7 @@ objs (one walk), completeness checks, children for deferred restore and `objckpt
 from __future__ import annotations
 
 import contextlib
+from typing import NamedTuple
 
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 from tensorflow.python.checkpoint import graph_view as _graph_view
@@ -11,7 +12,7 @@ from tensorflow.python.checkpoint import util as _checkpoint_util
 from tensorflow.python.trackable import trackable_utils as _trackable_utils
 
 from objckpt import _paths, errors
-from objckpt._compat.optimizers import _is_optimizer
+from objckpt._compat.optimizers import _is_optimizer, optimizer_slot_lists
 from objckpt._compat.variables import (
     _keras3_variable,
     _keras3_variable_type,
@@ -431,26 +432,74 @@ def parse_checkpoint_state(data: bytes):
     return state
 
 
+class LiveNodes(NamedTuple):
+    """What a live obj tells about the nodes of its object graph (see `live_object_graph`).
+
+    classes: the class name of each node id. names: the name of each node that is a layer,
+    module or optimizer (`layer.name`), else None. slots: (weight node id, role, slot node
+    id) for each per-weight state variable a Keras 3 or tf_keras (2.11+) optimizer keeps in
+    its lists (`optimizer_slot_lists`, paired by identity); TF's own slot variables are in
+    the proto's `slot_variables` table instead.
+    """
+
+    classes: list
+    names: list
+    slots: list
+
+
+def _object_name(trackable):
+    """The `name` of a layer, module or optimizer; None for variables and other objects."""
+    if as_variable(trackable) is not None:
+        return None
+    try:
+        name = getattr(trackable, "name", None)
+        if name is None and _is_optimizer(trackable):  # Keras 2's OptimizerV2 has no `name`
+            name = getattr(trackable, "_name", None)
+    except Exception:  # a property that fails on a half-built object
+        return None
+    return name if isinstance(name, str) and name else None
+
+
 def live_object_graph(obj):
-    """Returns (TrackableObjectGraph proto, class name per node id) of a live obj.
+    """Returns (TrackableObjectGraph proto, `LiveNodes`) of a live obj.
 
     The proto is the one `tf.train.Checkpoint(root=obj)` would write, plus
     nodes for what TF's graph misses (Keras 3 lists and dicts of layers,
     `SeedGenerator` states, under the paths `variable_paths` gives them); the
-    class names are known only for a live obj (a checkpoint does not store
-    them). Slot variable nodes come after the objects, as TF numbers them.
+    class and layer names are known only for a live obj (a checkpoint does not
+    store them), and so are the weights a Keras 3 optimizer's list-held slots
+    belong to. Slot variable nodes come after the objects, as TF numbers them.
     """
     view = _graph_view.ObjectGraphView(obj)
     _, proto, _ = view.serialize_object_graph()
     objects, _ = view.breadth_first_traversal()
     classes = [type(trackable).__name__ for trackable in objects]
     classes += ["?"] * (len(proto.nodes) - len(classes))
-    objects_, _, _, _, names = _checkpoint_util.objects_ids_and_slot_variables_and_paths(view)
-    reached = [(t, names[t]) for t in objects_]
-    found = [(names[t], as_variable(t)) for t in objects_ if as_variable(t) is not None]
+    names = [_object_name(trackable) for trackable in objects]
+    names += [None] * (len(proto.nodes) - len(names))
+    node_of_variable: dict = {}  # id(tf.Variable) -> its node id (first one)
+    for node_id, trackable in enumerate(objects):
+        variable = as_variable(trackable)
+        if variable is not None:
+            node_of_variable.setdefault(id(variable), node_id)
+    objects_, _, _, _, paths = _checkpoint_util.objects_ids_and_slot_variables_and_paths(view)
+    reached = [(t, paths[t]) for t in objects_]
+    found = [(paths[t], as_variable(t)) for t in objects_ if as_variable(t) is not None]
     extra = _collection_paths(reached, found)
-    if not extra:
-        return proto, classes
+    if extra:
+        _add_collection_nodes(obj, proto, extra, classes, names, node_of_variable)
+    variables = [found_variable for _, found_variable in found]
+    variables += [variable for _, variable in extra]
+    slots = []
+    for variable, role, slot in optimizer_slot_lists(obj, variables):
+        owner, held = node_of_variable.get(id(variable)), node_of_variable.get(id(slot))
+        if owner is not None and held is not None and owner != held:
+            slots.append((owner, role, held))
+    return proto, LiveNodes(classes, names, slots)
+
+
+def _add_collection_nodes(obj, proto, extra, classes, names, node_of_variable) -> None:
+    """Adds nodes and edges for the variables only Keras 3 collections reach (`extra`)."""
     path_of = _paths.graph_paths(proto)
     node_of = {path: node_id for node_id, path in path_of.items()}
     known: dict = {}  # id(node) -> its children, each node listed once (large models)
@@ -474,10 +523,12 @@ def live_object_graph(obj):
             parent = node_of["/".join(walked[:-1])]
             proto.nodes[parent].children.add(node_id=node_id, local_name=local)
             node_of[here] = node_id
-            classes.append("list or dict" if isinstance(node, CollectionNode)
-                           else type(node).__name__)
+            collection = isinstance(node, CollectionNode)
+            classes.append("list or dict" if collection else type(node).__name__)
+            names.append(None if collection or node is None else _object_name(node))
             if here == path:
+                variable = as_variable(node)
+                node_of_variable.setdefault(id(variable), node_id)
                 proto.nodes[node_id].attributes.add(
-                    name=_paths.VARIABLE_VALUE, full_name=variable_name(as_variable(node)),
+                    name=_paths.VARIABLE_VALUE, full_name=variable_name(variable),
                     checkpoint_key=_paths.checkpoint_key(path))
-    return proto, classes

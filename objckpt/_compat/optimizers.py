@@ -9,6 +9,7 @@ import re
 import tensorflow as tf
 from tensorflow.python.checkpoint import graph_view as _graph_view
 
+from objckpt import _paths
 from objckpt._compat.variables import as_variable
 
 __all__ = ["COUNTERS", "HYPERPARAMETERS", "KERAS3_ROLES", "NAMED_SLOT", "SLOT_ALIASES", "TF1_SLOT",
@@ -240,8 +241,5 @@ def _variable_index(optimizer, variables):
 
 def is_optimizer_node(graph, node_id: int, local_name: str) -> bool:
     """Whether a node of a checkpoint's object graph is an optimizer (every flavour): its
-    edge name, slot variables, or step counter tell."""
-    node = graph.nodes[node_id]
-    names = {child.local_name for child in node.children}
-    return (local_name in ("optimizer", "_optimizer") or len(node.slot_variables) > 0
-            or "_iterations" in names or "iter" in names)
+    edge name, slot variables, or step counter tell. See `_paths.is_optimizer_node` (pure)."""
+    return _paths.is_optimizer_node(graph, node_id, local_name)
