@@ -54,17 +54,26 @@ def variable_names(graph) -> dict[int, str]:
     return out
 
 
+def _index(local_name: str) -> int | None:
+    """A list index edge (`0`, `12`) as a number; None for any other name (untrusted input:
+    only short ASCII digit strings are converted)."""
+    if 0 < len(local_name) <= 18 and local_name.isascii() and local_name.isdigit():
+        return int(local_name)
+    return None
+
+
 def _is_list(node) -> bool:
-    return bool(node.children) and all(c.local_name.isdigit() for c in node.children)
+    return bool(node.children) and all(_index(c.local_name) is not None for c in node.children)
 
 
 def _list_items(graph, node_id: int) -> list[int] | None:
     """The children of a list node in index order, or None unless they are `0`..`n-1`."""
     items = {}
     for child in graph.nodes[node_id].children:
-        if not child.local_name.isdigit() or int(child.local_name) in items:
+        index = _index(child.local_name)
+        if index is None or index in items:
             return None
-        items[int(child.local_name)] = child.node_id
+        items[index] = child.node_id
     if sorted(items) != list(range(len(items))):
         return None
     return [items[i] for i in range(len(items))]
@@ -119,8 +128,10 @@ def slot_links(graph, network: set, names: dict | None = None) -> list[tuple[int
         for spelling in (key, key + "_0"):
             by_key.setdefault(spelling, []).append(weight)
 
+    depth = max((name.count("/") + 1 for name in by_name), default=0)
+
     def named_owners(slot: int) -> set:
-        return {w for w, _ in _owners_by_name(names[slot], by_name, by_key)}
+        return {w for w, _ in _owners_by_name(names[slot], by_name, by_key, depth)}
 
     links, linked = [], set(table)
     for node in graph.nodes:
@@ -144,17 +155,19 @@ def slot_links(graph, network: set, names: dict | None = None) -> list[tuple[int
     for slot in sorted(names):
         if slot in network or slot in linked:
             continue
-        found = _owners_by_name(names[slot], by_name, by_key)
+        found = _owners_by_name(names[slot], by_name, by_key, depth)
         if len(found) == 1:
             owner, role = found.pop()
             links.append((owner, role, slot))
     return links
 
 
-def _owners_by_name(name: str, by_name: dict, by_key: dict) -> set:
+def _owners_by_name(name: str, by_name: dict, by_key: dict, depth: int) -> set:
+    """(weight, role) pairs a slot's saved name can spell; `depth`: the most `/`-separated
+    parts a weight's name has (names are untrusted: the work stays linear in their length)."""
     found = set()
     parts = name.split("/")
-    for i in range(2, len(parts)):  # tf_keras: <optimizer>/<role>/<weight name>
+    for i in range(max(2, len(parts) - depth), len(parts)):  # <optimizer>/<role>/<weight>
         if parts[i - 1] in NAMED_ROLES:
             found.update((w, parts[i - 1]) for w in by_name.get("/".join(parts[i:]), ()))
     if len(parts) > 1:  # Keras 3: <optimizer>/<weight path, / as _>_<role>

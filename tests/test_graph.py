@@ -371,6 +371,22 @@ def test_slot_links_by_list_and_by_unique_name():
     assert _names.slot_role({1: "a/b", 2: "opt/other"}, 1, 2, "fallback") == "fallback"
 
 
+def test_crafted_names_neither_crash_nor_take_quadratic_work():
+    # List edges Python cannot or should not convert (a 5,000-digit index, a superscript
+    # digit), and an optimizer variable named `m/m/m/...` 200,000 parts deep: each part is
+    # a tf_keras role, and joining every suffix would take 10^10 steps.
+    edges = {0: [("l", 1), ("optimizer", 2)], 1: [("kernel", 3)],
+             2: [("_variables", 4), ("_trainable_variables", 5), ("_iterations", 6),
+                 ("_momentums", 7)],
+             4: [("9" * 5000, 8)], 5: [("0", 3)], 7: [("\u00b2", 8)]}
+    names = {3: "m/kernel", 6: "adam/iteration", 8: "m/" * 200_000 + "x"}
+    graph = _graph(edges, names)
+    assert _names.slot_links(graph, {0, 1, 3}) == []
+    parents = {1: 0, 2: 0, 3: 1, 4: 2, 5: 2, 6: 2, 7: 2, 8: 4}  # the drawn tree
+    # 4 is no list (its edge is not an index), so its variable's prefix names it.
+    assert _names.layer_names(graph, parents) == {1: "m", 2: "adam", 4: "m"}
+
+
 def test_name_based_checkpoint_is_drawn_from_its_names(tmp_path_factory):
     tf1 = legacy.cached_tf1_checkpoint(tmp_path_factory)
     nodes, _ = _parse(objckpt.graph(tf1["prefix"]).dot)
