@@ -95,10 +95,9 @@ def reference(flavour, kind="functional", epochs=3):
     return result
 
 
-def said(capsys) -> list[str]:
-    """The lines Checkpointing printed since the last call."""
-    return [line for line in capsys.readouterr().out.splitlines()
-            if line.startswith("Checkpointing")]
+def said(capsys, who="Checkpointing") -> list[str]:
+    """The lines `who` printed to stdout since the last call."""
+    return [line for line in capsys.readouterr().out.splitlines() if line.startswith(who)]
 
 
 @pytest.fixture(autouse=True)

@@ -12,10 +12,18 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
-from test_checkpointing import Server, final_values, native
+from test_checkpointing import (  # noqa: F401  (no_fault_hook: an autouse fixture)
+    Server,
+    assert_bit_identical,
+    final_values,
+    native,
+    no_fault_hook,
+    said,
+    values,
+)
 
 import objckpt
-from objckpt import _checkpointing, _compat, errors
+from objckpt import _compat, errors
 from objckpt.callbacks import Checkpointing
 
 from flavours import (
@@ -62,25 +70,8 @@ def train(obj, steps, start=0):
     return float(loss)
 
 
-def values(obj) -> dict:
-    return {p: np.array(v.numpy()) for p, v in objckpt.tree(obj).items()}
-
-
-def assert_bit_identical(a: dict, b: dict):
-    assert list(a) == list(b)
-    different = [p for p in a if a[p].tobytes() != b[p].tobytes()]
-    assert not different, f"{len(different)} variables differ: {different[:5]}"
-
-
 def printed(capsys) -> list[str]:
-    return [line for line in capsys.readouterr().out.splitlines()
-            if line.startswith("CheckpointManager")]
-
-
-@pytest.fixture(autouse=True)
-def no_fault_hook():
-    yield
-    _checkpointing.fault_hook = None
+    return said(capsys, "CheckpointManager")
 
 
 # --- save and exact resume, every flavour -------------------------------------------------
