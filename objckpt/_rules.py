@@ -11,6 +11,8 @@ first, else "matched no key".
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import os
 import re
 import warnings
 from collections.abc import Callable
@@ -172,14 +174,26 @@ def why_shadowed(rule: Rule, taken) -> str:
             "rule whose regex matches it. Fix: " + "; or ".join(fixes) + ".")
 
 
-def warn_unused(unused: list, description: str, stacklevel: int, shadowed=()) -> None:
+def warn_unused(unused: list, description: str, stacklevel: int = 1, shadowed=()) -> None:
     """Warns about rules that rewrote no key: those matching none, then shadowed ones.
 
-    `stacklevel` is counted from the caller.
+    The warning points at the user's line that called objckpt (the first frame outside the
+    package), whichever public function it went through; `stacklevel` is a floor.
     """
+    stacklevel = max(stacklevel + 1, _outside_package())
     if unused:
         warnings.warn(f"{len(unused)} rule(s) matched no key of {description}: "
-                      + "; ".join(unused), stacklevel=stacklevel + 1)
+                      + "; ".join(unused), stacklevel=stacklevel)
     if shadowed:
         warnings.warn(f"{len(shadowed)} rule(s) never applied to {description}: "
-                      + " ".join(shadowed), stacklevel=stacklevel + 1)
+                      + " ".join(shadowed), stacklevel=stacklevel)
+
+
+def _outside_package() -> int:
+    """The stacklevel, for a `warnings.warn` made by `warn_unused`, of the nearest frame
+    outside the objckpt package."""
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    frame, level = inspect.currentframe().f_back.f_back, 2  # the caller of warn_unused
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level

@@ -204,3 +204,27 @@ def test_migrated_tf1_global_step_becomes_iterations(flavour, tf1, tmp_path):
     fresh = _compiled(keras)
     objckpt.restore(fresh, prefix)
     assert int(fresh.optimizer.iterations.numpy()) == step
+
+
+def test_rule_warnings_point_at_the_callers_line(tmp_path):
+    """Whichever public function a rule set goes through, its warning names the user's own
+    file, not objckpt's."""
+    module = tf.Module()
+    module.w = tf.Variable(1.0)
+    snap = objckpt.snapshot(module)
+    prefix = objckpt.save(module, str(tmp_path / "ckpt"))
+    calls = {
+        "plan": lambda rules: objckpt.plan(snap, module, rules=rules),
+        "restore": lambda rules: objckpt.restore(module, prefix, rules=rules),
+        "migrate": lambda rules: objckpt.migrate(prefix, module, str(tmp_path / "out"),
+                                                 rules=rules),
+        "restore_on_create": lambda rules: objckpt.restore_on_create(tf.Module(), prefix,
+                                                                     rules=rules),
+    }
+    for name, call in calls.items():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            call([(f"^no_{name}$", "x")])
+        shown = [w for w in caught if "matched no key" in str(w.message)]
+        assert len(shown) == 1, (name, [str(w.message) for w in caught])
+        assert shown[0].filename == __file__, (name, shown[0].filename)
