@@ -3,7 +3,7 @@
 Usage:
   python benchmarks/run.py [--json results.json] [--repeats N] [--only a|b]
                            [--section all|foundation|twins|migrate|ensemble|checkpointing|
-                                      completeness|untrusted]
+                                      completeness|untrusted|cli]
                            [--steps N] [--batch N] [--migrate-tensors N]
 
 Models:
@@ -160,7 +160,7 @@ def main(argv=None) -> int:
     parser.add_argument("--only", choices=["a", "b"], help="one model only")
     parser.add_argument("--section",
                         choices=["all", "foundation", "twins", "migrate", "ensemble",
-                                 "checkpointing", "completeness", "untrusted"],
+                                 "checkpointing", "completeness", "untrusted", "cli"],
                         default="all")
     parser.add_argument("--migrate-tensors", type=int, default=16,
                         help="float32 4096x4096 tensors in the migrate source (16: ~1.07 GB)")
@@ -249,6 +249,13 @@ def main(argv=None) -> int:
             out.setdefault("untrusted", []).append(result)
             print(f"\n[untrusted: {title}] {result['model']}")
             _print_result("", result)
+    if args.section in ("all", "cli") and args.only != "b":
+        import bench_cli
+
+        result = bench_cli.bench_cli(keras, max(3, args.repeats // 3))
+        out["cli"] = result
+        print(f"\n[cli] {result['model']}")
+        _print_result("", result)
     if args.section in ("all", "checkpointing") and args.only != "b":
         import bench_checkpointing
 
