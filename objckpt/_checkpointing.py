@@ -38,6 +38,7 @@ import tensorflow as tf
 
 from objckpt import (
     _asyncwrite,
+    _ckptstate,
     _compat,
     _dirlock,
     _files,
@@ -51,8 +52,7 @@ from objckpt import (
 __all__ = ["CheckpointDirectory", "Kept"]
 
 STATE_FILE = _files.STATE_FILE
-# Files of ckpt-N, by TF's exact names (fullmatch; ASCII digits, no leading zeros).
-_NAME = re.compile(r"ckpt-(0|[1-9][0-9]*)\.(index|data-[0-9]{5}-of-[0-9]{5})")
+_NAME = _ckptstate.NAME  # files of ckpt-N, by TF's exact names
 _DEBRIS = re.compile(r"^\.(ckpt-\d+|checkpoint)\.tmp-[0-9a-f]{12}")
 COUNTERS = ("epoch", "step", "batch")
 METRIC = "monitor_value"
@@ -169,7 +169,9 @@ class CheckpointDirectory:
     def _open(self) -> Kept | None:
         names = _files.listdir(self.directory)
         on_disk = {int(m.group(1)) for m in map(_NAME.fullmatch, names) if m}
-        listed = self._read_state(bool(on_disk))
+        listed, note = _ckptstate.listed(self.directory, bool(on_disk))
+        if note:
+            self._warn(note)
         numbers = sorted(on_disk.union(listed or ()))
         problems = {n: _files.check_intact(self._prefix(n)) for n in numbers}
         intact = [n for n in numbers if problems[n] is None]
@@ -190,7 +192,8 @@ class CheckpointDirectory:
                     f"`{self._prefix(use[-1])}`." if use
                     else "No intact checkpoint is left: training starts fresh."))
         newest = max(use, default=0)
-        times = self._timestamps(use)
+        times, self.preserved = _ckptstate.timestamps(self.directory, use)
+        self._clock = max(times.values(), default=0.0)
         kept = [Kept(n, self._prefix(n), self._read_metric(self._prefix(n))
                      if self.keep_best else math.nan, times[n]) for n in use]
         superseded = [n for n in intact if n not in use and n < newest]
@@ -247,83 +250,9 @@ class CheckpointDirectory:
             "(objckpt.restore(model, prefix)) and give Checkpointing another directory.",
             directory=self.directory, found=tuple(found))
 
-    def _read_state(self, files: bool) -> list[int] | None:
-        """The numbers the state file lists, oldest first; None when it is missing, cannot be
-        read, or names anything but `ckpt-N` of this directory (`files`: whether checkpoint
-        files are on disk, for the warning).
-        """
-        path = os.path.join(self.directory, STATE_FILE)
-        try:
-            names = _files.read_state(self.directory)
-        except FileNotFoundError:
-            if files:
-                self._warn(f"Checkpoint directory `{self.directory}` has checkpoint files but no "
-                           f"`{STATE_FILE}` state file; using every intact one found on disk.")
-            return None
-        except Exception as err:  # unreadable state: never a silent fresh start
-            self._warn(f"The checkpoint state file `{path}` cannot be read "
-                       f"({_render.first_line(err)}); using the intact checkpoints found on "
-                       "disk instead and writing a new state file.")
-            return None
-        numbers, wrong = set(), []
-        for name in names:
-            number = self._number(name)
-            if number is None:
-                wrong.append(name)
-            else:
-                numbers.add(number)
-        if wrong:
-            self._warn(
-                f"The checkpoint state file `{path}` names "
-                + ", ".join(f"`{_render.safe(n)}`" for n in wrong[:5])
-                + (f" and {len(wrong) - 5} more" if len(wrong) > 5 else "")
-                + f", which is not a `ckpt-N` checkpoint of `{self.directory}` (expected names "
-                "like `ckpt-3`); such names are neither used nor deleted. Using the intact "
-                "checkpoints found on disk instead and writing a new state file.")
-            return None
-        return sorted(numbers)
-
-    def _timestamps(self, numbers: list[int]) -> dict[int, float]:
-        """When each checkpoint was saved: from the state file where it lists a plausible time
-        (finite, after 1970 and not in the future), else its index file's modification time;
-        also sets `preserved` (TF's `last_preserved_timestamp`) the same way."""
-        now = time.time()
-        listed, preserved = _files.state_timestamps(self.directory)
-        stamps = {}
-        for name, stamp in listed.items():
-            number = self._number(name)
-            if number is not None and math.isfinite(stamp) and 0 < stamp <= now:
-                stamps[number] = stamp
-        for number in numbers:
-            if number not in stamps:
-                try:
-                    stamps[number] = min(os.stat(self._prefix(number) + ".index").st_mtime, now)
-                except OSError:
-                    stamps[number] = now
-        self._clock = max((stamps[n] for n in numbers), default=0.0)
-        ok = preserved is not None and math.isfinite(preserved) and 0 < preserved <= now
-        self.preserved = preserved if ok else min([stamps[n] for n in numbers] + [now])
-        return stamps
-
     def _number(self, name: str) -> int | None:
-        """N when `name` (from the state file) is `ckpt-N` of this directory, else None.
-
-        Accepted: `ckpt-N`, or an absolute path whose folder is this directory. Never a
-        relative path with folders (`../x/ckpt-5`), nor another directory's `ckpt-N`.
-        """
-        if "\x00" in name:
-            return None
-        if os.path.isabs(name):
-            folder, name = os.path.split(name)
-            try:
-                if os.path.realpath(folder) != os.path.realpath(self.directory):
-                    return None
-            except (OSError, ValueError):
-                return None
-        elif os.sep in name or (os.altsep and os.altsep in name):
-            return None
-        match = _NAME.fullmatch(name + ".index")
-        return int(match.group(1)) if match else None
+        """N when `name` (from the state file) is `ckpt-N` of this directory, else None."""
+        return _ckptstate.number(self.directory, name)
 
     def _read_metric(self, prefix: str) -> float:
         try:
@@ -333,7 +262,8 @@ class CheckpointDirectory:
         except Exception:  # written by something else: no metric, never "best"
             return math.nan
 
-    def restore(self, kept: Kept, who: str, when: str) -> dict[str, int]:
+    def restore(self, kept: Kept, who: str = "Checkpointing",
+                when: str = "at the start of fit") -> dict[str, int]:
         """Restores obj and the counters from a checkpoint, all or nothing; returns the counters.
 
         A Keras model's own optimizer is built first (Keras creates its slots lazily).

@@ -49,6 +49,7 @@ LAYERS = [
     "objckpt._ensemble",
     "objckpt._freeze",
     "objckpt._asyncwrite",
+    "objckpt._ckptstate",  # a managed directory's state file: listed ckpt-N and their times
     "objckpt._checkpointing",
     "objckpt._fitckpt",
     "objckpt.callbacks",
