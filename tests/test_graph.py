@@ -6,14 +6,13 @@ import re
 import shutil
 import subprocess
 import sys
-from typing import NamedTuple
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import objckpt
-from objckpt import _names, errors
+from objckpt import _names, _objgraph, errors
 
 import legacy
 from flavours import KERAS_FLAVOURS, build, keras_for
@@ -299,34 +298,15 @@ def test_names_from_a_checkpoint_are_escaped_data(tmp_path):
 
 # --- the name rules, on hand-made graphs (no TensorFlow) -----------------------------------
 
-class _Ref(NamedTuple):
-    node_id: int
-    local_name: str
-
-
-class _Attr(NamedTuple):
-    name: str
-    full_name: str
-    checkpoint_key: str
-
-
-class _Node(NamedTuple):
-    children: tuple = ()
-    attributes: tuple = ()
-    slot_variables: tuple = ()
-
-
-class _Graph(NamedTuple):
-    nodes: tuple
-
-
-def _graph(edges: dict, names: dict) -> _Graph:
-    """A duck-typed object graph: {node: [(edge, child)]}, {variable node: saved name}."""
+def _graph(edges: dict, names: dict):
+    """An object graph as `_objgraph` reads one: {node: [(edge, child)]}, {variable node:
+    saved name}."""
     count = 1 + max([*edges, *names, *(c for kids in edges.values() for _, c in kids)])
-    return _Graph(tuple(
-        _Node(tuple(_Ref(c, e) for e, c in edges.get(i, ())),
-              (_Attr("VARIABLE_VALUE", names[i], f"{i}/.ATTRIBUTES/VARIABLE_VALUE"),)
-              if i in names else ()) for i in range(count)))
+    return _objgraph.Graph(tuple(
+        _objgraph.Node(tuple(_objgraph.Reference(c, e) for e, c in edges.get(i, ())),
+                       (_objgraph.Attribute("VARIABLE_VALUE", names[i],
+                                            f"{i}/.ATTRIBUTES/VARIABLE_VALUE"),)
+                       if i in names else ()) for i in range(count)))
 
 
 def test_layer_names_only_where_the_saved_names_agree():
