@@ -213,7 +213,7 @@ def test_compat_names_load_from_where_the_table_says():
 def test_tf_free_modules_import_no_tensorflow():
     """`callbacks` (constructed before fit) and the helpers it uses must stay cheap."""
     for module in ("objckpt._compat", "objckpt._compat.hooks", "objckpt._render",
-                   "objckpt._paths", "objckpt._names", "objckpt.errors"):
+                   "objckpt._paths", "objckpt._names", "objckpt.errors", "objckpt._options"):
         imported = {alias.name.split(".")[0] for node in ast.walk(TREES[module])
                     if isinstance(node, (ast.Import, ast.ImportFrom))
                     for alias in (node.names if isinstance(node, ast.Import)
