@@ -65,6 +65,7 @@ problem), 2 on a usage error.
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import json
 import math
@@ -294,7 +295,7 @@ def _migrate(args) -> int:
     if args.dry_run:
         plan = _match.plan(args.source, obj, rules=rules, at=args.at,
                            optimizer_state=args.optimizer_state)
-        print(plan.describe())
+        print(cli_words(plan.describe()))
         return 0 if plan.complete else 1
     prefix = _migrate.migrate(args.source, obj, args.out, rules=rules, at=args.at,
                               optimizer_state=args.optimizer_state)
@@ -314,14 +315,11 @@ def _graph(args) -> int:
                              f"(e.g. --out graph.{fmt}); only DOT text goes to stdout.", exitcode=2)
     picture = _graph.graph(args.source, depth=args.depth, empty=args.empty)
     if not args.out:
-        sys.stdout.write(picture.dot)
+        # The caption's advice in the CLI's words; names in the nodes are data, left as is.
+        caption, _, rest = picture.dot.partition("\n  node [")
+        sys.stdout.write(cli_words(caption) + "\n  node [" + rest if rest else picture.dot)
         return 0
-    try:
-        picture.save(args.out, format=fmt)
-    except errors.GraphvizNotFoundError as err:  # the library's advice in the CLI's words
-        raise errors.GraphvizNotFoundError(
-            str(err).replace("(format='dot')", "(--format dot, or an --out FILE.dot)")) \
-            from None
+    picture.save(args.out, format=fmt)
     print(f"wrote {_render.safe(args.out)}: {picture!r}")
     return 0
 
@@ -338,6 +336,49 @@ def _demo(args) -> int:
     from objckpt import _demo
 
     return _demo.run(out=args.out, epochs=args.epochs)
+
+
+# The library's advice names Python arguments; the command line's flags stand for them.
+_WORDS = ((re.compile(r"format='dot'"), "--format dot"),
+          (re.compile(r"optimizer_state=True"), "--optimizer-state"),
+          (re.compile(r"\bat=\.\.\."), "--at NAME"),
+          (re.compile(r"\bat=(['\"])([^'\"]*)\1"), r"--at \2"),
+          (re.compile(r"\bdepth=N\b"), "--depth N"),
+          (re.compile(r"\bempty=True"), "--empty"),
+          (re.compile(r"objckpt\.plan\(source, obj, rules=\.\.\.\)"),
+           "objckpt migrate --dry-run --rules FILE"),
+          (re.compile(r"\brules=\.\.\."), "--rules FILE"))
+_RULES = re.compile(r"\brules=\[")
+
+
+def cli_words(text: str) -> str:
+    """Text from the library with its Python arguments in the command line's words:
+    `format='dot'` -> `--format dot`, `optimizer_state=True` -> `--optimizer-state`,
+    `at="model"` -> `--at model`, `depth=N` -> `--depth N`, `empty=True` -> `--empty`, and
+    `rules=[("^a/", "")]` -> `--rules FILE holding [["^a/", ""]]` (the JSON the file holds).
+    """
+    for pattern, words in _WORDS:
+        text = pattern.sub(words, text)
+    out, pos = [], 0
+    for match in _RULES.finditer(text):
+        if match.start() < pos:
+            continue
+        depth, end = 0, None
+        for at in range(match.end() - 1, len(text)):
+            depth += {"[": 1, "]": -1}.get(text[at], 0)
+            if depth == 0:
+                end = at + 1
+                break
+        if end is None:
+            break
+        try:
+            rules = ast.literal_eval(text[match.end() - 1:end])
+            shown = json.dumps([list(rule) for rule in rules])
+        except (ValueError, SyntaxError, TypeError):
+            shown = text[match.end() - 1:end]
+        out.append(text[pos:match.start()] + f"--rules FILE holding {shown}")
+        pos = end
+    return "".join(out) + text[pos:]
 
 
 # TF's start-up lines (C++ logging before absl is initialised, CUDA probing on a machine
@@ -394,7 +435,8 @@ def main(args) -> int:
     except errors.ObjckptError as err:
         # Messages escape the names they quote; this keeps any control character that got
         # through (from TF's own text, say) off the terminal all the same.
-        print(f"objckpt {args.command}: {_render.safe_text(err, lines=True)}", file=sys.stderr)
+        print(f"objckpt {args.command}: {cli_words(_render.safe_text(err, lines=True))}",
+              file=sys.stderr)
         return 1
     raise app.UsageError(f"unknown command {args.command!r}", exitcode=2)
 

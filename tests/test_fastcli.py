@@ -306,11 +306,17 @@ def test_tf_start_up_noise_is_filtered_and_errors_still_show(capfd, checkpoints)
     assert result.stdout.startswith(f"OK: {checkpoints['module']}")
 
 
-def test_the_graphviz_error_speaks_the_command_lines_words(checkpoints, capsys, monkeypatch,
-                                                            tmp_path):
+def test_errors_and_advice_speak_the_command_lines_words(checkpoints, capsys, monkeypatch,
+                                                          tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))  # no `dot` program
     status, _, err = _in_process(capsys, "graph", checkpoints["module"], "--out",
                                  tmp_path / "g.svg")
     assert status == 1
     assert "objckpt graph: Rendering SVG needs Graphviz's `dot` program" in err
-    assert "(--format dot, or an --out FILE.dot)" in err and "format='dot'" not in err
+    assert "(--format dot)" in err and "format='dot'" not in err
+    _, dot, _ = _in_process(capsys, "graph", checkpoints[session_flavour()], "--depth", "1")
+    assert "collapsed below depth 1 (--depth N to change)" in dot and "depth=N" not in dot
+    assert cli.cli_words("pass optimizer_state=True, at=\"model\" or rules=[('^model_001/', ''), "
+                         "('^global_step$', None)].") == (
+        'pass --optimizer-state, --at model or --rules FILE holding [["^model_001/", ""], '
+        '["^global_step$", null]].')
