@@ -19,7 +19,7 @@ import os
 import re
 import uuid
 
-from objckpt import _bundle, _compat, _render, errors
+from objckpt import _bundle, _render, errors
 
 __all__ = ["DATA_SUFFIX", "STATE_FILE", "STATE_FILE_LIMIT", "check_intact", "commit",
            "data_files_problem", "data_shards", "inside", "intact_prefixes", "listdir",
@@ -554,8 +554,7 @@ def state_timestamps(directory: str) -> tuple[dict[str, float], float | None]:
     state file has no timestamps.
     """
     try:
-        state = _compat.parse_checkpoint_state(
-            _read_small(os.path.join(directory, STATE_FILE), STATE_FILE_LIMIT))
+        state = parse_state(_read_small(os.path.join(directory, STATE_FILE), STATE_FILE_LIMIT))
         names = list(state.all_model_checkpoint_paths)
         stamps = [float(t) for t in state.all_model_checkpoint_timestamps]
         preserved = float(state.last_preserved_timestamp) or None
