@@ -329,12 +329,14 @@ def _walk(proto, specs, live) -> dict[int, _Node]:
         if node.kind == "object" and optimizer(node.id, node.edge):
             node.kind = "optimizer"
     saved = _names.variable_names(proto)
-    if live is not None:
-        links = [(owner, _names.slot_role(saved, owner, slot, role), slot)
-                 for owner, role, slot in live.slots]
-    else:
-        network = {0} | {node_id for _, _, node_id in _paths.graph_walk(proto, skip=optimizer)}
-        links = _names.slot_links(proto, network, saved)
+    # A live obj pairs slots by identity; the optimizer's lists and saved names pair the
+    # rest (a checkpoint's slots, a Keras 3 EMA list `optimizer_slot_lists` does not know).
+    links = [(owner, _names.slot_role(saved, owner, slot, role), slot)
+             for owner, role, slot in (live.slots if live is not None else ())]
+    paired = {slot for _, _, slot in links}
+    network = {0} | {node_id for _, _, node_id in _paths.graph_walk(proto, skip=optimizer)}
+    links += [link for link in _names.slot_links(proto, network, saved)
+              if link[2] not in paired]
     for owner, role, slot in links:
         if owner in nodes and slot in nodes and nodes[slot].kind == "variable" and \
                 nodes[owner].kind == "variable":

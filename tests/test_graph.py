@@ -225,6 +225,24 @@ def test_layer_names_and_slot_links_live_and_saved(flavour, kind, tmp_path):
         _slot_links(saved, weights, ROLES[flavour])  # same node ids: the same pairs
 
 
+STATE_ROLES = {"keras3": ("average", "momentum", "velocity", "velocity_hat"),
+               "tf_keras": ("average", "m", "v", "vhat"), "keras2": ("m", "v", "vhat")}
+
+
+@pytest.mark.parametrize("flavour", KERAS_FLAVOURS)
+def test_every_per_weight_state_is_linked_amsgrad_and_ema(flavour, tmp_path):
+    """AMSGrad's `vhat` and the EMA copies (Keras 2's legacy Adam has no EMA) are slots too,
+    in the live drawing as in the saved one."""
+    keras = keras_for(flavour)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, name="encoder")])
+    options = {"amsgrad": True} if flavour == "keras2" else {"amsgrad": True, "use_ema": True}
+    model.compile(optimizer=keras.optimizers.Adam(0.01, **options), loss="mse")
+    model.fit(np.ones((4, 3), "float32"), np.ones((4, 4), "float32"), verbose=0)
+    prefix = tf.train.Checkpoint(root=model).write(str(tmp_path / "ck"))
+    live = _slot_links(objckpt.graph(model).dot, 2, STATE_ROLES[flavour])
+    assert live == _slot_links(objckpt.graph(prefix).dot, 2, STATE_ROLES[flavour])
+
+
 class Linear(tf.Module):
     """A Sonnet-like module: its variables are created in its name scope."""
 
@@ -420,7 +438,10 @@ def test_bad_arguments_raise_typed_errors(module_prefix, tmp_path):
 def test_command_line(module_prefix, tmp_path):
     dot = _run("graph", module_prefix, "--depth", "2")
     assert dot.returncode == 0, dot.stderr
-    assert dot.stdout == objckpt.graph(module_prefix, depth=2).dot
+    # The same DOT as the library's, its caption's advice in the command line's words.
+    assert "(--depth N to change)" in dot.stdout and "depth=N" not in dot.stdout
+    assert dot.stdout == objckpt.graph(module_prefix, depth=2).dot.replace(
+        "(depth=N to change)", "(--depth N to change)")
     out = tmp_path / ("g.svg" if HAS_DOT else "g.dot")
     hidden = dict(os.environ, PATH=str(tmp_path) + os.pathsep + os.path.dirname(sys.executable))
     written = _run("graph", module_prefix, "--out", str(out))
