@@ -387,6 +387,7 @@ def resolve_prefix(source: str | os.PathLike, *,
       skipped because it lies outside the directory.
     """
     source = os.fspath(source)
+    shown = _render.safe(source)  # a path may hold any character: one line on a terminal
     if source.endswith(".index") and _exists(source):
         source = source[: -len(".index")]
     if os.path.isdir(source):
@@ -403,25 +404,26 @@ def resolve_prefix(source: str | os.PathLike, *,
                f"`{os.path.join(source, STATE_FILE)}` so that it names them."
                if found else "\nRestore from another copy, or write a new checkpoint.")
         raise errors.CheckpointCorruptError(
-            f"Directory `{source}` has no intact checkpoint that its state file names; "
+            f"Directory `{shown}` has no intact checkpoint that its state file names; "
             "expected at least one, found:\n  " + "\n  ".join(notes) + fix)
     if _exists(source + ".index"):
         problem = None if "://" in source else regular_file_problem(source + ".index")
         if problem is not None:
             raise errors.CheckpointCorruptError(
-                f"Checkpoint `{source}` cannot be read: {problem}. Expected its index "
-                f"`{source}.index` to be a regular file (not opened). Fix: pass another "
+                f"Checkpoint `{shown}` cannot be read: {problem}. Expected its index "
+                f"`{shown}.index` to be a regular file (not opened). Fix: pass another "
                 "checkpoint, or replace the file with the checkpoint's real index.")
         return source, ()
     if os.path.isfile(source):
         raise errors.CheckpointNotFoundError(
-            f"`{source}` is a file, not a checkpoint prefix: expected `{source}.index` and "
-            f"`{source}.data-*` beside it. Pass the prefix (the path without `.index` or "
+            f"`{shown}` is a file, not a checkpoint prefix: expected `{shown}.index` and "
+            f"`{shown}.data-*` beside it. Pass the prefix (the path without `.index` or "
             "`.data-*`); for a Keras `.weights.h5`/`.keras` file use model.load_weights.")
     found = nearby_prefixes(os.path.dirname(source))
-    hint = f" Checkpoints found there: {', '.join(found)}." if found else ""
+    hint = (f" Checkpoints found there: {', '.join(map(_render.safe, found))}." if found
+            else "")
     raise errors.CheckpointNotFoundError(
-        f"No checkpoint at prefix `{source}`: expected `{source}.index`, found nothing.{hint} "
+        f"No checkpoint at prefix `{shown}`: expected `{shown}.index`, found nothing.{hint} "
         "Check the path, or pass the directory to use its newest checkpoint.")
 
 

@@ -111,7 +111,7 @@ def test_inspect_text_shows_hostile_names_escaped_one_row_each(hostile, capsys):
     lines = out.rstrip("\n").split("\n")
     # header, blank, column titles, one row per variable, total
     assert len(lines) == len(NAMES) + 4, lines
-    assert lines[2].split() == ["object", "path", "shape", "dtype", "size"]
+    assert lines[2].split() == ["object", "path", "[saved", "name]", "shape", "dtype", "size"]
     assert lines[-1].startswith("total")
     for name, shown in SHOWN.items():
         assert sum(line.split("  ")[0] == shown for line in lines) == 1, (name, lines)
@@ -154,13 +154,17 @@ def test_a_prefix_named_by_the_state_file_is_escaped(tmp_path, capsys):
 
 
 def test_errors_printed_by_the_command_line_send_no_control_characters(tmp_path, capsys):
-    # A name-based checkpoint whose keys are hostile: `inspect` refuses it, quoting keys.
+    # A name-based checkpoint whose keys are hostile: `inspect` lists them escaped, and
+    # `migrate` refuses a template that does not exist, quoting the path it was given.
     keys = sorted(HOSTILE)[:3]
     tf.raw_ops.SaveV2(prefix=str(tmp_path / "tf1"), tensor_names=keys,
                       shape_and_slices=[""] * len(keys), tensors=[tf.constant(1.0)] * len(keys))
     status, out, err = _cli(capsys, "inspect", tmp_path / "tf1")
+    assert status == 0 and "name-based" in out.splitlines()[0]
+    assert not _raw_controls(out) and len(out.rstrip("\n").split("\n")) == len(keys) + 4
+    status, out, err = _cli(capsys, "inspect", tmp_path / "gone\x1b[2J\nx")
     assert status == 1 and not out
-    assert "name-based" in err
+    assert "No checkpoint at prefix" in err and "gone\\x1b[2J\\nx" in err
     assert not _raw_controls(err)
 
 
