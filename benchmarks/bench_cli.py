@@ -20,18 +20,10 @@ import numpy as np
 
 import objckpt
 
+from bench_untrusted import build_dense_stack
 from timing import met
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def build_dense_stack(keras, layers: int = 500, width: int = 64):
-    """`layers` Dense(width) layers: 2 * layers variables."""
-    inputs = keras.Input((width,))
-    x = inputs
-    for _ in range(layers):
-        x = keras.layers.Dense(width)(x)
-    return keras.Model(inputs, x, name=f"dense_{2 * layers}")
 
 
 def _wall(argv: list[str]) -> float:

@@ -22,7 +22,7 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import NamedTuple
 
-from objckpt import _bundle, _files, _objgraph, _paths, errors
+from objckpt import _bundle, _files, _objgraph, _paths, _render, errors
 
 __all__ = ["DType", "Metadata", "Variable", "dtype", "read"]
 
@@ -61,10 +61,7 @@ class Variable(NamedTuple):
 
     @property
     def nbytes(self) -> int:
-        count = 1
-        for dim in self.shape:
-            count *= dim
-        return count * self.dtype.size
+        return _render.elements(self.shape) * self.dtype.size
 
 
 class Metadata(Mapping):
