@@ -359,6 +359,7 @@ def _names(paths, *sides: _Side) -> dict:
     out = {}
     for path in paths:
         variable = next((s.meta[path] for s in sides if path in s.meta), None)
-        if variable is not None and (variable.shown != path or variable.name):
+        if variable is not None and (variable.shown != path
+                                     or variable.name not in ("", path)):
             out[path] = (variable.shown, variable.name)
     return out

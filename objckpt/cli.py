@@ -158,6 +158,8 @@ def _inspect(args) -> int:
     from objckpt import _meta
 
     entries = _meta.read(args.source)
+    for note in entries.notes:  # an older checkpoint of a directory was used, and why
+        print(f"objckpt inspect: note: {_render.safe_text(note)}", file=sys.stderr)
     if args.format == "json":
         print(json.dumps(_render.inspect_json(entries), indent=2))
     else:

@@ -320,3 +320,13 @@ def test_errors_and_advice_speak_the_command_lines_words(checkpoints, capsys, mo
                          "('^global_step$', None)].") == (
         'pass --optimizer-state, --at model or --rules FILE holding [["^model_001/", ""], '
         '["^global_step$", null]].')
+
+
+def test_inspect_says_when_a_directory_falls_back_to_an_older_checkpoint(tmp_path, capsys):
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(root=build("module")),
+                                         str(tmp_path), 2)
+    older, newest = manager.save(), manager.save()
+    os.remove(newest + ".data-00000-of-00001")
+    status, out, err = _in_process(capsys, "inspect", tmp_path)
+    assert status == 0 and out.startswith(f"checkpoint {older}: ")
+    assert err.startswith(f"objckpt inspect: note: skipped `{newest}`: its data file")
