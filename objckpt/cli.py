@@ -65,19 +65,16 @@ problem), 2 on a usage error.
 from __future__ import annotations
 
 import argparse
-import ast
 import contextlib
 import json
 import math
 import os
-import re
 import sys
-import threading
 
 from absl import app
 from absl.flags import argparse_flags
 
-from objckpt import _render, errors
+from objckpt import _render, _terminal, errors
 from objckpt._render import inspect_json, inspect_text  # noqa: F401 (public in the CLI)
 
 
@@ -297,7 +294,7 @@ def _migrate(args) -> int:
     if args.dry_run:
         plan = _match.plan(args.source, obj, rules=rules, at=args.at,
                            optimizer_state=args.optimizer_state)
-        print(cli_words(plan.describe()))
+        print(_terminal.cli_words(plan.describe()))
         return 0 if plan.complete else 1
     prefix = _migrate.migrate(args.source, obj, args.out, rules=rules, at=args.at,
                               optimizer_state=args.optimizer_state)
@@ -319,7 +316,8 @@ def _graph(args) -> int:
     if not args.out:
         # The caption's advice in the CLI's words; names in the nodes are data, left as is.
         caption, _, rest = picture.dot.partition("\n  node [")
-        sys.stdout.write(cli_words(caption) + "\n  node [" + rest if rest else picture.dot)
+        sys.stdout.write(_terminal.cli_words(caption) + "\n  node [" + rest if rest
+                         else picture.dot)
         return 0
     picture.save(args.out, format=fmt)
     print(f"wrote {_render.safe(args.out)}: {picture!r}")
@@ -340,90 +338,6 @@ def _demo(args) -> int:
     return _demo.run(out=args.out, epochs=args.epochs)
 
 
-# The library's advice names Python arguments; the command line's flags stand for them.
-_WORDS = ((re.compile(r"format='dot'"), "--format dot"),
-          (re.compile(r"optimizer_state=True"), "--optimizer-state"),
-          (re.compile(r"\bat=\.\.\."), "--at NAME"),
-          (re.compile(r"\bat=(['\"])([^'\"]*)\1"), r"--at \2"),
-          (re.compile(r"\bdepth=N\b"), "--depth N"),
-          (re.compile(r"\bempty=True"), "--empty"),
-          (re.compile(r"objckpt\.plan\(source, obj, rules=\.\.\.\)"),
-           "objckpt migrate --dry-run --rules FILE"),
-          (re.compile(r"\brules=\.\.\."), "--rules FILE"))
-_RULES = re.compile(r"\brules=\[")
-
-
-def cli_words(text: str) -> str:
-    """Text from the library with its Python arguments in the command line's words:
-    `format='dot'` -> `--format dot`, `optimizer_state=True` -> `--optimizer-state`,
-    `at="model"` -> `--at model`, `depth=N` -> `--depth N`, `empty=True` -> `--empty`, and
-    `rules=[("^a/", "")]` -> `--rules FILE holding [["^a/", ""]]` (the JSON the file holds).
-    """
-    for pattern, words in _WORDS:
-        text = pattern.sub(words, text)
-    out, pos = [], 0
-    for match in _RULES.finditer(text):
-        if match.start() < pos:
-            continue
-        depth, end = 0, None
-        for at in range(match.end() - 1, len(text)):
-            depth += {"[": 1, "]": -1}.get(text[at], 0)
-            if depth == 0:
-                end = at + 1
-                break
-        if end is None:
-            break
-        try:
-            rules = ast.literal_eval(text[match.end() - 1:end])
-            shown = json.dumps([list(rule) for rule in rules])
-        except (ValueError, SyntaxError, TypeError):
-            shown = text[match.end() - 1:end]
-        out.append(text[pos:match.start()] + f"--rules FILE holding {shown}")
-        pos = end
-    return "".join(out) + text[pos:]
-
-
-# TF's start-up lines (C++ logging before absl is initialised, CUDA probing on a machine
-# without a GPU, CPU feature notes, plugin registration): not for the terminal of a CLI.
-_TF_NOISE = re.compile(
-    r"All log messages before absl::InitializeLog|oneDNN custom operations are on|"
-    r"cudart_stub\.cc|Could not find cuda drivers|failed call to cuInit|"
-    r"cpu_feature_guard\.cc|rebuild TensorFlow with the appropriate compiler flags|"
-    r"TF-TRT Warning|Unable to register cu(DNN|FFT|BLAS) factory|"
-    r"computation_placer\.cc|oneDNN supports DT_HALF only|Unable to register factory")
-
-
-@contextlib.contextmanager
-def _quiet_tf():
-    """Filters TF's start-up noise out of this process's stderr (file descriptor 2, where
-    TF's C++ code writes); every other line (errors, warnings) reaches the terminal."""
-    try:
-        terminal = os.dup(2)
-        read_end, write_end = os.pipe()
-    except OSError:  # no stderr to filter
-        yield
-        return
-
-    def pump() -> None:
-        with os.fdopen(read_end, "rb") as pipe:
-            for line in pipe:
-                if not _TF_NOISE.search(line.decode("utf-8", "replace")):
-                    os.write(terminal, line)
-
-    sys.stderr.flush()
-    os.dup2(write_end, 2)
-    os.close(write_end)
-    thread = threading.Thread(target=pump, name="objckpt-stderr", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        sys.stderr.flush()
-        os.dup2(terminal, 2)  # closes the pipe's last write end here: the pump sees its end
-        thread.join(timeout=10)
-        os.close(terminal)
-
-
 _COMMANDS = {"inspect": (_inspect, False), "diff": (_diff, False), "graph": (_graph, False),
              "migrate": (_migrate, True), "verify": (_verify, True), "demo": (_demo, True)}
 
@@ -432,13 +346,13 @@ def main(args) -> int:
     command, imports_tf = _COMMANDS.get(args.command, (None, False))
     try:
         if command is not None:
-            with _quiet_tf() if imports_tf else contextlib.nullcontext():
+            with _terminal.quiet_tf() if imports_tf else contextlib.nullcontext():
                 return command(args)
     except errors.ObjckptError as err:
         # Messages escape the names they quote; this keeps any control character that got
         # through (from TF's own text, say) off the terminal all the same.
-        print(f"objckpt {args.command}: {cli_words(_render.safe_text(err, lines=True))}",
-              file=sys.stderr)
+        text = _terminal.cli_words(_render.safe_text(err, lines=True))
+        print(f"objckpt {args.command}: {text}", file=sys.stderr)
         return 1
     raise app.UsageError(f"unknown command {args.command!r}", exitcode=2)
 

@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 import objckpt
-from objckpt import _bundle, _compat, _diff, _meta, _objgraph, cli, errors
+from objckpt import _bundle, _compat, _diff, _meta, _objgraph, _terminal, cli, errors
 
 from flavours import build, keras_for, session_flavour
 
@@ -294,7 +294,7 @@ def test_crc32c_of_large_data_equals_byte_by_byte():
 
 
 def test_tf_start_up_noise_is_filtered_and_errors_still_show(capfd, checkpoints):
-    with cli._quiet_tf():
+    with _terminal.quiet_tf():
         os.write(2, b"WARNING: All log messages before absl::InitializeLog() is called are "
                     b"written to STDERR\nE0000 00:00 cuda_platform.cc:52] failed call to cuInit: "
                     b"INTERNAL\nE0000 a real problem\n")
@@ -316,8 +316,9 @@ def test_errors_and_advice_speak_the_command_lines_words(checkpoints, capsys, mo
     assert "(--format dot)" in err and "format='dot'" not in err
     _, dot, _ = _in_process(capsys, "graph", checkpoints[session_flavour()], "--depth", "1")
     assert "collapsed below depth 1 (--depth N to change)" in dot and "depth=N" not in dot
-    assert cli.cli_words("pass optimizer_state=True, at=\"model\" or rules=[('^model_001/', ''), "
-                         "('^global_step$', None)].") == (
+    advice = ("pass optimizer_state=True, at=\"model\" or rules=[('^model_001/', ''), "
+              "('^global_step$', None)].")
+    assert _terminal.cli_words(advice) == (
         'pass --optimizer-state, --at model or --rules FILE holding [["^model_001/", ""], '
         '["^global_step$", null]].')
 

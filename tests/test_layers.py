@@ -56,6 +56,7 @@ LAYERS = [
     "objckpt._manager",  # CheckpointManager: the directory of Checkpointing, for custom loops
     "objckpt",  # the public facade (imports the modules above lazily)
     "objckpt._demo",  # uses the public API, as users do
+    "objckpt._terminal",  # the command line's words, TF's start-up noise kept off stderr
     "objckpt.cli",  # nothing imports it but __main__
     "objckpt.__main__",
 ]
