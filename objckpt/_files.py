@@ -25,7 +25,8 @@ __all__ = ["DATA_SUFFIX", "STATE_FILE", "STATE_FILE_LIMIT", "check_intact", "com
            "data_files_problem", "data_shards", "inside", "intact_prefixes", "listdir",
            "nearby_prefixes", "open_checked", "open_reader", "read_state",
            "regular_file_problem", "remove", "rename", "resolve_prefix", "state_candidates",
-           "state_prefixes", "temp_prefix", "write_state", "write_tensors"]
+           "state_prefixes", "state_timestamps", "temp_prefix", "write_state",
+           "write_tensors"]
 
 STATE_FILE = "checkpoint"
 DATA_SUFFIX = ".data-00000-of-00001"

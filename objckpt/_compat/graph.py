@@ -34,7 +34,6 @@ __all__ = [
     "keras_layers",
     "live_object_graph",
     "network_variable_paths",
-    "parse_checkpoint_state",
     "rng_state_variables",
     "variable_edges",
     "variable_holders",
@@ -420,16 +419,6 @@ def keras_layers(node) -> list:
         return list(flatten(include_self=True, recursive=True)) if flatten else [node]
     except Exception:  # a layer that cannot list its sublayers yet
         return [node]
-
-
-def parse_checkpoint_state(data: bytes):
-    """Parses the text of a TF `checkpoint` state file into its proto."""
-    from google.protobuf import text_format
-    from tensorflow.python.training import checkpoint_state_pb2
-
-    state = checkpoint_state_pb2.CheckpointState()
-    text_format.Merge(data.decode("utf-8"), state)
-    return state
 
 
 class LiveNodes(NamedTuple):
