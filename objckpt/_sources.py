@@ -17,6 +17,12 @@ from objckpt import _compat, _files, _paths, _render, _tree, errors
 
 __all__ = ["BOOKKEEPING", "Source", "keras3_slot_owners", "open_source", "snapshot_source"]
 
+# Openers of the formats beside TF checkpoints, tried in order by `open_source`: each takes
+# a path and returns None when the path is not in its format, else the fields of a `Source`
+# (a dict of keyword arguments), after validating the file as untrusted input. They live in
+# the modules below this one in tests/test_layers.py's LAYERS and know nothing of `Source`.
+FORMATS: tuple = ()
+
 # Entries tf.train.Checkpoint or Saver add for themselves; never "unexpected".
 BOOKKEEPING = frozenset({"save_counter", _compat.OBJECT_GRAPH_KEY})
 
@@ -215,6 +221,10 @@ def open_source(source) -> Source:
             "A source must be an objckpt.Snapshot, a checkpoint prefix or a directory of "
             f"checkpoints. Received: source of type {type(source).__name__}. Fix: pass "
             "objckpt.snapshot(obj) or a path.")
+    for opener in FORMATS:  # other formats first: each says whether a path is its own
+        fields = opener(os.fspath(source))
+        if fields is not None:
+            return Source(**fields)
     prefix, notes = _files.resolve_prefix(source)
     try:
         return _object_source(prefix, notes)
