@@ -12,7 +12,8 @@ import tensorflow as tf
 
 import objckpt
 from objckpt import errors
-from tests import flavours
+
+import flavours
 
 
 def _mlp(keras, width, kind):
