@@ -1,0 +1,253 @@
+"""Keras 3 weights files as sources: `.weights.h5` and the weights inside a `.keras` zip.
+
+Keras 3 `model.save_weights("w.weights.h5")` writes HDF5 with each object's own variables
+under `<path>/vars/<i>`: `layers/conv2d/vars/0`, nested `layers/functional/layers/dense/vars/1`,
+the optimizer's under `optimizer/vars/<i>` (layer paths come from class names, not layer
+names: see `_compat.keras_weights_layout`). `model.save("m.keras")` zips that file as
+`model.weights.h5` beside `config.json` and `metadata.json`. Keys here are those HDF5 paths;
+the obj's variables are found under the same layout (strategy "keras layout" of a plan).
+
+Both are untrusted: the HDF5 is read through `_h5` (structure and every dataset's metadata
+checked before data); the zip is checked before a byte is inflated: no absolute or `..`
+member names, no symbolic links, no encrypted members, sizes and compression ratios
+bounded, the weights member read into memory (bounded) and checked against its declared
+size (zipfile checks its CRC). `config.json` is never read: no class is loaded, no code
+runs. `metadata.json` is read as JSON data (bounded) for the Keras version only.
+
+Entry points: `open_keras3(path)` (an opener of `_sources.FORMATS`), `listing(path)` (a
+lister of `_meta.FORMATS`, TF-free) and `check(path)` (a checker of `_verify.FORMATS`).
+Each returns None when `path` is no Keras 3 weights file (a Keras 2 HDF5 file included).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import zipfile
+
+from objckpt import _bundle, _h5, _render, errors
+
+__all__ = ["MAX_MEMBER_BYTES", "MAX_RATIO", "WEIGHTS_MEMBER", "check", "listing",
+           "open_keras3"]
+
+WEIGHTS_MEMBER = "model.weights.h5"
+MAX_MEMBER_BYTES = 1 << 36  # 64 GiB: the weights member is read into memory
+MAX_RATIO = 100  # inflated bytes per compressed byte, above _RATIO_FLOOR
+_RATIO_FLOOR = 1 << 24
+_MAX_MEMBERS = 100_000
+_MAX_METADATA = 1 << 16
+_ZIP_MAGIC = b"PK\x03\x04"
+# NumPy dtype names `_h5` accepts -> TF's DataType enum (as checkpoints store it).
+_DATATYPES = {"float32": 1, "float64": 2, "int32": 3, "uint8": 4, "int16": 5, "int8": 6,
+              "complex64": 8, "int64": 9, "bool": 10, "bfloat16": 14, "uint16": 17,
+              "complex128": 18, "float16": 19, "uint32": 22, "uint64": 23}
+
+
+class _Opened:
+    """A Keras 3 weights file found at a path: how to (re)open its HDF5, and its name."""
+
+    def __init__(self, path: str, description: str, data: bytes | None, notes=()):
+        self.path, self.description, self.data, self.notes = path, description, data, notes
+
+    def h5(self) -> _h5.H5File:
+        if self.data is None:
+            return _h5.open_file(self.path)
+        return _h5.open_bytes(self.data, f"{self.path}:{WEIGHTS_MEMBER}")
+
+
+def _find(path: str) -> _Opened | None:
+    """The Keras 3 weights file at `path`, or None when `path` is in another format."""
+    if _bundle.regular_file_problem(path) is not None:
+        return None  # a directory or a prefix: TF checkpoints, SavedModels
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(8)
+    except OSError:
+        return None
+    if head.startswith(_ZIP_MAGIC):
+        if not path.endswith(".keras") and not _has_member(path, WEIGHTS_MEMBER):
+            return None
+        data, notes = _zip_weights(path)
+        return _Opened(path, f"Keras 3 model file `{path}` (its {WEIGHTS_MEMBER}; "
+                             "config.json not loaded)", data, notes)
+    if head != _h5.SIGNATURE:
+        return None
+    with _h5.open_file(path) as h5:
+        if h5.has("model_weights") or h5.attr_strings("", "layer_names") is not None:
+            return None  # Keras 2 / tf_keras HDF5: model_weights/<layer>/<layer>/kernel:0
+    return _Opened(path, f"Keras 3 weights file `{path}`", None)
+
+
+def _has_member(path: str, name: str) -> bool:
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return name in archive.namelist()
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError):
+        return False
+
+
+def _zip_problem(info: zipfile.ZipInfo) -> str | None:
+    name = info.filename
+    parts = name.replace("\\", "/").split("/")
+    if name.startswith(("/", "\\")) or (len(name) > 1 and name[1] == ":"):
+        return "has an absolute path"
+    if ".." in parts:
+        return "climbs out of the archive (`..`)"
+    if "\0" in name:
+        return "holds a NUL character"
+    if stat.S_ISLNK(info.external_attr >> 16):
+        return "is a symbolic link"
+    if info.flag_bits & 0x1:
+        return "is encrypted"
+    if info.file_size > MAX_MEMBER_BYTES:
+        return f"claims {info.file_size:,} bytes (at most {MAX_MEMBER_BYTES:,} are read)"
+    if info.compress_type != zipfile.ZIP_STORED and info.file_size > _RATIO_FLOOR and \
+            info.file_size > MAX_RATIO * max(info.compress_size, 1):
+        return (f"inflates {info.compress_size:,} bytes to {info.file_size:,} (more than "
+                f"{MAX_RATIO}x: a zip bomb)")
+    return None
+
+
+def _zip_fail(path: str, member: str | None, problem: str) -> errors.CheckpointCorruptError:
+    where = f"`{_render.safe(path)}`" + (f": member `{_render.safe(member)}`" if member else "")
+    return errors.CheckpointCorruptError(
+        f"Keras file {where} {problem}. objckpt reads no such archive; nothing was changed. "
+        "Fix: use a `.keras` file written by Keras's `model.save`, or its weights saved with "
+        "`model.save_weights(\"w.weights.h5\")`.")
+
+
+def _zip_weights(path: str) -> tuple[bytes, tuple]:
+    """The bytes of the weights member of a `.keras` zip, every member checked first."""
+    try:
+        archive = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as err:
+        raise _zip_fail(path, None, f"is not a readable zip archive ({_render.first_line(err)})"
+                        ) from err
+    with archive:
+        infos = archive.infolist()
+        if len(infos) > _MAX_MEMBERS:
+            raise _zip_fail(path, None, f"holds {len(infos):,} members")
+        for info in infos:
+            problem = _zip_problem(info)
+            if problem is not None:
+                raise _zip_fail(path, info.filename, problem)
+        found = [info for info in infos if info.filename == WEIGHTS_MEMBER]
+        if len(found) != 1:
+            other = any(i.filename == "model.weights.npz" for i in infos)
+            raise _zip_fail(path, None, "holds its weights as `model.weights.npz`, which "
+                            "objckpt does not read" if other else
+                            f"holds {len(found)} members named `{WEIGHTS_MEMBER}` (expected 1)")
+        notes = _keras_version(archive, infos)
+        info = found[0]
+        try:
+            with archive.open(info) as member:
+                data = member.read(info.file_size + 1)
+        except (zipfile.BadZipFile, OSError, ValueError, EOFError, RuntimeError,
+                NotImplementedError) as err:
+            raise _zip_fail(path, info.filename, f"cannot be read ({_render.first_line(err)})"
+                            ) from err
+        if len(data) != info.file_size:
+            raise _zip_fail(path, info.filename, f"holds {len(data):,} bytes, not the "
+                            f"{info.file_size:,} its header declares")
+    return data, notes
+
+
+def _keras_version(archive, infos) -> tuple:
+    """A note naming the Keras version from `metadata.json` (plain JSON data), if any."""
+    meta = [i for i in infos if i.filename == "metadata.json" and i.file_size <= _MAX_METADATA]
+    if len(meta) != 1:
+        return ()
+    try:
+        found = json.loads(archive.read(meta[0]))
+    except (ValueError, OSError, zipfile.BadZipFile, RuntimeError, RecursionError):
+        return ()
+    version = found.get("keras_version") if isinstance(found, dict) else None
+    return (f"written by Keras {_render.safe(version[:40])}",) if isinstance(version, str) \
+        else ()
+
+
+def open_keras3(path: str) -> dict | None:
+    """An opener of `_sources.FORMATS`: a Keras 3 `.weights.h5` or `.keras` as Source fields.
+
+    Returns None when `path` is not such a file.
+
+    Raises:
+      CheckpointCorruptError: the file is damaged or hostile (names the member or dataset).
+    """
+    opened = _find(path)
+    if opened is None:
+        return None
+    import tensorflow as tf  # only here: the sources' specs and values are TF's
+
+    with opened.h5() as h5:
+        datasets = h5.datasets()
+    specs = {key: (d.shape, tf.as_dtype(d.dtype)) for key, d in datasets.items()}
+
+    def fetch(keys) -> list:
+        with opened.h5() as h5:
+            return [_tensor(tf, h5.read(datasets[key]), datasets[key].dtype) for key in keys]
+
+    def subtree(at: str) -> dict:
+        head = at.strip("/") + "/"
+        return {key[len(head):]: key for key in datasets if key.startswith(head)}
+
+    top = list(dict.fromkeys(key.split("/", 1)[0] for key in datasets))
+    return {"description": opened.description, "kind": "object", "specs": specs,
+            "fetch": fetch, "subtree": subtree, "top_level_names": top, "prefix": path,
+            "notes": tuple(opened.notes),
+            "structure": lambda: ("keras3 weights", tuple(
+                (key, d.shape, d.dtype) for key, d in datasets.items()))}
+
+
+def _tensor(tf, value, dtype: str):
+    if dtype == "bfloat16":  # exact through float32, whatever bfloat16 type TF knows
+        return tf.cast(tf.constant(value.astype("float32")), tf.bfloat16)
+    return tf.constant(value)
+
+
+def listing(path: str) -> dict | None:
+    """A reader of `_meta.FORMATS` (TF-free): the file's datasets as variables, or None.
+
+    Each variable is (path, shown, shape, DataType enum, key, name): the HDF5 path is the
+    path, the shown path and the key; Keras 3 files save no variable names.
+    """
+    opened = _find(path)
+    if opened is None:
+        return None
+    with opened.h5() as h5:
+        datasets = h5.datasets()
+    return {"prefix": path, "notes": (opened.description, *opened.notes), "index": None,
+            "graph": None,
+            "variables": [(key, key, d.shape, _DATATYPES[d.dtype], key, "")
+                          for key, d in datasets.items()]}
+
+
+def check(path: str) -> tuple | None:
+    """A checker of `_verify.FORMATS`: reads every dataset once.
+
+    Returns None when `path` is not a Keras 3 weights file, else (datasets read, bytes read,
+    [(entry, problem)], notes); a file that cannot be opened at all is one problem.
+    """
+    try:
+        opened = _find(path)
+    except errors.CheckpointCorruptError as err:
+        if not os.path.basename(path).endswith((".keras", ".weights.h5")):
+            raise
+        return 0, 0, [("", _render.first_line(err))], ()
+    if opened is None:
+        return None
+    count, nbytes, problems = 0, 0, []
+    try:
+        with opened.h5() as h5:
+            for key, dataset in h5.datasets().items():
+                try:
+                    h5.read(dataset)
+                except errors.CheckpointCorruptError as err:
+                    problems.append((key, _render.first_line(err)))
+                    continue
+                count += 1
+                nbytes += dataset.nbytes
+    except errors.CheckpointCorruptError as err:
+        problems.append(("", _render.first_line(err)))
+    return count, nbytes, problems, (f"{opened.description}", *opened.notes)
