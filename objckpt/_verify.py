@@ -15,7 +15,7 @@ import bisect
 import dataclasses
 import os
 
-from objckpt import _bundle, _paths, _render, errors
+from objckpt import _bundle, _paths, _render, _savedmodel, errors
 
 __all__ = ["Problem", "VerifyReport", "tensor_problems", "verify"]
 
@@ -106,7 +106,9 @@ def verify(source) -> VerifyReport:
     Args:
       source: a checkpoint prefix (object-based or name-based) or a directory
         of managed checkpoints (every checkpoint its state file names is
-        checked, and the state file itself).
+        checked, and the state file itself), or a SavedModel directory (its
+        `saved_model.pb` against its checkpoint `variables/variables`, then
+        that checkpoint).
 
     Returns:
       A `VerifyReport`; `.ok` is True when nothing is wrong, `.problems` lists
@@ -121,7 +123,14 @@ def verify(source) -> VerifyReport:
       >>> report.ok, [str(p) for p in report.problems]
     """
     source = os.fspath(source)
-    prefixes, problems = _prefixes(source)
+    saved = _savedmodel.find(source)
+    if saved is not None:  # a SavedModel: saved_model.pb against its checkpoint, then that
+        prefix = os.path.join(saved, "variables", "variables")
+        problems = [Problem(saved, _savedmodel.PB, problem)
+                    for problem in _savedmodel.problems(saved)]
+        prefixes = [prefix] if os.path.exists(prefix + ".index") else []
+    else:
+        prefixes, problems = _prefixes(source)
     total, nbytes, notes = 0, 0, []
     for prefix in prefixes:
         count, size, found, remarks = _verify_prefix(prefix)

@@ -1,0 +1,467 @@
+"""SavedModel directories as sources, read without loading or executing anything.
+
+A TF2 SavedModel (`tf.saved_model.save`, Keras 3 `model.export`, tf_keras and Keras 2
+`model.save(dir)`) keeps its variables in an object-based checkpoint, `dir/variables/variables`,
+and in `dir/saved_model.pb` a `SavedObjectGraph` whose node i is node i of that checkpoint's
+object graph: its `variable` nodes (`SavedVariable`) say each variable's dtype, shape and name.
+Only that much of `saved_model.pb` is decoded, with `_bundle`'s strict wire decoder from a
+memory map: `graph_def`, functions, signatures and Keras metadata are skipped unread, and
+nothing is loaded, traced or evaluated (never `tf.saved_model.load`). TensorFlow is imported
+only to read tensor values (RestoreV2), as for checkpoints.
+
+Every variable is keyed by the path people know: a walk from the root that takes the lists a
+SavedModel adds for serving (`variables`, `trainable_variables`, `keras_api`, ...) and
+optimizers last, so a tf_keras model's nested weight is `layer_with_weights-2/
+layer_with_weights-0/kernel` as in the model's own checkpoint, not `variables/6`; TF's
+canonical path is an alias when it differs. Left out, with a note: the Keras 3 export's second
+copy of its weights (`_all_variables`, the backend variables of `variables`) and Keras
+metrics reachable only through `keras_api`.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from typing import NamedTuple
+
+from objckpt import _bundle, _objgraph, _paths, _render, errors
+
+__all__ = ["SavedVariable", "Variables", "find", "open_savedmodel", "problems",
+           "read_metadata", "read_variables"]
+
+PB = "saved_model.pb"
+_MAX_PB = 1 << 31  # protobuf's own limit for one message
+# Edges a SavedModel adds beside a model's own: walked last, so a weight keeps its model path.
+_SERVING_EDGES = frozenset({
+    "variables", "trainable_variables", "non_trainable_variables", "keras_api",
+    "_all_variables", "regularization_losses", "signatures", "weights", "trainable_weights",
+    "non_trainable_weights", "_default_save_signature"})
+
+
+class SavedVariable(NamedTuple):
+    """A `variable` node of `saved_model.pb`: DataType enum, shape (None: unknown), name."""
+
+    dtype: int
+    shape: tuple | None
+    name: str
+    trainable: bool
+
+
+class Variables(NamedTuple):
+    """A SavedModel's variables, checked against its checkpoint.
+
+    Attributes:
+      directory: the SavedModel directory; prefix: its `variables/variables`.
+      entries: ordered (key, canonical path, checkpoint key, shape, DataType enum, name),
+        key being the path people know (see the module docstring).
+      notes: what was left out, and why.
+      index: the validated `_bundle.Index`; graph: the checkpoint's object graph.
+      optimizer: whether the SavedModel holds optimizer state.
+    """
+
+    directory: str
+    prefix: str
+    entries: tuple
+    notes: tuple
+    index: object
+    graph: object
+    optimizer: bool
+
+
+def find(path: str) -> str | None:
+    """The SavedModel directory `path` names (the directory, its `saved_model.pb`, or its
+    `variables/variables` prefix), or None."""
+    path = os.fspath(path)
+    if "://" in path:
+        return None
+    if os.path.basename(path) == PB and os.path.isfile(path):
+        return os.path.dirname(path) or "."
+    if os.path.isdir(path):
+        if os.path.exists(os.path.join(path, PB)):
+            return path
+        if os.path.exists(os.path.join(path, "saved_model.pbtxt")):
+            raise errors.UnsupportedObjectError(
+                f"SavedModel `{_render.safe(path)}` is in text form (`saved_model.pbtxt`), "
+                f"which objckpt does not read. Expected `{PB}`. Fix: pass its checkpoint "
+                f"`{_render.safe(os.path.join(path, 'variables', 'variables'))}` instead.")
+        return None
+    bare = path[:-len(".index")] if path.endswith(".index") else path
+    head, leaf = os.path.split(bare)
+    if leaf == "variables" and os.path.basename(head) == "variables":
+        directory = os.path.dirname(head) or "."
+        if os.path.isfile(os.path.join(directory, PB)):
+            return directory
+    return None
+
+
+# --- saved_model.pb ----------------------------------------------------------------------
+
+def _read_pb(directory: str) -> dict:
+    """{node id: SavedVariable} and the node count of the SavedObjectGraph, or None for a
+    TF1 SavedModel (no object graph). Raises CheckpointCorruptError."""
+    path = os.path.join(directory, PB)
+    problem = _bundle.regular_file_problem(path, _MAX_PB)
+    if problem is not None:
+        raise _damaged(directory, f"{problem}; not opened")
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size == 0:
+                raise _damaged(directory, f"`{PB}` is empty")
+            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except OSError as err:
+        raise _damaged(directory, f"`{PB}` cannot be read ({_render.first_line(err)})") from err
+    try:
+        return _parse_saved_model(data)
+    except _bundle.WireError as err:
+        raise _damaged(directory, f"`{PB}` does not parse: {err}") from None
+    finally:
+        data.close()
+
+
+def _parse_saved_model(data) -> tuple | None:
+    found = None
+    for number, wire, value in _bundle.fields(data, 0, len(data)):
+        if number == 1:  # saved_model_schema_version
+            _bundle.expect_wire(wire, 0, "SavedModel", number)
+        elif number == 2:  # meta_graphs: each checked; the first with an object graph is used
+            _bundle.expect_wire(wire, 2, "SavedModel", number)
+            graph = _parse_meta_graph(data, *value)
+            if found is None and graph is not None:
+                found = graph
+    return found
+
+
+def _parse_meta_graph(data, start: int, end: int):
+    seen: set = set()
+    graph = None
+    for number, wire, value in _bundle.fields(data, start, end):
+        if number == 7:  # object_graph_def; graph_def, signatures, ...: skipped unread
+            _bundle.expect_wire(wire, 2, "MetaGraphDef", number)
+            _bundle.singular(seen, number, "MetaGraphDef")
+            graph = _parse_object_graph(data, *value)
+    return graph
+
+
+def _parse_object_graph(data, start: int, end: int) -> tuple:
+    count, variables = 0, {}
+    for number, wire, value in _bundle.fields(data, start, end):
+        if number == 1:
+            _bundle.expect_wire(wire, 2, "SavedObjectGraph", number)
+            try:
+                variable = _parse_object(data, *value)
+            except _bundle.WireError as err:
+                raise _bundle.WireError(f"object {count}: {err}") from None
+            if variable is not None:
+                variables[count] = variable
+            count += 1
+    return count, variables
+
+
+def _parse_object(data, start: int, end: int) -> SavedVariable | None:
+    variable, kinds = None, set()
+    for number, wire, value in _bundle.fields(data, start, end):
+        if 4 <= number <= 12 and number != 11:  # the `kind` oneof: one member at most
+            _bundle.expect_wire(wire, 2, "SavedObject", number)
+            _bundle.singular(kinds, "kind", "SavedObject")
+            if number == 7:
+                variable = _parse_variable(data, *value)
+    return variable
+
+
+def _parse_variable(data, start: int, end: int) -> SavedVariable:
+    dtype, shape, name, trainable, seen = 0, (), "", False, set()
+    for number, wire, value in _bundle.fields(data, start, end):
+        if number in (1, 3):
+            _bundle.expect_wire(wire, 0, "SavedVariable", number)
+            _bundle.singular(seen, number, "SavedVariable")
+            if number == 1:
+                dtype = _bundle.int32(value)
+            else:
+                trainable = bool(value)
+        elif number in (2, 6):
+            _bundle.expect_wire(wire, 2, "SavedVariable", number)
+            _bundle.singular(seen, number, "SavedVariable")
+            if number == 2:
+                shape = _parse_shape(data, *value)
+            else:
+                try:
+                    name = bytes(data[value[0]:value[1]]).decode("utf-8")
+                except UnicodeDecodeError:
+                    raise _bundle.WireError("a variable name is not UTF-8") from None
+    return SavedVariable(dtype, shape, name, trainable)
+
+
+def _parse_shape(data, start: int, end: int) -> tuple | None:
+    dims: list = []
+    for number, wire, value in _bundle.fields(data, start, end):
+        if number == 2:
+            _bundle.expect_wire(wire, 2, "TensorShapeProto", number)
+            size = -1
+            for n, w, v in _bundle.fields(data, *value):
+                if n == 1:
+                    _bundle.expect_wire(w, 0, "Dim", n)
+                    size = v - (1 << 64) if v >= 1 << 63 else v
+            dims.append(size)
+        elif number == 3:
+            _bundle.expect_wire(wire, 0, "TensorShapeProto", number)
+            if value:
+                return None
+    return None if any(d < 0 for d in dims) else tuple(dims)
+
+
+def _damaged(directory: str, problem: str) -> errors.CheckpointCorruptError:
+    return errors.CheckpointCorruptError(
+        f"SavedModel `{_render.safe(directory)}` cannot be read: {problem}. Nothing was read "
+        "into any variable. Fix: export or save the model again, or restore from its "
+        "checkpoint.")
+
+
+# --- the variables, checked against the checkpoint ----------------------------------------
+
+def read_variables(directory: str) -> Variables:
+    """Reads a SavedModel's variables from `saved_model.pb` and its checkpoint, TF-free.
+
+    Raises:
+      CheckpointCorruptError: `saved_model.pb` or the checkpoint is damaged, they disagree,
+        or the checkpoint is missing while `saved_model.pb` lists variables.
+      NotObjectBasedError: a TF1 SavedModel (no object graph).
+    """
+    found = _read_pb(directory)
+    prefix = os.path.join(directory, "variables", "variables")
+    shown_dir = _render.safe(directory)
+    if found is None:
+        raise errors.NotObjectBasedError(
+            f"SavedModel `{shown_dir}` has no object graph: it was written by TF1's "
+            "SavedModelBuilder, so its variables are keyed by global name only. Fix: pass its "
+            f"name-based checkpoint `{_render.safe(prefix)}` with rules, e.g. "
+            "rules=[('^dense/', 'hidden/')].")
+    count, saved = found
+    if not os.path.exists(prefix + ".index"):
+        if not saved:
+            return Variables(directory, prefix, (), (), None, None, False)
+        raise _damaged(directory, f"`{PB}` lists {len(saved)} variables but their checkpoint "
+                       f"`{_render.safe(prefix)}.index` is missing")
+    index = _bundle.read_index(prefix)  # CheckpointCorruptError names the file and entry
+    graph = _objgraph.read_object_graph(index)
+    for problem in _disagreements(count, saved, index, graph):
+        raise _damaged(directory, problem)
+    return _entries(directory, prefix, saved, index, graph)
+
+
+def _disagreements(count: int, saved: dict, index, graph):
+    """What differs between `saved_model.pb` and its checkpoint, one line each."""
+    if graph is None:
+        yield "its checkpoint `variables/variables` has no object graph"
+        return
+    if len(graph.nodes) != count:
+        yield (f"`{PB}` has {count} objects but its checkpoint's object graph "
+               f"{len(graph.nodes)}")
+        return
+    for node_id, variable in saved.items():
+        attribute = next((a for a in graph.nodes[node_id].attributes
+                          if a.name == _paths.VARIABLE_VALUE), None)
+        entry = None if attribute is None else index.entries.get(attribute.checkpoint_key)
+        if entry is None:
+            yield (f"variable `{_render.safe(variable.name)}` (object {node_id}) has no value "
+                   "in the checkpoint")
+        elif entry.dtype != variable.dtype or (variable.shape is not None
+                                               and entry.shape != variable.shape):
+            yield (f"variable `{_render.safe(variable.name)}` (object {node_id}) is declared "
+                   f"{variable.shape} of DataType {variable.dtype} but its checkpoint holds "
+                   f"{entry.shape} of DataType {entry.dtype}")
+
+
+def problems(directory: str) -> list[str]:
+    """Every problem of a SavedModel beyond its checkpoint's own (which `verify` checks):
+    `saved_model.pb` damaged, the checkpoint missing, or the two disagreeing."""
+    try:
+        found = _read_pb(directory)
+    except errors.CheckpointCorruptError as err:
+        return [str(err).split(". Nothing was read")[0]]
+    if found is None:
+        return ["no object graph (a TF1 SavedModel): its variables are checked by name only"]
+    count, saved = found
+    prefix = os.path.join(directory, "variables", "variables")
+    if not os.path.exists(prefix + ".index"):
+        return [f"`{PB}` lists {len(saved)} variables but `variables/variables.index` is "
+                "missing"] if saved else []
+    try:
+        index = _bundle.read_index(prefix)
+        graph = _objgraph.read_object_graph(index, check=False)
+    except errors.ObjckptError:
+        return []  # the checkpoint's own problems: verify lists them
+    return list(_disagreements(count, saved, index, graph))
+
+
+def _walk(graph) -> dict:
+    """node id -> path people know: serving lists and optimizers walked last; slots too."""
+    def last(node_id, name):
+        return name in _SERVING_EDGES or _paths.is_optimizer_node(graph, node_id, name)
+
+    paths = {0: ""}
+    for parent, name, node in _paths.graph_walk(graph, defer=last):
+        local = _paths.escape(name)
+        paths[node] = f"{paths[parent]}/{local}" if paths[parent] else local
+    for node_id in list(paths):
+        for slot in graph.nodes[node_id].slot_variables:
+            variable = paths.get(slot.original_variable_node_id)
+            if variable is not None and slot.slot_variable_node_id not in paths:
+                paths[slot.slot_variable_node_id] = _paths.slot_path(
+                    variable, paths[node_id], slot.slot_name)
+    return paths
+
+
+def _entries(directory, prefix, saved, index, graph) -> Variables:
+    shown = _walk(graph)
+    without_metrics = _paths.graph_paths(
+        graph, skip=lambda node_id, name: name == "keras_api")
+    rows, metrics, copies = [], [], []
+    root = {c.local_name: c.node_id for c in graph.nodes[0].children}
+    duplicates = _export_copies(graph, root, saved)
+    for node_id, path in shown.items():
+        for attribute in graph.nodes[node_id].attributes:
+            if attribute.name != _paths.VARIABLE_VALUE:
+                continue
+            key = attribute.checkpoint_key
+            entry = index.entries[key]
+            name = saved[node_id].name if node_id in saved else attribute.full_name
+            name = name[:-2] if name.endswith(":0") else name
+            if node_id in duplicates:
+                copies.append(path)
+            elif node_id not in without_metrics and _paths.split_slot(path) is None:
+                metrics.append(name or path)
+            else:
+                rows.append((path, _paths.path_of_key(key), key, entry.shape, entry.dtype,
+                             name))
+    notes = []
+    if copies:
+        notes.append(f"SavedModel `{_render.safe(directory)}`: {len(copies)} entries under "
+                     "`_all_variables` are the export's second copy of those under "
+                     "`variables` (the backend variables its functions use): not read")
+    if metrics:
+        notes.append(f"SavedModel `{_render.safe(directory)}`: {len(metrics)} Keras metric "
+                     "variables reachable only through `keras_api` ("
+                     + ", ".join(f"`{_render.safe(m)}`" for m in metrics[:4])
+                     + ", ..." * (len(metrics) > 4) + ") are not model weights: not read")
+    optimizer = any(_paths.is_optimizer_node(graph, c.node_id, c.local_name)
+                    for node_id in shown for c in graph.nodes[node_id].children)
+    return Variables(directory, prefix, tuple(rows), tuple(notes), index, graph, optimizer)
+
+
+def _export_copies(graph, root: dict, saved: dict) -> set:
+    """Node ids of a Keras 3 export's `_all_variables` when they copy `variables` one to one
+    (same names, shapes and dtypes); else none."""
+    if "_all_variables" not in root or "variables" not in root:
+        return set()
+
+    def listed(node_id):
+        kids = [c.node_id for c in graph.nodes[node_id].children]
+        return kids if all(k in saved for k in kids) else None
+
+    copies, originals = listed(root["_all_variables"]), listed(root["variables"])
+    if not copies or originals is None or set(copies) & set(originals):
+        return set()
+    signature = sorted(saved[k] for k in copies)
+    return set(copies) if signature == sorted(saved[k] for k in originals) else set()
+
+
+# --- the opener for `_sources.FORMATS` ------------------------------------------------------
+
+def open_savedmodel(path: str) -> dict | None:
+    """The fields of a `Source` over the SavedModel `path` names, or None when it names none.
+
+    Raises:
+      CheckpointCorruptError: as `read_variables`.
+      StructureMismatchError: the SavedModel holds no variables.
+      NotObjectBasedError: a TF1 SavedModel given as its directory.
+    """
+    directory = find(path)
+    if directory is None:
+        return None
+    bare = path[:-len(".index")] if path.endswith(".index") else path
+    try:
+        found = read_variables(directory)
+    except errors.NotObjectBasedError:
+        if os.path.basename(bare) == "variables":
+            return None  # its checkpoint given: a name-based source
+        raise
+    if not found.entries:
+        raise errors.StructureMismatchError(
+            f"SavedModel `{_render.safe(directory)}` holds no variables (only functions, "
+            "constants or assets): there is nothing to restore from it. Fix: export the model "
+            "after it is built (called once or given an input shape), or pass a checkpoint.")
+    import tensorflow as tf
+
+    specs, keys, names, aliases = {}, {}, {}, {}
+    for shown, canonical, key, shape, dtype, name in found.entries:
+        for each in (shown, canonical):
+            specs[each] = (shape, tf.as_dtype(dtype))
+            keys[each] = key
+            names[each] = name
+        if canonical != shown:
+            aliases[canonical] = shown
+    notes = list(found.notes)
+    if not found.optimizer:
+        notes.append(f"SavedModel `{_render.safe(directory)}` holds no optimizer state "
+                     "(weights only): an optimizer of the obj keeps its values")
+    prefix = found.prefix
+
+    def fetch(paths):
+        paths = list(paths)
+        if not paths:
+            return []
+        try:
+            with tf.device("/cpu:0"):
+                return tf.raw_ops.RestoreV2(
+                    prefix=prefix, tensor_names=[keys[p] for p in paths],
+                    shape_and_slices=[""] * len(paths), dtypes=[specs[p][1] for p in paths])
+        except tf.errors.OpError as err:
+            raise _damaged(directory, "its checkpoint's data is damaged, truncated or "
+                           f"missing (from TF: {_render.first_line(err)})") from err
+
+    return {
+        "description": f"SavedModel `{_render.safe(directory)}`",
+        "kind": "object", "specs": specs, "fetch": fetch,
+        "subtree": lambda at: _subtree(specs, at),
+        "top_level_names": list(dict.fromkeys(k.split("/", 1)[0] for k in specs)),
+        "prefix": prefix, "notes": tuple(notes), "names": names, "aliases": aliases,
+        "structure": lambda: ("savedmodel", tuple(specs.items()), tuple(aliases.items()),
+                              tuple(notes)),
+    }
+
+
+def _subtree(keys, at: str) -> dict:
+    """Keys under `at`; a slot belongs when its variable and optimizer do."""
+    head = at.strip("/") + "/"
+    view = {}
+    for key in keys:
+        slot = _paths.split_slot(key)
+        if slot is None:
+            if key.startswith(head):
+                view[key[len(head):]] = key
+        elif slot[0].startswith(head) and slot[1].startswith(head):
+            view[_paths.slot_path(slot[0][len(head):], slot[1][len(head):], slot[2])] = key
+    return view
+
+
+# --- the reader for `_meta.FORMATS` (the command line, TF-free) ----------------------------
+
+def read_metadata(path: str) -> dict | None:
+    """What `_meta.read` lists of the SavedModel `path` names, or None when it names none:
+    its variables as (canonical path, path people know, shape, DataType enum, checkpoint key,
+    name), with the checkpoint's prefix, validated index and object graph."""
+    directory = find(path)
+    if directory is None:
+        return None
+    bare = path[:-len(".index")] if path.endswith(".index") else path
+    try:
+        found = read_variables(directory)
+    except errors.NotObjectBasedError:
+        if os.path.basename(bare) == "variables":
+            return None  # its checkpoint given: listed by name
+        raise
+    return {"prefix": found.prefix, "notes": found.notes, "index": found.index,
+            "graph": found.graph,
+            "variables": [(canonical, shown, shape, dtype, key, name)
+                          for shown, canonical, key, shape, dtype, name in found.entries]}
