@@ -12,10 +12,10 @@ only to read tensor values (RestoreV2), as for checkpoints.
 Every variable is keyed by the path people know: a walk from the root that takes the lists a
 SavedModel adds for serving (`variables`, `trainable_variables`, `keras_api`, ...) and
 optimizers last, so a tf_keras model's nested weight is `layer_with_weights-2/
-layer_with_weights-0/kernel` as in the model's own checkpoint, not `variables/6`; TF's
-canonical path is an alias when it differs. Left out, with a note: the Keras 3 export's second
-copy of its weights (`_all_variables`, the backend variables of `variables`) and Keras
-metrics reachable only through `keras_api`.
+layer_with_weights-0/kernel` as in the model's own checkpoint, not TF's canonical
+`variables/6` (which `inspect` and `diff` key by, as for checkpoints). Left out, with a
+note: the Keras 3 export's second copy of its weights (`_all_variables`, the backend
+variables of `variables`) and Keras metrics reachable only through `keras_api`.
 """
 
 from __future__ import annotations
@@ -393,14 +393,13 @@ def open_savedmodel(path: str) -> dict | None:
             "after it is built (called once or given an input shape), or pass a checkpoint.")
     import tensorflow as tf
 
-    specs, keys, names, aliases = {}, {}, {}, {}
-    for shown, canonical, key, shape, dtype, name in found.entries:
-        for each in (shown, canonical):
-            specs[each] = (shape, tf.as_dtype(dtype))
-            keys[each] = key
-            names[each] = name
-        if canonical != shown:
-            aliases[canonical] = shown
+    # Keyed by the paths people know only: TF's canonical path through a serving list
+    # (`variables/6`) is no key of its own, so it never stays over as "unexpected".
+    specs, keys, names = {}, {}, {}
+    for shown, _, key, shape, dtype, name in found.entries:
+        specs[shown] = (shape, tf.as_dtype(dtype))
+        keys[shown] = key
+        names[shown] = name
     notes = list(found.notes)
     if not found.optimizer:
         notes.append(f"SavedModel `{_render.safe(directory)}` holds no optimizer state "
@@ -425,9 +424,8 @@ def open_savedmodel(path: str) -> dict | None:
         "kind": "object", "specs": specs, "fetch": fetch,
         "subtree": lambda at: _subtree(specs, at),
         "top_level_names": list(dict.fromkeys(k.split("/", 1)[0] for k in specs)),
-        "prefix": prefix, "notes": tuple(notes), "names": names, "aliases": aliases,
-        "structure": lambda: ("savedmodel", tuple(specs.items()), tuple(aliases.items()),
-                              tuple(notes)),
+        "prefix": prefix, "notes": tuple(notes), "names": names,
+        "structure": lambda: ("savedmodel", tuple(specs.items()), tuple(notes)),
     }
 
 
