@@ -3,7 +3,7 @@
 Usage:
   python benchmarks/run.py [--json results.json] [--repeats N] [--only a|b]
                            [--section all|foundation|twins|migrate|ensemble|checkpointing|
-                                      completeness|untrusted|cli]
+                                      completeness|untrusted|cli|formats]
                            [--steps N] [--batch N] [--migrate-tensors N]
 
 Models:
@@ -160,7 +160,8 @@ def main(argv=None) -> int:
     parser.add_argument("--only", choices=["a", "b"], help="one model only")
     parser.add_argument("--section",
                         choices=["all", "foundation", "twins", "migrate", "ensemble",
-                                 "checkpointing", "completeness", "untrusted", "cli"],
+                                 "checkpointing", "completeness", "untrusted", "cli",
+                                 "formats"],
                         default="all")
     parser.add_argument("--migrate-tensors", type=int, default=16,
                         help="float32 4096x4096 tensors in the migrate source (16: ~1.07 GB)")
@@ -256,6 +257,14 @@ def main(argv=None) -> int:
         out["cli"] = result
         print(f"\n[cli] {result['model']}")
         _print_result("", result)
+    if args.section in ("all", "formats") and args.only != "b":  # issue 21: other formats
+        import bench_savedmodel
+
+        if keras.__version__.startswith("3"):
+            result = bench_savedmodel.bench_savedmodel(keras, max(5, args.repeats // 2))
+            out.setdefault("formats", []).append(result)
+            print(f"\n[formats: SavedModel] {result['model']}")
+            _print_result("", result)
     if args.section in ("all", "checkpointing") and args.only != "b":
         import bench_checkpointing
 
