@@ -75,7 +75,9 @@ class Match:
         source key (whatever then matched: path, underscores, name, keras
         name or structure), else "exact" (object path), "underscore" (path
         with leading underscores stripped), "name" (variable name), "keras
-        name" (the Keras name it was saved under), "structure" (layer by
+        name" (the Keras name it was saved under), "layer name" (the layer and
+        weight names Keras's HDF5 `save_weights("w.h5")` gives the variable:
+        `head/dense/kernel` of a Keras 2 `.h5` file), "structure" (layer by
         layer, by role and shape) or "slot" (optimizer state, by the variable
         it belongs to).
       rule: the rule that rewrote the key, described (`rule 0 ('^model_001/'
@@ -342,7 +344,7 @@ def _auto_at(source, targets, root_view):
 
 
 # Strategies of one key, best first: a target claimed by several keys takes the best rank.
-_RANK = {"exact": 0, "rule": 0, "underscore": 1, "name": 2}
+_RANK = {"exact": 0, "rule": 0, "underscore": 1, "name": 2, "layer name": 3}
 
 
 @dataclasses.dataclass

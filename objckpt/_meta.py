@@ -22,7 +22,7 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import NamedTuple
 
-from objckpt import _bundle, _files, _objgraph, _paths, _render, _savedmodel, errors
+from objckpt import _bundle, _files, _legacyh5, _objgraph, _paths, _render, _savedmodel, errors
 
 __all__ = ["DType", "Metadata", "Variable", "dtype", "read"]
 
@@ -39,7 +39,7 @@ _DTYPE_NAMES = {
 # and returns None when the path is not in its format, else a dict: `prefix` (the file or
 # checkpoint read), `notes`, `index` and `graph` (None where the format has none) and
 # `variables`, a list of (path, shown, shape, DataType enum, key, name) tuples.
-FORMATS: tuple = (_savedmodel.read_metadata,)
+FORMATS: tuple = (_savedmodel.read_metadata, _legacyh5.listing)
 
 
 class DType(NamedTuple):

@@ -13,7 +13,16 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
-from objckpt import _compat, _files, _paths, _render, _savedmodel, _tree, errors
+from objckpt import (
+    _compat,
+    _files,
+    _legacyh5,
+    _paths,
+    _render,
+    _savedmodel,
+    _tree,
+    errors,
+)
 
 __all__ = ["BOOKKEEPING", "Source", "keras3_slot_owners", "open_source", "snapshot_source"]
 
@@ -21,7 +30,7 @@ __all__ = ["BOOKKEEPING", "Source", "keras3_slot_owners", "open_source", "snapsh
 # a path and returns None when the path is not in its format, else the fields of a `Source`
 # (a dict of keyword arguments), after validating the file as untrusted input. They live in
 # the modules below this one in tests/test_layers.py's LAYERS and know nothing of `Source`.
-FORMATS: tuple = (_savedmodel.open_savedmodel,)
+FORMATS: tuple = (_savedmodel.open_savedmodel, _legacyh5.source_fields)
 
 # Entries tf.train.Checkpoint or Saver add for themselves; never "unexpected".
 BOOKKEEPING = frozenset({"save_counter", _compat.OBJECT_GRAPH_KEY})

@@ -1,8 +1,9 @@
 """The obj's side of a plan: its variables indexed every way a source key can name them.
 
 A key finds variables by object path (or a Keras 3 variable's path through its layers), by
-path with leading underscores stripped from each edge, or by variable name; optimizer slots
-by (owner, role), counters by name.
+path with leading underscores stripped from each edge, by variable name, or by the layer and
+weight names a Keras 2 HDF5 file gives it (`head/dense/kernel`); optimizer slots by (owner,
+role), counters by name.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import re
 from collections.abc import Callable
 
 from objckpt import _compat, _paths, _render
+from objckpt._legacyh5 import weight_key
 
 # TF's name for a variable created without one (`tf.Variable(0.0)`): says nothing.
 _DEFAULT_NAME = re.compile(r"Variable(_[0-9]+)?")
@@ -47,6 +49,9 @@ class Targets:
     # Returns {tree path: class name of the object holding the variable}; walked on request.
     holders: Callable = dict
     names: dict = dataclasses.field(default_factory=dict)  # tree path -> variable name
+    # Returns {key of a Keras 2 HDF5 file (`head/dense/kernel`): [tree paths]}: the layer and
+    # weight names Keras's HDF5 `save_weights` writes for each variable; walked on request.
+    h5_names: Callable = dict
 
     def shown(self, path: str) -> str:
         """The path people know for a tree path: a network variable's path through its
@@ -136,9 +141,20 @@ def index_targets(obj, variables) -> Targets:
             memo.append({p: classes.get(id(v)) for p, v in variables.items()})
         return memo[0]
 
+    named: list = []
+
+    def h5_names():
+        if not named:
+            index: dict = {}
+            for layer, name, v in _compat.keras_h5_weights(obj):
+                if id(v) in path_of:
+                    index.setdefault(weight_key(layer, name), []).append(path_of[id(v)])
+            named.append(index)
+        return named[0]
+
     return Targets(dict(variables), by_strip, by_name, network, slots, counters,
                     optimizer_paths, frozenset(p for p, v in variables.items() if id(v) in rng),
-                    by_network, holders, names)
+                    by_network, holders, names, h5_names)
 
 
 def candidates(key: str, targets: Targets, rewritten: bool):
@@ -153,4 +169,7 @@ def candidates(key: str, targets: Targets, rewritten: bool):
     found = targets.by_name.get(key[:-2] if key.endswith(":0") else key)
     if found:
         return "name", found
+    found = targets.h5_names().get(key)  # a Keras 2 HDF5 file's key: layer and weight names
+    if found:
+        return "layer name", found
     return None, []

@@ -15,7 +15,7 @@ import bisect
 import dataclasses
 import os
 
-from objckpt import _bundle, _paths, _render, _savedmodel, errors
+from objckpt import _bundle, _legacyh5, _paths, _render, _savedmodel, errors
 
 __all__ = ["Problem", "VerifyReport", "tensor_problems", "verify"]
 
@@ -123,6 +123,12 @@ def verify(source) -> VerifyReport:
       >>> report.ok, [str(p) for p in report.problems]
     """
     source = os.fspath(source)
+    checked = _legacyh5.verify_file(source)
+    if checked is not None:  # a Keras 2 / tf_keras `.h5` (save_weights or model.save)
+        count, size, found, remarks = checked
+        return VerifyReport(source, (source,), count, size,
+                            tuple(Problem(source, where, what) for where, what in found),
+                            tuple(remarks))
     saved = _savedmodel.find(source)
     if saved is not None:  # a SavedModel: saved_model.pb against its checkpoint, then that
         prefix = os.path.join(saved, "variables", "variables")

@@ -32,6 +32,7 @@ LAYERS = [
     "objckpt._savedmodel",  # TF-free: SavedModel directories (saved_model.pb decoded)
     "objckpt._h5",  # pure: HDF5 files read as untrusted input (h5py, no TF)
     "objckpt._kerash5",  # Keras 3 `.weights.h5` and `.keras` files as sources (no TF import)
+    "objckpt._legacyh5",  # Keras 2 / tf_keras HDF5 weights and `.h5` models (no TF import)
     "objckpt._meta",  # pure: a checkpoint's variables from its metadata (CLI inspect/diff)
     "objckpt._dirlock",
     "objckpt._tree",
