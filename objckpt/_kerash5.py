@@ -181,7 +181,7 @@ def open_keras3(path: str) -> dict | None:
     import tensorflow as tf  # only here: the sources' specs and values are TF's
 
     with opened.h5() as h5:
-        datasets = h5.datasets()
+        datasets = _ordered(h5.datasets())
     specs = {key: (d.shape, tf.as_dtype(d.dtype)) for key, d in datasets.items()}
 
     def fetch(keys) -> list:
@@ -200,6 +200,14 @@ def open_keras3(path: str) -> dict | None:
                 (key, d.shape, d.dtype) for key, d in datasets.items()))}
 
 
+def _ordered(datasets: dict) -> dict:
+    """Datasets in Keras's order: `vars/2` before `vars/10` (HDF5 lists them by text)."""
+    def key(path: str):
+        return [(0, int(edge), "") if edge.isdigit() else (1, 0, edge)
+                for edge in path.split("/")]
+    return {path: datasets[path] for path in sorted(datasets, key=key)}
+
+
 def _tensor(tf, value, dtype: str):
     if dtype == "bfloat16":  # exact through float32, whatever bfloat16 type TF knows
         return tf.cast(tf.constant(value.astype("float32")), tf.bfloat16)
@@ -216,9 +224,9 @@ def listing(path: str) -> dict | None:
     if opened is None:
         return None
     with opened.h5() as h5:
-        datasets = h5.datasets()
-    return {"prefix": path, "notes": (opened.description, *opened.notes), "index": None,
-            "graph": None,
+        datasets = _ordered(h5.datasets())
+    return {"prefix": path, "notes": tuple(opened.notes), "index": None, "graph": None,
+            "description": opened.description,
             "variables": [(key, key, d.shape, _DATATYPES[d.dtype], key, "")
                           for key, d in datasets.items()]}
 
@@ -233,7 +241,7 @@ def check(path: str) -> tuple | None:
         opened = _find(path)
     except errors.CheckpointCorruptError as err:
         if not os.path.basename(path).endswith((".keras", ".weights.h5")):
-            raise
+            return None  # maybe another format's damaged file: its checker says
         return 0, 0, [("", _render.first_line(err))], ()
     if opened is None:
         return None

@@ -75,8 +75,10 @@ class Match:
         source key (whatever then matched: path, underscores, name, keras
         name or structure), else "exact" (object path), "underscore" (path
         with leading underscores stripped), "name" (variable name), "keras
-        name" (the Keras name it was saved under), "layer name" (the layer and
-        weight names Keras's HDF5 `save_weights("w.h5")` gives the variable:
+        name" (the Keras name it was saved under), "keras layout" (where
+        Keras 3's `save_weights` puts the variable: `layers/dense/vars/0` of
+        a `.weights.h5` or `.keras` file), "layer name" (the layer and weight
+        names Keras's HDF5 `save_weights("w.h5")` gives the variable:
         `head/dense/kernel` of a Keras 2 `.h5` file), "structure" (layer by
         layer, by role and shape) or "slot" (optimizer state, by the variable
         it belongs to).
@@ -175,10 +177,12 @@ class Plan:
         width = max([len(t) for t in targets] + [len("variable")])
         lines = [f"plan: {text(self.source)}" + (f" (at={self.at!r})" if self.at else "")
                  + f" -> {len(self.matches)} variables"]
-        lines.append(f"  {'variable'.ljust(width)}  {'strategy':10}  source")
+        kind = max([10] + [len(m.strategy) for m in self.matches])  # "keras layout": 12
+        lines.append(f"  {'variable'.ljust(width)}  {'strategy'.ljust(kind)}  source")
         for m, target in zip(self.matches, targets):
             rule = f"  [{text(m.rule)}]" if m.rule else ""
-            lines.append(f"  {target.ljust(width)}  {m.strategy:10}  {safe(m.source)}{rule}")
+            lines.append(f"  {target.ljust(width)}  {m.strategy.ljust(kind)}  "
+                         f"{safe(m.source)}{rule}")
         sections = [
             ("variables with no source", [self._row(p) for p in self.unmatched_variables]),
             ("source entries matching nothing", [safe(k) for k in self.unmatched_source]),
@@ -344,7 +348,8 @@ def _auto_at(source, targets, root_view):
 
 
 # Strategies of one key, best first: a target claimed by several keys takes the best rank.
-_RANK = {"exact": 0, "rule": 0, "underscore": 1, "name": 2, "layer name": 3}
+_RANK = {"exact": 0, "rule": 0, "keras layout": 0, "underscore": 1, "name": 2,
+         "layer name": 3}
 
 
 @dataclasses.dataclass

@@ -22,7 +22,17 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import NamedTuple
 
-from objckpt import _bundle, _files, _legacyh5, _objgraph, _paths, _render, _savedmodel, errors
+from objckpt import (
+    _bundle,
+    _files,
+    _kerash5,
+    _legacyh5,
+    _objgraph,
+    _paths,
+    _render,
+    _savedmodel,
+    errors,
+)
 
 __all__ = ["DType", "Metadata", "Variable", "dtype", "read"]
 
@@ -39,7 +49,7 @@ _DTYPE_NAMES = {
 # and returns None when the path is not in its format, else a dict: `prefix` (the file or
 # checkpoint read), `notes`, `index` and `graph` (None where the format has none) and
 # `variables`, a list of (path, shown, shape, DataType enum, key, name) tuples.
-FORMATS: tuple = (_savedmodel.read_metadata, _legacyh5.listing)
+FORMATS: tuple = (_savedmodel.read_metadata, _kerash5.listing, _legacyh5.listing)
 
 
 class DType(NamedTuple):
@@ -82,11 +92,15 @@ class Metadata(Mapping):
       graph: the decoded object graph (`_objgraph.Graph`), None when name-based.
     """
 
-    __slots__ = ("_items", "graph", "index", "notes", "prefix")
+    __slots__ = ("_items", "description", "graph", "index", "notes", "prefix")
 
-    def __init__(self, items: dict, prefix: str, notes: tuple, index, graph):
+    def __init__(self, items: dict, prefix: str, notes: tuple, index, graph,
+                 description: str = ""):
         self._items, self.prefix, self.notes = items, prefix, notes
         self.index, self.graph = index, graph
+        # What the file is when it is no TF checkpoint ("Keras 3 weights file `w.weights.h5`"),
+        # from the format's reader; "" for checkpoints.
+        self.description = description
 
     def __getitem__(self, path: str) -> Variable:
         return self._items[path]
@@ -99,7 +113,7 @@ class Metadata(Mapping):
 
     @property
     def name_based(self) -> bool:
-        return self.graph is None
+        return self.graph is None and not self.description
 
     @property
     def nbytes(self) -> int:
@@ -125,7 +139,8 @@ def read(source: str | os.PathLike) -> Metadata:
         if found is not None:
             return Metadata({v[0]: Variable(v[0], v[1], v[2], dtype(v[3]), v[4], v[5])
                              for v in found["variables"]}, found["prefix"],
-                            tuple(found["notes"]), found["index"], found["graph"])
+                            tuple(found["notes"]), found["index"], found["graph"],
+                            found.get("description", ""))
     prefix, notes = _files.resolve_prefix(source, tf_reader=False)
     try:
         index = _bundle.read_index(prefix)

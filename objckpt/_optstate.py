@@ -15,6 +15,10 @@ from objckpt._targets import candidates, is_optimizer_key
 
 __all__ = ["place_optimizer_state"]
 
+# Strategies that place a network variable where the source's own layout has it: the same
+# path (a checkpoint), or the same place in a Keras 3 weights file (`layers/dense/vars/0`).
+_SAME_LAYOUT = ("exact", "keras layout")
+
 
 def place_optimizer_state(source, targets, view, rules, optimizer_left, chosen, unmatched,
                            skipped, notes) -> None:
@@ -36,14 +40,16 @@ def place_optimizer_state(source, targets, view, rules, optimizer_left, chosen, 
         if name:
             key_of_name[name] = None if name in key_of_name else key
     owners = source.owners()
-    network_exact = all(t in chosen and chosen[t][1] == "exact" for t in targets.network
+    network_exact = all(t in chosen and chosen[t][1] in _SAME_LAYOUT for t in targets.network
                         if t not in targets.rng) \
         and not any(not is_optimizer_key(k) for k in unmatched)
     if network_exact and _same_optimizer_layout(source, targets, view, optimizer_left, chosen):
         # The same network and the same optimizer layout on both sides (a model restored
         # from its own checkpoint): every entry has its twin at the same path.
         for key, new in optimizer_left:
-            chosen[candidates(new, targets, new != key)[1][0]] = _by_path(key, "exact", rules)
+            strategy, found = candidates(new, targets, new != key)
+            chosen[found[0]] = _by_path(key, strategy if strategy in _SAME_LAYOUT else "exact",
+                                        rules)
         return
     orphans = 0
     for key, new in optimizer_left:

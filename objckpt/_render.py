@@ -177,7 +177,8 @@ def inspect_text(entries) -> str:
     params = sum(elements(e.shape) for e in entries.values())
     kind = (" (name-based, TF1 Saver: variables by global name)"
             if getattr(entries, "name_based", False) else "")
-    header = (f"checkpoint {safe(entries.prefix)}{kind}: {count(len(entries), 'variable')}, "
+    what = safe_text(getattr(entries, "description", "")) or f"checkpoint {safe(entries.prefix)}"
+    header = (f"{what}{kind}: {count(len(entries), 'variable')}, "
               f"{count(params, 'parameter')}, {size(entries.nbytes)}")
     widths = [max([len(r[i]) for r in rows] + [len(h)])
               for i, h in enumerate(("object path  [saved name]", "shape", "dtype", "size"))]

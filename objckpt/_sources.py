@@ -16,6 +16,7 @@ import tensorflow as tf
 from objckpt import (
     _compat,
     _files,
+    _kerash5,
     _legacyh5,
     _paths,
     _render,
@@ -30,7 +31,8 @@ __all__ = ["BOOKKEEPING", "Source", "keras3_slot_owners", "open_source", "snapsh
 # a path and returns None when the path is not in its format, else the fields of a `Source`
 # (a dict of keyword arguments), after validating the file as untrusted input. They live in
 # the modules below this one in tests/test_layers.py's LAYERS and know nothing of `Source`.
-FORMATS: tuple = (_savedmodel.open_savedmodel, _legacyh5.source_fields)
+FORMATS: tuple = (_savedmodel.open_savedmodel, _kerash5.open_keras3,
+                   _legacyh5.source_fields)
 
 # Entries tf.train.Checkpoint or Saver add for themselves; never "unexpected".
 BOOKKEEPING = frozenset({"save_counter", _compat.OBJECT_GRAPH_KEY})

@@ -1,9 +1,10 @@
 """The obj's side of a plan: its variables indexed every way a source key can name them.
 
 A key finds variables by object path (or a Keras 3 variable's path through its layers), by
-path with leading underscores stripped from each edge, by variable name, or by the layer and
-weight names a Keras 2 HDF5 file gives it (`head/dense/kernel`); optimizer slots by (owner,
-role), counters by name.
+where Keras 3's `save_weights` puts the variable (`layers/dense/vars/0`), by path with leading
+underscores stripped from each edge, by variable name, or by the layer and weight names a
+Keras 2 HDF5 file gives it (`head/dense/kernel`); optimizer slots by (owner, role), counters
+by name.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from objckpt._legacyh5 import weight_key
 
 # TF's name for a variable created without one (`tf.Variable(0.0)`): says nothing.
 _DEFAULT_NAME = re.compile(r"Variable(_[0-9]+)?")
+# A key of a Keras 3 weights file: `<object path>/vars/<i>` (`layers/dense/vars/0`).
+_LAYOUT_KEY = re.compile(r"(?:^|/)vars/[0-9]+$")
 
 __all__ = ["Targets", "candidates", "index_targets", "is_default_name", "is_optimizer_key",
            "label", "strip"]
@@ -49,6 +52,9 @@ class Targets:
     # Returns {tree path: class name of the object holding the variable}; walked on request.
     holders: Callable = dict
     names: dict = dataclasses.field(default_factory=dict)  # tree path -> variable name
+    # Returns {key of a Keras 3 weights file (`layers/dense/vars/0`): tree path}: where
+    # Keras's `save_weights` puts each of the obj's variables; walked on request.
+    layout: Callable = dict
     # Returns {key of a Keras 2 HDF5 file (`head/dense/kernel`): [tree paths]}: the layer and
     # weight names Keras's HDF5 `save_weights` writes for each variable; walked on request.
     h5_names: Callable = dict
@@ -141,6 +147,14 @@ def index_targets(obj, variables) -> Targets:
             memo.append({p: classes.get(id(v)) for p, v in variables.items()})
         return memo[0]
 
+    laid_out: list = []
+
+    def layout():
+        if not laid_out:
+            laid_out.append({key: path_of[id(v)] for key, v in _compat.keras_weights_layout(obj)
+                             if v is not None and id(v) in path_of})
+        return laid_out[0]
+
     named: list = []
 
     def h5_names():
@@ -154,7 +168,7 @@ def index_targets(obj, variables) -> Targets:
 
     return Targets(dict(variables), by_strip, by_name, network, slots, counters,
                     optimizer_paths, frozenset(p for p, v in variables.items() if id(v) in rng),
-                    by_network, holders, names, h5_names)
+                    by_network, holders, names, layout, h5_names)
 
 
 def candidates(key: str, targets: Targets, rewritten: bool):
@@ -163,6 +177,8 @@ def candidates(key: str, targets: Targets, rewritten: bool):
         return ("rule" if rewritten else "exact"), [key]
     if key in targets.by_network:  # the variable's path through the layers
         return ("rule" if rewritten else "exact"), [targets.by_network[key]]
+    if _LAYOUT_KEY.search(key) and key in targets.layout():  # a Keras 3 weights file's key
+        return ("rule" if rewritten else "keras layout"), [targets.layout()[key]]
     found = targets.by_strip.get(strip(key))
     if found:
         return "underscore", found

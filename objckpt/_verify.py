@@ -15,7 +15,7 @@ import bisect
 import dataclasses
 import os
 
-from objckpt import _bundle, _legacyh5, _paths, _render, _savedmodel, errors
+from objckpt import _bundle, _kerash5, _legacyh5, _paths, _render, _savedmodel, errors
 
 __all__ = ["Problem", "VerifyReport", "tensor_problems", "verify"]
 
@@ -62,6 +62,9 @@ class VerifyReport:
     nbytes: int
     problems: tuple[Problem, ...]
     notes: tuple[str, ...] = ()
+    # What an intact report says was checked: TF checkpoints have checksums and a graph;
+    # HDF5 files have neither (every dataset read, its shape and dtype as declared).
+    checked: str = "passed their checksums; object graph consistent"
 
     @property
     def ok(self) -> bool:
@@ -74,8 +77,7 @@ class VerifyReport:
         checked = _render.safe(", ".join(self.prefixes) or self.source)
         mb = _render.mb(self.nbytes)
         if self.ok:
-            lines.append(f"OK: {checked}: {self.tensors:,} tensors ({mb}) passed their "
-                         "checksums; object graph consistent")
+            lines.append(f"OK: {checked}: {self.tensors:,} tensors ({mb}) {self.checked}")
         else:
             lines.append(f"FAILED: {checked}: {len(self.problems)} problem"
                          f"{'s' * (len(self.problems) != 1)}; {self.tensors:,} tensors "
@@ -123,12 +125,15 @@ def verify(source) -> VerifyReport:
       >>> report.ok, [str(p) for p in report.problems]
     """
     source = os.fspath(source)
-    checked = _legacyh5.verify_file(source)
-    if checked is not None:  # a Keras 2 / tf_keras `.h5` (save_weights or model.save)
+    checked = _kerash5.check(source)
+    if checked is None:  # a Keras 2 / tf_keras `.h5` (save_weights or model.save): the same
+        checked = _legacyh5.verify_file(source)
+    if checked is not None:  # a Keras 3 `.weights.h5` or `.keras`: every dataset read once
         count, size, found, remarks = checked
         return VerifyReport(source, (source,), count, size,
                             tuple(Problem(source, where, what) for where, what in found),
-                            tuple(remarks))
+                            tuple(remarks), "read intact with the shapes and dtypes their "
+                            "headers declare (HDF5 keeps no checksums of weights)")
     saved = _savedmodel.find(source)
     if saved is not None:  # a SavedModel: saved_model.pb against its checkpoint, then that
         prefix = os.path.join(saved, "variables", "variables")

@@ -10,6 +10,7 @@ enforces it). One module per topic, imports flowing down this list:
 - `kernels`: fused grouped assigns, packed Polyak updates, cond lowering;
 - `functions`: `tf.function` internals (clone re-wraps functions) and GraphDef rewriting;
 - `keras`: the callback base class and resuming `model.fit`;
+- `layout`: Keras 3's weights-file layout of a live obj (`layers/dense/vars/0`);
 - `h5names`: the layer and weight names Keras's HDF5 `save_weights` gives a live obj;
 - `hooks`: TF-free Keras conventions (method overrides, default-hook marks).
 
@@ -42,6 +43,7 @@ _WHERE = {
         "stateless_graph"),
     "keras": ("defer_on_attach", "keras_callback_base", "set_fit_start_epoch",
         "skip_fit_batches", "steps_per_execution", "unskip_fit_batches"),
+    "layout": ("keras_weights_layout",),
     "h5names": ("keras_h5_weights",),
     "hooks": ("KERAS_CACHED_ATTRS", "WEIGHT_DECAY_METHOD", "mark_default_hook",
         "override_methods", "restore_methods", "weight_decay_method"),

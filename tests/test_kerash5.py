@@ -1,0 +1,281 @@
+"""Keras 3 `.weights.h5` and `.keras` files as sources: restore, plan, migrate, inspect and
+verify them, and refuse damaged and hostile files with typed errors, changing nothing.
+
+Files are written by Keras 3 itself (`model.save_weights`, `model.save`); restoring needs the
+same architecture, found by Keras 3's own saving layout ("keras layout"). Keras 3 runs in the
+keras3 and tf216 sessions; the tf_keras session restores a Keras 3 file into tf_keras.
+"""
+
+from __future__ import annotations
+
+import shutil
+import zipfile
+
+import h5py
+import numpy as np
+import pytest
+
+import objckpt
+from objckpt import _h5, _meta, cli, errors
+
+from flavours import _data, assert_same, build_functional, build_subclassed, keras_for, values
+
+
+def _sequential(keras, *, train=True):
+    """Conv2D + BatchNorm + Dense in a Sequential with a nested Sequential, Adam trained."""
+    model = keras.Sequential([
+        keras.Input((6, 6, 3)), keras.layers.Conv2D(4, 3), keras.layers.BatchNormalization(),
+        keras.layers.Flatten(),
+        keras.Sequential([keras.layers.Dense(4, activation="relu"), keras.layers.Dense(2)])])
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    if train:
+        images, _, targets = _data()
+        model.fit(images, targets, epochs=1, batch_size=4, verbose=0)
+    return model
+
+
+BUILDERS = {"functional": build_functional, "subclassed": build_subclassed,
+            "sequential": _sequential}
+
+
+def _inputs(kind):
+    images, tokens, _ = _data(seed=5)
+    return [images, tokens] if kind == "functional" else images
+
+
+def _trained_differently(keras, kind):
+    """The same architecture, trained on other targets: every value differs from the file's."""
+    model = BUILDERS[kind](keras, train=False)
+    images, tokens, targets = _data(seed=3)
+    model.fit(_inputs(kind) if kind != "functional" else [images, tokens], -targets,
+              epochs=2, batch_size=4, verbose=0)
+    return model
+
+
+def _slots_by_owner(model) -> dict:
+    """{(index of a weight in model.trainable_variables, role): its Adam state}, from the
+    optimizer's own per-variable lists (an oracle independent of objckpt)."""
+    optimizer = model.optimizer
+    index = {id(v): i for i, v in enumerate(model.trainable_variables)}
+    out = {}
+    for role in ("_momentums", "_velocities"):
+        for variable, slot in zip(optimizer._trainable_variables, getattr(optimizer, role)):
+            out[(index[id(variable)], role)] = np.array(slot)
+    return out
+
+
+@pytest.fixture(scope="module")
+def keras3():
+    return keras_for("keras3")
+
+
+@pytest.fixture(scope="module")
+def files(keras3, tmp_path_factory):
+    """{kind: (model, weights.h5 path, .keras path)} written by Keras 3."""
+    out = {}
+    for kind, builder in BUILDERS.items():
+        directory = tmp_path_factory.mktemp(kind)
+        model = builder(keras3)
+        weights = str(directory / "w.weights.h5")
+        whole = str(directory / "m.keras")
+        model.save_weights(weights)
+        model.save(whole)
+        out[kind] = (model, weights, whole)
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["weights.h5", "keras"])
+@pytest.mark.parametrize("kind", list(BUILDERS))
+def test_restore_into_the_same_architecture(keras3, files, kind, fmt):
+    source, weights, whole = files[kind]
+    path = weights if fmt == "weights.h5" else whole
+    target = _trained_differently(keras3, kind)
+    x = _inputs(kind)
+    assert not np.array_equal(source(x), target(x))
+    plan = objckpt.plan(path, target)
+    # Every network variable and every optimizer variable where Keras 3 saves it.
+    assert plan.complete
+    assert plan.strategies() == {
+        "keras layout": len(target.variables) + len(target.optimizer.variables)}
+    report = objckpt.restore(target, path)
+    described = ("Keras 3 weights file" if fmt == "weights.h5" else "Keras 3 model file")
+    assert report.source.startswith(f"{described} `{path}`")
+    np.testing.assert_array_equal(source(x), target(x))
+    # Optimizer state landed on the variable it belongs to (the optimizer's own lists).
+    expected, got = _slots_by_owner(source), _slots_by_owner(target)
+    assert expected.keys() == got.keys() and len(got) == 2 * len(target.trainable_variables)
+    for key, value in expected.items():
+        np.testing.assert_array_equal(value, got[key], err_msg=str(key))
+    assert int(target.optimizer.iterations) == int(source.optimizer.iterations)
+
+
+def test_migrate_inspect_and_verify(keras3, files, tmp_path, capsys):
+    source, weights, _ = files["sequential"]
+    target = _sequential(keras3, train=False)
+    prefix = objckpt.migrate(weights, target, str(tmp_path / "ckpt"))
+    fresh = _sequential(keras3, train=False)
+    objckpt.restore(fresh, prefix)
+    np.testing.assert_array_equal(source(_inputs("sequential")), fresh(_inputs("sequential")))
+
+    listed = _meta.read(weights)
+    with h5py.File(weights, "r") as h5:
+        expected = {name: (h5[name].shape, h5[name].dtype.name) for name in _datasets(h5)}
+    assert {p: (v.shape, v.dtype.name) for p, v in listed.items()} == expected
+    assert cli.main(cli._parse(["objckpt", "inspect", weights])) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(f"Keras 3 weights file `{weights}`: {len(expected)} variables, ")
+    rows = [line.split() for line in out]
+    assert [row[:3] for row in rows if row[:1] == ["0"]][:2] == [
+        ["0", "(4,)", "float32"], ["0", "(3,", "3,"]]  # bn's gamma, conv2d's kernel
+    start = next(i for i, row in enumerate(rows) if row[:1] == ["optimizer/"])
+    optimizer = [row[0] for row in rows[start + 2:] if row[0].isdigit()]
+    assert optimizer == [str(i) for i in range(18)]  # in Keras's order, not by text
+    assert cli.main(cli._parse(["objckpt", "diff", weights, prefix])) != 0
+    assert capsys.readouterr().err.startswith(
+        f"objckpt diff: diff compares TF checkpoints; A is Keras 3 weights file `{weights}`.")
+
+    report = objckpt.verify(weights)
+    assert report.ok and report.tensors == len(expected)
+    assert report.nbytes == sum(v.nbytes for v in listed.values())
+
+
+def test_damaged_files_are_refused_and_nothing_changes(keras3, files, tmp_path):
+    _, weights, _ = files["sequential"]
+    target = _trained_differently(keras3, "sequential")
+    before = values(objckpt.tree(target))
+
+    truncated = str(tmp_path / "cut.weights.h5")
+    with open(weights, "rb") as handle:
+        data = handle.read()
+    with open(truncated, "wb") as handle:
+        handle.write(data[: len(data) // 2])
+    with pytest.raises(errors.CheckpointCorruptError, match=r"cut\.weights\.h5"):
+        objckpt.restore(target, truncated)
+    report = objckpt.verify(truncated)
+    assert not report.ok
+
+    shape = _edited(weights, tmp_path / "shape.weights.h5", "layers/dense/vars/0",
+                    np.zeros((3, 3), "float32"))
+    with pytest.raises(errors.StructureMismatchError) as caught:
+        objckpt.restore(target, shape)
+    assert "layers/dense/vars/0" in str(caught.value) and "(3, 3)" in str(caught.value)
+
+    text = _edited(weights, tmp_path / "text.weights.h5", "layers/dense/vars/1",
+                   np.array([b"no", b"numbers"]))
+    with pytest.raises(errors.CheckpointCorruptError,
+                       match=r"at `layers/sequential/layers/dense/vars/1` cannot be read safely: "
+                       r"its dtype `\|S7` is not a number type"):
+        objckpt.restore(target, text)
+
+    linked = str(tmp_path / "link.weights.h5")
+    shutil.copy(weights, linked)
+    with h5py.File(linked, "a") as h5:
+        del h5["layers/sequential/layers/dense/vars/1"]
+        h5["layers/sequential/layers/dense/vars/1"] = h5py.ExternalLink("/etc/passwd", "/x")
+    with pytest.raises(errors.CheckpointCorruptError, match="external link"):
+        objckpt.restore(target, linked)
+    assert_same(before, values(objckpt.tree(target)))
+
+
+def _edited(weights, out, key, value) -> str:
+    """A copy of `weights` whose dataset `.../<key>` holds `value` instead."""
+    out = str(out)
+    shutil.copy(weights, out)
+    with h5py.File(out, "a") as h5:
+        full = next(name for name in _datasets(h5) if name.endswith(key))
+        del h5[full]
+        h5[full] = value
+    return out
+
+
+def _datasets(h5) -> list:
+    found = []
+    h5.visititems(lambda name, item: found.append(name) if isinstance(item, h5py.Dataset)
+                  else None)
+    return found
+
+
+@pytest.mark.parametrize("case", ["traversal", "absolute", "symlink", "bomb"])
+def test_hostile_keras_zips_are_refused(keras3, files, tmp_path, case):
+    _, _, whole = files["sequential"]
+    target = _trained_differently(keras3, "sequential")
+    before = values(objckpt.tree(target))
+    hostile = str(tmp_path / f"{case}.keras")
+    with zipfile.ZipFile(whole) as good, zipfile.ZipFile(hostile, "w") as bad:
+        for info in good.infolist():
+            bad.writestr(info, good.read(info))
+        if case == "traversal":
+            bad.writestr("../evil", b"x")
+        elif case == "absolute":
+            bad.writestr(zipfile.ZipInfo("/etc/evil"), b"x")
+        elif case == "symlink":
+            link = zipfile.ZipInfo("assets/link")
+            link.external_attr = (0o120777 << 16)
+            bad.writestr(link, "/etc/passwd")
+        else:
+            bad.writestr("assets/zeros", bytes(40 << 20), compress_type=zipfile.ZIP_DEFLATED)
+    said = {"traversal": "member `../evil` climbs out of the archive",
+            "absolute": "member `/etc/evil` has an absolute path",
+            "symlink": "member `assets/link` is a symbolic link",
+            "bomb": "member `assets/zeros` inflates"}[case]
+    with pytest.raises(errors.CheckpointCorruptError, match=said):
+        objckpt.restore(target, hostile)
+    assert_same(before, values(objckpt.tree(target)))
+
+
+H5_ODDITIES = {
+    "soft": (lambda h5: h5.__setitem__("odd", h5py.SoftLink("/a")), "it is a soft link"),
+    "external": (lambda h5: h5.__setitem__("odd", h5py.ExternalLink("/etc/passwd", "/")),
+                 "it is an external link to another file"),
+    "compound": (lambda h5: h5.create_dataset(
+        "odd", data=np.zeros(2, dtype=[("x", "f4"), ("y", "i4")])),
+                 r"its dtype `\[\('x', '<f4'\), \('y', '<i4'\)\]` is not a number type"),
+    "bomb": (lambda h5: h5.create_dataset("odd", shape=(1 << 30,), dtype="float64",
+                                          chunks=(1 << 16,), compression="gzip"),
+             "its 0 stored bytes would expand to 8,589,934,592 \\(more than 1000x\\)"),
+    "null": (lambda h5: h5.create_dataset("odd", data=h5py.Empty("f4")),
+             "it has no dataspace"),
+}
+
+
+@pytest.mark.parametrize("case", list(H5_ODDITIES))
+def test_h5_reader_refuses_what_keras_never_writes(tmp_path, case):
+    path = str(tmp_path / "odd.h5")
+    make, said = H5_ODDITIES[case]
+    with h5py.File(path, "w") as h5:
+        h5["a/vars/0"] = np.arange(4, dtype="float32").reshape(2, 2)
+        make(h5)
+    with _h5.open_file(path) as h5:
+        assert h5.datasets("a") == {"a/vars/0": _h5.Dataset("a/vars/0", (2, 2), "float32", 16)}
+        np.testing.assert_array_equal(h5.read("a/vars/0"), [[0, 1], [2, 3]])
+        with pytest.raises(errors.CheckpointCorruptError,
+                           match=f"HDF5 file `.*odd.h5` at `odd` cannot be read safely: {said}"):
+            h5.datasets()
+    with open(path, "rb") as handle:
+        data = handle.read()
+    with pytest.raises(errors.CheckpointCorruptError, match="start with HDF5's signature"):
+        _h5.open_bytes(b"PK" + data[2:], "x.h5")
+
+
+@pytest.mark.parametrize("kind", ["functional", "sequential"])
+def test_a_keras3_file_restores_into_tf_keras(tmp_path, kind):
+    """tf_keras lays out the same architecture as Keras 3 does: layers by class, own weights
+    trainable first. Keras 3 writes, tf_keras reads, in one process (the tf_keras session)."""
+    tf_keras = keras_for("tf_keras")
+    keras3 = keras_for("keras3", beside_tf_keras=True)
+    source = BUILDERS[kind](keras3)
+    path = str(tmp_path / "w.weights.h5")
+    source.save_weights(path)
+    target = BUILDERS[kind](tf_keras, train=False)
+    x = _inputs(kind)
+    plan = objckpt.plan(path, target, optimizer_state=False)
+    assert plan.strategies() == {"keras layout": len(target.variables)}
+    moved = [s for s in plan.skipped if s.startswith("optimizer/vars/")]
+    assert len(moved) == len(source.optimizer.variables)
+    objckpt.restore(target, path, optimizer_state=False)
+    variables = objckpt.tree(target)
+    with h5py.File(path, "r") as h5:
+        for match in plan.matches:  # every value as the file holds it
+            np.testing.assert_array_equal(variables[match.target].numpy(), h5[match.source][()])
+    # The same function (Keras 3 and tf_keras compute batch norm in other orders).
+    np.testing.assert_allclose(source(x), target(x), rtol=1e-5, atol=1e-6)
