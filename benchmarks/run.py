@@ -265,6 +265,12 @@ def main(argv=None) -> int:
             out.setdefault("formats", []).append(result)
             print(f"\n[formats: SavedModel] {result['model']}")
             _print_result("", result)
+            import bench_h5
+
+            result = bench_h5.bench_h5(keras, max(5, args.repeats // 2))
+            out.setdefault("formats", []).append(result)
+            print(f"\n[formats: Keras 3 .weights.h5] {result['model']}")
+            _print_result("", result)
     if args.section in ("all", "checkpointing") and args.only != "b":
         import bench_checkpointing
 
