@@ -3,7 +3,8 @@
 `model.save_weights("w.h5")` (Keras 2 of TF 2.12-2.15, tf_keras) writes, at the file's
 root, the attribute `layer_names` (the model's top-level layers) and a group per layer whose
 attribute `weight_names` lists its weights (`conv/kernel:0`; a nested model's `dense/kernel:0`,
-a subclassed model's `my_model/conv/kernel:0`), each a dataset at `<layer>/<weight name>`.
+a subclassed model's `my_model/conv/kernel:0`), each a dataset at `<layer>/<weight name>`;
+a model's own weights (in no layer) sit in the group `top_level_model_weights`.
 `model.save("m.h5")` writes the same under `model_weights/`, its optimizer's variables under
 `optimizer_weights/` (attribute `weight_names`: `Adam/m/conv/kernel:0` and `iteration:0`
 for the 2.11+ optimizers, `Adam/conv/kernel/m:0` and `Adam/iter:0` for the legacy ones,
@@ -34,6 +35,8 @@ from objckpt import _h5, _render, errors
 __all__ = ["Entry", "Layout", "dtype_enum", "listing", "read_layout", "source_fields",
            "verify_file", "weight_key"]
 
+# The group of a model's own weights (in no layer), which `layer_names` does not list.
+TOP_LEVEL = "top_level_model_weights"
 # Keras splits an attribute over 64 KiB into `name0`, `name1`, ...: read at most this many.
 MAX_CHUNKS = 1 << 16
 
@@ -168,6 +171,8 @@ def read_layout(path: str) -> Layout | None:
         layer_names = _strings(h5, root, "layer_names") or []
         if len(set(layer_names)) != len(layer_names):
             raise _fail(path, root or "/", "`layer_names` lists a layer more than once")
+        if TOP_LEVEL in present and TOP_LEVEL not in layer_names:
+            layer_names = [*layer_names, TOP_LEVEL]  # the model's own weights, in no layer
         for layer in layer_names:
             if layer not in present:
                 raise _fail(path, root or "/", f"`layer_names` lists layer "

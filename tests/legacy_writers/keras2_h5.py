@@ -10,15 +10,13 @@ included) and out.npz with `x`, `y = model(x, training=False)`, `iterations`, an
 `m<i>`/`v<i>`: the Adam moments of the i-th trainable variable (the oracle: the same
 architecture lists its variables in the same order).
 
-Exits with status 3 when no Keras 2 is installed (no tf_keras and TF >= 2.16).
+Exits with status 3 when no Keras 2 is installed (no tf_keras and TF >= 2.16). Importing
+this module changes no environment variable: tests/test_legacyh5.py imports `h5_net` from it.
 """
 
 import argparse
 import os
 import sys
-
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ["TF_USE_LEGACY_KERAS"] = "1"
 
 import numpy as np
 import tensorflow as tf
