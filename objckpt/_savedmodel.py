@@ -31,11 +31,12 @@ __all__ = ["SavedVariable", "Variables", "find", "open_savedmodel", "problems",
 
 PB = "saved_model.pb"
 _MAX_PB = 1 << 31  # protobuf's own limit for one message
-# Edges a SavedModel adds beside a model's own: walked last, so a weight keeps its model path.
+# Edges a SavedModel adds beside a model's own: walked last, so a weight keeps its model path
+# (`_layers`: a Keras 3 Sequential's layers, which its checkpoint reaches through `_functional`).
 _SERVING_EDGES = frozenset({
     "variables", "trainable_variables", "non_trainable_variables", "keras_api",
     "_all_variables", "regularization_losses", "signatures", "weights", "trainable_weights",
-    "non_trainable_weights", "_default_save_signature"})
+    "non_trainable_weights", "_default_save_signature", "_layers"})
 
 
 class SavedVariable(NamedTuple):

@@ -10,6 +10,8 @@ directories give typed errors and change nothing.
 import importlib.util
 import os
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -18,7 +20,7 @@ import tensorflow as tf
 import objckpt
 from objckpt import _meta, errors
 
-from flavours import Dense, assert_same, keras_for, legacy_keras_env, values
+from flavours import Dense, assert_same, build_functional, keras_for, legacy_keras_env, values
 
 X = np.random.default_rng(0).normal(size=(4, 6, 6, 3)).astype("float32")
 
@@ -95,6 +97,21 @@ def test_module_saved_model_migrates_inspects_and_verifies(module_saved, tmp_pat
     assert report.ok and report.tensors == 7, report.describe()
 
 
+def test_command_line_inspects_without_tensorflow_and_verifies(module_saved):
+    directory, _ = module_saved
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    blocked = ("import sys; sys.modules.update(dict.fromkeys(('tensorflow', 'keras', "
+               "'tf_keras'), None)); sys.argv[0] = 'objckpt'; from objckpt import cli; cli.run()")
+    result = subprocess.run([sys.executable, "-c", blocked, "inspect", directory],
+                            capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "7 variables" in result.stdout and "scale" in result.stdout, result.stdout
+    result = subprocess.run([sys.executable, "-m", "objckpt", "verify", directory],
+                            capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0 and "OK:" in result.stdout and "7 tensors" in result.stdout
+
+
 # --- damaged and hostile SavedModels ---------------------------------------------------------
 
 def _broken(module_saved, tmp_path, pb: bytes | None = None, drop_variables=False) -> str:
@@ -154,6 +171,13 @@ def test_missing_variables_and_a_saved_model_without_variables(module_saved, tmp
         objckpt.restore(net, directory)
     assert_same(before, values(objckpt.tree(net)))
     assert "`variables/variables.index` is missing" in str(objckpt.verify(directory).problems[0])
+    device = _broken(module_saved, tmp_path / "device")
+    os.remove(os.path.join(device, "saved_model.pb"))
+    os.symlink(os.devnull, os.path.join(device, "saved_model.pb"))
+    with pytest.raises(errors.CheckpointCorruptError, match="is a character device, not a "
+                       "regular file; not opened"):
+        objckpt.restore(net, device)
+    assert_same(before, values(objckpt.tree(net)))
 
     class Functions(tf.Module):
         @tf.function(input_signature=[tf.TensorSpec((None,), tf.float32)])
@@ -223,6 +247,26 @@ def test_keras3_export_into_keras3_by_keras_names(tmp_path):
     np.testing.assert_array_equal(fresh.predict(X, verbose=0), expected)
     after = values(objckpt.tree(fresh))
     assert_same(optimizer_before, {p: after[p] for p in optimizer_before})
+
+
+def test_keras3_tf_saved_model_save_into_keras3_with_optimizer_state(tmp_path):
+    if legacy_keras_env():
+        pytest.skip("Keras 3 SavedModels are tested in the keras3 and tf216 sessions")
+    keras = keras_for("keras3")
+    keras.utils.clear_session()
+    model = build_functional(keras)  # trained: Adam's m and v exist
+    directory = str(tmp_path / "saved")
+    tf.saved_model.save(model, directory)
+    keras.utils.clear_session()
+    fresh = build_functional(keras, train=False)
+    fresh.optimizer.build(fresh.trainable_variables)
+    plan = objckpt.plan(directory, fresh)
+    # A Sequential's SavedModel-only `_layers` edge is walked last: its weights keep the
+    # model's own paths, and the optimizer's layout then agrees entry by entry.
+    assert plan.complete and plan.strategies() == {"exact": len(objckpt.tree(fresh))}, \
+        plan.describe()
+    objckpt.restore(fresh, directory)
+    assert_same(values(objckpt.tree(model)), values(objckpt.tree(fresh)))
 
 
 def _legacy_model(keras):
