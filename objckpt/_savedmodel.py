@@ -4,10 +4,10 @@ A TF2 SavedModel (`tf.saved_model.save`, Keras 3 `model.export`, tf_keras and Ke
 `model.save(dir)`) keeps its variables in an object-based checkpoint, `dir/variables/variables`,
 and in `dir/saved_model.pb` a `SavedObjectGraph` whose node i is node i of that checkpoint's
 object graph: its `variable` nodes (`SavedVariable`) say each variable's dtype, shape and name.
-Only that much of `saved_model.pb` is decoded, with `_bundle`'s strict wire decoder from a
-memory map: `graph_def`, functions, signatures and Keras metadata are skipped unread, and
-nothing is loaded, traced or evaluated (never `tf.saved_model.load`). TensorFlow is imported
-only to read tensor values (RestoreV2), as for checkpoints.
+`_savedobjects` decodes only that much, TF-free; nothing is loaded, traced or evaluated (never
+`tf.saved_model.load`). The checkpoint is validated by `_bundle` and `_objgraph` and must agree
+with `saved_model.pb`; TensorFlow is imported only to read tensor values (RestoreV2), as for
+checkpoints.
 
 Every variable is keyed by the path people know: a walk from the root that takes the lists a
 SavedModel adds for serving (`variables`, `trainable_variables`, `keras_api`, ...) and
@@ -20,32 +20,21 @@ variables of `variables`) and Keras metrics reachable only through `keras_api`.
 
 from __future__ import annotations
 
-import mmap
 import os
 from typing import NamedTuple
 
-from objckpt import _bundle, _objgraph, _paths, _render, errors
+from objckpt import _bundle, _objgraph, _paths, _render, _savedobjects, errors
+from objckpt._savedobjects import PB, damaged
 
-__all__ = ["SavedVariable", "Variables", "find", "open_savedmodel", "problems",
-           "read_metadata", "read_variables"]
+__all__ = ["PB", "Variables", "find", "open_savedmodel", "problems", "read_metadata",
+           "read_variables"]
 
-PB = "saved_model.pb"
-_MAX_PB = 1 << 31  # protobuf's own limit for one message
 # Edges a SavedModel adds beside a model's own: walked last, so a weight keeps its model path
 # (`_layers`: a Keras 3 Sequential's layers, which its checkpoint reaches through `_functional`).
 _SERVING_EDGES = frozenset({
     "variables", "trainable_variables", "non_trainable_variables", "keras_api",
     "_all_variables", "regularization_losses", "signatures", "weights", "trainable_weights",
     "non_trainable_weights", "_default_save_signature", "_layers"})
-
-
-class SavedVariable(NamedTuple):
-    """A `variable` node of `saved_model.pb`: DataType enum, shape (None: unknown), name."""
-
-    dtype: int
-    shape: tuple | None
-    name: str
-    trainable: bool
 
 
 class Variables(NamedTuple):
@@ -95,129 +84,6 @@ def find(path: str) -> str | None:
     return None
 
 
-# --- saved_model.pb ----------------------------------------------------------------------
-
-def _read_pb(directory: str) -> dict:
-    """{node id: SavedVariable} and the node count of the SavedObjectGraph, or None for a
-    TF1 SavedModel (no object graph). Raises CheckpointCorruptError."""
-    path = os.path.join(directory, PB)
-    problem = _bundle.regular_file_problem(path, _MAX_PB)
-    if problem is not None:
-        raise _damaged(directory, f"{problem}; not opened")
-    try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size == 0:
-                raise _damaged(directory, f"`{PB}` is empty")
-            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    except OSError as err:
-        raise _damaged(directory, f"`{PB}` cannot be read ({_render.first_line(err)})") from err
-    try:
-        return _parse_saved_model(data)
-    except _bundle.WireError as err:
-        raise _damaged(directory, f"`{PB}` does not parse: {err}") from None
-    finally:
-        data.close()
-
-
-def _parse_saved_model(data) -> tuple | None:
-    found = None
-    for number, wire, value in _bundle.fields(data, 0, len(data)):
-        if number == 1:  # saved_model_schema_version
-            _bundle.expect_wire(wire, 0, "SavedModel", number)
-        elif number == 2:  # meta_graphs: each checked; the first with an object graph is used
-            _bundle.expect_wire(wire, 2, "SavedModel", number)
-            graph = _parse_meta_graph(data, *value)
-            if found is None and graph is not None:
-                found = graph
-    return found
-
-
-def _parse_meta_graph(data, start: int, end: int):
-    seen: set = set()
-    graph = None
-    for number, wire, value in _bundle.fields(data, start, end):
-        if number == 7:  # object_graph_def; graph_def, signatures, ...: skipped unread
-            _bundle.expect_wire(wire, 2, "MetaGraphDef", number)
-            _bundle.singular(seen, number, "MetaGraphDef")
-            graph = _parse_object_graph(data, *value)
-    return graph
-
-
-def _parse_object_graph(data, start: int, end: int) -> tuple:
-    count, variables = 0, {}
-    for number, wire, value in _bundle.fields(data, start, end):
-        if number == 1:
-            _bundle.expect_wire(wire, 2, "SavedObjectGraph", number)
-            try:
-                variable = _parse_object(data, *value)
-            except _bundle.WireError as err:
-                raise _bundle.WireError(f"object {count}: {err}") from None
-            if variable is not None:
-                variables[count] = variable
-            count += 1
-    return count, variables
-
-
-def _parse_object(data, start: int, end: int) -> SavedVariable | None:
-    variable, kinds = None, set()
-    for number, wire, value in _bundle.fields(data, start, end):
-        if 4 <= number <= 12 and number != 11:  # the `kind` oneof: one member at most
-            _bundle.expect_wire(wire, 2, "SavedObject", number)
-            _bundle.singular(kinds, "kind", "SavedObject")
-            if number == 7:
-                variable = _parse_variable(data, *value)
-    return variable
-
-
-def _parse_variable(data, start: int, end: int) -> SavedVariable:
-    dtype, shape, name, trainable, seen = 0, (), "", False, set()
-    for number, wire, value in _bundle.fields(data, start, end):
-        if number in (1, 3):
-            _bundle.expect_wire(wire, 0, "SavedVariable", number)
-            _bundle.singular(seen, number, "SavedVariable")
-            if number == 1:
-                dtype = _bundle.int32(value)
-            else:
-                trainable = bool(value)
-        elif number in (2, 6):
-            _bundle.expect_wire(wire, 2, "SavedVariable", number)
-            _bundle.singular(seen, number, "SavedVariable")
-            if number == 2:
-                shape = _parse_shape(data, *value)
-            else:
-                try:
-                    name = bytes(data[value[0]:value[1]]).decode("utf-8")
-                except UnicodeDecodeError:
-                    raise _bundle.WireError("a variable name is not UTF-8") from None
-    return SavedVariable(dtype, shape, name, trainable)
-
-
-def _parse_shape(data, start: int, end: int) -> tuple | None:
-    dims: list = []
-    for number, wire, value in _bundle.fields(data, start, end):
-        if number == 2:
-            _bundle.expect_wire(wire, 2, "TensorShapeProto", number)
-            size = -1
-            for n, w, v in _bundle.fields(data, *value):
-                if n == 1:
-                    _bundle.expect_wire(w, 0, "Dim", n)
-                    size = v - (1 << 64) if v >= 1 << 63 else v
-            dims.append(size)
-        elif number == 3:
-            _bundle.expect_wire(wire, 0, "TensorShapeProto", number)
-            if value:
-                return None
-    return None if any(d < 0 for d in dims) else tuple(dims)
-
-
-def _damaged(directory: str, problem: str) -> errors.CheckpointCorruptError:
-    return errors.CheckpointCorruptError(
-        f"SavedModel `{_render.safe(directory)}` cannot be read: {problem}. Nothing was read "
-        "into any variable. Fix: export or save the model again, or restore from its "
-        "checkpoint.")
-
-
 # --- the variables, checked against the checkpoint ----------------------------------------
 
 def read_variables(directory: str) -> Variables:
@@ -228,7 +94,7 @@ def read_variables(directory: str) -> Variables:
         or the checkpoint is missing while `saved_model.pb` lists variables.
       NotObjectBasedError: a TF1 SavedModel (no object graph).
     """
-    found = _read_pb(directory)
+    found = _savedobjects.read_saved_objects(directory)
     prefix = os.path.join(directory, "variables", "variables")
     shown_dir = _render.safe(directory)
     if found is None:
@@ -241,12 +107,12 @@ def read_variables(directory: str) -> Variables:
     if not os.path.exists(prefix + ".index"):
         if not saved:
             return Variables(directory, prefix, (), (), None, None, False)
-        raise _damaged(directory, f"`{PB}` lists {len(saved)} variables but their checkpoint "
+        raise damaged(directory, f"`{PB}` lists {len(saved)} variables but their checkpoint "
                        f"`{_render.safe(prefix)}.index` is missing")
     index = _bundle.read_index(prefix)  # CheckpointCorruptError names the file and entry
     graph = _objgraph.read_object_graph(index)
     for problem in _disagreements(count, saved, index, graph):
-        raise _damaged(directory, problem)
+        raise damaged(directory, problem)
     return _entries(directory, prefix, saved, index, graph)
 
 
@@ -277,7 +143,7 @@ def problems(directory: str) -> list[str]:
     """Every problem of a SavedModel beyond its checkpoint's own (which `verify` checks):
     `saved_model.pb` damaged, the checkpoint missing, or the two disagreeing."""
     try:
-        found = _read_pb(directory)
+        found = _savedobjects.read_saved_objects(directory)
     except errors.CheckpointCorruptError as err:
         return [str(err).split(". Nothing was read")[0]]
     if found is None:
@@ -417,7 +283,7 @@ def open_savedmodel(path: str) -> dict | None:
                     prefix=prefix, tensor_names=[keys[p] for p in paths],
                     shape_and_slices=[""] * len(paths), dtypes=[specs[p][1] for p in paths])
         except tf.errors.OpError as err:
-            raise _damaged(directory, "its checkpoint's data is damaged, truncated or "
+            raise damaged(directory, "its checkpoint's data is damaged, truncated or "
                            f"missing (from TF: {_render.first_line(err)})") from err
 
     return {

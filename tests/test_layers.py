@@ -29,7 +29,8 @@ LAYERS = [
     "objckpt._roles",
     "objckpt._compat",  # the package and its submodules
     "objckpt._files",
-    "objckpt._savedmodel",  # TF-free: SavedModel directories (saved_model.pb decoded)
+    "objckpt._savedobjects",  # pure: saved_model.pb decoded (its variables)
+    "objckpt._savedmodel",  # SavedModel directories as sources (no TF import)
     "objckpt._h5",  # pure: HDF5 files read as untrusted input (h5py, no TF)
     "objckpt._kerash5",  # Keras 3 `.weights.h5` and `.keras` files as sources (no TF import)
     "objckpt._legacyh5",  # Keras 2 / tf_keras HDF5 weights and `.h5` models (no TF import)
