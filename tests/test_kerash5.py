@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import objckpt
-from objckpt import _h5, _meta, cli, errors
+from objckpt import _compat, _h5, _meta, cli, errors
 
 from flavours import _data, assert_same, build_functional, build_subclassed, keras_for, values
 
@@ -255,6 +255,37 @@ def test_h5_reader_refuses_what_keras_never_writes(tmp_path, case):
         data = handle.read()
     with pytest.raises(errors.CheckpointCorruptError, match="start with HDF5's signature"):
         _h5.open_bytes(b"PK" + data[2:], "x.h5")
+
+
+# Where Keras 3's save_weights puts `_sequential`'s weights: (key, shape, weight name).
+SEQUENTIAL_LAYOUT = [
+    ("layers/conv2d/vars/0", (3, 3, 3, 4), "kernel"), ("layers/conv2d/vars/1", (4,), "bias"),
+    ("layers/batch_normalization/vars/0", (4,), "gamma"),
+    ("layers/batch_normalization/vars/1", (4,), "beta"),
+    ("layers/batch_normalization/vars/2", (4,), "moving_mean"),
+    ("layers/batch_normalization/vars/3", (4,), "moving_variance"),
+    ("layers/sequential/layers/dense/vars/0", (64, 4), "kernel"),
+    ("layers/sequential/layers/dense/vars/1", (4,), "bias"),
+    ("layers/sequential/layers/dense_1/vars/0", (4, 2), "kernel"),
+    ("layers/sequential/layers/dense_1/vars/1", (2,), "bias")]
+
+
+@pytest.mark.parametrize("flavour", ["keras3", "tf_keras", "keras2"])
+def test_every_flavour_lays_out_weights_as_keras3_saves_them(flavour, tmp_path):
+    """The obj side of "keras layout" in each flavour, against the keys Keras 3 writes
+    (checked against a real file where Keras 3 runs)."""
+    keras = keras_for(flavour)
+    model = _sequential(keras, train=False)
+    laid_out = [(key, tuple(v.shape), _compat.variable_name(v).split(":")[0].rsplit("/", 1)[-1])
+                for key, v in _compat.keras_weights_layout(model)
+                if not key.startswith("optimizer/")]
+    assert laid_out == SEQUENTIAL_LAYOUT
+    if flavour == "keras3":
+        path = str(tmp_path / "w.weights.h5")
+        model.save_weights(path)
+        with h5py.File(path, "r") as h5:
+            network = [key for key in _datasets(h5) if not key.startswith("optimizer/")]
+        assert sorted(network) == sorted(key for key, _, _ in SEQUENTIAL_LAYOUT)
 
 
 @pytest.mark.parametrize("kind", ["functional", "sequential"])
