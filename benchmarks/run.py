@@ -271,6 +271,13 @@ def main(argv=None) -> int:
             out.setdefault("formats", []).append(result)
             print(f"\n[formats: Keras 3 .weights.h5] {result['model']}")
             _print_result("", result)
+        import bench_legacyh5
+
+        result = bench_legacyh5.bench_legacyh5(max(5, args.repeats // 2))
+        if result is not None:  # needs tf_keras, or TF <= 2.15's Keras 2
+            out.setdefault("formats", []).append(result)
+            print(f"\n[formats: Keras 2 .h5] {result['model']}")
+            _print_result("", result)
     if args.section in ("all", "checkpointing") and args.only != "b":
         import bench_checkpointing
 
