@@ -191,7 +191,10 @@ def _entries(directory, prefix, saved, index, graph) -> Variables:
             if attribute.name != _paths.VARIABLE_VALUE:
                 continue
             key = attribute.checkpoint_key
-            entry = index.entries[key]
+            entry = index.entries.get(key)
+            if entry is None:  # check_graph found it saved under a longer key only
+                raise damaged(directory, f"its checkpoint lists `{_render.safe(path)}` (object "
+                              f"{node_id}) but holds no tensor `{_render.safe(key)}`")
             name = saved[node_id].name if node_id in saved else attribute.full_name
             name = name[:-2] if name.endswith(":0") else name
             if node_id in duplicates:
