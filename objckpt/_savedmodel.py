@@ -330,6 +330,6 @@ def read_metadata(path: str) -> dict | None:
             return None  # its checkpoint given: listed by name
         raise
     return {"prefix": found.prefix, "notes": found.notes, "index": found.index,
-            "graph": found.graph,
+            "graph": found.graph, "description": f"SavedModel `{_render.safe(directory)}`",
             "variables": [(canonical, shown, shape, dtype, key, name)
                           for shown, canonical, key, shape, dtype, name in found.entries]}
