@@ -106,7 +106,8 @@ def test_command_line_inspects_without_tensorflow_and_verifies(module_saved):
     result = subprocess.run([sys.executable, "-c", blocked, "inspect", directory],
                             capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr
-    assert "7 variables" in result.stdout and "scale" in result.stdout, result.stdout
+    assert f"SavedModel `{directory}`: 7 variables" in result.stdout, result.stdout
+    assert "scale" in result.stdout, result.stdout
     result = subprocess.run([sys.executable, "-m", "objckpt", "verify", directory],
                             capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0 and "OK:" in result.stdout and "7 tensors" in result.stdout
