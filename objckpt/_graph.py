@@ -253,13 +253,15 @@ def _load(source):
         from objckpt import _meta, _objgraph
 
         entries = _meta.read(source)
-        if entries.name_based:
+        if entries.graph is None:  # a TF1 checkpoint, or a file without an object graph
             names = sorted(entries)
             proto = _objgraph.name_graph(names)
             specs = {_paths.checkpoint_key("/".join(map(_paths.escape, n.split("/")))):
                      _spec(entries[n]) for n in names}
-            return (proto, specs, None, entries.prefix,
+            note = (f"{entries.description}: weights by key, split at '/'"
+                    if entries.description else
                     "name-based (TF1 Saver) checkpoint: variable names split at '/'")
+            return proto, specs, None, entries.prefix, note
         specs = {e.key: _spec(e) for e in entries.values()}
         return entries.graph, specs, None, entries.prefix, ""
     from objckpt import _compat, _tree

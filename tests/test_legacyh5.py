@@ -7,6 +7,7 @@ writes this layout too (keras3 session). Damaged and hostile files are made with
 """
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -308,3 +309,26 @@ def test_subclassed_model_and_its_own_weight(flavour, tmp_path):
     assert [m.source for m in report.plan.matches if m.strategy == "layer name"] == \
         ["top_level_model_weights/scale"]
     np.testing.assert_array_equal(np.asarray(model(x)), np.asarray(saved(x)))
+
+
+def test_command_line_reads_it_without_tensorflow(tmp_path):
+    """inspect, graph and verify of a Keras 2 `.h5` in a process where TF cannot import."""
+    path = write_h5(tmp_path / "w.h5")
+    blocked = ("import sys; sys.modules.update(dict.fromkeys(('tensorflow', 'keras', "
+               "'tf_keras'), None)); sys.argv[0] = 'objckpt'; from objckpt import cli; cli.run()")
+    root = os.path.dirname(HERE)
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+    def run(*args):
+        done = subprocess.run([sys.executable, "-c", blocked, *args], capture_output=True,
+                              text=True, env=env, timeout=300, check=False)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    listed = json.loads(run("inspect", path, "--format", "json"))["variables"]
+    assert [(v["path"], v["shape"], v["dtype"], v["name"], v["key"]) for v in listed] == [
+        ("dense/kernel", [3, 2], "float32", "dense/kernel", "dense/dense/kernel:0"),
+        ("dense/bias", [2], "float32", "dense/bias", "dense/dense/bias:0")]
+    assert run("inspect", path).startswith(f"Keras 2 HDF5 weights `{path}`: 2 variables, 8 ")
+    assert 'label="kernel\\n(3, 2) float32"' in run("graph", path)
+    assert run("verify", path).splitlines()[-1].startswith(f"OK: {path}: 2 tensors")
