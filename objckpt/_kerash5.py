@@ -72,6 +72,9 @@ def _find(path: str) -> _Opened | None:
         return _Opened(path, f"Keras 3 model file `{path}` (its {WEIGHTS_MEMBER}; "
                              "config.json not loaded)", data, notes)
     if head != _h5.SIGNATURE:
+        if os.path.basename(path).endswith((".weights.h5", ".keras")):
+            raise _zip_fail(path, None, "starts with neither HDF5's signature nor a zip's; "
+                                        "it is damaged or no Keras file")
         return None
     with _h5.open_file(path) as h5:
         if h5.has("model_weights") or h5.attr_strings("", "layer_names") is not None:

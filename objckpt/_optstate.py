@@ -46,10 +46,17 @@ def place_optimizer_state(source, targets, view, rules, optimizer_left, chosen, 
     if network_exact and _same_optimizer_layout(source, targets, view, optimizer_left, chosen):
         # The same network and the same optimizer layout on both sides (a model restored
         # from its own checkpoint): every entry has its twin at the same path.
+        by_layout = 0
         for key, new in optimizer_left:
             strategy, found = candidates(new, targets, new != key)
             chosen[found[0]] = _by_path(key, strategy if strategy in _SAME_LAYOUT else "exact",
                                         rules)
+            by_layout += strategy == "keras layout"
+        if by_layout:  # a Keras 3 weights file names no owners: say what was assumed
+            notes.append(f"{by_layout} optimizer entries moved by their place in the Keras 3 "
+                         "weights file (it records no owners): the obj's optimizer has the "
+                         "same variables in the same shapes, so the same layers are assumed "
+                         "trainable on both sides; if not, pass optimizer_state=False")
         return
     orphans = 0
     for key, new in optimizer_left:

@@ -97,6 +97,12 @@ def test_restore_into_the_same_architecture(keras3, files, kind, fmt):
     assert plan.complete
     assert plan.strategies() == {
         "keras layout": len(target.variables) + len(target.optimizer.variables)}
+    moved = len(target.optimizer.variables)
+    assert (f"{moved} optimizer entries moved by their place in the Keras 3 "
+                          "weights file (it records no owners): the obj's optimizer has the "
+                          "same variables in the same shapes, so the same layers are assumed "
+                          "trainable on both sides; if not, pass optimizer_state=False"
+                          ) in plan.notes
     report = objckpt.restore(target, path)
     described = ("Keras 3 weights file" if fmt == "weights.h5" else "Keras 3 model file")
     assert report.source.startswith(f"{described} `{path}`")
@@ -109,6 +115,29 @@ def test_restore_into_the_same_architecture(keras3, files, kind, fmt):
     assert int(target.optimizer.iterations) == int(source.optimizer.iterations)
 
 
+def test_optimizer_state_of_another_layout_is_never_guessed(keras3, tmp_path):
+    """A file written with the conv layer frozen has fewer optimizer variables: they move
+    nowhere by position; the network moves with optimizer_state=False."""
+    source = _sequential(keras3, train=False)
+    source.layers[0].trainable = False
+    source.compile(optimizer=keras3.optimizers.Adam(0.01), loss="mse")
+    images, _, targets = _data()
+    source.fit(images, targets, epochs=1, batch_size=4, verbose=0)
+    path = str(tmp_path / "frozen.weights.h5")
+    source.save_weights(path)
+    target = _trained_differently(keras3, "sequential")
+    before = values(objckpt.tree(target))
+    state = [np.array(v) for v in target.optimizer.variables]
+    with pytest.raises(errors.StructureMismatchError, match="optimizer_state=False to skip"):
+        objckpt.restore(target, path)
+    assert_same(before, values(objckpt.tree(target)))
+    objckpt.restore(target, path, optimizer_state=False)
+    x = _inputs("sequential")
+    np.testing.assert_array_equal(source(x), target(x))
+    assert len(state) == 18 and all(  # the obj's optimizer state is left as it was
+        np.array(v).tobytes() == s.tobytes() for v, s in zip(target.optimizer.variables, state))
+
+
 def test_migrate_inspect_and_verify(keras3, files, tmp_path, capsys):
     source, weights, _ = files["sequential"]
     target = _sequential(keras3, train=False)
@@ -116,6 +145,14 @@ def test_migrate_inspect_and_verify(keras3, files, tmp_path, capsys):
     fresh = _sequential(keras3, train=False)
     objckpt.restore(fresh, prefix)
     np.testing.assert_array_equal(source(_inputs("sequential")), fresh(_inputs("sequential")))
+
+    # The nested Sequential alone, from its place in the file (`at`): the same layout below.
+    inner = keras3.Sequential([keras3.Input((64,)), keras3.layers.Dense(4, activation="relu"),
+                               keras3.layers.Dense(2)])
+    report = objckpt.restore(inner, weights, at="layers/sequential", optimizer_state=False)
+    assert len(report.restored) == 4
+    for mine, theirs in zip(inner.variables, source.layers[-1].variables):
+        np.testing.assert_array_equal(mine.numpy(), theirs.numpy())
 
     listed = _meta.read(weights)
     with h5py.File(weights, "r") as h5:
