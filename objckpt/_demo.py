@@ -160,7 +160,7 @@ def run(out: str | None = None, epochs: int = 6, stream=None) -> int:
         import tensorflow as tf
 
         import objckpt
-        from objckpt import _render, callbacks
+        from objckpt import _meta, _render, callbacks
 
         keras = _keras3()
         clock.say(f"  TF {tf.__version__}, Keras {keras.__version__}, "
@@ -192,7 +192,7 @@ def run(out: str | None = None, epochs: int = 6, stream=None) -> int:
                   f"{restored:.4f} after restore ({len(report.restored)} variables)")
         if not abs(restored - best.metric) <= 1e-4 * max(1.0, abs(best.metric)):
             failures.append(f"restored val_loss {restored} != saved {best.metric}")
-        clock.say(f"\n{_render.inspect_text(objckpt.read_tree(best.prefix))}")
+        clock.say(f"\n{_render.inspect_text(_meta.read(best.prefix))}")
     with clock.step("write a TF1 name-based checkpoint with TF1 graph code (Saver)"):
         tf1_prefix, tf1_outputs = _tf1_checkpoint(tf, np, os.path.join(out, "tf1"), train)
         names = tf.train.list_variables(tf1_prefix)
@@ -218,7 +218,7 @@ def run(out: str | None = None, epochs: int = 6, stream=None) -> int:
         clock.say(f"  Keras 3 optimizer iterations {step} (TF1 global_step {tf1_step})")
         if step != tf1_step:
             failures.append(f"optimizer iterations {step} != TF1 global_step {tf1_step}")
-        clock.say(f"\n{_render.inspect_text(objckpt.read_tree(migrated))}")
+        clock.say(f"\n{_render.inspect_text(_meta.read(migrated))}")
     with clock.step("verify checksums and object graphs"):
         for source in (run_dir, migrated):
             result = objckpt.verify(source)

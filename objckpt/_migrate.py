@@ -158,7 +158,9 @@ def migrate(source, obj, prefix, *, rules=(), at: str | None = None,
 
 def _write_parts(work, paths, specs, fed, variables, the_plan, meter) -> list[str]:
     names = [_compat.variable_name(variables[p]) for p in paths]
-    graph = _tree.build_object_graph(paths, names)
+    # With the edges TF writes besides each canonical path (a trained Keras 3 model's layers
+    # reach weights its optimizer lists first), as `objckpt.save` writes them.
+    graph = _tree.build_object_graph(paths, names, variables.graph_aliases())
     parts, group, group_bytes = [], [], 0
 
     def flush():

@@ -44,6 +44,12 @@ def test_demo_trains_restores_migrates_and_draws(tmp_path):
         "global_step"))
     assert step == 30 and f"Keras 3 optimizer iterations {step} (TF1 global_step {step})" \
         in text
+    # Its tables name weights as people know them: under their layers with the Keras name
+    # beside them, Adam slots saying whose they are (issue 19).
+    assert re.search(r"^\s+_kernel  \[mlp/hidden/kernel\]", text, re.M), text
+    assert "_trainable_variables" not in text
+    assert re.search(r"optimizer/_variables/2  \[m of `_functional/_operations/1/_kernel`\]",
+                     text), text
     # The migrated weights are TF1's bit for bit; the two forward passes may round apart by
     # float32 ulps (oneDNN picks kernels per CPU: 0 on some machines, 1.49e-07 on others).
     diff = float(re.search(r"max \|diff\| ([-+.\de]+)", text).group(1))
