@@ -34,6 +34,11 @@ def _sequential(keras, *, train=True):
     return model
 
 
+def untrained_sequential():
+    """The template of `objckpt migrate --template` (Keras 3)."""
+    return _sequential(keras_for("keras3"), train=False)
+
+
 BUILDERS = {"functional": build_functional, "subclassed": build_subclassed,
             "sequential": _sequential}
 
@@ -145,6 +150,13 @@ def test_migrate_inspect_and_verify(keras3, files, tmp_path, capsys):
     fresh = _sequential(keras3, train=False)
     objckpt.restore(fresh, prefix)
     np.testing.assert_array_equal(source(_inputs("sequential")), fresh(_inputs("sequential")))
+
+    # The command line: objckpt migrate w.weights.h5 OUT --template MODULE:CALLABLE.
+    out = str(tmp_path / "cli")
+    assert cli.main(cli._parse(["objckpt", "migrate", weights, out, "--template",
+                                f"{__name__}:untrained_sequential"])) == 0
+    assert capsys.readouterr().out == f"wrote {out}\n"
+    assert objckpt.diff(prefix, out).same
 
     # The nested Sequential alone, from its place in the file (`at`): the same layout below.
     inner = keras3.Sequential([keras3.Input((64,)), keras3.layers.Dense(4, activation="relu"),
