@@ -37,8 +37,9 @@ __all__ = ["Entry", "Layout", "dtype_enum", "listing", "read_layout", "source_fi
 
 # The group of a model's own weights (in no layer), which `layer_names` does not list.
 TOP_LEVEL = "top_level_model_weights"
-# Keras splits an attribute over 64 KiB into `name0`, `name1`, ...: read at most this many.
-MAX_CHUNKS = 1 << 16
+# Keras splits an attribute over 64 KiB into `name0`, `name1`, ... (never an empty one):
+# read at most this many (64 MiB of names).
+MAX_CHUNKS = 1024
 
 # The DataType enum of each dtype `_h5` accepts (as `objckpt._meta` lists them).
 _ENUMS = {"float32": 1, "float64": 2, "int32": 3, "uint8": 4, "int16": 5, "int8": 6,
@@ -130,6 +131,9 @@ def _strings(h5, path: str, name: str) -> list[str] | None:
         part = h5.attr_strings(path, f"{name}{chunk}")
         if part is None:
             return out if chunk else None
+        if not part:
+            raise _fail(h5.shown, path or "/", f"its attribute `{name}{chunk}` is empty (Keras "
+                                               "never writes an empty part)")
         out.extend(part)
         if len(out) > _h5.MAX_ATTR_ITEMS:
             raise _fail(h5.shown, path or "/", f"its attribute `{name}` lists more than "
@@ -173,13 +177,13 @@ def read_layout(path: str) -> Layout | None:
             raise _fail(path, root or "/", "`layer_names` lists a layer more than once")
         if TOP_LEVEL in present and TOP_LEVEL not in layer_names:
             layer_names = [*layer_names, TOP_LEVEL]  # the model's own weights, in no layer
+        holding = {key[len(base):].split("/", 1)[0] for key in datasets}
         for layer in layer_names:
             if layer not in present:
                 raise _fail(path, root or "/", f"`layer_names` lists layer "
                                                f"`{_render.safe(layer)}`, but the file has "
                                                "no group of that name")
-            held = any(key.startswith(f"{base}{layer}/") for key in datasets)
-            weights = _weight_names(h5, base + layer, held)
+            weights = _weight_names(h5, base + layer, layer in holding)
             for name in weights:
                 dataset = datasets.get(f"{base}{layer}/{name}")
                 if dataset is None:
@@ -298,7 +302,8 @@ def source_fields(path: str) -> dict | None:
     return dict(
         description=layout.description, kind="object", specs=specs, fetch=fetch,
         subtree=subtree,
-        top_level_names=list(layout.layers) + (["optimizer"] if layout.owners else []),
+        top_level_names=list(layout.layers) + (
+            ["optimizer"] if any(not e.layer for e in entries.values()) else []),
         prefix=path, notes=notes, names={key: e.name for key, e in entries.items()},
         structure=lambda: ("keras2 h5", tuple(specs.items()),
                            tuple(sorted(layout.owners.items())), notes),
