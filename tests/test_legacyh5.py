@@ -144,6 +144,31 @@ def test_full_model_moves_adam_state_by_owner(written, flavour, variant):
     assert int(model.optimizer.iterations.numpy()) == int(data["iterations"]) == 1
 
 
+def test_structure_carries_it_into_a_keras3_model_named_otherwise(written):
+    """No name or path lines up (a subclassed Keras 3 model, attributes and layers named
+    otherwise): layer by layer, by role and shape."""
+    keras = keras_of("keras3")
+
+    class Net(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = keras.layers.Conv2D(4, 3), keras.layers.BatchNormalization()
+            self.f = keras.layers.Flatten()
+            self.h = keras.Sequential([keras.layers.Dense(5, activation="relu"),
+                                       keras.layers.Dense(2)])
+
+        def call(self, x, training=False):
+            return self.h(self.f(self.b(self.a(x), training=training)))
+
+    data = written["new"]
+    model = Net()
+    model(data["x"])
+    report = objckpt.restore(model, os.path.join(data["dir"], "w.h5"))
+    assert report.plan.strategies() == {"structure": 10}
+    assert [m.source for m in report.plan.matches] == NETWORK_KEYS
+    assert_outputs(model, data, "keras3")
+
+
 def test_optimizer_state_is_skipped_and_listed_without_an_optimizer(written):
     keras = session_keras()
     data = written["legacy"]
