@@ -4,7 +4,10 @@ Keras 3 `model.save_weights("w.weights.h5")` writes HDF5 with each object's own 
 under `<path>/vars/<i>`: `layers/conv2d/vars/0`, nested `layers/functional/layers/dense/vars/1`,
 the optimizer's under `optimizer/vars/<i>` (layer paths come from class names, not layer
 names: see `_compat.keras_weights_layout`). `model.save("m.keras")` zips that file as
-`model.weights.h5` beside `config.json` and `metadata.json`. Keys here are those HDF5 paths;
+`model.weights.h5` beside `config.json` and `metadata.json`; `save_weights("w.weights.json",
+max_shard_size=...)` splits the HDF5 into shard files `w_00000.weights.h5`, ... named by the
+JSON's `weight_map` (read as data; names must be plain file names beside it, and no key may
+sit in two shards). Keys here are those HDF5 paths;
 the obj's variables are found under the same layout (strategy "keras layout" of a plan).
 
 Both are untrusted: the HDF5 is read through `_h5` (structure and every dataset's metadata
@@ -37,6 +40,7 @@ MAX_RATIO = 100  # inflated bytes per compressed byte, above _RATIO_FLOOR
 _RATIO_FLOOR = 1 << 24
 _MAX_MEMBERS = 100_000
 _MAX_METADATA = 1 << 16
+_MAX_SHARD_INDEX = 1 << 26
 _ZIP_MAGIC = b"PK\x03\x04"
 # NumPy dtype names `_h5` accepts -> TF's DataType enum (as checkpoints store it).
 _DATATYPES = {"float32": 1, "float64": 2, "int32": 3, "uint8": 4, "int16": 5, "int8": 6,
@@ -45,15 +49,31 @@ _DATATYPES = {"float32": 1, "float64": 2, "int32": 3, "uint8": 4, "int16": 5, "i
 
 
 class _Opened:
-    """A Keras 3 weights file found at a path: how to (re)open its HDF5, and its name."""
+    """A Keras 3 weights file found at a path: its HDF5 parts (one, or a sharded file's
+    shards), how to (re)open each, and what it is called."""
 
-    def __init__(self, path: str, description: str, data: bytes | None, notes=()):
-        self.path, self.description, self.data, self.notes = path, description, data, notes
+    def __init__(self, path: str, description: str, parts: list, notes=()):
+        self.path, self.description, self.notes = path, description, tuple(notes)
+        self.parts = parts  # [(path of an HDF5 file, or its bytes with the name shown)]
 
-    def h5(self) -> _h5.H5File:
-        if self.data is None:
-            return _h5.open_file(self.path)
-        return _h5.open_bytes(self.data, f"{self.path}:{WEIGHTS_MEMBER}")
+    def h5(self, part: int = 0) -> _h5.H5File:
+        where = self.parts[part]
+        if isinstance(where, str):
+            return _h5.open_file(where)
+        return _h5.open_bytes(where[0], where[1])
+
+    def datasets(self) -> dict:
+        """{key: (part, Dataset)} of every part, in Keras's order; a key in two shards is
+        an error (Keras would read one of them)."""
+        found: dict = {}
+        for part in range(len(self.parts)):
+            with self.h5(part) as h5:
+                for key, dataset in h5.datasets().items():
+                    if key in found:
+                        raise _refused(self.path, None, f"lists `{_render.safe(key)}` in two "
+                                       "shard files")
+                    found[key] = (part, dataset)
+        return _ordered(found)
 
 
 def _find(path: str) -> _Opened | None:
@@ -70,16 +90,50 @@ def _find(path: str) -> _Opened | None:
             return None
         data, notes = _zip_weights(path)
         return _Opened(path, f"Keras 3 model file `{path}` (its {WEIGHTS_MEMBER}; "
-                             "config.json not loaded)", data, notes)
+                             "config.json not loaded)",
+                       [(data, f"{path}:{WEIGHTS_MEMBER}")], notes)
+    if path.endswith(".weights.json"):
+        shards = _shards(path)
+        return _Opened(path, f"Keras 3 sharded weights `{path}` ({len(shards)} shard "
+                             f"file{'s' * (len(shards) != 1)})", shards)
     if head != _h5.SIGNATURE:
         if os.path.basename(path).endswith((".weights.h5", ".keras")):
-            raise _zip_fail(path, None, "starts with neither HDF5's signature nor a zip's; "
+            raise _refused(path, None, "starts with neither HDF5's signature nor a zip's; "
                                         "it is damaged or no Keras file")
         return None
     with _h5.open_file(path) as h5:
         if h5.has("model_weights") or h5.attr_strings("", "layer_names") is not None:
             return None  # Keras 2 / tf_keras HDF5: model_weights/<layer>/<layer>/kernel:0
-    return _Opened(path, f"Keras 3 weights file `{path}`", None)
+    return _Opened(path, f"Keras 3 weights file `{path}`", [path])
+
+
+def _shards(path: str) -> list[str]:
+    """The shard files a sharded `.weights.json` names (`save_weights(..., max_shard_size=)`):
+    plain file names beside it, checked before any is opened."""
+    try:
+        with open(path, "rb") as handle:
+            text = handle.read(_MAX_SHARD_INDEX + 1)
+        if len(text) > _MAX_SHARD_INDEX:
+            raise _refused(path, None, f"is larger than {_MAX_SHARD_INDEX:,} bytes")
+        index = json.loads(text)
+    except (OSError, ValueError, RecursionError) as err:
+        raise _refused(path, None, f"is no JSON shard index ({_render.first_line(err)})"
+                       ) from err
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict):
+        raise _refused(path, None, "has no `weight_map` object")
+    names: dict = {}
+    for value in weight_map.values():
+        for name in value if isinstance(value, list) else [value]:
+            if not isinstance(name, str) or not name.endswith(".h5") or name != \
+                    os.path.basename(name) or "\\" in name or "\0" in name or \
+                    name.startswith("."):
+                raise _refused(path, None, f"names the shard `{_render.safe(str(name))}`; "
+                                           "expected a file name beside it (`*.h5`)")
+            names.setdefault(name, None)
+    if not names or len(names) > _MAX_MEMBERS:
+        raise _refused(path, None, f"names {len(names):,} shard files")
+    return [os.path.join(os.path.dirname(path), name) for name in names]
 
 
 def _has_member(path: str, name: str) -> bool:
@@ -112,10 +166,10 @@ def _zip_problem(info: zipfile.ZipInfo) -> str | None:
     return None
 
 
-def _zip_fail(path: str, member: str | None, problem: str) -> errors.CheckpointCorruptError:
+def _refused(path: str, member: str | None, problem: str) -> errors.CheckpointCorruptError:
     where = f"`{_render.safe(path)}`" + (f": member `{_render.safe(member)}`" if member else "")
     return errors.CheckpointCorruptError(
-        f"Keras file {where} {problem}. objckpt reads no such archive; nothing was changed. "
+        f"Keras file {where} {problem}. objckpt reads no such file; nothing was changed. "
         "Fix: use a `.keras` file written by Keras's `model.save`, or its weights saved with "
         "`model.save_weights(\"w.weights.h5\")`.")
 
@@ -125,20 +179,20 @@ def _zip_weights(path: str) -> tuple[bytes, tuple]:
     try:
         archive = zipfile.ZipFile(path)
     except (zipfile.BadZipFile, OSError, ValueError, EOFError) as err:
-        raise _zip_fail(path, None, f"is not a readable zip archive ({_render.first_line(err)})"
+        raise _refused(path, None, f"is not a readable zip archive ({_render.first_line(err)})"
                         ) from err
     with archive:
         infos = archive.infolist()
         if len(infos) > _MAX_MEMBERS:
-            raise _zip_fail(path, None, f"holds {len(infos):,} members")
+            raise _refused(path, None, f"holds {len(infos):,} members")
         for info in infos:
             problem = _zip_problem(info)
             if problem is not None:
-                raise _zip_fail(path, info.filename, problem)
+                raise _refused(path, info.filename, problem)
         found = [info for info in infos if info.filename == WEIGHTS_MEMBER]
         if len(found) != 1:
             other = any(i.filename == "model.weights.npz" for i in infos)
-            raise _zip_fail(path, None, "holds its weights as `model.weights.npz`, which "
+            raise _refused(path, None, "holds its weights as `model.weights.npz`, which "
                             "objckpt does not read" if other else
                             f"holds {len(found)} members named `{WEIGHTS_MEMBER}` (expected 1)")
         notes = _keras_version(archive, infos)
@@ -148,10 +202,10 @@ def _zip_weights(path: str) -> tuple[bytes, tuple]:
                 data = member.read(info.file_size + 1)
         except (zipfile.BadZipFile, OSError, ValueError, EOFError, RuntimeError,
                 NotImplementedError) as err:
-            raise _zip_fail(path, info.filename, f"cannot be read ({_render.first_line(err)})"
+            raise _refused(path, info.filename, f"cannot be read ({_render.first_line(err)})"
                             ) from err
         if len(data) != info.file_size:
-            raise _zip_fail(path, info.filename, f"holds {len(data):,} bytes, not the "
+            raise _refused(path, info.filename, f"holds {len(data):,} bytes, not the "
                             f"{info.file_size:,} its header declares")
     return data, notes
 
@@ -183,13 +237,18 @@ def open_keras3(path: str) -> dict | None:
         return None
     import tensorflow as tf  # only here: the sources' specs and values are TF's
 
-    with opened.h5() as h5:
-        datasets = _ordered(h5.datasets())
+    located = opened.datasets()
+    datasets = {key: dataset for key, (_, dataset) in located.items()}
     specs = {key: (d.shape, tf.as_dtype(d.dtype)) for key, d in datasets.items()}
 
     def fetch(keys) -> list:
-        with opened.h5() as h5:
-            return [_tensor(tf, h5.read(datasets[key]), datasets[key].dtype) for key in keys]
+        values: dict = {}
+        for part in sorted({located[key][0] for key in keys}):
+            with opened.h5(part) as h5:
+                for key in keys:
+                    if located[key][0] == part and key not in values:
+                        values[key] = _tensor(tf, h5.read(datasets[key]), datasets[key].dtype)
+        return [values[key] for key in keys]
 
     def subtree(at: str) -> dict:
         head = at.strip("/") + "/"
@@ -226,8 +285,7 @@ def listing(path: str) -> dict | None:
     opened = _find(path)
     if opened is None:
         return None
-    with opened.h5() as h5:
-        datasets = _ordered(h5.datasets())
+    datasets = {key: dataset for key, (_, dataset) in opened.datasets().items()}
     return {"prefix": path, "notes": tuple(opened.notes), "index": None, "graph": None,
             "description": opened.description,
             "variables": [(key, key, d.shape, _DATATYPES[d.dtype], key, "")
@@ -243,22 +301,23 @@ def check(path: str) -> tuple | None:
     try:
         opened = _find(path)
     except errors.CheckpointCorruptError as err:
-        if not os.path.basename(path).endswith((".keras", ".weights.h5")):
+        if not os.path.basename(path).endswith((".keras", ".weights.h5", ".weights.json")):
             return None  # maybe another format's damaged file: its checker says
         return 0, 0, [("", _render.first_line(err))], ()
     if opened is None:
         return None
     count, nbytes, problems = 0, 0, []
-    try:
-        with opened.h5() as h5:
-            for key, dataset in h5.datasets().items():
-                try:
-                    h5.read(dataset)
-                except errors.CheckpointCorruptError as err:
-                    problems.append((key, _render.first_line(err)))
-                    continue
-                count += 1
-                nbytes += dataset.nbytes
-    except errors.CheckpointCorruptError as err:
-        problems.append(("", _render.first_line(err)))
+    for part in range(len(opened.parts)):
+        try:
+            with opened.h5(part) as h5:
+                for key, dataset in h5.datasets().items():
+                    try:
+                        h5.read(dataset)
+                    except errors.CheckpointCorruptError as err:
+                        problems.append((key, _render.first_line(err)))
+                        continue
+                    count += 1
+                    nbytes += dataset.nbytes
+        except errors.CheckpointCorruptError as err:
+            problems.append(("", _render.first_line(err)))
     return count, nbytes, problems, (f"{opened.description}", *opened.notes)

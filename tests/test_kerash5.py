@@ -8,6 +8,7 @@ keras3 and tf216 sessions; the tf_keras session restores a Keras 3 file into tf_
 
 from __future__ import annotations
 
+import os
 import shutil
 import zipfile
 
@@ -359,3 +360,31 @@ def test_a_keras3_file_restores_into_tf_keras(tmp_path, kind):
             np.testing.assert_array_equal(variables[match.target].numpy(), h5[match.source][()])
     # The same function (Keras 3 and tf_keras compute batch norm in other orders).
     np.testing.assert_allclose(source(x), target(x), rtol=1e-5, atol=1e-6)
+
+
+def test_sharded_weights_restore_and_hostile_shard_names(keras3, files, tmp_path):
+    source, _, _ = files["functional"]
+    index = str(tmp_path / "w.weights.json")
+    source.save_weights(index, max_shard_size=0.000002)  # GB: about 2 KB per shard
+    shards = sorted(n for n in os.listdir(tmp_path) if n.endswith(".weights.h5"))
+    assert len(shards) > 2
+    target = _trained_differently(keras3, "functional")
+    report = objckpt.restore(target, index)
+    assert report.source == f"Keras 3 sharded weights `{index}` ({len(shards)} shard files)"
+    np.testing.assert_array_equal(source(_inputs("functional")), target(_inputs("functional")))
+    assert objckpt.verify(index).tensors == len(source.variables) + len(
+        source.optimizer.variables)
+
+    before = values(objckpt.tree(target))
+    with open(index) as handle:
+        text = handle.read()
+    hostile = str(tmp_path / "evil.weights.json")
+    with open(hostile, "w") as handle:
+        handle.write(text.replace(shards[1], "../" + shards[1], 1))
+    with pytest.raises(errors.CheckpointCorruptError,
+                       match=f"names the shard `../{shards[1]}`; expected a file name beside"):
+        objckpt.restore(target, hostile)
+    os.remove(os.path.join(tmp_path, shards[-1]))
+    with pytest.raises(errors.CheckpointCorruptError, match=f"{shards[-1]}` does not exist"):
+        objckpt.restore(target, index)
+    assert_same(before, values(objckpt.tree(target)))
