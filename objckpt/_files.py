@@ -419,8 +419,8 @@ def resolve_prefix(source: str | os.PathLike, *,
         raise errors.CheckpointNotFoundError(
             f"`{shown}` is a file, not a checkpoint prefix: expected `{shown}.index` and "
             f"`{shown}.data-*` beside it. Pass the prefix (the path without `.index` or "
-            "`.data-*`). Files objckpt also reads: Keras 3 `.weights.h5` and `.keras`, Keras 2 "
-            "HDF5 `.h5`, sharded `.weights.json`; this one is none of them.")
+            "`.data-*`). Files objckpt also reads: Keras 3 `.weights.h5`, `.keras` and sharded "
+            "`.weights.json`, Keras 2 HDF5 `.h5`; this one is none of them.")
     found = nearby_prefixes(os.path.dirname(source))
     hint = (f" Checkpoints found there: {', '.join(map(_render.safe, found))}." if found
             else "")
