@@ -267,10 +267,11 @@ def main(argv=None) -> int:
             _print_result("", result)
             import bench_h5
 
-            result = bench_h5.bench_h5(keras, max(5, args.repeats // 2))
-            out.setdefault("formats", []).append(result)
-            print(f"\n[formats: Keras 3 .weights.h5] {result['model']}")
-            _print_result("", result)
+            for many in (False, True):
+                result = bench_h5.bench_h5(keras, max(5, args.repeats // 2), many=many)
+                out.setdefault("formats", []).append(result)
+                print(f"\n[formats: Keras 3 .weights.h5] {result['model']}")
+                _print_result("", result)
         import bench_legacyh5
 
         result = bench_legacyh5.bench_legacyh5(max(5, args.repeats // 2))

@@ -186,7 +186,12 @@ class H5File:
             if not hasattr(node, "keys"):
                 raise self._fail("/".join(done), "it is a dataset, not a group")
             done.append(edge)
-            if edge not in self._names(node, "/".join(done[:-1])):
+            try:  # H5Lexists: the link itself, never followed (an external one opens nothing)
+                found = node.id.links.exists(edge.encode())
+            except (OSError, ValueError, RuntimeError, KeyError, TypeError) as err:
+                raise self._fail("/".join(done), f"its link cannot be read "
+                                 f"({_render.first_line(err)})") from err
+            if not found:
                 raise self._fail("/".join(done), "there is no such group or dataset")
             node = self._child(node, edge, "/".join(done))
         return node
@@ -254,10 +259,10 @@ class H5File:
         try:
             dtype = dset.dtype
             shape = dset.shape
-            virtual = dset.is_virtual
-            external = dset.external
-            plist = dset.id.get_create_plist()
+            plist = dset.id.get_create_plist()  # one property list, not one per question
             layout = plist.get_layout()
+            virtual = layout == h5py.h5d.VIRTUAL
+            external = plist.get_external_count()
             filters = [plist.get_filter(i)[0] for i in range(plist.get_nfilters())]
             storage = dset.id.get_storage_size()
             offset = dset.id.get_offset() if layout == h5py.h5d.CONTIGUOUS else None
@@ -268,7 +273,7 @@ class H5File:
         except (OSError, ValueError, RuntimeError, KeyError, TypeError) as err:
             raise self._fail(path, f"its header cannot be read ({_render.first_line(err)})"
                              ) from err
-        if virtual or layout == h5py.h5d.VIRTUAL:
+        if virtual:
             raise self._fail(path, "it is a virtual dataset (data in other files)")
         if external:
             raise self._fail(path, "its data is stored in external files")

@@ -273,6 +273,12 @@ def test_hostile_keras_zips_are_refused(keras3, files, tmp_path, case):
     assert_same(before, values(objckpt.tree(target)))
 
 
+def _virtual_layout():
+    layout = h5py.VirtualLayout(shape=(4,), dtype="f4")
+    layout[:] = h5py.VirtualSource("/etc/other.h5", "data", shape=(4,))
+    return layout
+
+
 H5_ODDITIES = {
     "soft": (lambda h5: h5.__setitem__("odd", h5py.SoftLink("/a")), "it is a soft link"),
     "external": (lambda h5: h5.__setitem__("odd", h5py.ExternalLink("/etc/passwd", "/")),
@@ -285,6 +291,11 @@ H5_ODDITIES = {
              "its 0 stored bytes would expand to 8,589,934,592 \\(more than 1000x\\)"),
     "null": (lambda h5: h5.create_dataset("odd", data=h5py.Empty("f4")),
              "it has no dataspace"),
+    "virtual": (lambda h5: h5.create_virtual_dataset("odd", _virtual_layout()),
+                "it is a virtual dataset \\(data in other files\\)"),
+    "external raw data": (lambda h5: h5.create_dataset(
+        "odd", shape=(10,), dtype="f4", external=[("/etc/hostname", 0, 40)]),
+                          "its data is stored in external files"),
 }
 
 
