@@ -8,8 +8,11 @@ keras3 and tf216 sessions; the tf_keras session restores a Keras 3 file into tf_
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
+import sys
 import zipfile
 
 import h5py
@@ -399,3 +402,34 @@ def test_sharded_weights_restore_and_hostile_shard_names(keras3, files, tmp_path
     with pytest.raises(errors.CheckpointCorruptError, match=f"{shards[-1]}` does not exist"):
         objckpt.restore(target, index)
     assert_same(before, values(objckpt.tree(target)))
+
+
+def test_command_line_reads_keras_files_without_tensorflow(files):
+    """inspect, graph and verify of a `.keras` in a process where TF and Keras cannot import."""
+    _, weights, whole = files["sequential"]
+    blocked = ("import sys; sys.modules.update(dict.fromkeys(('tensorflow', 'keras', "
+               "'tf_keras'), None)); sys.argv[0] = 'objckpt'; from objckpt import cli; cli.run()")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+    def run(*args):
+        done = subprocess.run([sys.executable, "-c", blocked, *args], capture_output=True,
+                              text=True, env=env, timeout=300, check=False)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    listed = json.loads(run("inspect", whole, "--format", "json"))["variables"]
+    with h5py.File(weights, "r") as h5:  # the .keras holds the same weights file
+        expected = sorted(_datasets(h5))
+    assert sorted(v["path"] for v in listed) == expected
+    conv = next(v for v in listed if v["path"] == "layers/conv2d/vars/0")
+    assert conv == {"path": "layers/conv2d/vars/0", "network_path": "layers/conv2d/vars/0",
+                    "shape": [3, 3, 3, 4], "dtype": "float32", "nbytes": 432,
+                    "key": "layers/conv2d/vars/0", "name": ""}
+    assert run("inspect", whole).startswith(
+        f"Keras 3 model file `{whole}` (its model.weights.h5; config.json not loaded): "
+        f"{len(expected)} variables, ")
+    assert 'label="0\\n(3, 3, 3, 4) float32"' in run("graph", whole)
+    assert run("verify", whole).splitlines()[-1] == (
+        f"OK: {whole}: {len(expected)} tensors (0.0 MB) read intact with the shapes and dtypes "
+        "their headers declare (HDF5 keeps no checksums of weights)")
