@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import warnings
 
 import tensorflow as tf
 
-from objckpt import _compat, _match, _paths, _render, _rules, _sources, errors
+from objckpt import _compat, _match, _paths, _render, _rules, _sources, _tree, errors
 
 __all__ = ["PendingRestore", "restore_on_create"]
 
@@ -54,6 +55,9 @@ class PendingRestore:
         self._attached: dict = {}  # (id(node), name) -> child being attached right now
         self.skipped = tuple(skipped)
         self.at = at
+        self._rules: tuple = ()  # the parsed rules, for plans of existing variables
+        self._fed: set = set()  # ids of variables that received a value
+        self._used: set = set()  # source keys whose value landed
 
     @property
     def pending(self) -> tuple[str, ...]:
@@ -135,6 +139,59 @@ class PendingRestore:
         if self.done:
             self._unwrap()
 
+    def planned(self) -> list:
+        """(entry, variable, value) for variables that exist but no key names by path.
+
+        Keys that are no object paths of obj (a Keras 3 export's `variables/N`, a weights
+        file's `layers/dense/vars/0`, a TF1 name) reach existing variables through the plan,
+        with every strategy `objckpt.restore` uses (names, layouts, structure); each value is
+        read and checked here, before anything is assigned. The entries it feeds are no
+        longer pending. Nothing is assigned here.
+        """
+        obj, src = self._obj, self._source
+        variables = _tree.tree(obj)
+        if not self._entries or not variables:
+            return []
+        with warnings.catch_warnings():  # the rules were reported once, at the start
+            warnings.simplefilter("ignore")
+            the_plan = _match.make_plan(src, obj, variables, rules=self._rules, at=self.at)
+        entries = {e.source: e for e in self._entries.values()}
+        chosen = [m for m in the_plan.matches if m.source in entries and
+                  m.source not in self._used and id(variables[m.target]) not in self._fed]
+        problems = [p for p in the_plan.mismatched if any(
+            f"`{_render.safe(m)}`" in p for m in entries)] if the_plan.mismatched else []
+        if problems:
+            raise errors.StructureMismatchError(
+                f"restore_on_create: the variables obj has do not fit "
+                f"{_render.safe_text(src.description)}: {len(problems)} problem(s). Nothing "
+                "more was restored.\n" + "\n".join(_render.listed(problems))
+                + "\nFix: build obj with the source's shapes, or map entries with rules.",
+                tuple(problems))
+        out = []
+        for match in chosen:
+            variable = variables[match.target]
+            entry = _Entry(match.target, match.source, match.transform)
+            value = self._value(entry)
+            problem = self._problem(entry, variable, value)
+            if problem:
+                raise errors.StructureMismatchError(
+                    f"restore_on_create: {the_plan.label(match.target)} (from "
+                    f"`{_render.safe(match.source)}`): {problem}. Nothing more was restored.",
+                    (problem,))
+            out.append((entries[match.source], entry, variable, value))
+        for old, entry, _, _ in out:  # pending now under the variable's own path
+            del self._entries[old.path]
+            self._entries[entry.path] = entry
+        # What the plan leaves out on purpose (optimizer state with no optimizer to go to,
+        # say) is skipped, as `restore` skips it, not pending forever.
+        left_out = [why for why in the_plan.skipped
+                    if why.split(": ", 1)[0] in entries and why.split(": ", 1)[0]
+                    not in {m.source for m in chosen}]
+        for why in left_out:
+            self._entries.pop(entries[why.split(": ", 1)[0]].path, None)
+        self.skipped += tuple(left_out)
+        return [(entry, variable, value) for _, entry, variable, value in out]
+
     def _value(self, entry: _Entry):
         """The entry's value, read (and transformed) eagerly, outside any tf.function."""
         with tf.init_scope():
@@ -164,11 +221,15 @@ class PendingRestore:
                 (f"`{entry.path}`: {problem}",))
         with tf.init_scope():  # eagerly, even while a tf.function is being traced
             variable.assign(value, read_value=False)
+        self._fed.add(id(variable))
+        self._used.add(entry.source)
         del self._entries[entry.path]
         self._failed.pop(entry.path, None)
         self._applied.append(entry.path)
 
     def _hook(self, node, edge: str) -> None:
+        if not self._source.keyed_by_path:
+            return  # its keys are no paths to wait on: Keras builds are watched instead
         key = (id(node), edge)
         if key in self._hooked:
             return
@@ -204,6 +265,9 @@ class PendingRestore:
             result = original(*args, **kwargs)
             if not pending.done:
                 pending.poll(scope={id(each) for each in _compat.keras_layers(layer)})
+            if not pending.done and not pending._source.keyed_by_path:
+                for entry, variable, value in pending.planned():
+                    pending._apply(entry, variable, value)
             return result
 
         self._wrapped.append((layer, _compat.override_methods(layer, {"build": build})))
@@ -265,6 +329,13 @@ def restore_on_create(obj, source, *, rules=(), at: str | None = None) -> Pendin
     underscores of each edge optional, so `dense/kernel` reaches Keras 3's
     `dense/_kernel`). Variables that already exist get their values now.
 
+    A SavedModel, a Keras `.weights.h5`/`.keras`/`.h5` file keys its values otherwise
+    (`variables/3`, `layers/dense/vars/0`, `dense/kernel`): its values reach variables
+    through the plan, with the strategies `objckpt.restore` uses (names, Keras layouts,
+    structure), at once for the variables that exist and, for a Keras model built later,
+    at the end of each layer's build, before the first call uses them. Entries the plan
+    leaves out on purpose (optimizer state with no optimizer to go to) are `skipped`.
+
     Args:
       obj: the trackable to restore into, built or not.
       source: a `Snapshot`, an object-based prefix or directory, or a
@@ -325,6 +396,11 @@ def restore_on_create(obj, source, *, rules=(), at: str | None = None) -> Pendin
             ready.append((entry, variable, value))
     for entry, variable, value in ready:
         pending._apply(entry, variable, value)
+    pending._rules = parsed
+    if not src.keyed_by_path or not _compat.is_unbuilt(obj):
+        # Existing variables that no key names by path: through the plan (all checked first).
+        for entry, variable, value in pending.planned():
+            pending._apply(entry, variable, value)
     for layer in _compat.keras_layers(obj):  # every Keras layer checks after its build
         pending._wrap_build(layer)
     pending.poll()

@@ -68,6 +68,10 @@ class Source:
     # entries whose owner the source itself records (slot tables, saved names, Keras 3
     # variable lists), so optimizer state moves by owner, never by position.
     owners: Callable = lambda: {}
+    # Whether keys are object paths of the obj that wrote them (TF checkpoints, Snapshots),
+    # so `restore_on_create` can wait for each by path; False for the FORMATS, whose keys
+    # reach variables through the plan's strategies (names, layouts, structure).
+    keyed_by_path: bool = True
 
 
 def _prefix_subtree(keys, at: str) -> dict:
@@ -235,7 +239,7 @@ def open_source(source) -> Source:
     for opener in FORMATS:  # other formats first: each says whether a path is its own
         fields = opener(os.fspath(source))
         if fields is not None:
-            return Source(**fields)
+            return Source(**{"keyed_by_path": False, **fields})
     prefix, notes = _files.resolve_prefix(source)
     try:
         return _object_source(prefix, notes)

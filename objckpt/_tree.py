@@ -165,7 +165,9 @@ def tree(obj) -> VariableTree:
         if cached is not None and cached._fingerprint == fingerprint:
             return cached
     result = VariableTree(dict(_compat.variable_paths(obj)), fingerprint, obj)
-    if fingerprint is not None:
+    # A Keras 3 model in the middle of its first build owns variables its graph does not
+    # reach yet: such a tree is not kept, or it would outlive the build.
+    if fingerprint is not None and len(result) >= len(set(fingerprint)):
         with contextlib.suppress(TypeError):  # not weak-referenceable: no caching
             _TREE_CACHE[obj] = result
     return result

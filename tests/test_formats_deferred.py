@@ -1,0 +1,97 @@
+"""`restore_on_create` from the formats beside TF checkpoints (issue 21): a SavedModel, a
+Keras 3 `.weights.h5`, a Keras `.h5`. Their keys are no object paths, so values reach the
+variables through the plan: at once for variables that exist, and at the end of each Keras
+build for a model built later, before its first call uses them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import objckpt
+from objckpt import errors
+
+from flavours import keras_for
+
+X = np.random.default_rng(0).normal(size=(4, 4)).astype("float32")
+
+
+def _functional(keras):
+    inputs = keras.Input((4,))
+    hidden = keras.layers.BatchNormalization(name="bn")(
+        keras.layers.Dense(8, name="encoder")(inputs))
+    return keras.Model(inputs, keras.layers.Dense(2, name="head")(hidden), name="mlp")
+
+
+def _subclassed(keras):
+    class Net(keras.Model):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.encoder = keras.layers.Dense(8, name="encoder")
+            self.bn = keras.layers.BatchNormalization(name="bn")
+            self.head = keras.layers.Dense(2, name="head")
+
+        def call(self, x):
+            return self.head(self.bn(self.encoder(x)))
+
+    return Net(name="net")
+
+
+def _trained(model):
+    model.compile("adam", "mse")
+    model.fit(X, np.ones((4, 2), "float32"), epochs=1, verbose=0)
+    return model
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """A Keras 3 functional model and a subclassed one, each saved in every Keras 3 format."""
+    keras = keras_for("keras3")
+    out = tmp_path_factory.mktemp("formats")
+    made = {}
+    for kind, build in (("functional", _functional), ("subclassed", _subclassed)):
+        model = _trained(build(keras))
+        made[kind] = {"outputs": model(X).numpy(),
+                      "weights.h5": str(out / f"{kind}.weights.h5"),
+                      ".h5": str(out / f"{kind}.h5")}
+        model.save_weights(made[kind]["weights.h5"])
+        model.save(made[kind][".h5"])
+        if kind == "functional":
+            made[kind]["export"] = str(out / f"{kind}-export")
+            model.export(made[kind]["export"], verbose=False)
+    return made
+
+
+@pytest.mark.parametrize("fmt", ["weights.h5", ".h5", "export"])
+def test_existing_variables_get_their_values_at_once(files, fmt):
+    keras = keras_for("keras3")
+    model = _functional(keras)  # a functional model's variables exist from the start
+    pending = objckpt.restore_on_create(model, files["functional"][fmt])
+    assert pending.done, pending
+    assert len(pending.applied) == len(model.weights) == 8
+    np.testing.assert_array_equal(model(X).numpy(), files["functional"]["outputs"])
+
+
+@pytest.mark.parametrize("fmt", ["weights.h5", ".h5"])
+def test_values_land_when_an_unbuilt_model_builds_before_its_first_call(files, fmt):
+    keras = keras_for("keras3")
+    model = _subclassed(keras)
+    pending = objckpt.restore_on_create(model, files["subclassed"][fmt])
+    assert not model.weights and not pending.done and not pending.applied
+    first = model(X).numpy()  # the first call already computes with the restored values
+    assert pending.done, pending
+    pending.assert_done()
+    np.testing.assert_array_equal(first, files["subclassed"]["outputs"])
+
+
+def test_a_shape_that_does_not_fit_is_refused_and_nothing_changes(files):
+    keras = keras_for("keras3")
+    inputs = keras.Input((4,))
+    hidden = keras.layers.BatchNormalization(name="bn")(
+        keras.layers.Dense(9, name="encoder")(inputs))
+    model = keras.Model(inputs, keras.layers.Dense(2, name="head")(hidden), name="mlp")
+    before = [w.numpy().copy() for w in model.weights]
+    with pytest.raises(errors.StructureMismatchError, match="shape"):
+        objckpt.restore_on_create(model, files["functional"][".h5"])
+    for old, new in zip(before, model.weights):
+        np.testing.assert_array_equal(old, new.numpy())
