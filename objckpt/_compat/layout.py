@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 import sys
 
+from objckpt import errors
 from objckpt._compat.variables import _keras3_variable_type, as_variable
 
 __all__ = ["keras_weights_layout"]
@@ -32,13 +33,9 @@ def keras_weights_layout(obj) -> list[tuple[str, object]]:
     saves that is no variable of its own (a computed array) is listed with None.
     """
     if _keras3_variable_type() is not None:
-        saving_lib = sys.modules.get("keras.src.saving.saving_lib")
-        if saving_lib is None:
-            import keras.src.saving.saving_lib as saving_lib
-        from keras.src.saving.keras_saveable import KerasSaveable
-
-        if isinstance(obj, KerasSaveable):
-            return _keras3_layout(obj, saving_lib)
+        saving_lib, saveable, base_optimizer = _keras3_saving()
+        if isinstance(obj, saveable):
+            return _keras3_layout(obj, saving_lib, base_optimizer)
     if _legacy_layer(obj):
         out: list = []
         _legacy_walk(obj, "", out, set())
@@ -46,7 +43,27 @@ def keras_weights_layout(obj) -> list[tuple[str, object]]:
     return []
 
 
-def _keras3_layout(obj, saving_lib) -> list:
+def _keras3_saving():
+    """Keras 3's saving module, `KerasSaveable` and `BaseOptimizer`; a Keras 3 without them
+    fails loudly (its `.weights.h5` layout could not be computed the way it writes it)."""
+    try:
+        from keras.src.optimizers.base_optimizer import BaseOptimizer
+        from keras.src.saving import saving_lib
+        from keras.src.saving.keras_saveable import KerasSaveable
+
+        for name in ("_save_state", "H5IOStore"):
+            getattr(saving_lib, name)
+    except (ImportError, AttributeError) as err:
+        version = getattr(sys.modules.get("keras"), "__version__", "?")
+        raise errors.IncompatibleTensorFlowError(
+            f"objckpt lays out Keras 3 weights files with Keras's own saving walk, which Keras "
+            f"{version} does not have ({err}). Fix: install a Keras 3 objckpt supports "
+            "(3.0 or newer with keras.src.saving), or restore from a TF checkpoint written "
+            "with objckpt.save.") from err
+    return saving_lib, KerasSaveable, BaseOptimizer
+
+
+def _keras3_layout(obj, saving_lib, BaseOptimizer) -> list:
     class Recorder(saving_lib.H5IOStore):
         """Takes what `save_own_variables` stores, writes nothing."""
 
@@ -72,8 +89,6 @@ def _keras3_layout(obj, saving_lib) -> list:
     # slot, and no variable to find. The model's optimizer is laid out here instead, as its
     # `save_own_variables` does when it is the base one: `optimizer/vars/<i>`, its
     # `variables` in order; Keras's walk is told it was visited.
-    from keras.src.optimizers.base_optimizer import BaseOptimizer
-
     optimizer, skip, extra = getattr(obj, "optimizer", None), set(), []
     if isinstance(optimizer, BaseOptimizer):
         skip.add(id(optimizer))
