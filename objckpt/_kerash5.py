@@ -7,10 +7,10 @@ names: see `_compat.keras_weights_layout`). `model.save("m.keras")` zips that fi
 `model.weights.h5` beside `config.json` and `metadata.json`; `save_weights("w.weights.json",
 max_shard_size=...)` splits the HDF5 into shard files `w_00000.weights.h5`, ... named by the
 JSON's `weight_map` (read as data; names must be plain file names beside it, and no key may
-sit in two shards). Keys here are those HDF5 paths;
-the obj's variables are found under the same layout (strategy "keras layout" of a plan).
+sit in two shards). Keys here are those HDF5 paths; the obj's variables are found under
+the same layout (strategy "keras layout" of a plan).
 
-Both are untrusted: the HDF5 is read through `_h5` (structure and every dataset's metadata
+All are untrusted: the HDF5 is read through `_h5` (structure and every dataset's metadata
 checked before data); the zip is checked before a byte is inflated: no absolute or `..`
 member names, no symbolic links, no encrypted members, sizes and compression ratios
 bounded, the weights member read into memory (bounded) and checked against its declared
