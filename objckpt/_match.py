@@ -47,6 +47,7 @@ Imports flow `_sources`, `_rules`, `_targets`, `_optstate` -> here -> `_checks`
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable, Sequence
 
 import tensorflow as tf
@@ -80,8 +81,11 @@ class Match:
         a `.weights.h5` or `.keras` file), "layer name" (the layer and weight
         names Keras's HDF5 `save_weights("w.h5")` gives the variable:
         `head/dense/kernel` of a Keras 2 `.h5` file), "structure" (layer by
-        layer, by role and shape) or "slot" (optimizer state, by the variable
-        it belongs to).
+        layer, by role and shape), "export order" (a Keras `model.export`'s
+        flat `variables/<i>` list whose saved names do not tell variables
+        apart, in `model.variables` order, all or nothing, every shape and
+        dtype checked in that order) or "slot" (optimizer state, by the
+        variable it belongs to).
       rule: the rule that rewrote the key, described (`rule 0 ('^model_001/'
         -> '')`), or "".
     """
@@ -563,6 +567,14 @@ def _match_structure(source, targets, view, unmatched, chosen, ambiguous, ambigu
         tgt_left = [(targets.network[p], tuple(targets.paths[p].shape), p) for p in left_targets]
         pairs, amb, note = _structure(src_left, tgt_left,
                                       lambda path: _ROLE_ALIASES.get(holders.get(path), {}))
+    if not pairs and not amb:
+        ordered = _by_export_order(source, targets, view, src_left, left_targets)
+        if ordered:
+            strategy, pairs, note = "export order", ordered, (
+                "export order: the source's entries are a Keras `model.export` list "
+                "(`variables/0`, `variables/1`, ...) whose saved names do not tell the "
+                "variables apart; each was matched to the obj's variable at the same place in "
+                "`model.variables`, every shape and dtype checked in that order")
     for key, target in pairs:  # "rule" when a rule rewrote the key (a renamed role)
         chosen[target] = (key, strategy if rule_of[key] is None else "rule", rule_of[key])
     for key, found in amb:
@@ -570,6 +582,33 @@ def _match_structure(source, targets, view, unmatched, chosen, ambiguous, ambigu
         ambiguous_targets.update(found)
     used = {k for k, _ in pairs} | {k for k, _ in amb}
     return [k for k in unmatched if k not in used], note
+
+
+_EXPORT_KEY = re.compile(r"variables/(0|[1-9][0-9]{0,8})")
+
+
+def _by_export_order(source, targets, view, src_left, left_targets):
+    """Pairs a Keras export's flat `variables/<i>` list with the obj's `model.variables`
+    in order, or None: only when every leftover key is such an entry, the indexes are
+    0..n-1, n is the number of the obj's network variables, and every shape and dtype
+    agrees in that order (the list is the exporting model's own `variables`)."""
+    index = {}
+    for _, _, key in src_left:
+        found = _EXPORT_KEY.fullmatch(view[key])
+        if found is None:
+            return None
+        index[int(found.group(1))] = key
+    order = [p for p in targets.order() if p in set(left_targets)]
+    if sorted(index) != list(range(len(order))) or len(order) != len(left_targets):
+        return None
+    pairs = []
+    for i, path in enumerate(order):
+        shape, dtype = source.specs[view[index[i]]]
+        variable = targets.paths[path]
+        if tuple(variable.shape) != tuple(shape) or variable.dtype.base_dtype != dtype:
+            return None
+        pairs.append((index[i], path))
+    return pairs
 
 
 def _by_saved_name(source, targets, view, src_left):

@@ -58,6 +58,9 @@ class Targets:
     # Returns {key of a Keras 2 HDF5 file (`head/dense/kernel`): [tree paths]}: the layer and
     # weight names Keras's HDF5 `save_weights` writes for each variable; walked on request.
     h5_names: Callable = dict
+    # Returns [tree path] of a Keras obj's variables in `obj.variables` order (the order of
+    # the `variables` list a Keras 3 `model.export` keeps); [] for other objs.
+    order: Callable = list
 
     def shown(self, path: str) -> str:
         """The path people know for a tree path: a network variable's path through its
@@ -166,9 +169,12 @@ def index_targets(obj, variables) -> Targets:
             named.append(index)
         return named[0]
 
+    def order():
+        return [path_of[id(v)] for v in _compat.keras_variables(obj) if id(v) in path_of]
+
     return Targets(dict(variables), by_strip, by_name, network, slots, counters,
                     optimizer_paths, frozenset(p for p, v in variables.items() if id(v) in rng),
-                    by_network, holders, names, layout, h5_names)
+                    by_network, holders, names, layout, h5_names, order)
 
 
 def candidates(key: str, targets: Targets, rewritten: bool):

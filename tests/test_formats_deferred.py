@@ -95,3 +95,29 @@ def test_a_shape_that_does_not_fit_is_refused_and_nothing_changes(files):
         objckpt.restore_on_create(model, files["functional"][".h5"])
     for old, new in zip(before, model.weights):
         np.testing.assert_array_equal(old, new.numpy())
+
+
+def test_a_subclassed_keras3_export_restores_by_its_variables_order(tmp_path):
+    """Keras 3 saves a subclassed model's variables under names that drop the inner layers
+    (`net/kernel` twice): a `model.export` then restores by the order of its `variables`
+    list, all or nothing, and not when one shape differs."""
+    keras = keras_for("keras3")
+    model = _trained(_subclassed(keras))
+    model.export(str(tmp_path / "export"), verbose=False)
+    other = _subclassed(keras)
+    other(X)
+    the_plan = objckpt.plan(str(tmp_path / "export"), other)
+    assert the_plan.complete and the_plan.strategies() == {"export order": 8}, \
+        the_plan.describe()
+    objckpt.restore(other, str(tmp_path / "export"))
+    np.testing.assert_array_equal(other(X).numpy(), model(X).numpy())
+    later = _subclassed(keras)  # built by its first call, after restore_on_create
+    pending = objckpt.restore_on_create(later, str(tmp_path / "export"))
+    np.testing.assert_array_equal(later(X).numpy(), model(X).numpy())
+    assert pending.done
+    # A model whose head is wider is no such list: nothing is matched by order.
+    wider = _subclassed(keras)
+    wider.head = keras.layers.Dense(3, name="head")
+    wider(X)
+    the_plan = objckpt.plan(str(tmp_path / "export"), wider)
+    assert "export order" not in the_plan.strategies() and not the_plan.complete

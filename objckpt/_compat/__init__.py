@@ -27,7 +27,7 @@ import importlib
 # Names load on first use, so importing one TF-free helper does not import TensorFlow.
 _WHERE = {
     "variables": ("CONSTRAINT_ATTR", "as_variable", "clone_types", "fingerprint",
-        "is_trackable", "is_unbuilt", "lookup", "optional", "read_value",
+        "is_trackable", "is_unbuilt", "keras_variables", "lookup", "optional", "read_value",
         "recreate_variable", "unique_id", "variable_name"),
     "optimizers": ("COUNTERS", "HYPERPARAMETERS", "KERAS3_ROLES", "NAMED_SLOT",
         "SLOT_ALIASES", "TF1_SLOT", "build_optimizer", "is_optimizer_node",

@@ -11,9 +11,21 @@ from tensorflow.python.trackable import base as _trackable_base
 
 from objckpt import errors
 
-__all__ = ["CONSTRAINT_ATTR", "as_variable", "clone_types", "fingerprint", "is_trackable",
-           "is_unbuilt", "lookup", "optional", "read_value", "recreate_variable", "unique_id",
-           "variable_name"]
+__all__ = [
+    "CONSTRAINT_ATTR",
+    "as_variable",
+    "clone_types",
+    "fingerprint",
+    "is_trackable",
+    "is_unbuilt",
+    "keras_variables",
+    "lookup",
+    "optional",
+    "read_value",
+    "recreate_variable",
+    "unique_id",
+    "variable_name",
+]
 
 
 def is_trackable(obj) -> bool:
@@ -68,6 +80,18 @@ def _variable_list(attr):
     if attr is None:
         return None
     return attr() if callable(attr) else attr
+
+
+def keras_variables(obj) -> list:
+    """The variables of a Keras model or layer (any flavour) in `obj.variables` order, as
+    `tf.Variable`s; [] for other objs or an unbuilt model."""
+    if not hasattr(obj, "built"):
+        return []
+    try:  # tf_keras raises ValueError for `variables` of an unbuilt model
+        listed = list(_variable_list(obj.variables))
+    except (AttributeError, TypeError, ValueError):
+        return []
+    return [v for v in (as_variable(value) for value in listed) if v is not None]
 
 
 def fingerprint(obj):
