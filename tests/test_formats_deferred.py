@@ -121,3 +121,18 @@ def test_a_subclassed_keras3_export_restores_by_its_variables_order(tmp_path):
     wider(X)
     the_plan = objckpt.plan(str(tmp_path / "export"), wider)
     assert "export order" not in the_plan.strategies() and not the_plan.complete
+
+
+def test_an_ensemble_of_members_from_different_formats(files):
+    """load_ensemble takes its N sources in any format: here the same trained functional
+    model from a `.weights.h5`, a Keras `.h5` and a `model.export`, and one trained anew."""
+    keras = keras_for("keras3")
+    other = _trained(_functional(keras))
+    template = _functional(keras)
+    saved = files["functional"]
+    ensemble = objckpt.load_ensemble(template, [saved["weights.h5"], saved[".h5"],
+                                                saved["export"], objckpt.snapshot(other)])
+    outputs = np.stack([m(X).numpy() for m in ensemble.members])
+    for i in range(3):
+        np.testing.assert_array_equal(outputs[i], saved["outputs"])
+    np.testing.assert_array_equal(outputs[3], other(X).numpy())
