@@ -41,6 +41,8 @@ LAYERS = [
     "objckpt._rules",
     "objckpt._targets",
     "objckpt._optstate",
+    "objckpt._plans",  # Plan and Match; a matched pair checked, problems worded
+    "objckpt._strategies",  # whole-model strategies: keras name, structure, export order
     "objckpt._match",
     "objckpt._checks",
     "objckpt._snapshot",
