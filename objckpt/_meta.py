@@ -182,15 +182,5 @@ def network_paths(graph) -> dict[int, str]:
     """node id -> the path people recognise, for every node a walk from the root reaches:
     breadth-first with optimizer edges taken last, then slot variables as
     `<variable>/.OPTIMIZER_SLOT/<optimizer>/<slot>` of those paths."""
-    paths = {0: ""}
-    for parent, name, node in _paths.graph_walk(
-            graph, defer=lambda node_id, name: _paths.is_optimizer_node(graph, node_id, name)):
-        paths[node] = f"{paths[parent]}/{_paths.escape(name)}" if paths[parent] else \
-            _paths.escape(name)
-    for node_id in list(paths):
-        for slot in graph.nodes[node_id].slot_variables:
-            variable = paths.get(slot.original_variable_node_id)
-            if variable is not None and slot.slot_variable_node_id not in paths:
-                paths[slot.slot_variable_node_id] = _paths.slot_path(
-                    variable, paths[node_id], slot.slot_name)
-    return paths
+    return _paths.walked_paths(
+        graph, defer=lambda node_id, name: _paths.is_optimizer_node(graph, node_id, name))

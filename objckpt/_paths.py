@@ -9,8 +9,8 @@ is escaped as TF escapes it in checkpoint keys (`.` -> `..`, `/` -> `.S`). A che
 from __future__ import annotations
 
 __all__ = ["ATTRIBUTES", "OPTIMIZER_SLOT", "VARIABLE_VALUE", "checkpoint_key", "escape",
-           "graph_paths", "graph_walk", "is_optimizer_node", "path_of_key", "slot_path",
-           "split_slot", "unescape"]
+           "graph_paths", "graph_walk", "is_optimizer_node", "path_of_key", "prefix_subtree",
+           "slot_path", "split_slot", "unescape", "walked_paths"]
 
 ATTRIBUTES = "/.ATTRIBUTES/"
 VARIABLE_VALUE = "VARIABLE_VALUE"
@@ -124,3 +124,35 @@ def is_optimizer_node(graph, node_id: int, local_name: str) -> bool:
     if local_name in ("optimizer", "_optimizer") or len(node.slot_variables) > 0:
         return True
     return any(child.local_name in ("_iterations", "iter") for child in node.children)
+
+
+def walked_paths(graph, defer=None) -> dict[int, str]:
+    """node id -> path for every node a walk from the root reaches: breadth-first, the edges
+    `defer(node_id, name)` names taken last (optimizers, a SavedModel's serving lists), so a
+    weight gets the path through its layers; then slot variables as
+    `<variable>/.OPTIMIZER_SLOT/<optimizer>/<slot>` of those paths."""
+    paths = {0: ""}
+    for parent, name, node in graph_walk(graph, defer=defer):
+        paths[node] = f"{paths[parent]}/{escape(name)}" if paths[parent] else escape(name)
+    for node_id in list(paths):
+        for slot in graph.nodes[node_id].slot_variables:
+            variable = paths.get(slot.original_variable_node_id)
+            if variable is not None and slot.slot_variable_node_id not in paths:
+                paths[slot.slot_variable_node_id] = slot_path(variable, paths[node_id],
+                                                              slot.slot_name)
+    return paths
+
+
+def prefix_subtree(keys, at: str) -> dict:
+    """{key within `at`: key} for the keys under `at` by path prefix; a slot belongs when its
+    variable and its optimizer both do."""
+    head = at.strip("/") + "/"
+    view = {}
+    for key in keys:
+        slot = split_slot(key)
+        if slot is None:
+            if key.startswith(head):
+                view[key[len(head):]] = key
+        elif slot[0].startswith(head) and slot[1].startswith(head):
+            view[slot_path(slot[0][len(head):], slot[1][len(head):], slot[2])] = key
+    return view

@@ -166,17 +166,7 @@ def _walk(graph) -> dict:
     def last(node_id, name):
         return name in _SERVING_EDGES or _paths.is_optimizer_node(graph, node_id, name)
 
-    paths = {0: ""}
-    for parent, name, node in _paths.graph_walk(graph, defer=last):
-        local = _paths.escape(name)
-        paths[node] = f"{paths[parent]}/{local}" if paths[parent] else local
-    for node_id in list(paths):
-        for slot in graph.nodes[node_id].slot_variables:
-            variable = paths.get(slot.original_variable_node_id)
-            if variable is not None and slot.slot_variable_node_id not in paths:
-                paths[slot.slot_variable_node_id] = _paths.slot_path(
-                    variable, paths[node_id], slot.slot_name)
-    return paths
+    return _paths.walked_paths(graph, defer=last)
 
 
 def _entries(directory, prefix, saved, index, graph) -> Variables:
@@ -238,6 +228,22 @@ def _export_copies(graph, root: dict, saved: dict) -> set:
 
 # --- the opener for `_sources.FORMATS` ------------------------------------------------------
 
+def _named(path: str):
+    """(SavedModel directory, its variables) of what `path` names, or (None, None) when it
+    names no SavedModel, or names a TF1 SavedModel's checkpoint (`dir/variables/variables`:
+    a name-based checkpoint, read as one)."""
+    directory = find(path)
+    if directory is None:
+        return None, None
+    bare = path[:-len(".index")] if path.endswith(".index") else path
+    try:
+        return directory, read_variables(directory)
+    except errors.NotObjectBasedError:
+        if os.path.basename(bare) == "variables":
+            return None, None
+        raise
+
+
 def open_savedmodel(path: str) -> dict | None:
     """The fields of a `Source` over the SavedModel `path` names, or None when it names none.
 
@@ -246,16 +252,9 @@ def open_savedmodel(path: str) -> dict | None:
       StructureMismatchError: the SavedModel holds no variables.
       NotObjectBasedError: a TF1 SavedModel given as its directory.
     """
-    directory = find(path)
-    if directory is None:
+    directory, found = _named(path)
+    if found is None:
         return None
-    bare = path[:-len(".index")] if path.endswith(".index") else path
-    try:
-        found = read_variables(directory)
-    except errors.NotObjectBasedError:
-        if os.path.basename(bare) == "variables":
-            return None  # its checkpoint given: a name-based source
-        raise
     if not found.entries:
         raise errors.StructureMismatchError(
             f"SavedModel `{_render.safe(directory)}` holds no variables (only functions, "
@@ -292,25 +291,11 @@ def open_savedmodel(path: str) -> dict | None:
     return {
         "description": f"SavedModel `{_render.safe(directory)}`",
         "kind": "object", "specs": specs, "fetch": fetch,
-        "subtree": lambda at: _subtree(specs, at),
+        "subtree": lambda at: _paths.prefix_subtree(specs, at),
         "top_level_names": list(dict.fromkeys(k.split("/", 1)[0] for k in specs)),
         "prefix": prefix, "notes": tuple(notes), "names": names,
         "structure": lambda: ("savedmodel", tuple(specs.items()), tuple(notes)),
     }
-
-
-def _subtree(keys, at: str) -> dict:
-    """Keys under `at`; a slot belongs when its variable and optimizer do."""
-    head = at.strip("/") + "/"
-    view = {}
-    for key in keys:
-        slot = _paths.split_slot(key)
-        if slot is None:
-            if key.startswith(head):
-                view[key[len(head):]] = key
-        elif slot[0].startswith(head) and slot[1].startswith(head):
-            view[_paths.slot_path(slot[0][len(head):], slot[1][len(head):], slot[2])] = key
-    return view
 
 
 # --- the reader for `_meta.FORMATS` (the command line, TF-free) ----------------------------
@@ -319,16 +304,9 @@ def read_metadata(path: str) -> dict | None:
     """What `_meta.read` lists of the SavedModel `path` names, or None when it names none:
     its variables as (canonical path, path people know, shape, DataType enum, checkpoint key,
     name), with the checkpoint's prefix, validated index and object graph."""
-    directory = find(path)
-    if directory is None:
+    directory, found = _named(path)
+    if found is None:
         return None
-    bare = path[:-len(".index")] if path.endswith(".index") else path
-    try:
-        found = read_variables(directory)
-    except errors.NotObjectBasedError:
-        if os.path.basename(bare) == "variables":
-            return None  # its checkpoint given: listed by name
-        raise
     return {"prefix": found.prefix, "notes": found.notes, "index": found.index,
             "graph": found.graph, "description": f"SavedModel `{_render.safe(directory)}`",
             "variables": [(canonical, shown, shape, dtype, key, name)

@@ -74,23 +74,6 @@ class Source:
     keyed_by_path: bool = True
 
 
-def _prefix_subtree(keys, at: str) -> dict:
-    """Keys under `at` by path prefix; a slot belongs when its variable and optimizer do."""
-    head = at.strip("/") + "/"
-    view = {}
-    for key in keys:
-        slot = _paths.split_slot(key)
-        if slot is None:
-            if key.startswith(head):
-                view[key[len(head):]] = key
-        else:
-            variable, optimizer, name = slot
-            if variable.startswith(head) and optimizer.startswith(head):
-                view[f"{variable[len(head):]}/{_paths.OPTIMIZER_SLOT}/"
-                     f"{optimizer[len(head):]}/{name}"] = key
-    return view
-
-
 def _top_names(keys) -> list[str]:
     return list(dict.fromkeys(k.split("/", 1)[0] for k in keys if "/" in k))
 
@@ -202,7 +185,7 @@ def _name_source(prefix: str, notes) -> Source:
     return Source(
         f"name-based checkpoint `{prefix}`", "name", specs,
         lambda names: _restore_v2(prefix, list(names), [specs[n][1] for n in names]),
-        lambda at: _prefix_subtree(specs, at), _top_names(specs), prefix, tuple(notes),
+        lambda at: _paths.prefix_subtree(specs, at), _top_names(specs), prefix, tuple(notes),
         structure=lambda: ("name", tuple(specs.items()), tuple(notes)))
 
 
@@ -218,7 +201,7 @@ def snapshot_source(items: dict, aliases: dict | None = None, owners=None) -> So
         specs[alias] = specs[key]
     return Source("Snapshot", "snapshot", specs,
                   lambda paths: [items[aliases.get(p, p)] for p in paths],
-                  lambda at: _prefix_subtree(specs, at), _top_names(specs), aliases=aliases,
+                  lambda at: _paths.prefix_subtree(specs, at), _top_names(specs), aliases=aliases,
                   structure=lambda: ("snapshot", tuple(specs.items()),
                                      tuple(aliases.items())),
                   owners=owners or (lambda: {}))
