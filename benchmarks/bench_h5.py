@@ -20,22 +20,9 @@ from __future__ import annotations
 import os
 import tempfile
 
-import numpy as np
-
-import objckpt
-
-from timing import met, time_ops
+from timing import against_load_weights, mlp_100mb
 
 TARGET = "<= 1.2x"
-
-
-def _mlp(keras, seed):
-    keras.utils.set_random_seed(seed)
-    inputs = keras.Input((1024,))
-    x = keras.layers.Dense(4096, activation="relu", name="up")(inputs)
-    x = keras.layers.Dense(4096, activation="relu", name="mid")(x)
-    outputs = keras.layers.Dense(1024, name="down")(x)
-    return keras.Model(inputs, outputs, name="mlp_100mb")
 
 
 def bench_h5(keras, repeats: int, *, many: bool = False) -> dict:
@@ -45,27 +32,13 @@ def bench_h5(keras, repeats: int, *, many: bool = False) -> dict:
     cost of laying out a model of many layers (Keras's own saving walk) shows there.
     """
     build = (lambda seed: keras.applications.ResNet50(weights=None)) if many else \
-        (lambda seed: _mlp(keras, seed))
+        (lambda seed: mlp_100mb(keras, seed))
     source = build(1)
     path = os.path.join(tempfile.mkdtemp(prefix="objckpt-bench-h5-"), "w.weights.h5")
     source.save_weights(path)
     model = build(2)
-    nbytes = sum(int(np.prod(v.shape)) * 4 for v in model.variables)
-
-    report = objckpt.restore(model, path)
-    assert len(report.restored) == len(model.variables), report
-    for mine, theirs in zip(model.variables, source.variables):
-        np.testing.assert_array_equal(mine.numpy(), theirs.numpy())
-    ms = time_ops({
-        "objckpt.restore(model, w.weights.h5)": lambda: objckpt.restore(model, path),
-        "model.load_weights(w.weights.h5)": lambda: model.load_weights(path),
-    }, repeats)
-    ratio = ms["objckpt.restore(model, w.weights.h5)"] / ms["model.load_weights(w.weights.h5)"]
-    return {"model": f"{model.name}: Keras 3 save_weights, {len(model.variables)} variables, "
-                     f"{nbytes / 1e6:.0f} MB",
-            "bytes": nbytes, "ms": ms,
-            "ratios": [("restore(.weights.h5) / model.load_weights", ratio, TARGET,
-                        met(ratio, TARGET))]}
+    return against_load_weights(source, model, path, "w.weights.h5", "Keras 3 save_weights",
+                                repeats, TARGET)
 
 
 if __name__ == "__main__":

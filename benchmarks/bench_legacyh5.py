@@ -21,11 +21,7 @@ import importlib
 import os
 import tempfile
 
-import numpy as np
-
-import objckpt
-
-from timing import met, time_ops
+from timing import against_load_weights, mlp_100mb
 
 TARGET = "<= 1.2x"
 
@@ -42,40 +38,18 @@ def legacy_keras():
     return None
 
 
-def _mlp(keras, seed):
-    keras.utils.set_random_seed(seed)
-    inputs = keras.Input((1024,))
-    x = keras.layers.Dense(4096, activation="relu", name="up")(inputs)
-    x = keras.layers.Dense(4096, activation="relu", name="mid")(x)
-    outputs = keras.layers.Dense(1024, name="down")(x)
-    return keras.Model(inputs, outputs, name="mlp_100mb")
-
-
 def bench_legacyh5(repeats: int) -> dict | None:
     """Times restore from a Keras 2 `.h5`; None where no Keras 2 is installed."""
     keras = legacy_keras()
     if keras is None:
         return None
-    source = _mlp(keras, 1)
+    source = mlp_100mb(keras, 1)
     path = os.path.join(tempfile.mkdtemp(prefix="objckpt-bench-legacyh5-"), "w.h5")
     source.save_weights(path)
-    model = _mlp(keras, 2)
-    nbytes = sum(int(np.prod(v.shape)) * 4 for v in model.variables)
-
-    report = objckpt.restore(model, path)
-    assert len(report.restored) == len(model.variables), report
-    for mine, theirs in zip(model.variables, source.variables):
-        np.testing.assert_array_equal(mine.numpy(), theirs.numpy())
-    ms = time_ops({
-        "objckpt.restore(model, w.h5)": lambda: objckpt.restore(model, path),
-        "model.load_weights(w.h5)": lambda: model.load_weights(path),
-    }, repeats)
-    ratio = ms["objckpt.restore(model, w.h5)"] / ms["model.load_weights(w.h5)"]
-    return {"model": f"{model.name}: {keras.__name__} {keras.__version__} save_weights (.h5), "
-                     f"{len(model.variables)} variables, {nbytes / 1e6:.0f} MB",
-            "bytes": nbytes, "ms": ms,
-            "ratios": [("restore(.h5) / model.load_weights", ratio, TARGET,
-                        met(ratio, TARGET))]}
+    model = mlp_100mb(keras, 2)
+    return against_load_weights(source, model, path, "w.h5",
+                                f"{keras.__name__} {keras.__version__} save_weights (.h5)",
+                                repeats, TARGET)
 
 
 if __name__ == "__main__":

@@ -24,26 +24,17 @@ import tensorflow as tf
 
 import objckpt
 
-from timing import met, time_ops
+from timing import met, mlp_100mb, time_ops
 
 TARGET = "<= 1.2x"
 
 
-def _mlp(keras, seed):
-    keras.utils.set_random_seed(seed)
-    inputs = keras.Input((1024,))
-    x = keras.layers.Dense(4096, activation="relu", name="up")(inputs)
-    x = keras.layers.Dense(4096, activation="relu", name="mid")(x)
-    outputs = keras.layers.Dense(1024, name="down")(x)
-    return keras.Model(inputs, outputs, name="mlp_100mb")
-
-
 def bench_savedmodel(keras, repeats: int) -> dict:
     """Times restore from a Keras 3 export; returns the result with its ratio rows."""
-    source = _mlp(keras, 1)
+    source = mlp_100mb(keras, 1)
     directory = os.path.join(tempfile.mkdtemp(prefix="objckpt-bench-sm-"), "export")
     source.export(directory, verbose=False)
-    model = _mlp(keras, 2)
+    model = mlp_100mb(keras, 2)
     variables = [getattr(v, "value", v) for v in model.variables]  # the tf.Variables
     nbytes = sum(v.shape.num_elements() * v.dtype.size for v in variables)
 

@@ -60,3 +60,38 @@ def met(value: float, target: str) -> bool:
     """Whether `value` meets a target written as '>= 30x', '<= 1.15x' or '<= 5 ms'."""
     op, number = re.match(r"([<>]=) ([\d.]+)", target).groups()
     return value >= float(number) if op == ">=" else value <= float(number)
+
+
+def mlp_100mb(keras, seed: int):
+    """The ~100 MB model of the format benchmarks: 25M float32 parameters in 3 Dense layers,
+    seeded, in any Keras flavour."""
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((1024,))
+    x = keras.layers.Dense(4096, activation="relu", name="up")(inputs)
+    x = keras.layers.Dense(4096, activation="relu", name="mid")(x)
+    outputs = keras.layers.Dense(1024, name="down")(x)
+    return keras.Model(inputs, outputs, name="mlp_100mb")
+
+
+def against_load_weights(source, model, path: str, what: str, describe: str,
+                         repeats: int, target: str) -> dict:
+    """Restores `model` from the weights file `path` that `source` saved: checks the values
+    came through, then times `objckpt.restore` against `model.load_weights` (interleaved)."""
+    import numpy as np
+
+    import objckpt
+
+    nbytes = sum(int(np.prod(v.shape)) * 4 for v in model.variables)
+    report = objckpt.restore(model, path)
+    assert len(report.restored) == len(model.variables), report
+    for mine, theirs in zip(model.variables, source.variables):
+        np.testing.assert_array_equal(mine.numpy(), theirs.numpy())
+    ours, native = f"objckpt.restore(model, {what})", f"model.load_weights({what})"
+    ms = time_ops({ours: lambda: objckpt.restore(model, path),
+                   native: lambda: model.load_weights(path)}, repeats)
+    ratio = ms[ours] / ms[native]
+    return {"model": f"{model.name}: {describe}, {len(model.variables)} variables, "
+                     f"{nbytes / 1e6:.0f} MB",
+            "bytes": nbytes, "ms": ms,
+            "ratios": [(f"restore({what.removeprefix('w')}) / model.load_weights", ratio,
+                        target, met(ratio, target))]}
