@@ -53,8 +53,9 @@ def files(tmp_path_factory):
         model = _trained(build(keras))
         made[kind] = {"outputs": model(X).numpy(),
                       "weights.h5": str(out / f"{kind}.weights.h5"),
-                      ".h5": str(out / f"{kind}.h5")}
+                      ".h5": str(out / f"{kind}.h5"), ".keras": str(out / f"{kind}.keras")}
         model.save_weights(made[kind]["weights.h5"])
+        model.save(made[kind][".keras"])
         model.save(made[kind][".h5"])
         if kind == "functional":
             made[kind]["export"] = str(out / f"{kind}-export")
@@ -62,7 +63,7 @@ def files(tmp_path_factory):
     return made
 
 
-@pytest.mark.parametrize("fmt", ["weights.h5", ".h5", "export"])
+@pytest.mark.parametrize("fmt", ["weights.h5", ".keras", ".h5", "export"])
 def test_existing_variables_get_their_values_at_once(files, fmt):
     keras = keras_for("keras3")
     model = _functional(keras)  # a functional model's variables exist from the start
@@ -72,7 +73,7 @@ def test_existing_variables_get_their_values_at_once(files, fmt):
     np.testing.assert_array_equal(model(X).numpy(), files["functional"]["outputs"])
 
 
-@pytest.mark.parametrize("fmt", ["weights.h5", ".h5"])
+@pytest.mark.parametrize("fmt", ["weights.h5", ".keras", ".h5"])
 def test_values_land_when_an_unbuilt_model_builds_before_its_first_call(files, fmt):
     keras = keras_for("keras3")
     model = _subclassed(keras)
