@@ -303,8 +303,11 @@ class H5File:
                 raise self._fail(path, f"its {nbytes:,} bytes at offset {offset:,} lie beyond "
                                        f"the end of the file ({self.size:,} bytes); it is "
                                        "truncated")
-            if offset is None and nbytes > _SMALL and storage:
-                raise self._fail(path, "its contiguous data has no place in the file")
+            if offset is None and nbytes > _SMALL:
+                # Never written (no storage allocated): it would read as its fill value, a
+                # tiny file claiming any size. Keras writes every weight it declares.
+                raise self._fail(path, f"its {nbytes:,} bytes of contiguous data have no "
+                                       "place in the file (never written)")
         elif layout == h5py.h5d.CHUNKED:
             if storage > self.size:
                 raise self._fail(path, f"its chunks claim {storage:,} bytes, more than the "
@@ -345,6 +348,8 @@ class H5File:
             if spec.nbytes:
                 dset.read_direct(out)
             return out
+        except MemoryError as err:
+            raise self._fail(path, f"its {spec.nbytes:,} bytes do not fit in memory") from err
         except (OSError, ValueError, RuntimeError, KeyError, TypeError) as err:
             raise self._fail(path, f"its data cannot be read ({_render.first_line(err)}); "
                                    "the file is truncated or damaged") from err

@@ -292,6 +292,9 @@ H5_ODDITIES = {
     "bomb": (lambda h5: h5.create_dataset("odd", shape=(1 << 30,), dtype="float64",
                                           chunks=(1 << 16,), compression="gzip"),
              "its 0 stored bytes would expand to 8,589,934,592 \\(more than 1000x\\)"),
+    "never written": (lambda h5: h5.create_dataset("odd", shape=(1 << 37,), dtype="float64"),
+                      "its 1,099,511,627,776 bytes of contiguous data have no place in the "
+                      "file \\(never written\\)"),
     "null": (lambda h5: h5.create_dataset("odd", data=h5py.Empty("f4")),
              "it has no dataspace"),
     "virtual": (lambda h5: h5.create_virtual_dataset("odd", _virtual_layout()),
