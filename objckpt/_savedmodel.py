@@ -20,6 +20,7 @@ variables of `variables`) and Keras metrics reachable only through `keras_api`.
 
 from __future__ import annotations
 
+import collections
 import os
 from typing import NamedTuple
 
@@ -222,8 +223,10 @@ def _export_copies(graph, root: dict, saved: dict) -> set:
     copies, originals = listed(root["_all_variables"]), listed(root["variables"])
     if not copies or originals is None or set(copies) & set(originals):
         return set()
-    signature = sorted(saved[k] for k in copies)
-    return set(copies) if signature == sorted(saved[k] for k in originals) else set()
+    # The same multiset of (dtype, shape, name, trainable); a shape may be unknown (None).
+    signature = collections.Counter(saved[k] for k in copies)
+    return set(copies) if signature == collections.Counter(saved[k] for k in originals) \
+        else set()
 
 
 # --- the opener for `_sources.FORMATS` ------------------------------------------------------

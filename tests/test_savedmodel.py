@@ -327,3 +327,24 @@ def test_tf_keras_saved_model_into_keras3(legacy_saved):
     objckpt.restore(fresh, directory)
     np.testing.assert_allclose(fresh.predict(X, verbose=0), model.predict(X, verbose=0),
                                rtol=1e-6, atol=1e-6)
+
+
+def test_export_copies_compare_unknown_shapes_without_error():
+    """`_all_variables` is taken for a copy of `variables` by the multiset of (dtype, shape,
+    name, trainable): an unknown shape (None) beside a known one of the same dtype is data,
+    not a TypeError from sorting."""
+    from types import SimpleNamespace as NS
+
+    from objckpt import _savedmodel
+    from objckpt._savedobjects import SavedVariable
+
+    def node(*kids):
+        return NS(children=[NS(node_id=k, local_name=str(i)) for i, k in enumerate(kids)])
+
+    graph = NS(nodes=[node(), node(3, 4), node(5, 6), None, None, None, None])
+    saved = {3: SavedVariable(1, None, "a", True), 4: SavedVariable(1, (2,), "b", True),
+             5: SavedVariable(1, (2,), "b", True), 6: SavedVariable(1, None, "a", True)}
+    root = {"variables": 1, "_all_variables": 2}
+    assert _savedmodel._export_copies(graph, root, saved) == {5, 6}
+    saved[6] = SavedVariable(1, (3,), "a", True)
+    assert _savedmodel._export_copies(graph, root, saved) == set()
