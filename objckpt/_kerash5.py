@@ -102,7 +102,8 @@ def _find(path: str) -> _Opened | None:
                                         "it is damaged or no Keras file")
         return None
     with _h5.open_file(path) as h5:
-        if h5.has("model_weights") or h5.attr_strings("", "layer_names") is not None:
+        if h5.has("model_weights") or any(  # Keras splits a long list: layer_names0, 1, ...
+                h5.attr_strings("", name) is not None for name in ("layer_names", "layer_names0")):
             return None  # Keras 2 / tf_keras HDF5: model_weights/<layer>/<layer>/kernel:0
     return _Opened(path, f"Keras 3 weights file `{path}`", [path])
 

@@ -233,10 +233,15 @@ def dense_model(keras):
 def write_h5(path, *, kernel=None, weight_names=(b"dense/kernel:0", b"dense/bias:0"),
              layer_names=(b"dense",), huge=False, chunked=False):
     """A Keras 2 `save_weights` file of dense_model, with one thing changed (chunked: the
-    names split into `weight_names0`, `weight_names1`, as Keras does past 64 KiB)."""
+    names split into `layer_names0`, ..., `weight_names0`, `weight_names1`, as Keras does
+    past 64 KiB)."""
     with h5py.File(path, "w", libver="latest" if huge else "earliest") as f:
-        f.attrs["layer_names"] = np.full(2**20 + 1, b"x", dtype="S1") if huge else \
-            np.array(layer_names)
+        if chunked:  # both lists split, as Keras does past 64 KiB
+            for i, name in enumerate(layer_names):
+                f.attrs[f"layer_names{i}"] = np.array([name])
+        else:
+            f.attrs["layer_names"] = np.full(2**20 + 1, b"x", dtype="S1") if huge else \
+                np.array(layer_names)
         f.attrs["backend"], f.attrs["keras_version"] = b"tensorflow", b"2.12.0"
         group = f.create_group("dense")
         if chunked:
@@ -299,7 +304,9 @@ def test_intact_synthetic_file_restores_and_verify_names_the_damage(tmp_path):
     keras = session_keras()
     model = dense_model(keras)
     path = write_h5(tmp_path / "w.h5", chunked=True)
-    assert objckpt.restore(model, path).plan.strategies() == {"name": 2}
+    report = objckpt.restore(model, path)  # a Keras 2 file, though it has no `layer_names`
+    assert report.plan.strategies() == {"name": 2}
+    assert report.source.startswith("Keras 2 HDF5"), report.source
     np.testing.assert_array_equal(model.layers[-1].kernel.numpy(), np.ones((3, 2)))
     damaged = objckpt.verify(HOSTILE["missing dataset"][0](tmp_path / "bad.h5"))
     assert not damaged.ok and len(damaged.problems) == 1
