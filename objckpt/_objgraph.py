@@ -358,17 +358,19 @@ def name_graph(names) -> Graph:
     """
     children: list[list] = [[]]
     attributes: list[list] = [[]]
-    node_of: dict = {(): 0}
+    node_of: dict = {}  # (parent node, edge) -> node: linear in a name's length
     for name in names:
-        parts = tuple(name.split("/"))
-        for depth in range(1, len(parts) + 1):
-            if parts[:depth] not in node_of:
-                node_of[parts[:depth]] = len(children)
-                children[node_of[parts[:depth - 1]]].append(
-                    Reference(len(children), parts[depth - 1]))
+        parts = name.split("/")
+        node = 0
+        for part in parts:
+            child = node_of.get((node, part))
+            if child is None:
+                child = node_of[(node, part)] = len(children)
+                children[node].append(Reference(child, part))
                 children.append([])
                 attributes.append([])
+            node = child
         path = "/".join(map(_paths.escape, parts))
-        attributes[node_of[parts]].append(
+        attributes[node].append(
             Attribute(_paths.VARIABLE_VALUE, name, _paths.checkpoint_key(path)))
     return Graph(tuple(Node(tuple(c), tuple(a)) for c, a in zip(children, attributes)))

@@ -8,6 +8,10 @@ is escaped as TF escapes it in checkpoint keys (`.` -> `..`, `/` -> `.S`). A che
 
 from __future__ import annotations
 
+import collections
+
+from objckpt import errors
+
 __all__ = ["ATTRIBUTES", "OPTIMIZER_SLOT", "VARIABLE_VALUE", "checkpoint_key", "escape",
            "graph_paths", "graph_walk", "is_optimizer_node", "path_of_key", "prefix_subtree",
            "slot_path", "split_slot", "unescape", "walked_paths"]
@@ -71,10 +75,10 @@ def graph_walk(graph, start: int = 0, *, skip=None, defer=None, slots: bool = Fa
     the graph are not followed (`objckpt.verify` reports them): a checkpoint is untrusted input.
     """
     count = len(graph.nodes)
-    seen, order, held, position = {start}, [start], [], 0
+    seen, order, held, position = {start}, [start], collections.deque(), 0
     while position < len(order) or held:
         if position == len(order):
-            parent, name, node = held.pop(0)
+            parent, name, node = held.popleft()
             if node not in seen:
                 seen.add(node)
                 order.append(node)
@@ -106,10 +110,31 @@ def graph_paths(graph, start: int = 0, skip=None) -> dict[int, str]:
     as there).
     """
     paths = {start: ""}
+    total = 0
     for parent, name, node in graph_walk(graph, start, skip=skip):
-        local = escape(name)
-        paths[node] = f"{paths[parent]}/{local}" if paths[parent] else local
+        paths[node] = _join(paths[parent], name)
+        total = _counted(total, paths[node])
     return paths
+
+
+# All the paths of one graph together, in characters: a graph of a few MB whose nodes form a
+# long chain would otherwise spell gigabytes of paths (each node's path repeats its parent's).
+MAX_PATH_CHARS = 1 << 28
+
+
+def _join(parent: str, name: str) -> str:
+    local = escape(name)
+    return f"{parent}/{local}" if parent else local
+
+
+def _counted(total: int, path: str) -> int:
+    total += len(path)
+    if total > MAX_PATH_CHARS:
+        raise errors.CheckpointCorruptError(
+            f"The object graph's paths add up to more than {MAX_PATH_CHARS:,} characters "
+            "(nodes chained thousands of edges deep): no model is built that way, so the "
+            "checkpoint is crafted or damaged. Nothing was read into any variable.")
+    return total
 
 
 def is_optimizer_node(graph, node_id: int, local_name: str) -> bool:
@@ -132,8 +157,10 @@ def walked_paths(graph, defer=None) -> dict[int, str]:
     weight gets the path through its layers; then slot variables as
     `<variable>/.OPTIMIZER_SLOT/<optimizer>/<slot>` of those paths."""
     paths = {0: ""}
+    total = 0
     for parent, name, node in graph_walk(graph, defer=defer):
-        paths[node] = f"{paths[parent]}/{escape(name)}" if paths[parent] else escape(name)
+        paths[node] = _join(paths[parent], name)
+        total = _counted(total, paths[node])
     for node_id in list(paths):
         for slot in graph.nodes[node_id].slot_variables:
             variable = paths.get(slot.original_variable_node_id)

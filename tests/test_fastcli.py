@@ -331,3 +331,19 @@ def test_inspect_says_when_a_directory_falls_back_to_an_older_checkpoint(tmp_pat
     status, out, err = _in_process(capsys, "inspect", tmp_path)
     assert status == 0 and out.startswith(f"checkpoint {older}: ")
     assert err.startswith(f"objckpt inspect: note: skipped `{newest}`: its data file")
+
+
+def test_a_name_chained_thousands_of_edges_deep_is_refused_in_linear_time():
+    """A name-based key of 50,000 `/`-separated edges: its graph is built in time linear in
+    the name, and spelling every node's path (which repeats its parent's) stops with a typed
+    error instead of gigabytes of text."""
+    from objckpt import _objgraph, _paths
+
+    graph = _objgraph.name_graph(["a/" * 50_000 + "x", "b"])
+    assert len(graph.nodes) == 50_003
+    with pytest.raises(errors.CheckpointCorruptError, match="paths add up to more than"):
+        _paths.walked_paths(graph)
+    with pytest.raises(errors.CheckpointCorruptError, match="paths add up to more than"):
+        _paths.graph_paths(graph)
+    shallow = _paths.walked_paths(_objgraph.name_graph(["a/b/c", "a/d"]))
+    assert sorted(shallow.values()) == ["", "a", "a/b", "a/b/c", "a/d"]
