@@ -133,16 +133,27 @@ def slot_links(graph, network: set, names: dict | None = None) -> list[tuple[int
     def named_owners(slot: int) -> set:
         return {w for w, _ in _owners_by_name(names[slot], by_name, by_key, depth)}
 
-    links, linked = [], set(table)
+    listed: dict = {}  # list node -> its items: each list read once, however many refer to it
+
+    def list_items(node_id: int):
+        if node_id not in listed:
+            listed[node_id] = _list_items(graph, node_id)
+        return listed[node_id]
+
+    links, linked, paired = [], set(table), set()  # paired: `_trainable_variables` lists done
     for node in graph.nodes:
         kids = {c.local_name: c.node_id for c in node.children}
         if "_trainable_variables" not in kids or "_variables" not in kids:
             continue
-        trained = _list_items(graph, kids["_trainable_variables"])
+        trained_list = kids["_trainable_variables"]
+        if trained_list in paired:
+            continue  # another node refers to the same list: its pairings are made once
+        paired.add(trained_list)
+        trained = list_items(trained_list)
         if not trained or any(t not in names for t in trained):
             continue
         for local, kid in kids.items():
-            items = None if local in _NOT_STATE else _list_items(graph, kid)
+            items = None if local in _NOT_STATE else list_items(kid)
             if not items or len(items) != len(trained) or any(
                     i not in names or i in network or i in linked for i in items):
                 continue
