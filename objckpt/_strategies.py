@@ -21,13 +21,15 @@ __all__ = ["match_structure"]
 
 def _dfs_keys(paths: list[str]) -> dict:
     """Depth-first sort keys of paths listed breadth-first (TF's order)."""
-    rank: dict = {}
+    rank: dict = {}  # (rank of the parent prefix, edge) -> rank: linear in each path's length
+    keys = {}
     for path in paths:
-        parts = path.split("/")
-        for i in range(1, len(parts) + 1):
-            rank.setdefault("/".join(parts[:i]), len(rank))
-    return {p: tuple(rank["/".join(p.split("/")[:i])] for i in range(1, p.count("/") + 2))
-            for p in paths}
+        node, key = -1, []
+        for part in path.split("/"):
+            node = rank.setdefault((node, part), len(rank))
+            key.append(node)
+        keys[path] = tuple(key)
+    return keys
 
 
 def _layers(paths_and_specs) -> list[tuple[str, list]]:
