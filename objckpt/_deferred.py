@@ -134,8 +134,7 @@ class PendingRestore:
                 ready.append((entry, variable))
             elif missing:
                 self._hook(node, missing[0])
-        for entry, variable in ready:
-            self._apply(entry, variable)
+        self._apply_all([(entry, variable, None) for entry, variable in ready])
         if self.done:
             self._unwrap()
 
@@ -184,9 +183,9 @@ class PendingRestore:
             self._entries[entry.path] = entry
         # What the plan leaves out on purpose (optimizer state with no optimizer to go to,
         # say) is skipped, as `restore` skips it, not pending forever.
+        taken = {m.source for m in chosen} | self._used
         left_out = [why for why in the_plan.skipped
-                    if why.split(": ", 1)[0] in entries and why.split(": ", 1)[0]
-                    not in {m.source for m in chosen}]
+                    if why.split(": ", 1)[0] in entries and why.split(": ", 1)[0] not in taken]
         for why in left_out:
             self._entries.pop(entries[why.split(": ", 1)[0]].path, None)
         self.skipped += tuple(left_out)
@@ -205,27 +204,43 @@ class PendingRestore:
                     f"{variable.dtype.base_dtype.name}{tuple(variable.shape)} in the obj")
         return ""
 
-    def _apply(self, entry: _Entry, variable, value=None) -> None:
-        if value is None:
-            value = self._value(entry)
-        problem = self._problem(entry, variable, value)
-        if problem:
-            self._failed[entry.path] = problem
+    def _apply_all(self, ready) -> None:
+        """Assigns (entry, variable, value-or-None) triples, all or nothing: every value is
+        read and checked first; one that does not fit fails them all (each is listed by
+        `assert_done`) and nothing of the batch is assigned."""
+        checked, bad = [], []
+        for entry, variable, value in ready:
+            if value is None:
+                value = self._value(entry)
+            problem = self._problem(entry, variable, value)
+            checked.append((entry, variable, value))
+            if problem:
+                bad.append((entry, variable, value, problem))
+        if bad:
+            for entry, _, _, problem in bad:
+                self._failed[entry.path] = problem
+            entry, variable, value, _ = bad[0]
+            safe = _render.safe
             raise errors.StructureMismatchError(
-                f"restore_on_create: `{entry.path}` was created as "
+                f"restore_on_create: `{safe(entry.path)}` was created as "
                 f"{variable.dtype.base_dtype.name}{tuple(variable.shape)}, but the source "
-                f"{self._source.description} holds {value.dtype.name}{tuple(value.shape)} for "
-                f"it (entry `{entry.source}`{', transformed' if entry.transform else ''}). The "
-                "variable was left unassigned. Fix: build the model with the source's shapes, "
-                "or drop the entry with a rule (regex, None).",
-                (f"`{entry.path}`: {problem}",))
-        with tf.init_scope():  # eagerly, even while a tf.function is being traced
-            variable.assign(value, read_value=False)
-        self._fed.add(id(variable))
-        self._used.add(entry.source)
-        del self._entries[entry.path]
-        self._failed.pop(entry.path, None)
-        self._applied.append(entry.path)
+                f"{_render.safe_text(self._source.description)} holds {value.dtype.name}"
+                f"{tuple(value.shape)} for it (entry `{safe(entry.source)}`"
+                f"{', transformed' if entry.transform else ''})"
+                + (f", and {len(bad) - 1} more created with it do not fit either"
+                   if len(bad) > 1 else "")
+                + f". {'These variables were' if len(bad) > 1 else 'The variable was'} left "
+                "unassigned, and so were the others created with them. Fix: build the model "
+                "with the source's shapes, or drop the entry with a rule (regex, None).",
+                tuple(f"`{safe(e.path)}`: {p}" for e, _, _, p in bad))
+        for entry, variable, value in checked:
+            with tf.init_scope():  # eagerly, even while a tf.function is being traced
+                variable.assign(value, read_value=False)
+            self._fed.add(id(variable))
+            self._used.add(entry.source)
+            del self._entries[entry.path]
+            self._failed.pop(entry.path, None)
+            self._applied.append(entry.path)
 
     def _hook(self, node, edge: str) -> None:
         if not self._source.keyed_by_path:
@@ -266,8 +281,7 @@ class PendingRestore:
             if not pending.done:
                 pending.poll(scope={id(each) for each in _compat.keras_layers(layer)})
             if not pending.done and not pending._source.keyed_by_path:
-                for entry, variable, value in pending.planned():
-                    pending._apply(entry, variable, value)
+                pending._apply_all(pending.planned())
             return result
 
         self._wrapped.append((layer, _compat.override_methods(layer, {"build": build})))
@@ -388,19 +402,21 @@ def restore_on_create(obj, source, *, rules=(), at: str | None = None) -> Pendin
             problem = pending._problem(entry, variable, value)
             if problem:
                 raise errors.StructureMismatchError(
-                    f"restore_on_create: `{entry.path}` exists as "
+                    f"restore_on_create: `{_render.safe(entry.path)}` exists as "
                     f"{variable.dtype.base_dtype.name}{tuple(variable.shape)} but the source "
-                    f"holds {value.dtype.name}{tuple(value.shape)} (entry `{entry.source}`"
+                    f"holds {value.dtype.name}{tuple(value.shape)} (entry "
+                    f"`{_render.safe(entry.source)}`"
                     f"{', transformed' if entry.transform else ''}). Nothing was restored. "
                     "Fix: build obj with the source's shapes, or drop the entry with a rule.")
             ready.append((entry, variable, value))
-    for entry, variable, value in ready:
-        pending._apply(entry, variable, value)
     pending._rules = parsed
     if not src.keyed_by_path or not _compat.is_unbuilt(obj):
-        # Existing variables that no key names by path: through the plan (all checked first).
-        for entry, variable, value in pending.planned():
-            pending._apply(entry, variable, value)
+        # Existing variables that no key names by path: through the plan. Their values are
+        # read and checked with the others' before anything is assigned.
+        pending._fed.update(id(variable) for _, variable, _ in ready)
+        pending._used.update(entry.source for entry, _, _ in ready)
+        ready += pending.planned()
+    pending._apply_all(ready)
     for layer in _compat.keras_layers(obj):  # every Keras layer checks after its build
         pending._wrap_build(layer)
     pending.poll()

@@ -68,6 +68,22 @@ def test_shape_mismatch_at_creation_names_the_path(flavour):
         pending.assert_done()
 
 
+def test_existing_variables_land_all_or_nothing_with_those_the_plan_finds():
+    """At the call, a value found by path and one found through the plan (by variable name)
+    are read and checked together: the second does not fit, so the first is not assigned."""
+    module = tf.Module()
+    module.a = tf.Variable(tf.zeros((2,)), name="a")
+    module.b = tf.Variable(tf.zeros((3,)), name="weights_b")
+    source = objckpt.Snapshot({"a": tf.ones((2,)), "weights_b": tf.ones((4,))})
+    with pytest.raises(errors.StructureMismatchError, match="weights_b"):
+        objckpt.restore_on_create(module, source)
+    assert module.a.numpy().tolist() == [0.0, 0.0] and module.b.numpy().tolist() == [0.0] * 3
+    pending = objckpt.restore_on_create(
+        module, objckpt.Snapshot({"a": tf.ones((2,)), "weights_b": tf.ones((3,))}))
+    assert pending.done and sorted(pending.applied) == ["a", "b"]
+    assert module.a.numpy().tolist() == [1.0, 1.0] and module.b.numpy().tolist() == [1.0] * 3
+
+
 @pytest.mark.parametrize("flavour", KERAS_FLAVOURS)
 def test_fit_on_an_unbuilt_model_trains_from_restored_values(flavour):
     keras = keras_for(flavour)
