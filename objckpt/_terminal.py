@@ -102,4 +102,5 @@ def quiet_tf():
         sys.stderr.flush()
         os.dup2(terminal, 2)  # closes the pipe's last write end here: the pump sees its end
         thread.join(timeout=10)
-        os.close(terminal)
+        if not thread.is_alive():  # a child that inherited the pipe keeps the pump going:
+            os.close(terminal)  # then its descriptor stays open, never reused under it
