@@ -146,7 +146,8 @@ def read(source: str | os.PathLike) -> Metadata:
         index = _bundle.read_index(prefix)
     except FileNotFoundError as err:  # removed since it was resolved
         raise errors.CheckpointNotFoundError(
-            f"No checkpoint at prefix `{prefix}`: `{prefix}.index` does not exist. Check the "
+            f"No checkpoint at prefix `{_render.safe(prefix)}`: `{_render.safe(prefix)}.index` "
+            "does not exist. Check the "
             "path, or pass the directory to use its newest checkpoint.") from err
     graph = _objgraph.read_object_graph(index)
     if graph is None:
@@ -169,8 +170,9 @@ def _variables(graph, index) -> dict:
             path = _paths.path_of_key(key)
             if entry is None:  # check_graph found it saved under a longer key only
                 raise errors.CheckpointCorruptError(
-                    f"Checkpoint `{index.prefix}`: the object graph lists `{path}` (key "
-                    f"`{key}`, node {node_id}) but the index has no such tensor. The "
+                    f"Checkpoint `{_render.safe(index.prefix)}`: the object graph lists "
+                    f"`{_render.safe(path)}` (key `{_render.safe(key)}`, node {node_id}) but "
+                    "the index has no such tensor. The "
                     "checkpoint is inconsistent: nothing was read into any variable. Restore "
                     "from another checkpoint, or write this one again.")
             items[path] = Variable(path, shown.get(node_id, path), entry.shape,
