@@ -48,8 +48,13 @@ from typing import NamedTuple
 
 from objckpt import _bundle, _render, errors
 
-__all__ = ["MAX_FILE_BYTES", "SIGNATURE", "Dataset", "H5File", "looks_like_hdf5",
+__all__ = ["DATATYPES", "MAX_FILE_BYTES", "SIGNATURE", "Dataset", "H5File", "looks_like_hdf5",
            "open_bytes", "open_file"]
+
+# The dtype names a `Dataset` can have -> TF's DataType enum (as checkpoints store it).
+DATATYPES = {"float32": 1, "float64": 2, "int32": 3, "uint8": 4, "int16": 5, "int8": 6,
+             "complex64": 8, "int64": 9, "bool": 10, "bfloat16": 14, "uint16": 17,
+             "complex128": 18, "float16": 19, "uint32": 22, "uint64": 23}
 
 SIGNATURE = b"\x89HDF\r\n\x1a\n"
 MAX_FILE_BYTES = 1 << 40

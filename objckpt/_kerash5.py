@@ -42,10 +42,6 @@ _MAX_MEMBERS = 100_000
 _MAX_METADATA = 1 << 16
 _MAX_SHARD_INDEX = 1 << 26
 _ZIP_MAGIC = b"PK\x03\x04"
-# NumPy dtype names `_h5` accepts -> TF's DataType enum (as checkpoints store it).
-_DATATYPES = {"float32": 1, "float64": 2, "int32": 3, "uint8": 4, "int16": 5, "int8": 6,
-              "complex64": 8, "int64": 9, "bool": 10, "bfloat16": 14, "uint16": 17,
-              "complex128": 18, "float16": 19, "uint32": 22, "uint64": 23}
 
 
 class _Opened:
@@ -289,7 +285,7 @@ def listing(path: str) -> dict | None:
     datasets = {key: dataset for key, (_, dataset) in opened.datasets().items()}
     return {"prefix": path, "notes": tuple(opened.notes), "index": None, "graph": None,
             "description": opened.description,
-            "variables": [(key, key, d.shape, _DATATYPES[d.dtype], key, "")
+            "variables": [(key, key, d.shape, _h5.DATATYPES[d.dtype], key, "")
                           for key, d in datasets.items()]}
 
 

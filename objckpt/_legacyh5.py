@@ -30,7 +30,7 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-from objckpt import _h5, _render, errors
+from objckpt import _h5, _names, _render, errors
 
 __all__ = ["Entry", "Layout", "dtype_enum", "listing", "read_layout", "source_fields",
            "verify_file", "weight_key"]
@@ -41,20 +41,13 @@ TOP_LEVEL = "top_level_model_weights"
 # read at most this many (64 MiB of names).
 MAX_CHUNKS = 1024
 
-# The DataType enum of each dtype `_h5` accepts (as `objckpt._meta` lists them).
-_ENUMS = {"float32": 1, "float64": 2, "int32": 3, "uint8": 4, "int16": 5, "int8": 6,
-          "complex64": 8, "int64": 9, "bool": 10, "bfloat16": 14, "uint16": 17,
-          "complex128": 18, "float16": 19, "uint32": 22, "uint64": 23}
 
 # Per-weight state of Keras 2 / tf_keras optimizers by role: 2.11+ names `<opt>/<role>/<w>`,
 # the legacy OptimizerV2 `<opt>/<w>/<role>`; Keras 3 `<opt>/<w with / as _>_<role>`.
-_ROLES = ("m", "v", "vhat", "momentum", "velocity", "velocity_hat", "rms", "mg",
-          "average_gradient", "accumulator", "linear", "accum_grad", "accum_var",
-          "accumulated_grad", "accumulated_delta_var")
+_ROLES = tuple(sorted(_names.NAMED_ROLES, key=lambda role: (-len(role), role)))
 _ROLE_FIRST = re.compile(r"^(?:[^/]+/)?(?P<role>" + "|".join(_ROLES) + r")/(?P<var>.+)$")
 _ROLE_LAST = re.compile(r"^[^/]+/(?P<var>.+)/(?P<role>" + "|".join(_ROLES) + r")$")
-_KERAS3_ROLES = ("velocity_hat", "average_gradient", "accumulated_delta_var",
-                 "accumulated_grad", "momentum", "velocity", "accumulator", "linear")
+_KERAS3_ROLES = _names.KERAS3_ROLES
 _ROLE_SUFFIX = re.compile(r"^(?:[^/]+/)?(?P<var>[^/]+)_(?P<role>" + "|".join(_KERAS3_ROLES)
                           + r")$")
 
@@ -111,7 +104,7 @@ def weight_key(layer: str, name: str) -> str:
 
 def dtype_enum(name: str) -> int:
     """TF's DataType enum of a dtype name `_h5` accepts (`float32` -> 1)."""
-    return _ENUMS[name]
+    return _h5.DATATYPES[name]
 
 
 def _fail(path: str, entry: str | None, problem: str) -> errors.CheckpointCorruptError:

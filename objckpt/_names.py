@@ -37,7 +37,8 @@ KERAS3_ROLES = ("accumulated_delta_var", "gradient_accumulator", "average_gradie
 # Roles tf_keras / Keras 2 (2.11+) optimizers put between their name and the weight's.
 NAMED_ROLES = frozenset({"m", "v", "vhat", "momentum", "velocity", "velocity_hat",
                          "average_gradient", "accumulator", "linear", "accumulated_grad",
-                         "accumulated_delta_var", "average"})
+                         "accumulated_delta_var", "average", "rms", "mg", "accum_grad",
+                         "accum_var"})
 # An optimizer's lists that are not per-weight state.
 _NOT_STATE = frozenset({"_variables", "_trainable_variables", "_trainable_variables_indices"})
 
