@@ -29,7 +29,7 @@ import os
 import stat
 import zipfile
 
-from objckpt import _bundle, _h5, _render, errors
+from objckpt import _bundle, _h5, _paths, _render, errors
 
 __all__ = ["MAX_MEMBER_BYTES", "MAX_RATIO", "WEIGHTS_MEMBER", "check", "listing",
            "open_keras3"]
@@ -247,13 +247,10 @@ def open_keras3(path: str) -> dict | None:
                         values[key] = _tensor(tf, h5.read(datasets[key]), datasets[key].dtype)
         return [values[key] for key in keys]
 
-    def subtree(at: str) -> dict:
-        head = at.strip("/") + "/"
-        return {key[len(head):]: key for key in datasets if key.startswith(head)}
-
     top = list(dict.fromkeys(key.split("/", 1)[0] for key in datasets))
     return {"description": opened.description, "kind": "object", "specs": specs,
-            "fetch": fetch, "subtree": subtree, "top_level_names": top, "prefix": path,
+            "fetch": fetch, "subtree": lambda at: _paths.prefix_subtree(datasets, at),
+            "top_level_names": top, "prefix": path,
             "notes": tuple(opened.notes),
             "structure": lambda: ("keras3 weights", tuple(
                 (key, d.shape, d.dtype) for key, d in datasets.items()))}

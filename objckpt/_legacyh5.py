@@ -30,7 +30,7 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-from objckpt import _h5, _names, _render, errors
+from objckpt import _h5, _names, _paths, _render, errors
 
 __all__ = ["Entry", "Layout", "dtype_enum", "listing", "read_layout", "source_fields",
            "verify_file", "weight_key"]
@@ -285,16 +285,12 @@ def source_fields(path: str) -> dict | None:
             return [tf.convert_to_tensor(value, dtype=specs[key][1])
                     for key, value in zip(keys, values)]
 
-    def subtree(at: str) -> dict:
-        head = at.strip("/") + "/"
-        return {key[len(head):]: key for key in entries if key.startswith(head)}
-
     notes = ()
     if layout.keras_version.startswith("3"):
         notes = (f"written by Keras {layout.keras_version} in the Keras 2 HDF5 layout",)
     return dict(
         description=layout.description, kind="object", specs=specs, fetch=fetch,
-        subtree=subtree,
+        subtree=lambda at: _paths.prefix_subtree(entries, at),
         top_level_names=list(layout.layers) + (
             ["optimizer"] if any(not e.layer for e in entries.values()) else []),
         prefix=path, notes=notes, names={key: e.name for key, e in entries.items()},
