@@ -47,6 +47,9 @@ def parse_rules(rules) -> tuple[Rule, ...]:
             "a single rule. Fix: wrap it in a list, e.g. rules=[('^model_001/', '')].")
     parsed = []
     for index, rule in enumerate(rules):
+        if isinstance(rule, Rule):  # parsed already (restore_on_create plans again later)
+            parsed.append(dataclasses.replace(rule, index=index))
+            continue
         if not isinstance(rule, (tuple, list)) or len(rule) not in (2, 3):
             raise errors.InvalidArgumentError(
                 f"rule {index} must be (regex, replacement) or (regex, replacement, transform). "
