@@ -12,6 +12,8 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -216,3 +218,18 @@ requires_keras3_session = pytest.mark.skipif(
     not KERAS3_SESSION, reason="needs Keras 3 as this session's Keras (the keras3 and tf216 "
     "nox sessions); here " + ("TF_USE_LEGACY_KERAS=1" if legacy_keras_env()
                               else f"keras is {_keras_major() or 'not installed'}"))
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The command line in a process where `import tensorflow` (keras, tf_keras) fails.
+_TF_BLOCKED = ("import sys; sys.modules.update(dict.fromkeys(('tensorflow', 'keras', "
+               "'tf_keras'), None)); sys.argv[0] = 'objckpt'; from objckpt import cli; cli.run()")
+
+
+def run_cli(*args, blocked: bool = True) -> subprocess.CompletedProcess:
+    """Runs `objckpt ARGS` as a fresh process from this checkout, with TensorFlow, Keras and
+    tf_keras blocked from import (blocked=False: `python -m objckpt`, TF importable)."""
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    command = ["-c", _TF_BLOCKED] if blocked else ["-m", "objckpt"]
+    return subprocess.run([sys.executable, *command, *map(str, args)], capture_output=True,
+                          text=True, env=env, timeout=300, check=False)

@@ -4,8 +4,6 @@
 import json
 import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -14,19 +12,10 @@ import tensorflow as tf
 import objckpt
 from objckpt import _bundle, _compat, _diff, _meta, _objgraph, _terminal, cli, errors
 
-from flavours import build, keras_for, session_flavour
+from flavours import build, keras_for, run_cli, session_flavour
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# Runs the command line in a process where `import tensorflow` (keras, tf_keras) fails.
-_BLOCKED = ("import sys; sys.modules.update(dict.fromkeys(('tensorflow', 'keras', 'tf_keras'), "
-            "None)); sys.argv[0] = 'objckpt'; from objckpt import cli; cli.run()")
-
-
-def _run(*args, blocked=True):
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    command = ["-c", _BLOCKED] if blocked else ["-m", "objckpt"]
-    return subprocess.run([sys.executable, *command, *map(str, args)], capture_output=True,
-                          text=True, env=env, timeout=300)
+_run = run_cli  # the command line with TensorFlow blocked (blocked=False: importable)
 
 
 def _in_process(capsys, *argv):

@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 import zipfile
 
 import h5py
@@ -22,7 +20,15 @@ import pytest
 import objckpt
 from objckpt import _compat, _h5, _meta, cli, errors
 
-from flavours import _data, assert_same, build_functional, build_subclassed, keras_for, values
+from flavours import (
+    _data,
+    assert_same,
+    build_functional,
+    build_subclassed,
+    keras_for,
+    run_cli,
+    values,
+)
 
 
 def _sequential(keras, *, train=True):
@@ -410,14 +416,9 @@ def test_sharded_weights_restore_and_hostile_shard_names(keras3, files, tmp_path
 def test_command_line_reads_keras_files_without_tensorflow(files):
     """inspect, graph and verify of a `.keras` in a process where TF and Keras cannot import."""
     _, weights, whole = files["sequential"]
-    blocked = ("import sys; sys.modules.update(dict.fromkeys(('tensorflow', 'keras', "
-               "'tf_keras'), None)); sys.argv[0] = 'objckpt'; from objckpt import cli; cli.run()")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
 
     def run(*args):
-        done = subprocess.run([sys.executable, "-c", blocked, *args], capture_output=True,
-                              text=True, env=env, timeout=300, check=False)
+        done = run_cli(*args)
         assert done.returncode == 0, done.stderr
         return done.stdout
 

@@ -20,7 +20,7 @@ import tensorflow as tf
 import objckpt
 from objckpt import _meta, errors
 
-from flavours import keras_for, legacy_keras_env
+from flavours import keras_for, legacy_keras_env, run_cli
 from legacy import legacy_keras_available
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -346,14 +346,9 @@ def test_subclassed_model_and_its_own_weight(flavour, tmp_path):
 def test_command_line_reads_it_without_tensorflow(tmp_path):
     """inspect, graph and verify of a Keras 2 `.h5` in a process where TF cannot import."""
     path = write_h5(tmp_path / "w.h5")
-    blocked = ("import sys; sys.modules.update(dict.fromkeys(('tensorflow', 'keras', "
-               "'tf_keras'), None)); sys.argv[0] = 'objckpt'; from objckpt import cli; cli.run()")
-    root = os.path.dirname(HERE)
-    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
 
     def run(*args):
-        done = subprocess.run([sys.executable, "-c", blocked, *args], capture_output=True,
-                              text=True, env=env, timeout=300, check=False)
+        done = run_cli(*args)
         assert done.returncode == 0, done.stderr
         return done.stdout
 

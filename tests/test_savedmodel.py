@@ -10,8 +10,6 @@ directories give typed errors and change nothing.
 import importlib.util
 import os
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -20,7 +18,15 @@ import tensorflow as tf
 import objckpt
 from objckpt import _meta, errors
 
-from flavours import Dense, assert_same, build_functional, keras_for, legacy_keras_env, values
+from flavours import (
+    Dense,
+    assert_same,
+    build_functional,
+    keras_for,
+    legacy_keras_env,
+    run_cli,
+    values,
+)
 
 X = np.random.default_rng(0).normal(size=(4, 6, 6, 3)).astype("float32")
 
@@ -99,17 +105,11 @@ def test_module_saved_model_migrates_inspects_and_verifies(module_saved, tmp_pat
 
 def test_command_line_inspects_without_tensorflow_and_verifies(module_saved):
     directory, _ = module_saved
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    blocked = ("import sys; sys.modules.update(dict.fromkeys(('tensorflow', 'keras', "
-               "'tf_keras'), None)); sys.argv[0] = 'objckpt'; from objckpt import cli; cli.run()")
-    result = subprocess.run([sys.executable, "-c", blocked, "inspect", directory],
-                            capture_output=True, text=True, env=env, timeout=300)
+    result = run_cli("inspect", directory)
     assert result.returncode == 0, result.stderr
     assert f"SavedModel `{directory}`: 7 variables" in result.stdout, result.stdout
     assert "scale" in result.stdout, result.stdout
-    result = subprocess.run([sys.executable, "-m", "objckpt", "verify", directory],
-                            capture_output=True, text=True, env=env, timeout=300)
+    result = run_cli("verify", directory, blocked=False)
     assert result.returncode == 0 and "OK:" in result.stdout and "7 tensors" in result.stdout
 
 
