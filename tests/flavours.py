@@ -233,3 +233,11 @@ def run_cli(*args, blocked: bool = True) -> subprocess.CompletedProcess:
     command = ["-c", _TF_BLOCKED] if blocked else ["-m", "objckpt"]
     return subprocess.run([sys.executable, *command, *map(str, args)], capture_output=True,
                           text=True, env=env, timeout=300, check=False)
+
+
+def mirrored(replicas: int = 2) -> tf.distribute.MirroredStrategy:
+    """A MirroredStrategy over `replicas` logical CPU devices ("/cpu:0", "/cpu:1", ...);
+    conftest.py splits the CPU into two before TF initializes its devices."""
+    devices = [device.name for device in tf.config.list_logical_devices("CPU")][:replicas]
+    assert len(devices) == replicas, f"{replicas} logical CPUs wanted, found {devices}"
+    return tf.distribute.MirroredStrategy(devices)
