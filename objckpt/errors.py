@@ -14,6 +14,7 @@ __all__ = [
     "CheckpointWriteError",
     "CloneError",
     "DirectoryLockedError",
+    "DistributedVariableError",
     "GraphvizNotFoundError",
     "InvalidArgumentError",
     "NotObjectBasedError",
@@ -90,6 +91,24 @@ class CloneError(UnsupportedObjectError):
         super().__init__(message)
         self.path = path
         self.object_type = object_type
+
+
+class DistributedVariableError(UnsupportedObjectError):
+    """A variable that tf.distribute shards or places in a way objckpt does not support.
+
+    Mirrored and SyncOnRead variables (MirroredStrategy, MultiWorkerMirroredStrategy) are
+    supported everywhere; a `ShardedVariable` (ParameterServerStrategy with a partitioner) is
+    refused with this error by every operation, naming its object path.
+
+    Attributes:
+      path: the object path (or attribute path) of the variable.
+      variable_type: the type of the distributed variable, e.g. "ShardedVariable".
+    """
+
+    def __init__(self, message, path="", variable_type=""):
+        super().__init__(message)
+        self.path = path
+        self.variable_type = variable_type
 
 
 class TemplateError(ObjckptError, RuntimeError):
