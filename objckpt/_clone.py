@@ -20,6 +20,18 @@ deep functional graphs are fine). Per kind of object:
   and constraint; its value is the original's (copy_values=True) or zeros.
   Keras 3 `keras.Variable` and Keras 2 `AutoCastVariable` wrappers are plain
   Python objects holding one and are copied generically around it.
+* tf.distribute variables (`MirroredVariable`, `SyncOnReadVariable`: every
+  variable made under MirroredStrategy or MultiWorkerMirroredStrategy, metrics
+  and tf_keras BatchNorm statistics included): re-created under the original's
+  strategy (its `scope()` is entered for them, wherever clone is called from),
+  one component on each of the original's devices, same type, synchronization,
+  aggregation, trainable flag, dtype, shape and name; each replica gets its own
+  original replica's value. The first one met creates every distributed
+  variable of the obj's tree first, in TF's object-graph order, so every worker
+  of a multi-worker strategy creates the same variables in the same order.
+  The strategy itself is shared. Variables TF shards or places otherwise
+  (`ShardedVariable`, parameter-server, TPU and packed variables, variables with
+  a variable policy) are refused with `DistributedVariableError`.
 * immutable values (numbers, strings, EagerTensors, dtypes, shapes, type
   specs, enums), modules, classes, plain functions, graphs, distribution
   strategies, loggers: shared.
@@ -47,8 +59,9 @@ deep functional graphs are fine). Per kind of object:
 
 Impossible things raise `CloneError` (a `TypeError`) naming the attribute
 path: open files, sockets, threads, generators, traced `ConcreteFunction`s,
-resource tensors that are not variables (lookup tables, iterators), and
-variables created under a `tf.distribute` strategy other than the default. The
+resource tensors that are not variables (lookup tables, iterators); clone
+called inside `strategy.run` or inside the scope of a strategy other than the
+original's raises it too. The
 TF and Keras internals it relies on (variable re-creation, `tf.function` options, the
 types it treats specially, Keras' cached functions) come from `_compat`.
 """
@@ -71,7 +84,7 @@ import numpy as np
 import tensorflow as tf
 
 from objckpt import _compat
-from objckpt.errors import CloneError
+from objckpt.errors import CloneError, DistributedVariableError, ObjckptError
 
 __all__ = ["clone"]
 
@@ -80,7 +93,6 @@ __all__ = ["clone"]
 _T = _compat.clone_types()
 _BaseResourceVariable = _T.BaseResourceVariable
 _UninitializedVariable = _T.UninitializedVariable
-_DistributedValues = _T.DistributedValues
 _EagerTensor = _T.EagerTensor
 _SymbolicTensor = _T.SymbolicTensor
 _TypeSpec = _T.TypeSpec
@@ -247,6 +259,8 @@ _HANDLER_NAMES: dict[type, str] = {}
 class _Cloner:
     def __init__(self, copy_values: bool, root_name: str, values: dict | None = None):
         self.copy_values = copy_values
+        self.root_obj = None
+        self.distributed_ready = False  # distributed variables of the tree created in order
         self.values = values or {}  # id(original variable) -> initial value of its copy
         self.root = (None, "root", root_name)
         self.memo: dict[int, object] = {}
@@ -261,6 +275,7 @@ class _Cloner:
 
     # ---------------------------------------------------------------- driver
     def run(self, obj):
+        self.root_obj = obj
         result = self.copy(obj, self.root)
         while self.queue:
             while self.queue:
@@ -313,7 +328,7 @@ class _Cloner:
         return new
 
     def classify(self, cls):
-        if _DistributedValues is not None and issubclass(cls, _DistributedValues):
+        if _compat.is_distributed_variable(cls):  # before BaseResourceVariable: PS, TPU types
             return self.copy_distributed
         if _BaseResourceVariable is not None and issubclass(cls, _BaseResourceVariable):
             return self.copy_variable
@@ -385,9 +400,93 @@ class _Cloner:
         self.fail(x, path, "it is a C-implemented object of unknown semantics (no __dict__ "
                   "or __slots__ to copy, not a known immutable value)")
 
-    def copy_distributed(self, x, path):
-        self.fail(x, path, "it is a variable of a tf.distribute strategy (mirrored, sharded "
-                  "or replicated); clone does not recreate distributed variables")
+    # -------------------------------------------------- distributed variables
+    def copy_distributed(self, v, path):
+        """A MirroredVariable / SyncOnReadVariable re-created under v's own strategy.
+
+        The first one met creates every distributed variable of the obj's tree first, in
+        TF's object-graph order: every worker of a multi-worker strategy creates the same
+        variables in the same order (TF pairs each new variable's initial-value broadcast
+        across workers by creation order), whatever order this walk meets them in.
+        """
+        reason = _compat.distributed_refusal(v)
+        if reason is not None:
+            kind, where = type(v).__name__, _path_str(path)
+            raise DistributedVariableError(
+                f"objckpt.clone cannot copy the {kind} at `{where}`: {reason}. clone "
+                "re-creates MirroredVariable and SyncOnReadVariable (MirroredStrategy, "
+                "MultiWorkerMirroredStrategy) under their own strategy; it cannot re-create "
+                f"a {kind} faithfully. Fix: build the model under MirroredStrategy or "
+                "MultiWorkerMirroredStrategy (or ParameterServerStrategy without a "
+                "variable_partitioner), or build a fresh obj instead of cloning, e.g. "
+                "objckpt.Twins(model, past=factory()) where factory() returns a new, "
+                "identically built model.", where, kind)
+        strategy = v.distribute_strategy
+        running = _compat.replica_context_strategy()
+        if running is not None:
+            self.fail(v, path, "clone was called inside `strategy.run` (a replica context), "
+                      "where no variable can be created; call objckpt.clone outside "
+                      "strategy.run (inside or outside `strategy.scope()`)")
+        if tf.distribute.has_strategy() and tf.distribute.get_strategy() is not strategy:
+            self.fail(v, path, f"it belongs to a {type(strategy).__name__}, but clone was "
+                      f"called inside the scope of another strategy "
+                      f"({type(tf.distribute.get_strategy()).__name__}); the copy is created "
+                      "under the original's strategy, so call objckpt.clone outside that "
+                      "scope (or inside the original's `strategy.scope()`)")
+        if not self.distributed_ready:
+            self.distributed_ready = True
+            self.create_tree_distributed()
+            if id(v) in self.memo:
+                return self.memo[id(v)]
+        return self.create_distributed(v, path)
+
+    def create_tree_distributed(self):
+        """Creates the copies of the obj tree's distributed variables in the tree's order."""
+        if not _compat.is_trackable(self.root_obj):
+            return
+        try:
+            found = _compat.variable_paths(self.root_obj)
+        except (ObjckptError, TypeError, ValueError, AttributeError):
+            return  # the walk meets them in its own (deterministic) order, or refuses them
+        for object_path, variable in found:
+            if (id(variable) not in self.memo
+                    and _compat.is_distributed_variable(type(variable))
+                    and _compat.distributed_refusal(variable) is None):
+                self.create_distributed(variable, (self.root, "object path", object_path))
+
+    def create_distributed(self, v, path):
+        originals = _compat.replica_components(v)
+        given = self.values.pop(id(v), None)  # checked against v by the caller
+        if given is not None:
+            value = given
+        elif self.copy_values:
+            value = originals[0].value()
+        else:
+            value = self._zeros(originals[0])
+        try:
+            new = _compat.recreate_distributed(v, value, re.sub(r":\d+$", "", v.name))
+            copies = _compat.replica_components(new)
+            if given is None and self.copy_values:
+                # Each replica gets its own original's value (SyncOnRead replicas differ;
+                # under multi-worker, the initial value came from the chief).
+                for original, copy in zip(originals, copies):
+                    copy.assign(original.value())
+        except (tf.errors.OpError, ValueError, TypeError, RuntimeError) as err:
+            kind, where = type(v).__name__, _path_str(path)
+            raise DistributedVariableError(
+                f"objckpt.clone could not re-create the {kind} at `{where}` under its "
+                f"{type(v.distribute_strategy).__name__} as a {kind} on the same devices: "
+                f"{err}. Fix: build a fresh obj under the strategy instead of cloning, e.g. "
+                "objckpt.Twins(model, past=factory()) where factory() returns a new, "
+                "identically built model.", where, kind) from err
+        self.remember(v, new)
+        self.uids[_compat.unique_id(v)] = _compat.unique_id(new)
+        for i, (original, copy) in enumerate(zip(originals, copies)):
+            self.remember(original, copy)
+            self.uids[_compat.unique_id(original)] = _compat.unique_id(copy)
+            self.queue.append((self.fill_variable, (original, copy, (path, "replica", i))))
+        self.queue.append((self.fill_variable, (v, new, path)))
+        return new
 
     def concrete_function(self, x, path):
         self.fail(x, path, "it is a traced ConcreteFunction, which captured the original's "
@@ -422,6 +521,10 @@ class _Cloner:
     def _initial_value(self, v):
         if self.copy_values:
             return v.value()
+        return self._zeros(v)
+
+    @staticmethod
+    def _zeros(v):
         if v.shape.is_fully_defined():
             return tf.zeros(v.shape, v.dtype)
         return tf.zeros(tf.shape(v.value()), v.dtype)
@@ -796,21 +899,35 @@ def clone(obj, *, copy_values: bool = True):
     slot variables point at the clone's variables; compiled train / predict
     functions are not copied but re-traced for the clone on first use.
 
+    Under tf.distribute (MirroredStrategy, MultiWorkerMirroredStrategy) the
+    clone's variables are created under the original's strategy, mirrored like
+    the original (MirroredVariable or SyncOnReadVariable, same synchronization
+    and aggregation, one component per replica on the same devices), whether
+    clone is called inside or outside `strategy.scope()`; each replica starts
+    with the value of the same replica of the original. Call it outside
+    `strategy.run`, and on every worker of a multi-worker strategy.
+
     Args:
       obj: a Keras model or layer (any flavour), a tf.Module, a
         tf.train.Checkpoint, an optimizer, or any Python object holding them.
-      copy_values: True: every variable starts with the original's value, so
-        the clone computes bit-identical outputs. False: every variable is a
-        new variable of the same shape and dtype filled with zeros (initializers
-        are not re-run); restore values into it with objckpt.restore.
+      copy_values: True: every variable starts with the original's value (every
+        replica of a distributed variable with its own replica's), so the clone
+        computes bit-identical outputs. False: every variable is a new variable
+        of the same shape and dtype filled with zeros, on every replica
+        (initializers are not re-run); restore values into it with objckpt.restore.
 
     Returns:
       The clone, of obj's type.
 
     Raises:
       CloneError (a TypeError): something in obj cannot be duplicated (open
-        file, thread, traced ConcreteFunction, lookup table, a variable of a
-        tf.distribute strategy); the message names its attribute path.
+        file, thread, traced ConcreteFunction, lookup table), or clone was
+        called inside `strategy.run` or another strategy's scope; the message
+        names its attribute path.
+      DistributedVariableError (a TypeError): a tf.distribute variable clone
+        cannot re-create faithfully (`ShardedVariable` from a variable
+        partitioner, parameter-server, TPU or packed variables); the message
+        names its attribute path and type.
     """
     return clone_with_values(obj, copy_values=copy_values)[0]
 

@@ -447,13 +447,17 @@ def test_lookup_table_raises():
         clone(m)
 
 
-def test_distributed_variables_raise():
+def test_distributed_variables_are_recreated_under_their_strategy():
+    # One-device MirroredStrategy; two replicas, Keras and refusals: test_clone_distribute.py.
     strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
     with strategy.scope():
         m = tf.Module()
-        m.v = tf.Variable(1.0)
-    with pytest.raises(CloneError, match="distribute"):
-        clone(m)
+        m.v = tf.Variable(1.5)
+    c = clone(m)
+    assert type(c.v) is type(m.v) and c.v is not m.v
+    assert c.v.distribute_strategy is strategy
+    c.v.assign(2.0)
+    assert float(m.v.numpy()) == 1.5 and float(c.v.numpy()) == 2.0
 
 
 def test_locks_and_thread_local_are_fresh():

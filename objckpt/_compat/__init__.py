@@ -5,6 +5,8 @@ in TF internals or a new Keras flavour is handled in this package alone (`tests/
 enforces it). One module per topic, imports flowing down this list:
 
 - `variables`: variables of every flavour, distributed values, types clone treats specially;
+- `distribute`: tf.distribute variables: which clone re-creates, under their own strategy;
+  which process writes checkpoints; ShardedVariable, refused by name;
 - `optimizers`: optimizer detection, per-variable state lists and slots, counters;
 - `graph`: TF's trackable object graph and the Keras 3 collections it misses (one walk);
 - `kernels`: fused grouped assigns, packed Polyak updates, cond lowering;
@@ -29,6 +31,9 @@ _WHERE = {
     "variables": ("CONSTRAINT_ATTR", "as_variable", "clone_types", "fingerprint",
         "is_trackable", "is_unbuilt", "keras_variables", "lookup", "optional", "read_value",
         "recreate_variable", "unique_id", "variable_name"),
+    "distribute": ("check_not_sharded", "distributed_refusal", "is_distributed_variable",
+        "is_sharded", "recreate_distributed", "replica_components", "replica_context_strategy",
+        "variables_strategy", "writes_checkpoints"),
     "optimizers": ("COUNTERS", "HYPERPARAMETERS", "KERAS3_ROLES", "NAMED_SLOT",
         "SLOT_ALIASES", "TF1_SLOT", "build_optimizer", "is_optimizer_node",
         "optimizer_counters", "optimizer_slot_lists", "optimizer_state"),

@@ -1,0 +1,188 @@
+"""tf.distribute variables: which distributed variables objckpt can re-create, re-creating one
+under its own strategy (mirrored like the original), and its per-replica components."""
+
+from __future__ import annotations
+
+import contextlib
+
+import tensorflow as tf
+
+from objckpt import errors
+from objckpt._compat.variables import lookup
+
+__all__ = [
+    "check_not_sharded",
+    "distributed_refusal",
+    "is_distributed_variable",
+    "is_sharded",
+    "recreate_distributed",
+    "replica_components",
+    "replica_context_strategy",
+    "variables_strategy",
+    "writes_checkpoints",
+]
+
+_DISTRIBUTED = None
+
+
+def _types():
+    """(DistributedVariable, the types clone re-creates, the types it refuses), looked up once.
+
+    MirroredVariable and SyncOnReadVariable (MirroredStrategy, MultiWorkerMirroredStrategy) are
+    re-created exactly; everything else tf.distribute makes (sharded, TPU, packed, parameter
+    server variables, DistributedVariable with a variable policy) is refused.
+    """
+    global _DISTRIBUTED
+    if _DISTRIBUTED is None:
+        values = "tensorflow.python.distribute.values"
+        ps_values = "tensorflow.python.distribute.ps_values"
+        refused = (
+            lookup("tensorflow.python.distribute.sharded_variable", "ShardedVariableMixin"),
+            lookup(ps_values, "AggregatingVariable"),
+            lookup(ps_values, "CachingVariable"),
+            lookup(ps_values, "PerWorkerVariable", since=(2, 16)),
+            lookup("tensorflow.python.distribute.packed_distributed_variable",
+                   "PackedDistributedVariable"),
+            lookup("tensorflow.python.distribute.tpu_values", "TPUVariableMixin"),
+            lookup("tensorflow.python.distribute.tpu_replicated_variable",
+                   "TPUReplicatedVariable"),
+        )
+        _DISTRIBUTED = (
+            lookup(values, "DistributedVariable"),
+            (lookup(values, "MirroredVariable"), lookup(values, "SyncOnReadVariable")),
+            tuple(t for t in refused if t is not None),
+        )
+    return _DISTRIBUTED
+
+
+def is_distributed_variable(cls) -> bool:
+    """True for a type of variable tf.distribute creates (mirrored, sync-on-read, sharded,
+    TPU, parameter server); False for plain variables and non-variable DistributedValues."""
+    distributed, _, refused = _types()
+    return issubclass(cls, distributed) or issubclass(cls, refused)
+
+
+def distributed_refusal(variable) -> str | None:
+    """None if `recreate_distributed` can re-create `variable` faithfully, else why not."""
+    _, supported, _ = _types()
+    kind = type(variable).__name__
+    if type(variable) not in supported:
+        if "Sharded" in kind:
+            return (f"it is a {kind}: a variable tf.distribute splits into shards "
+                    "(ParameterServerStrategy with a variable partitioner)")
+        if "TPU" in kind:
+            return f"it is a {kind}, a variable of a TPU strategy"
+        return f"it is a {kind}, a tf.distribute variable with no per-replica mirror of its own"
+    if getattr(variable, "_policy", None) is not None:
+        return (f"it is a {kind} with a tf.distribute variable policy "
+                f"({type(variable._policy).__name__})")
+    if getattr(variable, "_packed_var", None) is not None:
+        return f"it is a {kind} packed for a TPU-style strategy"
+    return None
+
+
+def replica_components(variable) -> tuple:
+    """The per-replica component variables of a distributed variable, in replica order (on
+    this worker)."""
+    return tuple(variable.values)
+
+
+def replica_context_strategy():
+    """The strategy whose `strategy.run` replica function is running now, or None in a
+    cross-replica context (or with no strategy)."""
+    if tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context():
+        return tf.distribute.get_strategy()
+    return None
+
+
+def _creation_scope(strategy, like):
+    """`strategy.scope()` (unless it is the current strategy already) and colocation with
+    `like`, so the new variable has one component on each of `like`'s devices."""
+    stack = contextlib.ExitStack()
+    if not (tf.distribute.has_strategy() and tf.distribute.get_strategy() is strategy):
+        stack.enter_context(strategy.scope())
+    stack.enter_context(strategy.extended.colocate_vars_with(like))
+    return stack
+
+
+def recreate_distributed(like, value, name: str):
+    """A new distributed variable like `like` (MirroredVariable or SyncOnReadVariable): created
+    under like's own strategy, with one component on each of like's devices, the same
+    synchronization, aggregation, trainable flag, dtype, shape and name. Every component starts
+    at `value` (a tensor or a callable; under MultiWorkerMirroredStrategy the chief's value is
+    broadcast, as for every variable TF creates there).
+
+    Raises ValueError when TF made something else (another type or other devices).
+    """
+    strategy = like.distribute_strategy
+    with _creation_scope(strategy, like):
+        new = tf.Variable(
+            value, trainable=like.trainable, name=name, dtype=like.dtype, shape=like.shape,
+            synchronization=like.synchronization, aggregation=like.aggregation)
+    if type(new) is not type(like):
+        raise ValueError(f"TF made a {type(new).__name__} under {type(strategy).__name__}, "
+                         f"not a {type(like).__name__}")
+    old_devices = [c.device for c in like.values]
+    new_devices = [c.device for c in new.values]
+    if old_devices != new_devices:
+        raise ValueError(f"TF placed its replicas on {new_devices}, not on {old_devices}")
+    return new
+
+
+# --- state operations (tree, save): ShardedVariable refused; who writes checkpoints --------
+
+_SHARDED = None
+
+
+def is_sharded(trackable) -> bool:
+    """True for a `ShardedVariable` (ParameterServerStrategy with a `variable_partitioner`)."""
+    global _SHARDED
+    if _SHARDED is None:
+        _SHARDED = lookup("tensorflow.python.distribute.sharded_variable",
+                          "ShardedVariableMixin")
+    return isinstance(trackable, _SHARDED)
+
+
+def check_not_sharded(trackable, path: str) -> None:
+    """Raises `errors.DistributedVariableError` naming `path` when `trackable` is sharded.
+
+    objckpt refuses a `ShardedVariable` in a live obj in every operation (`objckpt.tree`
+    and everything built on it): it is a list of shards TF saves as slices of one tensor,
+    which objckpt's reads, assigns and clones do not split. Checkpoints TF wrote from one
+    hold the whole tensor under one key: objckpt reads them like any other.
+    """
+    if not is_sharded(trackable):
+        return
+    kind = type(trackable).__name__
+    shards = len(getattr(trackable, "variables", ()))
+    raise errors.DistributedVariableError(
+        f"`{path}` is a {kind} of shape {tuple(trackable.shape)} in {shards} shards (made by "
+        "ParameterServerStrategy with a variable_partitioner), which objckpt does not "
+        "support. Expected: tf.Variable, MirroredVariable or SyncOnRead variables. Fix: "
+        "create the model without a variable_partitioner (MirroredStrategy, "
+        "MultiWorkerMirroredStrategy, or ParameterServerStrategy(..., "
+        "variable_partitioner=None)), or save it with tf.train.Checkpoint: objckpt reads "
+        "such checkpoints and restores them into unsharded models.",
+        path=path, variable_type=kind)
+
+
+def variables_strategy(variables):
+    """The `tf.distribute.Strategy` of the first distributed variable of `variables`, else
+    the strategy in scope (the default strategy outside any scope)."""
+    for variable in variables:
+        if isinstance(variable, tf.distribute.DistributedValues):
+            strategy = getattr(variable, "distribute_strategy", None)
+            if strategy is not None:
+                return strategy
+    return tf.distribute.get_strategy()
+
+
+def writes_checkpoints(variables) -> bool:
+    """Whether this process writes checkpoints of `variables`.
+
+    TF's `strategy.extended.should_checkpoint` for their strategy: False only on a worker of
+    a multi-worker strategy (`MultiWorkerMirroredStrategy`) that is not its chief
+    (`multi_worker_util.is_chief`: task 0 of "chief", or of "worker" when the cluster has no
+    chief). No strategy, MirroredStrategy and OneDeviceStrategy write.
+    """
+    return bool(variables_strategy(variables).extended.should_checkpoint)
