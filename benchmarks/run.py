@@ -3,7 +3,7 @@
 Usage:
   python benchmarks/run.py [--json results.json] [--repeats N] [--only a|b]
                            [--section all|foundation|twins|migrate|ensemble|checkpointing|
-                                      completeness|untrusted|cli|formats]
+                                      completeness|untrusted|cli|formats|distribute]
                            [--steps N] [--batch N] [--migrate-tensors N]
 
 Models:
@@ -161,7 +161,7 @@ def main(argv=None) -> int:
     parser.add_argument("--section",
                         choices=["all", "foundation", "twins", "migrate", "ensemble",
                                  "checkpointing", "completeness", "untrusted", "cli",
-                                 "formats"],
+                                 "formats", "distribute"],
                         default="all")
     parser.add_argument("--migrate-tensors", type=int, default=16,
                         help="float32 4096x4096 tensors in the migrate source (16: ~1.07 GB)")
@@ -279,6 +279,13 @@ def main(argv=None) -> int:
             out.setdefault("formats", []).append(result)
             print(f"\n[formats: Keras 2 .h5] {result['model']}")
             _print_result("", result)
+    if args.section in ("all", "distribute") and args.only != "b":  # issue 18
+        import bench_distribute
+
+        result = bench_distribute.bench_distribute(args.repeats)
+        out["distribute"] = result
+        print(f"\n[distribute] (a) MirroredStrategy: {result['model']}")
+        _print_result("a", result)
     if args.section in ("all", "checkpointing") and args.only != "b":
         import bench_checkpointing
 
