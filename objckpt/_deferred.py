@@ -134,6 +134,9 @@ class PendingRestore:
                 ready.append((entry, variable))
             elif missing:
                 self._hook(node, missing[0])
+            elif _compat.is_sharded(node):
+                self._failed[path] = f"it was created as a {type(node).__name__}"
+                _compat.check_not_sharded(node, path)
         self._apply_all([(entry, variable, None) for entry, variable in ready])
         if self.done:
             self._unwrap()
@@ -241,6 +244,28 @@ class PendingRestore:
             del self._entries[entry.path]
             self._failed.pop(entry.path, None)
             self._applied.append(entry.path)
+        self._drop_twins(checked)
+
+    def _drop_twins(self, landed) -> None:
+        """Marks landed the entries of a value that just landed by another path of the same
+        source entry, rather than waiting for them.
+
+        A trained Keras 3 model's checkpoint has some weights under their optimizer's
+        `optimizer/_trainable_variables/N` (TF's canonical, shortest path) and reaches them
+        through the layers too (the source's aliases). The layers' path lands at build,
+        before the first call; the optimizer's list holds the same variables once the
+        optimizer is built, which may be never (inference) or after the first call.
+        """
+        aliases = self._source.aliases
+        canonical = {aliases.get(entry.source, entry.source): entry.transform
+                     for entry, _, _ in landed}
+        for path, entry in list(self._entries.items()):
+            key = aliases.get(entry.source, entry.source)
+            if key in canonical and canonical[key] is entry.transform:
+                del self._entries[path]
+                self._failed.pop(path, None)
+                self._used.add(entry.source)
+                self._applied.append(path)
 
     def _hook(self, node, edge: str) -> None:
         if not self._source.keyed_by_path:
@@ -371,6 +396,11 @@ def restore_on_create(obj, source, *, rules=(), at: str | None = None) -> Pendin
       StructureMismatchError: an existing variable (now) or a newly created
         one (at its creation) does not have the source's shape or dtype; that
         variable is left unassigned.
+      DistributedVariableError: a variable the source feeds is (or is created
+        as) a `ShardedVariable`, which objckpt refuses.
+
+    Under `tf.distribute`, a value lands on every replica as
+    `tf.train.Checkpoint` restores it (see `objckpt.restore`).
 
     Example:
       >>> pending = objckpt.restore_on_create(model, "ckpt/run-3")
@@ -397,6 +427,8 @@ def restore_on_create(obj, source, *, rules=(), at: str | None = None) -> Pendin
     for entry in entries:
         node, _, missing = _walk(obj, 0, entry.path)
         variable = _compat.as_variable(node) if not missing else None
+        if variable is None and not missing:
+            _compat.check_not_sharded(node, entry.path)
         if variable is not None:
             value = pending._value(entry)
             problem = pending._problem(entry, variable, value)

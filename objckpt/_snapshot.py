@@ -125,6 +125,17 @@ def snapshot(obj) -> Snapshot:
     No bytes are copied and nothing goes through NumPy: each value shares the
     variable's current buffer until the variable is next written.
 
+    Under `tf.distribute` (MirroredStrategy, MultiWorkerMirroredStrategy) each
+    value is the one `tf.train.Checkpoint` saves: a `MirroredVariable`'s
+    (replica 0's component; its replicas hold the same value), and a
+    SyncOnRead variable's aggregate across all replicas: the sum for
+    aggregation SUM (metric totals and counts), the mean for MEAN (tf_keras
+    and Keras 2 BatchNormalization statistics), replica 0's component for
+    ONLY_FIRST_REPLICA. Reading a SUM or MEAN one is a reduction across the
+    replicas (a collective under MultiWorkerMirroredStrategy: every worker
+    must take the snapshot). A `ShardedVariable` raises
+    `DistributedVariableError`.
+
     Args:
       obj: any trackable (Keras model or layer of any flavour, `tf.Module`,
         `tf.train.Checkpoint`, optimizer).
@@ -241,6 +252,19 @@ def restore(obj, source, *, rules=(), strict: bool = True, at: str | None = None
     Example:
       >>> objckpt.restore(model, "/tmp/run/ckpt-3", at="model")
       >>> objckpt.restore(model, "tf1/model.ckpt", rules=[("^model_001/", "")])
+
+    Under `tf.distribute` every replica receives the value as
+    `tf.train.Checkpoint` restores it (TF's `values_util`), so an objckpt round
+    trip and a TF one leave the same bits in every replica: a
+    `MirroredVariable`'s replicas all get the value; a SyncOnRead variable with
+    aggregation SUM gets `value / num_replicas_in_sync` in each replica, cast
+    to its dtype (integers truncate), so its aggregate is the saved value;
+    MEAN and ONLY_FIRST_REPLICA ones get the value in each replica. The source
+    may come from any strategy and number of replicas (or none): a checkpoint
+    holds one value per variable. All or nothing holds across replicas: when
+    the restore fails, every replica's component keeps its exact bits. A
+    `ShardedVariable` in obj raises `DistributedVariableError`; checkpoints TF
+    wrote from one restore into unsharded variables.
     """
     variables = _tree.tree(obj)
     if (isinstance(source, Snapshot) and at is None and not rules
@@ -318,27 +342,48 @@ def save(obj_or_snapshot, prefix: str | os.PathLike) -> str:
     readable while the new one is written; a crash during the final renames
     leaves the old one, none, or the new one, never a mix.
 
+    Under `tf.distribute` it writes what `tf.train.Checkpoint` writes: one
+    value per variable, a `MirroredVariable`'s (its replicas are equal) and a
+    SyncOnRead variable's aggregate across replicas (the sum of a SUM
+    variable, such as a metric's total; the mean of a MEAN one, such as
+    tf_keras BatchNormalization statistics; replica 0's for
+    ONLY_FIRST_REPLICA). `objckpt.restore` puts them back as TF does.
+
+    Under `MultiWorkerMirroredStrategy` every worker must call `save` with
+    the same obj, as with `tf.train.Checkpoint.save`: reading a SyncOnRead
+    variable is a collective operation across the workers. Only the chief
+    (TF's `strategy.extended.should_checkpoint`: task 0 of the "chief" job,
+    or of "worker" when there is no chief) writes `prefix`; the other
+    workers read the same values and write nothing, and every worker returns
+    `prefix`. Saving a `Snapshot` reads nothing (`snapshot` did, on every
+    worker) and writes on the chief only. `prefix` should be on storage the
+    workers share when they restore from it.
+
     Args:
       obj_or_snapshot: a trackable obj or a `Snapshot`.
       prefix: where to write (`prefix.index`, `prefix.data-00000-of-00001`).
 
     Returns:
-      The prefix written.
+      The prefix written (on a non-chief worker: the chief's prefix).
 
     Raises:
       UnbuiltModelError: there is nothing to save.
+      DistributedVariableError: obj has a `ShardedVariable`.
     """
     if isinstance(obj_or_snapshot, Snapshot):
         snap = obj_or_snapshot
         origin = snap.origin()
     else:  # the tree held here: an obj's tree may be cached nowhere (a tf.train.Checkpoint)
         origin = _tree.tree(obj_or_snapshot)
+        # On every worker of a multi-worker strategy: SyncOnRead reads are collectives.
         snap = Snapshot._of_tree(origin, origin.fused.read_all())
     prefix = os.fspath(prefix)
     if not snap:
         raise errors.UnbuiltModelError(
             f"Nothing to save to `{prefix}`: {_checks.describe_obj(obj_or_snapshot)} has no "
             "variables. Build the model (call it on a batch) before saving it.")
+    if not _compat.writes_checkpoints(origin.values() if origin is not None else ()):
+        return prefix  # a worker that is not the chief: the chief writes `prefix`
     names = ([_compat.variable_name(v) for v in origin.values()] if origin is not None
              else [""] * len(snap))
     graph = _tree.build_object_graph(list(snap), names,

@@ -6,12 +6,14 @@ from __future__ import annotations
 import contextlib
 from typing import NamedTuple
 
+import tensorflow as tf
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 from tensorflow.python.checkpoint import graph_view as _graph_view
 from tensorflow.python.checkpoint import util as _checkpoint_util
 from tensorflow.python.trackable import trackable_utils as _trackable_utils
 
 from objckpt import _paths, errors
+from objckpt._compat.distribute import check_not_sharded
 from objckpt._compat.optimizers import _is_optimizer, optimizer_slot_lists
 from objckpt._compat.variables import (
     _keras3_variable,
@@ -71,6 +73,8 @@ def variable_paths(obj) -> list[tuple[str, object]]:
         variable = as_variable(trackable)
         if variable is not None:
             out.append((names[trackable], variable))
+        else:  # a ShardedVariable is refused, never silently left out
+            check_not_sharded(trackable, names[trackable])
     out.extend(_collection_paths([(t, names[t]) for t in objects], out))
     check_complete(obj, out)
     _check_unique(obj, out)
@@ -344,6 +348,8 @@ def _keras_roots(obj) -> list:
 
 
 def _has_keras_variables(node) -> bool:
+    if isinstance(node, tf.Variable):  # not probed: see _is_optimizer
+        return False
     return hasattr(node, "built") and not _is_optimizer(node) and \
         hasattr(type(node), "variables")
 

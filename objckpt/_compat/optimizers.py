@@ -54,6 +54,10 @@ HYPERPARAMETERS = frozenset({"beta_1", "beta_2", "decay", "rho", "epsilon", "mom
 
 
 def _is_optimizer(node) -> bool:
+    # Never probe a variable: a SyncOnRead one answers an unknown attribute by reducing
+    # across replicas (a collective under MultiWorkerMirroredStrategy).
+    if isinstance(node, tf.Variable):
+        return False
     return callable(getattr(node, "apply_gradients", None))
 
 
