@@ -123,6 +123,8 @@ class PendingRestore:
             if path in self._failed:  # raised once at creation; listed by assert_done
                 continue
             node, depth = self._progress.get(path, (self._obj, 0))
+            if _compat.as_variable(node) is not None and depth < len(path.split("/")):
+                continue  # a path through a variable (a slot's): nothing attaches under it
             if scope is not None and id(node) not in scope and _compat.is_unbuilt(node):
                 continue  # nothing appears under an unbuilt layer before its own build
             if edge is not None and (id(node) not in scope or _edge_name(path, depth) != edge):
@@ -270,6 +272,10 @@ class PendingRestore:
     def _hook(self, node, edge: str) -> None:
         if not self._source.keyed_by_path:
             return  # its keys are no paths to wait on: Keras builds are watched instead
+        if _compat.as_variable(node) is not None:
+            # Nothing is attached under a variable (a slot's path runs through one); and a
+            # SyncOnRead variable answers attribute probes with a cross-replica reduction.
+            return
         key = (id(node), edge)
         if key in self._hooked:
             return

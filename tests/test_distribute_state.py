@@ -610,6 +610,33 @@ def test_checkpoint_tf_wrote_from_a_sharded_variable_reads_as_one_tensor(tmp_pat
     assert later.table.numpy().tobytes() == whole.tobytes()
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_only_reading_values_reduces_across_replicas(kind, source, target, strategy,
+                                                     monkeypatch, tmp_path):
+    """A SyncOnRead variable answers any attribute it lacks with a reduction across replicas
+    (a collective under MultiWorkerMirroredStrategy, which every worker must join). objckpt
+    reduces only where it reads values, so workers running the same code stay in step."""
+    obj, snap, _, ours, _ = source(kind)
+    fresh = target(kind)
+    if kind == "module":  # TF's own walk of a TF1 optimizer probes every variable
+        obj, fresh = obj.model, fresh.model
+        snap = objckpt.snapshot(obj)
+    reduced = []
+    real_reduce = strategy.reduce
+    monkeypatch.setattr(strategy, "reduce",
+                        lambda *a, **k: reduced.append(a) or real_reduce(*a, **k))
+    objckpt.tree(obj)
+    objckpt.restore(fresh, snap)
+    objckpt.restore(fresh, objckpt.save(snap, str(tmp_path / "s")))
+    objckpt.plan(ours, fresh, at="model" if kind == "module" else None)
+    objckpt.migrate(snap, fresh, str(tmp_path / "m"))
+    objckpt.restore_on_create(fresh, snap).assert_done()
+    assert reduced == []
+    pending = objckpt.restore_on_create(tf.Module(), snap)
+    pending.cancel()
+    assert reduced == []
+
+
 # --- MultiWorkerMirroredStrategy: every worker calls save, the chief writes --------------
 
 

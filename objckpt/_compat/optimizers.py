@@ -68,6 +68,8 @@ def _optimizers(obj) -> list:
     # An object TF cannot list the children of: just obj and its .optimizer.
     with contextlib.suppress(Exception):
         for child in _graph_view.ObjectGraphView(obj).children(obj).values():
+            if isinstance(child, tf.Variable):
+                continue  # never probed (see _is_optimizer)
             # tf.train.Checkpoint(model=m): m's optimizer too
             candidates.extend((child, getattr(child, "optimizer", None)))
     for candidate in list(candidates):  # what a wrapper (LossScaleOptimizer) wraps
