@@ -24,16 +24,30 @@ directory's `ckpt-N`, or nothing intact, falls back to the intact `ckpt-N` on
 disk; intact checkpoints of other names and none of ours make `open()` refuse
 a fresh start. Everything written is a standard object-based checkpoint, so
 `tf.train.latest_checkpoint(directory)` and `objckpt.restore` find it.
+
+Under `MultiWorkerMirroredStrategy` with more than one worker every worker
+runs the same `open`, `restore`, `save` and `close`, in the same order (a
+`Cluster` says who is who): the chief (task 0, TF's `should_checkpoint`) alone
+takes the lock, tidies, writes and commits; the others read the values too
+(reading a SyncOnRead variable in cross-replica context is a collective, as
+in TF's own save), write nothing (their values are the chief's: mirrored
+variables are identical, SyncOnRead ones are reduced across all workers) and
+so leave no `workertemp_<task>` directory behind. Small collectives keep them
+in step: the chief's choice of checkpoint to resume from is broadcast, and
+every worker learns whether any other failed to open, restore, write or close,
+so all raise together instead of one waiting forever for the others.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
 import time
 import warnings
 
+import numpy as np
 import tensorflow as tf
 
 from objckpt import (
@@ -49,7 +63,7 @@ from objckpt import (
     errors,
 )
 
-__all__ = ["CheckpointDirectory", "Kept"]
+__all__ = ["CheckpointDirectory", "Cluster", "Kept"]
 
 STATE_FILE = _files.STATE_FILE
 _NAME = _ckptstate.NAME  # files of ckpt-N, by TF's exact names
@@ -87,6 +101,128 @@ class Kept:
 
     def __repr__(self) -> str:
         return f"Kept(ckpt-{self.number}, metric={self.metric})"
+
+
+# The errors one worker learns another raised (by code; 0: none), and the type it raises then.
+_CODES = (None, errors.DirectoryLockedError, errors.CheckpointWriteError,
+          errors.CheckpointDirectoryError, errors.StructureMismatchError,
+          errors.CheckpointCorruptError, errors.UnbuiltModelError)
+_OTHER = len(_CODES)  # any other exception
+
+
+def error_code(err: BaseException | None) -> int:
+    """The code `Cluster.gather` carries for `err` (0 for None)."""
+    if err is None:
+        return 0
+    for code, kind in enumerate(_CODES[1:], 1):
+        if type(err) is kind:
+            return code
+    return _OTHER
+
+
+class Cluster:
+    """This process among the workers of a multi-worker strategy, and their agreements.
+
+    Built by `Cluster.of(variables)`: None unless the variables' strategy runs on more than
+    one worker (`MultiWorkerMirroredStrategy` with a cluster in TF_CONFIG). Every worker
+    must call `gather` at the same points in the same order (it is a collective).
+
+    Attributes:
+      strategy: the strategy.
+      chief: whether this worker writes checkpoints (TF's `should_checkpoint`).
+      index: this worker's position among `workers` (the chief's task first).
+      workers: how many workers train.
+      name: this worker's task, e.g. "worker 1".
+      chief_index: the chief's position.
+    """
+
+    def __init__(self, strategy, chief: bool, index: int, workers: int, name: str,
+                 chief_index: int):
+        self.strategy, self.chief, self.index, self.workers = strategy, chief, index, workers
+        self.name, self.chief_index = name, chief_index
+
+    @classmethod
+    def of(cls, variables) -> Cluster | None:
+        """The cluster the strategy of `variables` (else the strategy in scope) trains on,
+        or None when it is a single process (no strategy, MirroredStrategy, one worker)."""
+        strategy = _compat.variables_strategy(variables)
+        resolver = getattr(strategy, "cluster_resolver", None)
+        if resolver is None:
+            return None
+        spec = resolver.cluster_spec().as_dict()
+        chiefs, workers = len(spec.get("chief", ())), len(spec.get("worker", ()))
+        if chiefs + workers <= 1 or resolver.task_type not in ("chief", "worker"):
+            return None
+        task_id = int(resolver.task_id or 0)
+        index = task_id if resolver.task_type == "chief" else chiefs + task_id
+        return cls(strategy, bool(strategy.extended.should_checkpoint), index,
+                   chiefs + workers, f"{resolver.task_type} {task_id}", 0)
+
+    def gather(self, row) -> list[list[float]]:
+        """Every worker's `row` (numbers, the same length on every worker), in worker order.
+
+        One all-reduce of a small float64 matrix in which each worker fills its own row (a
+        sum with zeros is exact: integers below 2**53 and every float come back unchanged).
+        """
+        matrix = np.zeros((self.workers, len(row)), np.float64)
+        matrix[self.index] = row
+        calls = [0]
+
+        def value(context):  # this worker's first replica contributes, the others add zeros
+            calls[0] += 1
+            return tf.constant(matrix if calls[0] == 1 else np.zeros_like(matrix))
+
+        strategy = self.strategy
+        total = strategy.reduce(tf.distribute.ReduceOp.SUM,
+                                strategy.experimental_distribute_values_from_function(value),
+                                axis=None)
+        return np.asarray(total).tolist()
+
+    def chief_row(self, row) -> list[float]:
+        """The chief's `row`, on every worker (`row` is ignored elsewhere)."""
+        return self.gather(row if self.chief else [0] * len(row))[self.chief_index]
+
+    def failed(self, err: BaseException | None) -> dict[int, int]:
+        """{worker index: error code} of the workers that failed (this one too, when `err`)."""
+        codes = self.gather([error_code(err)])
+        return {i: int(row[0]) for i, row in enumerate(codes) if row[0]}
+
+    def raise_for(self, failed: dict[int, int], err: BaseException | None, what: str,
+                  directory: str, prefix: str = "") -> None:
+        """Raises `err` when this worker failed, else (when another did) an error of the type
+        the first failed worker raised, saying which worker failed `what`."""
+        if err is not None:
+            raise err
+        if not failed:
+            return
+        index, code = min(failed.items())
+        known = code < len(_CODES)
+        kind = _CODES[code] if known else errors.CheckpointDirectoryError
+        who = "the chief" if index == self.chief_index else "another worker"
+        message = (
+            f"Checkpoint directory `{directory}`: {who} (worker #{index} of {self.workers}) "
+            f"failed {what} with {kind.__name__ if known else 'an unexpected error'} (its log "
+            f"has the details), so this worker ({self.name}) stops too instead of waiting for "
+            "it. Fix: see that worker's error; every worker of a MultiWorkerMirroredStrategy "
+            "must see the same checkpoint directory (one file system all of them mount).")
+        if kind in (errors.DirectoryLockedError, errors.CheckpointDirectoryError):
+            raise kind(message, directory=directory)
+        if kind is errors.CheckpointWriteError:
+            raise kind(message, prefix)
+        if kind is errors.StructureMismatchError:
+            raise kind(message, ())
+        raise kind(message)
+
+
+def _creation_scope(variables):
+    """The scope of the strategy of `variables`, for variables created beside them (none
+    without a strategy, or when a strategy's scope is entered already)."""
+    if tf.distribute.has_strategy():
+        return contextlib.nullcontext()
+    strategy = _compat.variables_strategy(variables)
+    if strategy is tf.distribute.get_strategy():  # the default strategy: nothing to enter
+        return contextlib.nullcontext()
+    return strategy.scope()
 
 
 class CheckpointDirectory:
@@ -129,6 +265,8 @@ class CheckpointDirectory:
         self._next = 1
         self._read_only = None  # the CheckpointWriteError of an unwritable directory
         self._lock = _dirlock.DirectoryLock(self.directory)
+        self.cluster: Cluster | None = None  # set by open(): the workers, when several
+        self._following = False  # open, on a worker that is not the chief
         self._writer = (_asyncwrite.Writer(self._write, self._superseded) if async_save
                         else None)
 
@@ -151,8 +289,34 @@ class CheckpointDirectory:
             warning instead: nothing is saved, the newest checkpoint is still returned).
           CheckpointDirectoryError: the directory holds intact checkpoints of other names
             and none of ours: a fresh start there is refused.
+
+        With several workers (see the module's docstring) only the chief locks and tidies;
+        every worker returns the checkpoint the chief chose, or all raise: the same error
+        type as the worker that failed (a worker that cannot read the chief's choice raises
+        `CheckpointDirectoryError`: the directory must be one all workers see).
         """
         self._read_only = None
+        self.cluster = cluster = Cluster.of(_tree.tree(self.root).values())
+        if cluster is None:
+            return self._open_as_writer()
+        if not cluster.chief:
+            return self._open_as_follower(cluster)
+        newest = err = None
+        try:
+            newest = self._open_as_writer()
+        except BaseException as caught:  # the others learn of it below, then all raise
+            err = caught
+        cluster.chief_row([error_code(err), newest.number if newest else 0, self._next])
+        if err is not None:
+            raise err
+        failed = cluster.failed(None)  # whether the others can read the chief's choice
+        if failed:
+            self.release()
+            cluster.raise_for(failed, None, "to read the checkpoint the chief resumes from",
+                              self.directory)
+        return newest
+
+    def _open_as_writer(self) -> Kept | None:
         try:
             self._lock.acquire()
         except errors.CheckpointWriteError as err:
@@ -165,6 +329,48 @@ class CheckpointDirectory:
         except BaseException:
             self.release()
             raise
+
+    def _open_as_follower(self, cluster: Cluster) -> Kept | None:
+        """open() on a worker that is not the chief: no lock, nothing changed on disk."""
+        code, number, following = (int(x) for x in cluster.chief_row([0, 0, 0]))
+        if code:
+            cluster.raise_for({cluster.chief_index: code}, None, "to open it", self.directory)
+        err = newest = None
+        try:
+            newest = self._follow_open(cluster, number, following)
+        except Exception as caught:  # the others learn of it below, then all raise
+            err = caught
+        failed = cluster.failed(err)
+        cluster.raise_for(failed, err, "to read the checkpoint the chief resumes from",
+                          self.directory)
+        self._following = True
+        return newest
+
+    def _follow_open(self, cluster: Cluster, number: int, following: int) -> Kept | None:
+        """The checkpoints kept as the chief left them after its open(), read from the state
+        file; `number` (0: none) is the one the chief resumes from and must be intact here."""
+        self._next = following
+        self.kept = []
+        if not number:
+            return None
+        problem = _files.check_intact(self._prefix(number))
+        if problem is not None:
+            raise errors.CheckpointDirectoryError(
+                f"Checkpoint directory `{self.directory}`: the chief resumes from "
+                f"`{self._prefix(number)}`, which this worker ({cluster.name}) cannot read: "
+                f"{problem}. Expected every worker to see the chief's checkpoints (TF's "
+                "convention for multi-worker checkpoints: one directory on a file system all "
+                "workers mount). Nothing was changed. Fix: put the directory on a shared file "
+                "system (NFS, a network disk) and pass the same path on every worker.",
+                directory=self.directory, found=())
+        listed, _ = _ckptstate.listed(self.directory, True)
+        use = sorted({n for n in listed or () if n < number
+                      and _files.check_intact(self._prefix(n)) is None} | {number})
+        times, self.preserved = _ckptstate.timestamps(self.directory, use)
+        self._clock = max(times.values(), default=0.0)
+        self.kept = [Kept(n, self._prefix(n), self._read_metric(self._prefix(n))
+                          if self.keep_best else math.nan, times[n]) for n in use]
+        return self.kept[-1]
 
     def _open(self) -> Kept | None:
         names = _files.listdir(self.directory)
@@ -283,8 +489,18 @@ class CheckpointDirectory:
         optimizer = getattr(obj, "optimizer", None)
         variables = getattr(obj, "trainable_variables", None)  # a Keras model's own optimizer
         if variables is not None and callable(getattr(optimizer, "apply_gradients", None)):
-            _compat.build_optimizer(optimizer, variables)
-        _snapshot.restore(self.root, kept.prefix)
+            with _creation_scope(_tree.tree(obj).values()):  # slots mirrored like the model
+                _compat.build_optimizer(optimizer, variables)
+        if self.cluster is None:
+            _snapshot.restore(self.root, kept.prefix)
+        else:  # every worker restores; all raise when any one fails
+            err = None
+            try:
+                _snapshot.restore(self.root, kept.prefix)
+            except Exception as caught:
+                err = caught
+            self.cluster.raise_for(self.cluster.failed(err), err,
+                                   f"to restore `{kept.prefix}`", self.directory)
         return {name: int(v.numpy()) for name, v in self.counters.items()}
 
     # --- saving -------------------------------------------------------------------
@@ -295,10 +511,50 @@ class CheckpointDirectory:
         With `async_save`, only the in-memory copy (a Snapshot: no bytes
         copied) happens here; a background thread writes and commits it. A
         newer save supersedes one still waiting to start.
+
+        With several workers every worker calls it: all read the values (a collective for
+        SyncOnRead variables), the chief alone writes and commits, and the others learn
+        whether it could (with on_error="raise" they raise too when it could not). On the
+        others the prefix returned, `kept` and `best()` are the chief's.
         """
+        if self.cluster is not None:
+            return self._save_in_cluster(metric, self.cluster)
         if self._read_only is not None:
             self._failed(self._read_only)
             return None
+        self._check_lock()
+        job = self._take(metric)
+        done, err = self._commit(job)
+        if err is not None:
+            self._failed(err)
+        return self._prefix(job[0]) if done else None
+
+    def _save_in_cluster(self, metric, cluster: Cluster) -> str | None:
+        if cluster.chief:
+            if self._read_only is None:
+                self._check_lock()
+        elif not self._following:
+            self._check_lock()  # raises: a follower closed, or never opened
+        job = self._take(metric)
+        prefix = self._prefix(job[0])
+        if not cluster.chief:
+            failed = cluster.failed(None)
+            if cluster.chief_index in failed:
+                if self.on_error == "raise":
+                    cluster.raise_for(failed, None, f"to write `{prefix}`", self.directory,
+                                      prefix)
+                return None
+            self.kept = [*self.kept, Kept(job[0], prefix, job[1], job[2])]
+            self._retain()
+            return prefix
+        done, err = (False, self._read_only) if self._read_only is not None else (
+            self._commit(job))
+        cluster.failed(err)  # the others learn of it
+        if err is not None:
+            self._failed(err)
+        return prefix if done else None
+
+    def _check_lock(self) -> None:
         if not self._lock.held:
             raise errors.DirectoryLockedError(
                 f"Cannot save to `{self.directory}`: this writer no longer holds the directory's "
@@ -306,22 +562,38 @@ class CheckpointDirectory:
                 "it was closed, or open() was not called). Nothing was written. Fix: use one "
                 "writer per directory, and save before closing it.",
                 directory=self.directory)
+
+    def _take(self, metric: float | None) -> tuple:
+        """Reads the values to save (a Snapshot: no bytes copied); returns the write job:
+        (number, metric, timestamp, layout, values)."""
         self.metric.assign(math.nan if metric is None else float(metric))
         layout = self._current_layout()
         values = layout[1].fused.read_all()
         number, self._next = self._next, self._next + 1
         metric = float(self.metric.numpy())
         self._clock = stamp = max(time.time(), self._clock)  # the time of these values
-        if self._writer is not None:
-            self._check_writer()
-            self._writer.submit((number, metric, stamp, layout, values))
-            return self._prefix(number)
+        return number, metric, stamp, layout, values
+
+    def _commit(self, job: tuple) -> tuple[bool, errors.CheckpointWriteError | None]:
+        """Writes and commits `job` (with async_save: hands it to the writer); returns
+        (whether it was written or handed over, the CheckpointWriteError of this write or,
+        with async_save, of an earlier one). With on_error="raise" a job is not handed over
+        behind an earlier failure."""
+        if self._writer is None:
+            try:
+                self._write(*job)
+            except errors.CheckpointWriteError as err:
+                return False, err
+            return True, None
         try:
-            self._write(number, metric, stamp, layout, values)
-        except errors.CheckpointWriteError as err:
-            self._failed(err)
-            return None
-        return self._prefix(number)
+            self._writer.raise_pending()
+            err = None
+        except errors.CheckpointWriteError as caught:
+            err = caught
+        if err is not None and self.on_error == "raise":
+            return False, err
+        self._writer.submit(job)
+        return True, err
 
     def _check_writer(self) -> None:
         try:
@@ -414,10 +686,29 @@ class CheckpointDirectory:
     # --- life cycle -----------------------------------------------------------------
 
     def wait(self) -> None:
-        """Blocks until every pending async write is committed; raises its error."""
-        if self._writer is not None:
+        """Blocks until every pending async write is committed; raises its error.
+
+        With several workers (and async_save) every worker calls it, and all learn whether
+        the chief's writes failed."""
+        if self._writer is None:
+            return
+        cluster = self.cluster
+        if cluster is None:
             self._writer.wait()
             self._check_writer()
+            return
+        err = None
+        if cluster.chief:
+            self._writer.wait()
+            try:
+                self._writer.raise_pending()
+            except errors.CheckpointWriteError as caught:
+                err = caught
+        failed = cluster.failed(err)
+        if err is not None:
+            self._failed(err)
+        elif failed and self.on_error == "raise":
+            cluster.raise_for(failed, None, "to write a checkpoint", self.directory)
 
     def close(self) -> None:
         """Waits for pending writes, then releases the directory's lock."""
@@ -431,6 +722,7 @@ class CheckpointDirectory:
 
     def release(self) -> None:
         """Releases the directory's lock (without waiting for pending writes)."""
+        self._following = False
         self._lock.release()
 
     def _prefix(self, number: int) -> str:

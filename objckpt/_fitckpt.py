@@ -4,7 +4,8 @@ The callback is a thin adapter; this module keeps the position of training
 (epoch, batch in the epoch, global step), resumes it from the newest intact
 checkpoint (starting epoch and skipped batches, through `_compat`), says so
 in one line on stdout (or that training is already finished), decides when to
-save, and turns a SIGTERM into one more save and a stop.
+save, and turns a SIGTERM into one more save and a stop (in a single process; with
+several workers SIGTERM keeps its usual effect, see `_install_sigterm`).
 """
 
 from __future__ import annotations
@@ -67,6 +68,11 @@ class FitCheckpointer:
     def _install_sigterm(self) -> None:
         self._sigterm = self._stopped = False
         if threading.current_thread() is not threading.main_thread():
+            return
+        if self.manager.cluster is not None:
+            # Several workers: one more save on the worker that got the signal alone would
+            # wait forever for the others (saving is collective). The signal keeps its usual
+            # effect; a restart resumes from the newest checkpoint the chief committed.
             return
 
         def on_sigterm(signum, frame):

@@ -271,6 +271,19 @@ class Checkpointing(_FlavourFreeCallback):
         ...`, with how to train further); 0 prints nothing. A fresh start
         prints nothing either way.
 
+    Under `tf.distribute` (MirroredStrategy, MultiWorkerMirroredStrategy) each
+    variable is saved once, as `tf.train.Checkpoint` saves it: a mirrored one
+    by its value, a SyncOnRead one (BatchNorm statistics in tf_keras and Keras 2,
+    metrics) by its value reduced across all replicas; resuming sets every
+    replica to the saved value. With several workers every worker runs the
+    callback: the chief (task 0) alone locks the directory, writes and commits;
+    the others take part in reading the values (a collective) and write nothing,
+    so no `workertemp_<task>` directory is left behind. The directory must be
+    one every worker sees (a shared file system, as for TF's BackupAndRestore):
+    on resume all workers restore the checkpoint the chief chose, or all raise.
+    A SIGTERM there is not turned into one more save (the others would wait for
+    it forever); a restart of all workers resumes from the newest checkpoint.
+
     Attributes:
       resumed_from: the prefix restored at the start of the last fit, or None.
       saved: prefixes saved during the last fit, in order (with async_save:
@@ -342,6 +355,11 @@ class BestSnapshot(_FlavourFreeCallback):
       best_epoch: the epoch (0-based) it was seen at, or None.
       snapshot: the `Snapshot` taken at that epoch, or None.
 
+    Under `tf.distribute` the snapshot holds what a checkpoint would: one value per
+    variable (a SyncOnRead variable's reduced across replicas), and restoring it sets
+    every replica. With several workers (MultiWorkerMirroredStrategy) every worker keeps
+    its snapshot and the chief's logs decide the best epoch for all.
+
     Example:
       >>> best = objckpt.callbacks.BestSnapshot("val_loss")
       >>> model.fit(x, y, validation_data=(vx, vy), epochs=20, callbacks=[best])
@@ -357,9 +375,14 @@ class BestSnapshot(_FlavourFreeCallback):
                 f"monitor must be a logs key such as 'val_loss'. Received: monitor={monitor!r}.")
         self.monitor, self.mode, self.restore_at_end = monitor, mode, bool(restore_at_end)
         self.best = self.best_epoch = self.snapshot = None
+        self._cluster = None
 
     def on_train_begin(self, logs=None):
+        from objckpt import _checkpointing, _tree
+
         self.best = self.best_epoch = self.snapshot = None
+        # Several workers (MultiWorkerMirroredStrategy): the chief's logs decide for all.
+        self._cluster = _checkpointing.Cluster.of(_tree.tree(self.model).values())
 
     def on_epoch_end(self, epoch, logs=None):
         import math
@@ -373,11 +396,13 @@ class BestSnapshot(_FlavourFreeCallback):
             warnings.warn(f"BestSnapshot: monitor {self.monitor!r} is not in the logs (keys: "
                           f"{sorted(logs or {})}). Fix: pass validation_data, or monitor a key "
                           "that fit logs.", stacklevel=2)
-            return
-        value = float(value)
-        if math.isnan(value):
-            return
-        if self.best is None or (value < self.best if self.mode == "min" else value > self.best):
+        value = math.nan if value is None else float(value)
+        better = not math.isnan(value) and (
+            self.best is None or (value < self.best if self.mode == "min" else value > self.best))
+        if self._cluster is not None:  # every worker snapshots at the same epoch (collective)
+            taken, value = self._cluster.chief_row([float(better), value])
+            better = bool(taken)
+        if better:
             self.best, self.best_epoch = value, epoch
             self.snapshot = _snapshot.snapshot(self.model)
 
