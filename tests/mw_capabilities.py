@@ -925,19 +925,29 @@ def sc_restore_fails_on_one_worker(ctx):
     """Worker 1's source is bad, worker 0's good: no worker may change anything."""
     obj = ctx.main(27)
     before = state_of(objckpt.tree(obj))
-    source = objckpt.Snapshot(_mapping(obj, 28, bad=ctx.task == 1))
-    try:
-        objckpt.restore(obj, source)
-        raised = None
-    except errors.ObjckptError as err:
-        raised = f"{type(err).__name__}: {str(err)[:300]}"
-    after = state_of(objckpt.tree(obj))
-    moved = changed(before, after)
+    good = objckpt.Snapshot(_mapping(obj, 28, bad=False))
+    directory = ctx.dir("restore_fails_on_one_worker")
+    prefix = objckpt.save(good, os.path.join(directory, "good"))
     ctx.barrier()
-    assert not moved, (f"worker {ctx.task} changed {len(moved)} variables although a restore "
-                       f"failed on worker 1 (e.g. {moved[:3]})")
-    assert raised, f"worker {ctx.task}: restore returned although worker 1's failed"
-    return {"unchanged": after}, {"raised": raised.split(":")[0]}
+    sources = {  # what worker 0 restores from, and worker 1
+        "wrong shape": (good, objckpt.Snapshot(_mapping(obj, 28, bad=True))),
+        "missing prefix": (prefix, os.path.join(directory, "missing")),
+    }
+    raised = {}
+    for case, per_worker in sources.items():
+        try:
+            objckpt.restore(obj, per_worker[ctx.task])
+            raised[case] = None
+        except errors.ObjckptError as err:
+            raised[case] = type(err).__name__
+        after = state_of(objckpt.tree(obj))
+        moved = changed(before, after)
+        assert not moved, (f"{case}: worker {ctx.task} changed {len(moved)} variables although "
+                           f"the restore failed on worker 1 (e.g. {moved[:3]})")
+        assert raised[case], (f"{case}: worker {ctx.task}'s restore returned although worker "
+                              "1's failed")
+    ctx.barrier()
+    return {"unchanged": after}, {"raised": raised}
 
 
 SCENARIO_FUNCTIONS = {name: globals()[f"sc_{name}"] for name in SCENARIOS}

@@ -33,7 +33,7 @@ _WHERE = {
         "recreate_variable", "unique_id", "variable_name"),
     "distribute": ("check_not_sharded", "distributed_refusal", "is_distributed_variable",
         "is_sharded", "recreate_distributed", "replica_components", "replica_context_strategy",
-        "variables_strategy", "writes_checkpoints"),
+        "sum_across_workers", "variables_strategy", "writes_checkpoints"),
     "optimizers": ("COUNTERS", "HYPERPARAMETERS", "KERAS3_ROLES", "NAMED_SLOT",
         "SLOT_ALIASES", "TF1_SLOT", "build_optimizer", "is_optimizer_node",
         "optimizer_counters", "optimizer_slot_lists", "optimizer_state"),

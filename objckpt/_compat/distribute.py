@@ -18,6 +18,7 @@ __all__ = [
     "recreate_distributed",
     "replica_components",
     "replica_context_strategy",
+    "sum_across_workers",
     "variables_strategy",
     "writes_checkpoints",
 ]
@@ -186,3 +187,17 @@ def writes_checkpoints(variables) -> bool:
     chief). No strategy, MirroredStrategy and OneDeviceStrategy write.
     """
     return bool(variables_strategy(variables).extended.should_checkpoint)
+
+
+def sum_across_workers(variables, counts: list[int]) -> list[int] | None:
+    """Element-wise sums of `counts` (small non-negative integers) over every replica of the
+    variables' `MultiWorkerMirroredStrategy`, by one all-reduce: every worker must call this at
+    the same point, as it calls the operation it belongs to. None (no collective) for any other
+    strategy, where there is one process to agree with.
+    """
+    strategy = variables_strategy(variables)
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return None
+    local = tf.constant(counts, tf.float32)
+    total = strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: local), axis=None)
+    return [int(n) for n in total.numpy()]
