@@ -119,6 +119,9 @@ class RestoreReport:
         return "\n".join(lines)
 
 
+# Called inside a user's tf.function: run as Python, never converted by AutoGraph (its
+# errors stay objckpt's own, and nothing is converted on every trace).
+@tf.autograph.experimental.do_not_convert
 def snapshot(obj) -> Snapshot:
     """Takes an immutable in-memory Snapshot of every variable of obj.
 
@@ -149,12 +152,36 @@ def snapshot(obj) -> Snapshot:
       >>> objckpt.restore(model, best)
     """
     variables = _tree.tree(obj)
+    _check_cross_replica(variables, "snapshot")
     snap = Snapshot._of_tree(variables, variables.fused.read_all())
     if not _tree.is_cached(obj, variables):
         # Nothing else keeps this tree (an obj without a cheap fingerprint, such as a
         # tf.train.Checkpoint): the Snapshot does, for what saving it needs to know.
         snap._keep = variables
     return snap
+
+
+def _check_cross_replica(variables, operation: str) -> None:
+    """Refuses to read or assign distributed variables inside `strategy.run`.
+
+    In a replica context a SyncOnRead variable reads as its own replica's component (not
+    the aggregate TF saves) and assigns to that component only, and a MirroredVariable
+    cannot be assigned without an aggregation: values would be wrong without an error.
+    """
+    running = _compat.replica_context_strategy()
+    if running is None:
+        return
+    for path, variable in variables.items():
+        if isinstance(variable, tf.distribute.DistributedValues):
+            kind = type(variable).__name__
+            raise errors.DistributedVariableError(
+                f"objckpt.{operation} was called inside `strategy.run` of a "
+                f"{type(running).__name__} (a replica context), where `{_render.safe(path)}` "
+                f"({kind}) and every other distributed variable show only this replica's "
+                "component. Expected: a cross-replica context. Fix: call "
+                f"objckpt.{operation} outside strategy.run (inside or outside "
+                "`strategy.scope()`), e.g. between training steps; to copy weights inside a "
+                "step use objckpt.Twins.", path=path, variable_type=kind)
 
 
 def fetch_values(the_plan: _match.Plan, variables, matches=None) -> list:
@@ -196,6 +223,7 @@ def fetch_values(the_plan: _match.Plan, variables, matches=None) -> list:
     return out
 
 
+@tf.autograph.experimental.do_not_convert
 def restore(obj, source, *, rules=(), strict: bool = True, at: str | None = None,
             optimizer_state="auto") -> RestoreReport:
     """Restores obj's variables from a source, all or nothing.
@@ -267,10 +295,12 @@ def restore(obj, source, *, rules=(), strict: bool = True, at: str | None = None
     wrote from one restore into unsharded variables.
     """
     variables = _tree.tree(obj)
+    _check_cross_replica(variables, "restore")
     if (isinstance(source, Snapshot) and at is None and not rules
             and optimizer_state in (None, "auto") and source.origin() is variables):
         # Taken from this very obj, and its structure is unchanged: the paths,
         # shapes and dtypes are the ones just read, so there is nothing to check.
+        _agree_across_workers(variables, None)
         variables.fused.assign_all(source.as_dict().values())
         return RestoreReport(tuple(variables), source="Snapshot")
     cache_key = _plan_cache_key(source, rules, strict, at, optimizer_state)
@@ -280,12 +310,18 @@ def restore(obj, source, *, rules=(), strict: bool = True, at: str | None = None
         # and dtypes on both sides (each tree is immutable), so the same checked plan.
         _, keys, report = cached
         items = source.as_dict()
+        _agree_across_workers(variables, None)
         _assign(variables, report.plan, [items[key] for key in keys])
         return report
-    src = _sources.open_source(source)
-    the_plan = _checks.checked_plan(obj, variables, src, rules=rules, strict=strict, at=at,
-                            optimizer_state=optimizer_state)
-    values = fetch_values(the_plan, variables)
+    try:
+        src = _sources.open_source(source)
+        the_plan = _checks.checked_plan(obj, variables, src, rules=rules, strict=strict, at=at,
+                                optimizer_state=optimizer_state)
+        values = fetch_values(the_plan, variables)
+    except Exception as err:
+        _agree_across_workers(variables, err)
+        raise
+    _agree_across_workers(variables, None)
     _assign(variables, the_plan, values)
     report = RestoreReport(tuple(m.target for m in the_plan.matches),
                            the_plan.unmatched_variables, the_plan.unmatched_source,
@@ -302,6 +338,37 @@ def restore(obj, source, *, rules=(), strict: bool = True, at: str | None = None
             weakref.ref(source.origin()),
             tuple(aliases.get(m.source, m.source) for m in the_plan.matches), report)
     return report
+
+
+# The error a restore raises on a worker of a MultiWorkerMirroredStrategy whose own checks
+# passed when another worker's failed: the type of that worker's error (the first of these
+# it is an instance of), so that every worker handles the failure alike.
+_AGREED_ERRORS = (errors.StructureMismatchError, errors.CheckpointNotFoundError,
+                  errors.CheckpointCorruptError, errors.NotObjectBasedError,
+                  errors.UnbuiltModelError, errors.InvalidArgumentError,
+                  errors.UnsupportedObjectError, errors.ObjckptError, Exception)
+
+
+def _agree_across_workers(variables, failure) -> None:
+    """A restore lands on every worker of a MultiWorkerMirroredStrategy or on none: each
+    worker calls this once, before assigning anything, with its own failure (None: its
+    checks passed). One all-reduce tells every worker whether any failed; a worker that
+    passed raises then. No collective under any other strategy."""
+    counts = [0] * len(_AGREED_ERRORS)
+    if failure is not None:
+        counts[next(i for i, kind in enumerate(_AGREED_ERRORS) if isinstance(failure, kind))] = 1
+    totals = _compat.sum_across_workers(variables.values(), counts)
+    if failure is not None or not totals or not any(totals):
+        return
+    found = _AGREED_ERRORS[next(i for i, n in enumerate(totals) if n)]
+    kind = found if issubclass(found, errors.ObjckptError) else errors.ObjckptError
+    raise kind(
+        f"objckpt.restore failed on another worker of this MultiWorkerMirroredStrategy "
+        f"({found.__name__}; that worker's error says why), so nothing was restored on this "
+        "worker either: a restore "
+        "lands on every worker or on none, and every variable here keeps its value. Fix: the "
+        "cause on that worker; every worker must be able to read the source (put checkpoints "
+        "on storage the workers share).")
 
 
 # Plans kept per target tree, for Snapshots of this many other trees.
@@ -331,6 +398,7 @@ def _assign(variables, the_plan: _match.Plan, values) -> None:
 # --- saving --------------------------------------------------------------------
 
 
+@tf.autograph.experimental.do_not_convert
 def save(obj_or_snapshot, prefix: str | os.PathLike) -> str:
     """Writes a standard TF object-based checkpoint with obj as its root.
 
@@ -375,6 +443,7 @@ def save(obj_or_snapshot, prefix: str | os.PathLike) -> str:
         origin = snap.origin()
     else:  # the tree held here: an obj's tree may be cached nowhere (a tf.train.Checkpoint)
         origin = _tree.tree(obj_or_snapshot)
+        _check_cross_replica(origin, "save")
         # On every worker of a multi-worker strategy: SyncOnRead reads are collectives.
         snap = Snapshot._of_tree(origin, origin.fused.read_all())
     prefix = os.fspath(prefix)

@@ -381,6 +381,43 @@ def test_failed_restore_leaves_every_replica_bit_identical(kind, form, source, t
     assert_replicas_equal(before, replicas(fresh))
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_restore_and_snapshot_inside_a_tf_function(kind, source, target, expected):
+    """In a tf.function (cross-replica context), as eagerly: every replica as TF puts it."""
+    _, snap, _, _, _ = source(kind)
+    fresh = target(kind)
+    scramble(fresh, 13)
+    tf.function(lambda: objckpt.restore(fresh, snap) and None)()
+    assert_replicas_equal(expected(kind), replicas(fresh))
+    taken = tf.function(lambda: objckpt.snapshot(fresh).as_dict())()
+    again = objckpt.snapshot(fresh)
+    assert set(taken) == set(again)
+    for path, value in taken.items():
+        assert np.array(value).tobytes() == np.array(again[path]).tobytes(), path
+
+
+@pytest.mark.parametrize("operation", ["snapshot", "restore", "save"])
+def test_inside_strategy_run_is_refused(operation, source, strategy, tmp_path):
+    """In a replica context a SyncOnRead variable shows only its own replica's component:
+    reading or assigning there would be wrong without an error."""
+    obj, snap, _, _, _ = source("module")
+    before = replicas(obj)
+    call = {"snapshot": lambda: objckpt.snapshot(obj),
+            "restore": lambda: objckpt.restore(obj, snap),
+            "save": lambda: objckpt.save(obj, str(tmp_path / "ck"))}[operation]
+    with pytest.raises(errors.DistributedVariableError,
+                       match=rf"objckpt.{operation} was called inside `strategy.run`.*Fix: "
+                             rf"call objckpt.{operation} outside strategy.run") as caught:
+        strategy.run(call)
+    assert caught.value.path == "model/total"
+    assert caught.value.variable_type == "SyncOnReadVariable"
+    # In a tf.function AutoGraph re-raises it (as a StagingError naming it).
+    with pytest.raises(Exception, match=rf"objckpt.{operation} was called inside"):
+        tf.function(lambda: strategy.run(call) and None)()
+    assert_replicas_equal(before, replicas(obj))
+    assert os.listdir(tmp_path) == []
+
+
 # --- deferred, plan, migrate ------------------------------------------------------
 
 

@@ -474,19 +474,27 @@ def test_crash_between_renames_leaves_no_half_checkpoint(tmp_path, monkeypatch):
 
 
 def test_distributed_variables_snapshot_and_restore():
+    """A one-device MirroredStrategy (two replicas: tests/test_distribute_state.py)."""
     strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
     with strategy.scope():
         module = tf.Module()
         module.w = tf.Variable(tf.ones((3, 2)))
         module.b = tf.Variable(tf.zeros((2,)))
+        module.total = tf.Variable(5.0, synchronization=tf.VariableSynchronization.ON_READ,
+                                   aggregation=tf.VariableAggregation.SUM)
     paths = objckpt.tree(module)
     assert type(paths["w"]).__name__ == "MirroredVariable"
+    assert type(paths["total"]).__name__ == "SyncOnReadVariable"
     before = values(paths)
     snap = objckpt.snapshot(module)
     for _ in range(3):  # eager, then fused
-        perturb(module)
+        for variable in paths.values():  # (a SUM SyncOnRead variable has no assign_add)
+            variable.assign(variable.value() + 1.0)
         objckpt.restore(module, snap)
         assert_same(before, values(objckpt.tree(module)))
+        for path, variable in objckpt.tree(module).items():  # the one replica's component
+            (component,) = variable.values
+            assert np.array(component.numpy()).tobytes() == before[path].tobytes(), path
 
 
 def test_console_script(tmp_path):
