@@ -208,7 +208,13 @@ class Kit:
             import flavours  # after TF: flavours imports tensorflow
 
             net = lazy_net_class()() if lazy else flavours.ModuleNet()
-            return tf.train.Checkpoint(model=net, optimizer=tf.compat.v1.train.AdamOptimizer(0.01))
+            if tuple(int(n) for n in tf.__version__.split(".")[:2]) < (2, 16):
+                # TF 2.12 leaves TF1 Adam's beta powers out of the object graph under a
+                # strategy (tf.train.Checkpoint writes none): TF1 momentum, a slot per variable
+                optimizer = tf.compat.v1.train.MomentumOptimizer(0.01, 0.9)
+            else:
+                optimizer = tf.compat.v1.train.AdamOptimizer(0.01)
+            return tf.train.Checkpoint(model=net, optimizer=optimizer)
         keras, layers = self.keras, self.keras.layers
         if lazy:
             model = keras.Sequential([layers.Dense(4, name="l1"), layers.BatchNormalization(
