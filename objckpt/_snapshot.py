@@ -424,8 +424,10 @@ def save(obj_or_snapshot, prefix: str | os.PathLike) -> str:
     or of "worker" when there is no chief) writes `prefix`; the other
     workers read the same values and write nothing, and every worker returns
     `prefix`. Saving a `Snapshot` reads nothing (`snapshot` did, on every
-    worker) and writes on the chief only. `prefix` should be on storage the
-    workers share when they restore from it.
+    worker) and writes on the chief only (one built from a mapping, with no
+    live obj behind it, follows the strategy in scope: outside
+    `strategy.scope()` every worker writes it). `prefix` should be on storage
+    the workers share when they restore from it.
 
     Args:
       obj_or_snapshot: a trackable obj or a `Snapshot`.

@@ -523,7 +523,7 @@ def test_two_replicas_to_one_device_and_back(kind, source, target, expected, tmp
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_two_replicas_to_a_one_device_mirrored_strategy(kind, source, tmp_path):
+def test_two_replicas_to_a_one_device_mirrored_strategy(kind, source, target, tmp_path):
     _, snap, tf_prefix, ours, _ = source(kind)
     one = build(kind, mirrored(1))
     tree = objckpt.tree(one)
@@ -536,9 +536,15 @@ def test_two_replicas_to_a_one_device_mirrored_strategy(kind, source, tmp_path):
         assert_replicas_equal(want, replicas(one))
         for path, (value,) in replicas(one).items():  # SUM / 1: the saved value itself
             assert value.tobytes() == np.array(snap[path]).tobytes(), path
-    # And back into two replicas, through a checkpoint written under one.
+    # And back into two replicas, from what was written or taken under one.
     written = objckpt.save(one, str(tmp_path / "one"))
     assert set(checkpoint_values(written)) == set(checkpoint_values(tf_prefix))
+    fresh = target(kind)
+    want = tf_read(fresh, written)
+    for the_source in (written, objckpt.snapshot(one)):
+        scramble(fresh, 14)
+        objckpt.restore(fresh, the_source)
+        assert_replicas_equal(want, replicas(fresh))
 
 
 def test_sync_on_read_round_trip_agrees_with_tf_checkpoint(strategy, tmp_path):
