@@ -105,7 +105,9 @@ def migrate(source, obj, prefix, *, rules=(), at: str | None = None,
         64 MB or more when stderr is a terminal.
 
     Returns:
-      The prefix written.
+      The prefix written. Under `MultiWorkerMirroredStrategy` (obj's) every
+      worker calls `migrate`, as for `objckpt.save`, and only the chief writes
+      `prefix`; every worker returns it.
 
     Raises:
       StructureMismatchError: an incomplete, ambiguous or mismatched plan;
@@ -144,7 +146,10 @@ def migrate(source, obj, prefix, *, rules=(), at: str | None = None,
             tf.raw_ops.MergeV2Checkpoints(checkpoint_prefixes=parts, destination_prefix=merged,
                                           delete_old_dirs=False)
         _verify(merged, prefix, specs)  # before it replaces anything at `prefix`
-        _files.commit(merged, prefix)
+        # Under MultiWorkerMirroredStrategy the chief commits; the others, whose reads were
+        # the same (collective) ones, drop their copy with `work`, as TF's non-chiefs do.
+        if _compat.writes_checkpoints(variables.values()):
+            _files.commit(merged, prefix)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         if created and not os.listdir(directory):

@@ -511,8 +511,17 @@ def sc_save(ctx):
     assert os.fspath(returned) == prefix, f"save returned {returned!r}, not {prefix!r}"
     snap_dir = ctx.dir("save_snapshot")
     objckpt.save(objckpt.snapshot(obj), os.path.join(snap_dir, "ckpt"))
-    ctx.barrier()  # the chief has written both
-    listing, snap_listing = _listing(directory), _listing(snap_dir)
+    # who writes: each worker names its own prefix; only the chief's may appear. An obj, a
+    # Snapshot of it, and a Snapshot of arrays saved in the strategy's scope (it has no
+    # variables to say which strategy it belongs to).
+    who = ctx.dir("save_who")
+    objckpt.save(obj, os.path.join(who, f"obj_task{ctx.task}"))
+    objckpt.save(objckpt.snapshot(obj), os.path.join(who, f"snapshot_task{ctx.task}"))
+    with ctx.strategy.scope():
+        objckpt.save(objckpt.Snapshot(objckpt.snapshot(obj).numpy()),
+                     os.path.join(who, f"arrays_task{ctx.task}"))
+    ctx.barrier()  # the chief has written them all
+    listing, snap_listing, who_listing = _listing(directory), _listing(snap_dir), _listing(who)
     states = {}
     for label, where in (("plain_tf_read", prefix),
                          ("plain_tf_read_of_snapshot", os.path.join(snap_dir, "ckpt"))):
@@ -527,7 +536,8 @@ def sc_save(ctx):
     states["plain_tf_read_under_strategy"] = state_of(objckpt.tree(other))
     assert states["plain_tf_read_under_strategy"]["values"] == expected
     ctx.barrier()  # nobody reads any more: the next scenario may write
-    return states, {"listing": listing, "snapshot_listing": snap_listing}
+    return states, {"listing": listing, "snapshot_listing": snap_listing,
+                    "who_listing": who_listing}
 
 
 def sc_restore_prefix(ctx):
@@ -585,7 +595,8 @@ def sc_restore_fails(ctx):
     # the same as a prefix, written by the chief
     directory = ctx.dir("restore_fails")
     prefix = os.path.join(directory, "bad")
-    objckpt.save(bad, prefix)
+    with ctx.strategy.scope():  # a Snapshot of arrays: the chief writes it
+        objckpt.save(bad, prefix)
     good = os.path.join(directory, "good")
     source = ctx.plain().build(15)
     if ctx.is_chief:
@@ -918,13 +929,18 @@ def sc_plan_migrate(ctx):
     out = objckpt.migrate(source_prefix, obj, os.path.join(directory, "new"), at="old",
                           optimizer_state=True)
     assert state_of(objckpt.tree(obj)) == before, "migrate changed obj"
+    # who writes: each worker names its own prefix; the chief's alone may appear, as for save
+    who = ctx.dir("migrate_who")
+    objckpt.migrate(source_prefix, obj, os.path.join(who, f"task{ctx.task}"), at="old",
+                    optimizer_state=True)
     ctx.barrier()
-    listing = _listing(directory)
+    listing, who_listing = _listing(directory), _listing(who)
     objckpt.restore(obj, out)
     restored = state_of(objckpt.tree(obj))
     assert restored["values"] == expected, "restore(migrated) differs from the source"
     ctx.barrier()
-    return {"restored": restored}, {"matches": len(the_plan.matches), "listing": listing}
+    return {"restored": restored}, {"matches": len(the_plan.matches), "listing": listing,
+                                    "who_listing": who_listing}
 
 
 def sc_restore_fails_on_one_worker(ctx):
@@ -933,7 +949,8 @@ def sc_restore_fails_on_one_worker(ctx):
     before = state_of(objckpt.tree(obj))
     good = objckpt.Snapshot(_mapping(obj, 28, bad=False))
     directory = ctx.dir("restore_fails_on_one_worker")
-    prefix = objckpt.save(good, os.path.join(directory, "good"))
+    with ctx.strategy.scope():  # a Snapshot of arrays: the chief writes it
+        prefix = objckpt.save(good, os.path.join(directory, "good"))
     ctx.barrier()
     sources = {  # what worker 0 restores from, and worker 1
         "wrong shape": (good, objckpt.Snapshot(_mapping(obj, 28, bad=True))),

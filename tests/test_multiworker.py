@@ -243,8 +243,14 @@ def _check_facts(flavour: str, scenario: str, facts0: dict, facts1: dict, ref: d
         # only the chief wrote; the other worker left nothing beside it
         assert facts0["listing"] == ["ckpt.data-00000-of-00001", "ckpt.index"], facts0
         assert facts0["snapshot_listing"] == ["ckpt.data-00000-of-00001", "ckpt.index"], facts0
+        # each worker named its own prefix: the chief's alone were written
+        assert facts0["who_listing"] == [f"{what}_task0.{suffix}" for what in (
+            "arrays", "obj", "snapshot") for suffix in ("data-00000-of-00001", "index")], facts0
     if scenario == "plan_migrate":
         assert facts0["listing"] == ref["listing"], "migrate left other files than on one device"
+        assert facts0["who_listing"] == ["task0.data-00000-of-00001", "task0.index"], (
+            "each worker named its own prefix: only the chief's may be written, as for save; "
+            f"found {facts0['who_listing']}")
         assert facts0["matches"] == ref["matches"]
     if scenario == "clone" and flavour != "module":
         assert ref["walked_on_read"] == [] and facts0["walked_on_read"], (
