@@ -449,6 +449,7 @@ class _Cloner:
         except (ObjckptError, TypeError, ValueError, AttributeError):
             return  # the walk meets them in its own (deterministic) order, or refuses them
         for object_path, variable in found:
+            variable = _compat.autocast_inner(variable) or variable
             if (id(variable) not in self.memo
                     and _compat.is_distributed_variable(type(variable))
                     and _compat.distributed_refusal(variable) is None):

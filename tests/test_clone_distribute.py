@@ -226,6 +226,30 @@ def test_clone_inside_the_scope_and_tree_order(trained, strategy):
     assert _values(copy) == _values(model)
 
 
+def test_mixed_precision_wrappers(strategy):
+    """Keras 2 / tf_keras wrap each distributed variable in an AutoCastVariable (of a class
+    that also subclasses MirroredVariable), Keras 3 in a keras.Variable that autocasts."""
+    keras = keras_for(session_flavour())
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4),
+                                      keras.layers.Dense(2, dtype="float32")])
+            model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    x, y = _data()[0].reshape(8, -1)[:, :3], _data()[1]
+    model.fit(x, y, batch_size=8, verbose=0)
+    copy = objckpt.clone(model)
+    kernel, copied = model.layers[0].kernel, copy.layers[0].kernel
+    assert type(copied) is type(kernel) and copied is not kernel
+    assert type(_inner(getattr(copied, "_variable", copied))).__name__ == "MirroredVariable"
+    assert _values(copy) == _values(model)
+    model.fit(x, y, batch_size=8, shuffle=False, verbose=0)
+    copy.fit(x, y, batch_size=8, shuffle=False, verbose=0)
+    assert _values(copy) == _values(model)
+
+
 # ------------------------------------------------------------------ tf.Module
 class Net(tf.Module):
     def __init__(self):

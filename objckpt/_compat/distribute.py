@@ -11,6 +11,7 @@ from objckpt import errors
 from objckpt._compat.variables import lookup
 
 __all__ = [
+    "autocast_inner",
     "check_not_sharded",
     "distributed_refusal",
     "is_distributed_variable",
@@ -56,11 +57,24 @@ def _types():
     return _DISTRIBUTED
 
 
+def _is_autocast(cls) -> bool:
+    # Keras 2 / tf_keras mixed precision: under a strategy, the AutoCastVariable wrapping a
+    # distributed variable is of a class made on the fly that also subclasses its class.
+    return any(k.__name__ == "AutoCastVariable" and "autocast_variable" in k.__module__
+               for k in cls.__mro__)
+
+
+def autocast_inner(variable):
+    """The variable a Keras 2 / tf_keras `AutoCastVariable` wraps, or None for other values."""
+    return variable.__dict__.get("_variable") if _is_autocast(type(variable)) else None
+
+
 def is_distributed_variable(cls) -> bool:
     """True for a type of variable tf.distribute creates (mirrored, sync-on-read, sharded,
-    TPU, parameter server); False for plain variables and non-variable DistributedValues."""
+    TPU, parameter server); False for plain variables, non-variable DistributedValues and
+    the Keras `AutoCastVariable` wrappers around distributed variables (plain objects)."""
     distributed, _, refused = _types()
-    return issubclass(cls, distributed) or issubclass(cls, refused)
+    return (issubclass(cls, distributed) or issubclass(cls, refused)) and not _is_autocast(cls)
 
 
 def distributed_refusal(variable) -> str | None:
