@@ -132,8 +132,11 @@ def load_ensemble(template, sources: Sequence, *, rules=(), at: str | None = Non
         try:
             opened.append(_sources.open_source(source))
         except errors.ObjckptError as err:
+            # every worker of a MultiWorkerMirroredStrategy raises, before any creates a member
+            _snapshot.agree_across_workers(_tree.tree(template), err, "objckpt.load_ensemble")
             raise _with_context(err, f"member {k} (source {_describe_source(source)})") \
                 from err
+    _snapshot.agree_across_workers(_tree.tree(template), None, "objckpt.load_ensemble")
     if optimizer_state is True:
         # Moving optimizer state may build the optimizer's slots: plan on each member.
         members = []
@@ -159,9 +162,11 @@ def load_ensemble(template, sources: Sequence, *, rules=(), at: str | None = Non
                                  strict=strict, at=at, optimizer_state=optimizer_state)
             values = _snapshot.fetch_values(the_plan, variables)
         except errors.ObjckptError as err:
+            _snapshot.agree_across_workers(variables, err, "objckpt.load_ensemble")
             raise _with_context(err, f"member {k} (source {_describe_source(sources[k])})") \
                 from err
         loaded.append({id(variables[m.target]): v for m, v in zip(the_plan.matches, values)})
+    _snapshot.agree_across_workers(variables, None, "objckpt.load_ensemble")
     network = _compat.network_variable_paths(template)
     members, trees = [], []
     for value_of in loaded:

@@ -300,7 +300,7 @@ def restore(obj, source, *, rules=(), strict: bool = True, at: str | None = None
             and optimizer_state in (None, "auto") and source.origin() is variables):
         # Taken from this very obj, and its structure is unchanged: the paths,
         # shapes and dtypes are the ones just read, so there is nothing to check.
-        _agree_across_workers(variables, None)
+        agree_across_workers(variables, None)
         variables.fused.assign_all(source.as_dict().values())
         return RestoreReport(tuple(variables), source="Snapshot")
     cache_key = _plan_cache_key(source, rules, strict, at, optimizer_state)
@@ -310,7 +310,7 @@ def restore(obj, source, *, rules=(), strict: bool = True, at: str | None = None
         # and dtypes on both sides (each tree is immutable), so the same checked plan.
         _, keys, report = cached
         items = source.as_dict()
-        _agree_across_workers(variables, None)
+        agree_across_workers(variables, None)
         _assign(variables, report.plan, [items[key] for key in keys])
         return report
     try:
@@ -319,9 +319,9 @@ def restore(obj, source, *, rules=(), strict: bool = True, at: str | None = None
                                 optimizer_state=optimizer_state)
         values = fetch_values(the_plan, variables)
     except Exception as err:
-        _agree_across_workers(variables, err)
+        agree_across_workers(variables, err)
         raise
-    _agree_across_workers(variables, None)
+    agree_across_workers(variables, None)
     _assign(variables, the_plan, values)
     report = RestoreReport(tuple(m.target for m in the_plan.matches),
                            the_plan.unmatched_variables, the_plan.unmatched_source,
@@ -349,11 +349,11 @@ _AGREED_ERRORS = (errors.StructureMismatchError, errors.CheckpointNotFoundError,
                   errors.UnsupportedObjectError, errors.ObjckptError, Exception)
 
 
-def _agree_across_workers(variables, failure) -> None:
-    """A restore lands on every worker of a MultiWorkerMirroredStrategy or on none: each
-    worker calls this once, before assigning anything, with its own failure (None: its
-    checks passed). One all-reduce tells every worker whether any failed; a worker that
-    passed raises then. No collective under any other strategy."""
+def agree_across_workers(variables, failure, operation: str = "objckpt.restore") -> None:
+    """A restore (or `operation`) lands on every worker of a MultiWorkerMirroredStrategy or
+    on none: each worker calls this once, before assigning or creating anything, with its
+    own failure (None: its checks passed). One all-reduce tells every worker whether any
+    failed; a worker that passed raises then. No collective under any other strategy."""
     counts = [0] * len(_AGREED_ERRORS)
     if failure is not None:
         counts[next(i for i, kind in enumerate(_AGREED_ERRORS) if isinstance(failure, kind))] = 1
@@ -363,12 +363,11 @@ def _agree_across_workers(variables, failure) -> None:
     found = _AGREED_ERRORS[next(i for i, n in enumerate(totals) if n)]
     kind = found if issubclass(found, errors.ObjckptError) else errors.ObjckptError
     raise kind(
-        f"objckpt.restore failed on another worker of this MultiWorkerMirroredStrategy "
-        f"({found.__name__}; that worker's error says why), so nothing was restored on this "
-        "worker either: a restore "
-        "lands on every worker or on none, and every variable here keeps its value. Fix: the "
-        "cause on that worker; every worker must be able to read the source (put checkpoints "
-        "on storage the workers share).")
+        f"{operation} failed on another worker of this MultiWorkerMirroredStrategy "
+        f"({found.__name__}; that worker's error says why), so it did nothing on this worker "
+        "either: it succeeds on every worker or on none, and every variable here keeps its "
+        "value. Fix: the cause on that worker; every worker must be able to read the source "
+        "(put checkpoints on storage the workers share).")
 
 
 # Plans kept per target tree, for Snapshots of this many other trees.

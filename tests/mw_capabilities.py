@@ -64,9 +64,10 @@ SCENARIOS = (
     "restore_on_create",
     "plan_migrate",
     "restore_fails_on_one_worker",
+    "load_ensemble_fails_on_one_worker",  # last: without agreement it ends in a timeout
 )
 # Only meaningful with two workers: no single-device reference.
-DIST_ONLY = frozenset({"restore_fails_on_one_worker"})
+DIST_ONLY = frozenset({"restore_fails_on_one_worker", "load_ensemble_fails_on_one_worker"})
 
 tf = None  # tensorflow, imported in main() after the strategy's cluster is configured
 objckpt = None
@@ -971,6 +972,28 @@ def sc_restore_fails_on_one_worker(ctx):
                               "1's failed")
     ctx.barrier()
     return {"unchanged": after}, {"raised": raised}
+
+
+def sc_load_ensemble_fails_on_one_worker(ctx):
+    """Worker 1 lacks one member's source: every worker raises its error, none creates a
+    member (creating variables under the strategy is a collective: a worker that went on
+    alone would wait for the other)."""
+    obj = ctx.main(29)
+    network = ctx.kit.network(obj)
+    directory = ctx.dir("load_ensemble_fails_on_one_worker")
+    good = objckpt.save(network, os.path.join(directory, "good"))
+    ctx.barrier()
+    sources = [good, good if ctx.task == 0 else os.path.join(directory, "missing")]
+    started = time.monotonic()
+    try:
+        objckpt.load_ensemble(network, sources)
+        raised = None
+    except errors.ObjckptError as err:
+        raised = type(err).__name__
+    seconds = time.monotonic() - started
+    assert raised, f"worker {ctx.task}: load_ensemble returned although worker 1's failed"
+    ctx.barrier()
+    return {}, {"raised": raised, "quick": seconds < 10}
 
 
 SCENARIO_FUNCTIONS = {name: globals()[f"sc_{name}"] for name in SCENARIOS}
