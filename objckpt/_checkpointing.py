@@ -115,7 +115,7 @@ def error_code(err: BaseException | None) -> int:
     if err is None:
         return 0
     for code, kind in enumerate(_CODES[1:], 1):
-        if type(err) is kind:
+        if isinstance(err, kind):
             return code
     return _OTHER
 
@@ -145,6 +145,7 @@ class Cluster:
     def of(cls, variables) -> Cluster | None:
         """The cluster the strategy of `variables` (else the strategy in scope) trains on,
         or None when it is a single process (no strategy, MirroredStrategy, one worker)."""
+        variables = list(variables)
         strategy = _compat.variables_strategy(variables)
         resolver = getattr(strategy, "cluster_resolver", None)
         if resolver is None:
@@ -155,8 +156,8 @@ class Cluster:
             return None
         task_id = int(resolver.task_id or 0)
         index = task_id if resolver.task_type == "chief" else chiefs + task_id
-        return cls(strategy, bool(strategy.extended.should_checkpoint), index,
-                   chiefs + workers, f"{resolver.task_type} {task_id}", 0)
+        return cls(strategy, _compat.writes_checkpoints(variables), index, chiefs + workers,
+                   f"{resolver.task_type} {task_id}", 0)
 
     def gather(self, row) -> list[list[float]]:
         """Every worker's `row` (numbers, the same length on every worker), in worker order.

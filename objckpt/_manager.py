@@ -48,6 +48,15 @@ class CheckpointManager:
     (`optimizer.build(model.trainable_variables)`), or the restore names the
     slots it has no variable for.
 
+    Under `tf.distribute` create obj (and the manager's first `save`) as usual:
+    MirroredStrategy needs nothing more. With MultiWorkerMirroredStrategy on several
+    workers, every worker creates the manager and calls `save`, `restore_latest` and
+    `close` at the same points, as with `tf.train.CheckpointManager`: the chief (task 0)
+    alone locks the directory, writes and commits; the others take part in reading the
+    values (a collective for SyncOnRead variables), write nothing, and resume from the
+    checkpoint the chief chose. The directory must be one every worker sees (a shared
+    file system). A worker that skips a call leaves the others waiting for it.
+
     Args:
       obj: the trackable to save and restore (built: it must have its variables).
       directory: a local directory of checkpoints (created if missing).
