@@ -7,7 +7,7 @@ ports, CPU only, one replica per worker) and reads what they report:
 
 FLAVOUR is keras3, tf_keras, keras2 (a compiled functional model: Conv2D, BatchNormalization,
 Embedding, a shared Dense, a nested Sequential, Adam with slots, a metric) or module (plain
-`tf.Module`s with a TF1 Adam, in a `tf.train.Checkpoint`).
+`tf.Module`s with a TF1 Adam, TF1 momentum on TF 2.12, in a `tf.train.Checkpoint`).
 
 Phase 1 runs every scenario of SCENARIOS under the strategy, in the same order on both
 workers, with a barrier (a collective that also checks both are at the same scenario)
@@ -15,14 +15,16 @@ after each. Phase 2 runs the same scenarios again without any strategy, in this 
 (the single-device computation of the same thing), each on one of the two workers: the
 test asserts that both workers agree bit for bit with each other and with it.
 
-Every variable holds a value chosen from its object path and a salt (multiples of 1/32
-in [1/32, 2]); a training step applies fixed gradients, split 1/4 + 3/4 over the two
-replicas (summed by the optimizer's all-reduce, exactly) and whole on one device, so the
-same arithmetic runs in both and TF gives the same bits.
+Every variable (optimizer state included) holds a value chosen from its object path and a
+salt (multiples of 1/32); a training step applies fixed gradients, split 1/4 + 3/4 over the
+two replicas (summed by the optimizer's all-reduce, exactly) and whole on one device, so
+the same arithmetic runs in both and TF gives the same bits. A Polyak blend is the one
+computation that is not the same: one device uses a fused kernel, a strategy its variables'
+assign_sub; those states carry their values, compared within a few ulps.
 
 Each scenario appends one JSON line to RESULTS: {"scenario", "mode" ("dist" or "ref"),
 "task", "ok", "error", "states": {label: {"values": {path: digest}, "replicas": {path:
-[digest per local replica]}, "uniform": bool}}, "facts": {...}, "seconds"}. A scenario
+[digest per local replica]}, "uniform": bool, "arrays" (Polyak)}}, "facts", "seconds"}. A scenario
 raises AssertionError for what one worker can check alone (a frozen variable moved, a
 failed restore changed something); the test compares what needs both workers. Collectives
 time out (--collective-timeout), the process dumps its stacks and exits after --deadline
@@ -149,15 +151,6 @@ def seed(obj, salt: int) -> None:
         value = value_for(path, salt, variable.shape, variable.dtype)
         if value is not None:
             variable.assign(value)
-
-
-def seeded(obj, salt: int) -> dict:
-    """Digests of the values `seed(obj, salt)` gives (None-valued variables as they are)."""
-    out = {}
-    for path, variable in objckpt.tree(obj).items():
-        value = value_for(path, salt, variable.shape, variable.dtype)
-        out[path] = digest(value if value is not None else variable.read_value().numpy())
-    return out
 
 
 def changed(before: dict, after: dict) -> list:
