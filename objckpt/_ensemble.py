@@ -170,9 +170,15 @@ def load_ensemble(template, sources: Sequence, *, rules=(), at: str | None = Non
     network = _compat.network_variable_paths(template)
     members, trees = [], []
     for value_of in loaded:
+        given = dict(value_of)  # clone_with_values takes the values it creates from
         member, copies = _clone.clone_with_values(template, value_of)
-        for key, value in value_of.items():  # not created from its value (a wrapper)
-            copies[key].assign(value, read_value=False)
+        for key, value in given.items():
+            # Assigned: what was not created from its value (a wrapper), and SyncOnRead
+            # variables under a strategy, which TF creates with the value on every replica
+            # but restores as a checkpoint's aggregate (a SUM variable's replicas get
+            # value / replicas), as objckpt.restore does.
+            if key in value_of or copies[key].synchronization == tf.VariableSynchronization.ON_READ:
+                copies[key].assign(value, read_value=False)
         members.append(member)
         trees.append({path: copies[id(v)] for path, v in network})
     return Ensemble._of_clones(members, trees)

@@ -32,11 +32,25 @@ function call. Otherwise:
   is frozen, and hands the optimizer a zero gradient (so global-norm clipping
   ignores it); a second one writes the read values back after the update.
   The writes adopt the read buffers (no copy).
+
+Under tf.distribute
+-------------------
+Inside `strategy.run` (MirroredStrategy, MultiWorkerMirroredStrategy) the
+optimizer all-reduces the gradients and updates each variable once per replica
+in a cross-replica `merge_call`, which TF cannot run inside a conditional. There
+the optimizer is called as it is, without the "is any variable frozen" branch:
+Keras optimizers get their per-variable update skipped for each frozen
+variable's replica (the hooks are installed once for all the replicas' calls);
+other optimizers (and Keras ones with weight decay, which applies it in a
+`merge_call` of its own) get the read-and-write-back of each frozen variable
+and its state, each replica on its own copy. A MirroredVariable's replicas
+start equal, get the same all-reduced update or none, and stay bit-identical.
 """
 
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Iterable
 
 import numpy as np
@@ -107,6 +121,12 @@ class Freezer:
         self._untrainable = tuple((p, _compat.variable_name(v)) for p, v in everything
                                   if not v.trainable)
         self._index = {id(v): i for i, v in enumerate(self._variables)}
+        for i, variable in enumerate(self._variables):
+            # Under tf.distribute, optimizers update each replica's variable by itself.
+            for part in _compat.replica_parts(variable) or ():
+                self._index[id(part)] = i
+        self._replica_hooks: dict = {}  # id(optimizer) -> [hook, users] inside strategy.run
+        self._replica_lock = threading.Lock()
         self._hooks: dict = {}  # id(optimizer) -> (optimizer, undo) of `hook`
         with tf.init_scope():
             self._mask = tf.Variable(tf.zeros([len(self.paths)], tf.bool), trainable=False,
@@ -208,6 +228,7 @@ class Freezer:
                 self._state[id(optimizer)] = known
         return known
 
+    @tf.autograph.experimental.do_not_convert
     def apply_gradients(self, optimizer, grads_and_vars, **kwargs):
         """`optimizer.apply_gradients(grads_and_vars)`, leaving frozen variables alone.
 
@@ -259,9 +280,13 @@ class Freezer:
             return apply(pairs, *args, **kwargs)
         state = self._state_of(optimizer, [i for _, i in guarded],
                                [variable for _, variable in pairs])
+        replica = _compat.replica_index()
         if tf.executing_eagerly():
-            return self._apply_eagerly(apply, pairs, guarded, state, args, kwargs)
+            return self._apply_eagerly(apply, pairs, guarded, state, args, kwargs, replica)
         self.traces += 1
+        if replica is not None:
+            return self._apply_in_replica(optimizer, apply, pairs, guarded, state, args, kwargs,
+                                          replica)
 
         def plain():
             apply(list(pairs), *args, **kwargs)
@@ -272,7 +297,8 @@ class Freezer:
             # state untouched at the cost of one conditional per variable.
             # One Unpack for all the flags (not a StridedSlice and three constants each).
             flags = tf.unstack(self._mask.read_value(), len(self.paths))
-            with _SkipFrozenUpdates(self, optimizer, flags, methods, cond) as hook:
+            with _SkipFrozenUpdates(self, optimizer, lambda i, _: flags[i], methods,
+                                    cond) as hook:
                 apply(list(pairs), *args, **kwargs)
             missing = {i for _, i in guarded} - hook.seen
             if missing:  # an optimizer that updates some variable another way
@@ -329,11 +355,86 @@ class Freezer:
         (_compat.switch if few else _compat.called_cond)(any_frozen, guarded_apply, plain)
         return getattr(optimizer, "iterations", None)
 
-    def _apply_eagerly(self, apply, pairs, guarded, state, args, kwargs):
+    def _apply_in_replica(self, optimizer, apply, pairs, guarded, state, args, kwargs,
+                          replica: int):
+        """Traced inside `strategy.run`: the optimizer's call is not put in a conditional
+        (its all-reduce and `merge_call` cannot be); each variable's update is guarded."""
+        variables = [pairs[p][1] for p, _ in guarded]
+        methods = () if getattr(optimizer, "weight_decay", None) else \
+            _SkipFrozenUpdates.methods(optimizer, variables)
+        if methods:
+            with self._shared_replica_hook(optimizer, methods) as hook:
+                result = apply(list(pairs), *args, **kwargs)
+            missing = {i for _, i in guarded} - hook.seen
+            if missing:
+                paths = ", ".join(f"`{self.paths[i]}`" for i in sorted(missing)[:5])
+                raise errors.UnsupportedObjectError(
+                    f"Freezer.apply_gradients inside strategy.run: {type(optimizer).__name__} "
+                    f"updated {paths} without its per-variable update method, so frozen "
+                    "variables may have moved in this traced step. Fix: call "
+                    "freezer.apply_gradients outside a tf.function (eagerly) with this "
+                    "optimizer, or use a Keras optimizer without EMA, gradient accumulation "
+                    "or global clipping.")
+            self.hooked_traces += 1
+            return result
+        flags = tf.unstack(self._mask.read_value(), len(self.paths))
+        guarded_pairs = list(pairs)
+        backups = []
+        for position, index in guarded:
+            gradient, variable = guarded_pairs[position]
+            tensors = tuple(_on_replica(v, replica)
+                            for v in (self._variables[index], *state[index]))
+            frozen = flags[index]
+            values = tf.cond(frozen, lambda t=tensors: [_compat.read_value(v) for v in t],
+                             lambda t=tensors: [tf.zeros([0], v.dtype) for v in t])
+            if not isinstance(gradient, tf.IndexedSlices):
+                guarded_pairs[position] = (tf.where(frozen, tf.zeros_like(gradient), gradient),
+                                           variable)
+            backups.append((frozen, tensors, values))
+        result = apply(guarded_pairs, *args, **kwargs)
+        for frozen, tensors, values in backups:
+            tf.cond(frozen, lambda t=tensors, x=values: _restore(t, x), tf.no_op)
+        return result
+
+    def _shared_replica_hook(self, optimizer, methods):
+        """One `_SkipFrozenUpdates` for the calls of every replica of one traced step.
+
+        MirroredStrategy traces each replica's function in a thread of its own, one at a
+        time, and runs the optimizer's update for all of them once, after the last one
+        called it: the hooks stay installed from the first replica's call to the last
+        one's return. The frozen flags are read where each update runs.
+        """
+        freezer = self
+
+        class Shared:
+            def __enter__(self):
+                with freezer._replica_lock:
+                    entry = freezer._replica_hooks.get(id(optimizer))
+                    if entry is None:
+                        hook = _SkipFrozenUpdates(freezer, optimizer, _LazyFlags(freezer),
+                                                  methods, tf.cond)
+                        hook.__enter__()
+                        entry = freezer._replica_hooks[id(optimizer)] = [hook, 0]
+                    entry[1] += 1
+                    return entry[0]
+
+            def __exit__(self, *exc):
+                with freezer._replica_lock:
+                    entry = freezer._replica_hooks[id(optimizer)]
+                    entry[1] -= 1
+                    if entry[1] == 0:
+                        del freezer._replica_hooks[id(optimizer)]
+                        entry[0].__exit__(*exc)
+                return False
+
+        return Shared()
+
+    def _apply_eagerly(self, apply, pairs, guarded, state, args, kwargs, replica=None):
         frozen = [(position, index) for position, index in guarded if self._frozen[index]]
         backups = []
         for position, index in frozen:
-            tensors = (self._variables[index],) + state[index]
+            tensors = tuple(_on_replica(v, replica)
+                            for v in (self._variables[index], *state[index]))
             backups.append((tensors, [_compat.read_value(v) for v in tensors]))
             gradient, variable = pairs[position]
             if not isinstance(gradient, tf.IndexedSlices):
@@ -351,6 +452,35 @@ class Freezer:
 # added 12% to a 0.5 ms step of 6 variables and 9% to a 0.65 s step of 48, where the
 # inlined update added 4% and 1%; with 500 small variables it was the faster one.
 _FEW = 64
+
+
+def _on_replica(variable, replica):
+    """The variable itself, or inside `strategy.run` its replica's own variable (read and
+    assigned there without TF's cross-replica aggregation)."""
+    if replica is None:
+        return variable
+    parts = _compat.replica_parts(_compat.as_variable(variable))
+    return variable if parts is None else parts[replica]
+
+
+class _LazyFlags:
+    """`flag(index, variable)`: the frozen flag of a Freezer variable, read from the mask
+    once per graph and device of the variables updated (each replica's update reads it on
+    its own device)."""
+
+    def __init__(self, freezer):
+        self.freezer = freezer
+        self.read: dict = {}
+
+    def __call__(self, index, variable):
+        graph = tf.compat.v1.get_default_graph()
+        key = (id(graph), variable.device)
+        entry = self.read.get(key)
+        if entry is None or entry[0] is not graph:
+            with tf.device(variable.device):
+                mask = self.freezer._mask.read_value()
+                entry = self.read[key] = (graph, tf.unstack(mask, len(self.freezer.paths)))
+        return entry[1][index]
 
 
 class _NotCovered(Exception):
@@ -372,8 +502,8 @@ class _SkipFrozenUpdates:
     `seen` collects the Freezer indices that went through them.
     """
 
-    def __init__(self, freezer, optimizer, flags, methods, cond=tf.cond):
-        self.freezer, self.optimizer, self.flags = freezer, optimizer, flags
+    def __init__(self, freezer, optimizer, flag, methods, cond=tf.cond):
+        self.freezer, self.optimizer, self.flag = freezer, optimizer, flag
         self.methods, self.cond = methods, cond
         self.seen: set = set()
         self.undo: list = []
@@ -419,7 +549,7 @@ class _SkipFrozenUpdates:
                     return update(gradient, variable, *args, **kwargs)
                 self.seen.add(index)
                 # Branches without outputs: the If is kept for its stateful ops alone.
-                self.cond(self.flags[index], lambda: None,
+                self.cond(self.flag(index, variable), lambda: None,
                           lambda: (update(gradient, variable, *args, **kwargs), None)[1])
                 # Legacy optimizers group the update ops they get back.
                 return tf.no_op() if legacy else None
@@ -432,7 +562,7 @@ class _SkipFrozenUpdates:
                 if index is None:
                     decay([variable])
                 else:
-                    self.cond(self.flags[index], lambda: None,
+                    self.cond(self.flag(index, variable), lambda: None,
                               lambda v=variable: (decay([v]), None)[1])
 
         hooks = {name: guard(getattr(optimizer, name)) for name in self.methods}

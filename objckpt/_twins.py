@@ -4,6 +4,17 @@
 copy (`past`), matched by object path. `sync()` copies current into past (a
 hard copy, or a Polyak blend with `tau`) and `swap()` exchanges them, each as
 one fused TF call: no NumPy round trip, no files, no retracing.
+
+Under tf.distribute (MirroredStrategy, MultiWorkerMirroredStrategy) current and
+past are built under one strategy, and each of their MirroredVariable and
+SyncOnRead variables is one plain variable per replica. Every operation works
+on each replica's pair on its own device: outside `strategy.run` (a
+cross-replica context) one call covers every replica of this worker; inside it,
+each replica's function covers its own pair, so the replicas together do it
+exactly once. No value crosses devices or workers and nothing is reduced:
+after `sync()` every replica of past is bit-identical to the same replica of
+current, and a SyncOnRead variable (tf_keras BatchNorm statistics) keeps its
+per-replica values.
 """
 
 from __future__ import annotations
@@ -112,6 +123,8 @@ class Twins:
         self._paths = tuple(current_vars)
         self._current = tuple(current_vars.values())
         self._past = tuple(past_vars[p] for p in self._paths)
+        # Per pair: (current's replicas, past's replicas), or None for plain variables.
+        self._replicas = tuple(_replica_pairs(self._current, self._past))
         self._fns: dict = {}
         self._selections: dict = {}
 
@@ -154,13 +167,36 @@ class Twins:
         return chosen
 
     def _fn(self, kind: str, chosen: tuple[int, ...]):
-        key = (kind, chosen)
+        """The fused call of `kind` for the chosen pairs, in this context: every replica's
+        variables (cross-replica context, or no strategy) or one replica's (inside
+        `strategy.run`)."""
+        replica = _compat.replica_index()
+        key = (kind, chosen) if replica is None else (kind, chosen, replica)
         fn = self._fns.get(key)
         if fn is None:
-            fn = self._fns[key] = _build(kind, [self._current[i] for i in chosen],
-                                         [self._past[i] for i in chosen])
+            current, past = self._variables_for(chosen, replica)
+            fn = self._fns[key] = _build(kind, current, past)
         return fn
 
+    def _variables_for(self, chosen: tuple[int, ...], replica: int | None):
+        """(current, past) lists of the plain variables the operation touches."""
+        current, past = [], []
+        for i in chosen:
+            replicas = self._replicas[i]
+            if replicas is None:
+                if replica is not None and _compat.local_replica_count() > 1:
+                    _refuse_plain_in_replica_context(self._paths[i], self._current[i])
+                current.append(self._current[i])
+                past.append(self._past[i])
+            elif replica is None:
+                current.extend(replicas[0])
+                past.extend(replicas[1])
+            else:
+                current.append(replicas[0][replica])
+                past.append(replicas[1][replica])
+        return current, past
+
+    @tf.autograph.experimental.do_not_convert
     def sync(self, tau=1.0, *, include: str | Sequence[str] | None = None,
              exclude: str | Sequence[str] | None = None) -> None:
         """Copies current into past: a hard copy, or a Polyak update with `tau`.
@@ -190,6 +226,7 @@ class Twins:
         else:
             self._fn("blend_or_copy", chosen)(tf.cast(tau, tf.float64))
 
+    @tf.autograph.experimental.do_not_convert
     def swap(self, *, include: str | Sequence[str] | None = None,
              exclude: str | Sequence[str] | None = None) -> None:
         """Exchanges the values of current and past; optimizer state is untouched."""
@@ -208,6 +245,10 @@ def _check_same_structure(model, current_vars: dict, past_vars: dict) -> None:
         elif tuple(a.shape) != tuple(b.shape) or a.dtype != b.dtype:
             problems.append(f"`{path}`: {a.dtype.name}{tuple(a.shape)} in current but "
                             f"{b.dtype.name}{tuple(b.shape)} in past")
+        else:
+            problem = _placement_problem(a, b)
+            if problem:
+                problems.append(f"`{path}`: {problem}")
     if not current_vars:
         raise errors.UnbuiltModelError(
             f"{type(model).__name__} has no variables yet, so there is nothing to twin. Build it "
@@ -219,7 +260,47 @@ def _check_same_structure(model, current_vars: dict, past_vars: dict) -> None:
             f"{len(problems)} problem{'s' if len(problems) != 1 else ''}.\n  - "
             + "\n  - ".join(problems[:20])
             + "\nFix: build past with the same code as current (Twins(model, past=factory())), "
-            "or leave past=None to clone the model.", tuple(problems))
+            "under the same tf.distribute strategy scope as current, or leave past=None to "
+            "clone the model.", tuple(problems))
+
+
+def _placement(variable) -> str:
+    replicas = _compat.replica_parts(variable)
+    if replicas is None:
+        return f"a {type(variable).__name__} on {variable.device or 'the default device'}"
+    kind = "mirrored" if variable.synchronization != tf.VariableSynchronization.ON_READ \
+        else "sync-on-read"
+    return f"{kind} over {len(replicas)} replica(s) ({', '.join(r.device for r in replicas)})"
+
+
+def _placement_problem(current, past) -> str | None:
+    """Why current and past cannot be paired replica by replica, or None."""
+    a, b = _compat.replica_parts(current), _compat.replica_parts(past)
+    if a is None and b is None:
+        return None
+    if a is None or b is None or len(a) != len(b) or \
+            (current.synchronization == tf.VariableSynchronization.ON_READ) != \
+            (past.synchronization == tf.VariableSynchronization.ON_READ):
+        return f"{_placement(current)} in current but {_placement(past)} in past"
+    return None
+
+
+def _replica_pairs(current, past):
+    for c, p in zip(current, past):
+        a, b = _compat.replica_parts(c), _compat.replica_parts(p)
+        yield None if a is None else (a, b)
+
+
+def _refuse_plain_in_replica_context(path: str, variable) -> None:
+    count = _compat.local_replica_count()
+    raise errors.DistributedVariableError(
+        f"Twins inside strategy.run ({count} replicas): `{path}` is a plain "
+        f"{type(variable).__name__} on {variable.device or 'the default device'}, not a "
+        "variable of the strategy, so every replica's function would update it (a blend "
+        f"applied {count} times, a swap undone). Expected: the variables of current and past "
+        "created under `strategy.scope()`. Fix: build both models under the strategy's "
+        "scope, or call sync()/swap() outside strategy.run.",
+        path=path, variable_type=type(variable).__name__)
 
 
 def _build(kind: str, current: list, past: list):

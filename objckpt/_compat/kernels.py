@@ -1,4 +1,5 @@
-"""Fused kernels: grouped assigns in one traced call, packed Polyak updates, cond lowering."""
+"""Fused kernels: grouped assigns in one traced call, packed Polyak updates, cond lowering,
+and the per-replica variables fused calls work on under tf.distribute."""
 
 from __future__ import annotations
 
@@ -7,10 +8,66 @@ from tensorflow.core.framework import attr_value_pb2 as _attr_value_pb2
 from tensorflow.python.eager import context as _context
 from tensorflow.python.ops.resource_variable_ops import ResourceVariable as _ResourceVariable
 
-from objckpt._compat.variables import _on_cpu, read_value
+from objckpt._compat.distribute import autocast_inner
+from objckpt._compat.variables import _on_cpu, lookup, read_value
 
-__all__ = ["FusedOps", "called_cond", "fused_call", "packed_pairs_call", "polyak_apply",
-           "polyak_coefficients", "polyak_update", "read_values", "switch"]
+__all__ = ["FusedOps", "called_cond", "fused_call", "local_replica_count", "packed_pairs_call",
+           "polyak_apply", "polyak_coefficients", "polyak_update", "read_values",
+           "replica_index", "replica_parts", "switch"]
+
+
+# --- tf.distribute: fused calls work on each replica's own variable --------------------
+#
+# A MirroredVariable is one plain resource variable per replica (each on its device), kept
+# equal by TF; a SyncOnReadVariable's replicas hold values of their own. An exact copy,
+# swap or Polyak blend of two such variables is the same operation on each pair of
+# replicas: no collective, no cross-device copy, and in a replica context (inside
+# `strategy.run`) each replica touches its own pair, where TF refuses `assign` on a
+# MirroredVariable (and would reduce a SyncOnRead read across replicas).
+
+_REPLICATED = None
+
+
+def _replicated_types():
+    global _REPLICATED
+    if _REPLICATED is None:
+        values = "tensorflow.python.distribute.values"
+        _REPLICATED = (lookup(values, "MirroredVariable"), lookup(values, "SyncOnReadVariable"))
+    return _REPLICATED
+
+
+def replica_parts(variable):
+    """The per-replica variables of a MirroredVariable or SyncOnReadVariable (a Keras
+    `AutoCastVariable` around one is looked through), in replica order on this worker; None
+    for any other variable (plain, or a distributed kind with no per-replica variables)."""
+    inner = autocast_inner(variable)
+    if inner is not None:
+        variable = inner
+    if not isinstance(variable, _replicated_types()):
+        return None
+    if getattr(variable, "_packed_var", None) is not None:
+        return None  # TPU-style packed variables: one handle for all replicas
+    return tuple(variable.values)
+
+
+_REPLICA_ID = None
+
+
+def replica_index():
+    """The replica (on this worker) whose `strategy.run` function is running, as an index
+    into `replica_parts`; None in a cross-replica context and outside any strategy."""
+    global _REPLICA_ID
+    if not tf.distribute.has_strategy() or tf.distribute.in_cross_replica_context():
+        return None
+    if _REPLICA_ID is None:
+        _REPLICA_ID = lookup("tensorflow.python.distribute.values_util",
+                             "get_current_replica_id_as_int")
+    return _REPLICA_ID()
+
+
+def local_replica_count() -> int:
+    """How many replicas of the current strategy run in this process (1 outside any)."""
+    return len(tf.distribute.get_strategy().extended.worker_devices)
 
 
 class FusedOps:
@@ -102,50 +159,49 @@ def packed_pairs_call(kind: str, current, past):
     kinds: "copy" (past = current), "swap", "blend" (called with a float64
     scalar tau < 1: past = tau * current + (1 - tau) * past).
 
-    The pairs' handles are stacked into two resource tensors once, and the
-    traced function unstacks them: one function input per side instead of
-    one per variable (about 10% less time for 500 pairs, where the TF
-    executor's cost per node is all there is). Only for plain resource
-    variables on the CPU: a stacked handle hides which variables a call
-    touches, so this is never used inside a graph, where TF's automatic
-    control dependencies need to see them.
+    The pairs' handles are stacked into two resource tensors once per device,
+    and the traced function unstacks them: one function input per side and
+    device instead of one per variable (about 10% less time for 500 pairs,
+    where the TF executor's cost per node is all there is). Only for plain
+    resource variables on CPUs, each pair on one device (the replicas of
+    distributed variables are such pairs): a stacked handle hides which
+    variables a call touches, so this is never used inside a graph, where
+    TF's automatic control dependencies need to see them.
     """
     variables = (*current, *past)
     if len(current) < _PACK_MIN or not all(
             type(v) is _ResourceVariable and _on_cpu(v) for v in variables):
         return None
-    count = len(current)
+    groups: dict = {}  # device -> [(current, past, dtype)]
+    for c, p in zip(current, past):
+        if c.handle.device != p.handle.device:
+            return None
+        groups.setdefault(c.handle.device, []).append((c, p, c.dtype))
+    handles = []
     with tf.init_scope():
-        handles = (tf.stack([v.handle for v in current]), tf.stack([v.handle for v in past]))
-    dtypes = [v.dtype for v in current]
-    spec = tf.TensorSpec([count], tf.resource)
+        for device, pairs in groups.items():
+            with tf.device(device):
+                handles.append(tf.stack([c.handle for c, _, _ in pairs]))
+                handles.append(tf.stack([p.handle for _, p, _ in pairs]))
+    layout = [(device, [d for _, _, d in pairs]) for device, pairs in groups.items()]
+    specs = [tf.TensorSpec([len(dtypes)], tf.resource)
+             for _, dtypes in layout for _ in range(2)]
 
     def read(handle, dtype):
         return tf.raw_ops.ReadVariableOp(resource=handle, dtype=dtype)
 
-    def body(current_handles, past_handles, *tau):
-        pairs = zip(tf.unstack(current_handles, count), tf.unstack(past_handles, count), dtypes)
-        if kind == "copy":
-            for c, p, dtype in pairs:
-                tf.raw_ops.AssignVariableOp(resource=p, value=read(c, dtype))
-        elif kind == "swap":
-            pairs = list(pairs)
-            values = [(read(c, d), read(p, d)) for c, p, d in pairs]
-            for (c, p, _), (cv, pv) in zip(pairs, values):
-                tf.raw_ops.AssignVariableOp(resource=c, value=pv)
-                tf.raw_ops.AssignVariableOp(resource=p, value=cv)
-        else:
-            coefficients = {}
-            for c, p, dtype in pairs:
-                value = read(c, dtype)
-                if not (dtype.is_floating or dtype.is_complex):
-                    tf.raw_ops.AssignVariableOp(resource=p, value=value)
-                    continue
-                if dtype not in coefficients:
-                    coefficients[dtype] = polyak_coefficients(tau[0], dtype)
-                polyak_apply(p, dtype, value, coefficients[dtype])
+    handle_count = len(specs)
 
-    specs = [spec, spec] + ([tf.TensorSpec((), tf.float64)] if kind == "blend" else [])
+    def body(*args):
+        tau = args[handle_count:]
+        for group, (device, dtypes) in enumerate(layout):
+            with tf.device(device):
+                pairs = zip(tf.unstack(args[2 * group], len(dtypes)),
+                            tf.unstack(args[2 * group + 1], len(dtypes)), dtypes)
+                _packed_body(kind, pairs, tau, read)
+
+    if kind == "blend":
+        specs.append(tf.TensorSpec((), tf.float64))
     concrete = tf.function(body, autograph=False).get_concrete_function(*specs)
     call_flat = concrete._call_flat
 
@@ -154,6 +210,28 @@ def packed_pairs_call(kind: str, current, past):
             call_flat([*handles, *tau], concrete.captured_inputs)
 
     return call
+
+
+def _packed_body(kind, pairs, tau, read) -> None:
+    if kind == "copy":
+        for c, p, dtype in pairs:
+            tf.raw_ops.AssignVariableOp(resource=p, value=read(c, dtype))
+    elif kind == "swap":
+        pairs = list(pairs)
+        values = [(read(c, d), read(p, d)) for c, p, d in pairs]
+        for (c, p, _), (cv, pv) in zip(pairs, values):
+            tf.raw_ops.AssignVariableOp(resource=c, value=pv)
+            tf.raw_ops.AssignVariableOp(resource=p, value=cv)
+    else:
+        coefficients = {}
+        for c, p, dtype in pairs:
+            value = read(c, dtype)
+            if not (dtype.is_floating or dtype.is_complex):
+                tf.raw_ops.AssignVariableOp(resource=p, value=value)
+                continue
+            if dtype not in coefficients:
+                coefficients[dtype] = polyak_coefficients(tau[0], dtype)
+            polyak_apply(p, dtype, value, coefficients[dtype])
 
 
 def called_cond(pred, true_fn, false_fn):
