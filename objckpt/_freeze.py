@@ -125,7 +125,7 @@ class Freezer:
             # Under tf.distribute, optimizers update each replica's variable by itself.
             for part in _compat.replica_parts(variable) or ():
                 self._index[id(part)] = i
-        self._replica_hooks: dict = {}  # id(optimizer) -> [hook, users] inside strategy.run
+        self._replica_hooks: dict = {}  # id(optimizer) -> [hook, users, graph] in strategy.run
         self._replica_lock = threading.Lock()
         self._hooks: dict = {}  # id(optimizer) -> (optimizer, undo) of `hook`
         with tf.init_scope():
@@ -278,9 +278,11 @@ class Freezer:
                 guarded.append((position, index))
         if not guarded:
             return apply(pairs, *args, **kwargs)
+        replica = _compat.replica_index()
+        if replica is None:
+            self._check_not_cross_replica(guarded)
         state = self._state_of(optimizer, [i for _, i in guarded],
                                [variable for _, variable in pairs])
-        replica = _compat.replica_index()
         if tf.executing_eagerly():
             return self._apply_eagerly(apply, pairs, guarded, state, args, kwargs, replica)
         self.traces += 1
@@ -355,6 +357,25 @@ class Freezer:
         (_compat.switch if few else _compat.called_cond)(any_frozen, guarded_apply, plain)
         return getattr(optimizer, "iterations", None)
 
+    def _check_not_cross_replica(self, guarded) -> None:
+        """Refuses the cross-replica context of a strategy (in its scope, outside
+        `strategy.run`), where optimizers cannot apply gradients to its variables."""
+        if not (tf.distribute.has_strategy() and tf.distribute.in_cross_replica_context()):
+            return
+        for _, index in guarded:
+            variable = self._variables[index]
+            if _compat.replica_parts(variable) is not None:
+                strategy = type(tf.distribute.get_strategy()).__name__
+                raise errors.DistributedVariableError(
+                    f"Freezer.apply_gradients was called in the cross-replica context of "
+                    f"{strategy} (inside strategy.scope(), outside strategy.run) for "
+                    f"`{self.paths[index]}` ({self.names[index]}), a {type(variable).__name__}: "
+                    "optimizers apply gradients to a strategy's variables in a replica "
+                    "context, where they all-reduce the gradients. Fix: call it in the "
+                    "function you pass to strategy.run, e.g. strategy.run(step, args=(x,)) "
+                    "with freezer.apply_gradients(optimizer, zip(grads, variables)) in step.",
+                    path=self.paths[index], variable_type=type(variable).__name__)
+
     def _apply_in_replica(self, optimizer, apply, pairs, guarded, state, args, kwargs,
                           replica: int):
         """Traced inside `strategy.run`: the optimizer's call is not put in a conditional
@@ -400,29 +421,37 @@ class Freezer:
         """One `_SkipFrozenUpdates` for the calls of every replica of one traced step.
 
         MirroredStrategy traces each replica's function in a thread of its own, one at a
-        time, and runs the optimizer's update for all of them once, after the last one
-        called it: the hooks stay installed from the first replica's call to the last
-        one's return. The frozen flags are read where each update runs.
+        time, into one graph, and runs the optimizer's update for all of them once, after
+        the last one called it: the hooks stay installed from the first replica's call to
+        the last one's return. The frozen flags are read where each update runs. Hooks
+        left by a trace that failed half-way (a replica that never returned) belong to
+        another graph and are replaced.
         """
         freezer = self
 
         class Shared:
             def __enter__(self):
+                graph = tf.compat.v1.get_default_graph()
                 with freezer._replica_lock:
                     entry = freezer._replica_hooks.get(id(optimizer))
+                    if entry is not None and entry[2] is not graph:
+                        del freezer._replica_hooks[id(optimizer)]
+                        entry[0].__exit__(None, None, None)
+                        entry = None
                     if entry is None:
                         hook = _SkipFrozenUpdates(freezer, optimizer, _LazyFlags(freezer),
                                                   methods, tf.cond)
                         hook.__enter__()
-                        entry = freezer._replica_hooks[id(optimizer)] = [hook, 0]
+                        entry = freezer._replica_hooks[id(optimizer)] = [hook, 0, graph]
                     entry[1] += 1
+                    self.entry = entry
                     return entry[0]
 
             def __exit__(self, *exc):
                 with freezer._replica_lock:
-                    entry = freezer._replica_hooks[id(optimizer)]
+                    entry = self.entry
                     entry[1] -= 1
-                    if entry[1] == 0:
+                    if entry[1] == 0 and freezer._replica_hooks.get(id(optimizer)) is entry:
                         del freezer._replica_hooks[id(optimizer)]
                         entry[0].__exit__(*exc)
                 return False

@@ -511,11 +511,13 @@ def _apply_plain(model, optimizer, keep):
     return apply
 
 
-def _freezer_case(flavour, strategy, optimizer=None):
-    """A model under the strategy, its replicas made equal, a Freezer with some frozen;
-    (model, freezer, tree, ids of the frozen variables, paths of those and their state)."""
+def _freezer_case(flavour, strategy, optimizer=None, *, in_scope=False):
+    """A model under the strategy, its replicas made equal, a Freezer with some frozen
+    (made in the strategy's scope: its flags are MirroredVariables); (model, freezer, tree,
+    ids of the frozen variables, paths of those and their state)."""
     model = build(flavour, strategy, optimizer=optimizer)
-    freezer = objckpt.Freezer(model)
+    with strategy.scope() if in_scope else contextlib.nullcontext():
+        freezer = objckpt.Freezer(model)
     frozen = freezer.freeze(_frozen_pattern(flavour))
     tree = full_tree(model)
     equalize(tree)
@@ -557,7 +559,8 @@ def test_freezer_step_inside_strategy_run(strategy, flavour, traced):
 
 @pytest.mark.parametrize("flavour", FLAVOURS)
 def test_freezer_matches_one_device_and_toggles_without_retracing(strategy, flavour):
-    model, freezer, tree, frozen_ids, held = _freezer_case(flavour, strategy)
+    model, freezer, tree, frozen_ids, held = _freezer_case(flavour, strategy, in_scope=True)
+    assert type(freezer._mask).__name__ == "MirroredVariable"
     start = per_replica(tree)
     optimizer = model.optimizer
     x, y = halves(strategy)
@@ -619,6 +622,28 @@ def test_freezer_with_weight_decay_restores_each_replica(strategy):
     trained = [p for p in freezer.paths if p not in freezer.frozen]
     assert all(got[p][0].tobytes() != start[p][0].tobytes() for p in trained)
     replicas_identical(got, [p for p, v in tree.items() if v.synchronization != ON_READ])
+
+
+def test_freezer_in_the_cross_replica_context_is_refused(strategy):
+    flavour = session_flavour()
+    model, freezer, tree, _, held = _freezer_case(flavour, strategy)
+    before = per_replica(tree)
+    grads = [tf.ones_like(v) for v in model.trainable_variables]
+    with strategy.scope(), pytest.raises(
+            errors.DistributedVariableError,
+            match=r"cross-replica context of MirroredStrategy .* for `[^`]+` \(conv/kernel\), "
+                  r"a MirroredVariable: .*Fix: call it in the function you pass to "
+                  r"strategy\.run") as raised:
+        freezer.apply_gradients(model.optimizer, zip(grads, model.trainable_variables))
+    assert raised.value.path in freezer.paths
+    assert_bits(before, per_replica(tree))
+    # outside the strategy's scope, Keras optimizers update every replica themselves
+    freezer.apply_gradients(model.optimizer, zip(grads, model.trainable_variables))
+    after = per_replica(tree)
+    assert_bits(before, after, sorted(held))
+    trained = [p for p in freezer.paths if p not in freezer.frozen]
+    assert trained and all(after[p][0].tobytes() != before[p][0].tobytes() for p in trained)
+    replicas_identical(after, [p for p, v in tree.items() if v.synchronization != ON_READ])
 
 
 # --- load_ensemble ------------------------------------------------------------------------
