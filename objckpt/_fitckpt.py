@@ -26,6 +26,7 @@ class FitCheckpointer:
         self.epoch = self.step = self.batch = 0
         self._epoch_start_step = 0
         self._skip_until = 0  # batches of the resumed epoch the checkpoint had trained on
+        self._skip_calls = 0  # train-function calls to skip, from the resumed epoch's start
         self._sigterm = self._stopped = False
         self._previous_handler = None
         self._warned_monitor = False
@@ -45,7 +46,7 @@ class FitCheckpointer:
         _compat.unskip_fit_batches(model)
         latest = self.manager.open()
         try:
-            self.epoch = self.step = self.batch = self._skip_until = 0
+            self.epoch = self.step = self.batch = self._skip_until = self._skip_calls = 0
             if latest is not None:
                 self._resume(model, latest)
         except BaseException:
@@ -63,7 +64,9 @@ class FitCheckpointer:
             print(resume_line(latest.prefix, self.epoch, self.batch, self.step,
                               (self.callback.params or {}).get("epochs")), flush=True)
         _compat.set_fit_start_epoch(model, self.epoch)
-        _compat.skip_fit_batches(model, self.batch // _compat.steps_per_execution(model))
+        # Skipped from the resumed epoch's start (epoch_begin): a callback may make a new
+        # train function when training begins (FreezeSchedule does), after this one.
+        self._skip_calls = self.batch // _compat.steps_per_execution(model)
 
     def _install_sigterm(self) -> None:
         self._sigterm = self._stopped = False
@@ -82,6 +85,9 @@ class FitCheckpointer:
 
     def epoch_begin(self, epoch) -> None:
         self.epoch = epoch
+        if self._skip_calls:
+            _compat.skip_fit_batches(self.callback.model, self._skip_calls)
+            self._skip_calls = 0
         if self._skip_until == 0:
             self.batch = 0
             self._epoch_start_step = self.step
