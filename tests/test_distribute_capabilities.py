@@ -534,7 +534,21 @@ def _freezer_case(flavour, strategy, optimizer=None, *, in_scope=False):
 @pytest.mark.parametrize("traced", [True, False], ids=["traced", "eager"])
 @pytest.mark.parametrize("flavour", FLAVOURS)
 def test_freezer_step_inside_strategy_run(strategy, flavour, traced):
-    model, freezer, tree, frozen_ids, held = _freezer_case(flavour, strategy)
+    _check_freezer_step(strategy, flavour, traced)
+
+
+@pytest.mark.skipif(session_flavour() == "keras3", reason="Keras 3 has no OptimizerV2")
+def test_freezer_step_with_a_legacy_optimizer_inside_strategy_run(strategy):
+    """tf_keras / Keras 2 `optimizers.legacy.Adam` (OptimizerV2): its per-variable
+    `_resource_apply_dense` is skipped for each frozen replica."""
+    keras = keras_for(session_flavour())
+    legacy = getattr(keras.optimizers.legacy, "Adam", None) or \
+        keras.optimizers.legacy.adam.Adam  # Keras 2.12 (its tf.keras has the short name)
+    _check_freezer_step(strategy, session_flavour(), True, optimizer=lambda: legacy(0.01))
+
+
+def _check_freezer_step(strategy, flavour, traced, optimizer=None):
+    model, freezer, tree, frozen_ids, held = _freezer_case(flavour, strategy, optimizer)
     optimizer = model.optimizer
     start = per_replica(tree)
     # The Freezer's step, then the optimizer's own step from the same state given only the
@@ -554,6 +568,7 @@ def test_freezer_step_inside_strategy_run(strategy, flavour, traced):
     mirrored_paths = [p for p, v in tree.items() if v.synchronization != ON_READ]
     replicas_identical(got, mirrored_paths)
     if traced:
+        assert freezer.traces == 2  # once per replica
         assert freezer.hooked_traces == (freezer.traces if flavour != "module" else 0)
 
 
@@ -730,4 +745,10 @@ def test_batched_ensemble_under_the_strategy(strategy):
     assert ensemble.last_mode == "batched"
     for k, member in enumerate(ensemble.members):
         np.testing.assert_allclose(outputs[k], member(IMAGES).numpy(), rtol=1e-5,
+                                   atol=1e-6)
+    x, _ = halves(strategy)
+    got = tf.function(lambda a: strategy.run(
+        lambda b: ensemble(b, mode="batched"), args=(a,)))(x)
+    for r, value in enumerate(strategy.experimental_local_results(got)):
+        np.testing.assert_allclose(value.numpy(), outputs[:, 4 * r:4 * r + 4], rtol=1e-5,
                                    atol=1e-6)
