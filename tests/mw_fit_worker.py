@@ -18,6 +18,7 @@ import json
 import os
 import sys
 import time
+import traceback
 
 with open(sys.argv[1]) as job_file:
     job = json.load(job_file)
@@ -43,6 +44,8 @@ if job["flavour"] == "tf_keras":
     import tf_keras as keras
 else:
     import keras
+if job["flavour"] == "keras3":
+    keras.config.disable_traceback_filtering()  # the frames that say where fit fails
 
 RESULT: dict = {"task": TASK, "pid": os.getpid(), "flavour": job["flavour"]}
 ARRAYS: dict = {}
@@ -145,9 +148,12 @@ def fit() -> None:
         # Keras 3's TF trainer cannot fit under MultiWorkerMirroredStrategy (before any
         # callback runs): _maybe_symbolic_build reduces the first batch, a tuple of
         # PerReplica, with strategy.reduce, which takes one value only there.
-        if "PerReplica" not in str(err) or not keras.__version__.startswith("3"):
+        where = [frame.name for frame in traceback.extract_tb(err.__traceback__)]
+        if "PerReplica" not in str(err) or "_maybe_symbolic_build" not in where:
             raise
-        RESULT["fit_unsupported"] = f"{type(err).__name__}: {str(err).splitlines()[0]}"
+        RESULT["fit_unsupported"] = (f"keras {keras.__version__}, TF {tf.__version__}: "
+                                     f"{type(err).__name__} in _maybe_symbolic_build: "
+                                     f"{str(err).splitlines()[0]}")
         return
     RESULT.update(
         saved=ckpt.saved, kept=[k.prefix for k in ckpt.manager.kept],
