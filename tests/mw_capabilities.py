@@ -18,13 +18,12 @@ test asserts that both workers agree bit for bit with each other and with it.
 Every variable (optimizer state included) holds a value chosen from its object path and a
 salt (multiples of 1/32); a training step applies fixed gradients, split 1/4 + 3/4 over the
 two replicas (summed by the optimizer's all-reduce, exactly) and whole on one device, so
-the same arithmetic runs in both and TF gives the same bits. A Polyak blend is the one
-computation that is not the same: one device uses a fused kernel, a strategy its variables'
-assign_sub; those states carry their values, compared within a few ulps.
+the same arithmetic runs in both and TF gives the same bits (a Polyak blend too: Twins
+blends each replica with the kernel it uses on one device).
 
 Each scenario appends one JSON line to RESULTS: {"scenario", "mode" ("dist" or "ref"),
 "task", "ok", "error", "states": {label: {"values": {path: digest}, "replicas": {path:
-[digest per local replica]}, "uniform": bool, "arrays" (Polyak)}}, "facts", "seconds"}. A scenario
+[digest per local replica]}, "uniform": bool}}, "facts": {...}, "seconds"}. A scenario
 raises AssertionError for what one worker can check alone (a frozen variable moved, a
 failed restore changed something); the test compares what needs both workers. Collectives
 time out (--collective-timeout), the process dumps its stacks and exits after --deadline
@@ -121,27 +120,18 @@ def kind(variable) -> str:
             f"{variable.aggregation.name}")
 
 
-def state_of(variables, *, uniform: bool = True, approx: bool = False) -> dict:
+def state_of(variables, *, uniform: bool = True) -> dict:
     """Digests of each variable's value (a SyncOnRead one's aggregate, a collective under
     the strategy: every worker calls this in the same order) and of each local replica's
     component. `uniform`: every component must equal the value (the test checks it, across
     both workers); not so for SyncOnRead variables whose replicas were made to differ, nor
-    for SUM ones (each replica holds its share). `approx`: the reference computes the same
-    values by other arithmetic (a Polyak blend: a fused kernel on one device), so the test
-    compares them to it within a few ulps (carried in "arrays"), and bit for bit across
-    workers and replicas."""
-    values, replicas, arrays = {}, {}, {}
+    for SUM ones (each replica holds its share)."""
+    values, replicas = {}, {}
     for path, variable in variables.items():
-        value = variable.read_value().numpy()
-        values[path] = digest(value)
-        if approx:
-            arrays[path] = np.asarray(value, np.float64).ravel().tolist()
+        values[path] = digest(variable.read_value().numpy())
         if not (is_on_read(variable) and variable.aggregation == tf.VariableAggregation.SUM):
             replicas[path] = [digest(c.numpy()) for c in components(variable)]
-    out = {"values": values, "replicas": replicas, "uniform": uniform}
-    if approx:
-        out["arrays"] = arrays
-    return out
+    return {"values": values, "replicas": replicas, "uniform": uniform}
 
 
 def seed(obj, salt: int) -> None:
@@ -699,8 +689,8 @@ def _outputs(tensor) -> dict:
     return {"values": {"outputs": digest(np.asarray(tensor))}, "replicas": {}, "uniform": True}
 
 
-def _pairs_state(twins, side: int, *, approx: bool = False) -> dict:
-    return state_of({p: pair[side] for p, pair in twins.variables().items()}, approx=approx)
+def _pairs_state(twins, side: int) -> dict:
+    return state_of({p: pair[side] for p, pair in twins.variables().items()})
 
 
 def _seed_twins(obj, twins, salt: int) -> None:
@@ -743,14 +733,14 @@ def sc_twins(ctx):
     states["past_outputs"] = _outputs(ctx.kit.forward(twins.past, ctx.kit.inputs(obj)))
     _seed_twins(obj, twins, 31)
     twins.sync(0.25)
-    states["polyak_past"] = _pairs_state(twins, 1, approx=True)
+    states["polyak_past"] = _pairs_state(twins, 1)
     _seed_twins(obj, twins, 32)
     before = _pairs_state(twins, 0), _pairs_state(twins, 1)
     twins.swap()
     _check_swapped(twins, *before, states, "")
     _seed_twins(obj, twins, 33)
     tf.function(lambda: twins.sync(0.5))()
-    states["polyak_in_function"] = _pairs_state(twins, 1, approx=True)
+    states["polyak_in_function"] = _pairs_state(twins, 1)
     _seed_twins(obj, twins, 34)
     before = _pairs_state(twins, 0), _pairs_state(twins, 1)
     tf.function(lambda: twins.swap())()
@@ -783,7 +773,7 @@ def sc_twins_in_run(ctx):
     assert states["sync_past"]["values"] == _pairs_state(twins, 0)["values"], "sync() != current"
     _seed_twins(obj, twins, 36)
     in_run("sync", 0.25)
-    states["polyak_past"] = _pairs_state(twins, 1, approx=True)
+    states["polyak_past"] = _pairs_state(twins, 1)
     _seed_twins(obj, twins, 37)
     before = _pairs_state(twins, 0), _pairs_state(twins, 1)
     in_run("swap", None)
@@ -798,7 +788,7 @@ def sc_twins_in_run(ctx):
     _seed_twins(obj, twins, 39)
     ctx.step(obj, after=lambda: twins.sync(0.5))
     states["train_then_polyak_current"] = _pairs_state(twins, 0)
-    states["train_then_polyak_past"] = _pairs_state(twins, 1, approx=True)
+    states["train_then_polyak_past"] = _pairs_state(twins, 1)
     return states, {}
 
 
