@@ -238,9 +238,18 @@ class Freezer:
         when the step runs, so toggling it never retraces. Variables the
         Freezer does not know (not in its model) are passed through untouched.
 
+        Under tf.distribute, call it where the optimizer's own
+        `apply_gradients` goes: in the function passed to `strategy.run`
+        (traced or eagerly); the replicas of every variable stay identical.
+
         Returns what `optimizer.apply_gradients` returns eagerly; inside a
         `tf.function`, the optimizer's `iterations` (the update runs in one of
-        two branches: the plain one while nothing is frozen).
+        two branches: the plain one while nothing is frozen; inside
+        `strategy.run`, what the optimizer returns).
+
+        Raises:
+          DistributedVariableError: called in a strategy's cross-replica context
+            (in `strategy.scope()`, outside `strategy.run`) for its variables.
         """
         return self._apply(optimizer, optimizer.apply_gradients, grads_and_vars, **kwargs)
 

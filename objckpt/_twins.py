@@ -209,10 +209,21 @@ class Twins:
         changing tau never retraces (inside a `tf.function` a tensor tau of 1
         gives the exact copy too).
 
+        Under tf.distribute (current and past built in one strategy's scope) it
+        works outside `strategy.run` (every replica of this worker in one call)
+        and inside it (each replica's function does its own replica): each
+        replica of past gets the same replica of current, exactly, and the
+        blend is the one computed on one device, per replica.
+
         Args:
           tau: weight of current, in [0, 1]; a Python number or a scalar tensor.
           include: regular expressions; only object paths matching one are synced.
           exclude: regular expressions; object paths matching one are skipped.
+
+        Raises:
+          DistributedVariableError: inside `strategy.run` with several replicas,
+            for a variable not created in the strategy's scope (every replica
+            would update it).
         """
         if not isinstance(tau, (int, float)) and tf.executing_eagerly():
             tau = float(tau)  # an eager scalar tensor: its value picks copy or blend
