@@ -239,8 +239,12 @@ class PendingRestore:
                 "with the source's shapes, or drop the entry with a rule (regex, None).",
                 tuple(f"`{safe(e.path)}`: {p}" for e, _, _, p in bad))
         for entry, variable, value in checked:
-            with tf.init_scope():  # eagerly, even while a tf.function is being traced
-                variable.assign(value, read_value=False)
+            # Each replica as tf.train.Checkpoint restores it, also when the variable was
+            # created inside `strategy.run` (a replica context, where a distributed
+            # variable's own assign writes one replica, or a SUM variable's value in full).
+            if not _compat.restore_components(variable, value):
+                with tf.init_scope():  # eagerly, even while a tf.function is being traced
+                    variable.assign(value, read_value=False)
             self._fed.add(id(variable))
             self._used.add(entry.source)
             del self._entries[entry.path]

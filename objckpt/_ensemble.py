@@ -131,9 +131,11 @@ def load_ensemble(template, sources: Sequence, *, rules=(), at: str | None = Non
     for k, source in enumerate(sources):
         try:
             opened.append(_sources.open_source(source))
-        except errors.ObjckptError as err:
+        except Exception as err:  # any error: the other workers must not wait for this one
             # every worker of a MultiWorkerMirroredStrategy raises, before any creates a member
             _snapshot.agree_across_workers(_tree.tree(template), err, "objckpt.load_ensemble")
+            if not isinstance(err, errors.ObjckptError):
+                raise
             raise _with_context(err, f"member {k} (source {_describe_source(source)})") \
                 from err
     _snapshot.agree_across_workers(_tree.tree(template), None, "objckpt.load_ensemble")
@@ -161,8 +163,10 @@ def load_ensemble(template, sources: Sequence, *, rules=(), at: str | None = Non
             the_plan = _plan_for(template, variables, source, member_rule, plans,
                                  strict=strict, at=at, optimizer_state=optimizer_state)
             values = _snapshot.fetch_values(the_plan, variables)
-        except errors.ObjckptError as err:
+        except Exception as err:  # any error (a rule's transform raising a TF error too)
             _snapshot.agree_across_workers(variables, err, "objckpt.load_ensemble")
+            if not isinstance(err, errors.ObjckptError):
+                raise
             raise _with_context(err, f"member {k} (source {_describe_source(sources[k])})") \
                 from err
         loaded.append({id(variables[m.target]): v for m, v in zip(the_plan.matches, values)})

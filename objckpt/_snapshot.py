@@ -352,22 +352,35 @@ _AGREED_ERRORS = (errors.StructureMismatchError, errors.CheckpointNotFoundError,
 def agree_across_workers(variables, failure, operation: str = "objckpt.restore") -> None:
     """A restore (or `operation`) lands on every worker of a MultiWorkerMirroredStrategy or
     on none: each worker calls this once, before assigning or creating anything, with its
-    own failure (None: its checks passed). One all-reduce tells every worker whether any
-    failed; a worker that passed raises then. No collective under any other strategy."""
-    counts = [0] * len(_AGREED_ERRORS)
+    own failure (None: its checks passed). One small all-gather tells every worker which
+    failed, with what; a worker that passed raises then, naming the failing worker's task,
+    error type and message. No collective under any other strategy.
+
+    Inside a `tf.function` it runs eagerly at trace time: every worker traces the same
+    function, so the collectives match.
+    """
+    kind = 0
+    message = ""
     if failure is not None:
-        counts[next(i for i, kind in enumerate(_AGREED_ERRORS) if isinstance(failure, kind))] = 1
-    totals = _compat.sum_across_workers(variables.values(), counts)
-    if failure is not None or not totals or not any(totals):
+        kind = 1 + next(i for i, k in enumerate(_AGREED_ERRORS) if isinstance(failure, k))
+        text = str(failure.args[0]) if failure.args else str(failure)
+        message = f"{type(failure).__name__}: {' '.join(text.split())}"
+    failures = _compat.gather_failures(variables.values(), kind, message)
+    if failure is not None or not failures:
         return
-    found = _AGREED_ERRORS[next(i for i, n in enumerate(totals) if n)]
-    kind = found if issubclass(found, errors.ObjckptError) else errors.ObjckptError
-    raise kind(
-        f"{operation} failed on another worker of this MultiWorkerMirroredStrategy "
-        f"({found.__name__}; that worker's error says why), so it did nothing on this worker "
-        "either: it succeeds on every worker or on none, and every variable here keeps its "
-        "value. Fix: the cause on that worker; every worker must be able to read the source "
-        "(put checkpoints on storage the workers share).")
+    task, found_kind, text = failures[0]
+    found = _AGREED_ERRORS[found_kind - 1]
+    raised = found if issubclass(found, errors.ObjckptError) else errors.ObjckptError
+    others = (f" (and {len(failures) - 1} other worker(s): "
+              + ", ".join(t for t, _, _ in failures[1:]) + ")" if len(failures) > 1 else "")
+    raise raised(
+        f"{operation} failed on worker {task}{others} of this MultiWorkerMirroredStrategy, "
+        f"so it did nothing on this worker either: it succeeds on every worker or on none, "
+        f"and every variable here keeps its value. That worker's error: "
+        f"{_render.safe_text(text)}. Fix: the cause on worker {task} (its error, raised "
+        "there, says which path and what was expected); every worker must be able to read "
+        "the same source (put checkpoints on storage the workers share) and run the same "
+        "rules.")
 
 
 # Plans kept per target tree, for Snapshots of this many other trees.

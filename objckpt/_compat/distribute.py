@@ -14,12 +14,13 @@ __all__ = [
     "autocast_inner",
     "check_not_sharded",
     "distributed_refusal",
+    "gather_failures",
     "is_distributed_variable",
     "is_sharded",
     "recreate_distributed",
     "replica_components",
     "replica_context_strategy",
-    "sum_across_workers",
+    "restore_components",
     "variables_strategy",
     "writes_checkpoints",
 ]
@@ -203,15 +204,89 @@ def writes_checkpoints(variables) -> bool:
     return bool(variables_strategy(variables).extended.should_checkpoint)
 
 
-def sum_across_workers(variables, counts: list[int]) -> list[int] | None:
-    """Element-wise sums of `counts` (small non-negative integers) over every replica of the
-    variables' `MultiWorkerMirroredStrategy`, by one all-reduce: every worker must call this at
-    the same point, as it calls the operation it belongs to. None (no collective) for any other
-    strategy, where there is one process to agree with.
+def restore_components(variable, value) -> bool:
+    """Lands a checkpoint value in every replica of a MirroredVariable or SyncOnReadVariable
+    as `tf.train.Checkpoint` restores one (TF's `values_util.get_on_write_restore_ops` and
+    `get_on_read_restore_ops`): each per-replica component is assigned directly, eagerly,
+    on its own device; a SyncOnRead SUM variable's components get `value /
+    num_replicas_in_sync` cast to its dtype, so its aggregate is the value. Right from any
+    context, a replica context (inside `strategy.run`, eager or traced) included, where the
+    distributed variable's own `assign` writes one replica (or every replica in full).
+
+    Returns False (nothing done) for any other variable: plain ones are assigned as usual.
+    """
+    inner = autocast_inner(variable)
+    if inner is not None:
+        variable = inner
+    _, supported, _ = _types()
+    if type(variable) not in supported or getattr(variable, "_packed_var", None) is not None:
+        return False
+    with tf.init_scope():
+        tensor = tf.convert_to_tensor(value)
+        if (variable.synchronization == tf.VariableSynchronization.ON_READ
+                and variable.aggregation == tf.VariableAggregation.SUM):
+            replicas = variable.distribute_strategy.num_replicas_in_sync
+            tensor = tf.cast(tensor / replicas, variable.dtype)
+        for component in variable.values:
+            with tf.device(component.device):
+                component.assign(tensor, read_value=False)
+    return True
+
+
+# --- agreement across the workers of a MultiWorkerMirroredStrategy ----------------------
+
+# One row per replica: [failed, kind, task index, message length, message bytes...].
+_ROW = 4 + 240
+_GATHER_FNS: dict = {}
+
+
+def _gather_fn(strategy):
+    """A tf.function gathering one row per replica across every worker (cached per
+    strategy: TF logs a warning for each eager collective of CollectiveAllReduceStrategy)."""
+    key = id(strategy)
+    cached = _GATHER_FNS.get(key)
+    if cached is not None and cached[0] is strategy:
+        return cached[1]
+
+    @tf.function(autograph=False)
+    def gather(row):
+        return strategy.gather(strategy.run(lambda: tf.identity(row)[tf.newaxis]), axis=0)
+
+    _GATHER_FNS[key] = (strategy, gather)
+    return gather
+
+
+def _task_label(strategy) -> str:
+    resolver = getattr(strategy, "cluster_resolver", None)
+    task_type = getattr(resolver, "task_type", None)
+    task_id = getattr(resolver, "task_id", None)
+    return f"{task_type or 'worker'}:{task_id if task_id is not None else 0}"
+
+
+def gather_failures(variables, kind: int, message: str) -> list[tuple[str, int, str]] | None:
+    """What every worker of the variables' `MultiWorkerMirroredStrategy` reports: a list of
+    (task, kind, message) for each worker that failed (kind > 0; a worker that passed calls
+    this with kind 0), by one small all-gather. Every worker must call it at the same
+    point, as it calls the operation it belongs to. Run eagerly even while a tf.function is
+    traced (every worker traces the same function, so the collectives match). None (no
+    collective) for any other strategy, where there is one process to agree with.
     """
     strategy = variables_strategy(variables)
     if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         return None
-    local = tf.constant(counts, tf.float32)
-    total = strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: local), axis=None)
-    return [int(n) for n in total.numpy()]
+    label = _task_label(strategy)
+    text = f"{label}\n{message}".encode("utf-8", "replace")[:_ROW - 4] if kind else b""
+    row = [float(bool(kind)), float(kind), 0.0, float(len(text))] + [float(b) for b in text]
+    row += [0.0] * (_ROW - len(row))
+    with tf.init_scope():
+        rows = _gather_fn(strategy)(tf.constant(row, tf.float32)).numpy().tolist()
+    failures, seen = [], set()
+    for got in rows:
+        if not got[0]:
+            continue
+        raw = bytes(round(b) for b in got[4:4 + round(got[3])])
+        task, _, text = raw.decode("utf-8", "replace").partition("\n")
+        if task not in seen:  # one row per replica: the worker's replicas repeat it
+            seen.add(task)
+            failures.append((task, round(got[1]), text))
+    return failures
