@@ -19,7 +19,7 @@ import warnings
 
 import tensorflow as tf
 
-from objckpt import _compat, _match, _paths, _render, _rules, _sources, _tree, errors
+from objckpt import _compat, _match, _paths, _render, _rules, _snapshot, _sources, _tree, errors
 
 __all__ = ["PendingRestore", "restore_on_create"]
 
@@ -369,6 +369,20 @@ def _walk(node, depth: int, path: str, attached=None, cache=None):
     return node, len(edges), []
 
 
+def _agree(obj, failure) -> None:
+    """Under MultiWorkerMirroredStrategy (obj's, or the one in scope for an obj with no
+    variables yet), every worker raises when opening, planning or checking the source
+    failed on one: the others would go on into collectives (creating variables, SyncOnRead
+    reads) the failing worker never joins. Nothing to agree in a replica context."""
+    if _compat.replica_context_strategy() is not None:
+        return
+    try:
+        variables = _tree.tree(obj)
+    except Exception:  # a refused obj (ShardedVariable): the strategy in scope decides
+        variables = {}
+    _snapshot.agree_across_workers(variables, failure, "objckpt.restore_on_create")
+
+
 def restore_on_create(obj, source, *, rules=(), at: str | None = None) -> PendingRestore:
     """Restores values into obj as its variables are created, before their first use.
 
@@ -417,47 +431,52 @@ def restore_on_create(obj, source, *, rules=(), at: str | None = None) -> Pendin
       >>> model.fit(x, y)          # values land as layers build
       >>> pending.assert_done()
     """
-    src = _sources.open_source(source)
-    parsed = _rules.parse_rules(rules)
-    view = _match.view_at(src, at)
-    rewritten = _rules.rewrite_view(view, parsed, note_bookkeeping=False)
-    entries, skipped, seen = [], rewritten.skipped, {}
-    for _, full, new, rule in rewritten.entries:
-        if new in seen:
-            raise errors.StructureMismatchError(
-                f"restore_on_create: source entries `{seen[new]}` and `{full}` both map to "
-                f"`{new}`; nothing is guessed. Fix: drop one with a rule (regex, None).")
-        seen[new] = full
-        entries.append(_Entry(new, full, rule.transform if rule is not None else None))
-    _rules.warn_unused(rewritten.unused, src.description, stacklevel=2,
-                       shadowed=rewritten.shadowed)
-    pending = PendingRestore(obj, src, entries, skipped, at)
-    # Existing variables: every value read and checked before any is assigned.
-    ready = []
-    for entry in entries:
-        node, _, missing = _walk(obj, 0, entry.path)
-        variable = _compat.as_variable(node) if not missing else None
-        if variable is None and not missing:
-            _compat.check_not_sharded(node, entry.path)
-        if variable is not None:
-            value = pending._value(entry)
-            problem = pending._problem(entry, variable, value)
-            if problem:
+    try:
+        src = _sources.open_source(source)
+        parsed = _rules.parse_rules(rules)
+        view = _match.view_at(src, at)
+        rewritten = _rules.rewrite_view(view, parsed, note_bookkeeping=False)
+        entries, skipped, seen = [], rewritten.skipped, {}
+        for _, full, new, rule in rewritten.entries:
+            if new in seen:
                 raise errors.StructureMismatchError(
-                    f"restore_on_create: `{_render.safe(entry.path)}` exists as "
-                    f"{variable.dtype.base_dtype.name}{tuple(variable.shape)} but the source "
-                    f"holds {value.dtype.name}{tuple(value.shape)} (entry "
-                    f"`{_render.safe(entry.source)}`"
-                    f"{', transformed' if entry.transform else ''}). Nothing was restored. "
-                    "Fix: build obj with the source's shapes, or drop the entry with a rule.")
-            ready.append((entry, variable, value))
-    pending._rules = parsed
-    if not src.keyed_by_path or not _compat.is_unbuilt(obj):
-        # Existing variables that no key names by path: through the plan. Their values are
-        # read and checked with the others' before anything is assigned.
-        pending._fed.update(id(variable) for _, variable, _ in ready)
-        pending._used.update(entry.source for entry, _, _ in ready)
-        ready += pending.planned()
+                    f"restore_on_create: source entries `{seen[new]}` and `{full}` both map to "
+                    f"`{new}`; nothing is guessed. Fix: drop one with a rule (regex, None).")
+            seen[new] = full
+            entries.append(_Entry(new, full, rule.transform if rule is not None else None))
+        _rules.warn_unused(rewritten.unused, src.description, stacklevel=2,
+                           shadowed=rewritten.shadowed)
+        pending = PendingRestore(obj, src, entries, skipped, at)
+        # Existing variables: every value read and checked before any is assigned.
+        ready = []
+        for entry in entries:
+            node, _, missing = _walk(obj, 0, entry.path)
+            variable = _compat.as_variable(node) if not missing else None
+            if variable is None and not missing:
+                _compat.check_not_sharded(node, entry.path)
+            if variable is not None:
+                value = pending._value(entry)
+                problem = pending._problem(entry, variable, value)
+                if problem:
+                    raise errors.StructureMismatchError(
+                        f"restore_on_create: `{_render.safe(entry.path)}` exists as "
+                        f"{variable.dtype.base_dtype.name}{tuple(variable.shape)} but the source "
+                        f"holds {value.dtype.name}{tuple(value.shape)} (entry "
+                        f"`{_render.safe(entry.source)}`"
+                        f"{', transformed' if entry.transform else ''}). Nothing was restored. "
+                        "Fix: build obj with the source's shapes, or drop the entry with a rule.")
+                ready.append((entry, variable, value))
+        pending._rules = parsed
+        if not src.keyed_by_path or not _compat.is_unbuilt(obj):
+            # Existing variables that no key names by path: through the plan. Their values are
+            # read and checked with the others' before anything is assigned.
+            pending._fed.update(id(variable) for _, variable, _ in ready)
+            pending._used.update(entry.source for entry, _, _ in ready)
+            ready += pending.planned()
+    except Exception as err:
+        _agree(obj, err)
+        raise
+    _agree(obj, None)
     pending._apply_all(ready)
     for layer in _compat.keras_layers(obj):  # every Keras layer checks after its build
         pending._wrap_build(layer)

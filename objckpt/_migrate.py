@@ -107,7 +107,11 @@ def migrate(source, obj, prefix, *, rules=(), at: str | None = None,
     Returns:
       The prefix written. Under `MultiWorkerMirroredStrategy` (obj's) every
       worker calls `migrate`, as for `objckpt.save`, and only the chief writes
-      `prefix`; every worker returns it.
+      `prefix`; every worker returns it. The workers agree (one small
+      collective) after opening and planning the source: when that fails on
+      one worker, every worker raises (the others name the failing worker's
+      task and error) and nothing is written. A rule's transform that fails
+      on one worker only, later, while values stream, is not agreed on.
 
     Raises:
       StructureMismatchError: an incomplete, ambiguous or mismatched plan;
@@ -119,15 +123,22 @@ def migrate(source, obj, prefix, *, rules=(), at: str | None = None,
       ...                 rules=[("^model_001/", "")])
     """
     variables = _tree.tree(obj)
-    src = _sources.open_source(source)
-    if not variables:
-        _checks.refuse(obj, variables, src, _match.Plan(src.description, ()), strict,
-                          action="migrate")
-    the_plan = _match.make_plan(src, obj, variables, rules=rules, at=at,
-                                optimizer_state=optimizer_state)
-    if (the_plan.mismatched or the_plan.ambiguous or not the_plan.matches
-            or (strict and (the_plan.unmatched_variables or the_plan.unmatched_source))):
-        _checks.refuse(obj, variables, src, the_plan, strict, action="migrate")
+    try:
+        src = _sources.open_source(source)
+        if not variables:
+            _checks.refuse(obj, variables, src, _match.Plan(src.description, ()), strict,
+                           action="migrate")
+        the_plan = _match.make_plan(src, obj, variables, rules=rules, at=at,
+                                    optimizer_state=optimizer_state)
+        if (the_plan.mismatched or the_plan.ambiguous or not the_plan.matches
+                or (strict and (the_plan.unmatched_variables or the_plan.unmatched_source))):
+            _checks.refuse(obj, variables, src, the_plan, strict, action="migrate")
+    except Exception as err:
+        # Under MultiWorkerMirroredStrategy every worker raises when the source cannot be
+        # opened or planned on one (the others would wait in a SyncOnRead read's collective).
+        _snapshot.agree_across_workers(variables, err, "objckpt.migrate")
+        raise
+    _snapshot.agree_across_workers(variables, None, "objckpt.migrate")
     prefix = os.fspath(prefix)
     fed = {m.target: m for m in the_plan.matches}
     paths = list(variables)

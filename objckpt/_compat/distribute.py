@@ -237,22 +237,20 @@ def restore_components(variable, value) -> bool:
 
 # One row per replica: [failed, kind, task index, message length, message bytes...].
 _ROW = 4 + 240
-_GATHER_FNS: dict = {}
 
 
 def _gather_fn(strategy):
     """A tf.function gathering one row per replica across every worker (cached per
     strategy: TF logs a warning for each eager collective of CollectiveAllReduceStrategy)."""
-    key = id(strategy)
-    cached = _GATHER_FNS.get(key)
-    if cached is not None and cached[0] is strategy:
-        return cached[1]
+    cached = strategy.__dict__.get("_objckpt_gather")
+    if cached is not None:
+        return cached
 
     @tf.function(autograph=False)
     def gather(row):
         return strategy.gather(strategy.run(lambda: tf.identity(row)[tf.newaxis]), axis=0)
 
-    _GATHER_FNS[key] = (strategy, gather)
+    strategy.__dict__["_objckpt_gather"] = gather  # lives and dies with the strategy
     return gather
 
 
