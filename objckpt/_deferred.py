@@ -424,7 +424,19 @@ def restore_on_create(obj, source, *, rules=(), at: str | None = None) -> Pendin
         as) a `ShardedVariable`, which objckpt refuses.
 
     Under `tf.distribute`, a value lands on every replica as
-    `tf.train.Checkpoint` restores it (see `objckpt.restore`).
+    `tf.train.Checkpoint` restores it (see `objckpt.restore`), also for
+    variables created inside `strategy.run` (eagerly or in a `tf.function`):
+    every replica of a MirroredVariable gets the value, each replica of a
+    SyncOnRead SUM variable `value / num_replicas_in_sync`.
+
+    Under `MultiWorkerMirroredStrategy` every worker must call
+    `restore_on_create`, with the same obj and source, inside
+    `strategy.scope()` (or with obj's variables under the strategy) and outside
+    `strategy.run`: the workers agree (one small collective) after opening and
+    checking the source, before anything is assigned or any variable waited
+    for is created (a collective too). When that fails on one worker, every
+    worker raises: that worker its own error, the others an objckpt error
+    naming its task, error type and message.
 
     Example:
       >>> pending = objckpt.restore_on_create(model, "ckpt/run-3")

@@ -103,6 +103,14 @@ def load_ensemble(template, sources: Sequence, *, rules=(), at: str | None = Non
       An `Ensemble`: `.members`, `ensemble(x)` stacks the members' outputs on a
       new leading axis, `ensemble.mean(x)` averages them.
 
+    Under `MultiWorkerMirroredStrategy` (the template's) every worker must
+    call `load_ensemble` with the same template and sources: creating a
+    member's variables is a collective, and the workers agree (one small
+    collective) after opening and planning every source, before any member
+    exists. When a source fails on one worker (any error, a rule's transform
+    raising included), every worker raises: that worker its own error, the
+    others an objckpt error naming its task, error type and message.
+
     Example:
       >>> ensemble = objckpt.load_ensemble(Net(), ["run1/ckpt-9", "run2/ckpt-9"])
       >>> ensemble.mean(x)

@@ -293,6 +293,19 @@ def restore(obj, source, *, rules=(), strict: bool = True, at: str | None = None
     the restore fails, every replica's component keeps its exact bits. A
     `ShardedVariable` in obj raises `DistributedVariableError`; checkpoints TF
     wrote from one restore into unsharded variables.
+
+    Under `MultiWorkerMirroredStrategy` (obj's) every worker must call
+    `restore`, with the same obj and source, as with `save`, even for a
+    `Snapshot` and for obj without SyncOnRead variables (unlike
+    `tf.train.Checkpoint.restore`, which a chief may call alone): all or
+    nothing holds across workers, so each worker's checks are agreed by one
+    small collective before anything is assigned. A restore called on one
+    worker only waits for the others (until the strategy's collective
+    timeout, if one is set). When it fails on one worker, every worker
+    raises and nothing changes anywhere: the failing worker its own error,
+    the others an error of the same objckpt type (`ObjckptError` for any
+    other error) naming the failing worker's task, error type and message. Inside a `tf.function` the agreement runs
+    while the function is traced (every worker traces it).
     """
     variables = _tree.tree(obj)
     _check_cross_replica(variables, "restore")
