@@ -34,6 +34,7 @@ WORKERS = 2
 LAUNCH_TIMEOUT = 300  # seconds for one launch; a normal one takes well under a minute
 GRACE = 90  # seconds the other worker gets once one has exited with an error
 COLLECTIVE_TIMEOUT = 60  # seconds a collective waits for the other worker
+PORT_TAKEN = "Could not start gRPC server"  # TF's error when its port is in use
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -69,13 +70,18 @@ class Launch:
         self.logs = [""] * WORKERS
         self.seconds = 0.0
         self.killed = False
-        self._run()
+        self._run(directory)
+        if any(PORT_TAKEN in log for log in self.logs):
+            # a port found free was taken before TF bound it: once more, on other ports
+            self._run(directory / "again")
 
-    def _run(self) -> None:
+    def _run(self, directory) -> None:
+        directory.mkdir(exist_ok=True)
+        self.records = [[] for _ in range(WORKERS)]
         ports = _free_ports(WORKERS)
         cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
-        outs = [self.directory / f"worker{i}.jsonl" for i in range(WORKERS)]
-        logs = [self.directory / f"worker{i}.log" for i in range(WORKERS)]
+        outs = [directory / f"worker{i}.jsonl" for i in range(WORKERS)]
+        logs = [directory / f"worker{i}.log" for i in range(WORKERS)]
         env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2",
                    PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
         env.pop("TF_CONFIG", None)
@@ -87,7 +93,7 @@ class Launch:
                 with open(logs[i], "w") as log:
                     processes.append(subprocess.Popen(
                         [sys.executable, mw_capabilities.__file__, "--flavour", self.flavour,
-                         "--dir", str(self.directory), "--out", str(outs[i]),
+                         "--dir", str(directory), "--out", str(outs[i]),
                          "--collective-timeout", str(COLLECTIVE_TIMEOUT),
                          "--deadline", str(LAUNCH_TIMEOUT - 20)],
                         env=dict(env, TF_CONFIG=json.dumps(config)), stdout=log,
@@ -95,9 +101,11 @@ class Launch:
                         start_new_session=True))
             deadline = started + LAUNCH_TIMEOUT
             while any(p.poll() is None for p in processes):
-                failed = [p for p in processes if p.poll() not in (None, 0)]
+                failed = [i for i, p in enumerate(processes) if p.poll() not in (None, 0)]
                 if failed and deadline > time.monotonic() + GRACE:
                     deadline = time.monotonic() + GRACE  # the other would wait for it
+                if any(not outs[i].exists() for i in failed):
+                    break  # one never started (its port, TF): the other has no one to meet
                 if time.monotonic() > deadline:
                     self.killed = True
                     break
