@@ -476,6 +476,98 @@ def test_restore_on_create_module_variables_made_later(source, strategy, expecte
         pending.cancel()
 
 
+class LazyNet(tf.Module):
+    """Creates its variables on its first call: a MirroredVariable, SyncOnRead SUM and MEAN."""
+
+    def __init__(self):
+        super().__init__()
+        self.built = False
+
+    def __call__(self, x):
+        if not self.built:
+            self.w = tf.Variable(tf.zeros([2]))
+            self.total = tf.Variable(0.0, synchronization=ON_READ, aggregation=SUM)
+            self.stat = tf.Variable(tf.zeros([2]), synchronization=ON_READ, aggregation=MEAN)
+            self.built = True
+        return x * self.w
+
+
+def create_inside_run(strategy, mode: str, call):
+    """Calls `call` (which creates variables) inside strategy.run: eagerly, or traced in a
+    tf.function around strategy.run."""
+    if mode == "eager":
+        strategy.run(call)
+    else:
+        tf.function(lambda: strategy.run(call))()
+
+
+@pytest.fixture(scope="module")
+def lazy_source(tmp_path_factory):
+    """A LazyNet built on one device: (its Snapshot, a prefix tf.train.Checkpoint wrote)."""
+    net = LazyNet()
+    net(1.0)
+    net.w.assign([5.0, 6.0])
+    net.total.assign(8.0)
+    net.stat.assign([1.0, 3.0])
+    folder = tmp_path_factory.mktemp("lazy")
+    return objckpt.snapshot(net), tf.train.Checkpoint(root=net).write(str(folder / "ck"))
+
+
+@pytest.mark.parametrize("mode", ["eager", "function"])
+def test_restore_on_create_inside_strategy_run_lands_as_tf_restore(mode, strategy,
+                                                                  lazy_source):
+    """Variables created inside strategy.run (a replica context) get every replica's value
+    as TF's own deferred restore gives it: the MirroredVariable's value on both replicas
+    (not only the creating one), a SUM variable value / 2 on each (not the value on each,
+    which doubles its aggregate)."""
+    snap, prefix = lazy_source
+    with strategy.scope():
+        reference = LazyNet()
+    tf.train.Checkpoint(root=reference).read(prefix)
+    create_inside_run(strategy, mode, lambda: reference(tf.constant(1.0)))
+    want = replicas(reference)
+    as_arrays = {path: [a.tolist() for a in values] for path, values in want.items()}
+    assert as_arrays == {"w": [[5.0, 6.0], [5.0, 6.0]], "total": [4.0, 4.0],
+                         "stat": [[1.0, 3.0], [1.0, 3.0]]}
+    for the_source in (prefix, snap):
+        with strategy.scope():
+            net = LazyNet()
+        pending = objckpt.restore_on_create(net, the_source)
+        assert not pending.done
+        create_inside_run(strategy, mode, lambda net=net: net(tf.constant(1.0)))
+        pending.assert_done()
+        assert_replicas_equal(want, replicas(net))
+        assert float(objckpt.snapshot(net)["total"]) == 8.0  # the aggregate TF saves
+
+
+@pytest.mark.parametrize("mode", ["eager", "function"])
+def test_restore_on_create_keras_dense_built_inside_strategy_run(mode, strategy, tmp_path):
+    """A Keras Dense built by its first call inside strategy.run gets the source's kernel
+    and bias on every replica, as TF's restore of the same layer built in the scope."""
+    keras = keras_for(session_flavour())
+    original = keras.layers.Dense(3)
+    original.build((None, 4))
+    original.kernel.assign(np.arange(12, dtype="float32").reshape(4, 3) / 7)
+    original.bias.assign([1.5, -2.0, 0.25])
+    snap = objckpt.snapshot(original)
+    prefix = tf.train.Checkpoint(root=original).write(str(tmp_path / "ck"))
+    with strategy.scope():
+        reference = keras.layers.Dense(3)
+        reference.build((None, 4))
+    tf.train.Checkpoint(root=reference).read(prefix).assert_existing_objects_matched()
+    want = replicas(reference)
+    kernel = original.kernel.numpy()
+    assert [a.tobytes() for a in want[next(p for p in want if "kernel" in p)]] == \
+        [kernel.tobytes()] * 2
+    for the_source in (prefix, snap):
+        with strategy.scope():
+            layer = keras.layers.Dense(3)
+        pending = objckpt.restore_on_create(layer, the_source)
+        create_inside_run(strategy, mode, lambda layer=layer: layer(tf.ones((1, 4))))
+        pending.assert_done()
+        assert_replicas_equal(want, replicas(layer))
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_plan_and_migrate_into_a_model_built_under_the_strategy(kind, source, target,
                                                                 expected, tmp_path):
@@ -729,3 +821,36 @@ def test_multi_worker_non_chief_reads_like_the_chief_and_writes_nothing(worker_m
     assert os.listdir(tmp_path) == []
     with pytest.raises(errors.UnbuiltModelError), workers.scope():  # as on the chief
         objckpt.save(tf.Module(), prefix)
+
+
+def test_multi_worker_restore_inside_a_tf_function(worker_module, monkeypatch):
+    """Under MultiWorkerMirroredStrategy (one local worker here) the agreement of a restore
+    traced in a tf.function runs eagerly at trace time (it called .numpy() on a symbolic
+    tensor), and no collective runs eagerly (TF warns of its overhead each time)."""
+    workers, module = worker_module
+    snap = objckpt.snapshot(module)
+    runs = []
+    real_run = workers.run
+    monkeypatch.setattr(workers, "run",
+                        lambda *a, **k: runs.append(tf.executing_eagerly()) or real_run(*a, **k))
+
+    @tf.function
+    def restore():
+        objckpt.restore(module, snap)
+
+    module.w.assign([5.0, 6.0])
+    restore()
+    assert module.w.numpy().tolist() == [1.0, 2.0]
+    module.w.assign([5.0, 6.0])
+    objckpt.restore(module, snap)  # eagerly: the same agreement, traced once
+    assert module.w.numpy().tolist() == [1.0, 2.0]
+    assert runs and not any(runs)
+    bad = objckpt.Snapshot({"w": tf.zeros([3]), "total": tf.constant(1.0)})
+
+    @tf.function(autograph=False)  # AutoGraph would wrap the error in a StagingError
+    def restore_bad():
+        objckpt.restore(module, bad)
+
+    with pytest.raises(errors.StructureMismatchError, match="`w`"):
+        restore_bad()
+    assert module.w.numpy().tolist() == [1.0, 2.0]
