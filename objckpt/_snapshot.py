@@ -198,6 +198,10 @@ def fetch_values(the_plan: _match.Plan, variables, matches=None) -> list:
         if match.transform is not None:
             value = match.transform(value)
         variable = variables[match.target]
+        if (not value.shape.is_fully_defined() and variable.shape.is_fully_defined()
+                and value.shape.is_compatible_with(variable.shape)):
+            # read in a tf.function being traced: the shape is checked when it runs
+            value = tf.ensure_shape(value, variable.shape)
         if (value.shape != variable.shape or value.dtype != variable.dtype.base_dtype):
             got = (f"{value.dtype.name}{tuple(value.shape)} but the obj has "
                    f"{variable.dtype.base_dtype.name}{tuple(variable.shape)}")
@@ -376,7 +380,8 @@ def agree_across_workers(variables, failure, operation: str = "objckpt.restore")
     message = ""
     if failure is not None:
         kind = 1 + next(i for i, k in enumerate(_AGREED_ERRORS) if isinstance(failure, k))
-        text = str(failure.args[0]) if failure.args else str(failure)
+        text = (str(failure.args[0]) if isinstance(failure, errors.ObjckptError)
+                and failure.args else str(failure))  # a TF error's args[0] is its node
         message = f"{type(failure).__name__}: {' '.join(text.split())}"
     failures = _compat.gather_failures(variables.values(), kind, message)
     if failure is not None or not failures:

@@ -236,7 +236,7 @@ def restore_components(variable, value) -> bool:
 # --- agreement across the workers of a MultiWorkerMirroredStrategy ----------------------
 
 # One row per replica: [failed, kind, task index, message length, message bytes...].
-_ROW = 4 + 240
+_ROW = 4 + 400
 
 
 def _gather_fn(strategy):
