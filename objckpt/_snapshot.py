@@ -308,8 +308,9 @@ def restore(obj, source, *, rules=(), strict: bool = True, at: str | None = None
     timeout, if one is set). When it fails on one worker, every worker
     raises and nothing changes anywhere: the failing worker its own error,
     the others an error of the same objckpt type (`ObjckptError` for any
-    other error) naming the failing worker's task, error type and message. Inside a `tf.function` the agreement runs
-    while the function is traced (every worker traces it).
+    other error) naming the failing worker's task, error type and message.
+    Inside a `tf.function` the agreement runs while the function is traced
+    (every worker traces it).
     """
     variables = _tree.tree(obj)
     _check_cross_replica(variables, "restore")
