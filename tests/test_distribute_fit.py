@@ -444,25 +444,33 @@ def free_ports(count: int) -> list[int]:
             s.close()
 
 
+PORT_TAKEN = "Could not start gRPC server"  # TF's error when a worker's port is in use
+
+
 class Workers:
-    """Two `mw_fit_worker.py` processes of one job; every wait is bounded, and on any
-    failure both are killed (a worker left alone waits forever in a collective)."""
+    """Two `mw_fit_worker.py` processes of one job; every wait is bounded, and when one
+    worker fails the other is killed (left alone, it would wait forever in a collective).
+    A worker whose port was taken after `free_ports` found it free makes both start once
+    more on other ports."""
 
     def __init__(self, base, **job):
-        self.base = base
-        job = dict(job, ports=free_ports(2), flavour=FLAVOUR, out=str(base))
-        self.job = job
+        self.base, self.job = base, dict(job, flavour=FLAVOUR, out=str(base))
         base.mkdir(parents=True, exist_ok=True)
-        (base / "job.json").write_text(json.dumps(job))
+        self.started = time.monotonic()
+        self.retried = False
+        self._start()
+
+    def _start(self) -> None:
+        self.job["ports"] = free_ports(2)
+        (self.base / "job.json").write_text(json.dumps(self.job))
         env = {k: v for k, v in os.environ.items()
                if k not in ("TF_CONFIG", "TF_USE_LEGACY_KERAS")}
-        self.started = time.monotonic()
         self.processes = []
         for task in range(2):
-            with open(base / f"log-{task}.txt", "w") as log:
+            with open(self.base / f"log-{task}.txt", "w") as log:
                 self.processes.append(subprocess.Popen(
                     [sys.executable, os.path.join(HERE, "mw_fit_worker.py"),
-                     str(base / "job.json"), str(task)],
+                     str(self.base / "job.json"), str(task)],
                     stdout=log, stderr=subprocess.STDOUT, env=env))
 
     def left(self) -> float:
@@ -480,18 +488,34 @@ class Workers:
                          + (self.base / f"log-{task}.txt").read_text()[-3000:]
                          for task, p in enumerate(self.processes))
 
+    def _failed_alone(self) -> bool:
+        """True when a worker failed while the other still runs; then both are ended (and
+        started again once when a port was taken: False)."""
+        codes = [p.poll() for p in self.processes]
+        if None not in codes or not any(code not in (None, 0) for code in codes):
+            return False
+        self.kill_all()
+        if not self.retried and PORT_TAKEN in self.logs():
+            self.retried = True
+            self._start()
+            return False
+        return True
+
     def wait(self) -> list[int]:
-        try:
-            for process in self.processes:
-                process.wait(timeout=max(self.left(), 1))
-        except subprocess.TimeoutExpired:
-            self.kill_all()
-            pytest.fail(f"workers still running after {MW_TIMEOUT} s; killed\n{self.logs()}")
+        while None in [p.poll() for p in self.processes]:
+            if self._failed_alone():
+                break
+            if self.left() < 0:
+                self.kill_all()
+                pytest.fail(f"workers still running after {MW_TIMEOUT} s; killed\n"
+                            f"{self.logs()}")
+            time.sleep(0.05)
         return [p.returncode for p in self.processes]
 
     def until(self, condition, what: str) -> None:
         while not condition():
-            if any(p.poll() is not None for p in self.processes) or self.left() < 0:
+            if (self._failed_alone() or None not in [p.poll() for p in self.processes]
+                    or self.left() < 0):
                 self.kill_all()
                 pytest.fail(f"gave up waiting for {what}\n{self.logs()}")
             time.sleep(0.05)
