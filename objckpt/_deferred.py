@@ -8,7 +8,11 @@ exists: TF calls it when the next object on the path is attached (the moment
 `self.kernel = ...` runs inside a layer's `build`, before `call`), and Keras
 layers of every flavour also check after each `build`. Each value is read
 from the source only when its variable appears, checked, and assigned eagerly
-(outside any `tf.function` being traced).
+(outside any `tf.function` being traced). Optimizer slots
+(`<variable>/.OPTIMIZER_SLOT/<optimizer>/<slot>`: Keras 2 / tf_keras legacy and TF1
+optimizers) are no attachments: the optimizer's slot creation is watched instead, and each
+value lands as its slot is created, before the update that first uses it (as TF's own
+deferred slot restore does).
 """
 
 from __future__ import annotations
@@ -58,6 +62,9 @@ class PendingRestore:
         self._rules: tuple = ()  # the parsed rules, for plans of existing variables
         self._fed: set = set()  # ids of variables that received a value
         self._used: set = set()  # source keys whose value landed
+        self._slot_hooked: set = set()  # ids of optimizers whose slot creation is watched
+        self._slot_waiting: set = set()  # slot entries waiting for their optimizer's slot
+        self._slot_index: dict = {}  # (id(optimizer), slot name, id(owner)) -> entry path
 
     @property
     def pending(self) -> tuple[str, ...]:
@@ -121,6 +128,13 @@ class PendingRestore:
         ready, cache = [], {}
         for path, entry in list(self._entries.items()):
             if path in self._failed:  # raised once at creation; listed by assert_done
+                continue
+            slot = _paths.split_slot(path)
+            if slot is not None:  # lands when its optimizer creates the slot (_slot_created)
+                if path not in self._slot_waiting:
+                    variable = self._watch_slot(path, slot, cache)
+                    if variable is not None:
+                        ready.append((entry, variable))
                 continue
             node, depth = self._progress.get(path, (self._obj, 0))
             if _compat.as_variable(node) is not None and depth < len(path.split("/")):
@@ -190,7 +204,8 @@ class PendingRestore:
         # say) is skipped, as `restore` skips it, not pending forever.
         taken = {m.source for m in chosen} | self._used
         left_out = [why for why in the_plan.skipped
-                    if why.split(": ", 1)[0] in entries and why.split(": ", 1)[0] not in taken]
+                    if why.split(": ", 1)[0] in entries and why.split(": ", 1)[0] not in taken
+                    and not self._lands_later(entries[why.split(": ", 1)[0]].path)]
         for why in left_out:
             self._entries.pop(entries[why.split(": ", 1)[0]].path, None)
         self.skipped += tuple(left_out)
@@ -321,7 +336,77 @@ class PendingRestore:
 
         self._wrapped.append((layer, _compat.override_methods(layer, {"build": build})))
 
+    def _lands_later(self, path: str) -> bool:
+        """Whether an entry the plan leaves out still lands by its path: state of an optimizer
+        of obj that creates it lazily (Keras 2 / tf_keras legacy, TF1): a slot (when the
+        optimizer creates it) or a variable attached to the optimizer by name (`iter`,
+        `beta1_power`: TF's attach hook)."""
+        if not self._source.keyed_by_path:
+            return False
+        slot = _paths.split_slot(path)
+        owner = slot[1] if slot is not None else path.rpartition("/")[0]
+        node, _, missing = _walk(self._obj, 0, owner)
+        return bool(owner) and not missing and _compat.has_slot_variables(node)
+
+    def _watch_slot(self, path: str, slot: tuple, cache):
+        """An optimizer slot's entry (`<variable>/.OPTIMIZER_SLOT/<optimizer>/<slot>`; Keras 2
+        / tf_keras legacy optimizers, TF1 optimizers): nothing is attached under a variable,
+        so the optimizer is watched: its slot creation calls `_slot_created`, which lands the
+        value before the slot's first use, as TF's own deferred slot restore does. Returns
+        the slot variable when it exists already."""
+        variable_path, optimizer_path, name = slot
+        optimizer, _, missing = _walk(self._obj, 0, optimizer_path, self._attached, cache)
+        if missing:
+            self._hook(optimizer, missing[0])  # the optimizer is attached later (compile)
+            return None
+        if id(optimizer) not in self._slot_hooked:
+            undo = _compat.on_slot_created(
+                optimizer, functools.partial(self._slot_created, optimizer))
+            if undo is None:
+                self._failed[path] = (
+                    f"`{optimizer_path}` is a {type(optimizer).__name__}, which keeps no slot "
+                    "variables (fix: map the entry to its optimizer state with rules=[...])")
+                return None
+            self._slot_hooked.add(id(optimizer))
+            self._wrapped.append((optimizer, undo))
+        self._slot_waiting.add(path)
+        self._slot_index.clear()  # rebuilt on the next slot creation
+        variable, _, missing = _walk(self._obj, 0, variable_path, self._attached, cache)
+        if missing or _compat.as_variable(variable) is None:
+            return None
+        existing = _compat.existing_slot(optimizer, variable, _paths.unescape(name))
+        if existing is not None:
+            self._slot_waiting.discard(path)
+        return existing
+
+    def _slot_created(self, optimizer, slot_name, variable, slot_variable) -> None:
+        """`optimizer` just created `slot_variable` (its slot `slot_name` of `variable`):
+        the waiting entry for it lands now, eagerly, before the slot's first use."""
+        owner = _compat.slot_owner(variable)
+        key = (id(optimizer), slot_name, id(owner))
+        if key not in self._slot_index:  # variables created since: index the waiting again
+            self._slot_index.clear()
+            cache: dict = {}
+            for path in self._slot_waiting:
+                if path not in self._entries or path in self._failed:
+                    continue
+                variable_path, optimizer_path, name = _paths.split_slot(path)
+                node, _, missing = _walk(self._obj, 0, optimizer_path, None, cache)
+                held, _, missing_variable = _walk(self._obj, 0, variable_path, None, cache)
+                if missing or missing_variable or _compat.as_variable(held) is None:
+                    continue
+                self._slot_index[(id(node), _paths.unescape(name),
+                                  id(_compat.slot_owner(held)))] = path
+        path = self._slot_index.pop(key, None)
+        if path is None or path not in self._entries:
+            return
+        self._slot_waiting.discard(path)
+        self._apply_all([(self._entries[path], slot_variable, None)])
+        if self.done:
+            self._unwrap()
+
     def _unwrap(self) -> None:
+        self._slot_hooked = set()
         for layer, undo in self._wrapped:
             _compat.restore_methods(layer, undo)  # one wrapped on top of ours stays
         self._wrapped = []

@@ -10,11 +10,14 @@ import tensorflow as tf
 from tensorflow.python.checkpoint import graph_view as _graph_view
 
 from objckpt import _paths
+from objckpt._compat.distribute import autocast_inner, is_distributed_variable
+from objckpt._compat.hooks import override_methods
 from objckpt._compat.variables import as_variable
 
 __all__ = ["COUNTERS", "HYPERPARAMETERS", "KERAS3_ROLES", "NAMED_SLOT", "SLOT_ALIASES", "TF1_SLOT",
-           "build_optimizer", "is_optimizer_node", "optimizer_counters", "optimizer_slot_lists",
-           "optimizer_state"]
+           "build_optimizer", "existing_slot", "has_slot_variables", "is_optimizer_node",
+           "on_slot_created", "optimizer_counters", "optimizer_slot_lists", "optimizer_state",
+           "slot_owner"]
 
 
 # Optimizer slot names of every flavour -> one canonical role: "m" is the first
@@ -249,3 +252,60 @@ def is_optimizer_node(graph, node_id: int, local_name: str) -> bool:
     """Whether a node of a checkpoint's object graph is an optimizer (every flavour): its
     edge name, slot variables, or step counter tell. See `_paths.is_optimizer_node` (pure)."""
     return _paths.is_optimizer_node(graph, node_id, local_name)
+
+
+# --- slot variables created later (restore_on_create) -------------------------------
+
+
+def slot_owner(variable):
+    """The variable a slot belongs to, as one object for every view of it: a Keras 3
+    variable's inner one, an AutoCastVariable's wrapped one, a replica's component's
+    distributed container. Compare with `is`."""
+    variable = as_variable(variable) if as_variable(variable) is not None else variable
+    if autocast_inner(variable) is not None:
+        variable = autocast_inner(variable)
+    if is_distributed_variable(type(variable)):
+        return variable  # a distributed variable itself: never probed (SyncOnRead reduces)
+    container = getattr(variable, "__dict__", {}).get("_distributed_container")  # a component
+    owner = container() if callable(container) else None
+    return owner if owner is not None else variable
+
+
+def on_slot_created(optimizer, callback):
+    """Calls `callback(slot_name, variable, slot_variable)` each time `optimizer` creates a
+    slot variable, right after creating it (and after TF's own deferred slot restore), before
+    its first use: Keras 2 / tf_keras legacy `OptimizerV2` (`add_slot`) and TF1
+    `tf.compat.v1.train` optimizers (`_zeros_slot`, `_get_or_make_slot`) both end a slot's
+    creation in `_restore_slot_variable`, which is wrapped on this instance.
+
+    Returns the undo for `restore_methods`, or None when the optimizer keeps no TF slot
+    variables (Keras 3 and 2.11+ optimizers keep per-variable lists).
+    """
+    original = getattr(optimizer, "_restore_slot_variable", None)
+    if not callable(original) or isinstance(optimizer, tf.Variable):
+        return None
+
+    def _restore_slot_variable(slot_name, variable, slot_variable):
+        result = original(slot_name=slot_name, variable=variable, slot_variable=slot_variable)
+        callback(slot_name, variable, slot_variable)
+        return result
+
+    return override_methods(optimizer, {"_restore_slot_variable": _restore_slot_variable})
+
+
+def has_slot_variables(node) -> bool:
+    """Whether node is an optimizer that keeps TF slot variables and creates its state
+    lazily (Keras 2 / tf_keras legacy `OptimizerV2`, TF1 optimizers), which
+    `on_slot_created` can watch."""
+    return _is_optimizer(node) and callable(getattr(node, "_restore_slot_variable", None))
+
+
+def existing_slot(optimizer, variable, slot_name):
+    """The slot variable `optimizer` already holds for `variable`, or None."""
+    get_slot = getattr(optimizer, "get_slot", None)
+    if not callable(get_slot):
+        return None
+    try:
+        return as_variable(get_slot(variable, slot_name))
+    except Exception:  # no such slot yet (KeyError in Keras 2, None in TF1)
+        return None
