@@ -362,13 +362,13 @@ class PendingRestore:
         if id(optimizer) not in self._slot_hooked:
             undo = _compat.on_slot_created(
                 optimizer, functools.partial(self._slot_created, optimizer))
-            if undo is None:
+            if not undo:
                 self._failed[path] = (
                     f"`{optimizer_path}` is a {type(optimizer).__name__}, which keeps no slot "
                     "variables (fix: map the entry to its optimizer state with rules=[...])")
                 return None
             self._slot_hooked.add(id(optimizer))
-            self._wrapped.append((optimizer, undo))
+            self._wrapped.extend(undo)
         self._slot_waiting.add(path)
         self._slot_index.clear()  # rebuilt on the next slot creation
         variable, _, missing = _walk(self._obj, 0, variable_path, self._attached, cache)

@@ -94,6 +94,27 @@ def test_legacy_slots_of_a_built_untrained_model(legacy_keras, tmp_path):
     assert_same(reference, values(objckpt.tree(fresh)))
 
 
+def test_loss_scale_optimizer_compiled_after_restore_on_create(legacy_keras, tmp_path):
+    def compiled(model):
+        wrapped = legacy_keras.mixed_precision.LossScaleOptimizer(_legacy_adam(legacy_keras)(0.01))
+        model.compile(optimizer=wrapped, loss="mse")
+        return model
+
+    saved = compiled(_unbuilt(legacy_keras, seed=0))
+    _step(saved)
+    prefix = objckpt.save(saved, str(tmp_path / "lso"))
+    assert "layer_with_weights-0/kernel/.OPTIMIZER_SLOT/optimizer/m" in objckpt.read_tree(prefix)
+    _step(saved)
+    tf.random.set_seed(5)
+    fresh = legacy_keras.Sequential([legacy_keras.layers.Dense(4, name="a"),
+                                     legacy_keras.layers.Dense(2, name="b")])
+    pending = objckpt.restore_on_create(fresh, prefix)  # no optimizer yet: compiled after
+    compiled(fresh)
+    _step(fresh)  # the wrapped optimizer creates the slots
+    assert pending.done, pending.pending
+    assert_same(values(objckpt.tree(saved)), values(objckpt.tree(fresh)))
+
+
 def test_legacy_slots_match_tf_deferred_restore(legacy_keras, tmp_path):
     prefix, _ = _trained_and_continued(legacy_keras, tmp_path)
     ours, theirs = _unbuilt(legacy_keras), _unbuilt(legacy_keras)

@@ -278,19 +278,29 @@ def on_slot_created(optimizer, callback):
     `tf.compat.v1.train` optimizers (`_zeros_slot`, `_get_or_make_slot`) both end a slot's
     creation in `_restore_slot_variable`, which is wrapped on this instance.
 
-    Returns the undo for `restore_methods`, or None when the optimizer keeps no TF slot
-    variables (Keras 3 and 2.11+ optimizers keep per-variable lists).
-    """
-    original = getattr(optimizer, "_restore_slot_variable", None)
-    if not callable(original) or isinstance(optimizer, tf.Variable):
-        return None
+    A LossScaleOptimizer's slots are created by the optimizer it wraps (which stands for
+    it in the object graph): that one is watched too.
 
+    Returns [(object, undo for `restore_methods`)], empty when the optimizer keeps no TF
+    slot variables (Keras 3 and 2.11+ optimizers keep per-variable lists).
+    """
+    if isinstance(optimizer, tf.Variable):
+        return []
+    undo = []
+    for inner in _inner_optimizers(optimizer):
+        original = getattr(inner, "_restore_slot_variable", None)
+        if callable(original):
+            undo.append((inner, override_methods(
+                inner, {"_restore_slot_variable": _slot_hook(original, callback)})))
+    return undo
+
+
+def _slot_hook(original, callback):
     def _restore_slot_variable(slot_name, variable, slot_variable):
         result = original(slot_name=slot_name, variable=variable, slot_variable=slot_variable)
         callback(slot_name, variable, slot_variable)
         return result
-
-    return override_methods(optimizer, {"_restore_slot_variable": _restore_slot_variable})
+    return _restore_slot_variable
 
 
 def has_slot_variables(node) -> bool:
