@@ -194,9 +194,15 @@ def warn_unused(unused: list, description: str, stacklevel: int = 1, shadowed=()
 
 def _outside_package() -> int:
     """The stacklevel, for a `warnings.warn` made by `warn_unused`, of the nearest frame
-    outside the objckpt package."""
+    outside the objckpt package and the AutoGraph wrapper TF puts around objckpt's
+    `do_not_convert` functions (snapshot, restore, save)."""
     package = os.path.dirname(os.path.abspath(__file__)) + os.sep
     frame, level = inspect.currentframe().f_back.f_back, 2  # the caller of warn_unused
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+    while frame is not None and _wrapping(os.path.abspath(frame.f_code.co_filename), package):
         frame, level = frame.f_back, level + 1
     return level
+
+
+def _wrapping(filename: str, package: str) -> bool:
+    return filename.startswith(package) or (
+        os.sep + os.path.join("tensorflow", "python", "autograph") + os.sep in filename)

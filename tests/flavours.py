@@ -235,9 +235,25 @@ def run_cli(*args, blocked: bool = True) -> subprocess.CompletedProcess:
                           text=True, env=env, timeout=300, check=False)
 
 
+_STRATEGIES: dict = {}
+
+
 def mirrored(replicas: int = 2) -> tf.distribute.MirroredStrategy:
-    """A MirroredStrategy over `replicas` logical CPU devices ("/cpu:0", "/cpu:1", ...);
-    conftest.py splits the CPU into two before TF initializes its devices."""
+    """The MirroredStrategy of this test process over `replicas` logical CPU devices
+    ("/cpu:0", "/cpu:1", ...); conftest.py splits the CPU into two before TF initializes
+    its devices.
+
+    One strategy per replica count and process, as in a real program: each MirroredStrategy
+    numbers its collective all-reduces from the same start, and two strategies over the same
+    devices in one process collide ("Shape mismatch in the collective instance 100") once
+    test modules of both share a pytest-xdist worker.
+    """
+    if replicas not in _STRATEGIES:
+        _STRATEGIES[replicas] = _new_mirrored(replicas)
+    return _STRATEGIES[replicas]
+
+
+def _new_mirrored(replicas: int) -> tf.distribute.MirroredStrategy:
     devices = [device.name for device in tf.config.list_logical_devices("CPU")][:replicas]
     assert len(devices) == replicas, f"{replicas} logical CPUs wanted, found {devices}"
     return tf.distribute.MirroredStrategy(devices)
