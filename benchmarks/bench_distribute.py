@@ -39,9 +39,10 @@ def _child(repeats: int) -> dict:
     tf.config.set_logical_device_configuration(cpus[0],
                                                [tf.config.LogicalDeviceConfiguration()] * 2)
     import keras
+    from run import build_mlp
 
     import objckpt
-    from run import build_mlp
+
     from timing import time_ops
 
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
