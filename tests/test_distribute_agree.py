@@ -5,8 +5,9 @@ one replica each), one launch per test module.
 Run as a script, this file is one worker (`python test_distribute_agree.py --out FILE --dir
 DIR`): each scenario below fails on worker 1 only (its own local checkpoint holds a NaN a
 rule's transform rejects, has another shape, or is missing) and reports what each worker
-raised, in how many seconds. Every worker must raise (no worker may go on into a
-collective the other never joins, which ends in the collective timeout), the failing one
+raised (and in how many seconds, for a reader of a failure). Every worker must raise (no
+worker may go on into a collective the other never joins, which ends in the collective
+timeout), the failing one
 its own error, the other an objckpt error naming the failing worker's task, error type and
 message. A restore traced in a `tf.function` agrees too (it crashed on a symbolic tensor).
 After each scenario a restore both workers run successfully is the barrier: it fails or
@@ -31,7 +32,6 @@ WORKERS = 2
 COLLECTIVE_TIMEOUT = 30  # seconds a collective waits for the other worker
 LAUNCH_TIMEOUT = 150  # seconds for the launch; it takes about 15 s
 PORT_TAKEN = "Could not start gRPC server"  # TF's error when its port is in use
-QUICK = 10  # seconds: an agreed failure is fast; a missed agreement waits for the timeout
 
 # scenario -> what worker 1 (the failing one) raises; worker 0 raises the agreed error.
 SCENARIOS = {
@@ -215,8 +215,9 @@ if __name__ != "__main__":
         assert f"That worker's error: {SCENARIOS[scenario]}: " in message, message
         assert SAID[scenario] in message, message
         assert "Fix: the cause on worker worker:1" in message, message
-        # agreed at once: no worker waited for a collective the other never joined
-        assert failing["seconds"] < QUICK and other["seconds"] < QUICK, (failing, other)
+        # no worker waited for a collective the other never joined: that ends in TF's
+        # collective timeout (DeadlineExceededError), not the agreed errors asserted above,
+        # and the barrier after the scenario would fail (no wall-clock assert in tests/)
         assert failing["unchanged"] and other["unchanged"]
         assert failing["barrier"] and other["barrier"]
 
