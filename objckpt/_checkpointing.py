@@ -242,15 +242,17 @@ class CheckpointDirectory:
       async_save: write in a background thread (see `save`).
       on_error: "raise" a `CheckpointWriteError` when a write fails, or "warn"
         and go on; the earlier checkpoints are untouched either way.
+      durable: fsync each checkpoint before it is committed (None: the library
+        default, `_fastio.DURABLE_DEFAULT`).
       fingerprint: a callable giving a cheap identity of obj's variables, for
         caching obj's tree between saves; None walks obj on every save.
     """
 
     def __init__(self, directory, obj, *, max_to_keep=5, keep_best=0, mode="min",
-                 async_save=False, on_error="raise", fingerprint=None):
+                 async_save=False, on_error="raise", fingerprint=None, durable=None):
         self.directory = os.path.abspath(os.fspath(directory))
         self.max_to_keep, self.keep_best, self.mode = max_to_keep, keep_best, mode
-        self.async_save, self.on_error = async_save, on_error
+        self.async_save, self.on_error, self.durable = async_save, on_error, durable
         self.counters = {name: tf.Variable(0, dtype=tf.int64, trainable=False, name=name)
                          for name in COUNTERS}
         self.metric = tf.Variable(math.nan, dtype=tf.float64, trainable=False, name=METRIC)
@@ -626,7 +628,10 @@ class CheckpointDirectory:
         prefix = self._prefix(number)
         committed = False
         try:
-            _files.write_tensors(prefix, layout[2], [*values, layout[3]], stage=_stage)
+            # A background write uses one thread: training keeps the other cores.
+            _files.write_tensors(prefix, layout[2], [*values, layout[3]], stage=_stage,
+                                 durable=self.durable,
+                                 workers=1 if self._writer is not None else None)
             previous = list(self.kept)
             self.kept = [*previous, Kept(number, prefix, metric, stamp)]
             dropped = self._retain()
@@ -673,8 +678,11 @@ class CheckpointDirectory:
         """Lists the kept checkpoints, each with its own timestamp (as TF's CheckpointManager)."""
         if math.isnan(self.preserved):  # never opened (a test's direct save): now
             self.preserved = time.time()
+        from objckpt import _fastio
+
+        durable = _fastio.DURABLE_DEFAULT if self.durable is None else self.durable
         _files.write_state(self.directory, [os.path.basename(k.prefix) for k in self.kept],
-                           [k.timestamp for k in self.kept], self.preserved)
+                           [k.timestamp for k in self.kept], self.preserved, durable=durable)
 
     def _delete_files(self, number: int, hook: bool) -> None:
         prefix = self._prefix(number)

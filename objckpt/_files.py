@@ -441,25 +441,37 @@ def _no_stage(name: str) -> None:
     del name
 
 
-def write_tensors(prefix: str, keys: list, tensors: list, stage=_no_stage) -> None:
+def write_tensors(prefix: str, keys: list, tensors: list, stage=_no_stage, *,
+                  durable: bool | None = None, workers: int | None = None) -> None:
     """Writes one checkpoint atomically: tensors under a temporary name, then `commit`.
+
+    Large checkpoints are written by several threads as several data shards (see
+    `_fastio.write_bundle`). durable: fsync every file written and the directory before the
+    commit renames, and the directory after them (None: `_fastio.DURABLE_DEFAULT`).
+    workers: threads writing (None: `_fastio.threads()`).
 
     `stage(name)` is called at "write" (nothing written yet), "data" (temporary files
     complete) and "index" (committed under `prefix`); tests crash there.
     """
     import tensorflow as tf
 
+    from objckpt import _fastio
+
+    durable = _fastio.DURABLE_DEFAULT if durable is None else bool(durable)
     directory = os.path.dirname(prefix)
     if directory:
         tf.io.gfile.makedirs(directory)
     temp = temp_prefix(prefix)
     try:
         stage("write")
-        with tf.device("/cpu:0"):
-            tf.raw_ops.SaveV2(prefix=temp, tensor_names=keys, shape_and_slices=[""] * len(keys),
-                              tensors=tensors)
+        _fastio.write_bundle(temp, keys, tensors, workers)
+        if durable:
+            _fastio.fsync_paths([path for path, _, _ in data_shards(temp)] + [temp + ".index"],
+                                directory)
         stage("data")
         commit(temp, prefix)
+        if durable:
+            _fastio.fsync_paths([], directory)
         stage("index")
     finally:
         for leftover in _starting_with(temp):
@@ -506,7 +518,8 @@ def rename(src: str, dst: str) -> None:
     tf.io.gfile.rename(src, dst, overwrite=True)
 
 
-def write_state(directory: str, names: list[str], timestamps, last_preserved=None) -> None:
+def write_state(directory: str, names: list[str], timestamps, last_preserved=None, *,
+                durable: bool = False) -> None:
     """Writes TF's `checkpoint` state file atomically: `names` oldest first, the last newest.
 
     Args:
@@ -515,6 +528,7 @@ def write_state(directory: str, names: list[str], timestamps, last_preserved=Non
       timestamps: when each checkpoint was saved (seconds since the epoch), one per name
         (as `tf.train.CheckpointManager` writes them); one float gives all names that time.
       last_preserved: TF's `last_preserved_timestamp`; None: the newest timestamp.
+      durable: fsync the file before it replaces the old one, and the directory after.
     """
     if isinstance(timestamps, (int, float)):
         timestamps = [timestamps] * len(names)
@@ -530,7 +544,14 @@ def write_state(directory: str, names: list[str], timestamps, last_preserved=Non
     try:
         with open(temp, "w") as f:
             f.write("\n".join(text) + "\n")
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(temp, os.path.join(directory, STATE_FILE))
+        if durable:
+            from objckpt import _fastio
+
+            _fastio.fsync_paths([], directory)
     finally:
         remove(temp)
 

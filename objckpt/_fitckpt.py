@@ -41,6 +41,7 @@ class FitCheckpointer:
             self.manager = _checkpointing.CheckpointDirectory(
                 cb.directory, model, max_to_keep=cb.max_to_keep, keep_best=cb.keep_best,
                 mode=cb.mode, async_save=cb.async_save, on_error=cb.on_error,
+                durable=getattr(cb, "durable", None),
                 fingerprint=lambda: _compat.fingerprint(model))
         cb.manager, cb.saved, cb.resumed_from = self.manager, [], None
         _compat.unskip_fit_batches(model)

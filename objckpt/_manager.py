@@ -71,6 +71,9 @@ class CheckpointManager:
         superseded (never written).
       on_error: "raise" a `CheckpointWriteError` when a save fails, or "warn" and
         go on (`save` returns None); earlier checkpoints are untouched either way.
+      durable: True: fsync each checkpoint's files and the directory before it
+        is committed (it survives a power cut); False: do not; None (default):
+        the library default (see `objckpt.save`).
       verbose: 1 (the default) prints one line to stdout when `restore_latest()`
         resumes (`CheckpointManager: resumed from /tmp/run/ckpt-7 (step 700).`);
         0 prints nothing.
@@ -96,15 +99,15 @@ class CheckpointManager:
 
     def __init__(self, obj, directory, *, max_to_keep: int = 5, keep_best: int = 0,
                  monitor: str = "val_loss", mode: str = "min", async_save: bool = False,
-                 on_error: str = "raise", verbose: int = 1):
+                 on_error: str = "raise", verbose: int = 1, durable: bool | None = None):
         directory = _options.checkpoint_directory(
             "CheckpointManager", directory, max_to_keep=max_to_keep, keep_best=keep_best,
             monitor=monitor, mode=mode, async_save=async_save, on_error=on_error,
-            verbose=verbose)
+            verbose=verbose, durable=durable)
         self.obj, self.monitor, self.verbose = obj, monitor, int(verbose)
         self._directory = _checkpointing.CheckpointDirectory(
             directory, obj, max_to_keep=max_to_keep, keep_best=keep_best, mode=mode,
-            async_save=async_save, on_error=on_error,
+            async_save=async_save, on_error=on_error, durable=durable,
             fingerprint=lambda: _compat.fingerprint(obj))
         self._directory.open()
 

@@ -29,12 +29,13 @@ def check_count(name, value, minimum, what):
 
 
 def checkpoint_directory(who: str, directory, *, max_to_keep, keep_best, monitor, mode,
-                         async_save, on_error, verbose) -> str:
+                         async_save, on_error, verbose, durable=None) -> str:
     """Checks the arguments of a managed checkpoint directory; returns the directory as a str.
 
     Args:
       who: the class, for the messages ("Checkpointing", "CheckpointManager").
-      directory, max_to_keep, keep_best, monitor, mode, async_save, on_error, verbose: as
+      directory, max_to_keep, keep_best, monitor, mode, async_save, on_error, verbose,
+        durable: as
         `callbacks.Checkpointing` documents them.
 
     Raises:
@@ -56,4 +57,9 @@ def checkpoint_directory(who: str, directory, *, max_to_keep, keep_best, monitor
         raise errors.InvalidArgumentError(
             f"async_save must be True or False. Received: async_save={async_save!r}.")
     check_choice("verbose", verbose, (0, 1))
+    if durable is not None and not isinstance(durable, bool):
+        raise errors.InvalidArgumentError(
+            f"durable must be True, False or None (the library default). Received: "
+            f"durable={durable!r}. Fix: pass durable=True to fsync each checkpoint before "
+            "it is committed.")
     return os.fspath(directory)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import os
+import threading
 import weakref
 from collections.abc import Mapping
 
@@ -331,16 +333,29 @@ def restore(obj, source, *, rules=(), strict: bool = True, at: str | None = None
         agree_across_workers(variables, None)
         _assign(variables, report.plan, [items[key] for key in keys])
         return report
+    loader = None
     try:
         src = _sources.open_source(source)
         the_plan = _checks.checked_plan(obj, variables, src, rules=rules, strict=strict, at=at,
                                 optimizer_state=optimizer_state)
-        values = fetch_values(the_plan, variables)
+        loader = _streamed(src, the_plan, variables)
+        if loader is not None:  # every checksum checked, nothing read into memory
+            loader.verify()
+        else:
+            values = fetch_values(the_plan, variables)
     except Exception as err:
+        if loader is not None:
+            loader.close()
         agree_across_workers(variables, err)
         raise
     agree_across_workers(variables, None)
-    _assign(variables, the_plan, values)
+    if loader is not None:
+        try:
+            loader.assign()
+        finally:
+            loader.close()
+    else:
+        _assign(variables, the_plan, values)
     report = RestoreReport(tuple(m.target for m in the_plan.matches),
                            the_plan.unmatched_variables, the_plan.unmatched_source,
                            src.description, the_plan.at, the_plan.notes, the_plan,
@@ -417,6 +432,28 @@ def _plan_cache_key(source, rules, strict, at, optimizer_state):
     return (id(source.origin()), bool(strict), at, _match.optimizer_mode(optimizer_state))
 
 
+def _streamed(src, the_plan: _match.Plan, variables):
+    """A `_fastio.Loader` restoring the plan from a local TF checkpoint one tensor at a
+    time after checking every checksum, or None (then values are fetched as a whole):
+    inside a `tf.function`, with a rule's transform, or for distributed variables."""
+    if (src.bundle_keys is None or not src.prefix or "://" in src.prefix
+            or not tf.executing_eagerly() or not the_plan.matches):
+        return None
+    targets = [variables[m.target] for m in the_plan.matches]
+    if any(m.transform is not None for m in the_plan.matches) or any(
+            _compat.replica_parts(v) is not None or not v.shape.is_fully_defined()
+            or _compat.is_distributed_variable(type(v)) for v in targets):
+        return None
+    from objckpt import _fastio
+
+    keys = src.bundle_keys([m.source for m in the_plan.matches])
+    label_of = {key: the_plan.label(m.target) for key, m in zip(keys, the_plan.matches)}
+    return _fastio.Loader(
+        src.prefix, [(key, v, label_of[key]) for key, v in zip(keys, targets)],
+        lambda variable, value: variable.assign(value, read_value=False),
+        lambda key: f"for {label_of.get(key, key)}")
+
+
 def _assign(variables, the_plan: _match.Plan, values) -> None:
     if len(the_plan.matches) == len(variables) and all(
             m.target == p for m, p in zip(the_plan.matches, variables)):
@@ -430,7 +467,8 @@ def _assign(variables, the_plan: _match.Plan, values) -> None:
 
 
 @tf.autograph.experimental.do_not_convert
-def save(obj_or_snapshot, prefix: str | os.PathLike) -> str:
+def save(obj_or_snapshot, prefix: str | os.PathLike, *, blocking: bool = True,
+         durable: bool | None = None):
     """Writes a standard TF object-based checkpoint with obj as its root.
 
     `tf.train.Checkpoint(root=same_structure).read(prefix)` loads it, and so
@@ -440,6 +478,20 @@ def save(obj_or_snapshot, prefix: str | os.PathLike) -> str:
     half-written checkpoint under `prefix`: an existing checkpoint there stays
     readable while the new one is written; a crash during the final renames
     leaves the old one, none, or the new one, never a mix.
+
+    Large checkpoints are written by several threads (sized to the machine;
+    the environment variable OBJCKPT_IO_THREADS overrides), each into data
+    shards of its own (`prefix.data-0000k-of-0000K`) merged under one
+    index: the layout of TF's own sharded saves, which `tf.train.Checkpoint`,
+    `tf.train.load_checkpoint` and `objckpt verify` read. Values are read
+    without copying them (TF copies a variable's buffer only when it is next
+    updated), so saving needs no second copy of the model in memory.
+
+    With `blocking=False` the values are taken at the call and written on a
+    background thread: the call returns a `SaveHandle` at once, and training
+    may go on; `handle.result()` waits for the write and returns the prefix
+    or raises what a blocking save would have raised. Saves without blocking
+    are written one at a time, in call order.
 
     Under `tf.distribute` it writes what `tf.train.Checkpoint` writes: one
     value per variable, a `MirroredVariable`'s (its replicas are equal) and a
@@ -462,15 +514,31 @@ def save(obj_or_snapshot, prefix: str | os.PathLike) -> str:
 
     Args:
       obj_or_snapshot: a trackable obj or a `Snapshot`.
-      prefix: where to write (`prefix.index`, `prefix.data-00000-of-00001`).
+      prefix: where to write (`prefix.index`, `prefix.data-00000-of-00001`, or
+        several data shards for a large checkpoint).
+      blocking: False: write on a background thread and return a `SaveHandle`.
+      durable: True: fsync every file written and the directory before the
+        final renames, and the directory after them, so the checkpoint
+        survives a power cut once `save` returns (TF does not). False: leave
+        that to the operating system. None (default): the library default,
+        `objckpt._fastio.DURABLE_DEFAULT` (see the README for its cost).
 
     Returns:
-      The prefix written (on a non-chief worker: the chief's prefix).
+      The prefix written (on a non-chief worker: the chief's prefix); with
+      `blocking=False`, a `SaveHandle` whose `result()` returns it.
 
     Raises:
       UnbuiltModelError: there is nothing to save.
       DistributedVariableError: obj has a `ShardedVariable`.
     """
+    if not isinstance(blocking, bool):
+        raise errors.InvalidArgumentError(
+            f"blocking must be True or False. Received: blocking={blocking!r}. Fix: pass "
+            "blocking=False to write on a background thread.")
+    if durable is not None and not isinstance(durable, bool):
+        raise errors.InvalidArgumentError(
+            f"durable must be True, False or None. Received: durable={durable!r}. Fix: pass "
+            "durable=True to fsync before the checkpoint is committed.")
     if isinstance(obj_or_snapshot, Snapshot):
         snap = obj_or_snapshot
         origin = snap.origin()
@@ -485,12 +553,79 @@ def save(obj_or_snapshot, prefix: str | os.PathLike) -> str:
             f"Nothing to save to `{prefix}`: {_checks.describe_obj(obj_or_snapshot)} has no "
             "variables. Build the model (call it on a batch) before saving it.")
     if not _compat.writes_checkpoints(origin.values() if origin is not None else ()):
-        return prefix  # a worker that is not the chief: the chief writes `prefix`
+        # a worker that is not the chief: the chief writes `prefix`
+        return prefix if blocking else SaveHandle._finished(prefix)
     names = ([_compat.variable_name(v) for v in origin.values()] if origin is not None
              else [""] * len(snap))
     graph = _tree.build_object_graph(list(snap), names,
                                      origin.graph_aliases() if origin is not None else None)
     keys = [_paths.checkpoint_key(path) for path in snap] + [_compat.OBJECT_GRAPH_KEY]
-    _files.write_tensors(prefix, keys, [*snap.as_dict().values(),
-                                        tf.constant(graph.SerializeToString())])
-    return prefix
+    tensors = [*snap.as_dict().values(), tf.constant(graph.SerializeToString())]
+    if blocking:
+        _files.write_tensors(prefix, keys, tensors, durable=durable)
+        return prefix
+    return SaveHandle._submit(prefix, keys, tensors, durable)
+
+
+class SaveHandle:
+    """A save running in the background (`objckpt.save(..., blocking=False)`).
+
+    `result(timeout=None)` waits for it and returns the prefix written, or
+    raises the error the save raised (the same a blocking save raises: the
+    checkpoint at the prefix, if any, is then untouched); `done()` says
+    whether it ended. The values written are the ones the obj held when
+    `save` was called.
+    """
+
+    _executor = None
+    _lock = threading.Lock()
+
+    def __init__(self, prefix: str, future):
+        self.prefix = prefix
+        self._future = future
+
+    @classmethod
+    def _submit(cls, prefix, keys, tensors, durable) -> SaveHandle:
+        with cls._lock:
+            if cls._executor is None:
+                cls._executor = concurrent.futures.ThreadPoolExecutor(
+                    1, thread_name_prefix="objckpt-save", initializer=_lower_priority)
+            future = cls._executor.submit(
+                _files.write_tensors, prefix, keys, tensors, durable=durable, workers=1)
+        return cls(prefix, future)
+
+    @classmethod
+    def _finished(cls, prefix: str) -> SaveHandle:
+        future = concurrent.futures.Future()
+        future.set_result(None)
+        return cls(prefix, future)
+
+    def result(self, timeout: float | None = None) -> str:
+        """Waits for the save (at most `timeout` seconds) and returns the prefix.
+
+        Raises:
+          TimeoutError: the save did not end within `timeout`.
+          The save's own error, when it failed.
+        """
+        try:
+            self._future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            raise TimeoutError(
+                f"The save to `{_render.safe(self.prefix)}` did not end within {timeout} s; it "
+                "goes on in the background. Fix: call result() again, without a timeout to "
+                "wait until it ends.") from None
+        return self.prefix
+
+    def done(self) -> bool:
+        """Whether the save ended (written, or failed)."""
+        return self._future.done()
+
+    def __repr__(self) -> str:
+        state = "done" if self.done() else "running"
+        return f"SaveHandle(prefix={self.prefix!r}, {state})"
+
+
+def _lower_priority() -> None:
+    from objckpt import _asyncwrite
+
+    _asyncwrite._lower_priority()

@@ -72,19 +72,22 @@ class Source:
     # so `restore_on_create` can wait for each by path; False for the FORMATS, whose keys
     # reach variables through the plan's strategies (names, layouts, structure).
     keyed_by_path: bool = True
+    # TF checkpoints only: the checkpoint keys of a list of source keys, for reading them
+    # with `_fastio` (checksums first, then in place).
+    bundle_keys: Callable | None = None
 
 
 def _top_names(keys) -> list[str]:
     return list(dict.fromkeys(k.split("/", 1)[0] for k in keys if "/" in k))
 
 
-def _restore_v2(prefix: str, keys: list[str], dtypes: list) -> list:
+def _restore_v2(prefix: str, keys: list[str], dtypes: list, shapes: list | None = None) -> list:
     if not keys:
         return []
+    from objckpt import _fastio
+
     try:
-        with tf.device("/cpu:0"):
-            return tf.raw_ops.RestoreV2(prefix=prefix, tensor_names=keys,
-                                        shape_and_slices=[""] * len(keys), dtypes=dtypes)
+        return _fastio.read_tensors(prefix, keys, dtypes, shapes)
     except tf.errors.OpError as err:
         raise errors.CheckpointCorruptError(
             f"Checkpoint `{prefix}` could not be read: its data is damaged, truncated or "
@@ -127,11 +130,13 @@ def _object_source(prefix: str, notes) -> Source:
     return Source(
         f"checkpoint `{prefix}`", "object", specs,
         lambda paths: _restore_v2(prefix, [entry(p).key for p in paths],
-                                  [entry(p).dtype for p in paths]),
+                                  [entry(p).dtype for p in paths],
+                                  [entry(p).shape for p in paths]),
         subtree,
         _tree.top_level_names(entries.object_graph), prefix, tuple(notes),
         {path: e.name for path, e in entries.items() if e.name}, aliases, structure,
-        lambda: keras3_slot_owners(entries.object_graph))
+        lambda: keras3_slot_owners(entries.object_graph),
+        bundle_keys=lambda paths: [entry(p).key for p in paths])
 
 
 def keras3_slot_owners(graph) -> dict:
@@ -184,9 +189,11 @@ def _name_source(prefix: str, notes) -> Source:
     specs = {name: (tuple(shapes[name]), tf.as_dtype(dtypes[name])) for name in sorted(shapes)}
     return Source(
         f"name-based checkpoint `{prefix}`", "name", specs,
-        lambda names: _restore_v2(prefix, list(names), [specs[n][1] for n in names]),
+        lambda names: _restore_v2(prefix, list(names), [specs[n][1] for n in names],
+                                  [specs[n][0] for n in names]),
         lambda at: _paths.prefix_subtree(specs, at), _top_names(specs), prefix, tuple(notes),
-        structure=lambda: ("name", tuple(specs.items()), tuple(notes)))
+        structure=lambda: ("name", tuple(specs.items()), tuple(notes)),
+        bundle_keys=list)
 
 
 def snapshot_source(items: dict, aliases: dict | None = None, owners=None) -> Source:

@@ -264,6 +264,9 @@ class Checkpointing(_FlavourFreeCallback):
         full, I/O error, a read-only directory), or "warn" and keep training
         (in a read-only directory: resume, and train without saving).
         Earlier checkpoints are untouched either way.
+      durable: True: fsync each checkpoint's files and the directory before it
+        is committed (it survives a power cut); False: do not; None (default):
+        the library default (see `objckpt.save`).
       verbose: 1 (the default) prints one line to stdout when fit resumes
         (`Checkpointing: resumed from /tmp/run/ckpt-7 (epoch 3 of 10 done,
         step 120); training continues with epoch 4.`), or when the directory
@@ -299,12 +302,14 @@ class Checkpointing(_FlavourFreeCallback):
 
     def __init__(self, directory, *, max_to_keep: int = 5, keep_best: int = 0,
                  monitor: str = "val_loss", mode: str = "min", save_freq="epoch",
-                 async_save: bool = False, on_error: str = "raise", verbose: int = 1):
+                 async_save: bool = False, on_error: str = "raise", verbose: int = 1,
+                 durable: bool | None = None):
         super().__init__()
         self.directory = _options.checkpoint_directory(
             "Checkpointing", directory, max_to_keep=max_to_keep, keep_best=keep_best,
             monitor=monitor, mode=mode, async_save=async_save, on_error=on_error,
-            verbose=verbose)
+            verbose=verbose, durable=durable)
+        self.durable = durable
         if save_freq != "epoch":
             _options.check_count("save_freq", save_freq, 1, '"epoch" or save every N batches')
         self.max_to_keep, self.keep_best, self.monitor, self.mode = (
