@@ -43,6 +43,9 @@ __all__ = ["ALIGN", "DURABLE_DEFAULT", "MIN_PART_BYTES", "Loader", "fsync_paths"
 DURABLE_DEFAULT = False
 # Each writing thread gets at least this many bytes; smaller checkpoints use one SaveV2.
 MIN_PART_BYTES = 32 << 20
+# Restores of fewer bytes read all values first (one fused assign is faster for many small
+# variables, and a second copy of a small model costs little); larger ones stream.
+STREAM_BYTES = 16 << 20
 # Each reading thread gets at least this many bytes.
 MIN_READ_BYTES = 8 << 20
 # Entries at least this large are memory-mapped; smaller ones are read with pread.

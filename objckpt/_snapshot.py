@@ -435,7 +435,9 @@ def _plan_cache_key(source, rules, strict, at, optimizer_state):
 def _streamed(src, the_plan: _match.Plan, variables):
     """A `_fastio.Loader` restoring the plan from a local TF checkpoint one tensor at a
     time after checking every checksum, or None (then values are fetched as a whole):
-    inside a `tf.function`, with a rule's transform, or for distributed variables."""
+    inside a `tf.function`, with a rule's transform, for distributed variables, and below
+    `_fastio.STREAM_BYTES` (where reading everything at once and one fused assign is faster
+    and holding a second copy costs little)."""
     if (src.bundle_keys is None or not src.prefix or "://" in src.prefix
             or not tf.executing_eagerly() or not the_plan.matches):
         return None
@@ -446,6 +448,9 @@ def _streamed(src, the_plan: _match.Plan, variables):
         return None
     from objckpt import _fastio
 
+    total = sum(v.shape.num_elements() * v.dtype.size for v in targets)
+    if total < _fastio.STREAM_BYTES:
+        return None
     keys = src.bundle_keys([m.source for m in the_plan.matches])
     label_of = {key: the_plan.label(m.target) for key, m in zip(keys, the_plan.matches)}
     return _fastio.Loader(
