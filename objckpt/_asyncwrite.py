@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
 import threading
 
 
@@ -36,7 +34,9 @@ class Writer:
             self._cond.notify_all()
 
     def _run(self) -> None:
-        _lower_priority()
+        from objckpt import _fastio
+
+        _fastio.lower_priority()
         while True:
             with self._cond:
                 if self._waiting is None:
@@ -64,15 +64,3 @@ class Writer:
             error, self._error = self._error, None
         if error is not None:
             raise error
-
-
-def _lower_priority() -> None:
-    """Makes the calling thread yield the CPU to training (Linux: nice 10, this thread only).
-
-    The write itself (checksums, copies into the page cache) runs in this
-    thread; at a lower priority it fills the CPU time training leaves idle
-    instead of slowing the training step.
-    """
-    # Not Linux, or not allowed: normal priority.
-    with contextlib.suppress(AttributeError, OSError):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)

@@ -33,10 +33,11 @@ import threading
 import numpy as np
 import tensorflow as tf
 
-from objckpt import _bundle, _render, errors
+from objckpt import _bundle, _compat, _render, errors
 
-__all__ = ["ALIGN", "DURABLE_DEFAULT", "MIN_PART_BYTES", "Loader", "fsync_paths",
-           "native_crc32c", "read_tensors", "threads", "write_bundle"]
+__all__ = ["ALIGN", "DURABLE_DEFAULT", "MIN_PART_BYTES", "STREAM_BYTES", "Loader",
+           "fsync_paths", "lower_priority", "native_crc32c", "read_tensors", "threads",
+           "write_bundle"]
 
 # Whether writes fsync before they commit when the caller does not say (see the README's
 # benchmark: the cost of durable=True on this machine decided it).
@@ -70,6 +71,17 @@ def threads() -> int:
                 "or unset it.")
         return count
     return max(1, min(2 * (os.cpu_count() or 1), 8))
+
+
+def lower_priority() -> None:
+    """Makes the calling thread yield the CPU to training (Linux: nice 10, this thread only).
+
+    A background write (checksums, copies into the page cache) then fills the CPU time
+    training leaves idle instead of slowing the training step.
+    """
+    # Not Linux, or not allowed: normal priority.
+    with contextlib.suppress(AttributeError, OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
 
 
 _POOL = None
@@ -304,19 +316,6 @@ def read_tensors(prefix: str, keys: list, dtypes: list, shapes: list | None = No
 _IN_PLACE = frozenset({1, 2, 3, 4, 5, 6, 8, 9, 17, 18, 19, 22, 23})  # float32 .. uint64
 
 
-def _plain_cpu_variable(variable) -> bool:
-    from tensorflow.python.ops.resource_variable_ops import BaseResourceVariable
-
-    if not isinstance(variable, BaseResourceVariable) or type(variable).__name__ in (
-            "MirroredVariable", "SyncOnReadVariable", "AutoCastVariable"):
-        return False
-    try:
-        device = variable.handle.device
-    except AttributeError:
-        return False
-    return not device or tf.DeviceSpec.from_string(device).device_type == "CPU"
-
-
 class Loader:
     """Restores (key -> variable) pairs from one checkpoint, all or nothing, one tensor at a
     time: `verify()` checks every entry's checksum (nothing assigned), then `assign()`.
@@ -430,7 +429,7 @@ class Loader:
         shape = tuple(entry.shape)
         fd = self._fd(entry.shard)
         in_place = (entry.dtype in _IN_PLACE and shape and shape[0] > 0
-                    and entry.size >= MAP_BYTES and _plain_cpu_variable(variable))
+                    and entry.size >= MAP_BYTES and _compat.plain_cpu_variable(variable))
         if in_place and _mapped(fd, entry.offset, entry.size, mmap.ACCESS_COPY,
                                 lambda view: _copy_in_place(view, variable, dtype, shape)):
             return

@@ -591,10 +591,12 @@ class SaveHandle:
 
     @classmethod
     def _submit(cls, prefix, keys, tensors, durable) -> SaveHandle:
+        from objckpt import _fastio
+
         with cls._lock:
             if cls._executor is None:
                 cls._executor = concurrent.futures.ThreadPoolExecutor(
-                    1, thread_name_prefix="objckpt-save", initializer=_lower_priority)
+                    1, thread_name_prefix="objckpt-save", initializer=_fastio.lower_priority)
             future = cls._executor.submit(
                 _files.write_tensors, prefix, keys, tensors, durable=durable, workers=1)
         return cls(prefix, future)
@@ -628,9 +630,3 @@ class SaveHandle:
     def __repr__(self) -> str:
         state = "done" if self.done() else "running"
         return f"SaveHandle(prefix={self.prefix!r}, {state})"
-
-
-def _lower_priority() -> None:
-    from objckpt import _asyncwrite
-
-    _asyncwrite._lower_priority()

@@ -28,6 +28,7 @@ LAYERS = [
     "objckpt._objgraph",  # pure: the object graph entry, read and decoded without TF
     "objckpt._roles",
     "objckpt._compat",  # the package and its submodules
+    "objckpt._fastio",  # parallel SaveV2/RestoreV2, crc32c checks, in-place restore
     "objckpt._files",
     "objckpt._savedobjects",  # pure: saved_model.pb decoded (its variables)
     "objckpt._savedmodel",  # SavedModel directories as sources (no TF import)

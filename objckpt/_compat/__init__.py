@@ -29,7 +29,8 @@ import importlib
 # Names load on first use, so importing one TF-free helper does not import TensorFlow.
 _WHERE = {
     "variables": ("CONSTRAINT_ATTR", "as_variable", "clone_types", "fingerprint",
-        "is_trackable", "is_unbuilt", "keras_variables", "lookup", "optional", "read_value",
+        "is_trackable", "is_unbuilt", "keras_variables", "lookup", "optional", "plain_cpu_variable",
+        "read_value",
         "recreate_variable", "unique_id", "variable_name"),
     "distribute": ("autocast_inner", "check_not_sharded", "distributed_refusal",
         "is_distributed_variable", "is_sharded", "recreate_distributed", "replica_components",

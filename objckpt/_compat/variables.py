@@ -21,6 +21,7 @@ __all__ = [
     "keras_variables",
     "lookup",
     "optional",
+    "plain_cpu_variable",
     "read_value",
     "recreate_variable",
     "unique_id",
@@ -112,6 +113,20 @@ def fingerprint(obj):
     except (AttributeError, TypeError, ValueError):
         return None
     return tuple(id(v) for v in variables)
+
+
+def plain_cpu_variable(variable) -> bool:
+    """Whether variable is one plain resource variable on a CPU: no distributed value, no
+    wrapper (AutoCast), so kernels may write its buffer in place through its handle."""
+    from tensorflow.python.ops.resource_variable_ops import BaseResourceVariable
+
+    if not isinstance(variable, BaseResourceVariable) or type(variable).__name__ in (
+            "MirroredVariable", "SyncOnReadVariable", "AutoCastVariable"):
+        return False
+    try:
+        return _on_cpu(variable)
+    except AttributeError:  # no handle
+        return False
 
 
 def _on_cpu(variable) -> bool:
