@@ -3,8 +3,8 @@
 Usage:
   python benchmarks/run.py [--json results.json] [--repeats N] [--only a|b]
                            [--section all|foundation|twins|migrate|ensemble|checkpointing|
-                                      completeness|untrusted|cli|formats|distribute]
-                           [--steps N] [--batch N] [--migrate-tensors N]
+                                      completeness|untrusted|cli|formats|distribute|io]
+                           [--steps N] [--batch N] [--migrate-tensors N] [--io-sizes MiB,MiB]
 
 Models:
   (a) a Keras MLP of ~25M parameters in ~50 variables;
@@ -161,10 +161,12 @@ def main(argv=None) -> int:
     parser.add_argument("--section",
                         choices=["all", "foundation", "twins", "migrate", "ensemble",
                                  "checkpointing", "completeness", "untrusted", "cli",
-                                 "formats", "distribute"],
+                                 "formats", "distribute", "io"],
                         default="all")
     parser.add_argument("--migrate-tensors", type=int, default=16,
                         help="float32 4096x4096 tensors in the migrate source (16: ~1.07 GB)")
+    parser.add_argument("--io-sizes", default="1024,100",
+                        help="section io: model sizes in MiB (1024: 16 x 4096x4096 float32)")
     parser.add_argument("--steps", type=int, default=12, help="training steps per variant")
     parser.add_argument("--batch", type=int, default=512, help="batch of the training loop")
     args = parser.parse_args(argv)
@@ -294,6 +296,13 @@ def main(argv=None) -> int:
             out.setdefault("checkpointing", []).append(result)
             print(f"\n[checkpointing: {title}] (a) {result['description']}")
             _print_result("a", result)
+    if args.section in ("all", "io"):  # issue 20: checkpoint I/O
+        import bench_io
+
+        for title, result in bench_io.run(bench_io.parse_sizes(args.io_sizes), args.repeats):
+            out.setdefault("io", []).append({"title": title, **result})
+            print(f"\n[io: {title}] {result['model']}", flush=True)
+            bench_io.print_result(result)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2)
