@@ -1,0 +1,130 @@
+"""objckpt._fastio: TF's crc32c found and checked, thread counts, balancing, and the restore
+that checks every checksum before writing when TF's crc32c cannot be called (RestoreV2 checks
+them instead)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import objckpt
+from objckpt import _bundle, _fastio, _objgraph, errors
+
+
+def test_native_crc32c_is_tfs_checksum():
+    crc = _fastio.native_crc32c()
+    if crc is None:
+        pytest.skip("this TF exports no crc32c symbol objckpt knows (the fallback is tested)")
+    assert crc(b"123456789") == 0xE3069283  # the standard check value of crc32c
+    data = np.random.default_rng(0).integers(0, 256, 100_003, dtype=np.uint8).tobytes()
+    assert crc(data) == _objgraph.crc32c(data)
+    assert crc(data[50:], crc(data[:50])) == crc(data)  # extends
+    assert crc(b"") == 0
+
+
+def test_the_symbol_table_of_a_file_that_is_not_elf_is_empty(tmp_path):
+    path = tmp_path / "not.so"
+    path.write_bytes(b"\x7fELF" + b"\x00" * 10)
+    assert _fastio._dynamic_strings(str(path)) == b""
+    path.write_bytes(b"MZ" + b"\x00" * 100)
+    assert _fastio._dynamic_strings(str(path)) == b""
+
+
+def test_thread_count_from_the_environment(monkeypatch):
+    monkeypatch.setenv("OBJCKPT_IO_THREADS", "3")
+    assert _fastio.threads() == 3
+    monkeypatch.delenv("OBJCKPT_IO_THREADS")
+    assert 1 <= _fastio.threads() <= 8
+    for bad in ("0", "-2", "many"):
+        monkeypatch.setenv("OBJCKPT_IO_THREADS", bad)
+        with pytest.raises(errors.InvalidArgumentError, match="OBJCKPT_IO_THREADS"):
+            _fastio.threads()
+
+
+def test_balance_covers_every_index_once_in_even_groups():
+    sizes = [100, 1, 1, 50, 50, 3, 97, 0]
+    groups = _fastio._balance(sizes, 3)
+    assert sorted(i for g in groups for i in g) == list(range(len(sizes)))
+    assert all(g == sorted(g) for g in groups)
+    totals = sorted(sum(sizes[i] for i in g) for g in groups)
+    assert totals == [100, 101, 101]  # largest first, each into the least loaded group
+
+
+@pytest.fixture
+def streaming(monkeypatch):
+    """Every restore streams, and every tensor of 1 KiB or more is memory-mapped."""
+    monkeypatch.setattr(_fastio, "STREAM_BYTES", 0)
+    monkeypatch.setattr(_fastio, "MAP_BYTES", 1 << 10)
+    monkeypatch.setattr(_fastio, "MIN_PART_BYTES", 1 << 10)
+
+
+def _module():
+    module = tf.Module()
+    module.kernels = [tf.Variable(tf.random.normal((64, 32), seed=i)) for i in range(4)]
+    module.bias = tf.Variable(tf.range(3, dtype=tf.float32))
+    module.step = tf.Variable(5, dtype=tf.int64)
+    module.half = tf.Variable(tf.random.normal((40, 16), dtype=tf.float32), dtype=tf.float32)
+    module.names = tf.Variable(["a", "bc"])
+    return module
+
+
+def _flip_last_byte(prefix: str, path_prefix: str) -> str:
+    index = _bundle.read_index(prefix)
+    key = next(k for k in index.entries if k.startswith(path_prefix))
+    entry = index.entries[key]
+    shard = _bundle.shard_name(prefix, entry.shard, index.num_shards)
+    with open(shard, "r+b") as f:
+        f.seek(entry.offset + entry.size - 1)
+        byte = f.read(1)[0]
+        f.seek(entry.offset + entry.size - 1)
+        f.write(bytes([byte ^ 0x10]))
+    return key
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native-crc32c", "restorev2-checks"])
+def test_a_damaged_entry_changes_nothing_with_either_checker(tmp_path, monkeypatch, streaming,
+                                                            native):
+    if not native:
+        monkeypatch.setattr(_fastio, "native_crc32c", lambda: None)
+    source = _module()
+    prefix = objckpt.save(source, str(tmp_path / "ck"))
+    assert len(_files_of(tmp_path, "ck.data-")) > 1  # several shards
+    target = _module()
+    for variable in target.kernels:
+        variable.assign(tf.zeros_like(variable))
+    report = objckpt.restore(target, prefix)
+    assert len(report.restored) == 8
+    for a, b in zip(source.variables, target.variables):
+        assert np.array_equal(a.numpy(), b.numpy())
+    for variable in target.kernels:
+        variable.assign(tf.zeros_like(variable))
+    before = [v.numpy() for v in target.variables]
+    key = _flip_last_byte(prefix, "kernels/3")
+    with pytest.raises(errors.CheckpointCorruptError) as caught:
+        objckpt.restore(target, prefix)
+    message = str(caught.value)
+    assert "kernels/3" in message and "Nothing was changed" in message
+    if native:
+        assert "checksum" in message and key in message
+    assert all(np.array_equal(a, v.numpy()) for a, v in zip(before, target.variables))
+
+
+def _files_of(directory, start: str) -> list[str]:
+    return sorted(n for n in os.listdir(directory) if n.startswith(start))
+
+
+def test_a_truncated_shard_changes_nothing(tmp_path, streaming):
+    source = _module()
+    prefix = objckpt.save(source, str(tmp_path / "ck"))
+    index = _bundle.read_index(prefix)
+    entry = index.entries["kernels/2/.ATTRIBUTES/VARIABLE_VALUE"]
+    shard = _bundle.shard_name(prefix, entry.shard, index.num_shards)
+    os.truncate(shard, entry.offset + entry.size // 2)
+    target = _module()
+    before = [v.numpy() for v in target.variables]
+    with pytest.raises(errors.CheckpointCorruptError, match="kernels/2"):
+        objckpt.restore(target, prefix)
+    assert all(np.array_equal(a, v.numpy()) for a, v in zip(before, target.variables))
