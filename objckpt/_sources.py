@@ -89,10 +89,25 @@ def _restore_v2(prefix: str, keys: list[str], dtypes: list, shapes: list | None 
     try:
         return _fastio.read_tensors(prefix, keys, dtypes, shapes)
     except tf.errors.OpError as err:
+        damaged = _first_unreadable(prefix, keys, dtypes)
+        where = (f" The first entry that fails is `{_render.safe(damaged)}`." if damaged
+                 else "")
         raise errors.CheckpointCorruptError(
-            f"Checkpoint `{prefix}` could not be read: its data is damaged, truncated or "
-            f"missing. Received from TF: {_render.first_line(err)}. Nothing was changed; "
-            "use another checkpoint.") from err
+            f"Checkpoint `{_render.safe(prefix)}` could not be read: its data is damaged, "
+            f"truncated or missing.{where} Received from TF: {_render.first_line(err)}. "
+            "Nothing was changed; use another checkpoint.") from err
+
+
+def _first_unreadable(prefix: str, keys: list[str], dtypes: list) -> str | None:
+    """The first key TF cannot read alone (after a read of them all failed), or None."""
+    from objckpt import _fastio
+
+    for key, dtype in zip(keys, dtypes):
+        try:
+            _fastio.read_tensors(prefix, [key], [dtype])
+        except tf.errors.OpError:
+            return key
+    return None
 
 
 def _object_source(prefix: str, notes) -> Source:
