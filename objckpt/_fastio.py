@@ -1,20 +1,22 @@
 """Checkpoint I/O at the speed of the disk: parallel writes and reads in TF's own format.
 
-Writing: a checkpoint of at least `MIN_PART_BYTES` per part is written by several threads,
-each running TF's own `SaveV2` (which checksums its tensors in C++, GIL released) into a
-part prefix beside the final one; `MergeV2Checkpoints` then renames the parts' data files to
+Writing: a checkpoint of at least `MIN_PART_BYTES` per part is written by several threads
+(`part_count`: no more parts than the memory budget holds write buffers), each running TF's
+own `SaveV2` (which checksums its tensors in C++, GIL released) into a part prefix beside the
+final one; `MergeV2Checkpoints` then renames the parts' data files to
 `<temp>.data-0000k-of-0000K` and writes one index, exactly what `tf.train.Checkpoint` writes
-for a sharded save, and `_files.commit` moves the result into place. Tensors whose byte size
-is not a multiple of `ALIGN` (and string tensors) go to a part of their own, so that in the
-other parts every tensor starts at an `ALIGN`-aligned offset and can be restored in place.
+for a sharded save, and `_files.commit` moves the result into place.
 
 Reading: `read_tensors` runs `RestoreV2` over groups of keys in parallel. `Loader` restores a
 plan's variables all or nothing with bounded memory: it first checks every entry's crc32c
-(TF's C++ crc32c called through ctypes with the GIL released; `RestoreV2` where it is not
-found), with the data files held open, and only then writes each variable, one tensor at a
-time: in place (an aligned, memory-mapped view handed to TF by DLPack and copied by
-`ResourceStridedSliceAssign`, which copies a variable's buffer first when anything else
-shares it, so a `Snapshot` taken before keeps its values), or through a copy and `assign`.
+(TF's C++ crc32c called through ctypes with the GIL released, over read-only memory maps;
+`RestoreV2` where it is not found), with the data files held open, and only then writes each
+variable, one tensor at a time: large entries are read straight from the file into a new
+tensor TF allocated (one copy) that the variable adopts (`AssignVariableOp` shares its input;
+the old buffer is freed, or kept unchanged by whatever shares it, such as a `Snapshot`),
+others through a copy and `assign`. New tensors in flight are bounded by the largest tensor
++ 20% of the model. No kernel that puts a variable in TF's copy-on-read mode runs (strided
+slice or scatter assigns do: every later read of the variable would copy it).
 Nothing here executes checkpoint data: bytes are checksummed and copied into tensors of the
 dtype and shape the validated index and the plan agreed on.
 """
@@ -35,9 +37,9 @@ import tensorflow as tf
 
 from objckpt import _bundle, _compat, _render, errors
 
-__all__ = ["ALIGN", "DURABLE_DEFAULT", "MIN_PART_BYTES", "STREAM_BYTES", "Loader",
-           "fsync_paths", "lower_priority", "native_crc32c", "read_tensors", "threads",
-           "write_bundle"]
+__all__ = ["DURABLE_DEFAULT", "MIN_PART_BYTES", "PART_BUFFER_BYTES", "STREAM_BYTES", "Loader",
+           "fsync_paths", "lower_priority", "native_crc32c", "part_count", "read_tensors",
+           "threads", "write_bundle"]
 
 # Whether writes fsync before they commit when the caller does not say (see the README's
 # benchmark: the cost of durable=True on this machine decided it).
@@ -49,10 +51,12 @@ MIN_PART_BYTES = 32 << 20
 STREAM_BYTES = 16 << 20
 # Each reading thread gets at least this many bytes.
 MIN_READ_BYTES = 8 << 20
-# Entries at least this large are memory-mapped; smaller ones are read with pread.
+# Entries at least this large are memory-mapped to check them and read straight into a new
+# tensor to assign them; smaller ones are read with pread.
 MAP_BYTES = 1 << 20
-# The data alignment TF's CPU kernels require of a tensor's buffer (EIGEN_MAX_ALIGN_BYTES).
-ALIGN = 64
+# What one SaveV2 holds in memory while it writes (TF's BundleWriter buffers 8 MiB), with
+# a margin.
+PART_BUFFER_BYTES = 10 << 20
 
 
 def threads() -> int:
@@ -225,6 +229,17 @@ def _nbytes(tensor) -> int:
     return int(tensor.shape.num_elements() or 0) * tensor.dtype.size
 
 
+def part_count(sizes: list[int], workers: int) -> int:
+    """How many parts (SaveV2 calls, data shards) a checkpoint of tensors of `sizes` bytes is
+    written as: one per worker, each of at least MIN_PART_BYTES, and no more than the memory
+    budget of a save (the largest tensor + 20% of the checkpoint) holds write buffers of
+    PART_BUFFER_BYTES (each SaveV2 has its own)."""
+    total = sum(sizes)
+    budget = max(sizes, default=0) + total // 5
+    return max(1, min(workers, total // MIN_PART_BYTES, len(sizes),
+                      budget // PART_BUFFER_BYTES))
+
+
 def write_bundle(temp: str, keys: list, tensors: list, workers: int | None = None) -> None:
     """Writes `tensors` under `keys` at the (temporary) prefix `temp`, in parallel.
 
@@ -235,17 +250,11 @@ def write_bundle(temp: str, keys: list, tensors: list, workers: int | None = Non
     """
     workers = threads() if workers is None else workers
     sizes = [_nbytes(t) for t in tensors]
-    total = sum(sizes)
-    count = max(1, min(workers, total // MIN_PART_BYTES, len(keys)))
+    count = part_count(sizes, workers)
     if count <= 1:
         _save(temp, keys, tensors)
         return
-    aligned = [i for i, size in enumerate(sizes) if size and size % ALIGN == 0]
-    odd = [i for i, size in enumerate(sizes) if not (size and size % ALIGN == 0)]
-    groups = _balance([sizes[i] for i in aligned], count)
-    groups = [[aligned[i] for i in group] for group in groups]
-    if odd:  # strings and sizes off ALIGN: a part of their own keeps the others aligned
-        groups.append(odd)
+    groups = _balance(sizes, count)
     parts = [f"{temp}.part-{k:05d}" for k in range(len(groups))]
 
     def save(k: int) -> None:
@@ -313,7 +322,7 @@ def read_tensors(prefix: str, keys: list, dtypes: list, shapes: list | None = No
 
 # DataType enums whose bytes in a checkpoint are the tensor's buffer, little-endian,
 # and that DLPack carries (bool, bfloat16 and the quantized types are copied instead).
-_IN_PLACE = frozenset({1, 2, 3, 4, 5, 6, 8, 9, 17, 18, 19, 22, 23})  # float32 .. uint64
+_DIRECT = frozenset({1, 2, 3, 4, 5, 6, 8, 9, 17, 18, 19, 22, 23})  # float32 .. uint64
 
 
 class Loader:
@@ -332,6 +341,9 @@ class Loader:
         self._files: dict = {}
         self._lock = threading.Lock()
         self._crc = native_crc32c()
+        sizes = [_bytes_of(v.shape, v.dtype.base_dtype) for _, v, _ in pairs]
+        # New tensors in flight at once while assigning: at most the largest tensor + 20%.
+        self._gate = _Budget(max(sizes, default=0) + sum(sizes) // 5)
 
     # --- checks ---
 
@@ -393,7 +405,7 @@ class Loader:
             if len(data) != entry.size:
                 return -1
             return self._crc(data)
-        return _mapped(fd, entry.offset, entry.size, mmap.ACCESS_READ,
+        return _mapped(fd, entry.offset, entry.size,
                        lambda view: -1 if view is None else self._crc.extend(
                            view.ctypes.data, view.nbytes, 0))
 
@@ -428,10 +440,16 @@ class Loader:
         dtype = tf.as_dtype(entry.dtype)
         shape = tuple(entry.shape)
         fd = self._fd(entry.shard)
-        in_place = (entry.dtype in _IN_PLACE and shape and shape[0] > 0
-                    and entry.size >= MAP_BYTES and _compat.plain_cpu_variable(variable))
-        if in_place and _mapped(fd, entry.offset, entry.size, mmap.ACCESS_COPY,
-                                lambda view: _copy_in_place(view, variable, dtype, shape)):
+        if (entry.dtype in _DIRECT and entry.size >= MAP_BYTES
+                and _compat.plain_cpu_variable(variable)):
+            with self._gate.hold(entry.size):
+                value = _read_direct(fd, entry.offset, entry.size, dtype, shape)
+                if value is None:
+                    raise self._corrupt(key, "was cut short while it was read")
+                # The variable adopts the new buffer (AssignVariableOp shares its input);
+                # the old one is freed, or kept by what shares it (a Snapshot), unchanged.
+                variable.assign(value, read_value=False)
+                del value
             return
         data = os.pread(fd, entry.size, entry.offset)
         if len(data) != entry.size:
@@ -445,13 +463,17 @@ class Loader:
         self._each(self._assign_one, sizes)
 
 
-def _mapped(fd: int, offset: int, size: int, access, use):
-    """use(view) on a memory map of [offset, offset + size) of an open file (view: uint8
-    NumPy array; None when the file is shorter); the map is closed when use returns."""
+def _mapped(fd: int, offset: int, size: int, use):
+    """use(view) on a read-only memory map of [offset, offset + size) of an open file (view:
+    uint8 NumPy array; None when the file is shorter); the map is closed when use returns.
+    Its pages are mapped up front (MAP_POPULATE where the OS has it: one call instead of a
+    page fault per page)."""
     if os.fstat(fd).st_size < offset + size:
         return use(None)
     base = offset - offset % mmap.ALLOCATIONGRANULARITY
-    mapped = mmap.mmap(fd, offset + size - base, offset=base, access=access)
+    flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+    mapped = mmap.mmap(fd, offset + size - base, flags=flags, prot=mmap.PROT_READ,
+                       offset=base)
     try:
         return use(np.frombuffer(mapped, np.uint8, count=size, offset=offset - base))
     finally:
@@ -459,13 +481,60 @@ def _mapped(fd: int, offset: int, size: int, access, use):
             mapped.close()
 
 
-def _copy_in_place(view, variable, dtype, shape) -> bool:
-    """Copies a mapped view into variable's buffer; False when it cannot: not aligned as
-    TF's kernels require (they abort the process on an unaligned buffer)."""
-    if view is None or view.ctypes.data % ALIGN:
-        return False
-    array = view.view(dtype.as_numpy_dtype).reshape(shape)
-    value = tf.experimental.dlpack.from_dlpack(array.__dlpack__())
-    tf.raw_ops.ResourceStridedSliceAssign(ref=variable.handle, begin=[0], end=[shape[0]],
-                                          strides=[1], value=value)
-    return True
+class _Budget:
+    """Bytes held at once across threads: `hold(n)` waits while others hold too much (one
+    holder may always go ahead, whatever its size)."""
+
+    def __init__(self, limit: int):
+        self._limit, self._used = limit, 0
+        self._free = threading.Condition()
+
+    @contextlib.contextmanager
+    def hold(self, size: int):
+        with self._free:
+            self._free.wait_for(lambda: self._used == 0 or self._used + size <= self._limit)
+            self._used += size
+        try:
+            yield
+        finally:
+            with self._free:
+                self._used -= size
+                self._free.notify_all()
+
+
+class _Exported:
+    """A DLPack capsule as NumPy's `from_dlpack` takes it (NumPy asks for `__dlpack__`)."""
+
+    def __init__(self, tensor):
+        self._capsule = tf.experimental.dlpack.to_dlpack(tensor)
+
+    def __dlpack__(self, *args, **kwargs):
+        del args, kwargs
+        return self._capsule
+
+    def __dlpack_device__(self):
+        return (1, 0)  # kDLCPU, device 0
+
+
+def _read_direct(fd: int, offset: int, size: int, dtype, shape):
+    """A new CPU tensor of `dtype` and `shape` holding the `size` bytes at `offset` of an open
+    file, read straight into TF's freshly allocated (64-byte aligned) buffer: one copy, from
+    the page cache into the tensor; None when the file is shorter. The buffer is TF's and is
+    shared with nothing else until the tensor is returned."""
+    with tf.device("/cpu:0"):
+        value = tf.raw_ops.Empty(shape=shape, dtype=dtype, init=False)
+    view = np.from_dlpack(_Exported(value))  # read-only to NumPy; TF's buffer, unshared
+    if view.nbytes != size:
+        raise ValueError(f"tensor of {view.nbytes} bytes for an entry of {size}")
+    target = memoryview((ctypes.c_char * size).from_address(view.ctypes.data)).cast("B")
+    try:
+        got = 0
+        while got < size:
+            count = os.preadv(fd, [target[got:]], offset + got)
+            if count <= 0:
+                return None
+            got += count
+    finally:
+        target.release()
+        del view
+    return value

@@ -562,14 +562,23 @@ def save(obj_or_snapshot, prefix: str | os.PathLike, *, blocking: bool = True,
         return prefix if blocking else SaveHandle._finished(prefix)
     names = ([_compat.variable_name(v) for v in origin.values()] if origin is not None
              else [""] * len(snap))
-    graph = _tree.build_object_graph(list(snap), names,
-                                     origin.graph_aliases() if origin is not None else None)
-    keys = [_paths.checkpoint_key(path) for path in snap] + [_compat.OBJECT_GRAPH_KEY]
-    tensors = [*snap.as_dict().values(), tf.constant(graph.SerializeToString())]
+    paths = list(snap)
+    aliases = origin.graph_aliases() if origin is not None else None
+    values = list(snap.as_dict().values())
+
+    def write(workers=None) -> None:
+        # The object graph is built here, on the writing thread of a background save: the
+        # paths, names and aliases were taken at the call.
+        graph = _tree.build_object_graph(paths, names, aliases)
+        keys = [_paths.checkpoint_key(path) for path in paths] + [_compat.OBJECT_GRAPH_KEY]
+        with tf.device("/cpu:0"):
+            tensors = [*values, tf.constant(graph.SerializeToString())]
+        _files.write_tensors(prefix, keys, tensors, durable=durable, workers=workers)
+
     if blocking:
-        _files.write_tensors(prefix, keys, tensors, durable=durable)
+        write()
         return prefix
-    return SaveHandle._submit(prefix, keys, tensors, durable)
+    return SaveHandle._submit(prefix, write)
 
 
 class SaveHandle:
@@ -590,15 +599,14 @@ class SaveHandle:
         self._future = future
 
     @classmethod
-    def _submit(cls, prefix, keys, tensors, durable) -> SaveHandle:
+    def _submit(cls, prefix, write) -> SaveHandle:
         from objckpt import _fastio
 
         with cls._lock:
             if cls._executor is None:
                 cls._executor = concurrent.futures.ThreadPoolExecutor(
                     1, thread_name_prefix="objckpt-save", initializer=_fastio.lower_priority)
-            future = cls._executor.submit(
-                _files.write_tensors, prefix, keys, tensors, durable=durable, workers=1)
+            future = cls._executor.submit(write, workers=1)
         return cls(prefix, future)
 
     @classmethod

@@ -357,6 +357,7 @@ def test_checkpointing_async_save_writes_the_values_of_each_save(tmp_path, monke
     """Exact resume with async_save=True is test_checkpointing's; here: what each async save
     of the callback wrote is the model at that save, also when written as several shards."""
     monkeypatch.setattr(_fastio, "MIN_PART_BYTES", parts)
+    monkeypatch.setattr(_fastio, "PART_BUFFER_BYTES", 1)
     monkeypatch.setenv("OBJCKPT_IO_THREADS", "3")
     model = build(session_flavour(), train=False)
     images, tokens, targets = _data()

@@ -59,6 +59,7 @@ def streaming(monkeypatch):
     monkeypatch.setattr(_fastio, "STREAM_BYTES", 0)
     monkeypatch.setattr(_fastio, "MAP_BYTES", 1 << 10)
     monkeypatch.setattr(_fastio, "MIN_PART_BYTES", 1 << 10)
+    monkeypatch.setattr(_fastio, "PART_BUFFER_BYTES", 1)
 
 
 def _module():
@@ -128,3 +129,53 @@ def test_a_truncated_shard_changes_nothing(tmp_path, streaming):
     with pytest.raises(errors.CheckpointCorruptError, match="kernels/2"):
         objckpt.restore(target, prefix)
     assert all(np.array_equal(a, v.numpy()) for a, v in zip(before, target.variables))
+
+
+def test_part_count_stays_within_the_memory_budget(monkeypatch):
+    monkeypatch.setattr(_fastio, "MIN_PART_BYTES", 32 << 20)
+    monkeypatch.setattr(_fastio, "PART_BUFFER_BYTES", 10 << 20)
+    mib = 1 << 20
+    # 100 MiB in 25 x 4 MiB: budget 4 + 20 = 24 MiB holds two 10 MiB write buffers.
+    assert _fastio.part_count([4 * mib] * 25, 8) == 2
+    # 1 GiB in 16 x 64 MiB: budget 64 + 204.8 MiB; the workers are the limit.
+    assert _fastio.part_count([64 * mib] * 16, 4) == 4
+    assert _fastio.part_count([64 * mib] * 16, 1) == 1
+    # Below MIN_PART_BYTES per part: one SaveV2.
+    assert _fastio.part_count([mib] * 20, 8) == 1
+    assert _fastio.part_count([], 8) == 1
+
+
+def _buffer_address(tensor) -> int:
+    return np.from_dlpack(_Capsule(tensor)).ctypes.data
+
+
+class _Capsule:
+    def __init__(self, tensor):
+        self.capsule = tf.experimental.dlpack.to_dlpack(tensor)
+
+    def __dlpack__(self, *args, **kwargs):
+        return self.capsule
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+
+def test_streamed_restore_leaves_reads_of_the_variables_free_of_copies(tmp_path, streaming):
+    """A variable written by a strided-slice or scatter kernel goes into TF's copy-on-read
+    mode for good: every later read copies its buffer (a model restored that way copied
+    every weight at every step). After objckpt's streamed restore, two reads of a variable
+    held at once share one buffer, as they do before it."""
+    source = _module()
+    prefix = objckpt.save(source, str(tmp_path / "ck"))
+    target = _module()
+    kernel = target.kernels[0]
+    first, second = kernel.value(), kernel.value()
+    assert _buffer_address(first) == _buffer_address(second)
+    del first, second
+    objckpt.restore(target, prefix)
+    np.testing.assert_array_equal(kernel.numpy(), source.kernels[0].numpy())
+    first, second = kernel.value(), kernel.value()
+    assert _buffer_address(first) == _buffer_address(second)
+    # and the variable is not backed by the checkpoint file: a later update lands in memory
+    kernel.assign_add(tf.ones_like(kernel))
+    np.testing.assert_array_equal(kernel.numpy(), source.kernels[0].numpy() + 1)

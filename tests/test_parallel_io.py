@@ -40,6 +40,7 @@ def _small_parts():
     """Every checkpoint of this module is written by THREADS threads, whatever its size."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(_fastio, "MIN_PART_BYTES", 1)
+        patch.setattr(_fastio, "PART_BUFFER_BYTES", 1)
         patch.setenv("OBJCKPT_IO_THREADS", str(THREADS))
         yield
 
