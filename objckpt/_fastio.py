@@ -330,7 +330,8 @@ class Loader:
     time: `verify()` checks every entry's checksum (nothing assigned), then `assign()`.
 
     `assign_to(variable, value)` assigns a value through the caller's rules (a distributed
-    variable's replicas); plain CPU resource variables are written in place.
+    variable's replicas); large entries of plain CPU resource variables are read straight
+    into a new tensor the variable adopts.
     """
 
     def __init__(self, prefix: str, pairs: list, assign_to, describe):

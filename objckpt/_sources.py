@@ -73,7 +73,7 @@ class Source:
     # reach variables through the plan's strategies (names, layouts, structure).
     keyed_by_path: bool = True
     # TF checkpoints only: the checkpoint keys of a list of source keys, for reading them
-    # with `_fastio` (checksums first, then in place).
+    # with `_fastio` (checksums first, then one tensor at a time).
     bundle_keys: Callable | None = None
 
 

@@ -3,7 +3,8 @@ restores, durable (fsync) mode.
 
 Small models are written as several shards by making `_fastio.MIN_PART_BYTES` tiny and
 asking for `THREADS` threads (OBJCKPT_IO_THREADS); `_fastio.MAP_BYTES` is made tiny where a
-test wants every tensor to take the in-place (memory-mapped) restore path.
+test wants every tensor to take the direct restore path (checked through a memory map, read
+straight into a new tensor its variable adopts).
 """
 
 from __future__ import annotations
@@ -60,8 +61,8 @@ def _read_path(monkeypatch, path: str) -> str:
 def read_path(request, monkeypatch):
     """How a restore reads: "whole" (the library's choice for these small models: every
     value read, then assigned), "streamed" (every checksum checked, then one tensor at a
-    time through a copy), "in-place" (streamed, every tensor memory-mapped and written into
-    its variable)."""
+    time through a copy), "in-place" (streamed, every tensor checked through a memory map
+    and read straight into a new tensor its variable adopts)."""
     return _read_path(monkeypatch, request.param)
 
 
