@@ -38,8 +38,8 @@ import tensorflow as tf
 from objckpt import _bundle, _compat, _render, errors
 
 __all__ = ["DURABLE_DEFAULT", "MIN_PART_BYTES", "PART_BUFFER_BYTES", "STREAM_BYTES", "Loader",
-           "fsync_paths", "lower_priority", "native_crc32c", "part_count", "read_tensors",
-           "threads", "write_bundle"]
+           "fsync_paths", "lower_priority", "memory_budget", "native_crc32c", "part_count",
+           "read_tensors", "threads", "write_bundle"]
 
 # Whether writes fsync before they commit when the caller does not say (see the README's
 # benchmark: the cost of durable=True on this machine decided it).
@@ -229,15 +229,19 @@ def _nbytes(tensor) -> int:
     return int(tensor.shape.num_elements() or 0) * tensor.dtype.size
 
 
+def memory_budget(sizes: list[int]) -> int:
+    """Bytes a save or restore of tensors of `sizes` bytes may hold beyond the model: the
+    largest tensor + 20% of the model."""
+    return max(sizes, default=0) + sum(sizes) // 5
+
+
 def part_count(sizes: list[int], workers: int) -> int:
     """How many parts (SaveV2 calls, data shards) a checkpoint of tensors of `sizes` bytes is
     written as: one per worker, each of at least MIN_PART_BYTES, and no more than the memory
     budget of a save (the largest tensor + 20% of the checkpoint) holds write buffers of
     PART_BUFFER_BYTES (each SaveV2 has its own)."""
-    total = sum(sizes)
-    budget = max(sizes, default=0) + total // 5
-    return max(1, min(workers, total // MIN_PART_BYTES, len(sizes),
-                      budget // PART_BUFFER_BYTES))
+    return max(1, min(workers, sum(sizes) // MIN_PART_BYTES, len(sizes),
+                      memory_budget(sizes) // PART_BUFFER_BYTES))
 
 
 def write_bundle(temp: str, keys: list, tensors: list, workers: int | None = None) -> None:
@@ -297,6 +301,13 @@ def _bytes_of(shape, dtype) -> int:
     return count * dtype.size
 
 
+def _read_groups(sizes: list[int], workers: int) -> list[list[int]]:
+    """Indices into sizes, in groups of about equal bytes, one per reading thread (each of
+    at least MIN_READ_BYTES)."""
+    count = max(1, min(workers, len(sizes), sum(sizes) // MIN_READ_BYTES))
+    return _balance(sizes, count) if count > 1 else [list(range(len(sizes)))]
+
+
 def read_tensors(prefix: str, keys: list, dtypes: list, shapes: list | None = None) -> list:
     """RestoreV2 of `keys` (TF checks each tensor's crc32c), in parallel groups by bytes."""
     if not keys:
@@ -304,8 +315,7 @@ def read_tensors(prefix: str, keys: list, dtypes: list, shapes: list | None = No
     sizes = ([_bytes_of(s, d) for s, d in zip(shapes, dtypes)] if shapes is not None
              else [1] * len(keys))
     workers = threads()
-    count = max(1, min(workers, len(keys), sum(sizes) // MIN_READ_BYTES))
-    groups = _balance(sizes, count) if count > 1 else [list(range(len(keys)))]
+    groups = _read_groups(sizes, workers)
 
     def read(group):
         with tf.device("/cpu:0"):
@@ -344,9 +354,9 @@ class Loader:
         self._files: dict = {}
         self._lock = threading.Lock()
         self._crc = native_crc32c()
-        sizes = [_bytes_of(v.shape, v.dtype.base_dtype) for _, v, _ in pairs]
-        # New tensors in flight at once while assigning: at most the largest tensor + 20%.
-        self._gate = _Budget(max(sizes, default=0) + sum(sizes) // 5)
+        self._sizes = [_bytes_of(v.shape, v.dtype.base_dtype) for _, v, _ in pairs]
+        # New tensors in flight at once while assigning: at most the memory budget.
+        self._gate = _Budget(memory_budget(self._sizes))
 
     # --- checks ---
 
@@ -414,9 +424,8 @@ class Loader:
 
     def verify(self) -> None:
         """Checks every pair's entry (dtype, shape, checksum) without assigning anything."""
-        sizes = [_bytes_of(v.shape, v.dtype.base_dtype) for _, v, _ in self.pairs]
         try:
-            self._each(self._check_one, sizes)
+            self._each(self._check_one)
         except errors.ObjckptError:
             raise
         except OSError as err:
@@ -425,10 +434,9 @@ class Loader:
                 f"{_render.first_line(err)}. Nothing was changed. Fix: check the files, or "
                 "restore from another checkpoint.") from err
 
-    def _each(self, function, sizes) -> None:
+    def _each(self, function) -> None:
         workers = threads()
-        count = max(1, min(workers, len(self.pairs), sum(sizes) // MIN_READ_BYTES))
-        groups = _balance(sizes, count) if count > 1 else [list(range(len(self.pairs)))]
+        groups = _read_groups(self._sizes, workers)
         _run_all(lambda group: [function(self.pairs[i]) for i in group], groups, workers)
 
     # --- assigning ---
@@ -452,7 +460,6 @@ class Loader:
                 # The variable adopts the new buffer (AssignVariableOp shares its input);
                 # the old one is freed, or kept by what shares it (a Snapshot), unchanged.
                 variable.assign(value, read_value=False)
-                del value
             return
         data = os.pread(fd, entry.size, entry.offset)
         if len(data) != entry.size:
@@ -462,8 +469,7 @@ class Loader:
 
     def assign(self) -> None:
         """Writes every pair's value into its variable (after `verify`)."""
-        sizes = [_bytes_of(v.shape, v.dtype.base_dtype) for _, v, _ in self.pairs]
-        self._each(self._assign_one, sizes)
+        self._each(self._assign_one)
 
 
 def _mapped(fd: int, offset: int, size: int, use):

@@ -146,18 +146,7 @@ def test_part_count_stays_within_the_memory_budget(monkeypatch):
 
 
 def _buffer_address(tensor) -> int:
-    return np.from_dlpack(_Capsule(tensor)).ctypes.data
-
-
-class _Capsule:
-    def __init__(self, tensor):
-        self.capsule = tf.experimental.dlpack.to_dlpack(tensor)
-
-    def __dlpack__(self, *args, **kwargs):
-        return self.capsule
-
-    def __dlpack_device__(self):
-        return (1, 0)
+    return np.from_dlpack(_fastio._Exported(tensor)).ctypes.data
 
 
 def test_streamed_restore_leaves_reads_of_the_variables_free_of_copies(tmp_path, streaming):
