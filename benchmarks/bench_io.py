@@ -321,6 +321,43 @@ def bench_restore(obj, variables, size_mib: float, paths: dict, repeats: int) ->
                 assert got == n, (got, n)
                 offset += n
 
+    from objckpt import _fastio
+
+    crc = _fastio.native_crc32c()
+    workers = _fastio.threads()
+
+    def checked_floor():
+        """What any restore that checks every checksum before it writes a variable must do
+        at least: read every byte once to checksum it (TF's crc32c, `workers` threads, each
+        through a small buffer it reuses), then once more into memory (readinto, `workers`
+        threads)."""
+        import concurrent.futures
+
+        step = -(-total // workers)
+        spans = [(lo, min(total, lo + step)) for lo in range(0, total, step)]
+        fd = os.open(paths["plain"], os.O_RDONLY)
+
+        def check(span):
+            buffer = np.empty(1 << 20, np.uint8)
+            view, value = memoryview(buffer), 0
+            for at in range(span[0], span[1], 1 << 20):
+                got = os.preadv(fd, [view[:min(1 << 20, span[1] - at)]], at)
+                value = crc.extend(buffer.ctypes.data, got, value)
+            return value
+
+        def read(span):
+            view = held["view"]
+            at = span[0]
+            while at < span[1]:
+                at += os.preadv(fd, [view[at:span[1]]], at)
+
+        try:
+            with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+                list(pool.map(check, spans))
+                list(pool.map(read, spans))
+        finally:
+            os.close(fd)
+
     ours = "objckpt.restore(obj, prefix)"
     tf_read = "tf.train.Checkpoint(v=list).read(prefix).assert_consumed()"
     ours_tf = "objckpt.restore(obj, tf's prefix)"
@@ -334,6 +371,10 @@ def bench_restore(obj, variables, size_mib: float, paths: dict, repeats: int) ->
            tf_tf: lambda: tf.train.Checkpoint(v=variables).read(paths["tf"]).assert_consumed(),
            fresh: fresh_reads,
            into: read_into}
+    floor = (f"floor of a checked restore: crc32c of every byte, then readinto "
+             f"({workers} threads)")
+    if crc is not None:
+        ops[floor] = checked_floor
     samples = interleaved(ops, repeats)
     held.pop("view").release()
     ms, spread = summarize(samples)
@@ -343,6 +384,9 @@ def bench_restore(obj, variables, size_mib: float, paths: dict, repeats: int) ->
         ratio_row(samples, "objckpt.restore time / plain reads into fresh memory", ours, fresh,
                   "<= 1.3x"),
         ratio_row(samples, "objckpt.restore time / plain readinto (physical limit)", ours, into),
+        ratio_row(samples, "objckpt.restore time / floor of a checked restore", ours, floor),
+        ratio_row(samples, "tf.train.Checkpoint.read vs the floor of a checked restore",
+                  tf_read, floor),
         ratio_row(samples, "tf.train.Checkpoint.read of tf's own write vs objckpt.restore",
                   tf_tf, ours),
         ratio_row(samples, "on tf's prefix: tf.train.Checkpoint.read vs objckpt.restore",

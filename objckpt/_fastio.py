@@ -1,11 +1,13 @@
 """Checkpoint I/O at the speed of the disk: parallel writes and reads in TF's own format.
 
-Writing: a checkpoint of at least `MIN_PART_BYTES` per part is written by several threads
-(`part_count`: no more parts than the memory budget holds write buffers), each running TF's
-own `SaveV2` (which checksums its tensors in C++, GIL released) into a part prefix beside the
-final one; `MergeV2Checkpoints` then renames the parts' data files to
-`<temp>.data-0000k-of-0000K` and writes one index, exactly what `tf.train.Checkpoint` writes
-for a sharded save, and `_files.commit` moves the result into place.
+Writing: `_bundlewrite` writes TF's bundle format itself, one data file that several threads
+checksum and `pwrite` straight from the tensors' buffers, and one index; `_files.commit` moves
+the result into place. Where it cannot (a variant or resource tensor, or no native crc32c), a
+checkpoint of at least `MIN_PART_BYTES` per part is written by several threads (`part_count`:
+no more parts than the memory budget holds write buffers), each running TF's own `SaveV2` into
+a part prefix beside the final one; `MergeV2Checkpoints` then renames the parts' data files
+to `<temp>.data-0000k-of-0000K` and writes one index, exactly what `tf.train.Checkpoint`
+writes for a sharded save.
 
 Reading: `read_tensors` runs `RestoreV2` over groups of keys in parallel. `Loader` restores a
 plan's variables all or nothing with bounded memory: it first checks every entry's crc32c
@@ -35,11 +37,11 @@ import threading
 import numpy as np
 import tensorflow as tf
 
-from objckpt import _bundle, _compat, _render, errors
+from objckpt import _bundle, _bundlewrite, _compat, _render, errors
 
 __all__ = ["DURABLE_DEFAULT", "MIN_PART_BYTES", "PART_BUFFER_BYTES", "STREAM_BYTES", "Loader",
            "fsync_paths", "lower_priority", "memory_budget", "native_crc32c", "part_count",
-           "read_tensors", "threads", "write_bundle"]
+           "read_tensors", "thread_groups", "threads", "write_bundle"]
 
 # Whether writes fsync before they commit when the caller does not say (see the README's
 # benchmark: the cost of durable=True on this machine decided it).
@@ -49,8 +51,8 @@ MIN_PART_BYTES = 32 << 20
 # Restores of fewer bytes read all values first (one fused assign is faster for many small
 # variables, and a second copy of a small model costs little); larger ones stream.
 STREAM_BYTES = 16 << 20
-# Each reading thread gets at least this many bytes.
-MIN_READ_BYTES = 8 << 20
+# Each reading or writing thread gets at least this many bytes.
+MIN_THREAD_BYTES = 8 << 20
 # Entries at least this large are memory-mapped to check them and read straight into a new
 # tensor to assign them; smaller ones are read with pread.
 MAP_BYTES = 1 << 20
@@ -247,12 +249,18 @@ def part_count(sizes: list[int], workers: int) -> int:
 def write_bundle(temp: str, keys: list, tensors: list, workers: int | None = None) -> None:
     """Writes `tensors` under `keys` at the (temporary) prefix `temp`, in parallel.
 
-    One `SaveV2` when the tensors are small or one thread is asked for; otherwise part
+    `_bundlewrite` writes them (one data file, written by up to `workers` threads) unless
+    one is of a dtype it does not write or TF exports no crc32c. Then: one `SaveV2` when the
+    tensors are small or one thread is asked for; otherwise part
     prefixes `<temp>.part-NNNNN` written on `workers` threads and merged by
     `MergeV2Checkpoints` into `temp` (data shards `<temp>.data-0000k-of-0000K`, one index).
     Files left behind by a failure all start with `temp`'s name.
     """
     workers = threads() if workers is None else workers
+    crc = native_crc32c()
+    if crc is not None and _bundlewrite.supported(tensors):
+        _write_own(temp, keys, tensors, workers, crc)
+        return
     sizes = [_nbytes(t) for t in tensors]
     count = part_count(sizes, workers)
     if count <= 1:
@@ -268,6 +276,26 @@ def write_bundle(temp: str, keys: list, tensors: list, workers: int | None = Non
     with tf.device("/cpu:0"):
         tf.raw_ops.MergeV2Checkpoints(checkpoint_prefixes=parts, destination_prefix=temp,
                                       delete_old_dirs=False)
+
+
+def _write_own(temp: str, keys: list, tensors: list, workers: int, crc) -> None:
+    """objckpt's bundle writer: one data file, its tensors checksummed and written straight
+    from their buffers by up to `workers` threads, then the index."""
+    items = _bundlewrite.plan(keys, tensors, crc)
+    fd = os.open(f"{temp}.data-00000-of-00001", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.ftruncate(fd, _bundlewrite.data_bytes(items))
+
+        def write(group):
+            for i in group:
+                _bundlewrite.write_item(fd, items[i], crc)
+
+        _run_all(write, thread_groups([item.size for item in items], workers), workers)
+    finally:
+        os.close(fd)
+    table = _bundlewrite.index(items, crc)
+    with open(f"{temp}.index", "wb") as f:
+        f.write(table)
 
 
 def _save(prefix: str, keys: list, tensors: list) -> None:
@@ -301,10 +329,10 @@ def _bytes_of(shape, dtype) -> int:
     return count * dtype.size
 
 
-def _read_groups(sizes: list[int], workers: int) -> list[list[int]]:
-    """Indices into sizes, in groups of about equal bytes, one per reading thread (each of
-    at least MIN_READ_BYTES)."""
-    count = max(1, min(workers, len(sizes), sum(sizes) // MIN_READ_BYTES))
+def thread_groups(sizes: list[int], workers: int) -> list[list[int]]:
+    """Indices into sizes, in groups of about equal bytes, one per reading or writing thread
+    (each of at least MIN_THREAD_BYTES)."""
+    count = max(1, min(workers, len(sizes), sum(sizes) // MIN_THREAD_BYTES))
     return _balance(sizes, count) if count > 1 else [list(range(len(sizes)))]
 
 
@@ -315,7 +343,7 @@ def read_tensors(prefix: str, keys: list, dtypes: list, shapes: list | None = No
     sizes = ([_bytes_of(s, d) for s, d in zip(shapes, dtypes)] if shapes is not None
              else [1] * len(keys))
     workers = threads()
-    groups = _read_groups(sizes, workers)
+    groups = thread_groups(sizes, workers)
 
     def read(group):
         with tf.device("/cpu:0"):
@@ -436,7 +464,7 @@ class Loader:
 
     def _each(self, function) -> None:
         workers = threads()
-        groups = _read_groups(self._sizes, workers)
+        groups = thread_groups(self._sizes, workers)
         _run_all(lambda group: [function(self.pairs[i]) for i in group], groups, workers)
 
     # --- assigning ---

@@ -25,10 +25,11 @@ LAYERS = [
     "objckpt._paths",  # pure: the path grammar
     "objckpt._names",  # pure: layer names and slot owners from saved variable names
     "objckpt._bundle",  # pure: TF's index table, read and validated before TF reads it
+    "objckpt._bundlewrite",  # TF's bundle format written: data file layout, index table
     "objckpt._objgraph",  # pure: the object graph entry, read and decoded without TF
     "objckpt._roles",
     "objckpt._compat",  # the package and its submodules
-    "objckpt._fastio",  # parallel SaveV2/RestoreV2, crc32c checks, in-place restore
+    "objckpt._fastio",  # parallel writes and RestoreV2, crc32c checks, direct restore
     "objckpt._files",
     "objckpt._savedobjects",  # pure: saved_model.pb decoded (its variables)
     "objckpt._savedmodel",  # SavedModel directories as sources (no TF import)

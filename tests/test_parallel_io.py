@@ -1,10 +1,12 @@
-"""Parallel checkpoint I/O (issue 20): sharded writes TF reads, parallel all-or-nothing
+"""Parallel checkpoint I/O (issue 20): parallel writes TF reads, parallel all-or-nothing
 restores, durable (fsync) mode.
 
-Small models are written as several shards by making `_fastio.MIN_PART_BYTES` tiny and
-asking for `THREADS` threads (OBJCKPT_IO_THREADS); `_fastio.MAP_BYTES` is made tiny where a
-test wants every tensor to take the direct restore path (checked through a memory map, read
-straight into a new tensor its variable adopts).
+Small models are written and read by `THREADS` threads (OBJCKPT_IO_THREADS) by making
+`_fastio.MIN_THREAD_BYTES` tiny: objckpt's own bundle writer (one data file, several threads)
+by default, or, with the `parts` fixture (the fallback for dtypes it does not write), several
+`SaveV2` parts merged into K shards, by making `_fastio.MIN_PART_BYTES` tiny too.
+`_fastio.MAP_BYTES` is made tiny where a test wants every tensor to take the direct restore
+path (checked through a memory map, read straight into a new tensor its variable adopts).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import pytest
 import tensorflow as tf
 
 import objckpt
-from objckpt import _bundle, _compat, _fastio, _paths, errors
+from objckpt import _bundle, _bundlewrite, _compat, _fastio, _paths, errors
 
 from flavours import (
     CASES,
@@ -38,12 +40,20 @@ GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 
 @pytest.fixture(scope="module", autouse=True)
 def _small_parts():
-    """Every checkpoint of this module is written by THREADS threads, whatever its size."""
+    """Every checkpoint of this module is written and read by THREADS threads (and, with
+    `parts`, as several SaveV2 parts), whatever its size."""
     with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_fastio, "MIN_THREAD_BYTES", 1)
         patch.setattr(_fastio, "MIN_PART_BYTES", 1)
         patch.setattr(_fastio, "PART_BUFFER_BYTES", 1)
         patch.setenv("OBJCKPT_IO_THREADS", str(THREADS))
         yield
+
+
+@pytest.fixture
+def parts(monkeypatch):
+    """Saves take the SaveV2-parts path (objckpt's writer's fallback): K data shards."""
+    monkeypatch.setattr(_bundlewrite, "supported", lambda tensors: False)
 
 
 READ_PATHS = ("whole", "streamed", "in-place")
@@ -220,11 +230,9 @@ def saved(request, tmp_path_factory):
     return request.param, obj, now(obj), prefix
 
 
-def test_parallel_save_is_k_shards_tf_reads(saved):
+def test_parallel_save_is_one_data_file_tf_reads(saved):
     case, _, before, prefix = saved
-    k = assert_layout(prefix)
-    assert 1 < k <= THREADS + 1, k  # + a part of its own for odd sizes
-    assert len({e.shard for e in variable_entries(prefix).values()}) > 1
+    assert assert_layout(prefix) == 1  # objckpt's writer: one data file, several threads
     # TF's own readers: tf.train.Checkpoint.read consumes everything, load_checkpoint reads
     # every entry with the value saved.
     fresh = target_for(case, fresh=True)
@@ -252,11 +260,15 @@ def test_parallel_save_restores_bit_exact(saved, read_path):
     assert report.missing == () and report.unexpected == ()
 
 
-def test_dtype_zoo_round_trip(tmp_path, read_path):
+@pytest.mark.parametrize("writer", ["own", "parts"])
+def test_dtype_zoo_round_trip(tmp_path, read_path, writer, monkeypatch):
+    if writer == "parts":
+        monkeypatch.setattr(_bundlewrite, "supported", lambda tensors: False)
     zoo = Zoo(1)
     before = now(zoo)
     prefix = objckpt.save(zoo, str(tmp_path / "zoo"))
-    assert 1 < assert_layout(prefix) <= THREADS + 1
+    k = assert_layout(prefix)
+    assert (k == 1) if writer == "own" else 1 < k <= THREADS, k
     entries = variable_entries(prefix)
     assert set(entries) == set(zoo_keys())
     # objckpt restores every dtype bit-exact...
@@ -275,7 +287,7 @@ def test_dtype_zoo_round_trip(tmp_path, read_path):
     assert objckpt.verify(prefix).ok
 
 
-def test_cli_verify_reads_a_sharded_checkpoint(tmp_path):
+def test_cli_verify_reads_a_sharded_checkpoint(tmp_path, parts):
     prefix = objckpt.save(Zoo(1), str(tmp_path / "zoo"))
     assert assert_layout(prefix) > 1
     done = run_cli("verify", prefix, blocked=False)
@@ -337,12 +349,16 @@ def test_saving_over_a_prefix_with_another_shard_count_leaves_no_stale_shard(tmp
                                                                              monkeypatch):
     prefix = str(tmp_path / "ck")
     (tmp_path / "ck.data-00000-of-00001.bak").write_bytes(b"keep me")
-    for seed, threads in ((1, "4"), (2, "1"), (3, "3"), (4, "4"), (5, "2")):
+    own = _bundlewrite.supported
+    for seed, threads, writer in ((1, "4", "parts"), (2, "1", "parts"), (3, "3", "parts"),
+                                  (4, "4", "own"), (5, "2", "parts"), (6, "3", "own")):
         monkeypatch.setenv("OBJCKPT_IO_THREADS", threads)
+        monkeypatch.setattr(_bundlewrite, "supported",
+                            own if writer == "own" else lambda tensors: False)
         zoo = Zoo(seed)
         objckpt.save(zoo, prefix)
         k = assert_layout(prefix)
-        assert (k == 1) if threads == "1" else 1 < k <= int(threads) + 1
+        assert (k == 1) if threads == "1" or writer == "own" else 1 < k <= int(threads), k
         assert sorted(os.listdir(tmp_path)) == sorted(
             [*data_files(prefix), "ck.index", "ck.data-00000-of-00001.bak"])
         target = Zoo(0)
@@ -375,22 +391,26 @@ def crash_at(monkeypatch, module, name: str, after: int = 0):
 
 
 def _write_points():
-    """(module, function) pairs the parallel write passes through, in order."""
+    """(writer, module, function) the parallel writes pass through, in order."""
     from objckpt import _files
 
-    return [(_fastio, "_save"), (tf.raw_ops, "MergeV2Checkpoints"), (_files, "commit"),
-            (_files, "rename")]
+    return [("own", _bundlewrite, "_pwrite_all"), ("own", _bundlewrite, "index"),
+            ("parts", _fastio, "_save"), ("parts", tf.raw_ops, "MergeV2Checkpoints"),
+            ("own", _files, "commit"), ("own", _files, "rename")]
 
 
-@pytest.mark.parametrize("point", range(4), ids=["part", "merge", "commit", "rename"])
+@pytest.mark.parametrize("point", range(6), ids=["data", "index", "part", "merge", "commit",
+                                                 "rename"])
 def test_crash_during_a_parallel_save_leaves_the_old_or_the_new_checkpoint(tmp_path,
                                                                           monkeypatch, point):
     prefix = str(tmp_path / "ck")
     old, new = Zoo(1), Zoo(2)
+    writer, module, name = _write_points()[point]
+    if writer == "parts":
+        monkeypatch.setattr(_bundlewrite, "supported", lambda tensors: False)
     objckpt.save(old, prefix)
-    module, name = _write_points()[point]
     # every call of the function in turn, until a save goes through without reaching it
-    for after in range(12):
+    for after in range(64):
         with monkeypatch.context() as patch:
             calls = crash_at(patch, module, name, after)
             try:
@@ -408,7 +428,7 @@ def test_crash_during_a_parallel_save_leaves_the_old_or_the_new_checkpoint(tmp_p
             assert_bits(now(old) if bits(got["large"]) == bits(now(old)["large"])
                         else now(new), got, f"{name} #{after}")
         else:  # none: only a crash inside the final renames may leave that
-            assert point == 3 and crashed, f"{name} #{after}: no checkpoint left"
+            assert name == "rename" and crashed, f"{name} #{after}: no checkpoint left"
         leftovers = [n for n in os.listdir(tmp_path) if ".tmp-" in n]
         assert not leftovers, (name, after, leftovers)  # cleaned up on the way out
         if not crashed:
@@ -580,7 +600,7 @@ def test_mixed_precision_model_round_trip(flavour, tmp_path, streamed):
     source = _mixed(keras)
     assert any(v.dtype == tf.float32 for v in source.trainable_variables)
     prefix = objckpt.save(source, str(tmp_path / "ck"))
-    assert assert_layout(prefix) > 1
+    assert assert_layout(prefix) == 1
     target = _mixed(keras)
     perturb(target)
     objckpt.restore(target, prefix)
@@ -589,10 +609,13 @@ def test_mixed_precision_model_round_trip(flavour, tmp_path, streamed):
 
 @pytest.fixture(scope="module", params=CASES, ids=case_id)
 def wrapped(request, tmp_path_factory):
-    """(case, obj, prefix of tf.train.Checkpoint(wrapper=obj) + a stray variable)."""
+    """(case, obj, prefix of tf.train.Checkpoint(wrapper=obj) + a stray variable), written as
+    SaveV2 parts (K data shards: restores read several shards)."""
     obj = build(*request.param)
     root = tf.train.Checkpoint(wrapper=obj, stray=tf.Variable([1.0, 2.0, 3.0]))
-    prefix = objckpt.save(root, str(tmp_path_factory.mktemp("wrapped") / "ck"))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_bundlewrite, "supported", lambda tensors: False)
+        prefix = objckpt.save(root, str(tmp_path_factory.mktemp("wrapped") / "ck"))
     return request.param, obj, prefix
 
 
@@ -626,7 +649,7 @@ def test_restore_not_strict_with_a_missing_entry(saved, tmp_path, streamed):
     dropped = next(p for p in items if not p.startswith("optimizer") and "OPTIMIZER" not in p)
     del items[dropped]
     prefix = objckpt.save(objckpt.Snapshot(items), str(tmp_path / "partial"))
-    assert assert_layout(prefix) > 1
+    assert assert_layout(prefix) == 1
     target = target_for(case)
     perturbed = now(target)
     report = objckpt.restore(target, prefix, strict=False)
@@ -654,7 +677,7 @@ def test_load_ensemble_of_three_parallel_written_checkpoints(saved, tmp_path, st
             expected.append({p: v.numpy() for p, v in _compat.network_variable_paths(net)})
     finally:
         objckpt.restore(net, objckpt.Snapshot(original))
-    assert all(assert_layout(p) > 1 for p in prefixes)
+    assert all(assert_layout(p) == 1 for p in prefixes)
     ensemble = objckpt.load_ensemble(network(target_for(case)), prefixes, strict=False)
     for k, (member, want) in enumerate(zip(ensemble.members, expected)):
         got = dict(_compat.network_variable_paths(member))
@@ -711,22 +734,25 @@ def assert_durable(paths: list[str], prefix: str) -> None:
     assert paths[-1] == directory, paths
 
 
-def test_durable_save_fsyncs_every_shard_the_index_and_the_directory(tmp_path, fsynced):
+def test_durable_save_fsyncs_every_shard_the_index_and_the_directory(tmp_path, fsynced, parts):
     prefix = objckpt.save(Zoo(1), str(tmp_path / "ck"), durable=True)
     assert assert_layout(prefix) > 1
     assert_durable(fsynced, prefix)
 
 
-def test_durable_one_shard_save(tmp_path, fsynced, monkeypatch):
-    monkeypatch.setenv("OBJCKPT_IO_THREADS", "1")
+def test_durable_save_by_objckpts_writer(tmp_path, fsynced):
     prefix = objckpt.save(Zoo(1), str(tmp_path / "ck"), durable=True)
     assert assert_layout(prefix) == 1
     assert_durable(fsynced, prefix)
 
 
 def test_not_durable_save_fsyncs_nothing(tmp_path, fsynced):
-    prefix = objckpt.save(Zoo(1), str(tmp_path / "ck"), durable=False)
-    assert assert_layout(prefix) > 1
+    for writer in ("own", "parts"):
+        with pytest.MonkeyPatch.context() as patch:
+            if writer == "parts":
+                patch.setattr(_bundlewrite, "supported", lambda tensors: False)
+            prefix = objckpt.save(Zoo(1), str(tmp_path / writer), durable=False)
+        assert assert_layout(prefix) == (1 if writer == "own" else THREADS)
     assert fsynced == []
 
 
