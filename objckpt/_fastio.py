@@ -250,15 +250,15 @@ def write_bundle(temp: str, keys: list, tensors: list, workers: int | None = Non
     """Writes `tensors` under `keys` at the (temporary) prefix `temp`, in parallel.
 
     `_bundlewrite` writes them (one data file, written by up to `workers` threads) unless
-    one is of a dtype it does not write or TF exports no crc32c. Then: one `SaveV2` when the
-    tensors are small or one thread is asked for; otherwise part
-    prefixes `<temp>.part-NNNNN` written on `workers` threads and merged by
+    one is of a dtype it does not write, TF exports no crc32c or a graph is being built.
+    Then: one `SaveV2` when the tensors are small or one thread is asked for; otherwise
+    part prefixes `<temp>.part-NNNNN` written on `workers` threads and merged by
     `MergeV2Checkpoints` into `temp` (data shards `<temp>.data-0000k-of-0000K`, one index).
     Files left behind by a failure all start with `temp`'s name.
     """
     workers = threads() if workers is None else workers
     crc = native_crc32c()
-    if crc is not None and _bundlewrite.supported(tensors):
+    if crc is not None and tf.executing_eagerly() and _bundlewrite.supported(tensors):
         _write_own(temp, keys, tensors, workers, crc)
         return
     sizes = [_nbytes(t) for t in tensors]

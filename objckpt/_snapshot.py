@@ -485,12 +485,15 @@ def save(obj_or_snapshot, prefix: str | os.PathLike, *, blocking: bool = True,
     leaves the old one, none, or the new one, never a mix.
 
     Large checkpoints are written by several threads (sized to the machine;
-    the environment variable OBJCKPT_IO_THREADS overrides), each into data
-    shards of its own (`prefix.data-0000k-of-0000K`) merged under one
-    index: the layout of TF's own sharded saves, which `tf.train.Checkpoint`,
-    `tf.train.load_checkpoint` and `objckpt verify` read. Values are read
-    without copying them (TF copies a variable's buffer only when it is next
-    updated), so saving needs no second copy of the model in memory.
+    the environment variable OBJCKPT_IO_THREADS overrides): each checksums
+    its tensors and writes them straight from their buffers at their
+    offsets in one data file, whose bytes, like the index's, are those TF's
+    `SaveV2` writes, so `tf.train.Checkpoint`, `tf.train.load_checkpoint`
+    and `objckpt verify` read it. (Variant tensors go through `SaveV2` parts
+    on several threads instead: `prefix.data-0000k-of-0000K` under one
+    index, TF's sharded layout.) Values are read without copying them (TF
+    copies a variable's buffer only when it is next updated), so saving
+    needs no second copy of the model in memory.
 
     With `blocking=False` the values are taken at the call and written on a
     background thread: the call returns a `SaveHandle` at once, and training
@@ -520,7 +523,7 @@ def save(obj_or_snapshot, prefix: str | os.PathLike, *, blocking: bool = True,
     Args:
       obj_or_snapshot: a trackable obj or a `Snapshot`.
       prefix: where to write (`prefix.index`, `prefix.data-00000-of-00001`, or
-        several data shards for a large checkpoint).
+        several data shards when variant tensors are written by `SaveV2` parts).
       blocking: False: write on a background thread and return a `SaveHandle`.
       durable: True: fsync every file written and the directory before the
         final renames, and the directory after them, so the checkpoint
