@@ -11,7 +11,7 @@ import tensorflow as tf
 import objckpt
 from objckpt import errors
 
-from flavours import KERAS_FLAVOURS, keras_for
+from flavours import KERAS_FLAVOURS, build, keras_for, session_flavour
 from legacy_models import ListNet, bias_free_mlp
 
 
@@ -467,3 +467,53 @@ def test_two_dict_keys_with_one_path_are_refused_and_odd_keys_are_drawn():
     odd(_x())
     assert "heads/v1..Score.Sx/_kernel" in objckpt.tree(odd)
     assert "v1.Score/x" in objckpt.graph(odd).dot
+
+
+class _Proxied(tf.Module):
+    """A module whose instance (not class) holds `get_slot_names`, with one slot."""
+
+    def __init__(self, owner):
+        super().__init__()
+        self.owner = owner
+        slot = tf.Variable([0.5])  # reached only as the owner's slot
+        self.get_slot_names = lambda: ["m"]
+        self.get_slot = lambda variable, name: slot if variable is owner else None
+
+
+def _graph_roots():
+    """Roots whose graphs hold optimizer slots found the way TF finds them, or none."""
+    roots = [("session model", lambda: build(session_flavour(), train=True)),
+             ("module", lambda: build("module", train=True))]
+
+    def tf1_optimizer():
+        variable = tf.Variable([1.0, 2.0])
+        optimizer = tf.compat.v1.train.AdamOptimizer(0.1)
+        optimizer.minimize(lambda: tf.reduce_sum(variable * variable), var_list=[variable])
+        return tf.train.Checkpoint(v=variable, opt=optimizer)
+
+    def instance_method():
+        owner = tf.Variable([3.0])
+        return tf.train.Checkpoint(owner=owner, holder=_Proxied(owner),
+                                   table={"a": tf.Variable(1.0)})
+
+    return [*roots, ("tf.compat.v1 optimizer", tf1_optimizer),
+            ("instance get_slot_names", instance_method)]
+
+
+@pytest.mark.parametrize("name,make", _graph_roots(), ids=[n for n, _ in _graph_roots()])
+def test_objects_and_names_are_tfs_own_walk(name, make):
+    """The graph walk skips TF's dir() of each object only where no slot can exist: its
+    objects (slot variables included), order and names are those of TF's own function."""
+    from tensorflow.python.checkpoint import graph_view
+    from tensorflow.python.checkpoint import util as checkpoint_util
+
+    from objckpt._compat import graph as compat_graph
+
+    root = make()
+    theirs, _, _, slots, their_names = checkpoint_util.objects_ids_and_slot_variables_and_paths(
+        graph_view.ObjectGraphView(root))
+    ours, our_names = compat_graph.objects_and_names(graph_view.ObjectGraphView(root))
+    assert [id(t) for t in ours] == [id(t) for t in theirs], name
+    assert [our_names[t] for t in ours] == [their_names[t] for t in theirs], name
+    if name in ("tf.compat.v1 optimizer", "instance get_slot_names"):
+        assert slots and any(".OPTIMIZER_SLOT" in our_names[t] for t in ours), name

@@ -11,6 +11,7 @@ from tensorflow.core.protobuf import trackable_object_graph_pb2
 from tensorflow.python.checkpoint import graph_view as _graph_view
 from tensorflow.python.checkpoint import util as _checkpoint_util
 from tensorflow.python.trackable import trackable_utils as _trackable_utils
+from tensorflow.python.util import object_identity as _object_identity
 
 from objckpt import _paths, errors
 from objckpt._compat.distribute import check_not_sharded
@@ -49,6 +50,42 @@ TrackableObjectGraph = trackable_object_graph_pb2.TrackableObjectGraph
 OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 
 
+def objects_and_names(view) -> tuple[list, dict]:
+    """(objects, {object: path}) of a graph view, slot variables last: what TF's
+    `objects_ids_and_slot_variables_and_paths` returns, without its `dir()` of every
+    object (35 us each) where no object can have optimizer slots.
+
+    TF looks for slots on each object with "get_slot_names" in dir(obj) (TF 2.12: or a
+    `tf.compat.v1` optimizer, whose class defines it). An object can only pass that test
+    if its class defines the method, its own `__dict__` holds it, or its class overrides
+    `__dir__` (then dir() itself is asked); only then does TF's own pass run.
+    """
+    objects, node_paths = view.breadth_first_traversal()
+    names = _object_identity.ObjectIdentityDictionary()
+    for trackable, path in node_paths.items():
+        names[trackable] = _trackable_utils.object_path_to_string(path)
+    if any(_may_have_slots(trackable) for trackable in objects):
+        node_ids = _object_identity.ObjectIdentityDictionary()
+        for node_id, trackable in enumerate(objects):
+            node_ids[trackable] = node_id
+        _checkpoint_util.serialize_slot_variables(
+            trackable_objects=objects, node_ids=node_ids, object_names=names)
+    return objects, names
+
+
+def _may_have_slots(trackable) -> bool:
+    cls = type(trackable)
+    if hasattr(cls, "get_slot_names"):
+        return True
+    if cls.__dir__ is not object.__dir__:  # a proxy (_DictWrapper) or custom dir(): ask it
+        return "get_slot_names" in dir(trackable)
+    try:
+        own = object.__getattribute__(trackable, "__dict__")
+    except (AttributeError, TypeError):
+        return False
+    return isinstance(own, dict) and "get_slot_names" in own
+
+
 def variable_paths(obj) -> list[tuple[str, object]]:
     """Lists (object path, variable) for every variable obj owns.
 
@@ -65,9 +102,7 @@ def variable_paths(obj) -> list[tuple[str, object]]:
         its optimizer's) is reachable by no path at all.
     """
     view = _graph_view.ObjectGraphView(obj)
-    objects, _, _, _, names = _checkpoint_util.objects_ids_and_slot_variables_and_paths(
-        view
-    )
+    objects, names = objects_and_names(view)
     out = []
     for trackable in objects:
         variable = as_variable(trackable)
@@ -477,7 +512,7 @@ def live_object_graph(obj):
         variable = as_variable(trackable)
         if variable is not None:
             node_of_variable.setdefault(id(variable), node_id)
-    objects_, _, _, _, paths = _checkpoint_util.objects_ids_and_slot_variables_and_paths(view)
+    objects_, paths = objects_and_names(view)
     reached = [(t, paths[t]) for t in objects_]
     found = [(paths[t], as_variable(t)) for t in objects_ if as_variable(t) is not None]
     extra = _collection_paths(reached, found)
