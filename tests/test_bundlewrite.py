@@ -154,10 +154,18 @@ def test_several_threads_write_the_same_bytes_as_one(tmp_path, monkeypatch):
     monkeypatch.setattr(_fastio, "MIN_THREAD_BYTES", 1)
     monkeypatch.setattr(_bundlewrite, "CHUNK_BYTES", 1 << 12)
     writers: set = set()
+    lock, meet = threading.Lock(), {"barrier": None}
     real = _bundlewrite._pwrite_all
 
     def spy(fd, view, offset):
-        writers.add(threading.get_ident())
+        with lock:
+            new = threading.get_ident() not in writers
+            writers.add(threading.get_ident())
+            first_two = new and len(writers) <= 2
+        if first_two and meet["barrier"] is not None:
+            # The first two writing threads wait for each other: a pool that ran every
+            # group on one thread (small groups finish fast) fails here, not by chance.
+            meet["barrier"].wait()
         return real(fd, view, offset)
 
     monkeypatch.setattr(_bundlewrite, "_pwrite_all", spy)
@@ -166,6 +174,7 @@ def test_several_threads_write_the_same_bytes_as_one(tmp_path, monkeypatch):
     _fastio.write_bundle(str(tmp_path / "one"), keys, values, 1)
     assert len(writers) == 1
     writers.clear()
+    meet["barrier"] = threading.Barrier(2, timeout=60)
     _fastio.write_bundle(str(tmp_path / "four"), keys, values, 4)
     assert len(writers) > 1
     assert _files(str(tmp_path / "one")) == _files(str(tmp_path / "four"))
