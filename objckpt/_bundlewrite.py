@@ -24,6 +24,8 @@ import struct
 
 import numpy as np
 
+from objckpt import _objgraph
+
 __all__ = ["CHUNK_BYTES", "Item", "data_bytes", "index", "plan", "supported", "write_item"]
 
 # DataType enums written as their raw little-endian buffers: float, double, int32, uint8,
@@ -34,10 +36,6 @@ _MAGIC = 0xDB4775248B80FB57
 # Each thread checksums then writes this many bytes at a time (the chunk is still in the
 # cache when it is written).
 CHUNK_BYTES = 1 << 20
-
-
-def _mask(crc: int) -> int:
-    return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + 0xA282EAD8) & 0xFFFFFFFF
 
 
 def _put_varint(out: bytearray, value: int) -> None:
@@ -94,11 +92,11 @@ def _encode_strings(array, crc) -> tuple[bytes, int]:
         _put_varint(lengths, len(element))
         size = len(element)
         value = crc(struct.pack("<I" if size <= 0xFFFFFFFF else "<Q", size), value)
-    length_checksum = struct.pack("<I", _mask(value))
+    length_checksum = struct.pack("<I", _objgraph.masked_crc32c(value))
     value = crc(length_checksum, value)
     for element in elements:
         value = crc(element, value)
-    return bytes(lengths) + length_checksum + b"".join(elements), _mask(value)
+    return bytes(lengths) + length_checksum + b"".join(elements), _objgraph.masked_crc32c(value)
 
 
 def plan(keys: list, tensors: list, crc) -> list[Item]:
@@ -133,7 +131,7 @@ def write_item(fd: int, item: Item, crc) -> None:
     finally:
         view.release()
     if item.encoded is None:
-        item.crc = _mask(value)
+        item.crc = _objgraph.masked_crc32c(value)
 
 
 def _pwrite_all(fd: int, view, offset: int) -> None:
@@ -239,7 +237,7 @@ def index(items: list, crc) -> bytes:
         _put_varint(handle, len(block))
         table.extend(block)
         table.append(0)  # no compression
-        table.extend(struct.pack("<I", _mask(crc(block + b"\x00"))))
+        table.extend(struct.pack("<I", _objgraph.masked_crc32c(crc(block + b"\x00"))))
         return bytes(handle)
 
     index_block, data, pending = _Block(1), _Block(_RESTART_INTERVAL), None

@@ -269,8 +269,8 @@ def _read_block(table: bytes, offset: int, size: int) -> bytes:
     return contents
 
 
-def decode_table(table: bytes) -> list[tuple[bytes, bytes]]:
-    """Every (key, value) of a table, in file order; CodecError when anything is off."""
+def data_block_handles(table: bytes) -> list[tuple[int, int]]:
+    """The (offset, size) of each data block of a table, from its index block."""
     if len(table) < FOOTER_SIZE:
         raise CodecError("shorter than a footer")
     footer = table[-FOOTER_SIZE:]
@@ -281,10 +281,18 @@ def decode_table(table: bytes) -> list[tuple[bytes, bytes]]:
     _meta_size, pos = read_varint(footer, pos, 40)
     index_offset, pos = read_varint(footer, pos, 40)
     index_size, pos = read_varint(footer, pos, 40)
-    entries = []
+    handles = []
     for _, handle in decode_block(_read_block(table, index_offset, index_size)):
         offset, p = read_varint(handle, 0)
         size, _ = read_varint(handle, p)
+        handles.append((offset, size))
+    return handles
+
+
+def decode_table(table: bytes) -> list[tuple[bytes, bytes]]:
+    """Every (key, value) of a table, in file order; CodecError when anything is off."""
+    entries = []
+    for offset, size in data_block_handles(table):
         entries.extend(decode_block(_read_block(table, offset, size)))
     return entries
 

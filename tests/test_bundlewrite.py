@@ -4,7 +4,6 @@ read by TF's readers, written by several threads."""
 from __future__ import annotations
 
 import os
-import struct
 import threading
 
 import numpy as np
@@ -13,6 +12,8 @@ import tensorflow as tf
 
 import objckpt
 from objckpt import _bundle, _bundlewrite, _fastio
+
+import fuzzlib as F
 
 pytestmark = pytest.mark.skipif(_fastio.native_crc32c() is None,
                                 reason="this TF exports no crc32c: objckpt writes with SaveV2")
@@ -54,38 +55,6 @@ def _files(prefix: str) -> tuple[bytes, bytes]:
         data = f.read()
     with open(prefix + ".index", "rb") as f:
         return data, f.read()
-
-
-def _index_handles(path: str) -> list:
-    """The (offset, size) handles of an index table's data blocks (its index block's
-    values)."""
-    with open(path, "rb") as f:
-        table = f.read()
-
-    def varint(pos):
-        value = shift = 0
-        while True:
-            byte = table[pos]
-            value, pos, shift = value | (byte & 0x7F) << shift, pos + 1, shift + 7
-            if byte < 0x80:
-                return value, pos
-
-    footer = len(table) - 48
-    _, pos = varint(footer)
-    _, pos = varint(pos)
-    offset, pos = varint(pos)
-    size, _ = varint(pos)
-    (restarts,) = struct.unpack_from("<I", table, offset + size - 4)
-    pos, end, handles = offset, offset + size - 4 * (restarts + 1), []
-    while pos < end:  # the index block: a restart at every key (nothing shared)
-        _, pos = varint(pos)
-        unshared, pos = varint(pos)
-        length, pos = varint(pos)
-        pos += unshared
-        block_offset, at = varint(pos)
-        handles.append((block_offset, varint(at)[0]))
-        pos += length
-    return handles
 
 
 def _save_v2(prefix: str, keys: list, tensors: list) -> None:
@@ -146,7 +115,7 @@ def test_an_index_of_several_blocks_is_tfs_byte_for_byte(tmp_path):
     _fastio.write_bundle(ours, keys, values, 2)
     _save_v2(theirs, keys, values)
     assert _files(ours) == _files(theirs)
-    data_blocks = len(_index_handles(ours + ".index"))
+    data_blocks = len(F.data_block_handles(_files(ours)[1]))
     assert data_blocks >= 2, data_blocks
 
 

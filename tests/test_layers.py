@@ -25,8 +25,8 @@ LAYERS = [
     "objckpt._paths",  # pure: the path grammar
     "objckpt._names",  # pure: layer names and slot owners from saved variable names
     "objckpt._bundle",  # pure: TF's index table, read and validated before TF reads it
-    "objckpt._bundlewrite",  # TF's bundle format written: data file layout, index table
     "objckpt._objgraph",  # pure: the object graph entry, read and decoded without TF
+    "objckpt._bundlewrite",  # TF's bundle format written: data file layout, index table
     "objckpt._roles",
     "objckpt._compat",  # the package and its submodules
     "objckpt._fastio",  # parallel writes and RestoreV2, crc32c checks, direct restore
