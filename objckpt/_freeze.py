@@ -128,6 +128,8 @@ class Freezer:
         self._replica_hooks: dict = {}  # id(optimizer) -> [hook, users, graph] in strategy.run
         self._replica_lock = threading.Lock()
         self._hooks: dict = {}  # id(optimizer) -> (optimizer, undo) of `hook`
+        self._local = threading.local()  # per thread: inside `_apply`; steps routed through it
+        self._fit = None  # a _FitHold once the frozen set holds under model.fit
         with tf.init_scope():
             self._mask = tf.Variable(tf.zeros([len(self.paths)], tf.bool), trainable=False,
                                      name="objckpt_frozen")
@@ -177,6 +179,8 @@ class Freezer:
         return chosen
 
     def _set(self, frozen: np.ndarray) -> None:
+        if frozen.any() and _FitHold.applies(self.model):
+            self.attach()  # raises, changing nothing, where fit cannot honour it
         if not np.array_equal(frozen, self._frozen):
             self._mask.assign(frozen)
             self._any.assign(bool(frozen.any()))
@@ -262,15 +266,18 @@ class Freezer:
         return tuple(p for p, c in zip(self.paths, chosen) if c)
 
     def hook(self, optimizer) -> None:
-        """Routes every `optimizer.apply_gradients(...)` call through this Freezer (what
-        `callbacks.FreezeSchedule` does for `model.fit`); `unhook` undoes it."""
-        original = optimizer.apply_gradients
+        """Routes every `optimizer.apply_gradients(...)` call (and a Keras 3 optimizer's
+        `apply(grads, variables)`) through this Freezer; `unhook` undoes it.
 
-        def apply_gradients(grads_and_vars, *args, **kwargs):
-            return self._apply(optimizer, original, grads_and_vars, *args, **kwargs)
-
-        self._hooks[id(optimizer)] = (optimizer, _compat.override_methods(
-            optimizer, {"apply_gradients": apply_gradients}))
+        For `model.fit` this is not needed: `freeze` on a compiled Keras model
+        hooks its optimizer by itself (see `attach`). Hooking the model's own
+        optimizer attaches too, so a train function traced before holds as well.
+        Hooking an optimizer twice changes nothing.
+        """
+        if id(optimizer) not in self._hooks:
+            self._hooks[id(optimizer)] = (optimizer, self._override(optimizer))
+        if optimizer is getattr(self.model, "optimizer", None) and _FitHold.applies(self.model):
+            self.attach()
 
     def unhook(self, optimizer) -> None:
         """Undoes `hook(optimizer)`; an optimizer never hooked is left as it is."""
@@ -278,7 +285,92 @@ class Freezer:
         if entry is not None:
             _compat.restore_methods(optimizer, entry[1])
 
+    def _override(self, optimizer) -> list:
+        """Shadows the optimizer's `apply_gradients` (and Keras 3's `apply`) with calls
+        through `_apply`; returns what `_compat.restore_methods` undoes."""
+        original = optimizer.apply_gradients
+
+        def apply_gradients(grads_and_vars, *args, **kwargs):
+            return self._apply(optimizer, original, grads_and_vars, *args, **kwargs)
+
+        methods = {"apply_gradients": apply_gradients}
+        if callable(getattr(optimizer, "stateless_apply", None)) and \
+                callable(getattr(optimizer, "apply", None)):
+            # Keras 3: apply_gradients calls apply(grads, variables), which custom
+            # train_steps also call themselves (Keras 3's guide does).
+            original_apply = optimizer.apply
+
+            def apply_pairs(pairs, *args, **kwargs):
+                return original_apply([g for g, _ in pairs], [v for _, v in pairs],
+                                      *args, **kwargs)
+
+            def apply(grads, trainable_variables=None, *args, **kwargs):
+                if trainable_variables is None:  # the optimizer's own list: not routed, so
+                    return original_apply(grads, None, *args, **kwargs)  # fit refuses it
+                return self._apply(optimizer, apply_pairs,
+                                   zip(list(grads), list(trainable_variables)), *args, **kwargs)
+
+            methods["apply"] = apply
+        return _compat.override_methods(optimizer, methods)
+
+    # --- model.fit -----------------------------------------------------------------
+
+    def attach(self) -> None:
+        """Makes the frozen set hold under `model.fit` of this Freezer's Keras model.
+
+        `freeze` (and `set_frozen`, `hook(model.optimizer)`) call it on a Keras
+        model of any flavour; call it yourself only to have the train function
+        retraced before anything is frozen. From then on:
+
+        * every traced train step routes the model's current optimizer through
+          this Freezer (its `apply_gradients`, and Keras 3's `apply`), also
+          after a recompile with a new optimizer; frozen variables and their
+          optimizer state stay bit-identical under `fit`, `train_on_batch`,
+          `run_eagerly` and tf.distribute;
+        * a train function traced before (by an earlier `fit`) is made afresh,
+          once: the next `fit` traces it again with the Freezer in place.
+          Later `freeze` / `unfreeze` calls never retrace;
+        * a train step (a custom `train_step`) that updates none of the
+          Freezer's variables through the model's optimizer cannot be held:
+          its trace raises `UnsupportedObjectError` while anything is frozen,
+          before any variable moves, and so does every later `freeze`. The
+          fix it names: call `freezer.apply_gradients(self.optimizer, ...)`
+          in that `train_step`.
+
+        `detach` undoes it. Does nothing on a model already attached.
+
+        Raises:
+          InvalidArgumentError: the model has no `fit` (a tf.Module).
+          UnsupportedObjectError: a traced train step went around the optimizer.
+        """
+        if not _FitHold.applies(self.model):
+            raise errors.InvalidArgumentError(
+                f"Freezer.attach() makes frozen variables hold under model.fit; "
+                f"{type(self.model).__name__} has no fit (not a Keras model). Fix: in your "
+                "training step call freezer.apply_gradients(optimizer, zip(grads, variables)).")
+        if self._fit is None:
+            self._fit = _FitHold(self)
+        self._fit.attach()
+
+    def detach(self) -> None:
+        """Undoes `attach`: `model.fit` no longer routes through this Freezer once the
+        train function is traced again (unfreeze first: a train function traced while
+        attached keeps reading the frozen set)."""
+        if self._fit is not None:
+            self._fit.detach()
+
     def _apply(self, optimizer, apply, grads_and_vars, *args, **kwargs):
+        if getattr(self._local, "active", False):
+            # Called again from within: `freezer.apply_gradients(opt)` of a hooked `opt`,
+            # or a hooked Keras 3 `apply_gradients` calling its hooked `apply`.
+            return apply(list(grads_and_vars), *args, **kwargs)
+        self._local.active = True
+        try:
+            return self._guarded_apply(optimizer, apply, grads_and_vars, *args, **kwargs)
+        finally:
+            self._local.active = False
+
+    def _guarded_apply(self, optimizer, apply, grads_and_vars, *args, **kwargs):
         pairs = list(grads_and_vars)
         guarded = []  # (position in pairs, freezer index)
         for position, (gradient, variable) in enumerate(pairs):
@@ -287,6 +379,7 @@ class Freezer:
                 guarded.append((position, index))
         if not guarded:
             return apply(pairs, *args, **kwargs)
+        self._local.routed = getattr(self._local, "routed", 0) + 1  # checked by _FitHold
         replica = _compat.replica_index()
         if replica is None:
             self._check_not_cross_replica(guarded)
@@ -481,6 +574,111 @@ class Freezer:
         for tensors, values in backups:
             _restore(tensors, values)
         return result
+
+
+class _FitHold:
+    """Makes a Freezer's frozen set hold under `model.fit` (every Keras flavour).
+
+    Keras traces `model.train_step` into a cached `model.train_function`; the
+    optimizer methods it calls are captured then. The model's `train_step` is
+    shadowed (an instance attribute, as `hook` shadows the optimizer's
+    `apply_gradients`) by one that, each time it is traced (or run eagerly),
+    first hooks the model's current optimizer (after a recompile: the new one)
+    and afterwards checks that some Freezer variable went through it. A train
+    function made before is made afresh once, at `attach`.
+    """
+
+    def __init__(self, freezer):
+        self.freezer = freezer
+        self.model = freezer.model
+        self.attached = False
+        self.undo: list = []  # the train_step override
+        self.hooked: dict = {}  # id(optimizer) -> (optimizer, undo) hooked for fit
+        self.refusal: str | None = None  # why the last traced step cannot be held
+        self.steps = 0  # train_step calls seen (traces; eager steps under run_eagerly)
+
+    @staticmethod
+    def applies(model) -> bool:
+        """Whether the model has Keras' `fit` machinery (any flavour)."""
+        return callable(getattr(model, "make_train_function", None)) and \
+            callable(getattr(model, "train_step", None))
+
+    def attach(self) -> None:
+        if self.refusal is not None:
+            raise errors.UnsupportedObjectError(self.refusal)
+        self.follow()
+        if self.attached:
+            return
+        model, hold = self.model, self
+        original = model.train_step
+
+        def train_step(*args, **kwargs):
+            # Left to AutoGraph like the original (a custom train_step may need it); the
+            # checks around the call are not converted.
+            routed = hold.before()
+            outputs = original(*args, **kwargs)
+            hold.after(routed)
+            return outputs
+
+        self.undo = _compat.override_methods(model, {"train_step": train_step})
+        self.attached = True
+        if getattr(model, "train_function", None) is not None:
+            # Traced (or made, capturing train_step) before the hooks: make it afresh,
+            # to be traced on its first call (also in the middle of fit, which looks
+            # model.train_function up for every step).
+            model.make_train_function(force=True)
+
+    def detach(self) -> None:
+        if not self.attached:
+            return
+        _compat.restore_methods(self.model, self.undo)
+        self.undo = []
+        for optimizer, undo in self.hooked.values():
+            _compat.restore_methods(optimizer, undo)
+        self.hooked = {}
+        self.attached = False
+
+    def follow(self) -> None:
+        """Hooks the model's current optimizer (unhooking one it replaced)."""
+        optimizer = getattr(self.model, "optimizer", None)
+        if optimizer is None or not callable(getattr(optimizer, "apply_gradients", None)):
+            return
+        if id(optimizer) in self.hooked or id(optimizer) in self.freezer._hooks:
+            return
+        for old, undo in self.hooked.values():
+            _compat.restore_methods(old, undo)
+        self.hooked = {id(optimizer): (optimizer, self.freezer._override(optimizer))}
+
+    def hooked_methods(self) -> tuple[str, ...]:
+        return tuple(name for _, undo in self.hooked.values() for name, *_ in undo)
+
+    @tf.autograph.experimental.do_not_convert
+    def before(self):
+        if not self.attached:
+            return None
+        self.follow()
+        return getattr(self.freezer._local, "routed", 0)
+
+    @tf.autograph.experimental.do_not_convert
+    def after(self, routed) -> None:
+        if routed is None:
+            return
+        self.steps += 1
+        if getattr(self.freezer._local, "routed", 0) != routed:
+            return
+        freezer = self.freezer
+        optimizer = getattr(self.model, "optimizer", None)
+        example = freezer.paths.index(freezer.frozen[0]) if freezer.frozen else 0
+        self.refusal = (
+            f"Freezer: {type(self.model).__name__}.train_step passed none of the Freezer's "
+            f"variables (e.g. `{freezer.paths[example]}` ({freezer.names[example]})) to the "
+            f"model's optimizer ({type(optimizer).__name__}.apply_gradients"
+            f"{' or .apply(grads, variables)' if 'apply' in self.hooked_methods() else ''}), "
+            "so model.fit cannot keep frozen variables from moving. Fix: "
+            "update them in train_step with freezer.apply_gradients(self.optimizer, "
+            "zip(grads, variables)), which honours freeze/unfreeze without retracing.")
+        if freezer._frozen.any():
+            raise _compat.past_autograph(errors.UnsupportedObjectError(self.refusal))
 
 
 # Up to this many variables, `Freezer.apply_gradients` inlines the plain update and,

@@ -137,7 +137,9 @@ class FreezeSchedule(_FlavourFreeCallback):
     No `compile()` again and no retrace: the model's optimizer goes through an
     `objckpt.Freezer` for the duration of `fit`, so frozen variables and their
     optimizer state (momentum, Adam moments) stay bit-identical while the
-    traced train step keeps running.
+    traced train step keeps running. (The train function is traced once per
+    `fit`, at its first batch; a `Freezer` of your own, `freeze`d between
+    `fit` calls, holds under `fit` just as well.)
 
     Args:
       schedule: {epoch: patterns}: from that epoch on (until the next entry),
@@ -207,21 +209,20 @@ class FreezeSchedule(_FlavourFreeCallback):
                     self.freezer.matching(*patterns)
             except errors.InvalidArgumentError as err:
                 raise errors.InvalidArgumentError(f"FreezeSchedule[{epoch}]: {err}") from err
-        self.freezer.hook(optimizer)
+        # Routes the optimizer through the Freezer; the train function fit just made (or
+        # an earlier fit traced) is made afresh, traced once on the first batch.
+        self.freezer.attach()
         self._optimizer = optimizer
-        # The train function may have been traced by an earlier fit, before this hook:
-        # make a fresh one (traced once, on the first batch).
-        model.make_train_function(force=True)
 
     def on_epoch_begin(self, epoch, logs=None):
         self.freezer.set_frozen(self._patterns_at(epoch))
         self.history.append((epoch, self.freezer.frozen))
 
     def on_train_end(self, logs=None):
-        if self._optimizer is not None:
-            self.freezer.unhook(self._optimizer)
-            self._optimizer = None
         self.freezer.set_frozen(None)
+        if self._optimizer is not None:
+            self.freezer.detach()
+            self._optimizer = None
 
 
 class Checkpointing(_FlavourFreeCallback):

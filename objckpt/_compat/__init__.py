@@ -56,7 +56,7 @@ _WHERE = {
     "layout": ("keras_weights_layout",),
     "h5names": ("keras_h5_weights",),
     "hooks": ("KERAS_CACHED_ATTRS", "WEIGHT_DECAY_METHOD", "mark_default_hook",
-        "override_methods", "restore_methods", "weight_decay_method"),
+        "override_methods", "past_autograph", "restore_methods", "weight_decay_method"),
 }
 _MODULE_OF = {name: module for module, names in _WHERE.items() for name in names}
 __all__ = sorted(_MODULE_OF)

@@ -7,7 +7,7 @@ Imports no TensorFlow: `callbacks` marks its hooks at import time and stays chea
 from __future__ import annotations
 
 __all__ = ["KERAS_CACHED_ATTRS", "WEIGHT_DECAY_METHOD", "mark_default_hook", "override_methods",
-           "restore_methods", "weight_decay_method"]
+           "past_autograph", "restore_methods", "weight_decay_method"]
 
 
 # --- instance method overrides (Freezer's optimizer hooks, deferred restore's build hook) --
@@ -43,6 +43,14 @@ def weight_decay_method(optimizer):
     """The optimizer's bound weight-decay step, or None where it has none."""
     method = getattr(optimizer, WEIGHT_DECAY_METHOD, None)
     return method if callable(method) else None
+
+
+def past_autograph(error: Exception) -> Exception:
+    """Marks an error raised while a function is traced so that AutoGraph lets it through as
+    it is (it would otherwise turn an exception class with its own constructor into a
+    `StagingError`); returns it."""
+    error.ag_pass_through = True
+    return error
 
 
 def mark_default_hook(function):
