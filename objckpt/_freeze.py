@@ -582,10 +582,14 @@ class _FitHold:
     Keras traces `model.train_step` into a cached `model.train_function`; the
     optimizer methods it calls are captured then. The model's `train_step` is
     shadowed (an instance attribute, as `hook` shadows the optimizer's
-    `apply_gradients`) by one that, each time it is traced (or run eagerly),
-    first hooks the model's current optimizer (after a recompile: the new one)
-    and afterwards checks that some Freezer variable went through it. A train
-    function made before is made afresh once, at `attach`.
+    `apply_gradients`) by one that, while it is traced (or run eagerly), routes
+    the model's current optimizer (after a recompile: the new one) through the
+    Freezer, and afterwards checks that some Freezer variable went through it.
+    The optimizer is hooked only for that call: a custom loop calling its
+    `apply_gradients` itself gets the optimizer's own step. Under
+    tf.distribute every replica's trace runs between the first one's start and
+    the last one's end, so the hook is shared and counted. A train function
+    made before is made afresh once, at `attach`.
     """
 
     def __init__(self, freezer):
@@ -593,8 +597,10 @@ class _FitHold:
         self.model = freezer.model
         self.attached = False
         self.undo: list = []  # the train_step override
-        self.hooked: dict = {}  # id(optimizer) -> (optimizer, undo) hooked for fit
-        self.refusal: str | None = None  # why the last traced step cannot be held
+        self.lock = threading.Lock()
+        self.active = 0  # train_step calls in progress (one per replica under a strategy)
+        self.hooked = None  # (optimizer, undo) while they are
+        self.refusal: str | None = None  # why a traced step cannot be held
         self.steps = 0  # train_step calls seen (traces; eager steps under run_eagerly)
 
     @staticmethod
@@ -606,7 +612,6 @@ class _FitHold:
     def attach(self) -> None:
         if self.refusal is not None:
             raise errors.UnsupportedObjectError(self.refusal)
-        self.follow()
         if self.attached:
             return
         model, hold = self.model, self
@@ -616,8 +621,11 @@ class _FitHold:
             # Left to AutoGraph like the original (a custom train_step may need it); the
             # checks around the call are not converted.
             routed = hold.before()
-            outputs = original(*args, **kwargs)
-            hold.after(routed)
+            try:
+                outputs = original(*args, **kwargs)
+                hold.after(routed)
+            finally:
+                hold.release(routed)
             return outputs
 
         self.undo = _compat.override_methods(model, {"train_step": train_step})
@@ -629,35 +637,33 @@ class _FitHold:
             model.make_train_function(force=True)
 
     def detach(self) -> None:
-        if not self.attached:
-            return
-        _compat.restore_methods(self.model, self.undo)
-        self.undo = []
-        for optimizer, undo in self.hooked.values():
-            _compat.restore_methods(optimizer, undo)
-        self.hooked = {}
-        self.attached = False
-
-    def follow(self) -> None:
-        """Hooks the model's current optimizer (unhooking one it replaced)."""
-        optimizer = getattr(self.model, "optimizer", None)
-        if optimizer is None or not callable(getattr(optimizer, "apply_gradients", None)):
-            return
-        if id(optimizer) in self.hooked or id(optimizer) in self.freezer._hooks:
-            return
-        for old, undo in self.hooked.values():
-            _compat.restore_methods(old, undo)
-        self.hooked = {id(optimizer): (optimizer, self.freezer._override(optimizer))}
-
-    def hooked_methods(self) -> tuple[str, ...]:
-        return tuple(name for _, undo in self.hooked.values() for name, *_ in undo)
+        if self.attached:
+            _compat.restore_methods(self.model, self.undo)
+            self.undo = []
+            self.attached = False
 
     @tf.autograph.experimental.do_not_convert
     def before(self):
         if not self.attached:
             return None
-        self.follow()
+        with self.lock:
+            if self.active == 0:
+                optimizer = getattr(self.model, "optimizer", None)
+                if optimizer is not None and id(optimizer) not in self.freezer._hooks and \
+                        callable(getattr(optimizer, "apply_gradients", None)):
+                    self.hooked = (optimizer, self.freezer._override(optimizer))
+            self.active += 1
         return getattr(self.freezer._local, "routed", 0)
+
+    @tf.autograph.experimental.do_not_convert
+    def release(self, routed) -> None:
+        if routed is None:
+            return
+        with self.lock:
+            self.active -= 1
+            if self.active == 0 and self.hooked is not None:
+                _compat.restore_methods(*self.hooked)
+                self.hooked = None
 
     @tf.autograph.experimental.do_not_convert
     def after(self, routed) -> None:
@@ -669,14 +675,15 @@ class _FitHold:
         freezer = self.freezer
         optimizer = getattr(self.model, "optimizer", None)
         example = freezer.paths.index(freezer.frozen[0]) if freezer.frozen else 0
+        keras3 = callable(getattr(optimizer, "stateless_apply", None))
         self.refusal = (
             f"Freezer: {type(self.model).__name__}.train_step passed none of the Freezer's "
             f"variables (e.g. `{freezer.paths[example]}` ({freezer.names[example]})) to the "
             f"model's optimizer ({type(optimizer).__name__}.apply_gradients"
-            f"{' or .apply(grads, variables)' if 'apply' in self.hooked_methods() else ''}), "
-            "so model.fit cannot keep frozen variables from moving. Fix: "
-            "update them in train_step with freezer.apply_gradients(self.optimizer, "
-            "zip(grads, variables)), which honours freeze/unfreeze without retracing.")
+            f"{' or .apply(grads, variables)' if keras3 else ''}), so model.fit cannot "
+            "keep frozen variables from moving. Fix: update them in train_step with "
+            "freezer.apply_gradients(self.optimizer, zip(grads, variables)), which honours "
+            "freeze/unfreeze without retracing.")
         if freezer._frozen.any():
             raise _compat.past_autograph(errors.UnsupportedObjectError(self.refusal))
 
