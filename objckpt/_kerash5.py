@@ -29,7 +29,7 @@ import os
 import stat
 import zipfile
 
-from objckpt import _bundle, _h5, _paths, _render, errors
+from objckpt import _bundle, _compat, _h5, _paths, _render, errors
 
 __all__ = ["MAX_MEMBER_BYTES", "MAX_RATIO", "WEIGHTS_MEMBER", "check", "listing",
            "open_keras3"]
@@ -235,25 +235,65 @@ def open_keras3(path: str) -> dict | None:
     import tensorflow as tf  # only here: the sources' specs and values are TF's
 
     located = opened.datasets()
-    datasets = {key: dataset for key, (_, dataset) in located.items()}
+    every = {key: dataset for key, (_, dataset) in located.items()}
+    # One entry per variable: a wrapper optimizer's key, read from its inner copy.
+    read_as = {outer: inner for inner, outer in inner_optimizer_copies(every).items()}
+    read_as.update(_compat.delegated_copies(every))  # TextVectorization's lookup's, too
+    copies = set(read_as.values())
+    datasets = {key: dataset for key, dataset in every.items() if key not in copies}
     specs = {key: (d.shape, tf.as_dtype(d.dtype)) for key, d in datasets.items()}
 
     def fetch(keys) -> list:
         values: dict = {}
-        for part in sorted({located[key][0] for key in keys}):
+        wanted = {key: read_as.get(key, key) for key in keys}
+        for part in sorted({located[read][0] for read in wanted.values()}):
             with opened.h5(part) as h5:
-                for key in keys:
-                    if located[key][0] == part and key not in values:
-                        values[key] = _tensor(tf, h5.read(datasets[key]), datasets[key].dtype)
+                for key, read in wanted.items():
+                    if located[read][0] == part and key not in values:
+                        values[key] = _tensor(tf, h5.read(every[read]), every[read].dtype)
         return [values[key] for key in keys]
 
     top = list(dict.fromkeys(key.split("/", 1)[0] for key in datasets))
     return {"description": opened.description, "kind": "object", "specs": specs,
             "fetch": fetch, "subtree": lambda at: _paths.prefix_subtree(datasets, at),
             "top_level_names": top, "prefix": path,
-            "notes": tuple(opened.notes),
+            "notes": tuple(opened.notes) + ((
+                f"{len(read_as)} optimizer variables are saved twice (a LossScaleOptimizer's "
+                "list and its inner optimizer's); each is one entry, read from the inner "
+                "copy, which Keras's loader assigns last",) if read_as else ()),
             "structure": lambda: ("keras3 weights", tuple(
                 (key, d.shape, d.dtype) for key, d in datasets.items()))}
+
+
+def inner_optimizer_copies(datasets: dict) -> dict:
+    """{key of an inner optimizer's variable: key of the same variable in its wrapper's list}.
+
+    A Keras 3 `LossScaleOptimizer` saves its `variables` (its own, then its inner
+    optimizer's) as `optimizer/vars/<i>`, and Keras's walk then saves the inner optimizer
+    again as `optimizer/inner_optimizer/vars/<j>`: two copies of each inner variable, written
+    at once. A source shows each variable once, by the wrapper's key (the one the obj's
+    layout has), and reads it from the inner copy: the value Keras's loader assigns last.
+    Only where the inner list is exactly the tail of the wrapper's, shape for shape and
+    dtype for dtype; else the inner entries stay entries of their own (and match nothing).
+    """
+    lists: dict = {}
+    for key in datasets:
+        head, _, index = key.rpartition("/vars/")
+        if head and index.isdigit() and (head == "optimizer" or head.startswith("optimizer/")):
+            lists.setdefault(head, {})[int(index)] = key
+    out: dict = {}
+    for head, inner in lists.items():
+        if not head.endswith("/inner_optimizer") or head.rpartition("/")[0] not in lists:
+            continue
+        outer = lists[head.rpartition("/")[0]]
+        n, m = len(inner), len(outer)
+        if sorted(inner) != list(range(n)) or sorted(outer) != list(range(m)) or n > m:
+            continue
+        pairs = [(inner[j], outer[m - n + j]) for j in range(n)]
+        if all((datasets[a].shape, datasets[a].dtype) == (datasets[b].shape, datasets[b].dtype)
+               for a, b in pairs):
+            out.update(pairs)
+    return out
 
 
 def _ordered(datasets: dict) -> dict:

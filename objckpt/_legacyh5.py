@@ -91,14 +91,19 @@ class Layout(NamedTuple):
 def weight_key(layer: str, name: str) -> str:
     """The key of a weight saved under top-level layer `layer` with name `name`.
 
-    The name relative to the layer: after the layer's own name where it appears as a whole
-    edge (`my_model/conv/kernel` under `conv` -> `conv/kernel`), else all of it under the
-    layer (`dense/kernel` under `head` -> `head/dense/kernel`). `:0` is dropped.
+    The name relative to the layer: after the layer's own name where it appears as whole
+    edges (`my_model/conv/kernel` under `conv` -> `conv/kernel`; a name with `/`, as tf_keras
+    MobileNetV3's `Conv/BatchNorm`: `Conv/BatchNorm/gamma` -> `Conv/BatchNorm/gamma`), else
+    all of it under the layer (`dense/kernel` under `head` -> `head/dense/kernel`). `:0` is
+    dropped.
     """
     name = name[:-2] if name.endswith(":0") else name
     edges = name.split("/")
-    if layer in edges[:-1]:
-        edges = edges[edges.index(layer) + 1:]
+    own = layer.split("/")
+    for start in range(len(edges) - len(own)):
+        if edges[start:start + len(own)] == own:
+            edges = edges[start + len(own):]
+            break
     return "/".join([layer, *edges])
 
 
@@ -164,15 +169,15 @@ def read_layout(path: str) -> Layout | None:
         entries: dict = {}
         layers = []
         base = f"{root}/" if root else ""
-        present = set(h5.groups(root))
         layer_names = _strings(h5, root, "layer_names") or []
         if len(set(layer_names)) != len(layer_names):
             raise _fail(path, root or "/", "`layer_names` lists a layer more than once")
-        if TOP_LEVEL in present and TOP_LEVEL not in layer_names:
+        memo: dict = {}
+        if _is_group(h5, root, TOP_LEVEL, memo) and TOP_LEVEL not in layer_names:
             layer_names = [*layer_names, TOP_LEVEL]  # the model's own weights, in no layer
-        holding = {key[len(base):].split("/", 1)[0] for key in datasets}
+        holding = _holders(datasets, base, layer_names)
         for layer in layer_names:
-            if layer not in present:
+            if not _is_group(h5, root, layer, memo):
                 raise _fail(path, root or "/", f"`layer_names` lists layer "
                                                f"`{_render.safe(layer)}`, but the file has "
                                                "no group of that name")
@@ -196,6 +201,37 @@ def read_layout(path: str) -> Layout | None:
         if root and h5.has("optimizer_weights"):
             owners = _optimizer(h5, path, entries)
     return Layout(path, bool(root), version, entries, tuple(layers), owners)
+
+
+def _is_group(h5, root: str, layer: str, memo: dict) -> bool:
+    """Whether the file has the group of `layer` below `root`. A name with `/` (tf_keras
+    MobileNetV3's `Conv/BatchNorm`) is groups nested in groups, as h5py makes them; each
+    edge is looked up among its parent's subgroups (never a dataset, never a `.`), each
+    group listed once (memo: {group: its subgroups})."""
+    at = root
+    for edge in layer.split("/"):
+        if at not in memo:
+            memo[at] = frozenset(h5.groups(at))
+        if edge not in memo[at]:
+            return False
+        at = f"{at}/{edge}" if at else edge
+    return True
+
+
+def _holders(datasets: dict, base: str, layer_names: list) -> set:
+    """The layers whose own group holds a dataset: for each dataset, the longest listed
+    layer name its path starts with (`Conv/BatchNorm/...` is `Conv/BatchNorm`'s, not
+    `Conv`'s), walked edge by edge (linear in the path's length)."""
+    names = set(layer_names)
+    found = set()
+    for path in datasets:
+        edges = path[len(base):].split("/")
+        for end in range(len(edges) - 1, 0, -1):
+            layer = "/".join(edges[:end])
+            if layer in names:
+                found.add(layer)
+                break
+    return found
 
 
 def _weight_names(h5, group: str, held: bool) -> list[str]:
@@ -285,6 +321,10 @@ def source_fields(path: str) -> dict | None:
             return [tf.convert_to_tensor(value, dtype=specs[key][1])
                     for key, value in zip(keys, values)]
 
+    grouped: dict = {}
+    for key, entry in entries.items():
+        if entry.layer:
+            grouped.setdefault(entry.layer, []).append(key)
     notes = ()
     if layout.keras_version.startswith("3"):
         notes = (f"written by Keras {layout.keras_version} in the Keras 2 HDF5 layout",)
@@ -296,7 +336,8 @@ def source_fields(path: str) -> dict | None:
         prefix=path, notes=notes, names={key: e.name for key, e in entries.items()},
         structure=lambda: ("keras2 h5", tuple(specs.items()),
                            tuple(sorted(layout.owners.items())), notes),
-        owners=lambda: dict(layout.owners))
+        owners=lambda: dict(layout.owners),
+        h5_layers=tuple((layer, tuple(keys)) for layer, keys in grouped.items()))
 
 
 def listing(path: str) -> dict | None:

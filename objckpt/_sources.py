@@ -75,6 +75,9 @@ class Source:
     # TF checkpoints only: the checkpoint keys of a list of source keys, for reading them
     # with `_fastio` (checksums first, then one tensor at a time).
     bundle_keys: Callable | None = None
+    # Keras 2 HDF5 files: ((layer, (its keys in `weight_names` order)), ...) for the layers
+    # with weights, in the file's order: what "topological order" pairs with the obj's layers.
+    h5_layers: tuple = ()
 
 
 def _top_names(keys) -> list[str]:

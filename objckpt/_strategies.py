@@ -1,7 +1,15 @@
 """Whole-model strategies over what path matching left: saved names, structure, export order.
 
-Each runs only when no network variable matched by path (the two sides use different naming
-schemes) and is all or nothing: "keras name" pairs every leftover entry with a network
+A Keras 2 / tf_keras HDF5 file (`save_weights("w.h5")`) is matched first as Keras's own
+`load_weights` matches it: its weights found by layer and weight name take role renames
+(`depthwise_kernel` -> `kernel`, `_roles.ROLE_ALIASES`); when names still leave a network
+variable or entry over (auto-generated names drift between processes: `conv2d` in the file
+is `conv2d_609` in the obj), "topological order" pairs the file's layers with weights with
+the obj's (`model.layers`) by position and each layer's weights in Keras's HDF5 order, every
+shape and dtype checked, all or nothing; the plan's note says why it was used or not.
+
+The others run only when no network variable matched by path (the two sides use different naming
+schemes) and are all or nothing: "keras name" pairs every leftover entry with a network
 variable by the Keras/TF name it was saved under; "structure" goes layer by layer, in
 depth-first order, by weight role (through `_roles.ROLE_ALIASES`) and shape, if and only if
 the two sequences of layers line up exactly; "export order" pairs a Keras `model.export`'s
@@ -12,7 +20,7 @@ from __future__ import annotations
 
 import re
 
-from objckpt import _compat
+from objckpt import _compat, _render
 from objckpt._roles import ROLE_ALIASES as _ROLE_ALIASES
 from objckpt._targets import is_optimizer_key
 
@@ -80,6 +88,12 @@ def match_structure(source, targets, view, unmatched, chosen, ambiguous, ambiguo
     different naming schemes), and each is all or nothing. Keys are taken as
     rules rewrote them, so a rule renaming a leaf takes part.
     """
+    if source.h5_layers:  # a Keras 2 HDF5 file: role renames, then Keras's own order
+        unmatched, note = _h5_roles(source, targets, view, unmatched, chosen, rewritten)
+        unmatched, ordered = _h5_topological(source, targets, view, unmatched, chosen,
+                                             ambiguous, ambiguous_targets, rewritten)
+        if ordered is not None:
+            return unmatched, ordered
     if any(p in chosen or p in ambiguous_targets for p in targets.network
            if p not in targets.rng):
         # Names line up at least in part: the rest is for rules, never for a guess.
@@ -176,3 +190,137 @@ def _by_saved_name(source, targets, view, src_left):
         taken.add(found[0])
         pairs.append((key, found[0]))
     return pairs
+
+
+def _rule_touched(chosen, rewritten, keys) -> bool:
+    """Whether a rule rewrote one of keys: the user's rules then decide, never an order."""
+    return any(rewritten.get(key, (key, None))[1] is not None for key in keys) or any(
+        rule is not None for key, _, rule in chosen.values() if key in keys)
+
+
+def _h5_roles(source, targets, view, unmatched, chosen, rewritten):
+    """Entries of a Keras 2 HDF5 file that name a weight by its old role (`conv_dw_1/
+    depthwise_kernel`) find it under the new one (`conv_dw_1/kernel`) in a layer of the
+    class that renamed it: strategy "layer name". Returns (still unmatched, "")."""
+    left = [key for key in unmatched if not is_optimizer_key(key)
+            and rewritten.get(key, (key, None))[1] is None]
+    if not left or not any(_ROLE_ALIASES.values()):
+        return unmatched, ""
+    index, holders, taken = targets.h5_names(), None, set()
+    used = set()
+    for key in left:
+        head, _, leaf = view[key].rpartition("/")
+        found = set()
+        for holder, renames in _ROLE_ALIASES.items():
+            new = renames.get(leaf)
+            if new is None:
+                continue
+            if holders is None:
+                holders = targets.holders()
+            found.update(p for p in index.get(f"{head}/{new}" if head else new, ())
+                         if holders.get(p) == holder)
+        if len(found) != 1:
+            continue
+        path = found.pop()
+        if path in chosen or path in taken or \
+                tuple(targets.paths[path].shape) != tuple(source.specs[view[key]][0]):
+            continue
+        taken.add(path)
+        used.add(key)
+        chosen[path] = (key, "layer name", None)
+    return [k for k in unmatched if k not in used], ""
+
+
+def _h5_topological(source, targets, view, unmatched, chosen, ambiguous, ambiguous_targets,
+                    rewritten):
+    """Pairs a Keras 2 HDF5 file's layers with the obj's by position, as Keras's
+    `load_weights` does, when names leave a network variable or entry over.
+
+    Returns (unmatched, note): note None when names matched every network variable (or
+    the source is viewed under an `at`, or rules rewrote its keys): nothing done here.
+    Otherwise the network pairs in chosen are replaced, and the note says so; or nothing
+    changes and the note says why the order could not be used.
+    """
+    network = [p for p in targets.network if p not in targets.rng]
+    file_keys = {key for _, keys in source.h5_layers for key in keys}
+    inverse = {full: key for key, full in view.items()}
+    if any(full not in inverse or inverse[full] != full for full in file_keys):
+        return unmatched, None  # an `at` picked a subtree: the file's layers are not the obj's
+    left_keys = [k for k in unmatched if k in file_keys]
+    if not network or (not left_keys and all(p in chosen for p in network)
+                       and not any(p in ambiguous_targets for p in network)):
+        return unmatched, None  # names matched every weight: the file's own names decide
+    if _rule_touched(chosen, rewritten, file_keys):
+        return unmatched, None
+    pairs, problem = _topological_pairs(source, targets, network)
+    if problem:
+        return unmatched, ("topological order: not used: " + problem + "; names matched "
+                           f"{sum(p in chosen for p in network)} of the obj's "
+                           f"{len(network)} network variables")
+    for path in network:
+        chosen.pop(path, None)
+    drift = _drift(source, targets)
+    for key, path in pairs:
+        chosen[path] = (key, "topological order", None)
+    network_set = set(network)
+    ambiguous[:] = [(a, found) for a, found in ambiguous
+                    if a not in file_keys and a not in network_set]
+    ambiguous_targets.difference_update(network_set)
+    used = {key for key, _ in pairs}
+    return [k for k in unmatched if k not in used], (
+        f"topological order: {drift}; the file's {len(source.h5_layers)} layers with "
+        "weights were paired with the obj's in `model.layers` order, and each layer's "
+        "weights in the order Keras saves them, as Keras's `load_weights` does; every "
+        "shape and dtype was checked")
+
+
+def _topological_pairs(source, targets, network):
+    """[(key, tree path)] pairing the file's layers with the obj's by position, or
+    ([], problem) naming the first layer or weight that does not line up."""
+    obj_layers = targets.h5_layers()
+    file_layers = source.h5_layers
+    if not obj_layers:
+        return [], "the obj is no Keras model (it has no `layers` to pair in order)"
+    if len(file_layers) != len(obj_layers):
+        return [], (f"the file has {len(file_layers)} layers with weights, the obj "
+                    f"{len(obj_layers)}")
+    pairs, fed = [], {}
+    for k, ((file_layer, keys), (obj_layer, paths)) in enumerate(zip(file_layers,
+                                                                     obj_layers)):
+        where = (f"layer #{k} (`{_render.safe(file_layer)}` in the file, "
+                 f"`{_render.safe(obj_layer)}` in the obj)")
+        if len(keys) != len(paths):
+            return [], f"{where} holds {len(keys)} weights in the file, {len(paths)} in the obj"
+        for i, (key, path) in enumerate(zip(keys, paths)):
+            if path is None or path not in targets.network:
+                return [], f"{where}: its weight #{i} is no variable of the obj's tree"
+            shape, dtype = source.specs[key]
+            variable = targets.paths[path]
+            if tuple(variable.shape) != tuple(shape) or variable.dtype.base_dtype != dtype:
+                return [], (f"{where}: `{_render.safe(key)}` is {_render.shape(shape)} "
+                            f"{dtype.name} in the file, its weight #{i} "
+                            f"`{_render.safe(targets.shown(path))}` "
+                            f"{_render.shape(tuple(variable.shape))} "
+                            f"{variable.dtype.base_dtype.name} in the obj")
+            if fed.get(path, key) != key:  # a weight two layers share: Keras writes it twice
+                return [], (f"`{_render.safe(targets.shown(path))}` is a weight of two "
+                            "layers; pass rules=... to say which entry feeds it")
+            fed[path] = key
+            pairs.append((key, path))
+    missing = [p for p in network if p not in fed]
+    if missing:
+        return [], (f"{len(missing)} of the obj's network variables are in none of its "
+                    f"layers (`{_render.safe(targets.shown(missing[0]))}`)")
+    return pairs, ""
+
+
+def _drift(source, targets) -> str:
+    """Says how the file's layer names differ from the obj's, position by position."""
+    differ = [(f, o) for (f, _), (o, _) in zip(source.h5_layers, targets.h5_layers())
+              if f != o]
+    if not differ:
+        return "the layer names agree, but weight names leave some unmatched"
+    first = f"`{_render.safe(differ[0][0])}` in the file is `{_render.safe(differ[0][1])}` "
+    first += "in the obj"
+    more = f", and {len(differ) - 1} more" if len(differ) > 1 else ""
+    return f"the file's layer names differ from the obj's ({first}{more})"

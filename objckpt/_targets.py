@@ -18,8 +18,9 @@ from objckpt._legacyh5 import weight_key
 
 # TF's name for a variable created without one (`tf.Variable(0.0)`): says nothing.
 _DEFAULT_NAME = re.compile(r"Variable(_[0-9]+)?")
-# A key of a Keras 3 weights file: `<object path>/vars/<i>` (`layers/dense/vars/0`).
-_LAYOUT_KEY = re.compile(r"(?:^|/)vars/[0-9]+$")
+# A key of a Keras 3 weights file: `<object path>/vars/<i>` (`layers/dense/vars/0`), or a
+# name some layers store under (`layers/string_lookup/vars/idf_weights`).
+_LAYOUT_KEY = re.compile(r"(?:^|/)vars/[^/]+$")
 
 __all__ = ["Targets", "candidates", "index_targets", "is_default_name", "is_optimizer_key",
            "label", "strip"]
@@ -61,6 +62,12 @@ class Targets:
     # Returns [tree path] of a Keras obj's variables in `obj.variables` order (the order of
     # the `variables` list a Keras 3 `model.export` keeps); [] for other objs.
     order: Callable = list
+    # Returns [(layer name, [tree paths])] of a Keras model's layers with weights in
+    # `model.layers` order, each in Keras's HDF5 weight order (`_compat.keras_h5_weights`).
+    h5_layers: Callable = list
+    # Returns {tree path of a LoRA factor: tree path of its layer's kernel} (Keras 3 layers
+    # with LoRA enabled; a weights file holds their merged kernel, no factors).
+    lora: Callable = dict
 
     def shown(self, path: str) -> str:
         """The path people know for a tree path: a network variable's path through its
@@ -172,9 +179,17 @@ def index_targets(obj, variables) -> Targets:
     def order():
         return [path_of[id(v)] for v in _compat.keras_variables(obj) if id(v) in path_of]
 
+    def lora():
+        factors = [_compat.lora_factors(h.layer()) for h in _compat.derived_hooks(obj)]
+        return {path_of[id(f)]: path_of[id(k)] for k, *pair in filter(None, factors)
+                for f in pair if id(f) in path_of and id(k) in path_of}
+
     return Targets(dict(variables), by_strip, by_name, network, slots, counters,
                     optimizer_paths, frozenset(p for p, v in variables.items() if id(v) in rng),
-                    by_network, holders, names, layout, h5_names, order)
+                    by_network, holders, names, layout, h5_names, order,
+                    lambda: [(layer, [path_of.get(id(v)) for v in layer_variables])
+                             for layer, layer_variables in _compat.keras_h5_weights(
+                                 obj, grouped=True)], lora=lora)
 
 
 def candidates(key: str, targets: Targets, rewritten: bool):

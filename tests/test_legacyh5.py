@@ -146,7 +146,8 @@ def test_full_model_moves_adam_state_by_owner(written, flavour, variant):
 
 def test_structure_carries_it_into_a_keras3_model_named_otherwise(written):
     """No name or path lines up (a subclassed Keras 3 model, attributes and layers named
-    otherwise): layer by layer, by role and shape."""
+    otherwise): the file's layers with weights pair with `model.layers` in order, as Keras's
+    `load_weights` pairs them, every shape checked."""
     keras = keras_of("keras3")
 
     class Net(keras.Model):
@@ -164,8 +165,11 @@ def test_structure_carries_it_into_a_keras3_model_named_otherwise(written):
     model = Net()
     model(data["x"])
     report = objckpt.restore(model, os.path.join(data["dir"], "w.h5"))
-    assert report.plan.strategies() == {"structure": 10}
+    assert report.plan.strategies() == {"topological order": 10}
     assert [m.source for m in report.plan.matches] == NETWORK_KEYS
+    assert any(note.startswith("topological order: the file's layer names differ from the "
+                               "obj's (`conv` in the file is `conv2d") and "and 2 more" in note
+               for note in report.plan.notes), report.plan.notes
     assert_outputs(model, data, "keras3")
 
 
