@@ -8,14 +8,17 @@ network first, and the fixes that apply.
 from __future__ import annotations
 
 import collections
+import contextlib
 import re
 
-from objckpt import _compat, _render, errors
-from objckpt._match import Plan, make_plan
+import tensorflow as tf
+
+from objckpt import _compat, _paths, _render, _tree, errors
+from objckpt._match import Plan, make_plan, optimizer_mode
 from objckpt._sources import Source
 from objckpt._targets import is_default_name, is_optimizer_key
 
-__all__ = ["checked_plan", "describe_obj", "refuse"]
+__all__ = ["checked_plan", "describe_obj", "optimizer_slots_in", "ready_optimizers", "refuse"]
 
 
 def describe_obj(obj) -> str:
@@ -112,8 +115,8 @@ def _fixes(the_plan: Plan, source: Source, strict: bool, variables) -> list[str]
                      "once; objckpt.plan(source, obj, rules=...) shows the result)")
     if any(is_optimizer_key(p) for p in the_plan.unmatched_source) or \
             any(is_optimizer_key(p) for p in the_plan.unmatched_variables):
-        fixes.append("pass optimizer_state=True to move optimizer state by the variable it "
-                     "belongs to, or optimizer_state=False to skip it")
+        fixes.append("pass optimizer_state=False to restore the network without optimizer "
+                     "state (the optimizer's entries are then ignored on both sides)")
     if source.kind == "name":
         fixes.insert(0, "the source is name-based (TF1 Saver): its keys are global variable "
                         "names such as `" + _render.safe(next(iter(source.specs), "scope/w"))
@@ -164,3 +167,86 @@ def checked_plan(obj, variables, src: Source, *, rules=(), strict: bool = True,
             or (strict and (the_plan.unmatched_variables or the_plan.unmatched_source))):
         refuse(obj, variables, src, the_plan, strict)
     return the_plan
+
+
+def optimizer_slots_in(source: Source) -> bool:
+    """Whether the source holds per-variable optimizer state (slots, moments), not only step
+    counters or the network variables a Keras 3 optimizer lists."""
+    canon = lambda key: source.aliases.get(key, key)  # noqa: E731
+    network = {canon(k) for k in source.specs if not is_optimizer_key(k)}
+    for key in source.specs:
+        if not is_optimizer_key(key) or canon(key) in network:
+            continue
+        if key.rsplit("/", 1)[-1].lstrip("_") in _compat.COUNTERS or \
+                key.endswith(("beta1_power", "beta2_power")):
+            continue
+        return True
+    return False
+
+
+def ready_optimizers(obj, variables, source: Source, *, rules=(), at=None,
+                     optimizer_state="auto", models_only: bool = False):
+    """Builds obj's optimizers that hold no state yet, when the source has state for them.
+
+    Keras creates an optimizer's slots on the first training step, so a model compiled in
+    a new process has none to restore into. Unless optimizer_state is False, each such
+    optimizer is built here as that first step would build it: a Keras model's own
+    optimizer on the model's `trainable_variables` (what `fit` and Keras's own loader do),
+    any other on the obj's variables whose optimizer state the source holds (what the run
+    that wrote it trained). The new variables hold a fresh optimizer's values; the restore
+    then moves the source's state into them by owner. Building is the one change a restore
+    that fails afterwards keeps, as the next training step would make it anyway.
+
+    `models_only`: build only the optimizers of Keras models (`restore_on_create` leaves
+    the others to create their slots when they first apply gradients: it watches them).
+
+    Returns:
+      obj's variable tree, walked again when an optimizer was built.
+    """
+    if optimizer_mode(optimizer_state) is False or not variables:
+        return variables
+    unbuilt = [(o, m) for o, m in _compat.unbuilt_optimizers(obj)
+               if m is not None or not models_only]
+    if not unbuilt or not optimizer_slots_in(source):
+        return variables
+    owned = None
+    for optimizer, model in unbuilt:
+        if model is not None:
+            trained = list(model.trainable_variables)
+        else:
+            if owned is None:
+                owned = _owned_variables(obj, variables, source, rules, at)
+            trained = owned
+        if not trained:
+            continue
+        with _creation_scope(variables.values()):
+            _compat.build_optimizer(optimizer, trained)
+    return _tree.tree(obj)
+
+
+def _owned_variables(obj, variables, source: Source, rules, at) -> list:
+    """The obj's trainable variables (in tree order) that the source holds optimizer state
+    for: the owners it records, fed through a network-only plan."""
+    the_plan = make_plan(source, obj, variables, rules=rules, at=at, optimizer_state=False)
+    canon = lambda key: source.aliases.get(key, key)  # noqa: E731
+    fed = {canon(m.source): m.target for m in the_plan.matches}
+    owners = {canon(owner) for owner, _ in source.owners().values()}
+    for key in source.specs:
+        parts = _paths.split_slot(key)
+        tf1 = _compat.TF1_SLOT.match(key)
+        if parts is not None:
+            owners.add(canon(parts[0]))
+        elif tf1 is not None:
+            owners.add(canon(tf1.group("var")))
+    wanted = {fed[o] for o in owners if o in fed}
+    return [v for p, v in variables.items() if p in wanted and getattr(v, "trainable", True)]
+
+
+def _creation_scope(variables):
+    """The scope of the strategy of `variables`, for variables created beside them."""
+    if tf.distribute.has_strategy():
+        return contextlib.nullcontext()
+    strategy = _compat.variables_strategy(variables)
+    if strategy is tf.distribute.get_strategy():
+        return contextlib.nullcontext()
+    return strategy.scope()

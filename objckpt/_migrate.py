@@ -68,12 +68,12 @@ class _Progress:
 
 
 def migrate(source, obj, prefix, *, rules=(), at: str | None = None,
-            optimizer_state: bool = False, strict: bool = True, progress: bool | None = None,
+            optimizer_state="auto", strict: bool = True, progress: bool | None = None,
             ) -> str:
     """Writes the source's values as an object-based checkpoint laid out for obj.
 
     `tf.train.Checkpoint(root=obj_like).read(prefix)` and `objckpt.restore`
-    load the result directly. obj itself is not changed: it only provides the
+    load the result directly. obj's variables are not changed: it only provides the
     layout (object paths, shapes, dtypes). Nothing is written unless the plan
     is acceptable.
 
@@ -93,11 +93,13 @@ def migrate(source, obj, prefix, *, rules=(), at: str | None = None,
         (do not drop it) when moving optimizer state: it becomes the
         optimizer's `iterations`. See `objckpt.plan`.
       at: take values from this subtree of the source.
-      optimizer_state: False (default): optimizer entries of the source are
-        skipped (listed by `objckpt.plan(..., optimizer_state=False)`). True:
-        TF1 Adam slots (`.../Adam`, `.../Adam_1`) and Keras 2/tf_keras
-        optimizer variables move into obj's optimizer variables by the
-        variable they belong to; obj's optimizer must be built.
+      optimizer_state: as for `objckpt.restore`. "auto" (default): TF1 Adam
+        slots (`.../Adam`, `.../Adam_1`) and Keras 2/tf_keras optimizer
+        variables move into obj's optimizer variables by the variable they
+        belong to when obj has an optimizer (one not built yet is built first,
+        as Keras's first training step would: the written checkpoint then
+        holds its state), and are skipped and listed when it has none. True:
+        obj must have an optimizer. False: optimizer entries are skipped.
       strict: if True, every variable of obj must get a value and every
         source entry must be used (or skipped by a rule). If False, variables
         without a source value are written with obj's current values.
@@ -128,6 +130,8 @@ def migrate(source, obj, prefix, *, rules=(), at: str | None = None,
         if not variables:
             _checks.refuse(obj, variables, src, _match.Plan(src.description, ()), strict,
                            action="migrate")
+        variables = _checks.ready_optimizers(obj, variables, src, rules=rules, at=at,
+                                             optimizer_state=optimizer_state)
         the_plan = _match.make_plan(src, obj, variables, rules=rules, at=at,
                                     optimizer_state=optimizer_state)
         if (the_plan.mismatched or the_plan.ambiguous or not the_plan.matches

@@ -58,7 +58,7 @@ def place_optimizer_state(source, targets, view, rules, optimizer_left, chosen, 
                          "same variables in the same shapes, so the same layers are assumed "
                          "trainable on both sides; if not, pass optimizer_state=False")
         return
-    orphans = 0
+    orphans = layout_skipped = 0
     for key, new in optimizer_left:
         full = view[key]
         counter = None
@@ -99,6 +99,15 @@ def place_optimizer_state(source, targets, view, rules, optimizer_left, chosen, 
                 unmatched.append(key)
             continue
         strategy, found = candidates(new, targets, new != key)
+        if strategy == "keras layout":
+            # A place in a Keras weights file (`optimizer/vars/3`) is a position: with
+            # layouts that differ it names another variable's state (Keras's own loader
+            # skips the optimizer then).
+            skipped.append(f"{full}: optimizer state at a position of a Keras weights file, "
+                           "which records no owners; the obj's optimizer has another "
+                           "layout, so it is skipped, as Keras's own loader skips it")
+            layout_skipped += 1
+            continue
         if (network_exact and len(found) == 1 and found[0] not in chosen
                 and found[0] in targets.optimizer_paths):
             chosen[found[0]] = _by_path(key, strategy, rules)
@@ -107,6 +116,10 @@ def place_optimizer_state(source, targets, view, rules, optimizer_left, chosen, 
                            "computes it from the step count, which moves")
         else:
             unmatched.append(key)
+    if layout_skipped:
+        notes.append(f"{layout_skipped} optimizer entries of a Keras weights file were skipped: "
+                     "it records no owners and the obj's optimizer has another layout (built "
+                     "on other variables); pass optimizer_state=False to skip them silently")
     if orphans:
         notes.append(f"{orphans} optimizer entries of the source belong to variables that feed "
                      "nothing in the obj; they were skipped (listed under skipped)")

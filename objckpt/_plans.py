@@ -195,10 +195,13 @@ def _problem(target: str, what: str, origin: str, transformed: bool = False) -> 
     return problem
 
 
-def check_match(match: Match, source: Source, variable):
-    """Checks shape and dtype (after the rule's transform). Returns (match, problem)."""
+def check_match(match: Match, source: Source, variable, shown: dict | None = None):
+    """Checks shape and dtype (after the rule's transform). Returns (match, problem).
+
+    `shown` maps a source key to the key people know for the same tensor (its path through
+    the network, not the optimizer list TF's walk reached it by first), for messages."""
     shape, dtype = source.specs[match.source]
-    key = _render.safe(match.source)  # for messages
+    key = _render.safe((shown or {}).get(match.source, match.source))  # for messages
     if match.transform is not None:
         shape, dtype, problem = _transformed(match.transform, shape, dtype, match.rule)
         if problem:

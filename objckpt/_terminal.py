@@ -23,7 +23,10 @@ __all__ = ["cli_words", "quiet_tf"]
 
 # The library's advice names Python arguments; the command line's flags stand for them.
 _WORDS = ((re.compile(r"format='dot'"), "--format dot"),
-          (re.compile(r"optimizer_state=True"), "--optimizer-state"),
+          (re.compile(r"optimizer_state=True"), "--optimizer-state true"),
+          (re.compile(r"optimizer_state=False"), "--optimizer-state false"),
+          (re.compile(r"optimizer_state='auto'"), "--optimizer-state auto"),
+          (re.compile(r"\bstrict=False"), "--no-strict"),
           (re.compile(r"\bat=\.\.\."), "--at NAME"),
           (re.compile(r"\bat=(['\"])([^'\"]*)\1"), r"--at \2"),
           (re.compile(r"\bdepth=N\b"), "--depth N"),

@@ -18,7 +18,8 @@ Commands:
       |a - b| <= atol + rtol * |b|.
 
   objckpt migrate SOURCE OUT --template MODULE:CALLABLE [--rules FILE]
-                  [--at NAME] [--optimizer-state] [--dry-run]
+                  [--at NAME] [--optimizer-state auto|true|false] [--no-strict]
+                  [--dry-run]
       Writes SOURCE (a TF1 name-based or object-based checkpoint) as an
       object-based checkpoint at prefix OUT laid out for the obj that
       MODULE:CALLABLE returns (called with no arguments; it must build the
@@ -30,9 +31,12 @@ Commands:
       object path, by object path with leading underscores stripped, or by
       variable name. To chain, write one rule with a combined regex, or rules
       that each match the full original key; a rule that never applied is
-      reported (shadowed by another rule, or matching no key). Keep
-      global_step with --optimizer-state: it becomes the optimizer's
-      iterations. --dry-run prints the plan only.
+      reported (shadowed by another rule, or matching no key). Optimizer
+      state (--optimizer-state, default auto) moves by the variable it
+      belongs to when the obj has an optimizer (a compiled model's is built
+      as Keras's first training step would) and is skipped otherwise; keep
+      global_step: it becomes the optimizer's iterations. --dry-run prints
+      the plan only.
 
   objckpt graph PREFIX|DIRECTORY [--format dot|svg|png] [--out FILE]
                 [--depth N] [--empty]
@@ -105,8 +109,15 @@ def _parse(argv):
                               "first rule whose regex matches it (rules never chain); "
                               "replacement null drops the entry")
     migrate.add_argument("--at", metavar="NAME", help="subtree of SOURCE to take values from")
-    migrate.add_argument("--optimizer-state", action="store_true",
-                         help="move optimizer slots into the obj's optimizer variables")
+    migrate.add_argument("--optimizer-state", nargs="?", const="true", default="auto",
+                         choices=("auto", "true", "false"),
+                         help="auto (default): move optimizer state by owner when the obj has "
+                              "an optimizer (a compiled model's is built as Keras's first "
+                              "step would), skip it otherwise; true: move it (the obj must "
+                              "have an optimizer); false: skip it. Bare --optimizer-state: "
+                              "true")
+    migrate.add_argument("--no-strict", dest="strict", action="store_false",
+                         help="write the obj's own values where the source has none")
     migrate.add_argument("--dry-run", action="store_true", help="print the plan, write nothing")
     graph = commands.add_parser("graph", help="draw a checkpoint's object graph")
     graph.add_argument("source", metavar="PREFIX|DIRECTORY")
@@ -291,13 +302,14 @@ def _migrate(args) -> int:
 
     rules = load_rules(args.rules) if args.rules else []
     obj = load_template(args.template)
+    optimizer_state = {"auto": "auto", "true": True, "false": False}[args.optimizer_state]
     if args.dry_run:
         plan = _match.plan(args.source, obj, rules=rules, at=args.at,
-                           optimizer_state=args.optimizer_state)
+                           optimizer_state=optimizer_state)
         print(_terminal.cli_words(plan.describe()))
         return 0 if plan.complete else 1
     prefix = _migrate.migrate(args.source, obj, args.out, rules=rules, at=args.at,
-                              optimizer_state=args.optimizer_state)
+                              optimizer_state=optimizer_state, strict=args.strict)
     print(f"wrote {_render.safe(prefix)}")
     return 0
 

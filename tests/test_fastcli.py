@@ -308,7 +308,7 @@ def test_errors_and_advice_speak_the_command_lines_words(checkpoints, capsys, mo
     advice = ("pass optimizer_state=True, at=\"model\" or rules=[('^model_001/', ''), "
               "('^global_step$', None)].")
     assert _terminal.cli_words(advice) == (
-        'pass --optimizer-state, --at model or --rules FILE holding [["^model_001/", ""], '
+        'pass --optimizer-state true, --at model or --rules FILE holding [["^model_001/", ""], '
         '["^global_step$", null]].')
 
 

@@ -17,7 +17,7 @@ from objckpt._compat.variables import as_variable
 __all__ = ["COUNTERS", "HYPERPARAMETERS", "KERAS3_ROLES", "NAMED_SLOT", "SLOT_ALIASES", "TF1_SLOT",
            "build_optimizer", "existing_slot", "has_slot_variables", "is_optimizer_node",
            "on_slot_created", "optimizer_counters", "optimizer_slot_lists", "optimizer_state",
-           "slot_owner"]
+           "optimizers_of", "slot_owner", "unbuilt_optimizers"]
 
 
 # Optimizer slot names of every flavour -> one canonical role: "m" is the first
@@ -84,6 +84,11 @@ def _optimizers(obj) -> list:
                 all(candidate is not f for f in found):
             found.append(candidate)
     return found
+
+
+def optimizers_of(obj) -> list:
+    """obj's optimizers: obj itself, its `optimizer`, its children's (and what they wrap)."""
+    return _optimizers(obj)
 
 
 # Lists a Keras 3 / tf_keras (2.11+) optimizer keeps per trained variable, by
@@ -188,6 +193,47 @@ def build_optimizer(optimizer, variables) -> None:
             elif callable(getattr(inner, "_var_key", None)) and \
                     callable(getattr(inner, "build", None)) and not getattr(inner, "_built", False):
                 inner.build(list(variables))  # tf_keras and Keras 2 (2.11+ optimizers)
+
+
+def _is_unbuilt(optimizer) -> bool:
+    """Whether an optimizer holds no per-variable state yet (Keras creates it on the first
+    training step): Keras 3 (`built`), tf_keras and Keras 2's 2.11+ optimizers (`_built`),
+    legacy `OptimizerV2` and TF1 optimizers (no slot variables yet)."""
+    built = getattr(optimizer, "built", None)
+    if isinstance(built, bool) and not callable(getattr(optimizer, "_var_key", None)):
+        return not built  # Keras 3
+    if callable(getattr(optimizer, "_var_key", None)) and \
+            callable(getattr(optimizer, "build", None)) and \
+            not callable(getattr(optimizer, "_create_all_weights", None)):
+        return not getattr(optimizer, "_built", False)  # tf_keras, Keras 2 (2.11+)
+    slots = getattr(optimizer, "_slots", None)
+    if isinstance(slots, dict) and (callable(getattr(optimizer, "_create_all_weights", None))
+                                    or callable(getattr(optimizer, "_create_slots", None))):
+        return not any(slots.values())  # legacy OptimizerV2, TF1 (no slot created yet)
+    return False
+
+
+def unbuilt_optimizers(obj) -> list:
+    """[(optimizer, model or None)]: obj's optimizers that hold no per-variable state yet,
+    each with the Keras model whose `optimizer` it is (Keras's first training step builds it
+    on that model's `trainable_variables`), or None for an optimizer no model owns (a
+    custom loop's, a TF1 one). An optimizer a LossScaleOptimizer wraps is listed through the
+    wrapper only."""
+    owners = {}
+    candidates = [obj]
+    with contextlib.suppress(Exception):
+        candidates.extend(child for child in
+                          _graph_view.ObjectGraphView(obj).children(obj).values()
+                          if not isinstance(child, tf.Variable))
+    for candidate in candidates:
+        optimizer = getattr(candidate, "optimizer", None)
+        if _is_optimizer(optimizer) and \
+                isinstance(getattr(candidate, "trainable_variables", None), (list, tuple)):
+            owners.setdefault(id(optimizer), candidate)
+    found = _optimizers(obj)
+    wrapped = {id(getattr(f, "inner_optimizer", None)) for f in found}
+    return [(optimizer, owners.get(id(optimizer))) for optimizer in found
+            if id(optimizer) not in wrapped and _is_unbuilt(optimizer)]
 
 
 def optimizer_state(optimizer, variables) -> dict:
