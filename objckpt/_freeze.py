@@ -33,6 +33,19 @@ function call. Otherwise:
   ignores it); a second one writes the read values back after the update.
   The writes adopt the read buffers (no copy).
 
+Under model.fit
+---------------
+Keras traces `model.train_step` once into a cached train function, capturing
+the optimizer methods it calls. On a Keras model, the first `freeze` shadows
+the model's `train_step` (an instance attribute, see `_FitHold`) with one
+that routes the model's current optimizer (`apply_gradients`; a Keras 3
+optimizer's `apply` too) through the Freezer while the step is traced, and
+makes a train function traced before afresh, once. A recompile makes a new
+train function, whose trace follows the new optimizer. A traced step that
+passes none of the Freezer's variables through that optimizer (a custom
+`train_step` updating them by hand) is refused while anything is frozen,
+before any variable moves, and so is every later `freeze`.
+
 Under tf.distribute
 -------------------
 Inside `strategy.run` (MirroredStrategy, MultiWorkerMirroredStrategy) the
@@ -76,6 +89,26 @@ def _compile(patterns, action: str) -> list[re.Pattern]:
 class Freezer:
     """Freezes and unfreezes a model's variables by object path, without retracing.
 
+    Two ways to train with it, both bit-exact (a frozen variable and its
+    optimizer state keep their values) and both without retracing on
+    `freeze` / `unfreeze`:
+
+    * `model.fit` (a Keras model of any flavour): just `freeze`. The first
+      `freeze` attaches the Freezer to the model (see `attach`): the next
+      `fit` (or `train_on_batch`) traces its train step once more, with the
+      model's optimizer routed through the Freezer, also after an earlier
+      `fit`, after a recompile with a new optimizer, with `run_eagerly` and
+      under tf.distribute. A custom `train_step` that updates the variables
+      without the model's optimizer is refused (`UnsupportedObjectError`, by
+      `fit` and then by `freeze`), never silently trained.
+    * A custom training loop: call `freezer.apply_gradients(optimizer, ...)`
+      where the loop calls the optimizer's (a plain `optimizer.apply_gradients`
+      there is not routed, unless `hook(optimizer)`).
+
+    Freezing a BatchNorm's gamma and beta leaves its moving statistics to the
+    layer's training mode (they are not trainable), where `layer.trainable =
+    False` would also run the layer in inference mode.
+
     Args:
       model: a Keras model of any flavour or a tf.Module. Its trainable
         variables (by object path, optimizer state left out) can be frozen.
@@ -90,7 +123,14 @@ class Freezer:
         updates (Keras optimizers) rather than restoring them afterwards.
 
     Example:
-      >>> freezer = objckpt.Freezer(model)
+      >>> freezer = objckpt.Freezer(model)   # a compiled Keras model
+      >>> freezer.freeze("^encoder/")
+      >>> model.fit(x, y, epochs=3)          # the encoder and its Adam moments stay put
+      >>> freezer.unfreeze()
+      >>> model.fit(x, y, epochs=3)          # everything trains; nothing is retraced
+
+      In a custom loop:
+
       >>> @tf.function
       ... def step(x, y):
       ...     with tf.GradientTape() as tape:
@@ -193,6 +233,17 @@ class Freezer:
         Patterns are regular expressions searched in object paths and variable
         names (`freeze("^conv/")` selects layer `conv` in every flavour); one
         that matches nothing is an error, so a typo never silently trains.
+
+        On a Keras model the frozen variables hold under `model.fit` too: the
+        first `freeze` attaches the Freezer (`attach`), so the next `fit`
+        traces the train step once more; later calls never retrace.
+
+        Raises:
+          InvalidArgumentError: a bad pattern, or one that matches nothing.
+          UnsupportedObjectError: the model's train step was traced and passes
+            none of these variables through the model's optimizer, so `fit`
+            cannot hold them (the message names the fix:
+            `freezer.apply_gradients` in that `train_step`). Nothing changes.
         """
         self._set(self._frozen | self._select(patterns, "freeze"))
         return self.frozen
@@ -203,7 +254,8 @@ class Freezer:
         return self.frozen
 
     def set_frozen(self, patterns) -> tuple[str, ...]:
-        """Freezes exactly the variables matching `patterns` (None or () for none)."""
+        """Freezes exactly the variables matching `patterns` (None or () for none);
+        under `model.fit` as `freeze`."""
         if patterns is None or (not isinstance(patterns, str) and not list(patterns)):
             self._set(np.zeros(len(self.paths), bool))
         else:
@@ -322,11 +374,13 @@ class Freezer:
         model of any flavour; call it yourself only to have the train function
         retraced before anything is frozen. From then on:
 
-        * every traced train step routes the model's current optimizer through
-          this Freezer (its `apply_gradients`, and Keras 3's `apply`), also
-          after a recompile with a new optimizer; frozen variables and their
-          optimizer state stay bit-identical under `fit`, `train_on_batch`,
-          `run_eagerly` and tf.distribute;
+        * while a train step is traced (or run, with `run_eagerly`), the
+          model's current optimizer is routed through this Freezer (its
+          `apply_gradients`, and Keras 3's `apply`), also after a recompile
+          with a new optimizer; frozen variables and their optimizer state
+          stay bit-identical under `fit`, `train_on_batch`, `run_eagerly` and
+          tf.distribute. (Outside the train step the optimizer is left alone:
+          a custom loop calling its `apply_gradients` gets its own step.);
         * a train function traced before (by an earlier `fit`) is made afresh,
           once: the next `fit` traces it again with the Freezer in place.
           Later `freeze` / `unfreeze` calls never retrace;
@@ -335,7 +389,10 @@ class Freezer:
           its trace raises `UnsupportedObjectError` while anything is frozen,
           before any variable moves, and so does every later `freeze`. The
           fix it names: call `freezer.apply_gradients(self.optimizer, ...)`
-          in that `train_step`.
+          in that `train_step`. (A custom `train_step` that passes some
+          variables through the model's optimizer and updates others by hand
+          or with a second optimizer is not checked: those others need
+          `freezer.apply_gradients` too.)
 
         `detach` undoes it. Does nothing on a model already attached.
 

@@ -12,6 +12,7 @@ import tensorflow as tf
 import objckpt
 from objckpt import errors
 
+import flavours
 from flavours import KERAS_FLAVOURS, keras_for
 
 CONV = "conv"  # the nested encoder's Conv2D (variable names conv/kernel, conv/bias)
@@ -95,6 +96,39 @@ def test_freeze_holds_under_fit(flavour, when):
     else:
         assert freezer.traces == 0  # eager steps
     assert freezer.hooked_traces == freezer.traces  # per-variable updates skipped
+
+
+@pytest.mark.parametrize("flavour", KERAS_FLAVOURS)
+def test_freeze_holds_under_fit_with_mirrored_strategy(flavour):
+    """Two replicas: each replica of a frozen variable and of its Adam state is kept."""
+    from objckpt import _compat
+
+    keras = keras_for(flavour)
+    strategy = flavours.mirrored()
+    with strategy.scope():
+        model = build(keras)
+        model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    fit(model)
+    freezer = objckpt.Freezer(model)
+    freezer.freeze(CONV)
+
+    def replicas():
+        state = freezer._state_of(model.optimizer, list(range(len(freezer.paths))))
+        out = {}
+        for i, p in enumerate(freezer.paths):
+            parts = [_compat.replica_parts(_compat.as_variable(v))
+                     for v in (freezer._variables[i], *state[i])]
+            assert all(len(r) == 2 for r in parts), p  # mirrored over the two devices
+            out[p] = [np.array(r.numpy()) for replica in parts for r in replica]
+        return out
+
+    before = replicas()
+    fit(model)
+    after = replicas()
+    check_held(before, after, frozen_paths(freezer))
+    for p, values in after.items():  # every variable's two replicas (even, odd) agree
+        assert same(values[0::2], values[1::2]), p
+    assert freezer.traces == 2  # one trace, per replica
 
 
 @pytest.mark.parametrize("flavour", KERAS_FLAVOURS)
