@@ -930,7 +930,11 @@ def clone(obj, *, copy_values: bool = True):
         partitioner, parameter-server, TPU or packed variables); the message
         names its attribute path and type.
     """
-    return clone_with_values(obj, copy_values=copy_values)[0]
+    result = clone_with_values(obj, copy_values=copy_values)[0]
+    # Tensors a layer caches from its variables (an adapted Normalization's mean) were copied
+    # as they are: computed again from the clone's own variables, as Keras's loaders do.
+    _compat.refresh_derived_state(result)
+    return result
 
 
 def clone_with_values(obj, values: dict | None = None, *, copy_values: bool = False):

@@ -265,6 +265,7 @@ class PendingRestore:
             del self._entries[entry.path]
             self._failed.pop(entry.path, None)
             self._applied.append(entry.path)
+        _compat.refresh_derived_state(self._obj, [v for _, v, _ in checked], key=self, eager=True)
         self._drop_twins(checked)
 
     def _drop_twins(self, landed) -> None:

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
-from objckpt import _checks, _clone, _compat, _rules, _snapshot, _sources, _tree, errors
+from objckpt import _checks, _clone, _compat, _match, _rules, _snapshot, _sources, _tree, errors
 
 __all__ = ["Ensemble", "load_ensemble"]
 
@@ -96,8 +96,9 @@ def load_ensemble(template, sources: Sequence, *, rules=(), at: str | None = Non
         match the full original key. See `objckpt.plan`.
       at, strict: as in `objckpt.restore`, for every member.
       optimizer_state: False (default): optimizer state in the sources and in the
-        template is left alone (an ensemble evaluates); None or True as in
-        `objckpt.restore`.
+        template is left alone (an ensemble evaluates); "auto" or True as in
+        `objckpt.restore`, each member restored on its own (its optimizer built
+        first when the template's is compiled but not built).
 
     Returns:
       An `Ensemble`: `.members`, `ensemble(x)` stacks the members' outputs on a
@@ -147,7 +148,7 @@ def load_ensemble(template, sources: Sequence, *, rules=(), at: str | None = Non
             raise _with_context(err, f"member {k} (source {_describe_source(source)})") \
                 from err
     _snapshot.agree_across_workers(_tree.tree(template), None, "objckpt.load_ensemble")
-    if optimizer_state is True:
+    if optimizer_state is not False and _match.optimizer_mode(optimizer_state) is not False:
         # Moving optimizer state may build the optimizer's slots: plan on each member.
         members = []
         for k, (source, member_rule) in enumerate(zip(opened, member_rules)):
@@ -191,6 +192,9 @@ def load_ensemble(template, sources: Sequence, *, rules=(), at: str | None = Non
             # value / replicas), as objckpt.restore does.
             if key in value_of or copies[key].synchronization == tf.VariableSynchronization.ON_READ:
                 copies[key].assign(value, read_value=False)
+        # Tensors cached from variables (Normalization's mean) come from the template's:
+        # computed from this member's values; LoRA factors the source lacks are zeroed.
+        _compat.refresh_derived_state(member, [copies[key] for key in given])
         members.append(member)
         trees.append({path: copies[id(v)] for path, v in network})
     return Ensemble._of_clones(members, trees)
@@ -364,6 +368,11 @@ class Ensemble:
 
     def _batched_function(self, specs, kwargs: dict):
         template, trees = self._members[0], self._trees
+        cached = [h.name for h in _compat.derived_hooks(template) if h.action != "lora"]
+        if cached:  # constants in the traced graph, the same for every member
+            raise _compat.Unbatchable(
+                f"layer(s) {', '.join(cached[:3])} compute from tensors cached from their "
+                "variables (finalize_state), which a batched graph would share across members")
         graph_def, input_names, output_names, structure, reads, others = _compat.stateless_graph(
             template, kwargs, specs, trees[0])
         paths = list(dict.fromkeys(path for _, path in reads))  # a variable read twice: once

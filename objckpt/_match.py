@@ -284,6 +284,10 @@ def _leave_alone(work: _Work) -> None:
             work.skipped.append(f"{shown}" + (f" [{note}]" if note else "")
                                 + f": the obj's optimizer variable, left as is ({why})")
             work.skipped_targets.add(path)
+        elif targets.lora().get(path) in chosen:  # LoRA factor: Keras's load zeroes it
+            work.skipped.append(f"{path}: LoRA factor of a kernel the source holds merged "
+                                "(a Keras weights file): set to zeros, as Keras's load does")
+            work.skipped_targets.add(path)
         elif path in targets.rng:
             work.skipped.append(f"{path}: random generator state (Keras SeedGenerator), left "
                                 "as is (no source value)")

@@ -204,7 +204,10 @@ def fetch_values(the_plan: _match.Plan, variables, matches=None) -> list:
                 and value.shape.is_compatible_with(variable.shape)):
             # read in a tf.function being traced: the shape is checked when it runs
             value = tf.ensure_shape(value, variable.shape)
-        if (value.shape != variable.shape or value.dtype != variable.dtype.base_dtype):
+        fits = value.shape == variable.shape or (  # a variable of relaxed shape (tf_keras
+            not variable.shape.is_fully_defined()  # lookups' idf_weights): any value it takes
+            and variable.shape.is_compatible_with(value.shape))
+        if (not fits or value.dtype != variable.dtype.base_dtype):
             got = (f"{value.dtype.name}{tuple(value.shape)} but the obj has "
                    f"{variable.dtype.base_dtype.name}{tuple(variable.shape)}")
             if match.transform is not None:
@@ -322,6 +325,7 @@ def restore(obj, source, *, rules=(), strict: bool = True, at: str | None = None
         # shapes and dtypes are the ones just read, so there is nothing to check.
         agree_across_workers(variables, None)
         variables.fused.assign_all(source.as_dict().values())
+        _compat.refresh_derived_state(obj, key=variables)  # Normalization's cached mean
         return RestoreReport(tuple(variables), source="Snapshot")
     cache_key = _plan_cache_key(source, rules, strict, at, optimizer_state)
     cached = variables.plans.get(cache_key) if cache_key is not None else None
@@ -332,6 +336,8 @@ def restore(obj, source, *, rules=(), strict: bool = True, at: str | None = None
         items = source.as_dict()
         agree_across_workers(variables, None)
         _assign(variables, report.plan, [items[key] for key in keys])
+        _compat.refresh_derived_state(obj, lambda: map(variables.get, report.restored),
+                                      key=variables)
         return report
     loader = None
     try:
@@ -356,6 +362,8 @@ def restore(obj, source, *, rules=(), strict: bool = True, at: str | None = None
             loader.close()
     else:
         _assign(variables, the_plan, values)
+    _compat.refresh_derived_state(obj, lambda: [variables[m.target] for m in the_plan.matches],
+                                  key=variables)  # Normalization's cached mean, LoRA factors
     report = RestoreReport(tuple(m.target for m in the_plan.matches),
                            the_plan.unmatched_variables, the_plan.unmatched_source,
                            src.description, the_plan.at, the_plan.notes, the_plan,

@@ -127,6 +127,12 @@ class Twins:
         self._replicas = tuple(_replica_pairs(self._current, self._past))
         self._fns: dict = {}
         self._selections: dict = {}
+        # Layers computing from tensors cached from their variables (an adapted
+        # Normalization): refreshed after each write, as Keras's loaders do. Most models
+        # have none, and then a write pays one truth test.
+        # LoRA factors move with their kernels here: never zeroed.
+        self._derived = tuple(tuple(h for h in _compat.derived_hooks(side) if h.action != "lora")
+                              for side in (model, past))
 
     @property
     def paths(self) -> tuple[str, ...]:
@@ -236,12 +242,27 @@ class Twins:
                 self._fn("blend", chosen)(tf.constant(tau, tf.float64))
         else:
             self._fn("blend_or_copy", chosen)(tf.cast(tau, tf.float64))
+        if self._derived[1]:
+            self._refresh(1, chosen)
 
     @tf.autograph.experimental.do_not_convert
     def swap(self, *, include: str | Sequence[str] | None = None,
              exclude: str | Sequence[str] | None = None) -> None:
         """Exchanges the values of current and past; optimizer state is untouched."""
-        self._fn("swap", self._select(include, exclude))()
+        chosen = self._select(include, exclude)
+        self._fn("swap", chosen)()
+        if self._derived[0] or self._derived[1]:
+            self._refresh(0, chosen)
+            self._refresh(1, chosen)
+
+    def _refresh(self, side: int, chosen: tuple[int, ...]) -> None:
+        """Refreshes state derived from the chosen variables of one side (0: current, 1:
+        past): eagerly, after the write; inside a tf.function being traced it warns
+        (`_compat.refresh_derived_state`)."""
+        variables = self._current if side == 0 else self._past
+        _compat.refresh_derived_state(
+            None, variables if len(chosen) == len(variables) else [variables[i] for i in chosen],
+            hooks=self._derived[side])
 
 
 def _check_same_structure(model, current_vars: dict, past_vars: dict) -> None:

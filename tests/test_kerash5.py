@@ -437,3 +437,73 @@ def test_command_line_reads_keras_files_without_tensorflow(files):
     assert run("verify", whole).splitlines()[-1] == (
         f"OK: {whole}: {len(expected)} tensors (0.0 MB) read intact with the shapes and dtypes "
         "their headers declare (HDF5 keeps no checksums of weights)")
+
+
+def _loss_scaled(keras):
+    """`_sequential` compiled with a `LossScaleOptimizer` around Adam."""
+    model = keras.Sequential([
+        keras.Input((6, 6, 3)), keras.layers.Conv2D(4, 3), keras.layers.BatchNormalization(),
+        keras.layers.Flatten(), keras.layers.Dense(2)])
+    model.compile(optimizer=keras.mixed_precision.LossScaleOptimizer(
+        keras.optimizers.Adam(0.01), initial_scale=2.0 ** 10, dynamic_growth_steps=3),
+        loss="mse")
+    return model
+
+
+def _state(model) -> dict:
+    """{position: value} of the model's weights, then its optimizer's variables."""
+    return {i: np.array(v) for i, v in enumerate([*model.weights, *model.optimizer.variables])}
+
+
+@pytest.mark.parametrize("fmt", ["keras", "weights.h5"])
+def test_loss_scale_optimizer_state_restores_as_keras_loads_it(keras3, tmp_path, fmt):
+    """Keras saves a LossScaleOptimizer's inner variables twice (`optimizer/vars/4..` and
+    `optimizer/inner_optimizer/vars/0..`): one entry each, every optimizer variable equal to
+    Keras's own loader's, and the next step equal to the uninterrupted run's."""
+    images, _, targets = _data()
+    source = _loss_scaled(keras3)
+    source.fit(images, targets, epochs=2, batch_size=4, verbose=0)  # 4 steps: the scale grew
+    assert float(np.array(source.optimizer.variables[3])) == 2.0 ** 11  # dynamic_scale
+    path = str(tmp_path / ("m.keras" if fmt == "keras" else "w.weights.h5"))
+    source.save(path) if fmt == "keras" else source.save_weights(path)
+    target = _loss_scaled(keras3)
+    target.optimizer.build(target.trainable_variables)
+    plan = objckpt.plan(path, target)
+    assert plan.complete and plan.strategies() == {"keras layout": 8 + 4 + 2 + 2 * 6}
+    assert not plan.unmatched_source
+    assert "14 optimizer variables are saved twice (a LossScaleOptimizer's list and its " \
+           "inner optimizer's)" in " ".join(plan.notes)
+    report = objckpt.restore(target, path)
+    assert not report.missing and not report.unexpected
+    if fmt == "keras":
+        oracle = keras3.models.load_model(path)
+    else:
+        oracle = _loss_scaled(keras3)
+        oracle.optimizer.build(oracle.trainable_variables)
+        oracle.load_weights(path)
+    assert len(target.optimizer.variables) == 4 + 14
+    assert_same(_state(target), _state(oracle))
+    assert_same(_state(target), _state(source))
+    for model in (target, oracle, source):  # the next step, from the same state
+        model.train_on_batch(images[:4], targets[:4])
+    assert_same(_state(target), _state(oracle))
+    assert_same(_state(target), _state(source))
+
+
+def test_loss_scale_optimizer_inner_copy_is_the_value_taken(keras3, tmp_path):
+    """Where the two copies differ (an edited file), the inner optimizer's one is taken, as
+    Keras's loader assigns it last."""
+    images, _, targets = _data()
+    source = _loss_scaled(keras3)
+    source.fit(images, targets, epochs=1, batch_size=4, verbose=0)
+    path = str(tmp_path / "w.weights.h5")
+    source.save_weights(path)
+    with h5py.File(path, "r+") as handle:  # the inner copy of m of the conv kernel
+        handle["optimizer/inner_optimizer/vars/2"][...] = 7.0
+    target, oracle = _loss_scaled(keras3), _loss_scaled(keras3)
+    for model in (target, oracle):
+        model.optimizer.build(model.trainable_variables)
+    objckpt.restore(target, path)
+    oracle.load_weights(path)
+    assert np.all(np.array(target.optimizer.variables[6]) == 7.0)
+    assert_same(_state(target), _state(oracle))

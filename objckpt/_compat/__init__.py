@@ -14,6 +14,7 @@ enforces it). One module per topic, imports flowing down this list:
 - `keras`: the callback base class and resuming `model.fit`;
 - `layout`: Keras 3's weights-file layout of a live obj (`layers/dense/vars/0`);
 - `h5names`: the layer and weight names Keras's HDF5 `save_weights` gives a live obj;
+- `derived`: state Keras layers derive from variables, refreshed after objckpt writes;
 - `hooks`: TF-free Keras conventions (method overrides, default-hook marks).
 
 Names load on first use: `_compat.mark_default_hook` imports only the TF-free `hooks`
@@ -55,6 +56,8 @@ _WHERE = {
         "skip_fit_batches", "steps_per_execution", "unskip_fit_batches"),
     "layout": ("keras_weights_layout",),
     "h5names": ("keras_h5_weights",),
+    "derived": ("delegated_copies", "derived_hooks", "lora_factors", "refresh_derived_state",
+        "saving_as_loaded"),
     "hooks": ("KERAS_CACHED_ATTRS", "WEIGHT_DECAY_METHOD", "mark_default_hook",
         "override_methods", "past_autograph", "restore_methods", "weight_decay_method"),
 }

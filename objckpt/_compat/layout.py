@@ -21,6 +21,7 @@ import re
 import sys
 
 from objckpt import errors
+from objckpt._compat.derived import saving_as_loaded
 from objckpt._compat.variables import _keras3_variable_type, as_variable
 
 __all__ = ["keras_weights_layout"]
@@ -96,7 +97,8 @@ def _keras3_layout(obj, saving_lib, BaseOptimizer) -> list:
             extra = [(f"optimizer/vars/{i}", as_variable(v))
                      for i, v in enumerate(optimizer.variables)]
     recorder = Recorder()
-    saving_lib._save_state(obj, recorder, None, "", skip)
+    with saving_as_loaded(obj):  # slots of computed values: the variables they load into
+        saving_lib._save_state(obj, recorder, None, "", skip)
     return recorder.found + extra
 
 
