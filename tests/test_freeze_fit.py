@@ -183,6 +183,59 @@ def test_freeze_follows_a_recompile_with_a_new_optimizer(flavour):
     assert freezer.traces == traces  # traced once per compile, not per fit
 
 
+def loss_scaled_adam(keras):
+    """Adam in the flavour's dynamic loss-scale wrapper (what mixed_float16 compiles to);
+    Keras 2.12's wraps only its legacy (OptimizerV2) optimizers."""
+    keras2 = keras.__name__ == "keras" and keras.__version__.startswith("2.")
+    adam = legacy_adam(keras) if keras2 else new_optimizer(keras, "Adam", 0.01)
+    return keras.mixed_precision.LossScaleOptimizer(adam)
+
+
+def legacy_adam(keras):
+    """tf_keras / Keras 2 `optimizers.legacy.Adam` (OptimizerV2); Keras 3 has none."""
+    if keras.__version__.startswith("3."):
+        pytest.skip("Keras 3 has no optimizers.legacy (OptimizerV2)")
+    legacy = keras.optimizers.legacy
+    return (getattr(legacy, "Adam", None) or legacy.adam.Adam)(0.01)  # Keras 2.12: .adam
+
+
+def new_optimizer(keras, name, *args, **kwargs):
+    """A `keras.optimizers.<name>` of the 2.11+ kind (Keras 2.12 exports the legacy ones)."""
+    import importlib
+
+    cls = getattr(keras.optimizers, name, None)
+    if cls is None or "legacy" in cls.__module__:
+        cls = getattr(importlib.import_module(f"{keras.__name__}.optimizers.{name.lower()}"),
+                      name)
+    return cls(*args, **kwargs)
+
+
+OPTIMIZER_KINDS = {  # (optimizer, hooked: frozen updates skipped rather than undone)
+    "adamw_weight_decay": (lambda k: new_optimizer(k, "AdamW", 0.01, weight_decay=0.5), True),
+    "global_clipnorm": (lambda k: new_optimizer(k, "Adam", 0.01, global_clipnorm=0.1), False),
+    "loss_scale": (loss_scaled_adam, False),
+    "legacy_adam": (legacy_adam, True),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(OPTIMIZER_KINDS))
+@pytest.mark.parametrize("flavour", KERAS_FLAVOURS)
+def test_optimizer_kinds_hold_under_fit(flavour, kind):
+    keras = keras_for(flavour)
+    make, hooked = OPTIMIZER_KINDS[kind]
+    optimizer = make(keras)
+    model = build(keras)
+    model.compile(optimizer=optimizer, loss="mse")
+    fit(model)
+    freezer = objckpt.Freezer(model)
+    freezer.freeze(CONV)
+    before = snapshot(freezer, model.optimizer)
+    assert all(len(s) >= 3 for s in before.values())  # variable, m, v (and more)
+    fit(model)
+    check_held(before, snapshot(freezer, model.optimizer), frozen_paths(freezer))
+    assert freezer.traces == 1 and freezer.hooked_traces == (1 if hooked else 0)
+
+
 @pytest.mark.parametrize("flavour", KERAS_FLAVOURS)
 def test_frozen_under_fit_equals_untrainable_from_the_start(flavour):
     """Oracle: the same run with the conv layer `trainable=False` before compile."""
@@ -273,6 +326,15 @@ def test_a_train_step_around_the_optimizer_is_refused_with_the_fix(flavour):
     assert freezer.frozen == ()
     fit(model)  # nothing frozen: it trains as before
     assert not same(model.get_weights()[:2], start[:2])
+
+    model = build(keras, by_hand)  # attached before anything is frozen: fit trains, and
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    freezer = objckpt.Freezer(model)
+    freezer.attach()
+    fit(model)
+    with pytest.raises(errors.UnsupportedObjectError, match=fix):
+        freezer.freeze(CONV)  # the first freeze is refused
+    assert freezer.frozen == ()
 
     model = build(keras, through_freezer)  # the fix
     model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
