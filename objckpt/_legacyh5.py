@@ -11,7 +11,8 @@ for the 2.11+ optimizers, `Adam/conv/kernel/m:0` and `Adam/iter:0` for the legac
 `adam/conv_kernel_momentum` when Keras 3 writes this layout), and its config as JSON text
 (`model_config`, `training_config`), which is never read: only weights are. A file is this
 format by its content (`layer_names`), not its extension; Keras 3's `.weights.h5` (groups
-`layers/.../vars`) is not.
+`layers/.../vars`) is not. A layer name with `/` (tf_keras MobileNetV3's `Conv/BatchNorm`) is
+groups nested in groups, as h5py writes it (`Conv/BatchNorm/Conv/BatchNorm/gamma:0`).
 
 Keys: `<layer>/<weight name relative to the layer>` without `:0` (`conv/kernel`,
 `head/dense/kernel` for the nested model `head`), the path of layer names Keras writes;
@@ -19,7 +20,9 @@ Keys: `<layer>/<weight name relative to the layer>` without `:0` (`conv/kernel`,
 flavour. `names` are the weight names as saved (`dense/kernel`), for the "name" and "keras
 name" strategies. Optimizer variables are `optimizer/<name>` (the step counter `iteration`
 as `.../iterations`, the name the planner knows), each with the weight it belongs to (by the
-weight names, never by position).
+weight names, never by position). `h5_layers` lists the file's layers with weights in
+order, each with its keys in `weight_names` order: what "topological order" (`_strategies`)
+pairs with an obj's `model.layers` as Keras's `load_weights` does.
 
 Everything here is pure Python over `_h5` (h5py), so the command line lists these files
 without TensorFlow; `source_fields` (for `_sources`) imports TF only to make tensors.
@@ -328,6 +331,7 @@ def source_fields(path: str) -> dict | None:
     notes = ()
     if layout.keras_version.startswith("3"):
         notes = (f"written by Keras {layout.keras_version} in the Keras 2 HDF5 layout",)
+    layers = tuple((layer, tuple(keys)) for layer, keys in grouped.items())
     return dict(
         description=layout.description, kind="object", specs=specs, fetch=fetch,
         subtree=lambda at: _paths.prefix_subtree(entries, at),
@@ -335,9 +339,8 @@ def source_fields(path: str) -> dict | None:
             ["optimizer"] if any(not e.layer for e in entries.values()) else []),
         prefix=path, notes=notes, names={key: e.name for key, e in entries.items()},
         structure=lambda: ("keras2 h5", tuple(specs.items()),
-                           tuple(sorted(layout.owners.items())), notes),
-        owners=lambda: dict(layout.owners),
-        h5_layers=tuple((layer, tuple(keys)) for layer, keys in grouped.items()))
+                           tuple(sorted(layout.owners.items())), notes, layers),
+        owners=lambda: dict(layout.owners), h5_layers=layers)
 
 
 def listing(path: str) -> dict | None:

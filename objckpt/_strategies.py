@@ -82,18 +82,29 @@ def _structure(source_left, target_left, aliases_of=lambda path: {}):
 
 def match_structure(source, targets, view, unmatched, chosen, ambiguous, ambiguous_targets,
                      rewritten):
-    """Saved names, then structure, over the leftovers; returns (still unmatched, note).
+    """Keras 2 HDF5 order, saved names, structure, export order over the leftovers;
+    returns (still unmatched, note).
 
-    Both run only when no network variable matched by path (the two sides use
-    different naming schemes), and each is all or nothing. Keys are taken as
-    rules rewrote them, so a rule renaming a leaf takes part.
+    A Keras 2 HDF5 file first takes role renames and, where names fall short, topological
+    order (`_h5_topological`). The others run only when no network variable matched by path
+    (the two sides use different naming schemes), and each is all or nothing. Keys are
+    taken as rules rewrote them, so a rule renaming a leaf takes part.
     """
+    ordered = ""
     if source.h5_layers:  # a Keras 2 HDF5 file: role renames, then Keras's own order
-        unmatched, note = _h5_roles(source, targets, view, unmatched, chosen, rewritten)
-        unmatched, ordered = _h5_topological(source, targets, view, unmatched, chosen,
-                                             ambiguous, ambiguous_targets, rewritten)
-        if ordered is not None:
+        unmatched = _h5_roles(source, targets, view, unmatched, chosen, rewritten)
+        unmatched, applied, ordered = _h5_topological(
+            source, targets, view, unmatched, chosen, ambiguous, ambiguous_targets, rewritten)
+        if applied:
             return unmatched, ordered
+    unmatched, note = _by_structure(source, targets, view, unmatched, chosen, ambiguous,
+                                    ambiguous_targets, rewritten)
+    return unmatched, "; ".join(n for n in (ordered, note) if n)
+
+
+def _by_structure(source, targets, view, unmatched, chosen, ambiguous, ambiguous_targets,
+                  rewritten):
+    """Saved names, then structure, then export order (see `match_structure`)."""
     if any(p in chosen or p in ambiguous_targets for p in targets.network
            if p not in targets.rng):
         # Names line up at least in part: the rest is for rules, never for a guess.
@@ -201,11 +212,11 @@ def _rule_touched(chosen, rewritten, keys) -> bool:
 def _h5_roles(source, targets, view, unmatched, chosen, rewritten):
     """Entries of a Keras 2 HDF5 file that name a weight by its old role (`conv_dw_1/
     depthwise_kernel`) find it under the new one (`conv_dw_1/kernel`) in a layer of the
-    class that renamed it: strategy "layer name". Returns (still unmatched, "")."""
+    class that renamed it: strategy "layer name". Returns the keys still unmatched."""
     left = [key for key in unmatched if not is_optimizer_key(key)
             and rewritten.get(key, (key, None))[1] is None]
     if not left or not any(_ROLE_ALIASES.values()):
-        return unmatched, ""
+        return unmatched
     index, holders, taken = targets.h5_names(), None, set()
     used = set()
     for key in left:
@@ -228,38 +239,42 @@ def _h5_roles(source, targets, view, unmatched, chosen, rewritten):
         taken.add(path)
         used.add(key)
         chosen[path] = (key, "layer name", None)
-    return [k for k in unmatched if k not in used], ""
+    return [k for k in unmatched if k not in used]
 
 
 def _h5_topological(source, targets, view, unmatched, chosen, ambiguous, ambiguous_targets,
                     rewritten):
     """Pairs a Keras 2 HDF5 file's layers with the obj's by position, as Keras's
-    `load_weights` does, when names leave a network variable or entry over.
+    `load_weights` does, when names leave a network variable or entry over, or pair
+    weights of different shapes.
 
-    Returns (unmatched, note): note None when names matched every network variable (or
-    the source is viewed under an `at`, or rules rewrote its keys): nothing done here.
-    Otherwise the network pairs in chosen are replaced, and the note says so; or nothing
-    changes and the note says why the order could not be used.
+    Returns (unmatched, applied, note). Nothing is done (note "") when names matched every
+    network variable with its shape, when the source is viewed under an `at` (the file's
+    layers are not the obj's), or when rules rewrote its keys (the user's rules decide).
+    Otherwise either the network pairs in chosen are replaced (applied) and the note says
+    why, or nothing changes and the note says why the order could not be used.
     """
     network = [p for p in targets.network if p not in targets.rng]
     file_keys = {key for _, keys in source.h5_layers for key in keys}
-    inverse = {full: key for key, full in view.items()}
-    if any(full not in inverse or inverse[full] != full for full in file_keys):
-        return unmatched, None  # an `at` picked a subtree: the file's layers are not the obj's
-    left_keys = [k for k in unmatched if k in file_keys]
-    if not network or (not left_keys and all(p in chosen for p in network)
-                       and not any(p in ambiguous_targets for p in network)):
-        return unmatched, None  # names matched every weight: the file's own names decide
-    if _rule_touched(chosen, rewritten, file_keys):
-        return unmatched, None
+    if not network or any(view.get(key) != key for key in file_keys) or \
+            _rule_touched(chosen, rewritten, file_keys):
+        return unmatched, False, ""
+    left = sum(k in file_keys for k in unmatched)
+    missing = sum(p not in chosen for p in network)
+    other_shape = sum(p in chosen and tuple(targets.paths[p].shape) !=
+                      tuple(source.specs[view[chosen[p][0]]][0]) for p in network)
+    if not left and not missing and not other_shape and \
+            not any(p in ambiguous_targets for p in network):
+        return unmatched, False, ""  # names matched every weight: the file's names decide
+    by_name = (f"names matched {len(network) - missing} of the obj's {len(network)} network "
+               f"variables" + (f", {other_shape} of them to an entry of another shape"
+                               if other_shape else "")
+               + (f", and left {left} of the file's entries over" if left else ""))
     pairs, problem = _topological_pairs(source, targets, network)
     if problem:
-        return unmatched, ("topological order: not used: " + problem + "; names matched "
-                           f"{sum(p in chosen for p in network)} of the obj's "
-                           f"{len(network)} network variables")
+        return unmatched, False, f"topological order: not used: {problem} ({by_name})"
     for path in network:
         chosen.pop(path, None)
-    drift = _drift(source, targets)
     for key, path in pairs:
         chosen[path] = (key, "topological order", None)
     network_set = set(network)
@@ -267,11 +282,11 @@ def _h5_topological(source, targets, view, unmatched, chosen, ambiguous, ambiguo
                     if a not in file_keys and a not in network_set]
     ambiguous_targets.difference_update(network_set)
     used = {key for key, _ in pairs}
-    return [k for k in unmatched if k not in used], (
-        f"topological order: {drift}; the file's {len(source.h5_layers)} layers with "
-        "weights were paired with the obj's in `model.layers` order, and each layer's "
-        "weights in the order Keras saves them, as Keras's `load_weights` does; every "
-        "shape and dtype was checked")
+    return [k for k in unmatched if k not in used], True, (
+        f"topological order: {_drift(source, targets)} ({by_name}); the file's "
+        f"{len(source.h5_layers)} layers with weights were paired with the obj's in "
+        "`model.layers` order, and each layer's weights in the order Keras saves them, as "
+        "Keras's `load_weights` does; every shape and dtype was checked")
 
 
 def _topological_pairs(source, targets, network):
@@ -319,7 +334,7 @@ def _drift(source, targets) -> str:
     differ = [(f, o) for (f, _), (o, _) in zip(source.h5_layers, targets.h5_layers())
               if f != o]
     if not differ:
-        return "the layer names agree, but weight names leave some unmatched"
+        return "the file's layer names are the obj's"
     first = f"`{_render.safe(differ[0][0])}` in the file is `{_render.safe(differ[0][1])}` "
     first += "in the obj"
     more = f", and {len(differ) - 1} more" if len(differ) > 1 else ""
