@@ -40,7 +40,6 @@ so all raise together instead of one waiting forever for the others.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import re
@@ -52,6 +51,7 @@ import tensorflow as tf
 
 from objckpt import (
     _asyncwrite,
+    _checks,
     _ckptstate,
     _compat,
     _dirlock,
@@ -213,17 +213,6 @@ class Cluster:
         if kind is errors.StructureMismatchError:
             raise kind(message, ())
         raise kind(message)
-
-
-def _creation_scope(variables):
-    """The scope of the strategy of `variables`, for variables created beside them (none
-    without a strategy, or when a strategy's scope is entered already)."""
-    if tf.distribute.has_strategy():
-        return contextlib.nullcontext()
-    strategy = _compat.variables_strategy(variables)
-    if strategy is tf.distribute.get_strategy():  # the default strategy: nothing to enter
-        return contextlib.nullcontext()
-    return strategy.scope()
 
 
 class CheckpointDirectory:
@@ -492,7 +481,7 @@ class CheckpointDirectory:
         optimizer = getattr(obj, "optimizer", None)
         variables = getattr(obj, "trainable_variables", None)  # a Keras model's own optimizer
         if variables is not None and callable(getattr(optimizer, "apply_gradients", None)):
-            with _creation_scope(_tree.tree(obj).values()):  # slots mirrored like the model
+            with _checks.creation_scope(_tree.tree(obj).values()):  # slots mirrored too
                 _compat.build_optimizer(optimizer, variables)
         if self.cluster is None:
             _snapshot.restore(self.root, kept.prefix)

@@ -18,7 +18,8 @@ from objckpt._match import Plan, make_plan, optimizer_mode
 from objckpt._sources import Source
 from objckpt._targets import is_default_name, is_optimizer_key
 
-__all__ = ["checked_plan", "describe_obj", "optimizer_slots_in", "ready_optimizers", "refuse"]
+__all__ = ["checked_plan", "creation_scope", "describe_obj", "optimizer_slots_in",
+           "ready_optimizers", "refuse"]
 
 
 def describe_obj(obj) -> str:
@@ -219,7 +220,7 @@ def ready_optimizers(obj, variables, source: Source, *, rules=(), at=None,
             trained = owned
         if not trained:
             continue
-        with _creation_scope(variables.values()):
+        with creation_scope(variables.values()):
             _compat.build_optimizer(optimizer, trained)
     return _tree.tree(obj)
 
@@ -242,8 +243,9 @@ def _owned_variables(obj, variables, source: Source, rules, at) -> list:
     return [v for p, v in variables.items() if p in wanted and getattr(v, "trainable", True)]
 
 
-def _creation_scope(variables):
-    """The scope of the strategy of `variables`, for variables created beside them."""
+def creation_scope(variables):
+    """The scope of the strategy of `variables`, for variables created beside them (none
+    without a strategy, or when a strategy's scope is entered already)."""
     if tf.distribute.has_strategy():
         return contextlib.nullcontext()
     strategy = _compat.variables_strategy(variables)

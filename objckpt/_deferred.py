@@ -23,7 +23,19 @@ import warnings
 
 import tensorflow as tf
 
-from objckpt import _compat, _match, _paths, _render, _rules, _snapshot, _sources, _tree, errors
+from objckpt import (
+    _checks,
+    _compat,
+    _match,
+    _paths,
+    _render,
+    _rules,
+    _snapshot,
+    _sources,
+    _tree,
+    errors,
+)
+from objckpt._targets import is_optimizer_key
 
 __all__ = ["PendingRestore", "restore_on_create"]
 
@@ -469,7 +481,39 @@ def _agree(obj, failure) -> None:
     _snapshot.agree_across_workers(variables, failure, "objckpt.restore_on_create")
 
 
-def restore_on_create(obj, source, *, rules=(), at: str | None = None) -> PendingRestore:
+def _optimizer_entries(obj, src, entries, skipped, at, rules, optimizer_state) -> list:
+    """The entries that wait, after `optimizer_state`: optimizer entries are skipped (and
+    listed in `skipped`) with False, and with "auto" when obj has no optimizer to put them
+    in; True without an optimizer is an error. An optimizer of obj that is not built yet is
+    built now when obj is (as Keras's first training step builds it), so its state lands."""
+    mode = _match.optimizer_mode(optimizer_state)
+    network = {src.aliases.get(k, k) for k in src.specs if not is_optimizer_key(k)}
+    network.update(src.aliases.get(k, k) for k in src.aliases if not is_optimizer_key(k))
+    state = [e for e in entries if is_optimizer_key(e.path)
+             and src.aliases.get(e.source, e.source) not in network]
+    if not state:
+        return entries
+    has_optimizer = bool(_compat.optimizers_of(obj))
+    if mode is True and not has_optimizer:
+        raise errors.StructureMismatchError(
+            f"restore_on_create: optimizer_state=True, but {_checks.describe_obj(obj)} has no "
+            f"optimizer to move the source's {len(state)} optimizer entries into (e.g. "
+            f"`{_render.safe(state[0].source)}`). Nothing was restored. Fix: compile the "
+            "model first, or pass optimizer_state='auto' or False to skip them.")
+    if mode is False or not has_optimizer:
+        why = ("not moved (optimizer_state=False)" if mode is False else
+               "the obj has no optimizer to put it in (compile the model to move it)")
+        skipped.extend(f"{e.source}: optimizer state, {why}" for e in state)
+        dropped = {id(e) for e in state}
+        return [e for e in entries if id(e) not in dropped]
+    if not _compat.is_unbuilt(obj):
+        _checks.ready_optimizers(obj, _tree.tree(obj), src, rules=rules, at=at,
+                                 optimizer_state=mode, models_only=True)
+    return entries
+
+
+def restore_on_create(obj, source, *, rules=(), at: str | None = None,
+                      optimizer_state="auto") -> PendingRestore:
     """Restores values into obj as its variables are created, before their first use.
 
     For a model whose variables do not exist yet (a Keras model before its
@@ -498,6 +542,12 @@ def restore_on_create(obj, source, *, rules=(), at: str | None = None) -> Pendin
         rule with a combined regex, or rules that each match the full
         original key. See `objckpt.plan`.
       at: take values from this subtree of the source (e.g. "model").
+      optimizer_state: as for `objckpt.restore`. "auto" (default): optimizer entries wait
+        for obj's optimizer when obj has one (a compiled model: they land as Keras builds
+        it; an optimizer not built yet of a model that is built now is built at once, as
+        Keras's first training step would) and are skipped and listed when it has none
+        (an uncompiled model), as `load_weights` does. True: obj must have an optimizer.
+        False: optimizer entries are skipped.
 
     Returns:
       A `PendingRestore`: `.pending`, `.applied`, `.done`, `.assert_done()`.
@@ -544,6 +594,7 @@ def restore_on_create(obj, source, *, rules=(), at: str | None = None) -> Pendin
             entries.append(_Entry(new, full, rule.transform if rule is not None else None))
         _rules.warn_unused(rewritten.unused, src.description, stacklevel=2,
                            shadowed=rewritten.shadowed)
+        entries = _optimizer_entries(obj, src, entries, skipped, at, rules, optimizer_state)
         pending = PendingRestore(obj, src, entries, skipped, at)
         # Existing variables: every value read and checked before any is assigned.
         ready = []

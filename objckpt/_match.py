@@ -199,14 +199,16 @@ def _claim(work: _Work) -> None:
     work.shadowed_rules = rewritten.shadowed
     for key, full, new, rule in rewritten.entries:
         is_optimizer = is_optimizer_key(key)
+        if is_optimizer and work.canon(full) in network_tensors:
+            # An optimizer's edge to a network variable the source also reaches through the
+            # layers: that key places it. By the list's position it would name another
+            # variable wherever the optimizers were built on different variables.
+            continue
         if is_optimizer:  # unless it names a network variable (a module's own `global_step`)
             _, found = candidates(new, targets, new != key)
             is_optimizer = not (found and all(p in targets.network for p in found))
-        if is_optimizer and work.canon(full) in network_tensors:
-            continue
         if is_optimizer and work.optimizer_state is False:
-            work.skipped.append(
-                f"{full}: optimizer state (pass optimizer_state=True to move it)")
+            work.skipped.append(f"{full}: optimizer state, not moved (optimizer_state=False)")
             continue
         if is_optimizer:  # placed by the variable it belongs to, below; by path only after
             work.optimizer_left.append((key, new))
@@ -255,9 +257,9 @@ def _optimizer(work: _Work) -> None:
         work.unmatched.extend(key for key, _ in left)
         work.notes.append(
             f"optimizer_state=True, but the obj has no optimizer variables to move the "
-            f"source's {len(left)} optimizer entries into. Fix: compile the model and build "
-            "its optimizer first (model.optimizer.build(model.trainable_variables)), or pass "
-            "optimizer_state=False to skip them.")
+            f"source's {len(left)} optimizer entries into. Fix: compile the model first (a "
+            "compiled model's optimizer is built as Keras's first training step builds it), "
+            "or pass optimizer_state='auto' or False to skip them.")
         left = []
     work.moved = bool(left)
     if left:
@@ -274,15 +276,28 @@ def _leave_alone(work: _Work) -> None:
     owners = targets.slot_owners()
     why = "no source value" if work.optimizer_state is not False else \
         "optimizer state not moved"
+    fresh = 0
+    # Variables the source's optimizer held state for (some slot of theirs got a value): a
+    # slot of theirs that got none is missing, not fresh.
+    with_state = {owner_of_slot[t] for t in chosen if t in owner_of_slot}
     for path in targets.paths:  # tree order
         if path in chosen:
             continue
         if path in targets.optimizer_paths:
-            if work.moved and owner_of_slot.get(path) in chosen:
-                continue  # listed as missing
             shown, note = work.targets.display(path, owners)
-            work.skipped.append(f"{shown}" + (f" [{note}]" if note else "")
-                                + f": the obj's optimizer variable, left as is ({why})")
+            shown += f" [{note}]" if note else ""
+            if work.moved and owner_of_slot.get(path) in with_state:
+                continue  # listed as missing
+            if work.moved and owner_of_slot.get(path) in chosen:
+                # The source's optimizer held no state for this variable (it was built
+                # on the others: a weight that got no gradient): as a fresh optimizer's.
+                work.skipped.append(f"{shown}: no state in the source for the variable it "
+                                    "belongs to; keeps its value (a fresh optimizer's when "
+                                    "the optimizer was just built)")
+                fresh += 1
+            else:
+                work.skipped.append(f"{shown}: the obj's optimizer variable, left as is "
+                                    f"({why})")
             work.skipped_targets.add(path)
         elif targets.lora().get(path) in chosen:  # LoRA factor: Keras's load zeroes it
             work.skipped.append(f"{path}: LoRA factor of a kernel the source holds merged "
@@ -292,19 +307,27 @@ def _leave_alone(work: _Work) -> None:
             work.skipped.append(f"{path}: random generator state (Keras SeedGenerator), left "
                                 "as is (no source value)")
             work.skipped_targets.add(path)
+    if fresh:
+        work.notes.append(f"{fresh} optimizer variables of restored variables got no value: "
+                          "the source's optimizer held no state for the variables they belong "
+                          "to (listed under skipped)")
 
 
 def _result(work: _Work) -> Plan:
     """Checks every chosen pair's shape and dtype and lists what is left over."""
     source, targets, view, chosen = work.source, work.targets, work.view, work.chosen
     matches, mismatched = [], []
+    # A network variable's key as people know it: its path through the layers, where the
+    # source's canonical key runs through an optimizer's list of the variables it trains.
+    shown = {canon: alias for alias, canon in source.aliases.items()
+             if is_optimizer_key(canon) and not is_optimizer_key(alias)}
     for target in targets.paths:
         if target not in chosen:
             continue
         key, strategy, rule = chosen[target]
         match, problem = check_match(Match(target, view[key], strategy, str(rule) if rule else "",
                                         rule.transform if rule is not None else None),
-                                  source, targets.paths[target])
+                                  source, targets.paths[target], shown)
         if problem:
             mismatched.append(problem)
         else:

@@ -342,6 +342,8 @@ def restore(obj, source, *, rules=(), strict: bool = True, at: str | None = None
     loader = None
     try:
         src = _sources.open_source(source)
+        variables = _checks.ready_optimizers(obj, variables, src, rules=rules, at=at,
+                                             optimizer_state=optimizer_state)
         the_plan = _checks.checked_plan(obj, variables, src, rules=rules, strict=strict, at=at,
                                 optimizer_state=optimizer_state)
         loader = _streamed(src, the_plan, variables)

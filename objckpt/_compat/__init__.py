@@ -15,6 +15,7 @@ enforces it). One module per topic, imports flowing down this list:
 - `layout`: Keras 3's weights-file layout of a live obj (`layers/dense/vars/0`);
 - `h5names`: the layer and weight names Keras's HDF5 `save_weights` gives a live obj;
 - `derived`: state Keras layers derive from variables, refreshed after objckpt writes;
+- `freezing`: whether the graph a Freezer is traced into is XLA-compiled;
 - `hooks`: TF-free Keras conventions (method overrides, default-hook marks).
 
 Names load on first use: `_compat.mark_default_hook` imports only the TF-free `hooks`
@@ -41,7 +42,7 @@ _WHERE = {
     "optimizers": ("COUNTERS", "HYPERPARAMETERS", "KERAS3_ROLES", "NAMED_SLOT",
         "SLOT_ALIASES", "TF1_SLOT", "build_optimizer", "existing_slot", "has_slot_variables",
         "is_optimizer_node", "on_slot_created", "optimizer_counters", "optimizer_slot_lists",
-        "optimizer_state", "slot_owner"),
+        "optimizer_state", "optimizers_of", "slot_owner", "unbuilt_optimizers"),
     "graph": ("CollectionNode", "OBJECT_GRAPH_KEY", "TrackableObjectGraph",
         "check_complete", "children", "children_with_collections",
         "keras_collection_children", "keras_layers", "live_object_graph",
@@ -58,6 +59,7 @@ _WHERE = {
     "h5names": ("keras_h5_weights",),
     "derived": ("delegated_copies", "derived_hooks", "lora_factors", "refresh_derived_state",
         "saving_as_loaded"),
+    "freezing": ("in_xla_context",),
     "hooks": ("KERAS_CACHED_ATTRS", "WEIGHT_DECAY_METHOD", "mark_default_hook",
         "override_methods", "past_autograph", "restore_methods", "weight_decay_method"),
 }
