@@ -221,6 +221,14 @@ class Twins:
         replica of past gets the same replica of current, exactly, and the
         blend is the one computed on one device, per replica.
 
+        Keras layers that compute from tensors cached from their variables (an
+        adapted `Normalization`'s mean and variance, a "tf_idf" lookup's weights) are
+        refreshed after the write, as Keras's own loaders refresh them, so past's
+        outputs are those of its new values; models without such layers pay nothing.
+        Inside a `tf.function` being traced the new values exist only once the
+        function runs, so these layers cannot be refreshed there: a RuntimeWarning
+        names them; sync eagerly (or call their `finalize_state()` afterwards).
+
         Args:
           tau: weight of current, in [0, 1]; a Python number or a scalar tensor.
           include: regular expressions; only object paths matching one are synced.
@@ -248,7 +256,11 @@ class Twins:
     @tf.autograph.experimental.do_not_convert
     def swap(self, *, include: str | Sequence[str] | None = None,
              exclude: str | Sequence[str] | None = None) -> None:
-        """Exchanges the values of current and past; optimizer state is untouched."""
+        """Exchanges the values of current and past; optimizer state is untouched.
+
+        State Keras layers derive from their variables is refreshed on both sides, as
+        after `sync()`.
+        """
         chosen = self._select(include, exclude)
         self._fn("swap", chosen)()
         if self._derived[0] or self._derived[1]:

@@ -193,6 +193,24 @@ def test_twins_without_such_layers_never_refresh(flavour, monkeypatch):
     assert len(calls) == 1
 
 
+def test_layers_with_hooks_are_found_once_per_tree(flavour, monkeypatch):
+    from objckpt._compat import derived
+
+    found = []
+    original = derived._find_hooks
+    monkeypatch.setattr(derived, "_find_hooks", lambda obj: found.append(obj) or original(obj))
+    keras = flavour["keras"]
+    plain = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    snapshot = objckpt.snapshot(keras.models.clone_model(plain))
+    target = fresh(flavour)
+    for _ in range(3):
+        objckpt.restore(plain, snapshot)  # planned, then the cached plan
+        objckpt.restore(plain, objckpt.snapshot(plain))  # the fast path
+        objckpt.restore(target, flavour["prefix"])
+    assert found == [plain, target]  # one walk each, then a lookup per restore
+    np.testing.assert_array_equal(out(target), flavour["expected"])
+
+
 def test_clone(flavour):
     lookups = clones_lookups(flavour)
     source = build(flavour["keras"], 0, lookups=lookups)

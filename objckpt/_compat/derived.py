@@ -47,7 +47,7 @@ class Hook(NamedTuple):
     name: str  # `layer.name (ClassName)`, for messages
 
 
-_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_CACHE: dict = {}  # id(key) -> (weak reference to the key, hooks)
 _ACTION_OF_CLASS: dict = {}
 _LORA_FACTORS = {"kernel": ("_kernel", "lora_kernel_a", "lora_kernel_b"),
                  "embeddings": ("_embeddings", "lora_embeddings_a", "lora_embeddings_b")}
@@ -71,7 +71,7 @@ def _class_action(cls) -> str | None:
     """The refresh a layer class needs after its variables are written, or None."""
     if cls in _ACTION_OF_CLASS:
         return _ACTION_OF_CLASS[cls]
-    root, base = _keras_root(cls)
+    _, base = _keras_root(cls)
     action = None
     if base is not None and hasattr(base, "finalize_state"):
         # tf_keras, Keras 2: the loaders call finalize_state on every layer; the base one
@@ -124,25 +124,31 @@ def _find_hooks(obj) -> tuple[Hook, ...]:
     return tuple(hooks)
 
 
+def _forget(key_id: int):
+    return lambda _: _CACHE.pop(key_id, None)
+
+
 def derived_hooks(obj, key=None) -> tuple[Hook, ...]:
-    """The layers of obj whose state derives from variables; cached under `key` (weakly)."""
+    """The layers of obj whose state derives from variables; cached under `key` (weakly,
+    by identity: a `VariableTree` is a mapping, compared by value and unhashable)."""
     if key is not None:
-        try:
-            found = _CACHE.get(key)
-        except TypeError:  # not weak-referenceable
-            key, found = None, None
-        if found is not None:
-            return found
+        entry = _CACHE.get(id(key))
+        if entry is not None and entry[0]() is key:
+            return entry[1]
     found = _find_hooks(obj)
     if key is not None:
-        _CACHE[key] = found
+        try:
+            ref = weakref.ref(key, _forget(id(key)))
+        except TypeError:  # not weak-referenceable: not cached
+            return found
+        _CACHE[id(key)] = (ref, found)
     return found
 
 
 def _own_ids(layer) -> set:
     ids = set()
-    for variable in list(getattr(layer, "weights", None) or ()) + [
-            getattr(layer, "idf_weights", None)]:
+    for variable in [*(getattr(layer, "weights", None) or ()),
+                     getattr(layer, "idf_weights", None)]:
         inner = as_variable(variable)
         if inner is not None:
             ids.add(id(inner))
