@@ -210,11 +210,19 @@ def new_optimizer(keras, name, *args, **kwargs):
     return cls(*args, **kwargs)
 
 
-OPTIMIZER_KINDS = {  # (optimizer, hooked: frozen updates skipped rather than undone)
-    "adamw_weight_decay": (lambda k: new_optimizer(k, "AdamW", 0.01, weight_decay=0.5), True),
-    "global_clipnorm": (lambda k: new_optimizer(k, "Adam", 0.01, global_clipnorm=0.1), False),
-    "loss_scale": (loss_scaled_adam, False),
-    "legacy_adam": (legacy_adam, True),
+def clipped_adam(keras):
+    return new_optimizer(keras, "Adam", 0.01, global_clipnorm=0.1)
+
+
+# (optimizer, hooked: frozen updates skipped rather than undone, compile's jit_compile)
+OPTIMIZER_KINDS = {
+    "adamw_weight_decay": (lambda k: new_optimizer(k, "AdamW", 0.01, weight_decay=0.5), True,
+                           False),
+    "global_clipnorm": (clipped_adam, False, False),
+    "loss_scale": (loss_scaled_adam, False, False),
+    "legacy_adam": (legacy_adam, True, False),
+    "adam_xla": (lambda k: k.optimizers.Adam(0.01), True, True),
+    "global_clipnorm_xla": (clipped_adam, False, True),  # XLA: both branches' shapes equal
 }
 
 
@@ -222,10 +230,10 @@ OPTIMIZER_KINDS = {  # (optimizer, hooked: frozen updates skipped rather than un
 @pytest.mark.parametrize("flavour", KERAS_FLAVOURS)
 def test_optimizer_kinds_hold_under_fit(flavour, kind):
     keras = keras_for(flavour)
-    make, hooked = OPTIMIZER_KINDS[kind]
+    make, hooked, jit = OPTIMIZER_KINDS[kind]
     optimizer = make(keras)
     model = build(keras)
-    model.compile(optimizer=optimizer, loss="mse")
+    model.compile(optimizer=optimizer, loss="mse", jit_compile=jit)
     fit(model)
     freezer = objckpt.Freezer(model)
     freezer.freeze(CONV)
