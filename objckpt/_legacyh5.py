@@ -101,13 +101,10 @@ def weight_key(layer: str, name: str) -> str:
     dropped.
     """
     name = name[:-2] if name.endswith(":0") else name
-    edges = name.split("/")
-    own = layer.split("/")
-    for start in range(len(edges) - len(own)):
-        if edges[start:start + len(own)] == own:
-            edges = edges[start + len(own):]
-            break
-    return "/".join([layer, *edges])
+    start = f"/{name}".find(f"/{layer}/")  # whole edges, first place; linear in the lengths
+    if start >= 0 and start + len(layer) + 1 < len(name):
+        name = name[start + len(layer) + 1:]
+    return f"{layer}/{name}"
 
 
 def dtype_enum(name: str) -> int:

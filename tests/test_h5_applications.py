@@ -113,6 +113,8 @@ def test_into_keras3_equals_keras3_load_weights(files, name):
     model, oracle = _app(keras, name), _app(keras, name)
     plan = objckpt.plan(path, model)
     assert plan.complete and plan.strategies() == KERAS3_STRATEGIES[name]
+    table = plan.describe()
+    assert all(strategy in table for strategy in KERAS3_STRATEGIES[name])
     if name in KERAS3_DRIFT:
         file_name, obj_name = KERAS3_DRIFT[name]
         note = next(n for n in plan.notes if n.startswith("topological order: "))
