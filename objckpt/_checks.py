@@ -14,12 +14,11 @@ import re
 import tensorflow as tf
 
 from objckpt import _compat, _paths, _render, _tree, errors
-from objckpt._match import Plan, make_plan, optimizer_mode
+from objckpt._match import Plan, make_plan, optimizer_mode, optimizer_slots_in
 from objckpt._sources import Source
 from objckpt._targets import is_default_name, is_optimizer_key
 
-__all__ = ["checked_plan", "creation_scope", "describe_obj", "optimizer_slots_in",
-           "ready_optimizers", "refuse"]
+__all__ = ["checked_plan", "creation_scope", "describe_obj", "ready_optimizers", "refuse"]
 
 
 def describe_obj(obj) -> str:
@@ -168,21 +167,6 @@ def checked_plan(obj, variables, src: Source, *, rules=(), strict: bool = True,
             or (strict and (the_plan.unmatched_variables or the_plan.unmatched_source))):
         refuse(obj, variables, src, the_plan, strict)
     return the_plan
-
-
-def optimizer_slots_in(source: Source) -> bool:
-    """Whether the source holds per-variable optimizer state (slots, moments), not only step
-    counters or the network variables a Keras 3 optimizer lists."""
-    canon = lambda key: source.aliases.get(key, key)  # noqa: E731
-    network = {canon(k) for k in source.specs if not is_optimizer_key(k)}
-    for key in source.specs:
-        if not is_optimizer_key(key) or canon(key) in network:
-            continue
-        if key.rsplit("/", 1)[-1].lstrip("_") in _compat.COUNTERS or \
-                key.endswith(("beta1_power", "beta2_power")):
-            continue
-        return True
-    return False
 
 
 def ready_optimizers(obj, variables, source: Source, *, rules=(), at=None,

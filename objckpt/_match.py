@@ -50,7 +50,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from objckpt import _render, _tree, errors
+from objckpt import _compat, _render, _tree, errors
 from objckpt._optstate import place_optimizer_state
 from objckpt._plans import Match, Plan, check_match, labelled
 from objckpt._rules import parse_rules, rewrite_view, warn_unused
@@ -58,7 +58,7 @@ from objckpt._sources import Source, open_source
 from objckpt._strategies import match_structure
 from objckpt._targets import Targets, candidates, index_targets, is_optimizer_key
 
-__all__ = ["Match", "Plan", "plan"]
+__all__ = ["Match", "Plan", "optimizer_slots_in", "plan"]
 
 
 def make_plan(source: Source, obj, variables, *, rules=(), at=None,
@@ -376,13 +376,16 @@ def plan(source, obj, *, rules: Sequence = (), at: str | None = None,
         `unused_rules`. A transform (tensor -> tensor, e.g. `tf.transpose`)
         changes the values of the entries its rule rewrote.
       at: plan from this subtree of the source (e.g. "model").
-      optimizer_state: "auto" (default): like True when obj has optimizer
-        slots to put state in, else optimizer entries are skipped and listed.
-        True: optimizer slots (Keras 3 `momentum`/`velocity`, Keras 2/tf_keras
+      optimizer_state: "auto" (default): like True when obj has an
+        optimizer, else optimizer entries are skipped and listed. True:
+        optimizer slots (Keras 3 `momentum`/`velocity`, Keras 2/tf_keras
         `m`, `v`; TF1 `Adam`/`Adam_1`, `adam_m`/`adam_v`, `Momentum`,
         `RMSProp`, `Adagrad`, `Ftrl`, ...) and step counters (`iterations`,
         `global_step`) move into obj's optimizer variables by the variable
-        they belong to, never by position. False: they are skipped and listed.
+        they belong to, never by position; obj must have an optimizer. False:
+        optimizer entries are ignored on both sides. `plan` changes nothing:
+        an optimizer not built yet, which `restore` builds first, has no slots
+        here, and the plan's notes say so.
 
     Returns:
       A frozen `Plan`; `print(plan.describe())` shows it as a table.
@@ -397,5 +400,30 @@ def plan(source, obj, *, rules: Sequence = (), at: str | None = None,
             f"Cannot plan a restore into {type(obj).__name__}: it has no variables yet. Build "
             "it first, or use objckpt.restore_on_create(obj, source) to apply values as "
             "variables are created.")
-    return make_plan(open_source(source), obj, variables, rules=rules, at=at,
-                     optimizer_state=optimizer_state)
+    src = open_source(source)
+    result = make_plan(src, obj, variables, rules=rules, at=at,
+                       optimizer_state=optimizer_state)
+    if optimizer_mode(optimizer_state) is not False and optimizer_slots_in(src):
+        unbuilt = _compat.unbuilt_optimizers(obj)
+        if unbuilt:
+            names = ", ".join(type(o).__name__ for o, _ in unbuilt)
+            result = dataclasses.replace(result, notes=(*result.notes, (
+                f"the obj's optimizer ({names}) is not built yet, so it has no slots here: "
+                "objckpt.restore builds it first, as Keras's first training step would, and "
+                "moves the source's optimizer state into it by owner")))
+    return result
+
+
+def optimizer_slots_in(source: Source) -> bool:
+    """Whether the source holds per-variable optimizer state (slots, moments), not only step
+    counters or the network variables a Keras 3 optimizer lists."""
+    canon = lambda key: source.aliases.get(key, key)  # noqa: E731
+    network = {canon(k) for k in source.specs if not is_optimizer_key(k)}
+    for key in source.specs:
+        if not is_optimizer_key(key) or canon(key) in network:
+            continue
+        if key.rsplit("/", 1)[-1].lstrip("_") in _compat.COUNTERS or \
+                key.endswith(("beta1_power", "beta2_power")):
+            continue
+        return True
+    return False

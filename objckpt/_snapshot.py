@@ -268,13 +268,18 @@ def restore(obj, source, *, rules=(), strict: bool = True, at: str | None = None
         says so.
       optimizer_state: "auto" (default): when obj has an optimizer,
         optimizer slots and counters move by the variable they belong to
-        (e.g. tf_keras Adam `m`/`v` into a Keras 3 Adam), strictly (an
-        optimizer not built yet has no slots to receive them: build it); when
-        it has none (an uncompiled model), they are skipped and listed in the
-        report's `skipped`, as `load_weights` does. True: move them; an obj
-        without optimizer variables is an error. False: skip them. Optimizer
-        state never moves by position between different optimizer layouts:
-        an entry whose owner feeds no variable is skipped and listed.
+        (e.g. tf_keras Adam `m`/`v` into a Keras 3 Adam); an optimizer not
+        built yet (a model compiled in a new process) is built first as
+        Keras's first training step builds it (a model's own optimizer on its
+        `trainable_variables`), so the next step equals the uninterrupted
+        run's; when obj has no optimizer (an uncompiled model), they are
+        skipped and listed in the report's `skipped`, as `load_weights` does.
+        True: the same, but an obj without an optimizer is an error. False:
+        optimizer entries are ignored on both sides (obj's optimizer keeps its
+        values). Optimizer state never moves by position between different
+        optimizer layouts: an entry whose owner feeds no variable is skipped
+        and listed; a slot of a variable the source holds no state for keeps
+        its value (a fresh optimizer's when the restore built it), listed.
 
     Returns:
       A frozen `RestoreReport`; its `plan` says which entry fed which variable.

@@ -366,3 +366,63 @@ def test_checkpoint_manager_resumes_into_a_fresh_compiled_model(run):
         manager.restore_latest()
     model.fit(run["x"], run["y"], **FIT)
     _assert_bits(_values(model), run["after"])
+
+
+# --- other writers' checkpoints into a model compiled in this process ----------------------
+
+
+@pytest.mark.parametrize("flavour", KERAS_FLAVOURS)
+def test_tf1_saver_checkpoint_into_a_compiled_model_moves_adam_slots(flavour,
+                                                                      tmp_path_factory):
+    from legacy import cached_tf1_checkpoint, tf1_rewrite
+
+    keras = keras_for(flavour)
+    tf1 = cached_tf1_checkpoint(tmp_path_factory)
+    model = tf1_rewrite(keras)
+    model.compile(optimizer=keras.optimizers.Adam(), loss="mse")  # optimizer not built
+    plan = objckpt.plan(tf1["prefix"], model, rules=[("^model_001/", "")])
+    assert any("not built yet" in note for note in plan.notes), plan.notes
+    report = objckpt.restore(model, tf1["prefix"], rules=[("^model_001/", "")])
+    slots = [m for m in report.plan.matches if m.strategy == "slot"]
+    assert len(slots) == 2 * 6 + 1, report.plan.describe()  # m and v of 6 weights, the step
+    reader = tf.train.load_checkpoint(tf1["prefix"])
+    tree = objckpt.tree(model)
+    for match in slots:
+        np.testing.assert_array_equal(tree[match.target].numpy(), reader.get_tensor(match.source))
+    assert int(model.optimizer.iterations.numpy()) == 3
+
+
+def test_keras2_checkpoint_into_a_compiled_keras3_model_moves_adam_state(tmp_path_factory):
+    from legacy import LegacyKerasUnavailable, cached_keras2_checkpoint, conv_net
+
+    keras = keras_for("keras3", beside_tf_keras=True)  # the Keras 2 writer needs tf_keras
+    try:
+        legacy = cached_keras2_checkpoint(tmp_path_factory, kind="functional")
+    except LegacyKerasUnavailable as err:
+        pytest.skip(str(err))
+    model = conv_net(keras, "functional")
+    model.compile(optimizer=keras.optimizers.Adam(), loss="mse")  # optimizer not built
+    report = objckpt.restore(model, legacy["prefix"])
+    assert report.plan.strategies()["slot"] >= 2 * 8 + 1, report.plan.describe()
+    optimizer = model.optimizer
+    index = optimizer._get_variable_index(model.get_layer("conv1").kernel)
+    np.testing.assert_array_equal(optimizer._momentums[index].numpy(), legacy["m"])
+    np.testing.assert_array_equal(optimizer._velocities[index].numpy(), legacy["v"])
+    assert int(optimizer.iterations.numpy()) == int(legacy["iterations"])
+
+
+def test_keras3_weights_file_into_a_compiled_model(tmp_path):
+    """Keras 3's `.weights.h5` of a compiled model holds its optimizer's variables too (by
+    position): into a fresh compiled model the next step is the uninterrupted run's."""
+    keras_for("keras3")
+    model = build("keras3", "functional")
+    x, y = _inputs("functional")
+    path = str(tmp_path / "m.weights.h5")
+    model.save_weights(path)
+    model.fit(x, y, **FIT)
+    fresh = build("keras3", "functional", train=False)
+    report = objckpt.restore(fresh, path)
+    assert not report.missing and not report.unexpected
+    assert fresh.optimizer.built
+    fresh.fit(x, y, **FIT)
+    _assert_bits(_values(fresh), _values(model))
