@@ -243,6 +243,41 @@ def test_load_ensemble_members_each_their_own(flavour):
     assert "norm" in ensemble.fallback_reason
 
 
+def test_discretization_bin_boundaries(flavour):
+    keras = flavour["keras"]
+    if keras.__version__.startswith("3"):
+        pytest.skip("Keras 3 Discretization keeps its bin boundaries in its config, not in "
+                    "variables: nothing to refresh")
+
+    def build_bins(low):
+        numbers = keras.Input((1,))
+        bins = keras.layers.Discretization(num_bins=4, epsilon=0.01, name="bins")
+        bins.adapt(np.arange(low, low + 40.0).reshape(-1, 1))
+        return keras.Model(numbers, bins(numbers))
+
+    x = tf.constant(np.linspace(-5.0, 150.0, 12).reshape(-1, 1).astype("float32"))
+    source, target, past = build_bins(0), build_bins(100), build_bins(50)
+    assert diff(target(x), source(x)) > 0
+    objckpt.restore(target, objckpt.save(source, str(flavour["directory"] / "bins")))
+    np.testing.assert_array_equal(np.asarray(target(x)), np.asarray(source(x)))
+    objckpt.Twins(source, past=past).sync()
+    np.testing.assert_array_equal(np.asarray(past(x)), np.asarray(source(x)))
+
+
+def test_restore_inside_tf_function_warns(flavour):
+    target = fresh(flavour)
+    snapshot = objckpt.snapshot(flavour["source"])
+
+    @tf.function
+    def load():
+        objckpt.restore(target, snapshot)
+
+    with pytest.warns(RuntimeWarning, match=r"`norm` \(Normalization\)"):
+        load()
+    objckpt.restore(target, snapshot)  # eagerly: refreshed
+    np.testing.assert_array_equal(out(target), flavour["expected"])
+
+
 def build_sequential(keras, seed=None):
     layers = [keras.layers.Normalization(name="norm"), keras.layers.Dense(2, name="dense")]
     model = keras.Sequential(layers)
@@ -364,6 +399,11 @@ def test_lora_objckpt_checkpoint_round_trips_factors(keras3, tmp_path, quantize)
     for (p, got), (_, want) in zip(lora_factors(target).items(),
                                    lora_factors(source).items()):
         np.testing.assert_array_equal(got, want, err_msg=p)
+    twins = objckpt.Twins(source, past=scramble_lora(target))
+    twins.sync()  # factors move with their kernels: never zeroed
+    np.testing.assert_array_equal(np.asarray(target(lora_inputs())),
+                                  np.asarray(source(lora_inputs())))
+    assert any(np.any(f) for f in lora_factors(target).values())
 
 
 def test_quantized_weights_file_equals_keras_load_weights(keras3, tmp_path):
