@@ -276,6 +276,13 @@ HOSTILE = {
     "missing layer": (
         lambda p: write_h5(p, layer_names=(b"dense", b"conv")), errors.CheckpointCorruptError,
         "`layer_names` lists layer `conv`, but the file has no group of that name"),
+    "layer through a dataset": (  # names with `/` are nested groups; never a dataset
+        lambda p: write_h5(p, layer_names=(b"dense", b"dense/dense/kernel:0")),
+        errors.CheckpointCorruptError,
+        "lists layer `dense/dense/kernel:0`, but the file has no group of that name"),
+    "layer named `.`": (  # HDF5's own group: not a layer's
+        lambda p: write_h5(p, layer_names=(b"dense", b".")), errors.CheckpointCorruptError,
+        "lists layer `.`, but the file has no group of that name"),
     "wrong shape": (
         lambda p: write_h5(p, kernel=np.ones((3, 3), "float32")), errors.StructureMismatchError,
         "shape (3, 3) in the source but (3, 2) in the obj"),
@@ -407,3 +414,24 @@ def test_drifting_names_move_adam_state_by_owner(flavour, tmp_path):
         source.train_on_batch(images, targets)
         for a, b in zip(model.weights, source.weights):
             assert np.array(a).tobytes() == np.array(b).tobytes()
+
+
+def test_nested_layer_group_into_every_session_keras(tmp_path):
+    """A layer named `blk/dense` (tf_keras allows `/`; h5py nests the groups) restores into a
+    model whose layer is `dense`: the names differ, the order and shapes agree."""
+    path = str(tmp_path / "nested.h5")
+    kernel = np.arange(6, dtype="float32").reshape(3, 2)
+    with h5py.File(path, "w") as f:
+        f.attrs["layer_names"] = np.array([b"blk/dense"])
+        f.attrs["backend"], f.attrs["keras_version"] = b"tensorflow", b"2.15.0"
+        group = f.create_group("blk/dense")
+        group.attrs["weight_names"] = np.array([b"blk/dense/kernel:0", b"blk/dense/bias:0"])
+        group["blk/dense/kernel:0"] = kernel
+        group["blk/dense/bias:0"] = np.full((2,), 7.0, "float32")
+    assert list(_meta.read(path)) == ["blk/dense/kernel", "blk/dense/bias"]
+    model = dense_model(session_keras())
+    report = objckpt.restore(model, path)
+    assert report.plan.strategies() == {"topological order": 2}
+    assert [m.source for m in report.plan.matches] == ["blk/dense/kernel", "blk/dense/bias"]
+    np.testing.assert_array_equal(model.layers[-1].kernel.numpy(), kernel)
+    np.testing.assert_array_equal(model.layers[-1].bias.numpy(), [7.0, 7.0])
