@@ -295,7 +295,7 @@ def _topological_pairs(source, targets, network):
     obj_layers = targets.h5_layers()
     file_layers = source.h5_layers
     if not obj_layers:
-        return [], "the obj is no Keras model (it has no `layers` to pair in order)"
+        return [], "the obj is no Keras model: it has no `layers` to pair in order"
     if len(file_layers) != len(obj_layers):
         return [], (f"the file has {len(file_layers)} layers with weights, the obj "
                     f"{len(obj_layers)}")
