@@ -360,7 +360,7 @@ def lora_factors(model):
     return {v.path: np.asarray(v) for v in model.weights if "lora" in v.path}
 
 
-@pytest.mark.parametrize("quantize", [None, "int8"])
+@pytest.mark.parametrize("quantize", [None, "int8", "int4"])
 def test_lora_weights_file_equals_keras_load_weights(keras3, tmp_path, quantize):
     keras = keras3
     source = trained(keras, build_lora(keras, 0, quantize=quantize))
@@ -406,15 +406,16 @@ def test_lora_objckpt_checkpoint_round_trips_factors(keras3, tmp_path, quantize)
     assert any(np.any(f) for f in lora_factors(target).values())
 
 
-def test_quantized_weights_file_equals_keras_load_weights(keras3, tmp_path):
+@pytest.mark.parametrize("mode", ["int8", "int4", "float8"])
+def test_quantized_weights_file_equals_keras_load_weights(keras3, tmp_path, mode):
     keras = keras3
     source = trained(keras, build_lora(keras, 0, lora=False))
-    source.quantize("int8")
+    source.quantize(mode)
     path = str(tmp_path / "q.weights.h5")
     source.save_weights(path)
-    oracle = build_lora(keras, 1, lora=False, quantize="int8")
+    oracle = build_lora(keras, 1, lora=False, quantize=mode)
     oracle.load_weights(path)
-    target = build_lora(keras, 2, lora=False, quantize="int8")
+    target = build_lora(keras, 2, lora=False, quantize=mode)
     objckpt.restore(target, path)
     np.testing.assert_array_equal(np.asarray(target(lora_inputs())),
                                   np.asarray(oracle(lora_inputs())))
