@@ -426,3 +426,25 @@ def test_keras3_weights_file_into_a_compiled_model(tmp_path):
     assert fresh.optimizer.built
     fresh.fit(x, y, **FIT)
     _assert_bits(_values(fresh), _values(model))
+
+
+def test_resume_in_a_fresh_process_is_bit_exact(tmp_path):
+    """The flow users run every day, in two processes: train and save in one; build,
+    compile, restore with the defaults and train on in another."""
+    import subprocess
+    import sys
+
+    from flavours import session_flavour
+
+    flavour = session_flavour()
+    keras_for(flavour)
+    worker = os.path.join(os.path.dirname(__file__), "resume_worker.py")
+    for mode in ("train", "resume"):
+        result = subprocess.run([sys.executable, worker, mode, flavour, "functional",
+                                 str(tmp_path)], capture_output=True, text=True, timeout=300,
+                                check=False)
+        assert result.returncode == 0, result.stderr[-3000:]
+    want = dict(np.load(tmp_path / "uninterrupted.npz"))
+    got = dict(np.load(tmp_path / "resumed.npz"))
+    assert len(want) > 20
+    _assert_bits(got, want)
