@@ -164,6 +164,7 @@ class _Work:
     ambiguous_targets: set = dataclasses.field(default_factory=set)
     optimizer_left: list = dataclasses.field(default_factory=list)  # (key, rewritten key)
     notes: list = dataclasses.field(default_factory=list)
+    fresh: list = dataclasses.field(default_factory=list)  # (slot path, role): start fresh
     moved: bool = False  # optimizer state is being placed
 
     def canon(self, full: str) -> str:
@@ -292,8 +293,8 @@ def _leave_alone(work: _Work) -> None:
                 # The source's optimizer held no state for this variable (it was built
                 # on the others: a weight that got no gradient): as a fresh optimizer's.
                 work.skipped.append(f"{shown}: no state in the source for the variable it "
-                                    "belongs to; keeps its value (a fresh optimizer's when "
-                                    "the optimizer was just built)")
+                                    "belongs to; set to a fresh optimizer's value")
+                work.fresh.append((path, owners[path][1]))
                 fresh += 1
             else:
                 work.skipped.append(f"{shown}: the obj's optimizer variable, left as is "
@@ -308,9 +309,9 @@ def _leave_alone(work: _Work) -> None:
                                 "as is (no source value)")
             work.skipped_targets.add(path)
     if fresh:
-        work.notes.append(f"{fresh} optimizer variables of restored variables got no value: "
-                          "the source's optimizer held no state for the variables they belong "
-                          "to (listed under skipped)")
+        work.notes.append(f"{fresh} optimizer variables of restored variables start as a "
+                          "fresh optimizer's: the source's optimizer held no state for the "
+                          "variables they belong to (built on the others; listed under skipped)")
 
 
 def _result(work: _Work) -> Plan:
@@ -348,7 +349,7 @@ def _result(work: _Work) -> Plan:
     return Plan(source.description, tuple(matches), unmatched_variables,
                 tuple(view[k] for k in unmatched), tuple(work.ambiguous), tuple(mismatched),
                 tuple(work.skipped), unused, notes=tuple(work.notes),
-                shadowed_rules=tuple(work.shadowed_rules))
+                shadowed_rules=tuple(work.shadowed_rules), fresh=tuple(work.fresh))
 
 
 def plan(source, obj, *, rules: Sequence = (), at: str | None = None,

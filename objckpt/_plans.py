@@ -87,6 +87,9 @@ class Plan:
     at: str | None = None
     notes: tuple[str, ...] = ()
     shadowed_rules: tuple[str, ...] = ()
+    # (path, role) of the obj's optimizer slots that start as a fresh optimizer's: their
+    # variable is restored, but the source's optimizer held no state for it.
+    fresh: tuple[tuple[str, str], ...] = ()
     _source: Source | None = dataclasses.field(default=None, repr=False, compare=False)
     # object path -> (path people know, note), unescaped (see `Targets.display`)
     _labels: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)

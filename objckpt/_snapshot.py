@@ -278,8 +278,8 @@ def restore(obj, source, *, rules=(), strict: bool = True, at: str | None = None
         optimizer entries are ignored on both sides (obj's optimizer keeps its
         values). Optimizer state never moves by position between different
         optimizer layouts: an entry whose owner feeds no variable is skipped
-        and listed; a slot of a variable the source holds no state for keeps
-        its value (a fresh optimizer's when the restore built it), listed.
+        and listed; a slot of a variable the source holds no state for gets a
+        fresh optimizer's value (zeros, or Adagrad's initial accumulator), listed.
 
     Returns:
       A frozen `RestoreReport`; its `plan` says which entry fed which variable.
@@ -341,6 +341,7 @@ def restore(obj, source, *, rules=(), strict: bool = True, at: str | None = None
         items = source.as_dict()
         agree_across_workers(variables, None)
         _assign(variables, report.plan, [items[key] for key in keys])
+        _start_fresh(obj, variables, report.plan)
         _compat.refresh_derived_state(obj, lambda: map(variables.get, report.restored),
                                       key=variables)
         return report
@@ -369,6 +370,7 @@ def restore(obj, source, *, rules=(), strict: bool = True, at: str | None = None
             loader.close()
     else:
         _assign(variables, the_plan, values)
+    _start_fresh(obj, variables, the_plan)
     _compat.refresh_derived_state(obj, lambda: [variables[m.target] for m in the_plan.matches],
                                   key=variables)  # Normalization's cached mean, LoRA factors
     report = RestoreReport(tuple(m.target for m in the_plan.matches),
@@ -472,6 +474,14 @@ def _streamed(src, the_plan: _match.Plan, variables):
         src.prefix, [(key, v, label_of[key]) for key, v in zip(keys, targets)],
         lambda variable, value: variable.assign(value, read_value=False),
         lambda key: f"for {label_of.get(key, key)}")
+
+
+def _start_fresh(obj, variables, the_plan: _match.Plan) -> None:
+    """Gives the optimizer slots of `the_plan.fresh` a fresh optimizer's value: their variable
+    was restored, but the source's optimizer held no state for it."""
+    for path, role in the_plan.fresh:
+        variable = variables[path]
+        variable.assign(_compat.fresh_slot_value(obj, role, variable), read_value=False)
 
 
 def _assign(variables, the_plan: _match.Plan, values) -> None:

@@ -12,10 +12,11 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-import objckpt  # noqa: E402
-from flavours import _data, build  # noqa: E402
+import objckpt
+
+from flavours import _data, build
 
 FIT = {"batch_size": 4, "epochs": 1, "shuffle": False, "verbose": 0}
 

@@ -15,7 +15,7 @@ from objckpt._compat.hooks import override_methods
 from objckpt._compat.variables import as_variable
 
 __all__ = ["COUNTERS", "HYPERPARAMETERS", "KERAS3_ROLES", "NAMED_SLOT", "SLOT_ALIASES", "TF1_SLOT",
-           "build_optimizer", "existing_slot", "has_slot_variables", "is_optimizer_node",
+           "build_optimizer", "existing_slot", "fresh_slot_value", "has_slot_variables", "is_optimizer_node",
            "on_slot_created", "optimizer_counters", "optimizer_slot_lists", "optimizer_state",
            "optimizers_of", "slot_owner", "unbuilt_optimizers"]
 
@@ -234,6 +234,18 @@ def unbuilt_optimizers(obj) -> list:
     wrapped = {id(getattr(f, "inner_optimizer", None)) for f in found}
     return [(optimizer, owners.get(id(optimizer))) for optimizer in found
             if id(optimizer) not in wrapped and _is_unbuilt(optimizer)]
+
+
+def fresh_slot_value(obj, role: str, variable):
+    """The value a fresh optimizer gives a new slot of `role` (a canonical role of
+    `SLOT_ALIASES`) for `variable`: the optimizer's `initial_accumulator_value` for an
+    accumulator (Adagrad, Ftrl), zeros for every other role of Keras's and TF's optimizers."""
+    if role == "accumulator":
+        for optimizer in _optimizers(obj):
+            initial = getattr(optimizer, "initial_accumulator_value", None)
+            if isinstance(initial, (int, float)) and not isinstance(initial, bool):
+                return tf.fill(variable.shape, tf.cast(initial, variable.dtype.base_dtype))
+    return tf.zeros(variable.shape, variable.dtype.base_dtype)
 
 
 def optimizer_state(optimizer, variables) -> dict:
