@@ -15,7 +15,8 @@ from objckpt._compat.hooks import override_methods
 from objckpt._compat.variables import as_variable
 
 __all__ = ["COUNTERS", "HYPERPARAMETERS", "KERAS3_ROLES", "NAMED_SLOT", "SLOT_ALIASES", "TF1_SLOT",
-           "build_optimizer", "existing_slot", "fresh_slot_value", "has_slot_variables", "is_optimizer_node",
+           "build_optimizer", "existing_slot", "fresh_slot_value", "has_slot_variables",
+           "is_optimizer_node",
            "on_slot_created", "optimizer_counters", "optimizer_slot_lists", "optimizer_state",
            "optimizers_of", "slot_owner", "unbuilt_optimizers"]
 
