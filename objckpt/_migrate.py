@@ -39,6 +39,16 @@ _GROUP_BYTES = 32 << 20  # small tensors are written together up to this size
 _PROGRESS_BYTES = 64 << 20  # inputs at least this big show progress on a terminal
 
 
+def _written_shape(variable, match, src) -> tuple:
+    """The shape written for a variable: its own, or where it is relaxed (a tf_keras lookup's
+    `idf_weights` of shape (None,)) the value's: the source entry's, else its current one."""
+    if variable.shape.is_fully_defined():
+        return tuple(variable.shape)
+    if match is not None and match.transform is None:
+        return tuple(src.specs[match.source][0])
+    return tuple(_compat.read_value(variable).shape)
+
+
 def _nbytes(spec) -> int:
     shape, dtype = spec
     return _render.elements(shape) * tf.as_dtype(dtype).size
@@ -146,7 +156,8 @@ def migrate(source, obj, prefix, *, rules=(), at: str | None = None,
     prefix = os.fspath(prefix)
     fed = {m.target: m for m in the_plan.matches}
     paths = list(variables)
-    specs = {p: (tuple(variables[p].shape), variables[p].dtype.base_dtype) for p in paths}
+    specs = {p: (_written_shape(variables[p], fed.get(p), src), variables[p].dtype.base_dtype)
+             for p in paths}
     directory = os.path.dirname(prefix)
     created = bool(directory) and not tf.io.gfile.exists(directory)
     if directory:
