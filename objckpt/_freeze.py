@@ -410,9 +410,8 @@ class Freezer:
         self._fit.attach()
 
     def detach(self) -> None:
-        """Undoes `attach`: `model.fit` no longer routes through this Freezer once the
-        train function is traced again (unfreeze first: a train function traced while
-        attached keeps reading the frozen set)."""
+        """Undoes `attach`: the model's train function is made afresh, and the next `fit`
+        traces it without this Freezer (frozen variables train again)."""
         if self._fit is not None:
             self._fit.detach()
 
@@ -700,6 +699,8 @@ class _FitHold:
             _compat.restore_methods(self.model, self.undo)
             self.undo = []
             self.attached = False
+            if getattr(self.model, "train_function", None) is not None:
+                self.model.make_train_function(force=True)  # traced with the Freezer
 
     @tf.autograph.experimental.do_not_convert
     def before(self):

@@ -377,6 +377,25 @@ def test_keras3_custom_train_step_calling_optimizer_apply_holds():
     check_held(before, snapshot(freezer, model.optimizer), frozen_paths(freezer))
 
 
+@pytest.mark.parametrize("flavour", KERAS_FLAVOURS)
+def test_detach_lets_fit_train_everything_again(flavour):
+    keras = keras_for(flavour)
+    model = build(keras)
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    freezer = objckpt.Freezer(model)
+    freezer.freeze(CONV)
+    fit(model)
+    held = snapshot(freezer, model.optimizer)
+    fit(model)
+    assert all(same(held[p], s) for p, s in snapshot(freezer, model.optimizer).items()
+               if p in freezer.frozen)
+    freezer.detach()
+    assert "train_step" not in vars(model) and freezer.frozen  # still frozen, not attached
+    fit(model)
+    after = snapshot(freezer, model.optimizer)
+    assert all(not same(held[p][:1], after[p][:1]) for p in freezer.paths)
+
+
 def test_attach_needs_fit_and_a_module_still_freezes():
     class XY(tf.Module):
         def __init__(self):
