@@ -281,13 +281,17 @@ def _leave_alone(work: _Work) -> None:
     # Variables the source's optimizer held state for (some slot of theirs got a value): a
     # slot of theirs that got none is missing, not fresh.
     with_state = {owner_of_slot[t] for t in chosen if t in owner_of_slot}
+    # Only when every optimizer entry of the source found its place (or was skipped for a
+    # reason) does a slot that got nothing mean "no state in the source"; else it is missing.
+    placed = not any(is_optimizer_key(key) for key in work.unmatched)
     for path in targets.paths:  # tree order
         if path in chosen:
             continue
         if path in targets.optimizer_paths:
             shown, note = work.targets.display(path, owners)
             shown += f" [{note}]" if note else ""
-            if work.moved and owner_of_slot.get(path) in with_state:
+            if work.moved and (owner_of_slot.get(path) in with_state or (
+                    not placed and owner_of_slot.get(path) in chosen)):
                 continue  # listed as missing
             if work.moved and owner_of_slot.get(path) in chosen:
                 # The source's optimizer held no state for this variable (it was built
