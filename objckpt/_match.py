@@ -332,7 +332,8 @@ def _result(work: _Work) -> Plan:
         key, strategy, rule = chosen[target]
         match, problem = check_match(Match(target, view[key], strategy, str(rule) if rule else "",
                                         rule.transform if rule is not None else None),
-                                  source, targets.paths[target], shown)
+                                  source, targets.paths[target], shown,
+                                  targets.shown(target))
         if problem:
             mismatched.append(problem)
         else:

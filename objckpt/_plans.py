@@ -198,11 +198,14 @@ def _problem(target: str, what: str, origin: str, transformed: bool = False) -> 
     return problem
 
 
-def check_match(match: Match, source: Source, variable, shown: dict | None = None):
+def check_match(match: Match, source: Source, variable, shown: dict | None = None,
+                target_shown: str = ""):
     """Checks shape and dtype (after the rule's transform). Returns (match, problem).
 
     `shown` maps a source key to the key people know for the same tensor (its path through
-    the network, not the optimizer list TF's walk reached it by first), for messages."""
+    the network, not the optimizer list TF's walk reached it by first), for messages;
+    `target_shown` the path people know for the variable: an entry of that same path is not
+    named again."""
     shape, dtype = source.specs[match.source]
     key = _render.safe((shown or {}).get(match.source, match.source))  # for messages
     if match.transform is not None:
@@ -210,7 +213,7 @@ def check_match(match: Match, source: Source, variable, shown: dict | None = Non
         if problem:
             return match, _problem(match.target, problem, f" (from `{key}`)", True)
     origin = ""
-    if match.source != match.target or match.transform is not None:
+    if match.source not in (match.target, target_shown) or match.transform is not None:
         origin = f" (source entry `{key}`{', transformed' if match.transform else ''})"
     if not variable.shape.is_compatible_with(shape):
         return match, _problem(match.target, f"shape {tuple(shape)} in the source but "
