@@ -277,7 +277,8 @@ class PendingRestore:
             del self._entries[entry.path]
             self._failed.pop(entry.path, None)
             self._applied.append(entry.path)
-        _compat.refresh_derived_state(self._obj, [v for _, v, _ in checked], key=self, eager=True)
+        _compat.refresh_derived_state(self._obj, [v for _, v, _ in checked], key=self,
+                                      eager=True, merged=not self._source.keyed_by_path)
         self._drop_twins(checked)
 
     def _drop_twins(self, landed) -> None:

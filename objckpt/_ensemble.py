@@ -148,7 +148,7 @@ def load_ensemble(template, sources: Sequence, *, rules=(), at: str | None = Non
             raise _with_context(err, f"member {k} (source {_describe_source(source)})") \
                 from err
     _snapshot.agree_across_workers(_tree.tree(template), None, "objckpt.load_ensemble")
-    if optimizer_state is not False and _match.optimizer_mode(optimizer_state) is not False:
+    if _match.optimizer_mode(optimizer_state) is not False:
         # Moving optimizer state may build the optimizer's slots: plan on each member.
         members = []
         for k, (source, member_rule) in enumerate(zip(opened, member_rules)):

@@ -50,7 +50,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from objckpt import _compat, _render, _tree, errors
+from objckpt import _compat, _paths, _render, _tree, errors
 from objckpt._optstate import place_optimizer_state
 from objckpt._plans import Match, Plan, check_match, labelled
 from objckpt._rules import parse_rules, rewrite_view, warn_unused
@@ -284,6 +284,11 @@ def _leave_alone(work: _Work) -> None:
     # Only when every optimizer entry of the source found its place (or was skipped for a
     # reason) does a slot that got nothing mean "no state in the source"; else it is missing.
     placed = not any(is_optimizer_key(key) for key in work.unmatched)
+    # ... and only for a variable whose source tensor the source's optimizer records no
+    # state for (built on the others), while it placed state by owner for some: state
+    # skipped for its layout, or dropped by a rule, leaves the obj's slots as they are.
+    recorded = _recorded_owners(work.source) if with_state and placed else set()
+    lora = targets.lora() if not work.source.keyed_by_path else {}
     for path in targets.paths:  # tree order
         if path in chosen:
             continue
@@ -293,7 +298,9 @@ def _leave_alone(work: _Work) -> None:
             if work.moved and (owner_of_slot.get(path) in with_state or (
                     not placed and owner_of_slot.get(path) in chosen)):
                 continue  # listed as missing
-            if work.moved and owner_of_slot.get(path) in chosen:
+            owner = owner_of_slot.get(path)
+            if work.moved and with_state and placed and owner in chosen and \
+                    work.canon(work.view[chosen[owner][0]]) not in recorded:
                 # The source's optimizer held no state for this variable (it was built
                 # on the others: a weight that got no gradient): as a fresh optimizer's.
                 work.skipped.append(f"{shown}: no state in the source for the variable it "
@@ -304,7 +311,7 @@ def _leave_alone(work: _Work) -> None:
                 work.skipped.append(f"{shown}: the obj's optimizer variable, left as is "
                                     f"({why})")
             work.skipped_targets.add(path)
-        elif targets.lora().get(path) in chosen:  # LoRA factor: Keras's load zeroes it
+        elif lora.get(path) in chosen:  # LoRA factor of a Keras weights file: Keras zeroes it
             work.skipped.append(f"{path}: LoRA factor of a kernel the source holds merged "
                                 "(a Keras weights file): set to zeros, as Keras's load does")
             work.skipped_targets.add(path)
@@ -316,6 +323,21 @@ def _leave_alone(work: _Work) -> None:
         work.notes.append(f"{fresh} optimizer variables of restored variables start as a "
                           "fresh optimizer's: the source's optimizer held no state for the "
                           "variables they belong to (built on the others; listed under skipped)")
+
+
+def _recorded_owners(source: Source) -> set:
+    """The source tensors its optimizer state records as owners (slot tables, Keras 3 lists,
+    saved slot names, TF1 slot names)."""
+    canon = lambda key: source.aliases.get(key, key)  # noqa: E731
+    found = {canon(owner) for owner, _ in source.owners().values()}
+    for key in source.specs:
+        parts = _paths.split_slot(key)
+        tf1 = _compat.TF1_SLOT.match(key)
+        if parts is not None:
+            found.add(canon(parts[0]))
+        elif tf1 is not None:
+            found.add(canon(tf1.group("var")))
+    return found
 
 
 def _result(work: _Work) -> Plan:

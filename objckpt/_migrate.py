@@ -84,8 +84,9 @@ def migrate(source, obj, prefix, *, rules=(), at: str | None = None,
 
     `tf.train.Checkpoint(root=obj_like).read(prefix)` and `objckpt.restore`
     load the result directly. obj's variables are not changed: it only provides the
-    layout (object paths, shapes, dtypes). Nothing is written unless the plan
-    is acceptable.
+    layout (object paths, shapes, dtypes); an optimizer of obj not built yet is built
+    (see optimizer_state), so that the layout holds its state. Nothing is written
+    unless the plan is acceptable.
 
     Args:
       source: a name-based (TF1 `Saver`) or object-based prefix or directory,

@@ -343,7 +343,7 @@ def restore(obj, source, *, rules=(), strict: bool = True, at: str | None = None
         _assign(variables, report.plan, [items[key] for key in keys])
         _start_fresh(obj, variables, report.plan)
         _compat.refresh_derived_state(obj, lambda: map(variables.get, report.restored),
-                                      key=variables)
+                                      key=variables, merged=False)
         return report
     loader = None
     try:
@@ -372,7 +372,8 @@ def restore(obj, source, *, rules=(), strict: bool = True, at: str | None = None
         _assign(variables, the_plan, values)
     _start_fresh(obj, variables, the_plan)
     _compat.refresh_derived_state(obj, lambda: [variables[m.target] for m in the_plan.matches],
-                                  key=variables)  # Normalization's cached mean, LoRA factors
+                                  key=variables, merged=not src.keyed_by_path)
+    # (Normalization's cached mean; a Keras weights file's merged kernel: zero LoRA factors)
     report = RestoreReport(tuple(m.target for m in the_plan.matches),
                            the_plan.unmatched_variables, the_plan.unmatched_source,
                            src.description, the_plan.at, the_plan.notes, the_plan,

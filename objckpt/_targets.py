@@ -179,10 +179,15 @@ def index_targets(obj, variables) -> Targets:
     def order():
         return [path_of[id(v)] for v in _compat.keras_variables(obj) if id(v) in path_of]
 
+    factored: list = []
+
     def lora():
-        factors = [_compat.lora_factors(h.layer()) for h in _compat.derived_hooks(obj)]
-        return {path_of[id(f)]: path_of[id(k)] for k, *pair in filter(None, factors)
-                for f in pair if id(f) in path_of and id(k) in path_of}
+        if not factored:
+            factors = [_compat.lora_factors(h.layer()) for h in _compat.derived_hooks(obj)]
+            factored.append({path_of[id(f)]: path_of[id(k)]
+                             for k, *pair in filter(None, factors)
+                             for f in pair if id(f) in path_of and id(k) in path_of})
+        return factored[0]
 
     return Targets(dict(variables), by_strip, by_name, network, slots, counters,
                     optimizer_paths, frozenset(p for p, v in variables.items() if id(v) in rng),

@@ -304,10 +304,17 @@ def _migrate(args) -> int:
     obj = load_template(args.template)
     optimizer_state = {"auto": "auto", "true": True, "false": False}[args.optimizer_state]
     if args.dry_run:
+        from objckpt import _checks, _sources, _tree
+
+        # As migrate would: the template's optimizer built first where it is not yet.
+        _checks.ready_optimizers(obj, _tree.tree(obj), _sources.open_source(args.source),
+                                 rules=rules, at=args.at, optimizer_state=optimizer_state)
         plan = _match.plan(args.source, obj, rules=rules, at=args.at,
                            optimizer_state=optimizer_state)
         print(_terminal.cli_words(plan.describe()))
-        return 0 if plan.complete else 1
+        usable = plan.complete if args.strict else not (plan.mismatched or plan.ambiguous
+                                                        or not plan.matches)
+        return 0 if usable else 1
     prefix = _migrate.migrate(args.source, obj, args.out, rules=rules, at=args.at,
                               optimizer_state=optimizer_state, strict=args.strict)
     print(f"wrote {_render.safe(prefix)}")

@@ -192,7 +192,8 @@ def _refresh(layer, action: str, written) -> bool:
 _WARNED: set = set()
 
 
-def refresh_derived_state(obj, written=None, *, key=None, hooks=None, eager=False) -> list:
+def refresh_derived_state(obj, written=None, *, key=None, hooks=None, eager=False,
+                          merged: bool = True) -> list:
     """Refreshes what obj's Keras layers derive from the variables just written.
 
     Args:
@@ -203,6 +204,8 @@ def refresh_derived_state(obj, written=None, *, key=None, hooks=None, eager=Fals
       hooks: the hooks, when the caller keeps them (`derived_hooks`).
       eager: the writes ran eagerly (under `tf.init_scope`) even inside a tf.function being
         traced: so do the refreshes.
+      merged: a kernel written without its LoRA factors holds them merged (a Keras weights
+        file), so its factors are zeroed, as Keras's load does; False: factors are left.
 
     Returns:
       The layers refreshed.
@@ -214,6 +217,8 @@ def refresh_derived_state(obj, written=None, *, key=None, hooks=None, eager=Fals
     if callable(written):
         written = written()
     ids = None if written is None else {id(_inner(v)) for v in written}
+    if not merged:
+        hooks = [hook for hook in hooks if hook.action != "lora"]
     if eager and not tf.executing_eagerly():
         with tf.init_scope():
             return _run(hooks, ids)

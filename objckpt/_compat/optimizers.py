@@ -201,8 +201,8 @@ def _is_unbuilt(optimizer) -> bool:
     training step): Keras 3 (`built`), tf_keras and Keras 2's 2.11+ optimizers (`_built`),
     legacy `OptimizerV2` and TF1 optimizers (no slot variables yet)."""
     built = getattr(optimizer, "built", None)
-    if isinstance(built, bool) and not callable(getattr(optimizer, "_var_key", None)):
-        return not built  # Keras 3
+    if isinstance(built, bool) and callable(getattr(optimizer, "stateless_apply", None)):
+        return not built  # Keras 3 (its optimizers have a `_var_key` too)
     if callable(getattr(optimizer, "_var_key", None)) and \
             callable(getattr(optimizer, "build", None)) and \
             not callable(getattr(optimizer, "_create_all_weights", None)):
@@ -243,9 +243,15 @@ def fresh_slot_value(obj, role: str, variable):
     accumulator (Adagrad, Ftrl), zeros for every other role of Keras's and TF's optimizers."""
     if role == "accumulator":
         for optimizer in _optimizers(obj):
-            initial = getattr(optimizer, "initial_accumulator_value", None)
-            if isinstance(initial, (int, float)) and not isinstance(initial, bool):
-                return tf.fill(variable.shape, tf.cast(initial, variable.dtype.base_dtype))
+            owned = getattr(optimizer, "variables", ())
+            owned = owned() if callable(owned) else owned  # TF1 optimizers: a method
+            if not any(as_variable(v) is variable for v in owned or ()):
+                continue
+            for name in ("initial_accumulator_value", "_initial_accumulator_value"):
+                initial = getattr(optimizer, name, None)
+                if isinstance(initial, (int, float)) and not isinstance(initial, bool):
+                    return tf.fill(variable.shape,
+                                   tf.cast(initial, variable.dtype.base_dtype))
     return tf.zeros(variable.shape, variable.dtype.base_dtype)
 
 
