@@ -51,10 +51,12 @@ class PendingRestore:
     """The state of a `restore_on_create`: what has landed and what still waits.
 
     Attributes:
-      pending: object paths whose variables do not exist yet (or failed).
+      pending: object paths whose variables do not exist yet (or failed). Optimizer state
+        waiting while obj has no optimizer (an uncompiled model) is not pending: it lands if
+        an optimizer appears (a compile), and is listed under skipped until then.
       applied: object paths that received their value.
-      done: True once every entry has landed.
-      skipped: source entries dropped by rules or bookkeeping.
+      done: True once every entry has landed (but optimizer state with no optimizer).
+      skipped: source entries dropped by rules or bookkeeping, or left out on purpose.
     """
 
     def __init__(self, obj, source: _sources.Source, entries: list[_Entry], skipped, at):
@@ -69,7 +71,8 @@ class PendingRestore:
         self._layers_seen: set = set()
         self._progress: dict = {}  # path -> (deepest object reached, edges consumed)
         self._attached: dict = {}  # (id(node), name) -> child being attached right now
-        self.skipped = tuple(skipped)
+        self._skipped = tuple(skipped)
+        self._optional: dict = {}  # path -> why: optimizer state while obj has no optimizer
         self.at = at
         self._rules: tuple = ()  # the parsed rules, for plans of existing variables
         self._fed: set = set()  # ids of variables that received a value
@@ -78,9 +81,20 @@ class PendingRestore:
         self._slot_waiting: set = set()  # slot entries waiting for their optimizer's slot
         self._slot_index: dict = {}  # (id(optimizer), slot name, id(owner)) -> entry path
 
+    def _waiting_optional(self) -> list:
+        """Optional entries not landed while obj has no optimizer (they do not count)."""
+        if not self._optional or _compat.optimizers_of(self._obj):
+            return []
+        return [path for path in self._entries if path in self._optional]
+
     @property
     def pending(self) -> tuple[str, ...]:
-        return tuple(self._entries)
+        optional = set(self._waiting_optional())
+        return tuple(path for path in self._entries if path not in optional)
+
+    @property
+    def skipped(self) -> tuple[str, ...]:
+        return self._skipped + tuple(self._optional[path] for path in self._waiting_optional())
 
     @property
     def applied(self) -> tuple[str, ...]:
@@ -88,7 +102,7 @@ class PendingRestore:
 
     @property
     def done(self) -> bool:
-        return not self._entries
+        return not self.pending
 
     def assert_done(self) -> None:
         """Raises `StructureMismatchError` listing every entry that has not landed.
@@ -100,7 +114,7 @@ class PendingRestore:
             return
         lines = [f"`{path}` (from `{entry.source}`)"
                  + (f": {self._failed[path]}" if path in self._failed else ": not created yet")
-                 for path, entry in self._entries.items()]
+                 for path, entry in self._entries.items() if path in self.pending]
         raise errors.StructureMismatchError(
             f"restore_on_create from {self._source.description}: {len(lines)} of "
             f"{len(lines) + len(self._applied)} values have not landed:\n"
@@ -120,7 +134,7 @@ class PendingRestore:
         self._unwrap()
 
     def __repr__(self) -> str:
-        return (f"PendingRestore({len(self._applied)} applied, {len(self._entries)} pending, "
+        return (f"PendingRestore({len(self._applied)} applied, {len(self.pending)} pending, "
                 f"from {self._source.description})")
 
     # --- mechanics ---------------------------------------------------------------
@@ -220,7 +234,7 @@ class PendingRestore:
                     and not self._lands_later(entries[why.split(": ", 1)[0]].path)]
         for why in left_out:
             self._entries.pop(entries[why.split(": ", 1)[0]].path, None)
-        self.skipped += tuple(left_out)
+        self._skipped += tuple(left_out)
         return [(entry, variable, value) for _, entry, variable, value in out]
 
     def _value(self, entry: _Entry):
@@ -482,18 +496,20 @@ def _agree(obj, failure) -> None:
     _snapshot.agree_across_workers(variables, failure, "objckpt.restore_on_create")
 
 
-def _optimizer_entries(obj, src, entries, skipped, at, rules, optimizer_state) -> list:
-    """The entries that wait, after `optimizer_state`: optimizer entries are skipped (and
-    listed in `skipped`) with False, and with "auto" when obj has no optimizer to put them
-    in; True without an optimizer is an error. An optimizer of obj that is not built yet is
-    built now when obj is (as Keras's first training step builds it), so its state lands."""
+def _optimizer_entries(obj, src, entries, skipped, at, rules, optimizer_state):
+    """(entries that wait, {path: why} of those that wait optionally), after
+    `optimizer_state`: optimizer entries are skipped (and listed in `skipped`) with False;
+    with "auto" when obj has no optimizer they wait without counting as pending (they land
+    if the model is compiled later); True without an optimizer is an error. An optimizer of
+    obj that is not built yet is built now when obj is (as Keras's first training step
+    builds it), so its state lands."""
     mode = _match.optimizer_mode(optimizer_state)
     network = {src.aliases.get(k, k) for k in src.specs if not is_optimizer_key(k)}
     network.update(src.aliases.get(k, k) for k in src.aliases if not is_optimizer_key(k))
     state = [e for e in entries if is_optimizer_key(e.path)
              and src.aliases.get(e.source, e.source) not in network]
     if not state:
-        return entries
+        return entries, {}
     has_optimizer = bool(_compat.optimizers_of(obj))
     if mode is True and not has_optimizer:
         raise errors.StructureMismatchError(
@@ -501,16 +517,19 @@ def _optimizer_entries(obj, src, entries, skipped, at, rules, optimizer_state) -
             f"optimizer to move the source's {len(state)} optimizer entries into (e.g. "
             f"`{_render.safe(state[0].source)}`). Nothing was restored. Fix: compile the "
             "model first, or pass optimizer_state='auto' or False to skip them.")
-    if mode is False or not has_optimizer:
-        why = ("not moved (optimizer_state=False)" if mode is False else
-               "the obj has no optimizer to put it in (compile the model to move it)")
-        skipped.extend(f"{e.source}: optimizer state, {why}" for e in state)
+    if mode is False:
+        skipped.extend(f"{e.source}: optimizer state, not moved (optimizer_state=False)"
+                       for e in state)
         dropped = {id(e) for e in state}
-        return [e for e in entries if id(e) not in dropped]
+        return [e for e in entries if id(e) not in dropped], {}
+    if not has_optimizer:
+        return entries, {e.path: f"{e.source}: optimizer state; the obj has no optimizer to "
+                                 "put it in (compile the model to move it: it lands then)"
+                         for e in state}
     if not _compat.is_unbuilt(obj):
         _checks.ready_optimizers(obj, _tree.tree(obj), src, rules=rules, at=at,
                                  optimizer_state=mode, models_only=True)
-    return entries
+    return entries, {}
 
 
 def restore_on_create(obj, source, *, rules=(), at: str | None = None,
@@ -595,8 +614,10 @@ def restore_on_create(obj, source, *, rules=(), at: str | None = None,
             entries.append(_Entry(new, full, rule.transform if rule is not None else None))
         _rules.warn_unused(rewritten.unused, src.description, stacklevel=2,
                            shadowed=rewritten.shadowed)
-        entries = _optimizer_entries(obj, src, entries, skipped, at, rules, optimizer_state)
+        entries, optional = _optimizer_entries(obj, src, entries, skipped, at, rules,
+                                               optimizer_state)
         pending = PendingRestore(obj, src, entries, skipped, at)
+        pending._optional = optional
         # Existing variables: every value read and checked before any is assigned.
         ready = []
         for entry in entries:
