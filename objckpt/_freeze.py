@@ -41,7 +41,10 @@ the model's `train_step` (an instance attribute, see `_FitHold`) with one
 that routes the model's current optimizer (`apply_gradients`; a Keras 3
 optimizer's `apply` too) through the Freezer while the step is traced, and
 makes a train function traced before afresh, once. A recompile makes a new
-train function, whose trace follows the new optimizer. A traced step that
+train function, whose trace follows the new optimizer. One Freezer holds a model: a
+second one's attach (the most recent `freeze`) displaces the first, whose frozen set then
+no longer applies under fit (a Freezer made again in a notebook cell replaces the old
+one, rather than nesting on it). A traced step that
 passes none of the Freezer's variables through that optimizer (a custom
 `train_step` updating them by hand) is refused while anything is frozen,
 before any variable moves, and so is every later `freeze`.
@@ -100,7 +103,9 @@ class Freezer:
       `fit`, after a recompile with a new optimizer, with `run_eagerly` and
       under tf.distribute. A custom `train_step` that updates the variables
       without the model's optimizer is refused (`UnsupportedObjectError`, by
-      `fit` and then by `freeze`), never silently trained.
+      `fit` and then by `freeze`), never silently trained. One Freezer holds a
+      model under `fit`: the most recent to freeze (see `attach`); a Freezer
+      made again for the same model displaces the earlier one.
     * A custom training loop: call `freezer.apply_gradients(optimizer, ...)`
       where the loop calls the optimizer's (a plain `optimizer.apply_gradients`
       there is not routed, unless `hook(optimizer)`).
@@ -396,6 +401,15 @@ class Freezer:
 
         `detach` undoes it. Does nothing on a model already attached.
 
+        One Freezer acts on a model under `fit`: the most recent one to attach
+        (to freeze something, or to `hook` the model's optimizer). Attaching
+        displaces another Freezer attached to the same model: its frozen set no
+        longer applies under `fit` (and its `hook` of the model's optimizer is
+        undone), until it freezes again and displaces this one. So a notebook
+        cell run again (`f = Freezer(m); f.freeze(...)`) leaves no earlier,
+        unreachable Freezer holding variables. Its `apply_gradients` in a custom
+        loop is unaffected.
+
         Raises:
           InvalidArgumentError: the model has no `fit` (a tf.Module).
           UnsupportedObjectError: a traced train step went around the optimizer.
@@ -659,7 +673,6 @@ class _FitHold:
         self.active = 0  # train_step calls in progress (one per replica under a strategy)
         self.hooked = None  # (optimizer, undo) while they are
         self.refusal: str | None = None  # why a traced step cannot be held
-        self.steps = 0  # train_step calls seen (traces; eager steps under run_eagerly)
 
     @staticmethod
     def applies(model) -> bool:
@@ -667,12 +680,26 @@ class _FitHold:
         return callable(getattr(model, "make_train_function", None)) and \
             callable(getattr(model, "train_step", None))
 
+    @staticmethod
+    def current(model) -> "_FitHold | None":
+        """The hold attached to model now (its `train_step` is our wrapper), or None."""
+        return getattr(vars(model).get("train_step"), "objckpt_hold", None)
+
     def attach(self) -> None:
         if self.refusal is not None:
             raise errors.UnsupportedObjectError(self.refusal)
-        if self.attached:
-            return
         model, hold = self.model, self
+        other = _FitHold.current(model)
+        if self.attached and other in (self, None):
+            return  # None: something shadowed train_step on top of ours, which it calls
+        if other is not None:
+            # One hold per model: the most recent Freezer to attach wins; the one it
+            # displaces stops acting under fit (a notebook cell run again makes a new
+            # Freezer: the old one, unreachable, must not keep its variables frozen).
+            other.displace()
+        if self.attached:  # displaced by another hold since, or overridden on top
+            _compat.restore_methods(model, self.undo)
+            self.attached = False
         original = model.train_step
 
         def train_step(*args, **kwargs):
@@ -686,6 +713,7 @@ class _FitHold:
                 hold.release(routed)
             return outputs
 
+        train_step.objckpt_hold = hold  # found by the next Freezer's attach
         self.undo = _compat.override_methods(model, {"train_step": train_step})
         self.attached = True
         if getattr(model, "train_function", None) is not None:
@@ -693,6 +721,18 @@ class _FitHold:
             # to be traced on its first call (also in the middle of fit, which looks
             # model.train_function up for every step).
             model.make_train_function(force=True)
+
+    def displace(self) -> None:
+        """Another Freezer attaches to this model: this hold stops acting under fit, and so
+        do this Freezer's hooks of the model's optimizer (the train function is made afresh
+        by the attach that follows)."""
+        if self.attached:
+            _compat.restore_methods(self.model, self.undo)
+            self.undo = []
+            self.attached = False
+        optimizer = getattr(self.model, "optimizer", None)
+        if optimizer is not None:
+            self.freezer.unhook(optimizer)
 
     def detach(self) -> None:
         if self.attached:
@@ -729,7 +769,6 @@ class _FitHold:
     def after(self, routed) -> None:
         if routed is None:
             return
-        self.steps += 1
         if getattr(self.freezer._local, "routed", 0) != routed:
             return
         freezer = self.freezer

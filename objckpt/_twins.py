@@ -129,10 +129,14 @@ class Twins:
         self._selections: dict = {}
         # Layers computing from tensors cached from their variables (an adapted
         # Normalization): refreshed after each write, as Keras's loaders do. Most models
-        # have none, and then a write pays one truth test.
+        # have none, and then a write pays one truth test. Each one's variables (positions
+        # in the pairs) are found here, once: a write then costs a lookup per selection.
         # LoRA factors move with their kernels here: never zeroed.
-        self._derived = tuple(tuple(h for h in _compat.derived_hooks(side) if h.action != "lora")
-                              for side in (model, past))
+        self._derived = tuple(
+            _compat.owned_positions(
+                [h for h in _compat.derived_hooks(side) if h.action != "lora"], variables)
+            for side, variables in ((model, self._current), (past, self._past)))
+        self._refreshes: dict = {}  # (side, id(chosen)) -> (chosen, the hooks it refreshes)
 
     @property
     def paths(self) -> tuple[str, ...]:
@@ -270,11 +274,19 @@ class Twins:
     def _refresh(self, side: int, chosen: tuple[int, ...]) -> None:
         """Refreshes state derived from the chosen variables of one side (0: current, 1:
         past): eagerly, after the write; inside a tf.function being traced it warns
-        (`_compat.refresh_derived_state`)."""
-        variables = self._current if side == 0 else self._past
-        _compat.refresh_derived_state(
-            None, variables if len(chosen) == len(variables) else [variables[i] for i in chosen],
-            hooks=self._derived[side])
+        (`_compat.refresh_hooks`). Which hooks own a chosen variable is worked out once per
+        selection: a write costs O(hooks), never a pass over the variables."""
+        key = (side, id(chosen))  # `_select` keeps each selection's tuple: one per patterns
+        entry = self._refreshes.get(key)
+        if entry is None or entry[0] is not chosen:
+            if len(self._refreshes) > 64:  # selections not kept by `_select` (unhashable)
+                self._refreshes.clear()
+            picked = None if len(chosen) == len(self._paths) else frozenset(chosen)
+            entry = self._refreshes[key] = (chosen, tuple(
+                hook for hook, positions in self._derived[side]
+                if picked is None or not positions.isdisjoint(picked)))
+        if entry[1]:
+            _compat.refresh_hooks(entry[1])
 
 
 def _check_same_structure(model, current_vars: dict, past_vars: dict) -> None:

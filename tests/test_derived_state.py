@@ -193,6 +193,39 @@ def test_twins_without_such_layers_never_refresh(flavour, monkeypatch):
     assert len(calls) == 1
 
 
+def test_twins_find_their_hooks_once_and_refresh_only_what_a_selection_writes(
+        flavour, monkeypatch):
+    """Which variables each hook's layer owns is worked out when the Twins are made: a sync
+    walks nothing and reads no layer's weights, and refreshes only the layers it wrote."""
+    from objckpt._compat import derived
+
+    twins = objckpt.Twins(build(flavour["keras"], 0), past=fresh(flavour))
+    twins.sync()
+    np.testing.assert_array_equal(out(twins.past), out(twins.current))
+    walks, reads, runs = [], [], []
+    walk, own_ids, run = derived.walk, derived._own_ids, derived._run
+    monkeypatch.setattr(derived, "walk", lambda *a, **k: walks.append(a) or walk(*a, **k))
+    monkeypatch.setattr(derived, "_own_ids", lambda layer: reads.append(layer) or own_ids(layer))
+    monkeypatch.setattr(derived, "_run", lambda hooks, ids: runs.append(
+        sorted(h.name for h in hooks)) or run(hooks, ids))
+    objckpt.restore(twins.past, objckpt.snapshot(fresh(flavour, 2)))
+    walks.clear(), reads.clear(), runs.clear()
+    for _ in range(2):
+        twins.sync()
+        twins.sync(tau=0.5)
+        twins.swap()
+    assert walks == [] and reads == []  # O(hooks) per write, not O(variables)
+    assert len(runs) == 2 * 4 and all(len(r) == len(runs[0]) >= 1 for r in runs)
+    assert any("`norm`" in name for name in runs[0])
+    runs.clear()
+    twins.sync(include=r"(kernel|bias)$")  # the Dense: no layer with derived state
+    assert runs == []
+    twins.sync(include="adapt_mean")  # the Normalization alone
+    assert runs == [[name for name in runs[0] if "`norm`" in name]]
+    assert walks == [] and reads == []
+    np.testing.assert_array_equal(out(twins.past), out(twins.current))
+
+
 def test_layers_with_hooks_are_found_once_per_tree(flavour, monkeypatch):
     from objckpt._compat import derived
 

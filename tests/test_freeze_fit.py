@@ -406,3 +406,61 @@ def test_attach_needs_fit_and_a_module_still_freezes():
     assert freezer.freeze("x") == ("x",)  # a custom loop's freezer.apply_gradients honours it
     with pytest.raises(errors.InvalidArgumentError, match=r"has no fit.*freezer\.apply_gradients"):
         freezer.attach()
+
+
+def moved(before, after) -> set:
+    """The paths whose variable changed."""
+    return {p for p in before if not same(before[p][:1], after[p][:1])}
+
+
+@pytest.mark.parametrize("flavour", KERAS_FLAVOURS)
+def test_a_freezer_made_again_replaces_the_earlier_one(flavour):
+    """A notebook cell run again: `f = Freezer(m); f.freeze(...)` twice, then `f.unfreeze()`.
+    The first Freezer, unreachable now, must not keep the encoder frozen under fit."""
+    keras = keras_for(flavour)
+    model = build(keras)
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    fit(model)
+    first = objckpt.Freezer(model)
+    first.freeze(CONV)
+    f = objckpt.Freezer(model)  # the cell, run again
+    f.freeze(CONV)
+    hold = vars(model)["train_step"]
+    assert hold.objckpt_hold.freezer is f  # one wrapper, the newest Freezer's; no nesting
+    assert not first._fit.attached and first.frozen  # displaced: frozen, but not under fit
+    before = snapshot(f, model.optimizer)
+    fit(model)
+    check_held(before, snapshot(f, model.optimizer), frozen_paths(f))
+    f.unfreeze()
+    before = snapshot(f, model.optimizer)
+    fit(model)
+    assert moved(before, snapshot(f, model.optimizer)) == set(f.paths)  # the encoder trains
+    f.detach()
+    assert "train_step" not in vars(model)  # nothing of either Freezer left
+
+
+@pytest.mark.parametrize("flavour", KERAS_FLAVOURS)
+def test_the_most_recent_freezer_to_freeze_holds_under_fit(flavour):
+    """Two Freezers in sequence: each freeze takes the model over; the displaced one's
+    frozen set no longer applies under fit, and only one wraps train_step at any time."""
+    keras = keras_for(flavour)
+    model = build(keras)
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    a, b = objckpt.Freezer(model), objckpt.Freezer(model)
+    a.freeze(CONV)
+    b.freeze("hidden")
+    before = snapshot(b, model.optimizer)
+    fit(model)
+    assert moved(before, snapshot(b, model.optimizer)) == \
+        set(b.paths) - set(frozen_paths(b, "hidden"))  # b's set only: conv trains
+    a.freeze(CONV)  # a takes over again: its set holds, b's does not
+    assert vars(model)["train_step"].objckpt_hold.freezer is a and not b._fit.attached
+    before = snapshot(a, model.optimizer)
+    fit(model)
+    check_held(before, snapshot(a, model.optimizer), frozen_paths(a))
+    a.unfreeze()  # nothing frozen by the Freezer that holds; b's set stays displaced
+    before = snapshot(a, model.optimizer)
+    fit(model)
+    assert moved(before, snapshot(a, model.optimizer)) == set(a.paths)
+    b.detach()  # displaced: nothing to undo, a's wrapper stays
+    assert vars(model)["train_step"].objckpt_hold.freezer is a

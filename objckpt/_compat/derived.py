@@ -94,7 +94,6 @@ def _class_action(cls) -> str | None:
 
 
 def _find_hooks(obj) -> tuple[Hook, ...]:
-    layers: dict = {}
     try:
         reached: list = []
         for _ in walk(obj, skip_optimizers=True, collections=True, visited=reached):
@@ -104,6 +103,12 @@ def _find_hooks(obj) -> tuple[Hook, ...]:
         nodes = [obj]
     # An unbuilt Keras 3 Sequential holds its layers where TF's graph does not look.
     nodes += keras_layers(obj)
+    return layer_hooks(nodes)
+
+
+def layer_hooks(nodes) -> tuple[Hook, ...]:
+    """The hooks of those nodes (layers, say) that have one; nothing is walked."""
+    layers: dict = {}
     for node in nodes:
         action = _class_action(type(node)) if as_variable(node) is None else None
         if action == "lora" and not (getattr(node, "lora_enabled", False)
@@ -223,6 +228,26 @@ def refresh_derived_state(obj, written=None, *, key=None, hooks=None, eager=Fals
         with tf.init_scope():
             return _run(hooks, ids)
     return _run(hooks, ids)
+
+
+def owned_positions(hooks, variables) -> tuple:
+    """((hook, frozenset of the positions in `variables` of the variables its layer owns)
+    for each hook whose layer is alive), worked out once for a caller that writes the same
+    variables again and again (`Twins`); `refresh_hooks` runs the chosen ones."""
+    position = {id(_inner(v)): i for i, v in enumerate(variables)}
+    out = []
+    for hook in hooks:
+        layer = hook.layer()
+        if layer is not None:
+            out.append((hook, frozenset(position[i] for i in _own_ids(layer) if i in position)))
+    return tuple(out)
+
+
+def refresh_hooks(hooks) -> list:
+    """Runs these hooks (their layers' variables were written): eagerly; while a
+    tf.function is traced it warns, as `refresh_derived_state` does. LoRA hooks, which
+    need the variables written, do nothing here."""
+    return _run(hooks, None)
 
 
 def _run(hooks, ids) -> list:
