@@ -80,6 +80,11 @@ class PendingRestore:
         self._slot_hooked: set = set()  # ids of optimizers whose slot creation is watched
         self._slot_waiting: set = set()  # slot entries waiting for their optimizer's slot
         self._slot_index: dict = {}  # (id(optimizer), slot name, id(owner)) -> entry path
+        # Keras layers built or attached since the last write, searched then for state derived
+        # from variables (a Normalization a subclassed model creates in its build()); the
+        # hooks found so, beyond those of the walk made at the first write.
+        self._new_layers: list = []
+        self._more_hooks: dict = {}  # id(layer) -> derived-state hook
 
     def _waiting_optional(self) -> list:
         """Optional entries not landed while obj has no optimizer (they do not count)."""
@@ -291,9 +296,28 @@ class PendingRestore:
             del self._entries[entry.path]
             self._failed.pop(entry.path, None)
             self._applied.append(entry.path)
-        _compat.refresh_derived_state(self._obj, [v for _, v, _ in checked], key=self,
-                                      eager=True, merged=not self._source.keyed_by_path)
+        _compat.refresh_derived_state(self._obj, [v for _, v, _ in checked],
+                                      hooks=self._derived_hooks(), eager=True,
+                                      merged=not self._source.keyed_by_path)
         self._drop_twins(checked)
+
+    def _derived_hooks(self) -> tuple:
+        """The layers of obj with state derived from variables: one walk, at the first write
+        (cached under this PendingRestore), and the layers built or attached since, which
+        are searched without walking obj (`_note_layers`)."""
+        hooks = _compat.derived_hooks(self._obj, key=self)
+        if self._new_layers:
+            layers, self._new_layers = self._new_layers, []
+            for hook in _compat.layer_hooks(layers):
+                self._more_hooks.setdefault(id(hook.layer()), hook)
+        if not self._more_hooks:
+            return hooks
+        walked = {id(hook.layer()) for hook in hooks}
+        return hooks + tuple(h for i, h in self._more_hooks.items() if i not in walked)
+
+    def _note_layers(self, node) -> None:
+        """node (built or attached just now) and its sublayers may be new to obj."""
+        self._new_layers.extend(_compat.keras_layers(node))
 
     def _drop_twins(self, landed) -> None:
         """Marks landed the entries of a value that just landed by another path of the same
@@ -331,6 +355,7 @@ class PendingRestore:
 
         def attached(child):  # TF attaches `child` as node.<name>: look again from it
             self._hooked.discard(key)
+            self._note_layers(child)
             self._attached[key] = child
             try:
                 self.poll(scope={id(node)}, edge=name.lstrip("_") or name)
@@ -357,7 +382,9 @@ class PendingRestore:
         def build(*args, **kwargs):
             result = original(*args, **kwargs)
             if not pending.done:
-                pending.poll(scope={id(each) for each in _compat.keras_layers(layer)})
+                layers = _compat.keras_layers(layer)
+                pending._new_layers.extend(layers)  # a build may create layers: see _note_layers
+                pending.poll(scope={id(each) for each in layers})
             if not pending.done and not pending._source.keyed_by_path:
                 pending._apply_all(pending.planned())
             return result

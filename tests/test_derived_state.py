@@ -332,6 +332,50 @@ def test_restore_on_create(flavour):
     np.testing.assert_array_equal(result, np.asarray(source(x)))
 
 
+def lazy_model(keras):
+    """A subclassed model whose Dense exists (built) from the start and whose
+    Normalization is created in its build(), after the Dense's values landed."""
+
+    class Lazy(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(2, name="dense")
+            self.dense.build((None, 3))
+
+        def build(self, input_shape):
+            norm = keras.layers.Normalization(name="norm")
+            norm.build(input_shape)  # its values land when it is attached, after its build
+            self.norm = norm
+            super().build(input_shape)
+
+        def call(self, x):
+            return self.dense(self.norm(x))
+
+    return Lazy()
+
+
+def test_restore_on_create_refreshes_a_layer_created_in_build(flavour, monkeypatch):
+    from objckpt._compat import derived
+
+    keras = flavour["keras"]
+    x = inputs()[0]
+    source = lazy_model(keras)
+    source(x)
+    source.norm.adapt(np.random.default_rng(5).normal(4.0, 3.0, size=(32, 3)).astype("float32"))
+    expected = np.asarray(source(x))
+    prefix = objckpt.save(source, str(flavour["directory"] / "lazy"))
+    target = lazy_model(keras)
+    pending = objckpt.restore_on_create(target, prefix)
+    assert pending.applied  # the Dense's values landed before the Normalization exists
+    walks = []
+    walk = derived.walk
+    monkeypatch.setattr(derived, "walk", lambda *a, **k: walks.append(a) or walk(*a, **k))
+    got = np.asarray(target(x))
+    pending.assert_done()
+    assert diff(got, expected) == 0  # the Normalization created in build() was refreshed
+    assert walks == []  # found from the layers built, without walking the model again
+
+
 @pytest.mark.parametrize("lookups", [False, True])
 def test_migrate_then_restore(flavour, lookups):
     # tf_keras and Keras 2 lookups' idf_weights have the relaxed shape (None,): written in
