@@ -58,7 +58,8 @@ def place_optimizer_state(source, targets, view, rules, optimizer_left, chosen, 
                          "same variables in the same shapes, so the same layers are assumed "
                          "trainable on both sides; if not, pass optimizer_state=False")
         return
-    orphans = layout_skipped = 0
+    orphans = layout_skipped = untrained = 0
+    with_slots = {target for target, _ in targets.slots}
     for key, new in optimizer_left:
         full = view[key]
         counter = None
@@ -95,6 +96,12 @@ def place_optimizer_state(source, targets, view, rules, optimizer_left, chosen, 
             slot = targets.slots.get((target, _compat.SLOT_ALIASES.get(role, role)))
             if slot is not None and slot not in chosen:
                 chosen[slot] = (key, "slot", None)
+            elif slot is None and target not in with_slots and with_slots:
+                # The obj's optimizer trains other variables only (built on a subset: a
+                # weight that gets no gradient in its loop): nothing here to hold it.
+                skipped.append(f"{full}: optimizer state of `{owner}`, a variable the obj's "
+                               "optimizer does not train (it was built on the others)")
+                untrained += 1
             else:
                 unmatched.append(key)
             continue
@@ -116,6 +123,9 @@ def place_optimizer_state(source, targets, view, rules, optimizer_left, chosen, 
                            "computes it from the step count, which moves")
         else:
             unmatched.append(key)
+    if untrained:
+        notes.append(f"{untrained} optimizer entries of the source belong to variables the "
+                     "obj's optimizer does not train (built on the others); they were skipped")
     if layout_skipped:
         notes.append(f"{layout_skipped} optimizer entries of a Keras weights file were skipped: "
                      "it records no owners and the obj's optimizer has another layout (built "
