@@ -681,7 +681,7 @@ class _FitHold:
             callable(getattr(model, "train_step", None))
 
     @staticmethod
-    def current(model) -> "_FitHold | None":
+    def current(model) -> _FitHold | None:
         """The hold attached to model now (its `train_step` is our wrapper), or None."""
         return getattr(vars(model).get("train_step"), "objckpt_hold", None)
 
