@@ -13,8 +13,8 @@ import re
 
 import tensorflow as tf
 
-from objckpt import _compat, _paths, _render, _tree, errors
-from objckpt._match import Plan, make_plan, optimizer_mode, optimizer_slots_in
+from objckpt import _compat, _render, _tree, errors
+from objckpt._match import Plan, make_plan, optimizer_mode, optimizer_slots_in, recorded_owners
 from objckpt._sources import Source
 from objckpt._targets import is_default_name, is_optimizer_key
 
@@ -213,17 +213,8 @@ def _owned_variables(obj, variables, source: Source, rules, at) -> list:
     """The obj's trainable variables (in tree order) that the source holds optimizer state
     for: the owners it records, fed through a network-only plan."""
     the_plan = make_plan(source, obj, variables, rules=rules, at=at, optimizer_state=False)
-    canon = lambda key: source.aliases.get(key, key)  # noqa: E731
-    fed = {canon(m.source): m.target for m in the_plan.matches}
-    owners = {canon(owner) for owner, _ in source.owners().values()}
-    for key in source.specs:
-        parts = _paths.split_slot(key)
-        tf1 = _compat.TF1_SLOT.match(key)
-        if parts is not None:
-            owners.add(canon(parts[0]))
-        elif tf1 is not None:
-            owners.add(canon(tf1.group("var")))
-    wanted = {fed[o] for o in owners if o in fed}
+    fed = {source.aliases.get(m.source, m.source): m.target for m in the_plan.matches}
+    wanted = {fed[o] for o in recorded_owners(source) if o in fed}
     return [v for p, v in variables.items() if p in wanted and getattr(v, "trainable", True)]
 
 

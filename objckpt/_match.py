@@ -58,7 +58,7 @@ from objckpt._sources import Source, open_source
 from objckpt._strategies import match_structure
 from objckpt._targets import Targets, candidates, index_targets, is_optimizer_key
 
-__all__ = ["Match", "Plan", "optimizer_slots_in", "plan"]
+__all__ = ["Match", "Plan", "optimizer_slots_in", "plan", "recorded_owners"]
 
 
 def make_plan(source: Source, obj, variables, *, rules=(), at=None,
@@ -287,7 +287,7 @@ def _leave_alone(work: _Work) -> None:
     # ... and only for a variable whose source tensor the source's optimizer records no
     # state for (built on the others), while it placed state by owner for some: state
     # skipped for its layout, or dropped by a rule, leaves the obj's slots as they are.
-    recorded = _recorded_owners(work.source) if with_state and placed else set()
+    recorded = recorded_owners(work.source) if with_state and placed else set()
     lora = targets.lora() if not work.source.keyed_by_path else {}
     for path in targets.paths:  # tree order
         if path in chosen:
@@ -325,7 +325,7 @@ def _leave_alone(work: _Work) -> None:
                           "variables they belong to (built on the others; listed under skipped)")
 
 
-def _recorded_owners(source: Source) -> set:
+def recorded_owners(source: Source) -> set:
     """The source tensors its optimizer state records as owners (slot tables, Keras 3 lists,
     saved slot names, TF1 slot names)."""
     canon = lambda key: source.aliases.get(key, key)  # noqa: E731
