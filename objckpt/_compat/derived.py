@@ -35,8 +35,8 @@ import tensorflow as tf
 from objckpt._compat.graph import keras_layers, walk
 from objckpt._compat.variables import as_variable
 
-__all__ = ["delegated_copies", "derived_hooks", "lora_factors", "refresh_derived_state",
-           "saving_as_loaded"]
+__all__ = ["delegated_copies", "derived_hooks", "layer_hooks", "lora_factors",
+           "owned_positions", "refresh_derived_state", "refresh_hooks", "saving_as_loaded"]
 
 
 class Hook(NamedTuple):
