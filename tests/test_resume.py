@@ -362,6 +362,9 @@ def test_keras_hub_llama_with_an_untied_head_resumes_by_owner(tmp_path):
     step(fresh)
     _assert_bits({v.path: v.numpy() for v in fresh.trainable_variables},
                  {v.path: v.numpy() for v in trained.trainable_variables})
+    # Was "ambiguous, not guessed: `optimizer/_trainable_variables/2` ..." even without state.
+    network = objckpt.restore(make(), prefix, optimizer_state=False)
+    assert not network.missing and not network.unexpected
 
 
 def test_checkpoint_manager_resumes_into_a_fresh_compiled_model(run):
@@ -472,3 +475,29 @@ def test_source_built_on_all_into_an_optimizer_built_on_a_subset(tmp_path):
     _step(target, x, y)
     want = {v.path: v.numpy().tobytes() for v in source.trainable_variables}
     assert {v.path: v.numpy().tobytes() for v in target.trainable_variables} == want
+
+
+def test_errors_name_network_variables_by_their_network_path(tmp_path):
+    """A TF checkpoint of a trained Keras 3 model reaches nested layers' weights first
+    through the optimizer (`optimizer/_trainable_variables/2`): a mismatch names them by
+    their path through the layers, once, and the optimizer's slots fold into their line."""
+    keras = keras_for("keras3")
+
+    def make(units, train=True):
+        inputs = keras.Input((4,))
+        hidden = keras.layers.Dense(6, name="enc")(inputs)
+        head = keras.Sequential([keras.layers.Dense(units), keras.layers.Dense(2)], name="head")
+        model = keras.Model(inputs, head(hidden))
+        model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+        if train:
+            model.fit(np.ones((8, 4), "float32"), np.ones((8, 2), "float32"), verbose=0)
+        return model
+
+    prefix = tf.train.Checkpoint(root=make(4)).write(str(tmp_path / "tf"))
+    assert any(k.startswith("optimizer/_trainable_variables/") for k in objckpt.read_tree(prefix))
+    with pytest.raises(objckpt.errors.StructureMismatchError) as caught:
+        objckpt.restore(make(5, train=False), prefix, at="root")
+    message = str(caught.value)
+    assert "3 problems" in message and "_trainable_variables" not in message
+    assert message.count("(also its optimizer slots m, v)") == 3
+    assert "[head/dense" in message and "optimizer_state=True" not in message
