@@ -531,10 +531,8 @@ def _optimizer_entries(obj, src, entries, skipped, at, rules, optimizer_state):
     obj that is not built yet is built now when obj is (as Keras's first training step
     builds it), so its state lands."""
     mode = _match.optimizer_mode(optimizer_state)
-    network = {src.aliases.get(k, k) for k in src.specs if not is_optimizer_key(k)}
-    network.update(src.aliases.get(k, k) for k in src.aliases if not is_optimizer_key(k))
-    state = [e for e in entries if is_optimizer_key(e.path)
-             and src.aliases.get(e.source, e.source) not in network]
+    of_optimizer = _match.optimizer_entries(src, {e.source for e in entries})
+    state = [e for e in entries if is_optimizer_key(e.path) and e.source in of_optimizer]
     if not state:
         return entries, {}
     has_optimizer = bool(_compat.optimizers_of(obj))

@@ -58,7 +58,8 @@ from objckpt._sources import Source, open_source
 from objckpt._strategies import match_structure
 from objckpt._targets import Targets, candidates, index_targets, is_optimizer_key
 
-__all__ = ["Match", "Plan", "optimizer_slots_in", "plan", "recorded_owners"]
+__all__ = ["Match", "Plan", "optimizer_entries", "optimizer_slots_in", "plan",
+           "recorded_owners"]
 
 
 def make_plan(source: Source, obj, variables, *, rules=(), at=None,
@@ -442,16 +443,18 @@ def plan(source, obj, *, rules: Sequence = (), at: str | None = None,
     return result
 
 
+def optimizer_entries(source: Source, keys) -> set:
+    """The keys (of `keys`) that are optimizer state: optimizer keys (`is_optimizer_key`)
+    that are no edge to a network variable the source also reaches through the layers (a
+    Keras 3 optimizer's `_trainable_variables` list)."""
+    canon = source.aliases.get
+    network = {canon(k, k) for k in (*source.specs, *source.aliases) if not is_optimizer_key(k)}
+    return {key for key in keys if is_optimizer_key(key) and canon(key, key) not in network}
+
+
 def optimizer_slots_in(source: Source) -> bool:
     """Whether the source holds per-variable optimizer state (slots, moments), not only step
     counters or the network variables a Keras 3 optimizer lists."""
-    canon = lambda key: source.aliases.get(key, key)  # noqa: E731
-    network = {canon(k) for k in source.specs if not is_optimizer_key(k)}
-    for key in source.specs:
-        if not is_optimizer_key(key) or canon(key) in network:
-            continue
-        if key.rsplit("/", 1)[-1].lstrip("_") in _compat.COUNTERS or \
-                key.endswith(("beta1_power", "beta2_power")):
-            continue
-        return True
-    return False
+    return any(key.rsplit("/", 1)[-1].lstrip("_") not in _compat.COUNTERS
+               and not key.endswith(("beta1_power", "beta2_power"))
+               for key in optimizer_entries(source, source.specs))
