@@ -1,96 +1,232 @@
-"""Exception types raised by objckpt.
+"""Exception types raised by objckpt, in families a caller can catch by what went wrong.
 
 Every error names the object path or prefix it is about, what was expected,
 what arrived, and how to fix it. Each type also subclasses the builtin that
-fits it, so ``except ValueError`` or ``except OSError`` keeps working.
+fits it, so ``except ValueError`` or ``except OSError`` keeps working::
+
+    ObjckptError                          every error objckpt raises on purpose
+    |-- SourceError                       the source: what is read from
+    |   |-- CheckpointNotFoundError       (FileNotFoundError) nothing at that prefix/directory
+    |   |-- CheckpointCorruptError        (OSError) there, but not readable intact
+    |   |-- NotObjectBasedError           (ValueError) name-based (TF1 Saver): no object graph
+    |   `-- UnsupportedFormatError        (FileNotFoundError, TypeError) a file or argument
+    |                                     in no format objckpt reads
+    |-- MatchError                        the source and the obj do not fit together
+    |   |-- StructureMismatchError        (ValueError) shapes, dtypes, missing, extra
+    |   |   `-- AmbiguousMatchError       an entry could be several variables: not guessed
+    |   `-- UntrackedVariableError        (ValueError) a variable no attribute path reaches
+    |-- TargetError                       the obj: what is restored into or copied
+    |   |-- UnbuiltModelError             (ValueError) no variables yet
+    |   `-- UnsupportedObjectError        (TypeError) not a trackable objckpt can use
+    |       |-- DistributedVariableError  a ShardedVariable or other unsupported placement
+    |       `-- CloneError                an object objckpt.clone cannot copy
+    |-- DirectoryError                    a directory of checkpoints
+    |   |-- DirectoryLockedError          (BlockingIOError) in use: another writer holds it
+    |   |-- CheckpointDirectoryError      (FileExistsError) holds checkpoints it won't resume
+    |   `-- CheckpointWriteError          (OSError) writing failed; earlier ones are intact
+    `-- UsageError                        how objckpt is called, and what it runs with
+        |-- InvalidArgumentError          (ValueError) an argument objckpt cannot use
+        |-- TemplateError                 (RuntimeError) a user-supplied callable failed
+        |-- GraphvizNotFoundError         (FileNotFoundError) Graphviz's `dot` is missing
+        `-- IncompatibleTensorFlowError   (ImportError) this TensorFlow lacks what is needed
+
+Usage covers the set-up too (Graphviz, the TensorFlow version): a caller fixes those,
+not the checkpoint, the model or the directory.
+
+Every error has the same attributes, where they apply:
+
+- ``problems``: a tuple of lines, one per problem (``()`` when there is no list);
+- ``source``: the prefix, directory, file (or a Snapshot's repr) the error is about, or None;
+- ``obj``: the object path, or a description of the obj (``Sequential `net```), or None;
+- ``fix``: the sentence that says how to fix it. By default it is parsed from the message
+  (what follows its last ``Fix:``, None without one); ``fix=`` given explicitly wins.
+
+Older attributes stay as aliases: ``path`` (= ``obj``) on `CloneError` and
+`DistributedVariableError`, ``prefix`` (= ``source``) on `CheckpointWriteError`,
+``directory`` (= ``source``) on `DirectoryLockedError` and `CheckpointDirectoryError`; and
+extras: ``holder``, ``found``, ``object_type``, ``variable_type``.
 """
 
 from __future__ import annotations
 
+import os
+
 __all__ = [
+    "AmbiguousMatchError",
     "CheckpointCorruptError",
     "CheckpointDirectoryError",
     "CheckpointNotFoundError",
     "CheckpointWriteError",
     "CloneError",
+    "DirectoryError",
     "DirectoryLockedError",
     "DistributedVariableError",
     "GraphvizNotFoundError",
+    "IncompatibleTensorFlowError",
     "InvalidArgumentError",
+    "MatchError",
     "NotObjectBasedError",
     "ObjckptError",
+    "SourceError",
     "StructureMismatchError",
+    "TargetError",
     "TemplateError",
     "UnbuiltModelError",
+    "UnsupportedFormatError",
     "UnsupportedObjectError",
     "UntrackedVariableError",
+    "UsageError",
 ]
+
+_FIX = "Fix:"
+
+
+def parse_fix(message: str) -> str | None:
+    """The fix a message states: what follows its last ``Fix:``, stripped; None without one."""
+    at = message.rfind(_FIX)
+    if at < 0:
+        return None
+    return message[at + len(_FIX):].strip() or None
 
 
 class ObjckptError(Exception):
-    """Base class of every error objckpt raises on purpose."""
+    """Base class of every error objckpt raises on purpose.
+
+    Attributes:
+      problems: one line per problem, in object-path order; () when there is no list.
+      source: the prefix, directory or file (or a Snapshot's repr) the error is about, or None.
+      obj: the object path, or a description of the obj, the error is about, or None.
+      fix: how to fix it: `fix=` when given, else parsed from the message's last ``Fix:``
+        (None without one).
+    """
+
+    def __init__(self, *args, problems=(), source=None, obj=None, fix=None):
+        super().__init__(*args)
+        self.problems = tuple(problems or ())
+        self.source = source
+        self.obj = obj
+        self._fix = fix
+
+    @property
+    def fix(self) -> str | None:
+        if self._fix is not None:
+            return self._fix
+        return parse_fix(str(self.args[0])) if self.args else None
+
+    @fix.setter
+    def fix(self, value: str | None) -> None:
+        self._fix = value
 
 
-class StructureMismatchError(ObjckptError, ValueError):
+# --- the families ---------------------------------------------------------------------------
+
+
+class SourceError(ObjckptError):
+    """The source cannot be read: not found, corrupt, name-based, or in no format objckpt reads."""
+
+
+class MatchError(ObjckptError):
+    """The source and the obj do not fit together: mismatched, ambiguous or untracked."""
+
+
+class TargetError(ObjckptError):
+    """The obj cannot be used: unbuilt, not trackable, distributed in an unsupported way."""
+
+
+class DirectoryError(ObjckptError):
+    """A directory of checkpoints: locked by another writer, not resumable, or a write failed."""
+
+
+class UsageError(ObjckptError):
+    """How objckpt is called, or what it runs with: an argument, a user callable, Graphviz,
+    the TensorFlow version."""
+
+
+# --- the source -----------------------------------------------------------------------------
+
+
+class CheckpointNotFoundError(SourceError, FileNotFoundError):
+    """No checkpoint exists at the given prefix or directory."""
+
+
+class CheckpointCorruptError(SourceError, OSError):
+    """A checkpoint file exists but cannot be read intact."""
+
+
+class NotObjectBasedError(SourceError, ValueError):
+    """The checkpoint is name-based (TF1 ``Saver``) and has no object graph."""
+
+
+class UnsupportedFormatError(SourceError, FileNotFoundError, TypeError):
+    """The source is in no format objckpt reads: a file that is not a checkpoint prefix nor a
+    Keras/HDF5 file, a text-form SavedModel, an argument that is not a Snapshot or a path.
+
+    It keeps the builtins of the errors raised there before (`CheckpointNotFoundError`'s
+    FileNotFoundError, `UnsupportedObjectError`'s TypeError).
+    """
+
+
+# --- the match ------------------------------------------------------------------------------
+
+
+class StructureMismatchError(MatchError, ValueError):
     """The source and the obj disagree: shapes, dtypes, missing or extra paths.
 
     Attributes:
         problems: one line per disagreement, in object-path order.
     """
 
-    def __init__(self, message: str, problems: tuple[str, ...] = ()):
-        super().__init__(message)
-        self.problems = tuple(problems)
+    def __init__(self, message: str = "", problems: tuple[str, ...] = (), **about):
+        super().__init__(message, problems=problems, **about)
 
 
-class UnbuiltModelError(ObjckptError, ValueError):
-    """The obj has no variables yet (an unbuilt Keras model or empty module)."""
+class AmbiguousMatchError(StructureMismatchError):
+    """Among the disagreements, a source entry (or a variable) could be any of several: objckpt
+    does not guess. Fix it with a rule that names the intended path."""
 
 
-class NotObjectBasedError(ObjckptError, ValueError):
-    """The checkpoint is name-based (TF1 ``Saver``) and has no object graph."""
-
-
-class CheckpointNotFoundError(ObjckptError, FileNotFoundError):
-    """No checkpoint exists at the given prefix or directory."""
-
-
-class CheckpointCorruptError(ObjckptError, OSError):
-    """A checkpoint file exists but cannot be read intact."""
-
-
-class UnsupportedObjectError(ObjckptError, TypeError):
-    """The argument is not a trackable obj, Snapshot, prefix or directory."""
-
-
-class InvalidArgumentError(ObjckptError, ValueError):
-    """An argument has a value objckpt cannot use (range, pattern, option)."""
-
-
-class UntrackedVariableError(ObjckptError, ValueError):
+class UntrackedVariableError(MatchError, ValueError):
     """An obj owns a variable (Keras: in `obj.variables`) that no attribute path reaches.
 
     Attributes:
       problems: one line per such variable: its name, shape and owning layer.
     """
 
-    def __init__(self, message: str, problems: tuple[str, ...] = ()):
-        super().__init__(message)
-        self.problems = problems
+    def __init__(self, message: str = "", problems: tuple[str, ...] = (), **about):
+        super().__init__(message, problems=problems, **about)
+
+
+# --- the target -----------------------------------------------------------------------------
+
+
+class UnbuiltModelError(TargetError, ValueError):
+    """The obj has no variables yet (an unbuilt Keras model or empty module)."""
+
+
+class UnsupportedObjectError(TargetError, TypeError):
+    """The argument is not a trackable obj objckpt can use."""
 
 
 class CloneError(UnsupportedObjectError):
     """An object in obj's graph cannot be copied by `objckpt.clone`.
 
     Attributes:
-      path: attribute path from the root to the object, e.g. `obj.log_file`.
+      path: attribute path from the root to the object, e.g. `obj.log_file` (= `obj`).
       object_type: the type that could not be copied.
     """
 
-    def __init__(self, message, path="", object_type=None):
-        super().__init__(message)
-        self.path = path
+    def __init__(self, message: str = "", path: str = "", object_type=None, **about):
+        about.setdefault("obj", path or None)
+        super().__init__(message, **about)
         self.object_type = object_type
+
+    @property
+    def path(self) -> str:
+        return self.obj if self.obj is not None else ""
+
+    @path.setter
+    def path(self, value: str) -> None:
+        self.obj = value
 
 
 class DistributedVariableError(UnsupportedObjectError):
@@ -101,65 +237,141 @@ class DistributedVariableError(UnsupportedObjectError):
     refused with this error by every operation, naming its object path.
 
     Attributes:
-      path: the object path (or attribute path) of the variable.
+      path: the object path (or attribute path) of the variable (= `obj`).
       variable_type: the type of the distributed variable, e.g. "ShardedVariable".
     """
 
-    def __init__(self, message, path="", variable_type=""):
-        super().__init__(message)
-        self.path = path
+    def __init__(self, message: str = "", path: str = "", variable_type: str = "", **about):
+        about.setdefault("obj", path or None)
+        super().__init__(message, **about)
         self.variable_type = variable_type
 
+    @property
+    def path(self) -> str:
+        return self.obj if self.obj is not None else ""
 
-class TemplateError(ObjckptError, RuntimeError):
-    """A user-supplied template callable (e.g. `objckpt migrate --template`) failed."""
+    @path.setter
+    def path(self, value: str) -> None:
+        self.obj = value
 
 
-class GraphvizNotFoundError(ObjckptError, FileNotFoundError):
-    """Rendering SVG/PNG needs Graphviz's `dot` program, and it is not on PATH."""
+# --- the directory --------------------------------------------------------------------------
 
 
-class DirectoryLockedError(ObjckptError, BlockingIOError):
-    """Another writer (process or callback) holds the lock of a checkpoint directory.
+class _InDirectory:
+    """`directory` as an alias of `source`."""
+
+    @property
+    def directory(self) -> str:
+        return self.source if self.source is not None else ""
+
+    @directory.setter
+    def directory(self, value: str) -> None:
+        self.source = value
+
+
+class DirectoryLockedError(_InDirectory, DirectoryError, BlockingIOError):
+    """The directory is in use: another writer (process or callback) holds the lock of a
+    checkpoint directory.
 
     Attributes:
-      directory: the directory of checkpoints.
+      directory: the directory of checkpoints (= `source`).
       holder: who holds it, as its lock file says (e.g. `pid 123 on host`).
     """
 
-    def __init__(self, message: str, directory: str = "", holder: str = ""):
-        super().__init__(message)
-        self.directory = directory
+    def __init__(self, message: str = "", directory: str = "", holder: str = "", **about):
+        about.setdefault("source", directory or None)
+        super().__init__(message, **about)
         self.holder = holder
 
 
-class CheckpointWriteError(ObjckptError, OSError):
+class CheckpointWriteError(DirectoryError, OSError):
     """Writing a checkpoint failed (disk full, I/O error); earlier checkpoints are intact.
 
     Attributes:
-      prefix: the checkpoint that could not be written.
+      prefix: the checkpoint that could not be written (= `source`).
     """
 
-    def __init__(self, message: str, prefix: str = ""):
-        super().__init__(message)
-        self.prefix = prefix
+    def __init__(self, message: str = "", prefix: str = "", **about):
+        about.setdefault("source", prefix or None)
+        super().__init__(message, **about)
+
+    @property
+    def prefix(self) -> str:
+        return self.source if self.source is not None else ""
+
+    @prefix.setter
+    def prefix(self, value: str) -> None:
+        self.source = value
 
 
-class CheckpointDirectoryError(ObjckptError, FileExistsError):
+class CheckpointDirectoryError(_InDirectory, DirectoryError, FileExistsError):
     """A directory holds intact checkpoints that `callbacks.Checkpointing` would not resume
     from, so it refuses to start training fresh there (and to bury them under new ones).
 
     Attributes:
-      directory: the directory of checkpoints.
+      directory: the directory of checkpoints (= `source`).
       found: the intact checkpoints found in it (prefixes).
     """
 
-    def __init__(self, message: str, directory: str = "", found: tuple[str, ...] = ()):
-        super().__init__(message)
-        self.directory = directory
+    def __init__(self, message: str = "", directory: str = "", found: tuple[str, ...] = (),
+                 **about):
+        about.setdefault("source", directory or None)
+        super().__init__(message, **about)
         self.found = tuple(found)
 
 
-class IncompatibleTensorFlowError(ObjckptError, ImportError):
+# --- usage ----------------------------------------------------------------------------------
+
+
+class InvalidArgumentError(UsageError, ValueError):
+    """An argument has a value objckpt cannot use (range, pattern, option)."""
+
+
+class TemplateError(UsageError, RuntimeError):
+    """A user-supplied template callable (e.g. `objckpt migrate --template`) failed."""
+
+
+class GraphvizNotFoundError(UsageError, FileNotFoundError):
+    """Rendering SVG/PNG needs Graphviz's `dot` program, and it is not on PATH."""
+
+
+class IncompatibleTensorFlowError(UsageError, ImportError):
     """This TensorFlow lacks a TF/Keras internal objckpt needs (it names the version and the
     missing name); objckpt refuses rather than fall back to something silently wrong."""
+
+
+# --- filling `source` and `obj` at the public entry points ---------------------------------
+
+_SHOWN = 500  # characters of a description kept in `source` / `obj`
+
+
+def _describe_source(source) -> str | None:
+    if source is None or isinstance(source, str):
+        return source
+    if isinstance(source, os.PathLike):
+        return os.fspath(source)
+    if isinstance(source, (list, tuple)):  # load_ensemble's sources
+        return ", ".join(str(_describe_source(s)) for s in source)[:_SHOWN]
+    return repr(source)[:_SHOWN]  # a Snapshot: Snapshot(12 variables, 0.1 MB)
+
+
+def _describe_obj(obj) -> str | None:
+    if obj is None or isinstance(obj, str):
+        return obj
+    name = getattr(obj, "name", None)
+    return type(obj).__name__ + (f" `{name[:_SHOWN]}`" if isinstance(name, str) and name else "")
+
+
+def _about(err: BaseException, source=None, obj=None) -> BaseException:
+    """Sets `err.source` and `err.obj` where they are unset (None) and `err` is an objckpt
+    error: `source` a prefix, directory, path-like, Snapshot (its repr) or list of them; `obj`
+    an object path or the obj (its type and name). Cheap, and called only on failure, by each
+    public entry point (`except ObjckptError as err: _about(err, source, obj); raise`).
+    Returns `err`."""
+    if isinstance(err, ObjckptError):
+        if err.source is None and source is not None:
+            err.source = _describe_source(source)
+        if err.obj is None and obj is not None:
+            err.obj = _describe_obj(obj)
+    return err
