@@ -705,7 +705,7 @@ def _corrupt(path: str, key, problem: str) -> errors.CheckpointCorruptError:
     return errors.CheckpointCorruptError(
         f"Checkpoint `{_render.safe(prefix)}` cannot be read: its {kind} "
         f"`{_render.safe(path)}`{where} {what}: {problem}. Nothing was read into any variable. "
-        "Restore from another checkpoint, or write this one again.")
+        "Fix: restore from another checkpoint, or write this one again.", source=prefix)
 
 
 # --- the object graph ----------------------------------------------------------------------
@@ -716,8 +716,8 @@ def check_graph(graph, keys, prefix: str, *, attributes: bool = True) -> None:
     for _, problem in graph_problems(graph, keys, attributes=attributes):
         raise errors.CheckpointCorruptError(
             f"Checkpoint `{_render.safe(prefix)}` has an inconsistent object graph: {problem}. "
-            "Nothing was read into any variable. Restore from another checkpoint, or write this "
-            "one again.")
+            "Nothing was read into any variable. Fix: restore from another checkpoint, or write "
+            "this one again.", source=prefix)
 
 
 def saved_under(key: str, keys) -> bool:

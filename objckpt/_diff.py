@@ -121,9 +121,9 @@ class _Side:
 def _open(source, label: str, notes: list) -> _Side:
     meta = _meta.read(source)
     if meta.index is None:  # a file of another format read without TF (Keras HDF5)
-        raise errors.UnsupportedObjectError(
+        raise errors.UnsupportedFormatError(
             f"diff compares TF checkpoints; {label} is {_render.safe_text(meta.description)}. "
-            "Fix: write it as a checkpoint first (objckpt.migrate(source, model, prefix), or "
+            "Fix: write it as a checkpoint first (objckpt.migrate(model, source, prefix), or "
             "objckpt migrate SOURCE OUT --template MODULE:CALLABLE) and diff that.")
     notes.extend(f"{label}: {note}" for note in meta.notes)
     entries = {path: (v.shape, v.dtype, v.key) for path, v in meta.items()

@@ -400,7 +400,7 @@ class Loader:
             f"Checkpoint `{_render.safe(self.prefix)}` is damaged: entry "
             f"`{_render.safe(key)}` ({self._describe(key)}) {problem}. Nothing was changed: "
             "every variable keeps its value. Fix: restore from another checkpoint (pass the "
-            "directory to use its newest intact one), or write this one again.")
+            "directory to use its newest intact one), or write this one again.", source=self.prefix)
 
     def _fd(self, shard: int) -> int:
         with self._lock:
@@ -460,7 +460,7 @@ class Loader:
             raise errors.CheckpointCorruptError(
                 f"Checkpoint `{_render.safe(self.prefix)}` could not be read: "
                 f"{_render.first_line(err)}. Nothing was changed. Fix: check the files, or "
-                "restore from another checkpoint.") from err
+                "restore from another checkpoint.", source=self.prefix) from err
 
     def _each(self, function) -> None:
         workers = threads()

@@ -21,8 +21,9 @@ import uuid
 
 from objckpt import _bundle, _render, errors
 
-__all__ = ["DATA_SUFFIX", "STATE_FILE", "STATE_FILE_LIMIT", "check_intact", "commit",
-           "data_files_problem", "data_shards", "inside", "intact_prefixes", "listdir",
+__all__ = ["DATA_SUFFIX", "STATE_FILE", "STATE_FILE_LIMIT", "check_intact", "check_prefix",
+           "commit", "data_files_problem", "data_shards", "directory_prefixes", "inside",
+           "intact_prefixes", "listdir",
            "nearby_prefixes", "open_checked", "open_reader", "read_state",
            "regular_file_problem", "remove", "rename", "resolve_prefix", "state_candidates",
            "state_prefixes", "state_timestamps", "temp_prefix", "write_state",
@@ -144,16 +145,16 @@ def open_checked(prefix: str, *, data: bool = True):
     except FileNotFoundError as err:
         raise errors.CheckpointNotFoundError(
             f"No checkpoint at prefix `{_render.safe(prefix)}`: `{_render.safe(prefix)}.index` "
-            "does not exist. Check the path, or pass the directory to use its newest "
-            "checkpoint.") from err
+            "does not exist. Fix: check the path, or pass the directory to use its newest "
+            "checkpoint.", source=prefix) from err
     try:
         return tf.train.load_checkpoint(prefix), index
     except (tf.errors.OpError, ValueError) as err:
         raise errors.CheckpointCorruptError(
             f"Checkpoint `{_render.safe(prefix)}` cannot be read: its index file "
             f"`{_render.safe(prefix)}.index` is damaged or not a checkpoint index. Received from "
-            f"TF: {_render.first_line(err)}. Restore from another checkpoint, or write this one "
-            "again.") from err
+            f"TF: {_render.first_line(err)}. Fix: restore from another checkpoint, or write this "
+            "one again.", source=prefix) from err
 
 
 def data_files_problem(prefix: str) -> str | None:
@@ -267,27 +268,28 @@ def read_state(directory: str, *, tf_reader: bool = True) -> list[str]:
     except FileNotFoundError:
         raise errors.CheckpointNotFoundError(
             f"Directory `{directory}` holds no managed checkpoints: expected a TF `checkpoint` "
-            f"state file in it, found none.{_hint(directory, tf_reader)}") from None
+            f"state file in it, found none.{_hint(directory, tf_reader)}",
+            source=directory) from None
     except (OSError, ValueError) as err:
         raise errors.CheckpointCorruptError(
             f"The checkpoint state file `{state_path}` was not read: {err}. Expected a "
             f"regular text file of at most {_render.size(STATE_FILE_LIMIT)}. Fix: delete it, "
             f"or replace it with the state file of the directory."
-            f"{_hint(directory, tf_reader)}") from err
+            f"{_hint(directory, tf_reader)}", source=state_path) from err
     try:
         state = parse_state(text)
     except Exception as err:
         raise errors.CheckpointCorruptError(
             f"The checkpoint state file `{state_path}` cannot be parsed: "
             f"{_render.safe(_render.first_line(err))}. Expected lines like "
-            f"`model_checkpoint_path: \"ckpt-3\"`.{_hint(directory, tf_reader)} Or delete the "
-            "state file and write a new checkpoint.") from err
+            f"`model_checkpoint_path: \"ckpt-3\"`.{_hint(directory, tf_reader)} Fix: delete the "
+            "state file and write a new checkpoint.", source=state_path) from err
     names = [*state.all_model_checkpoint_paths, state.model_checkpoint_path]
     names = list(reversed(dict.fromkeys(n for n in reversed(names) if n)))
     if not names:
         raise errors.CheckpointCorruptError(
             f"The checkpoint state file `{state_path}` names no checkpoint (it is empty or "
-            f"has no `model_checkpoint_path`).{_hint(directory, tf_reader)}")
+            f"has no `model_checkpoint_path`).{_hint(directory, tf_reader)}", source=state_path)
     return names
 
 
@@ -374,24 +376,94 @@ def state_candidates(directory: str) -> list[str]:
     return state_prefixes(directory)[0]
 
 
+# A temporary name of an unfinished write (`temp_prefix`): never a checkpoint of a directory.
+_TEMP = re.compile(r"\..*\.tmp-[0-9a-f]{12}")
+# A numbered series: `ckpt`, `ckpt-2`, `ckpt-3` (Checkpointing's and TF's `ckpt-N`, a TF1
+# Saver's `model.ckpt-1000`).
+_SERIES = re.compile(r"(.*?)(?:-(0|[1-9][0-9]{0,17}))?")
+
+
+def directory_prefixes(directory: str) -> tuple[list[str], str]:
+    """(the checkpoint prefixes in a directory without a state file, newest first; how
+    "newest" was decided, for notes).
+
+    Newest: when every checkpoint there is one numbered series (`ckpt`, `ckpt-2`,
+    `ckpt-3`: one name, with or without `-N`), the highest number, as `Checkpointing` and
+    `tf.train.CheckpointManager` number them (no number counts as 0); else the one whose
+    index file was modified last (an `objckpt.save` commits its index last), equal times by
+    name. Temporary files of unfinished writes are not checkpoints.
+    """
+    try:
+        names = [n[: -len(".index")] for n in os.listdir(directory or ".")
+                 if n.endswith(".index") and not _TEMP.fullmatch(n[: -len(".index")])]
+    except OSError:
+        return [], ""
+    series = [_SERIES.fullmatch(n) for n in names]
+    if names and len({m.group(1) for m in series}) == 1:
+        order = sorted(zip(names, series), key=lambda item: (int(item[1].group(2) or 0),
+                                                               item[0]), reverse=True)
+        return [os.path.join(directory, n) for n, _ in order], "the highest number"
+
+    def modified(name: str) -> float:
+        try:
+            return os.stat(os.path.join(directory, name + ".index")).st_mtime_ns
+        except OSError:
+            return -1
+
+    order = sorted(names, key=lambda n: (modified(n), n), reverse=True)
+    return [os.path.join(directory, n) for n in order], "the index file modified last"
+
+
+def _newest_on_disk(directory: str, shown: str, tf_reader: bool) -> tuple[str, tuple[str, ...]]:
+    """The newest intact checkpoint of a directory without a state file (`directory_prefixes`);
+    raises CheckpointNotFoundError when it has none, CheckpointCorruptError when none of its
+    checkpoints is intact."""
+    prefixes, how = directory_prefixes(directory)
+    if not prefixes:
+        raise errors.CheckpointNotFoundError(
+            f"Directory `{shown}` holds no checkpoint: expected a TF `{STATE_FILE}` state file "
+            "or checkpoint files (`<prefix>.index` beside `<prefix>.data-*`) in it, found "
+            "neither. Check the path, or pass a checkpoint prefix.")
+    skipped = []
+    for prefix in prefixes:
+        problem = check_intact(prefix, tf_reader=tf_reader)
+        if problem is None:
+            notes = [f"`{shown}` has no `{STATE_FILE}` state file: used `{_render.safe(prefix)}`"
+                     f", the newest intact one of its {len(prefixes)} checkpoint(s) "
+                     f"(newest: {how})."]
+            notes += [f"skipped `{_render.safe(p)}`: {why}" for p, why in skipped]
+            return prefix, tuple(notes)
+        skipped.append((prefix, problem))
+    raise errors.CheckpointCorruptError(
+        f"Directory `{shown}` has no intact checkpoint; expected at least one, found:\n  "
+        + "\n  ".join(f"`{_render.safe(p)}`: {why}" for p, why in skipped)
+        + "\nRestore from another copy, or write a new checkpoint.")
+
+
 def resolve_prefix(source: str | os.PathLike, *,
                    tf_reader: bool = True) -> tuple[str, tuple[str, ...]]:
     """Turns a prefix, `prefix.index` or directory into an intact prefix.
 
-    A directory gives the newest intact checkpoint its state file names inside it.
-    `tf_reader=False` checks checkpoints without TF (see `check_intact`): a local source is
-    then resolved without importing TensorFlow.
+    A directory gives the newest intact checkpoint its state file names inside it (the
+    state file, which `Checkpointing`, `CheckpointManager` and `tf.train.CheckpointManager`
+    write, decides). A directory without one (checkpoints written by `objckpt.save` or
+    `tf.train.Checkpoint.write`) gives the newest intact checkpoint in it, by
+    `directory_prefixes`' order. `tf_reader=False` checks checkpoints without TF (see
+    `check_intact`): a local source is then resolved without importing TensorFlow.
 
     Returns:
       (prefix, notes): notes say when an older checkpoint was used because the newest one
-      named by a directory's state file is not intact, or when a name in the state file was
-      skipped because it lies outside the directory.
+      is not intact, which checkpoint a directory without a state file gave, or when a name
+      in the state file was skipped because it lies outside the directory.
     """
     source = os.fspath(source)
     shown = _render.safe(source)  # a path may hold any character: one line on a terminal
     if source.endswith(".index") and _exists(source):
         source = source[: -len(".index")]
     if os.path.isdir(source):
+        if not _exists(os.path.join(source, STATE_FILE)) and not os.path.islink(
+                os.path.join(source, STATE_FILE)):
+            return _newest_on_disk(source, shown, tf_reader)
         prefixes, notes = state_prefixes(source, tf_reader=tf_reader)
         for prefix in prefixes:
             problem = check_intact(prefix, tf_reader=tf_reader)
@@ -406,30 +478,48 @@ def resolve_prefix(source: str | os.PathLike, *,
                if found else "\nRestore from another copy, or write a new checkpoint.")
         raise errors.CheckpointCorruptError(
             f"Directory `{shown}` has no intact checkpoint that its state file names; "
-            "expected at least one, found:\n  " + "\n  ".join(notes) + fix)
+            "expected at least one, found:\n  " + "\n  ".join(notes) + fix, source=source)
     if _exists(source + ".index"):
         problem = None if "://" in source else regular_file_problem(source + ".index")
         if problem is not None:
             raise errors.CheckpointCorruptError(
                 f"Checkpoint `{shown}` cannot be read: {problem}. Expected its index "
                 f"`{shown}.index` to be a regular file (not opened). Fix: pass another "
-                "checkpoint, or replace the file with the checkpoint's real index.")
+                "checkpoint, or replace the file with the checkpoint's real index.", source=source)
         return source, ()
     if os.path.isfile(source):
-        raise errors.CheckpointNotFoundError(
+        raise errors.UnsupportedFormatError(
             f"`{shown}` is a file, not a checkpoint prefix: expected `{shown}.index` and "
-            f"`{shown}.data-*` beside it. Pass the prefix (the path without `.index` or "
+            f"`{shown}.data-*` beside it. Fix: pass the prefix (the path without `.index` or "
             "`.data-*`). Files objckpt also reads: Keras 3 `.weights.h5`, `.keras` and sharded "
-            "`.weights.json`, Keras 2 HDF5 `.h5`; this one is none of them.")
+            "`.weights.json`, Keras 2 HDF5 `.h5`; this one is none of them.", source=source)
     found = nearby_prefixes(os.path.dirname(source))
     hint = (f" Checkpoints found there: {', '.join(map(_render.safe, found))}." if found
             else "")
     raise errors.CheckpointNotFoundError(
         f"No checkpoint at prefix `{shown}`: expected `{shown}.index`, found nothing.{hint} "
-        "Check the path, or pass the directory to use its newest checkpoint.")
+        "Fix: check the path, or pass the directory to use its newest checkpoint.", source=source)
 
 
 # --- writing -------------------------------------------------------------------------
+
+def check_prefix(prefix: str) -> None:
+    """Raises InvalidArgumentError when `prefix` cannot name a checkpoint to write: an
+    existing directory (its files would land beside it, `<dir>.index`, and reading `<dir>`
+    would then take the directory's checkpoints instead), or a path ending in a separator."""
+    shown = _render.safe(prefix)
+    if os.path.isdir(prefix):
+        inside = os.path.join(prefix.rstrip("/" + os.sep) or prefix, "ckpt")
+        raise errors.InvalidArgumentError(
+            f"`{shown}` is a directory; a checkpoint prefix names the checkpoint's files "
+            f"(`<prefix>.index`, `<prefix>.data-*`), which would be written beside the "
+            f"directory. Fix: pass a prefix inside it, such as `{_render.safe(inside)}`; "
+            f"`objckpt.restore(obj, \"{shown}\")` then reads the newest checkpoint there.")
+    if not os.path.basename(prefix):
+        raise errors.InvalidArgumentError(
+            f"`{shown}` ends in a path separator: it names a folder, not a checkpoint. Fix: "
+            f"add the checkpoint's name, such as `{_render.safe(os.path.join(prefix, 'ckpt'))}`.")
+
 
 def temp_prefix(prefix: str) -> str:
     """A fresh temporary name beside `prefix` (`.<name>.tmp-<12 hex>`)."""
@@ -457,6 +547,7 @@ def write_tensors(prefix: str, keys: list, tensors: list, stage=_no_stage, *,
 
     from objckpt import _fastio
 
+    check_prefix(prefix)
     durable = _fastio.DURABLE_DEFAULT if durable is None else bool(durable)
     directory = os.path.dirname(prefix)
     if directory:
@@ -499,6 +590,7 @@ def commit(temp: str, prefix: str) -> None:
     """
     import tensorflow as tf
 
+    check_prefix(prefix)
     if tf.io.gfile.exists(prefix + ".index"):
         tf.io.gfile.remove(prefix + ".index")
     new_data = [path for path, _, _ in data_shards(temp)]

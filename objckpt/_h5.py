@@ -87,8 +87,8 @@ def _corrupt(shown: str, entry: str | None, problem: str) -> errors.CheckpointCo
     if entry:
         where += f" at `{_render.safe(entry)}`"
     return errors.CheckpointCorruptError(
-        f"HDF5 file {where} cannot be read safely: {problem}. Nothing was changed; use an "
-        "intact copy of the file (or write it again with the library that made it).")
+        f"HDF5 file {where} cannot be read safely: {problem}. Nothing was changed. Fix: use an "
+        "intact copy of the file (or write it again with the library that made it).", source=shown)
 
 
 def looks_like_hdf5(path: str) -> bool:

@@ -168,7 +168,7 @@ def _refused(path: str, member: str | None, problem: str) -> errors.CheckpointCo
     return errors.CheckpointCorruptError(
         f"Keras file {where} {problem}. objckpt reads no such file; nothing was changed. "
         "Fix: use a `.keras` file written by Keras's `model.save`, or its weights saved with "
-        "`model.save_weights(\"w.weights.h5\")`.")
+        "`model.save_weights(\"w.weights.h5\")`.", source=path)
 
 
 def _zip_weights(path: str) -> tuple[bytes, tuple]:

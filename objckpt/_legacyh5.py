@@ -116,7 +116,8 @@ def _fail(path: str, entry: str | None, problem: str) -> errors.CheckpointCorrup
     where = f"`{_render.safe(path)}`" + (f" at `{_render.safe(entry)}`" if entry else "")
     return errors.CheckpointCorruptError(
         f"Keras 2 HDF5 file {where} is inconsistent: {problem}. Nothing was read into any "
-        "variable. Use an intact copy of the file, or save it again with model.save_weights.")
+        "variable. Fix: use an intact copy of the file, or save it again with "
+        "model.save_weights.", source=path)
 
 
 def _strings(h5, path: str, name: str) -> list[str] | None:

@@ -147,8 +147,8 @@ def read(source: str | os.PathLike) -> Metadata:
     except FileNotFoundError as err:  # removed since it was resolved
         raise errors.CheckpointNotFoundError(
             f"No checkpoint at prefix `{_render.safe(prefix)}`: `{_render.safe(prefix)}.index` "
-            "does not exist. Check the "
-            "path, or pass the directory to use its newest checkpoint.") from err
+            "does not exist. Fix: check the "
+            "path, or pass the directory to use its newest checkpoint.", source=prefix) from err
     graph = _objgraph.read_object_graph(index)
     if graph is None:
         items = {name: Variable(name, name, entry.shape, dtype(entry.dtype), name, name)
@@ -173,8 +173,8 @@ def _variables(graph, index) -> dict:
                     f"Checkpoint `{_render.safe(index.prefix)}`: the object graph lists "
                     f"`{_render.safe(path)}` (key `{_render.safe(key)}`, node {node_id}) but "
                     "the index has no such tensor. The "
-                    "checkpoint is inconsistent: nothing was read into any variable. Restore "
-                    "from another checkpoint, or write this one again.")
+                    "checkpoint is inconsistent: nothing was read into any variable. Fix: restore "
+                    "from another checkpoint, or write this one again.", source=index.prefix)
             items[path] = Variable(path, shown.get(node_id, path), entry.shape,
                                    dtype(entry.dtype), key, attribute.full_name)
     return items

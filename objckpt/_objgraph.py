@@ -209,8 +209,8 @@ def read_object_graph(prefix_or_index, *, check: bool = True) -> Graph | None:
         except FileNotFoundError as err:
             raise errors.CheckpointNotFoundError(
                 f"No checkpoint at prefix `{_render.safe(prefix)}`: `{_render.safe(prefix)}"
-                ".index` does not exist. Check the path, or pass the directory to use its "
-                "newest checkpoint.") from err
+                ".index` does not exist. Fix: check the path, or pass the directory to use its "
+                "newest checkpoint.", source=prefix) from err
     if _KEY not in index.entries:
         return None
     (data,) = read_strings(index, _KEY)
@@ -219,8 +219,8 @@ def read_object_graph(prefix_or_index, *, check: bool = True) -> Graph | None:
     except _bundle.WireError as err:
         raise errors.CheckpointCorruptError(
             f"Checkpoint `{_render.safe(index.prefix)}` has a damaged object graph (`{_KEY}`): "
-            f"{err}. Nothing was read into any variable. Restore from another checkpoint, or "
-            "write this one again.") from None
+            f"{err}. Nothing was read into any variable. Fix: restore from another checkpoint, or "
+            "write this one again.", source=index.prefix) from None
     if check:
         _bundle.check_graph(graph, index.entries, index.prefix)
     return graph

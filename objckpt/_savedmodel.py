@@ -71,10 +71,11 @@ def find(path: str) -> str | None:
         if os.path.exists(os.path.join(path, PB)):
             return path
         if os.path.exists(os.path.join(path, "saved_model.pbtxt")):
-            raise errors.UnsupportedObjectError(
+            raise errors.UnsupportedFormatError(
                 f"SavedModel `{_render.safe(path)}` is in text form (`saved_model.pbtxt`), "
                 f"which objckpt does not read. Expected `{PB}`. Fix: pass its checkpoint "
-                f"`{_render.safe(os.path.join(path, 'variables', 'variables'))}` instead.")
+                f"`{_render.safe(os.path.join(path, 'variables', 'variables'))}` instead.",
+                source=path)
         return None
     bare = path[:-len(".index")] if path.endswith(".index") else path
     head, leaf = os.path.split(bare)
@@ -103,7 +104,7 @@ def read_variables(directory: str) -> Variables:
             f"SavedModel `{shown_dir}` has no object graph: it was written by TF1's "
             "SavedModelBuilder, so its variables are keyed by global name only. Fix: pass its "
             f"name-based checkpoint `{_render.safe(prefix)}` with rules, e.g. "
-            "rules=[('^dense/', 'hidden/')].")
+            "rules=[('^dense/', 'hidden/')].", source=directory)
     count, saved = found
     if not os.path.exists(prefix + ".index"):
         if not saved:

@@ -162,4 +162,4 @@ def damaged(directory: str, problem: str) -> errors.CheckpointCorruptError:
     return errors.CheckpointCorruptError(
         f"SavedModel `{_render.safe(directory)}` cannot be read: {problem}. Nothing was read "
         "into any variable. Fix: export or save the model again, or restore from its "
-        "checkpoint.")
+        "checkpoint.", source=directory)

@@ -98,7 +98,7 @@ def _restore_v2(prefix: str, keys: list[str], dtypes: list, shapes: list | None 
         raise errors.CheckpointCorruptError(
             f"Checkpoint `{_render.safe(prefix)}` could not be read: its data is damaged, "
             f"truncated or missing.{where} Received from TF: {_render.first_line(err)}. "
-            "Nothing was changed; use another checkpoint.") from err
+            "Nothing was changed. Fix: use another checkpoint.", source=prefix) from err
 
 
 def _first_unreadable(prefix: str, keys: list[str], dtypes: list) -> str | None:
@@ -240,7 +240,7 @@ def open_source(source) -> Source:
     if isinstance(source, Source):
         return source
     if not isinstance(source, (str, os.PathLike)):
-        raise errors.UnsupportedObjectError(
+        raise errors.UnsupportedFormatError(
             "A source must be an objckpt.Snapshot, a checkpoint prefix or a directory of "
             f"checkpoints. Received: source of type {type(source).__name__}. Fix: pass "
             "objckpt.snapshot(obj) or a path.")

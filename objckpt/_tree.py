@@ -259,7 +259,7 @@ def read_tree_at(prefix: str) -> CheckpointTree:
             f"{len(entries)} entries are keyed by global variable name ({sample}) and it has no "
             "object graph, so it cannot be matched by object structure. Expected: an object-based "
             "checkpoint. Fix: map its names onto your model with objckpt.plan(...) and "
-            "objckpt.migrate(...) using rules, e.g. rules=[('^model_001/', '')].")
+            "objckpt.migrate(...) using rules, e.g. rules=[('^model_001/', '')].", source=prefix)
     try:
         graph_bytes = reader.get_tensor(_compat.OBJECT_GRAPH_KEY)
         graph = _compat.TrackableObjectGraph()
@@ -267,8 +267,8 @@ def read_tree_at(prefix: str) -> CheckpointTree:
     except Exception as err:  # DataLossError, DecodeError: both mean damage
         raise errors.CheckpointCorruptError(
             f"Checkpoint `{prefix}` has a damaged object graph (`{_compat.OBJECT_GRAPH_KEY}`): "
-            f"{_render.first_line(err)}. Restore from another checkpoint, or write this one again."
-        ) from err
+            f"{_render.first_line(err)}. Fix: restore from another checkpoint, or write this one "
+            "again.", source=prefix) from err
     # Node ids, child names and slots here; checkpoint keys in the loop below (one pass).
     _bundle.check_graph(graph, entries, prefix, attributes=False)
     items, owner, sorted_keys = {}, {_compat.OBJECT_GRAPH_KEY: -1}, None
@@ -288,8 +288,8 @@ def read_tree_at(prefix: str) -> CheckpointTree:
                 raise errors.CheckpointCorruptError(
                     f"Checkpoint `{prefix}`: the object graph lists `{path}` (key "
                     f"`{_render.safe(key)}`, node {node_id}) but {problem}. The checkpoint is "
-                    "inconsistent: nothing was read into any variable. Restore from another "
-                    "checkpoint, or write this one again.")
+                    "inconsistent: nothing was read into any variable. Fix: restore from another "
+                    "checkpoint, or write this one again.", source=prefix)
             if attribute.name == _paths.VARIABLE_VALUE:
                 items[_paths.path_of_key(key)] = Entry(
                     entry.shape, tf.as_dtype(entry.dtype), key, attribute.full_name)

@@ -285,7 +285,7 @@ def _replace(snap, position, new_value):
 def _label(obj, path: str) -> str:
     """How messages show the variable at `path` of obj (`Plan.label`), checked against
     its parts: the path people know in backquotes, then its name or slot owner."""
-    the_plan = objckpt.plan(objckpt.snapshot(obj), obj)
+    the_plan = objckpt.plan(obj, objckpt.snapshot(obj))
     shown, note = the_plan.display(path)
     assert shown == path or not shown.startswith("optimizer/")
     return f"`{shown}`" + (f" [{note}]" if note else "")
@@ -390,8 +390,8 @@ def test_damaged_data(guarded, tmp_path, damage):
 def test_file_that_is_not_a_checkpoint(guarded, tmp_path):
     text = tmp_path / "weights.h5"
     text.write_text("not a checkpoint")
-    with pytest.raises(errors.CheckpointNotFoundError, match=r"is a file, not a checkpoint prefix"):
-        objckpt.restore(guarded, str(text))
+    with pytest.raises(errors.UnsupportedFormatError, match=r"is a file, not a checkpoint prefix"):
+        objckpt.restore(guarded, str(text))  # (a FileNotFoundError, as it was before)
     (tmp_path / "fake.index").write_bytes(os.urandom(512))
     with pytest.raises(errors.CheckpointCorruptError, match="not a checkpoint index"):
         objckpt.restore(guarded, str(tmp_path / "fake"))
@@ -407,7 +407,7 @@ def test_name_based_checkpoint(guarded, tmp_path):
 
 
 def test_wrong_source_type(guarded):
-    with pytest.raises(errors.UnsupportedObjectError, match="Received: source of type dict"):
+    with pytest.raises(errors.UnsupportedFormatError, match="Received: source of type dict"):
         objckpt.restore(guarded, {"a": 1})
 
 
