@@ -21,9 +21,17 @@ KERAS_HUB = (("--no-deps", "keras-hub"),
              ("regex", "rich", "kagglehub", "tokenizers", "sentencepiece"))
 
 
-def _run_tests(session, *pins, env=None, extras="test", also=()):
+# The Python blocks of README.md and docs/*.md run in the keras3 session (each block in fresh
+# globals; a block marked `python continuation` goes on from the one before it).
+MARKDOWN_DOCS = ("pytest-markdown-docs>=0.9",)
+
+
+def _run_tests(session, *pins, env=None, extras="test", also=(), docs=False):
     try:
         _install_and_test(session, pins, env, extras, also)
+        if docs:
+            session.run("pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "--markdown-docs",
+                        "README.md", "docs", env=env)
     finally:
         # .ci/run sets OBJCKPT_NOX_DROP_VENVS=1: each session's environment (about 2.4 GB
         # with TensorFlow) is deleted once its tests ran, so the four never need disk at once.
@@ -45,8 +53,8 @@ def _install_and_test(session, pins, env, extras, also):
 
 @nox.session
 def keras3(session):
-    """Latest TF with Keras 3 (tf.keras is Keras 3); also runs the colab/ notebooks and the
-    keras-hub backbone tests.
+    """Latest TF with Keras 3 (tf.keras is Keras 3); also runs the colab/ notebooks, the
+    keras-hub backbone tests and every Python block of README.md and docs/.
 
     The notebooks' Jupyter kernel also needs tf_keras (the migration notebook writes a
     tf_keras checkpoint); it goes into a side folder that only the kernel sees, so the rest
@@ -55,8 +63,8 @@ def keras3(session):
     side = os.path.join(session.virtualenv.location, "notebook-site")
     session.run("python", "-m", "pip", "install", "--quiet", "--upgrade", "--no-deps",
                 "--target", side, "tf_keras")
-    _run_tests(session, "tensorflow", extras="test,notebooks", also=KERAS_HUB,
-               env={"TF_USE_LEGACY_KERAS": "0", "OBJCKPT_NOTEBOOK_PATH": side})
+    _run_tests(session, "tensorflow", extras="test,notebooks", also=(*KERAS_HUB, MARKDOWN_DOCS),
+               env={"TF_USE_LEGACY_KERAS": "0", "OBJCKPT_NOTEBOOK_PATH": side}, docs=True)
 
 
 @nox.session

@@ -1,10 +1,12 @@
 """objckpt benchmarks: ratios against the baselines users have today, in one run.
 
 Usage:
-  python benchmarks/run.py [--json results.json] [--repeats N] [--only a|b]
+  python benchmarks/run.py [--json results.json] [--markdown docs/benchmarks.md]
+                           [--repeats N] [--only a|b]
                            [--section all|foundation|twins|migrate|ensemble|checkpointing|
                                       completeness|untrusted|cli|formats|distribute|io]
                            [--steps N] [--batch N] [--migrate-tensors N] [--io-sizes MiB,MiB]
+  python benchmarks/run.py --render results.json --markdown docs/benchmarks.md
 
 Models:
   (a) a Keras MLP of ~25M parameters in ~50 variables;
@@ -16,6 +18,10 @@ sample of a fast operation runs it several times back to back, with the
 garbage collector off; see timing.py). Ratios (baseline
 time / objckpt time) are what to compare across machines; absolute times
 depend on the machine. The physical limit is NumPy copying the same bytes.
+
+`--markdown PAGE` writes the figures of this run as a Markdown page (docs/benchmarks.md is
+one, generated from benchmarks/results.json); `--render RESULTS.json` writes the page from
+an earlier run's `--json` results without running anything.
 """
 
 from __future__ import annotations
@@ -23,8 +29,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
+import shlex
 import sys
 import tempfile
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -150,19 +159,48 @@ def _print_result(key, result):
         print(f"  {what:<68} {value:>9.2f}  {target:<9} {mark}")
 
 
-def main(argv=None) -> int:
-    import bench_twins
+def _machine(keras) -> dict:
+    """What the figures came from: versions, CPUs, memory, GPUs TF sees."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    except OSError:
+        pass
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        memory = None
+    return {"tensorflow": tf.__version__, "keras": keras.__version__, "numpy": np.__version__,
+            "python": platform.python_version(), "system": platform.system(),
+            "cpu": cpu, "cpus": os.cpu_count(), "memory_bytes": memory,
+            "gpus": len(tf.config.list_physical_devices("GPU"))}
 
+
+def _write_json(path: str, out: dict) -> None:
+    with open(path + ".tmp", "w") as f:
+        json.dump(out, f, indent=2)
+        f.write("\n")
+    os.replace(path + ".tmp", path)
+
+
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", help="also write the results as JSON to this file")
+    parser.add_argument("--markdown", help="also write the results as a Markdown page "
+                        "(docs/benchmarks.md)")
+    parser.add_argument("--render", metavar="RESULTS_JSON",
+                        help="run nothing: write the --markdown page (or print it) from the "
+                        "results an earlier --json run wrote")
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--only", choices=["a", "b"], help="one model only")
-    parser.add_argument("--section",
+    parser.add_argument("--section", action="append",
                         choices=["all", "foundation", "twins", "migrate", "ensemble",
                                  "checkpointing", "completeness", "untrusted", "cli",
                                  "formats", "distribute", "io"],
-                        default="all")
+                        help="run this section (repeatable; default all)")
     parser.add_argument("--migrate-tensors", type=int, default=16,
                         help="float32 4096x4096 tensors in the migrate source (16: ~1.07 GB)")
     parser.add_argument("--io-sizes", default="1024,100",
@@ -170,52 +208,96 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=12, help="training steps per variant")
     parser.add_argument("--batch", type=int, default=512, help="batch of the training loop")
     args = parser.parse_args(argv)
+    import page
+
+    if args.render:
+        with open(args.render) as f:
+            out = json.load(f)
+        text = page.render(out, results_path=args.render)
+        if args.markdown:
+            page.write(args.markdown, text)
+        else:
+            sys.stdout.write(text)
+        return 0
+    out = run(args, argv if argv is not None else sys.argv[1:])
+    if args.json:
+        _write_json(args.json, out)
+    if args.markdown:
+        page.write(args.markdown, page.render(out, results_path=args.json))
+    return 0
+
+
+def run(args, argv) -> dict:
+    """Runs the sections `args` asks for, printing each; returns the results (what --json
+    writes): per section, and in `sections` in the order they ran."""
+    import bench_twins
+
     keras = _keras()
+    sections_asked = set(args.section or ["all"])
+
+    def wanted(name):
+        return "all" in sections_asked or name in sections_asked
+
     print(f"TF {tf.__version__}, Keras {keras.__version__}, NumPy {np.__version__}, "
           f"{os.cpu_count()} CPUs; median of {args.repeats} interleaved rounds")
     builders = {"a": build_mlp, "b": build_many}
-    out = {"tensorflow": tf.__version__, "keras": keras.__version__}
+    out = {"tensorflow": tf.__version__, "keras": keras.__version__,
+           "machine": _machine(keras),
+           "command": "python3 benchmarks/run.py " + " ".join(shlex.quote(a) for a in argv),
+           "settings": {k: v for k, v in vars(args).items()
+                        if k not in ("json", "markdown", "render")},
+           "sections": [], "seconds": {}}
+    last = [time.perf_counter()]
+
+    def show(section, title, result, key, many=True, printer=None):
+        """Prints one result under its title and records it."""
+        now = time.perf_counter()
+        seconds = out["seconds"]
+        seconds[section] = round(seconds.get(section, 0.0) + now - last[0], 1)
+        last[0] = now
+        if many:
+            out.setdefault(key, []).append(result)
+        else:
+            out[key] = result
+        out["sections"].append({"section": section, "title": title, "result": result})
+        print(f"\n{title}", flush=True)
+        (printer or (lambda r: _print_result("", r)))(result)
+        if args.json:  # after each result: an interrupted run keeps what it measured
+            _write_json(args.json, out)
+
     for key, builder in builders.items():
         if args.only and key != args.only:
             continue
-        if args.section in ("all", "foundation"):
+        if wanted("foundation"):
             result = bench_model(builder(keras), args.repeats)
             result["ratios"] = ratios(result)
-            out.setdefault("foundation", []).append(result)
-            print(f"\n[foundation] ({key}) {result['model']}: {result['variables']} variables, "
-                  f"{result['parameters'] / 1e6:.1f}M parameters, {result['bytes'] / 1e6:.1f} MB")
-            _print_result(key, result)
-        if args.section in ("all", "twins"):
+            show("foundation", f"[foundation] ({key}) {result['model']}: "
+                 f"{result['variables']} variables, {result['parameters'] / 1e6:.1f}M "
+                 f"parameters, {result['bytes'] / 1e6:.1f} MB", result, "foundation")
+        if wanted("twins"):
             result = bench_twins.bench_sync(builder, keras, args.repeats)
-            out.setdefault("twins", []).append(result)
-            print(f"\n[twins] ({key}) {result['model']}: {result['variables']} variables, "
-                  f"{result['bytes'] / 1e6:.1f} MB")
-            _print_result(key, result)
-    if args.section in ("all", "twins") and args.only != "b":
+            show("twins", f"[twins] ({key}) {result['model']}: {result['variables']} "
+                 f"variables, {result['bytes'] / 1e6:.1f} MB", result, "twins")
+    if wanted("twins") and args.only != "b":
         result = bench_twins.bench_training(build_mlp, keras, args.steps, args.batch)
-        out.setdefault("twins_training", []).append(result)
-        print(f"\n[twins] (a) {result['model']} in an Adam custom loop, batch {result['batch']}")
-        _print_result("a", result)
-    if args.section in ("all", "migrate"):
+        show("twins", f"[twins] (a) {result['model']} in an Adam custom loop, batch "
+             f"{result['batch']}", result, "twins_training")
+    if wanted("migrate"):
         import bench_migrate
 
         result = bench_migrate.bench_migrate(count=args.migrate_tensors)
-        out["migrate"] = result
-        print(f"\n[migrate] name-based checkpoint, {result['model']}, "
-              f"{result['bytes'] / 1e9:.2f} GB; one subprocess per run, medians of 5")
-        _print_result("", result)
+        show("migrate", f"[migrate] name-based checkpoint, {result['model']}, "
+             f"{result['bytes'] / 1e9:.2f} GB; one subprocess per run, medians of 5",
+             result, "migrate", many=False)
         result = bench_migrate.bench_restore_on_create(keras)
-        out["restore_on_create"] = result
-        print(f"\n[restore_on_create] {result['model']}")
-        _print_result("", result)
-    if args.section in ("all", "ensemble"):
+        show("migrate", f"[restore_on_create] {result['model']}", result,
+             "restore_on_create", many=False)
+    if wanted("ensemble"):
         import bench_ensemble
 
         for title, result in (("ensemble", bench_ensemble.bench_ensemble(keras, args.repeats)),
                               ("load_ensemble", bench_ensemble.bench_load(keras, args.repeats))):
-            out[title] = result
-            print(f"\n[{title}] {result['model']}")
-            _print_result("", result)
+            show("ensemble", f"[{title}] {result['model']}", result, title, many=False)
         freezer_models = {"s": (lambda k: bench_ensemble.small_mlp(k, 0), "small MLP", 64),
                           "a": (build_mlp, "mlp_25m", args.batch),
                           "b": (build_many, "many_500", args.batch)}
@@ -224,24 +306,21 @@ def main(argv=None) -> int:
                 continue
             result = bench_ensemble.bench_freezer(name, builder(keras), keras, batch,
                                                   args.repeats)
-            out.setdefault("freezer", []).append(result)
-            print(f"\n[freezer] ({key}) {result['model']}, Adam step in a tf.function")
-            _print_result(key, result)
-    if args.section in ("all", "completeness") and args.only != "b":
+            show("ensemble", f"[freezer] ({key}) {result['model']}, Adam step in a "
+                 "tf.function", result, "freezer")
+    if wanted("completeness") and args.only != "b":
         import bench_completeness
 
         result = bench_completeness.bench_snapshot_into_twin(build_mlp, keras, args.repeats)
-        out["snapshot_into_twin"] = result
-        print(f"\n[completeness] (a) snapshot of one instance into another: {result['model']}")
-        _print_result("a", result)
+        show("completeness", f"[completeness] (a) snapshot of one instance into another: "
+             f"{result['model']}", result, "snapshot_into_twin", many=False)
         result = bench_completeness.bench_vit_coverage(keras, args.repeats)
         if result is None:
             print("\n[completeness] keras-hub is not installed: ViT coverage not measured")
         else:
-            out["vit_coverage"] = result
-            print(f"\n[completeness] {result['model']}")
-            _print_result("", result)
-    if args.section in ("all", "untrusted") and args.only != "b":
+            show("completeness", f"[completeness] {result['model']}", result,
+                 "vit_coverage", many=False)
+    if wanted("untrusted") and args.only != "b":
         import bench_untrusted
 
         for title, result in (
@@ -249,64 +328,50 @@ def main(argv=None) -> int:
                                                                                  args.repeats)),
                 ("large object graph", bench_untrusted.bench_large_graph(
                     keras, max(3, args.repeats // 3)))):
-            out.setdefault("untrusted", []).append(result)
-            print(f"\n[untrusted: {title}] {result['model']}")
-            _print_result("", result)
-    if args.section in ("all", "cli") and args.only != "b":
+            show("untrusted", f"[untrusted: {title}] {result['model']}", result, "untrusted")
+    if wanted("cli") and args.only != "b":
         import bench_cli
 
         result = bench_cli.bench_cli(keras, max(3, args.repeats // 3))
-        out["cli"] = result
-        print(f"\n[cli] {result['model']}")
-        _print_result("", result)
-    if args.section in ("all", "formats") and args.only != "b":  # issue 21: other formats
+        show("cli", f"[cli] {result['model']}", result, "cli", many=False)
+    if wanted("formats") and args.only != "b":
         import bench_savedmodel
 
         if keras.__version__.startswith("3"):
             result = bench_savedmodel.bench_savedmodel(keras, max(5, args.repeats // 2))
-            out.setdefault("formats", []).append(result)
-            print(f"\n[formats: SavedModel] {result['model']}")
-            _print_result("", result)
+            show("formats", f"[formats: SavedModel] {result['model']}", result, "formats")
             import bench_h5
 
             for many in (False, True):
                 result = bench_h5.bench_h5(keras, max(5, args.repeats // 2), many=many)
-                out.setdefault("formats", []).append(result)
-                print(f"\n[formats: Keras 3 .weights.h5] {result['model']}")
-                _print_result("", result)
+                show("formats", f"[formats: Keras 3 .weights.h5] {result['model']}", result,
+                     "formats")
         import bench_legacyh5
 
         result = bench_legacyh5.bench_legacyh5(max(5, args.repeats // 2))
         if result is not None:  # needs tf_keras, or TF <= 2.15's Keras 2
-            out.setdefault("formats", []).append(result)
-            print(f"\n[formats: Keras 2 .h5] {result['model']}")
-            _print_result("", result)
-    if args.section in ("all", "distribute") and args.only != "b":  # issue 18
+            show("formats", f"[formats: Keras 2 .h5] {result['model']}", result, "formats")
+    if wanted("distribute") and args.only != "b":
         import bench_distribute
 
         result = bench_distribute.bench_distribute(args.repeats)
-        out["distribute"] = result
-        print(f"\n[distribute] (a) MirroredStrategy: {result['model']}")
-        _print_result("a", result)
-    if args.section in ("all", "checkpointing") and args.only != "b":
+        show("distribute", f"[distribute] (a) MirroredStrategy: {result['model']}", result,
+             "distribute", many=False)
+    if wanted("checkpointing") and args.only != "b":
         import bench_checkpointing
 
         results = bench_checkpointing.run(keras, build_mlp, args.repeats)
         for title, result in results.items():
-            out.setdefault("checkpointing", []).append(result)
-            print(f"\n[checkpointing: {title}] (a) {result['description']}")
-            _print_result("a", result)
-    if args.section in ("all", "io"):  # issue 20: checkpoint I/O
+            show("checkpointing", f"[checkpointing: {title}] (a) {result['description']}",
+                 result, "checkpointing")
+    if wanted("io"):
         import bench_io
 
         for title, result in bench_io.run(bench_io.parse_sizes(args.io_sizes), args.repeats):
-            out.setdefault("io", []).append({"title": title, **result})
-            print(f"\n[io: {title}] {result['model']}", flush=True)
-            bench_io.print_result(result)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=2)
-    return 0
+            result = {"title": title, **result}
+            show("io", f"[io: {title}] {result['model']}", result, "io",
+                 printer=bench_io.print_result)
+    return out
 
 
 if __name__ == "__main__":

@@ -1,0 +1,193 @@
+"""docs/benchmarks.md, written from the results `run.py --json` records (no TensorFlow here).
+
+`python3 benchmarks/run.py --render benchmarks/results.json --markdown docs/benchmarks.md`
+writes the page again from the committed results; a run with `--json` and `--markdown`
+measures and writes both. Every figure on the page comes from the results file.
+"""
+
+from __future__ import annotations
+
+import os
+
+# What each section measures, in words: no figures here, those come from the results.
+ABOUT = {
+    "foundation": (
+        "`snapshot` and `restore` against what users write today: "
+        "`set_weights(get_weights())`, a `tf.train.Checkpoint` round trip (in memory via "
+        "`ram://` and through a temporary directory), `tf.train.Checkpoint.read` of the same "
+        "prefix, and NumPy copying the same bytes (the physical limit). Model (a) is an MLP of "
+        "24 `Dense(1024)` layers (48 variables, 25.2M parameters); model (b) has 250 "
+        "`Dense(16)` layers (500 small variables), where per-variable overhead dominates."),
+    "twins": (
+        "`Twins.sync()` (hard copy, fused assigns that alias buffers) and `sync(tau)` (Polyak "
+        "update, bandwidth-bound) against `past.set_weights(current.get_weights())`, a "
+        "checkpoint round trip, an eager per-variable assign loop and a NumPy blend of the "
+        "same bytes; then the cost of a target network inside an Adam training loop."),
+    "migrate": (
+        "`objckpt.migrate` of a TF1 name-based checkpoint against the hand-written loop "
+        "(`tf.train.load_checkpoint`, assign, `tf.train.Checkpoint.write`), each run in its "
+        "own subprocess, with the peak memory each adds; and `restore_on_create` against "
+        "building the model and then restoring."),
+    "ensemble": (
+        "An `Ensemble`'s one batched call against calling N models in a loop; "
+        "`load_ensemble` against N plain restores; a `Freezer` step against the plain "
+        "training step (freezing must not slow the step it runs in)."),
+    "completeness": (
+        "The cost of covering every variable (including layers Keras 3 keeps in Python "
+        "lists, which TF's object graph does not show): a snapshot restored into another "
+        "instance, and a keras-hub backbone's coverage."),
+    "untrusted": (
+        "What validating an untrusted checkpoint costs (the index, every entry, the object "
+        "graph, read in pure Python before TF's reader sees the file), and the cost on a "
+        "large object graph, which stays linear."),
+    "cli": (
+        "`objckpt inspect`, `graph` and `diff` answer without importing TensorFlow: each "
+        "command's wall time in a fresh process, against `python -c 'import tensorflow'`."),
+    "formats": (
+        "Restoring from a SavedModel, a Keras 3 `.weights.h5` and a Keras 2 `.h5` against "
+        "each format's own loader."),
+    "distribute": (
+        "`Twins.sync` and `restore(Snapshot)` under a two-replica `MirroredStrategy` "
+        "(CPUs split into two logical devices) against one device and "
+        "`set_weights(get_weights())`."),
+    "checkpointing": (
+        "`callbacks.Checkpointing` saves and resumes against `tf.train.CheckpointManager` "
+        "and Keras's own callbacks, and the cost of asynchronous saves during `fit`."),
+    "io": (
+        "Checkpoint I/O: `objckpt.save` and `restore` against `tf.train.Checkpoint` "
+        "write/read and plain file I/O of the same bytes (spreads are min and max over "
+        "rounds), durable saves, a first restore in a fresh process, peak memory per "
+        "operation, and the time a background save blocks."),
+}
+
+ORDER = ["foundation", "twins", "migrate", "ensemble", "completeness", "untrusted", "cli",
+         "formats", "distribute", "checkpointing", "io"]
+
+
+def _cell(text) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _number(value) -> str:
+    if value is None:
+        return ""
+    value = float(value)
+    if value == 0:
+        return "0"
+    if abs(value) >= 100:
+        return f"{value:,.1f}"
+    if abs(value) >= 1:
+        return f"{value:.2f}"
+    return f"{value:.3g}"
+
+
+def _table(result: dict) -> list[str]:
+    """The operations' medians (with min and max where recorded), then the ratios."""
+    lines = []
+    unit = "ms" if "ms" in result else "MiB"
+    values = result.get("ms") or result.get("mib") or {}
+    spread = result.get("spread", {})
+    if values:
+        with_spread = any(name in spread for name in values)
+        head = f"| operation | median {unit} |" + (" min | max |" if with_spread else "")
+        lines += [head, "|---|---:|" + ("---:|---:|" if with_spread else "")]
+        for name, value in values.items():
+            row = f"| {_cell(name)} | {_number(value)} |"
+            if with_spread:
+                lo, hi = spread.get(name, (None, None))
+                row += f" {_number(lo)} | {_number(hi)} |"
+            lines.append(row)
+        lines.append("")
+    rows = result.get("ratios") or []
+    if rows:
+        with_span = any(len(r) > 4 and r[4] for r in rows)
+        lines += ["| ratio | value |" + (" min .. max |" if with_span else "")
+                  + " target | met |",
+                  "|---|---:|" + ("---|" if with_span else "") + "---|---|"]
+        for what, value, target, ok, *rest in rows:
+            mark = "" if ok is None else ("yes" if ok else "**no**")
+            row = f"| {_cell(what)} | {_number(value)} |"
+            if with_span:
+                span = rest[0] if rest and rest[0] else None
+                row += f" {_number(span[0])} .. {_number(span[1])} |" if span else " |"
+            lines.append(row + f" {_cell(target or '')} | {mark} |")
+        lines.append("")
+    for note in result.get("notes", []):
+        lines.append(f"- {_cell(note)}")
+    if result.get("notes"):
+        lines.append("")
+    return lines
+
+
+def render(out: dict, results_path: str | None = None) -> str:
+    machine = out.get("machine", {})
+    settings = out.get("settings", {})
+    command = out.get("command", "python3 benchmarks/run.py")
+    results = results_path or "benchmarks/results.json"
+    lines = [
+        "# Benchmarks",
+        "",
+        "<!-- Generated by benchmarks/run.py from benchmarks/results.json: do not edit by "
+        "hand. -->",
+        f"This page is generated by `benchmarks/run.py` from the results it recorded in "
+        f"`{results}`; do not edit it by hand. To measure again and rewrite both:",
+        "",
+        "```console",
+        "$ python3 benchmarks/run.py --json benchmarks/results.json "
+        "--markdown docs/benchmarks.md",
+        "```",
+        "",
+        "and to rewrite the page from the committed results alone:",
+        "",
+        "```console",
+        "$ python3 benchmarks/run.py --render benchmarks/results.json "
+        "--markdown docs/benchmarks.md",
+        "```",
+        "",
+        "Each operation and its baselines are timed in one process, interleaved round by "
+        "round so that drift of the machine hits all alike; each figure is the median over "
+        "rounds (a fast operation is run several times per sample, with the garbage "
+        "collector off, as `timeit` does). Absolute times depend on the machine; **the "
+        "ratios are the point** (\"A vs B\" is B's time over A's, a speed-up; \"A / B\" "
+        "is A's time over B's). A target marked **no** was not met in this run.",
+        "",
+        "## Where these figures come from",
+        "",
+        f"- command: `{command}`",
+        f"- TensorFlow {machine.get('tensorflow', out.get('tensorflow', '?'))}, Keras "
+        f"{machine.get('keras', out.get('keras', '?'))}, NumPy {machine.get('numpy', '?')}, "
+        f"Python {machine.get('python', '?')} on {machine.get('system', '?')}",
+        f"- {machine.get('cpus', '?')} CPUs ({machine.get('cpu', '?')}), "
+        + (f"{machine['memory_bytes'] / 2**30:.0f} GiB memory, "
+           if machine.get("memory_bytes") else "")
+        + f"{machine.get('gpus', 0)} GPUs",
+        "- settings: " + ", ".join(f"`{k}={v}`" for k, v in settings.items()
+                                   if v is not None),
+    ]
+    seconds = out.get("seconds", {})
+    if seconds:
+        lines.append("- seconds each section took: " + ", ".join(
+            f"{name} {value:g}" for name, value in seconds.items()))
+    lines.append("")
+    sections = out.get("sections", [])
+    present = [name for name in ORDER if any(s["section"] == name for s in sections)]
+    if present:
+        lines += ["Sections: " + ", ".join(f"[{name}](#{name})" for name in present) + ".", ""]
+    for name in present:
+        lines += [f"## {name}", ""]
+        if name in ABOUT:
+            lines += [ABOUT[name], ""]
+        for section in sections:
+            if section["section"] != name:
+                continue
+            lines += [f"### {_cell(section['title'].strip())}", ""]
+            lines += _table(section["result"])
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def write(path: str, text: str) -> None:
+    directory = os.path.dirname(path)
+    if directory:
+        os.makedirs(directory, exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
