@@ -74,7 +74,7 @@ def _child(mode: str, source: str, out: str, count: int, side: int) -> None:
     model = _Big(count, side)
     start = time.perf_counter()
     if mode == "migrate":
-        objckpt.migrate(source, model, out, rules=RULES, progress=False)
+        objckpt.migrate(model, source, out, rules=RULES, progress=False)
     else:
         reader = tf.train.load_checkpoint(source)
         for i in range(count):

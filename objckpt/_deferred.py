@@ -57,6 +57,8 @@ class PendingRestore:
       applied: object paths that received their value.
       done: True once every entry has landed (but optimizer state with no optimizer).
       skipped: source entries dropped by rules or bookkeeping, or left out on purpose.
+      strict: `restore_on_create`'s strict: False lets `assert_done` pass while entries
+        wait for variables that were never created.
     """
 
     def __init__(self, obj, source: _sources.Source, entries: list[_Entry], skipped, at):
@@ -74,6 +76,7 @@ class PendingRestore:
         self._skipped = tuple(skipped)
         self._optional: dict = {}  # path -> why: optimizer state while obj has no optimizer
         self.at = at
+        self.strict = True  # restore_on_create's strict: what assert_done tolerates
         self._rules: tuple = ()  # the parsed rules, for plans of existing variables
         self._fed: set = set()  # ids of variables that received a value
         self._used: set = set()  # source keys whose value landed
@@ -113,13 +116,19 @@ class PendingRestore:
         """Raises `StructureMismatchError` listing every entry that has not landed.
 
         It never assigns anything itself: a value that did not land before its
-        variable was first used is reported, not applied late.
+        variable was first used is reported, not applied late. With
+        `restore_on_create(..., strict=False)` entries whose variable was never created
+        are tolerated (they stay in `pending`); one that failed (a shape or dtype that
+        does not fit) still raises.
         """
         if self.done:
             return
         lines = [f"`{path}` (from `{entry.source}`)"
                  + (f": {self._failed[path]}" if path in self._failed else ": not created yet")
-                 for path, entry in self._entries.items() if path in self.pending]
+                 for path, entry in self._entries.items() if path in self.pending
+                 and (self.strict or path in self._failed)]
+        if not lines:
+            return
         raise errors.StructureMismatchError(
             f"restore_on_create from {self._source.description}: {len(lines)} of "
             f"{len(lines) + len(self._applied)} values have not landed:\n"
@@ -557,7 +566,7 @@ def _optimizer_entries(obj, src, entries, skipped, at, rules, optimizer_state):
     return entries, {}
 
 
-def restore_on_create(obj, source, *, rules=(), at: str | None = None,
+def restore_on_create(obj, source, *, rules=None, at: str | None = None, strict: bool = True,
                       optimizer_state="auto") -> PendingRestore:
     """Restores values into obj as its variables are created, before their first use.
 
@@ -587,6 +596,13 @@ def restore_on_create(obj, source, *, rules=(), at: str | None = None,
         rule with a combined regex, or rules that each match the full
         original key. See `objckpt.plan`.
       at: take values from this subtree of the source (e.g. "model").
+      strict: as for `objckpt.restore`, applied when you ask: True (default):
+        `assert_done()` raises while a source entry has not landed (its variable was
+        never created). False: entries whose variable was never created are tolerated:
+        `assert_done()` passes and lists them in `pending` (no variable will take them
+        yet); a value whose shape or dtype does not fit its variable is an error either
+        way, as in `restore`. Variables of obj the source does not feed are never waited
+        for, with either value.
       optimizer_state: as for `objckpt.restore`. "auto" (default): optimizer entries wait
         for obj's optimizer when obj has one (a compiled model: they land as Keras builds
         it; an optimizer not built yet of a model that is built now is built at once, as
@@ -624,6 +640,7 @@ def restore_on_create(obj, source, *, rules=(), at: str | None = None,
       >>> model.fit(x, y)          # values land as layers build
       >>> pending.assert_done()
     """
+    strict = _match.check_strict(strict)
     try:
         src = _sources.open_source(source)
         parsed = _rules.parse_rules(rules)
@@ -642,6 +659,7 @@ def restore_on_create(obj, source, *, rules=(), at: str | None = None,
         entries, optional = _optimizer_entries(obj, src, entries, skipped, at, rules,
                                                optimizer_state)
         pending = PendingRestore(obj, src, entries, skipped, at)
+        pending.strict = strict
         pending._optional = optional
         # Existing variables: every value read and checked before any is assigned.
         ready = []

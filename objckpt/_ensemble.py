@@ -70,8 +70,8 @@ def _with_context(err: errors.ObjckptError, context: str) -> errors.ObjckptError
     return new
 
 
-def load_ensemble(template, sources: Sequence, *, rules=(), at: str | None = None,
-                  strict: bool = True, optimizer_state: bool | None = False) -> Ensemble:
+def load_ensemble(template, sources: Sequence, *, rules=None, at: str | None = None,
+                  strict: bool = True, optimizer_state="auto") -> Ensemble:
     """Loads N independent members of one architecture from N sources.
 
     Each member is an `objckpt.clone` of the template (its own variables; the
@@ -95,10 +95,13 @@ def load_ensemble(template, sources: Sequence, *, rules=(), at: str | None = Non
         chain, write one rule with a combined regex, or rules that each
         match the full original key. See `objckpt.plan`.
       at, strict: as in `objckpt.restore`, for every member.
-      optimizer_state: False (default): optimizer state in the sources and in the
-        template is left alone (an ensemble evaluates); "auto" or True as in
-        `objckpt.restore`, each member restored on its own (its optimizer built
-        first when the template's is compiled but not built).
+      optimizer_state: as in `objckpt.restore`, for every member. "auto" (default):
+        a template without an optimizer (an uncompiled model, a tf.Module: an ensemble
+        that evaluates) skips the sources' optimizer state and lists it; a compiled
+        template's members each get their optimizer state by owner (each member
+        restored on its own, its optimizer built first when the template's is compiled
+        but not built). True: the same, but a template without an optimizer is an
+        error. False: optimizer state in the sources and in the template is left alone.
 
     Returns:
       An `Ensemble`: `.members`, `ensemble(x)` stacks the members' outputs on a
@@ -135,6 +138,8 @@ def load_ensemble(template, sources: Sequence, *, rules=(), at: str | None = Non
         raise errors.UnbuiltModelError(
             f"The template ({type(template).__name__}) has no variables yet, so there is "
             "nothing to load. Build it first (call it on a batch, or model.build(shape)).")
+    strict = _match.check_strict(strict)
+    mode = _match.optimizer_mode(optimizer_state)
     member_rules = _rules_per_member(rules, len(sources))
     opened = []
     for k, source in enumerate(sources):
@@ -148,7 +153,7 @@ def load_ensemble(template, sources: Sequence, *, rules=(), at: str | None = Non
             raise _with_context(err, f"member {k} (source {_describe_source(source)})") \
                 from err
     _snapshot.agree_across_workers(_tree.tree(template), None, "objckpt.load_ensemble")
-    if _match.optimizer_mode(optimizer_state) is not False:
+    if mode is True or (mode == "auto" and _compat.optimizers_of(template)):
         # Moving optimizer state may build the optimizer's slots: plan on each member.
         members = []
         for k, (source, member_rule) in enumerate(zip(opened, member_rules)):

@@ -100,7 +100,7 @@ class FitCheckpointer:
         before, freq = self.step, self.callback.save_freq
         self.batch, self.step = batch + 1, self._epoch_start_step + batch + 1
         if (freq != "epoch" and self.step // freq > before // freq) or self._sigterm:
-            self.save(logs)
+            self.save(logs, mid_epoch=True)
         if self._sigterm:
             self._stop()
 
@@ -132,21 +132,52 @@ class FitCheckpointer:
 
     # --- saving -----------------------------------------------------------------------
 
-    def save(self, logs) -> None:
-        """Writes the next checkpoint with the current position and monitored value."""
+    def save(self, logs, mid_epoch: bool = False) -> None:
+        """Writes the next checkpoint with the current position and monitored value.
+
+        mid_epoch: saved at a batch's end (save_freq=N, or SIGTERM), where fit's logs hold
+        the training metrics only: validation metrics exist at the end of an epoch.
+        """
         cb = self.callback
         value = (logs or {}).get(cb.monitor)
         if value is None and cb.keep_best and not self._warned_monitor:
             self._warned_monitor = True
-            warnings.warn(f"Checkpointing: monitor {cb.monitor!r} is not in the logs (keys: "
-                          f"{sorted(logs or {})}); these checkpoints cannot count as best. Fix: "
-                          "pass validation_data, or monitor a key that fit logs.", stacklevel=4)
+            warnings.warn(monitor_missing(cb.monitor, logs, cb.save_freq, mid_epoch),
+                          stacklevel=4)
         counters = self.manager.counters
         for name, number in (("epoch", self.epoch), ("step", self.step), ("batch", self.batch)):
             counters[name].assign(number)
         prefix = self.manager.save(None if value is None else float(value))
         if prefix is not None:
             cb.saved.append(prefix)
+
+
+def monitor_missing(monitor: str, logs, save_freq, mid_epoch: bool) -> str:
+    """The warning for a save whose logs lack `monitor` (with keep_best), by its real cause.
+
+    A save after a batch (save_freq=N) sees that batch's logs: training metrics only, as
+    fit computes validation metrics (`val_...`) at the end of an epoch; validation_data
+    cannot put them there. A save at an epoch's end lacks `val_...` when fit had no
+    validation data, or any key fit does not log.
+    """
+    keys = sorted(logs or {})
+    head = (f"Checkpointing: monitor {monitor!r} is not in the logs (keys: {keys}); these "
+            "checkpoints cannot count as best.")
+    if mid_epoch:
+        freq = f"save_freq={save_freq!r}" if save_freq != "epoch" else "a mid-epoch save"
+        if monitor.startswith("val_"):
+            return (f"{head} With {freq} checkpoints are saved after a batch, where fit logs "
+                    f"only training metrics: {monitor!r} exists at the end of an epoch "
+                    f"(validation runs then), whatever validation_data is. Fix: monitor a "
+                    f"training metric such as {monitor[4:]!r}, or save_freq='epoch' to rank "
+                    f"by {monitor!r}.")
+        return (f"{head} With {freq} checkpoints are saved after a batch, whose logs hold "
+                f"these keys only. Fix: monitor one of them, or save_freq='epoch'.")
+    if monitor.startswith("val_"):
+        return (f"{head} Validation metrics are logged at the end of an epoch when fit has "
+                f"validation data. Fix: pass validation_data (or validation_split) to fit, "
+                f"or monitor a key that fit logs.")
+    return f"{head} Fix: monitor a key that fit logs."
 
 
 def resume_line(prefix: str, epoch: int, batch: int, step: int, epochs) -> str:

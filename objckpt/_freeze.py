@@ -72,7 +72,7 @@ from collections.abc import Iterable
 import numpy as np
 import tensorflow as tf
 
-from objckpt import _compat, errors
+from objckpt import _api, _compat, errors
 
 __all__ = ["Freezer"]
 
@@ -115,10 +115,13 @@ class Freezer:
     False` would also run the layer in inference mode.
 
     Args:
-      model: a Keras model of any flavour or a tf.Module. Its trainable
+      obj: a Keras model of any flavour or a tf.Module. Its trainable
         variables (by object path, optimizer state left out) can be frozen.
+        (`model=` is its old name, accepted until objckpt 0.2 with a
+        `DeprecationWarning`.)
 
     Attributes:
+      model: obj, the very object passed in.
       paths: the object paths of the variables that can be frozen, in tree order.
       names: their variable names (e.g. `conv/kernel`, the same in every Keras
         flavour). A pattern selects a variable when it is found (re.search) in
@@ -146,7 +149,9 @@ class Freezer:
       >>> freezer.unfreeze()            # everything trains again; nothing is retraced
     """
 
-    def __init__(self, model):
+    @_api.renamed("model", "obj", name="objckpt.Freezer")
+    def __init__(self, obj):
+        model = obj
         if not _compat.is_trackable(model):
             raise errors.UnsupportedObjectError(
                 f"Freezer needs a trackable model (a Keras model of any flavour or a "
@@ -165,6 +170,12 @@ class Freezer:
         self.names = tuple(_compat.variable_name(v) for v in self._variables)
         self._untrainable = tuple((p, _compat.variable_name(v)) for p, v in everything
                                   if not v.trainable)
+        # id -> object path of every variable of the model's network (trainable or not,
+        # replicas included): how a layer or variable passed to `freeze` is placed in it.
+        self._owned = {}
+        for path, variable in everything:
+            for part in (variable, *(_compat.replica_parts(variable) or ())):
+                self._owned[id(part)] = path
         self._index = {id(v): i for i, v in enumerate(self._variables)}
         for i, variable in enumerate(self._variables):
             # Under tf.distribute, optimizers update each replica's variable by itself.
@@ -196,11 +207,15 @@ class Freezer:
 
     def _select(self, patterns, action: str) -> np.ndarray:
         if len(patterns) == 1 and not isinstance(patterns[0], str) and \
-                isinstance(patterns[0], Iterable):
+                isinstance(patterns[0], Iterable) and not self._is_object(patterns[0]):
             patterns = tuple(patterns[0])  # freeze(["a", "b"]) as well as freeze("a", "b")
         if not patterns:
             return np.ones(len(self.paths), bool)
         chosen = np.zeros(len(self.paths), bool)
+        objects = [p for p in patterns if self._is_object(p)]
+        patterns = [p for p in patterns if not self._is_object(p)]
+        for item in objects:
+            chosen |= self._select_object(item, action)
         for pattern, regex in zip(patterns, _compile(patterns, action)):
             hits = np.array([bool(regex.search(p) or regex.search(n))
                              for p, n in zip(self.paths, self.names)])
@@ -223,6 +238,48 @@ class Freezer:
             chosen |= hits
         return chosen
 
+    @staticmethod
+    def _is_object(item) -> bool:
+        """A layer, module or variable (not a pattern)."""
+        return _compat.as_variable(item) is not None or _compat.is_trackable(item)
+
+    def _select_object(self, item, action: str) -> np.ndarray:
+        """The trainable variables of a layer or tf.Module inside the model (all of
+        them), or that variable of the model."""
+        variable = _compat.as_variable(item)
+        if variable is not None:
+            variables, what = [variable], f"variable {_compat.variable_name(variable)!r}"
+        else:
+            try:
+                variables = [v for _, v in _compat.network_variable_paths(item)]
+            except errors.ObjckptError:
+                variables = []
+            name = getattr(item, "name", None)
+            what = type(item).__name__ + (f" {name!r}" if isinstance(name, str) and name else "")
+        owner = type(self.model).__name__
+        outside = [v for v in variables if id(v) not in self._owned]
+        if not variables or outside:
+            detail = ("it has no variables yet (build it first)" if not variables else
+                      f"its variable {_compat.variable_name(outside[0])!r} is not one of "
+                      f"{owner}'s")
+            raise errors.InvalidArgumentError(
+                f"{action}({what}): {detail}. {action}() takes regular expressions, and layers, "
+                f"modules or variables of the Freezer's model ({owner}). Fix: pass a layer "
+                f"or variable of that model (e.g. model.get_layer(name)), or a pattern of its "
+                "object paths (objckpt.Freezer(model).paths lists them).")
+        chosen = np.zeros(len(self.paths), bool)
+        for v in variables:
+            index = self._index.get(id(v))
+            if index is not None:
+                chosen[index] = True
+        if not chosen.any():
+            raise errors.InvalidArgumentError(
+                f"{action}({what}): none of its variables is trainable (e.g. "
+                f"`{self._owned[id(variables[0])]}`): no optimizer updates them. BatchNorm "
+                "moving statistics follow the layer's training mode; call the layer with "
+                "training=False to keep them.")
+        return chosen
+
     def _set(self, frozen: np.ndarray) -> None:
         if frozen.any() and _FitHold.applies(self.model):
             self.attach()  # raises, changing nothing, where fit cannot honour it
@@ -231,20 +288,24 @@ class Freezer:
             self._any.assign(bool(frozen.any()))
             self._frozen = frozen
 
-    def freeze(self, *patterns: str) -> tuple[str, ...]:
+    def freeze(self, *patterns) -> tuple[str, ...]:
         """Freezes the variables whose object path matches one of the patterns.
 
         With no pattern, every variable is frozen. Returns the frozen paths.
         Patterns are regular expressions searched in object paths and variable
         names (`freeze("^conv/")` selects layer `conv` in every flavour); one
         that matches nothing is an error, so a typo never silently trains.
+        Layers and `tf.Module`s inside the model (all their trainable variables)
+        and variables of the model may be given too, mixed with patterns:
+        `freeze(model.get_layer("encoder"), "bias$")`.
 
         On a Keras model the frozen variables hold under `model.fit` too: the
         first `freeze` attaches the Freezer (`attach`), so the next `fit`
         traces the train step once more; later calls never retrace.
 
         Raises:
-          InvalidArgumentError: a bad pattern, or one that matches nothing.
+          InvalidArgumentError: a bad pattern, or one that matches nothing; a layer or
+            variable that is not the model's (or has no trainable variable).
           UnsupportedObjectError: the model's train step was traced and passes
             none of these variables through the model's optimizer, so `fit`
             cannot hold them (the message names the fix:
@@ -253,18 +314,21 @@ class Freezer:
         self._set(self._frozen | self._select(patterns, "freeze"))
         return self.frozen
 
-    def unfreeze(self, *patterns: str) -> tuple[str, ...]:
-        """Unfreezes the variables matching one of the patterns (all with none)."""
+    def unfreeze(self, *patterns) -> tuple[str, ...]:
+        """Unfreezes the variables matching one of the patterns (all with none); layers
+        and variables of the model as in `freeze`."""
         self._set(self._frozen & ~self._select(patterns, "unfreeze"))
         return self.frozen
 
     def set_frozen(self, patterns) -> tuple[str, ...]:
-        """Freezes exactly the variables matching `patterns` (None or () for none);
-        under `model.fit` as `freeze`."""
-        if patterns is None or (not isinstance(patterns, str) and not list(patterns)):
+        """Freezes exactly the variables matching `patterns` (None or () for none): a
+        pattern, layer or variable, or a list of them (as `freeze` takes them); under
+        `model.fit` as `freeze`."""
+        if patterns is None or (not isinstance(patterns, str) and not self._is_object(patterns)
+                                and not list(patterns)):
             self._set(np.zeros(len(self.paths), bool))
         else:
-            if isinstance(patterns, str):
+            if isinstance(patterns, str) or self._is_object(patterns):
                 patterns = (patterns,)
             self._set(self._select(tuple(patterns), "freeze"))
         return self.frozen
@@ -314,8 +378,9 @@ class Freezer:
         """
         return self._apply(optimizer, optimizer.apply_gradients, grads_and_vars, **kwargs)
 
-    def matching(self, *patterns: str) -> tuple[str, ...]:
-        """The object paths `freeze(*patterns)` would freeze, changing nothing.
+    def matching(self, *patterns) -> tuple[str, ...]:
+        """The object paths `freeze(*patterns)` would freeze, changing nothing (patterns,
+        layers and variables as `freeze` takes them).
 
         Raises InvalidArgumentError for a bad pattern or one that matches nothing.
         """

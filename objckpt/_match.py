@@ -50,7 +50,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from objckpt import _compat, _paths, _render, _tree, errors
+from objckpt import _api, _compat, _paths, _render, _tree, errors
 from objckpt._optstate import place_optimizer_state
 from objckpt._plans import Match, Plan, check_match, labelled
 from objckpt._rules import parse_rules, rewrite_view, warn_unused
@@ -58,7 +58,7 @@ from objckpt._sources import Source, open_source
 from objckpt._strategies import match_structure
 from objckpt._targets import Targets, candidates, index_targets, is_optimizer_key
 
-__all__ = ["Match", "Plan", "optimizer_entries", "optimizer_slots_in", "plan",
+__all__ = ["Match", "Plan", "check_strict", "optimizer_entries", "optimizer_slots_in", "plan",
            "recorded_owners"]
 
 
@@ -380,15 +380,18 @@ def _result(work: _Work) -> Plan:
                 shadowed_rules=tuple(work.shadowed_rules), fresh=tuple(work.fresh))
 
 
-def plan(source, obj, *, rules: Sequence = (), at: str | None = None,
-         optimizer_state="auto") -> Plan:
+def plan(obj, source, *, rules: Sequence | None = None, at: str | None = None,
+         strict: bool = True, optimizer_state="auto") -> Plan:
     """Plans a restore of obj from source without changing anything.
 
+    The arguments are those of `objckpt.restore`, with the same meaning. The old order
+    `plan(source, obj)` still works until objckpt 0.2, with a `DeprecationWarning`.
+
     Args:
+      obj: the trackable that would receive the values; it must be built.
       source: a `Snapshot`, an object-based prefix or directory, or a
         name-based (TF1 `Saver`) prefix.
-      obj: the trackable that would receive the values; it must be built.
-      rules: ordered `(regex, replacement)` or `(regex, replacement,
+      rules: None or ordered `(regex, replacement)` or `(regex, replacement,
         transform)` rewrites of source keys. Each source key is rewritten by
         the FIRST rule whose regex matches it, `re.sub(regex, replacement,
         key, count=1)`, once: rules never chain, so a later rule never sees
@@ -405,6 +408,10 @@ def plan(source, obj, *, rules: Sequence = (), at: str | None = None,
         `unused_rules`. A transform (tensor -> tensor, e.g. `tf.transpose`)
         changes the values of the entries its rule rewrote.
       at: plan from this subtree of the source (e.g. "model").
+      strict: as for `objckpt.restore`: the plan is the same either way; when the plan
+        has variables without a value or entries without a variable, its notes say
+        whether `objckpt.restore` with this `strict` would refuse it (True) or skip and
+        list them (False).
       optimizer_state: "auto" (default): like True when obj has an
         optimizer, else optimizer entries are skipped and listed. True:
         optimizer slots (Keras 3 `momentum`/`velocity`, Keras 2/tf_keras
@@ -420,9 +427,11 @@ def plan(source, obj, *, rules: Sequence = (), at: str | None = None,
       A frozen `Plan`; `print(plan.describe())` shows it as a table.
 
     Example:
-      >>> p = objckpt.plan("old/model.ckpt", model, rules=[("^model_001/", "")])
+      >>> p = objckpt.plan(model, "old/model.ckpt", rules=[("^model_001/", "")])
       >>> print(p.describe())
     """
+    obj, source = _api.obj_first("plan", obj, source)
+    strict = check_strict(strict)
     variables = _tree.tree(obj)
     if not variables:
         raise errors.UnbuiltModelError(
@@ -440,7 +449,27 @@ def plan(source, obj, *, rules: Sequence = (), at: str | None = None,
                 f"the obj's optimizer ({names}) is not built yet, so it has no slots here: "
                 "objckpt.restore builds it first, as Keras's first training step would, and "
                 "moves the source's optimizer state into it by owner")))
+    left = len(result.unmatched_variables) + len(result.unmatched_source)
+    if left and not (result.ambiguous or result.mismatched):
+        what = (f"{len(result.unmatched_variables)} variable(s) without a value and "
+                f"{len(result.unmatched_source)} source entr(ies) without a variable")
+        result = dataclasses.replace(result, notes=(*result.notes, (
+            f"strict=True: objckpt.restore would refuse this plan ({what}); strict=False "
+            "skips them and lists them in its report" if strict else
+            f"strict=False: objckpt.restore would skip and list {what}")))
     return result
+
+
+def check_strict(strict) -> bool:
+    """Validates `strict` (True or False), as every reading function takes it."""
+    if strict is True or strict is False:
+        return strict
+    if type(strict).__name__ == "bool_":  # numpy's bool
+        return bool(strict)
+    raise errors.InvalidArgumentError(
+        f"strict must be True or False. Received: strict={strict!r}. True: variables "
+        "without a value and source entries without a variable are errors; False: they are "
+        "skipped and listed.")
 
 
 def optimizer_entries(source: Source, keys) -> set:

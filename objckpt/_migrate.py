@@ -20,6 +20,7 @@ import time
 import tensorflow as tf
 
 from objckpt import (
+    _api,
     _checks,
     _compat,
     _files,
@@ -77,9 +78,8 @@ class _Progress:
             sys.stderr.flush()
 
 
-def migrate(source, obj, prefix, *, rules=(), at: str | None = None,
-            optimizer_state="auto", strict: bool = True, progress: bool | None = None,
-            ) -> str:
+def migrate(obj, source, prefix, *, rules=None, at: str | None = None, strict: bool = True,
+            optimizer_state="auto", progress: bool | None = None) -> str:
     """Writes the source's values as an object-based checkpoint laid out for obj.
 
     `tf.train.Checkpoint(root=obj_like).read(prefix)` and `objckpt.restore`
@@ -88,10 +88,14 @@ def migrate(source, obj, prefix, *, rules=(), at: str | None = None,
     (see optimizer_state), so that the layout holds its state. Nothing is written
     unless the plan is acceptable.
 
+    The arguments are those of `objckpt.restore` (same meaning, same defaults), plus
+    the destination `prefix`. The old order `migrate(source, obj, prefix)` still works
+    until objckpt 0.2, with a `DeprecationWarning`.
+
     Args:
+      obj: a built obj with the target layout (e.g. the Keras 3 rewrite).
       source: a name-based (TF1 `Saver`) or object-based prefix or directory,
         or a `Snapshot`.
-      obj: a built obj with the target layout (e.g. the Keras 3 rewrite).
       prefix: where to write.
       rules: ordered `(regex, replacement[, transform])` rewrites of source
         keys. Each key is rewritten by the first rule whose regex matches it
@@ -132,9 +136,12 @@ def migrate(source, obj, prefix, *, rules=(), at: str | None = None,
       CheckpointCorruptError: the written checkpoint failed verification.
 
     Example:
-      >>> objckpt.migrate("tf1/model.ckpt-1000", keras3_model, "migrated/ckpt",
+      >>> objckpt.migrate(keras3_model, "tf1/model.ckpt-1000", "migrated/ckpt",
       ...                 rules=[("^model_001/", "")])
     """
+    obj, source = _api.obj_first("migrate", obj, source, old="source, obj, prefix",
+                                 new="obj, source, prefix")
+    strict = _match.check_strict(strict)
     variables = _tree.tree(obj)
     try:
         src = _sources.open_source(source)

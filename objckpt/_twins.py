@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
-from objckpt import _clone, _compat, errors
+from objckpt import _api, _clone, _compat, errors
 
 __all__ = ["Twins"]
 
@@ -65,12 +65,13 @@ class Twins:
     """A model (`current`) and an independent copy of it kept behind (`past`).
 
     Args:
-      model: the obj being trained: a Keras model of any flavour or a
+      obj: the model being trained: a Keras model of any flavour or a
         `tf.Module`. Its own variables (trainable and not, e.g. BatchNorm
-        moving statistics) are twinned; optimizer state is not.
-      past: an obj with the same structure to use as the past copy, e.g.
-        `factory()` where the code that built `model` is at hand. When None, a
-        structural clone of `model` is made with `objckpt.clone`.
+        moving statistics) are twinned; optimizer state is not. (`model=` is its
+        old name, accepted until objckpt 0.2 with a `DeprecationWarning`.)
+      past: keyword-only: an obj with the same structure to use as the past copy,
+        e.g. `factory()` where the code that built `obj` is at hand. When None, a
+        structural clone of `obj` is made with `objckpt.clone`.
 
     Raises:
       StructureMismatchError: `past` differs from `model` (paths, shapes,
@@ -92,14 +93,15 @@ class Twins:
       ...     twins.sync()           # or twins.sync(tau=0.005): Polyak update
     """
 
-    def __init__(self, model, *, past=None):
-        """Pairs `model` with `past`, or with a structural clone of it.
+    @_api.renamed("model", "obj", name="objckpt.Twins")
+    def __init__(self, obj, *, past=None):
+        """Pairs `obj` with `past`, or with a structural clone of it.
 
         The past copy starts with the values `past` has (a clone starts equal to
-        `model`); call `sync()` to make it equal when you pass your own.
+        `obj`); call `sync()` to make it equal when you pass your own.
 
         Args:
-          model: the obj being trained (a built Keras model of any flavour, or a
+          obj: the model being trained (a built Keras model of any flavour, or a
             `tf.Module`); becomes `current`.
           past: an obj of the same structure with its own variables, or None to
             clone `model` (`objckpt.clone(model)`, values copied).
@@ -113,6 +115,7 @@ class Twins:
             (the message names its attribute path); pass `past` built by your
             own code instead.
         """
+        model = obj
         if past is None:
             past = _clone.clone(model)
         self.current = model

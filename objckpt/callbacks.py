@@ -7,7 +7,7 @@ callback is created, so `model.fit(callbacks=[...])` accepts it everywhere.
 
 from __future__ import annotations
 
-from objckpt import _options, errors
+from objckpt import _api, _options, errors
 
 __all__ = ["BestSnapshot", "Checkpointing", "FreezeSchedule", "TwinSync"]
 
@@ -35,7 +35,7 @@ class TwinSync:
 
     Args:
       twins: an `objckpt.Twins` whose `current` is the model being fit.
-      every: sync after every `every`-th batch (or epoch).
+      every: keyword-only, as every option: sync after every `every`-th batch (or epoch).
       tau: 1.0 for a hard copy, < 1 for a Polyak update (see `Twins.sync`).
       on: "batch" or "epoch".
 
@@ -44,14 +44,17 @@ class TwinSync:
       >>> model.fit(x, y, callbacks=[objckpt.callbacks.TwinSync(twins, every=10, tau=0.01)])
     """
 
-    def __new__(cls, twins, every: int = 1, tau: float = 1.0, on: str = "batch"):
+    @_api.keyword_options(("every", "tau", "on"), name="objckpt.callbacks.TwinSync",
+                          warn=False)
+    def __new__(cls, twins, *, every: int = 1, tau: float = 1.0, on: str = "batch"):
         if not hasattr(twins, "sync") or not hasattr(twins, "current"):
             raise errors.InvalidArgumentError(
                 "TwinSync needs an objckpt.Twins. Received: twins of type "
                 f"{type(twins).__name__}. Fix: TwinSync(objckpt.Twins(model)).")
         return super().__new__(_with_keras_base(cls, twins.current))
 
-    def __init__(self, twins, every: int = 1, tau: float = 1.0, on: str = "batch"):
+    @_api.keyword_options(("every", "tau", "on"), name="objckpt.callbacks.TwinSync")
+    def __init__(self, twins, *, every: int = 1, tau: float = 1.0, on: str = "batch"):
         super().__init__()
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise errors.InvalidArgumentError(
@@ -353,13 +356,21 @@ class BestSnapshot(_FlavourFreeCallback):
 
     Args:
       monitor: the logs key to rank epochs by.
-      mode: "min" or "max".
+      mode: keyword-only, as every option: "min" or "max".
       restore_at_end: restore the best snapshot into the model on train end.
+      verbose: 1 (the default) prints one line to stdout when the weights are rolled
+        back at the end of fit (`BestSnapshot: restored the weights of epoch 3
+        (val_loss 0.123), the best of 10 epochs.`; epochs counted from 1, as fit's
+        progress bar counts them), or that the last epoch was the best and nothing
+        changed; 0 prints nothing.
 
     Attributes:
       best: the best value of `monitor` seen, or None.
-      best_epoch: the epoch (0-based) it was seen at, or None.
+      best_epoch: the epoch (0-based, as Keras passes it to callbacks) it was seen at,
+        or None.
       snapshot: the `Snapshot` taken at that epoch, or None.
+      epochs: how many epochs the last fit ran.
+      restored: whether the last fit ended with the weights rolled back to the best epoch.
 
     Under `tf.distribute` the snapshot holds what a checkpoint would: one value per
     variable (a SyncOnRead variable's reduced across replicas), and restoring it sets
@@ -372,21 +383,30 @@ class BestSnapshot(_FlavourFreeCallback):
       >>> best.best_epoch, best.best
     """
 
-    def __init__(self, monitor: str = "val_loss", mode: str = "min",
-                 restore_at_end: bool = True):
+    @_api.keyword_options(("mode", "restore_at_end"), name="objckpt.callbacks.BestSnapshot")
+    def __init__(self, monitor: str = "val_loss", *, mode: str = "min",
+                 restore_at_end: bool = True, verbose: int = 1):
         super().__init__()
         _options.check_choice("mode", mode, ("min", "max"))
         if not isinstance(monitor, str) or not monitor:
             raise errors.InvalidArgumentError(
                 f"monitor must be a logs key such as 'val_loss'. Received: monitor={monitor!r}.")
+        if verbose not in (0, 1, True, False):
+            raise errors.InvalidArgumentError(
+                f"verbose must be 0 or 1. Received: verbose={verbose!r}.")
         self.monitor, self.mode, self.restore_at_end = monitor, mode, bool(restore_at_end)
+        self.verbose = int(verbose)
         self.best = self.best_epoch = self.snapshot = None
+        self.epochs = 0
+        self.restored = False
+        self._last_epoch = None
         self._cluster = None
 
     def on_train_begin(self, logs=None):
         from objckpt import _checkpointing, _tree
 
         self.best = self.best_epoch = self.snapshot = None
+        self.epochs, self.restored = 0, False
         # Several workers (MultiWorkerMirroredStrategy): the chief's logs decide for all.
         self._cluster = _checkpointing.Cluster.of(_tree.tree(self.model).values())
 
@@ -395,6 +415,8 @@ class BestSnapshot(_FlavourFreeCallback):
 
         from objckpt import _snapshot
 
+        self.epochs += 1
+        self._last_epoch = epoch
         value = (logs or {}).get(self.monitor)
         if value is None:
             import warnings
@@ -417,3 +439,15 @@ class BestSnapshot(_FlavourFreeCallback):
             from objckpt import _snapshot
 
             _snapshot.restore(self.model, self.snapshot)
+            self.restored = True
+            if self.verbose:
+                print(self.rollback_line(), flush=True)
+
+    def rollback_line(self) -> str:
+        """The line printed at the end of fit (verbose): to which epoch the weights went."""
+        best = f"{self.monitor} {self.best:.4g}"
+        if self.best_epoch == self._last_epoch:
+            return (f"BestSnapshot: the last epoch ({self.best_epoch + 1}, {best}) was the best of "
+                    f"{self.epochs} epoch(s); the weights are those it ended with.")
+        return (f"BestSnapshot: restored the weights of epoch {self.best_epoch + 1} ({best}), "
+                f"the best of {self.epochs} epochs.")

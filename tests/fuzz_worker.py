@@ -311,7 +311,7 @@ class Server:
         out["report_ok"] = bool(report.ok)
 
     def op_plan(self, job, target, out, prefix_base):
-        objckpt.plan(job["path"], target.obj, at=job["at"]).describe()
+        objckpt.plan(target.obj, job["path"], at=job["at"]).describe()
 
     def op_diff(self, job, target, out, prefix_base):
         result = objckpt.diff(job["path"], job["original"])
@@ -319,7 +319,7 @@ class Server:
 
     def op_migrate(self, job, target, out, prefix_base):
         prefix = os.path.join(job["scratch"], "migrated", "ckpt")
-        objckpt.migrate(job["path"], target.obj, prefix, at=job["at"], optimizer_state=True)
+        objckpt.migrate(target.obj, job["path"], prefix, at=job["at"], optimizer_state=True)
         if target.changed():
             raise AssertionError("migrate changed the obj it was given the layout of")
         objckpt.restore(target.obj, prefix)

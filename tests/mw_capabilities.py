@@ -907,15 +907,15 @@ def sc_plan_migrate(ctx):
     ctx.barrier()
     obj = ctx.main(26)
     before = state_of(objckpt.tree(obj))
-    the_plan = objckpt.plan(source_prefix, obj, at="old")
+    the_plan = objckpt.plan(obj, source_prefix, at="old")
     assert not the_plan.unmatched_variables and not the_plan.unmatched_source, (
         the_plan.describe())
-    out = objckpt.migrate(source_prefix, obj, os.path.join(directory, "new"), at="old",
+    out = objckpt.migrate(obj, source_prefix, os.path.join(directory, "new"), at="old",
                           optimizer_state=True)
     assert state_of(objckpt.tree(obj)) == before, "migrate changed obj"
     # who writes: each worker names its own prefix; the chief's alone may appear, as for save
     who = ctx.dir("migrate_who")
-    objckpt.migrate(source_prefix, obj, os.path.join(who, f"task{ctx.task}"), at="old",
+    objckpt.migrate(obj, source_prefix, os.path.join(who, f"task{ctx.task}"), at="old",
                     optimizer_state=True)
     ctx.barrier()
     listing, who_listing = _listing(directory), _listing(who)

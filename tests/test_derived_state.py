@@ -384,7 +384,7 @@ def test_migrate_then_restore(flavour, lookups):
     prefix = objckpt.save(source, str(flavour["directory"] / f"to_migrate_{lookups}"))
     target = build(flavour["keras"], 1, lookups=lookups)
     assert diff(out(target), out(source)) > 0.5
-    migrated = objckpt.migrate(prefix, target,
+    migrated = objckpt.migrate(target, prefix,
                                str(flavour["directory"] / f"migrated_{lookups}" / "ckpt"))
     objckpt.restore(target, migrated)
     np.testing.assert_array_equal(out(target), out(source))

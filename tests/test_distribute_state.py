@@ -567,10 +567,10 @@ def test_plan_and_migrate_into_a_model_built_under_the_strategy(kind, source, ta
                                                                 expected, tmp_path):
     _, _, tf_prefix, _, _ = source(kind)
     fresh = target(kind)
-    plan = objckpt.plan(tf_prefix, fresh)
+    plan = objckpt.plan(fresh, tf_prefix)
     assert not plan.unmatched_variables and not plan.unmatched_source
     assert len(plan.matches) == len(objckpt.tree(fresh))
-    migrated = objckpt.migrate(tf_prefix, fresh, str(tmp_path / "migrated"),
+    migrated = objckpt.migrate(fresh, tf_prefix, str(tmp_path / "migrated"),
                                optimizer_state=True)
     assert migrated == str(tmp_path / "migrated")
     assert_replicas_equal(expected(kind), tf_read(fresh, migrated))
@@ -689,8 +689,8 @@ def test_sharded_variable_is_refused_by_name(operation, tmp_path):
         "save": lambda: objckpt.save(module, str(tmp_path / "ck")),
         "restore": lambda: objckpt.restore(module, prefix),
         "restore_into": lambda: objckpt.restore(module, objckpt.snapshot(plain)),
-        "plan": lambda: objckpt.plan(prefix, module),
-        "migrate": lambda: objckpt.migrate(prefix, module, str(tmp_path / "mig")),
+        "plan": lambda: objckpt.plan(module, prefix),
+        "migrate": lambda: objckpt.migrate(module, prefix, str(tmp_path / "mig")),
         "restore_on_create": lambda: objckpt.restore_on_create(module, prefix),
     }
     with _refused() as caught:
@@ -757,8 +757,8 @@ def test_only_reading_values_reduces_across_replicas(kind, source, target, strat
     objckpt.tree(obj)
     objckpt.restore(fresh, snap)
     objckpt.restore(fresh, objckpt.save(snap, str(tmp_path / "s")))
-    objckpt.plan(ours, fresh, at="model" if kind == "module" else None)
-    objckpt.migrate(snap, fresh, str(tmp_path / "m"))
+    objckpt.plan(fresh, ours, at="model" if kind == "module" else None)
+    objckpt.migrate(fresh, snap, str(tmp_path / "m"))
     objckpt.restore_on_create(fresh, snap).assert_done()
     assert reduced == []
     pending = objckpt.restore_on_create(tf.Module(), snap)

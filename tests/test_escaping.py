@@ -218,7 +218,7 @@ def test_verify_problems_show_hostile_keys_escaped(hostile, tmp_path, capsys):
 
 
 def test_plan_describe_and_migrate_dry_run_escape_names(hostile, tmp_path, monkeypatch, capsys):
-    the_plan = objckpt.plan(hostile, _module(NAMES))
+    the_plan = objckpt.plan(_module(NAMES), hostile)
     text = the_plan.describe()
     assert not _raw_controls(text)
     lines = text.split("\n")
@@ -226,7 +226,7 @@ def test_plan_describe_and_migrate_dry_run_escape_names(hostile, tmp_path, monke
     for name, shown in SHOWN.items():
         assert sum(line.split()[0] == shown for line in lines[2:-1]) == 1, name
     assert len({line.index(" exact ") for line in lines[2:-1]}) == 1  # aligned
-    partial = objckpt.plan(hostile, _module(NAMES[:2])).describe()
+    partial = objckpt.plan(_module(NAMES[:2]), hostile).describe()
     assert not _raw_controls(partial)
     assert "source entries matching nothing (8):" in partial
     rlo = SHOWN["rlo\u202eexe"]
@@ -263,7 +263,8 @@ def test_restore_report_and_errors_escape_names(hostile):
     assert len(listed) == len(NAMES) - 2
     assert "  - `osc\\x1b]0;x\\x07`: in the source but not in the obj" in listed
     with pytest.raises(errors.StructureMismatchError) as caught:
-        objckpt.plan(tf.train.Checkpoint(**{"x\x1b[2J\ny": _module(["w"])}).write(
-            os.path.join(os.path.dirname(hostile), "nested")), _module(["w"]), at="nothing")
+        objckpt.plan(_module(["w"]), tf.train.Checkpoint(
+            **{"x\x1b[2J\ny": _module(["w"])}).write(
+            os.path.join(os.path.dirname(hostile), "nested")), at="nothing")
     assert not _raw_controls(str(caught.value))
     assert "`x\\x1b[2J\\ny`" in str(caught.value)

@@ -107,7 +107,7 @@ def test_a_subclassed_keras3_export_restores_by_its_variables_order(tmp_path):
     model.export(str(tmp_path / "export"), verbose=False)
     other = _subclassed(keras)
     other(X)
-    the_plan = objckpt.plan(str(tmp_path / "export"), other)
+    the_plan = objckpt.plan(other, str(tmp_path / "export"))
     assert the_plan.complete and the_plan.strategies() == {"export order": 8}, \
         the_plan.describe()
     objckpt.restore(other, str(tmp_path / "export"))
@@ -120,7 +120,7 @@ def test_a_subclassed_keras3_export_restores_by_its_variables_order(tmp_path):
     wider = _subclassed(keras)
     wider.head = keras.layers.Dense(3, name="head")
     wider(X)
-    the_plan = objckpt.plan(str(tmp_path / "export"), wider)
+    the_plan = objckpt.plan(wider, str(tmp_path / "export"))
     assert "export order" not in the_plan.strategies() and not the_plan.complete
 
 

@@ -111,7 +111,7 @@ def test_into_keras3_equals_keras3_load_weights(files, name):
     path, x, _ = files[name]
     _throwaway(keras)
     model, oracle = _app(keras, name), _app(keras, name)
-    plan = objckpt.plan(path, model)
+    plan = objckpt.plan(model, path)
     assert plan.complete and plan.strategies() == KERAS3_STRATEGIES[name]
     table = plan.describe()
     assert all(strategy in table for strategy in KERAS3_STRATEGIES[name])
@@ -185,7 +185,7 @@ def test_one_layer_of_another_shape_changes_nothing(files, target):
     assert_bitwise(weights_of(model), before)
     message = str(raised.value)
     assert "Nothing was restored" in message
-    plan = objckpt.plan(path, model)
+    plan = objckpt.plan(model, path)
     assert not plan.complete
     if target == "keras3":  # names differ: the order was tried, and the note says where
         note = next(n for n in plan.notes if n.startswith("topological order: not used: "))

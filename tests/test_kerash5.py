@@ -107,7 +107,7 @@ def test_restore_into_the_same_architecture(keras3, files, kind, fmt):
     target = _trained_differently(keras3, kind)
     x = _inputs(kind)
     assert not np.array_equal(source(x), target(x))
-    plan = objckpt.plan(path, target)
+    plan = objckpt.plan(target, path)
     # Every network variable and every optimizer variable where Keras 3 saves it.
     assert plan.complete
     assert plan.strategies() == {
@@ -166,7 +166,7 @@ def test_optimizer_state_of_another_layout_is_never_guessed(keras3, tmp_path):
 def test_migrate_inspect_and_verify(keras3, files, tmp_path, capsys):
     source, weights, _ = files["sequential"]
     target = _sequential(keras3, train=False)
-    prefix = objckpt.migrate(weights, target, str(tmp_path / "ckpt"))
+    prefix = objckpt.migrate(target, weights, str(tmp_path / "ckpt"))
     fresh = _sequential(keras3, train=False)
     objckpt.restore(fresh, prefix)
     np.testing.assert_array_equal(source(_inputs("sequential")), fresh(_inputs("sequential")))
@@ -382,7 +382,7 @@ def test_a_keras3_file_restores_into_tf_keras(tmp_path, kind):
     source.save_weights(path)
     target = BUILDERS[kind](tf_keras, train=False)
     x = _inputs(kind)
-    plan = objckpt.plan(path, target, optimizer_state=False)
+    plan = objckpt.plan(target, path, optimizer_state=False)
     assert plan.strategies() == {"keras layout": len(target.variables)}
     moved = [s for s in plan.skipped if s.startswith("optimizer/vars/")]
     assert len(moved) == len(source.optimizer.variables)
@@ -478,7 +478,7 @@ def test_loss_scale_optimizer_state_restores_as_keras_loads_it(keras3, tmp_path,
     source.save(path) if fmt == "keras" else source.save_weights(path)
     target = _loss_scaled(keras3)
     target.optimizer.build(target.trainable_variables)
-    plan = objckpt.plan(path, target)
+    plan = objckpt.plan(target, path)
     assert plan.complete and plan.strategies() == {"keras layout": 8 + 4 + 2 + 2 * 6}
     assert not plan.unmatched_source
     assert "14 optimizer variables are saved twice (a LossScaleOptimizer's list and its " \

@@ -20,6 +20,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "objckpt"
 # Bottom to top. A module may import only modules listed before it.
 LAYERS = [
     "objckpt.errors",
+    "objckpt._api",  # pure: the calling convention, old argument orders detected and warned
     "objckpt._options",  # pure: argument checks of checkpoint directories (no TF)
     "objckpt._render",  # pure: text for people
     "objckpt._paths",  # pure: the path grammar

@@ -116,7 +116,7 @@ def test_save_weights_file_restores_into_every_flavour(written, flavour):
     data = written["new"]
     path = os.path.join(data["dir"], "w.h5")
     model = writer.h5_net(keras)
-    plan = objckpt.plan(path, model)
+    plan = objckpt.plan(model, path)
     assert plan.complete and plan.strategies() == STRATEGIES[flavour]
     assert [m.source for m in plan.matches if m.source.startswith("head/")] == NETWORK_KEYS[6:]
     report = objckpt.restore(model, path)
@@ -197,7 +197,7 @@ def test_inspect_verify_and_migrate(written, tmp_path):
     report = objckpt.verify(path)
     assert report.ok and report.tensors == 10 + SLOTS + 1
     keras = session_keras()
-    prefix = objckpt.migrate(os.path.join(data["dir"], "w.h5"), writer.h5_net(keras),
+    prefix = objckpt.migrate(writer.h5_net(keras), os.path.join(data["dir"], "w.h5"),
                              str(tmp_path / "migrated"))
     model = writer.h5_net(keras)
     tf.train.Checkpoint(root=model).read(prefix).assert_existing_objects_matched()

@@ -45,7 +45,7 @@ def test_renamed_attributes_restore_with_two_rules(flavour, tmp_path):
     new = _renamable(keras, "hidden", "readout", seed=2)
     prefix = objckpt.save(old, str(tmp_path / "old"))
     rules = [("^encoder/", "hidden/"), ("^head/", "readout/")]
-    plan = objckpt.plan(prefix, new, rules=rules)
+    plan = objckpt.plan(new, prefix, rules=rules)
     assert plan.complete, plan.describe()
     assert plan.strategies() == {"rule": 4, "exact": 4}  # two Dense renamed; BatchNorm as is
     assert all(m.rule.startswith("rule ") for m in plan.matches if m.strategy == "rule")
@@ -62,7 +62,7 @@ def test_without_rules_a_rename_is_refused_and_nothing_changes(tmp_path):
     new = _renamable(keras, "hidden", "readout", seed=2)
     before = values(objckpt.tree(new))
     prefix = objckpt.save(old, str(tmp_path / "old"))
-    plan = objckpt.plan(prefix, new)
+    plan = objckpt.plan(new, prefix)
     assert not plan.complete and "hidden/_kernel" in plan.unmatched_variables
     assert "encoder/_kernel" in plan.unmatched_source
     with pytest.raises(errors.StructureMismatchError, match="rules=") as info:
@@ -84,7 +84,7 @@ def test_underscore_and_variable_name_strategies():
     # `.../kernel` ~ `.../_kernel`; `dense/bias` is the TF variable name.
     source = objckpt.Snapshot({kernel_path.replace("_kernel", "kernel"): kernel,
                                "dense/bias": bias})
-    plan = objckpt.plan(source, model)
+    plan = objckpt.plan(model, source)
     assert {m.target: m.strategy for m in plan.matches} == {kernel_path: "underscore",
                                                             bias_path: "name"}
     objckpt.restore(model, source)
@@ -98,7 +98,7 @@ def test_ambiguous_matches_are_never_guessed():
     # Both keys reach `w` at the same rank (one exactly, one by a rule).
     source = objckpt.Snapshot({"w": [1.0, 2.0], "old_w": [3.0, 4.0]})
     rules = [("^old_", "")]
-    plan = objckpt.plan(source, module, rules=rules)
+    plan = objckpt.plan(module, source, rules=rules)
     assert plan.ambiguous == (("w", ("w", "old_w")),) and not plan.matches
     for strict in (True, False):
         with pytest.raises(errors.StructureMismatchError, match="ambiguous, not guessed: `w`"):
@@ -110,7 +110,7 @@ def test_one_key_for_two_variables_is_ambiguous():
     module = tf.Module()
     module.a = tf.Variable(tf.zeros((2,)), name="same")
     module.b = tf.Variable(tf.zeros((2,)), name="same")
-    plan = objckpt.plan(objckpt.Snapshot({"same": [1.0, 2.0]}), module)
+    plan = objckpt.plan(module, objckpt.Snapshot({"same": [1.0, 2.0]}))
     assert plan.ambiguous == (("same", ("a", "b")),)
     assert not plan.unmatched_variables  # both listed as ambiguous candidates instead
 
@@ -121,7 +121,7 @@ def test_drop_rule_skips_and_unused_rule_warns():
     source = objckpt.Snapshot({"w": [1.0, 2.0], "extra": [5.0]})
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        plan = objckpt.plan(source, module, rules=[("^extra$", None), ("^nothing/", "x/")])
+        plan = objckpt.plan(module, source, rules=[("^extra$", None), ("^nothing/", "x/")])
     assert plan.complete and plan.skipped == ("extra: dropped by rule 0 ('^extra$' -> None)",)
     assert plan.unused_rules == ("rule 1 ('^nothing/' -> 'x/')",)
     assert any("matched no key" in str(w.message) and "^nothing/" in str(w.message)
@@ -149,7 +149,7 @@ def test_bad_group_reference_in_a_replacement():
     module = tf.Module()
     module.w = tf.Variable(tf.zeros((2,)))
     with pytest.raises(errors.InvalidArgumentError, match=r"cannot be applied to `old/w`"):
-        objckpt.plan(objckpt.Snapshot({"old/w": [1.0, 2.0]}), module, rules=[("^old/", r"\2")])
+        objckpt.plan(module, objckpt.Snapshot({"old/w": [1.0, 2.0]}), rules=[("^old/", r"\2")])
 
 
 def test_transform_attached_to_a_rule():
@@ -157,7 +157,7 @@ def test_transform_attached_to_a_rule():
     module.kernel = tf.Variable(tf.zeros((2, 3)))
     stored = np.arange(6, dtype=np.float32).reshape(3, 2)  # the old layout, transposed
     source = objckpt.Snapshot({"w": stored})
-    plan = objckpt.plan(source, module, rules=[("^w$", "kernel", tf.transpose)])
+    plan = objckpt.plan(module, source, rules=[("^w$", "kernel", tf.transpose)])
     assert plan.complete and plan.matches[0].strategy == "rule"
     objckpt.restore(module, source, rules=[("^w$", "kernel", tf.transpose)])
     np.testing.assert_array_equal(module.kernel.numpy(), stored.T)
@@ -180,13 +180,13 @@ def test_transform_that_does_not_fit_changes_nothing(transform, message):
 def test_plan_of_an_unbuilt_model_points_to_restore_on_create():
     keras = keras_for("keras3")
     with pytest.raises(errors.UnbuiltModelError, match="restore_on_create"):
-        objckpt.plan(objckpt.Snapshot({"w": [1.0]}), keras.layers.Dense(2))
+        objckpt.plan(keras.layers.Dense(2), objckpt.Snapshot({"w": [1.0]}))
 
 
 def test_plan_is_frozen_and_changes_nothing(tmp_path):
     module = tf.Module()
     module.w = tf.Variable(tf.zeros((2,)))
-    plan = objckpt.plan(objckpt.Snapshot({"w": [1.0, 2.0]}), module)
+    plan = objckpt.plan(module, objckpt.Snapshot({"w": [1.0, 2.0]}))
     with pytest.raises(AttributeError):
         plan.matches = ()
     np.testing.assert_array_equal(module.w.numpy(), [0.0, 0.0])

@@ -45,11 +45,11 @@ def _predict(model, x):
 @pytest.mark.parametrize("flavour", FLAVOURS)
 def test_tf1_saver_checkpoint_migrated_with_rules(flavour, tf1, tmp_path):
     model = tf1_rewrite_module() if flavour == "module" else tf1_rewrite(keras_for(flavour))
-    plan = objckpt.plan(tf1["prefix"], model, rules=RULES, optimizer_state=False)
+    plan = objckpt.plan(model, tf1["prefix"], rules=RULES, optimizer_state=False)
     assert plan.complete, plan.describe()
     assert plan.strategies() == {"rule": 8}  # rewritten, then by path or by name: "rule"
     assert sum("optimizer state" in s for s in plan.skipped) == 2 * 6 + 3  # slots, powers, step
-    prefix = objckpt.migrate(tf1["prefix"], model, str(tmp_path / "out" / "ckpt"), rules=RULES)
+    prefix = objckpt.migrate(model, tf1["prefix"], str(tmp_path / "out" / "ckpt"), rules=RULES)
     assert prefix == str(tmp_path / "out" / "ckpt")
     fresh = tf1_rewrite_module() if flavour == "module" else tf1_rewrite(keras_for(flavour))
     # A standard object-based checkpoint laid out for the model: plain TF reads it.
@@ -121,17 +121,17 @@ def test_bad_plans_write_nothing(tf1, tmp_path):
     model = tf1_rewrite(keras_for("keras3"))
     out = str(tmp_path / "out" / "ckpt")
     with pytest.raises(errors.StructureMismatchError, match="name-based") as info:
-        objckpt.migrate(tf1["prefix"], model, out)  # no rules: names do not line up
+        objckpt.migrate(model, tf1["prefix"], out)  # no rules: names do not line up
     assert "`model_001/conv/kernel`: in the source but not in the obj" in str(info.value)
     bad_shape = [("^model_001/", ""), ]
     with pytest.raises(errors.StructureMismatchError, match=r"shape \(144, 5\) in the source"):
-        objckpt.migrate(tf1["prefix"], model, out,
+        objckpt.migrate(model, tf1["prefix"], out,
                         rules=[("^model_001/dense/kernel$", "dense/kernel",
                                 lambda t: tf.reshape(t, (144, 5, 1))[..., 0][:, :5]),
                                ("^model_001/conv/kernel$", "conv/kernel",
                                 lambda t: tf.zeros((144, 5))), *bad_shape])
     with pytest.raises(errors.InvalidArgumentError, match="not a valid regular expression"):
-        objckpt.migrate(tf1["prefix"], model, out, rules=[("(", "")])
+        objckpt.migrate(model, tf1["prefix"], out, rules=[("(", "")])
     assert not os.path.exists(os.path.dirname(out)) or not os.listdir(os.path.dirname(out))
 
 
@@ -139,7 +139,7 @@ def test_rules_that_match_nothing_warn_and_are_listed(tf1):
     model = tf1_rewrite(keras_for("keras3"))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        plan = objckpt.plan(tf1["prefix"], model, rules=[*RULES, ("^nowhere/", "x/")],
+        plan = objckpt.plan(model, tf1["prefix"], rules=[*RULES, ("^nowhere/", "x/")],
                             optimizer_state=False)
     assert plan.unused_rules == ("rule 1 ('^nowhere/' -> 'x/')",)
     assert any("^nowhere/" in str(w.message) for w in caught)
@@ -152,9 +152,9 @@ def test_source_neither_object_nor_name_based(tmp_path):
     junk = tmp_path / "junk"
     (tmp_path / "junk.index").write_bytes(b"not a checkpoint index at all")
     with pytest.raises(errors.CheckpointCorruptError, match=r"junk\.index"):
-        objckpt.migrate(str(junk), model, str(tmp_path / "out"))
+        objckpt.migrate(model, str(junk), str(tmp_path / "out"))
     with pytest.raises(errors.CheckpointNotFoundError, match="No checkpoint at prefix"):
-        objckpt.migrate(str(tmp_path / "nothing"), model, str(tmp_path / "out"))
+        objckpt.migrate(model, str(tmp_path / "nothing"), str(tmp_path / "out"))
     assert not list(tmp_path.glob("out*"))
 
 
@@ -163,7 +163,7 @@ def test_migrate_streams_in_shards_and_verifies(tf1, tmp_path, monkeypatch, caps
 
     monkeypatch.setattr(_migrate, "_GROUP_BYTES", 1024)  # force one shard per big tensor
     model = tf1_rewrite(keras_for("keras3"))
-    prefix = objckpt.migrate(tf1["prefix"], model, str(tmp_path / "ckpt"), rules=RULES,
+    prefix = objckpt.migrate(model, tf1["prefix"], str(tmp_path / "ckpt"), rules=RULES,
                              progress=True)
     progress = capsys.readouterr().err
     assert progress.count("\rmigrate: ") > 2 and "(100%)" in progress  # a line per shard

@@ -50,7 +50,7 @@ def test_shape_error_one_line_per_network_variable(flavour, kind, tmp_path):
     # each: by the network path with the Keras name beside it, the Adam slots summarised.
     assert len(lines) == 3, str(info.value)
     assert "3 problems" in str(info.value)
-    the_plan = objckpt.plan(prefix, model)
+    the_plan = objckpt.plan(model, prefix)
     tree = objckpt.tree(model)
     for line, layer, weight, shape in zip(
             lines, ("encoder", "encoder", "head"), ("kernel", "bias", "kernel"),
@@ -85,7 +85,7 @@ def test_keras3_sequential_names_and_slots(tmp_path):
         "  - `_functional/_operations/2/_kernel` [mlp/head/kernel]: shape (8, 2) in the source "
         "but (9, 2) in the obj (also its optimizer slots m, v)"]
     # The plan's table shows the same names, and each slot row says whose slot it is.
-    text = objckpt.plan(prefix, saved).describe()
+    text = objckpt.plan(saved, prefix).describe()
     assert "  _functional/_operations/1/_kernel  [mlp/encoder/kernel]" in text
     assert re.search(r"optimizer/_variables/2  \[m of `_functional/_operations/1/_kernel`\]",
                      text), text
@@ -181,7 +181,7 @@ def test_plan_label_and_slot_of_for_tf_keras_style_slots(tmp_path):
     keras = flavours.keras_for(flavours.session_flavour()
                                if flavours.session_flavour() != "module" else "keras3")
     model = _mlp(keras, 8, "functional")
-    the_plan = objckpt.plan(objckpt.snapshot(model), model)
+    the_plan = objckpt.plan(model, objckpt.snapshot(model))
     slots = {p: the_plan.slot_of(p) for p in objckpt.tree(model) if the_plan.slot_of(p)}
     kernel = next(p for p, v in objckpt.tree(model).items()
                   if "encoder" in v.name and "kernel" in v.name and p not in slots)

@@ -688,7 +688,7 @@ def test_load_ensemble_of_three_parallel_written_checkpoints(saved, tmp_path, st
 
 def test_migrate_from_a_parallel_written_checkpoint(saved, tmp_path, streamed):
     case, _, saved_values, prefix = saved
-    out = objckpt.migrate(prefix, target_for(case), str(tmp_path / "out" / "ck"),
+    out = objckpt.migrate(target_for(case), prefix, str(tmp_path / "out" / "ck"),
                           optimizer_state=True)
     assert objckpt.verify(out).ok
     target = target_for(case)

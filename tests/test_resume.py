@@ -143,7 +143,7 @@ def test_restore_on_create_into_an_uncompiled_model_skips_optimizer_state(run):
 
 def test_migrate_with_default_options_carries_the_optimizer(run):
     target = build(run["flavour"], run["kind"], train=False)
-    out = objckpt.migrate(run["saved"]["tf"], target, str(run["tmp"] / "migrated" / "ckpt"))
+    out = objckpt.migrate(target, run["saved"]["tf"], str(run["tmp"] / "migrated" / "ckpt"))
     model = build(run["flavour"], run["kind"], train=False)
     objckpt.restore(model, out)
     model.fit(run["x"], run["y"], **FIT)
@@ -387,7 +387,7 @@ def test_tf1_saver_checkpoint_into_a_compiled_model_moves_adam_slots(flavour,
     tf1 = cached_tf1_checkpoint(tmp_path_factory)
     model = tf1_rewrite(keras)
     model.compile(optimizer=keras.optimizers.Adam(), loss="mse")  # optimizer not built
-    plan = objckpt.plan(tf1["prefix"], model, rules=[("^model_001/", "")])
+    plan = objckpt.plan(model, tf1["prefix"], rules=[("^model_001/", "")])
     assert any("not built yet" in note for note in plan.notes), plan.notes
     report = objckpt.restore(model, tf1["prefix"], rules=[("^model_001/", "")])
     slots = [m for m in report.plan.matches if m.strategy == "slot"]

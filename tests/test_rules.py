@@ -49,7 +49,7 @@ def _plan(source, obj, rules, **kwargs):
     """The plan and the texts of the warnings it gave."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        plan = objckpt.plan(source, obj, rules=rules, **kwargs)
+        plan = objckpt.plan(obj, source, rules=rules, **kwargs)
     return plan, [str(w.message) for w in caught]
 
 
@@ -199,7 +199,7 @@ def test_migrated_tf1_global_step_becomes_iterations(flavour, tf1, tmp_path):
     assert plan.strategies() == {"rule": 8, "slot": 2 * 6 + 1}  # Adam m, v of 6; the step
     counter = next(m for m in plan.matches if m.source == "global_step")
     assert counter.strategy == "slot" and counter.rule == ""
-    prefix = objckpt.migrate(tf1["prefix"], _compiled(keras), str(tmp_path / "ckpt"),
+    prefix = objckpt.migrate(_compiled(keras), tf1["prefix"], str(tmp_path / "ckpt"),
                              rules=[("^model_001/", "")], optimizer_state=True)
     fresh = _compiled(keras)
     objckpt.restore(fresh, prefix)
@@ -214,9 +214,9 @@ def test_rule_warnings_point_at_the_callers_line(tmp_path):
     snap = objckpt.snapshot(module)
     prefix = objckpt.save(module, str(tmp_path / "ckpt"))
     calls = {
-        "plan": lambda rules: objckpt.plan(snap, module, rules=rules),
+        "plan": lambda rules: objckpt.plan(module, snap, rules=rules),
         "restore": lambda rules: objckpt.restore(module, prefix, rules=rules),
-        "migrate": lambda rules: objckpt.migrate(prefix, module, str(tmp_path / "out"),
+        "migrate": lambda rules: objckpt.migrate(module, prefix, str(tmp_path / "out"),
                                                  rules=rules),
         "restore_on_create": lambda rules: objckpt.restore_on_create(tf.Module(), prefix,
                                                                      rules=rules),

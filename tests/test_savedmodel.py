@@ -77,7 +77,7 @@ def test_module_saved_model_restores_by_exact_paths_from_each_way_of_naming_it(m
     for given in (directory, os.path.join(directory, "saved_model.pb"),
                   os.path.join(directory, "variables", "variables")):
         net = Net()
-        plan = objckpt.plan(given, net)
+        plan = objckpt.plan(net, given)
         assert plan.complete and plan.strategies() == {"exact": 7}, plan.describe()
         assert plan.source == f"SavedModel `{directory}`"
         assert f"SavedModel `{directory}` holds no optimizer state" in plan.describe()
@@ -89,7 +89,7 @@ def test_module_saved_model_restores_by_exact_paths_from_each_way_of_naming_it(m
 def test_module_saved_model_migrates_inspects_and_verifies(module_saved, tmp_path):
     directory, expected = module_saved
     net = Net()
-    prefix = objckpt.migrate(directory, net, str(tmp_path / "out"))
+    prefix = objckpt.migrate(net, directory, str(tmp_path / "out"))
     fresh = Net()
     tf.train.Checkpoint(root=fresh).read(prefix).assert_existing_objects_matched()
     np.testing.assert_array_equal(fresh(X[:, 0, 0, :]).numpy(), expected)
@@ -238,7 +238,7 @@ def test_keras3_export_into_keras3_by_keras_names(tmp_path):
     keras.utils.clear_session()  # the same layer names, as in a new process
     fresh = _keras3_model(keras)
     _train(fresh)  # an optimizer with state: left as is
-    plan = objckpt.plan(directory, fresh)
+    plan = objckpt.plan(fresh, directory)
     assert plan.complete and plan.strategies() == {"keras name": 10}, plan.describe()
     assert "10 entries under `_all_variables` are the export's second copy" in plan.describe()
     optimizer_before = {p: v for p, v in values(objckpt.tree(fresh)).items()
@@ -261,7 +261,7 @@ def test_keras3_tf_saved_model_save_into_keras3_with_optimizer_state(tmp_path):
     keras.utils.clear_session()
     fresh = build_functional(keras, train=False)
     fresh.optimizer.build(fresh.trainable_variables)
-    plan = objckpt.plan(directory, fresh)
+    plan = objckpt.plan(fresh, directory)
     # A Sequential's SavedModel-only `_layers` edge is walked last: its weights keep the
     # model's own paths, and the optimizer's layout then agrees entry by entry.
     assert plan.complete and plan.strategies() == {"exact": len(objckpt.tree(fresh))}, \
@@ -297,7 +297,7 @@ def test_legacy_saved_model_into_the_same_flavour_with_optimizer_state(legacy_sa
     keras, directory, model = legacy_saved
     fresh = _legacy_model(keras)
     _train(fresh)
-    plan = objckpt.plan(directory, fresh)
+    plan = objckpt.plan(fresh, directory)
     assert plan.complete, plan.describe()
     assert plan.strategies()["exact"] == len(objckpt.tree(fresh)), plan.describe()
     # The nested model's weights: TF's canonical path runs through the SavedModel's
@@ -316,7 +316,7 @@ def test_tf_keras_saved_model_into_keras3(legacy_saved):
     keras3 = keras_for("keras3", beside_tf_keras=True)
     fresh = _legacy_model(keras3)
     fresh.optimizer.build(fresh.trainable_variables)
-    plan = objckpt.plan(directory, fresh)
+    plan = objckpt.plan(fresh, directory)
     # Keras 3 names the nested weight `inner/inner_dense/kernel`, tf_keras `inner_dense/kernel`:
     # layer by layer; Adam's m and v move by the weight they belong to.
     assert plan.complete and plan.strategies() == {"slot": 18, "structure": 10}, \
