@@ -186,9 +186,9 @@ for name, shape in tf.train.list_variables(tf1_prefix):
 rewrite = mlp(names=("dense1", "dense2"))
 rewrite.compile(keras.optimizers.Adam(0.01), "mse")
 rewrite.optimizer.build(rewrite.trainable_variables)
-plan = objckpt.plan(tf1_prefix, rewrite, rules=rules, optimizer_state=True)
+plan = objckpt.plan(rewrite, tf1_prefix, rules=rules, optimizer_state=True)
 print(plan.describe())''',
-        '''migrated = objckpt.migrate(tf1_prefix, rewrite, os.path.join(work, "migrated", "ckpt"),
+        '''migrated = objckpt.migrate(rewrite, tf1_prefix, os.path.join(work, "migrated", "ckpt"),
                            rules=rules, optimizer_state=True)
 objckpt.restore(rewrite, migrated)
 np.testing.assert_allclose(rewrite(x[:8]), tf1_out, rtol=1e-6, atol=1e-6)
@@ -217,7 +217,7 @@ print(list(objckpt.read_tree(old_prefix))[:4])
 new = mlp()
 new.compile(keras.optimizers.Adam(0.01), "mse")
 new.optimizer.build(new.trainable_variables)   # Adam's moments move over too
-print(objckpt.plan(old_prefix, new, optimizer_state=True).describe())
+print(objckpt.plan(new, old_prefix, optimizer_state=True).describe())
 objckpt.restore(new, old_prefix, optimizer_state=True)
 np.testing.assert_allclose(new(x[:8]), old(x[:8]).numpy(), rtol=1e-5, atol=1e-6)
 assert int(new.optimizer.iterations) == int(old.optimizer.iterations)

@@ -112,7 +112,7 @@ def _fixes(the_plan: Plan, source: Source, strict: bool, variables) -> list[str]
         fixes.append("add rules that map source keys onto the obj's object paths, e.g. "
                      f"rules=[{example}] "
                      "(rules are tried in order; the first that matches a key rewrites it, "
-                     "once; objckpt.plan(source, obj, rules=...) shows the result)")
+                     "once; objckpt.plan(obj, source, rules=...) shows the result)")
     if any(is_optimizer_key(p) for p in the_plan.unmatched_source) or \
             any(is_optimizer_key(p) for p in the_plan.unmatched_variables):
         fixes.append("pass optimizer_state=False to restore the network without optimizer "
@@ -121,7 +121,7 @@ def _fixes(the_plan: Plan, source: Source, strict: bool, variables) -> list[str]
         fixes.insert(0, "the source is name-based (TF1 Saver): its keys are global variable "
                         "names such as `" + _render.safe(next(iter(source.specs), "scope/w"))
                         + "`; map them onto the obj with rules and check the result with "
-                        "objckpt.plan(source, obj, rules=...)")
+                        "objckpt.plan(obj, source, rules=...)")
     return fixes
 
 

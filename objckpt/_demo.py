@@ -203,9 +203,9 @@ def run(out: str | None = None, epochs: int = 6, stream=None) -> int:
         rewrite.compile(keras.optimizers.Adam(0.01), "mse")
         rewrite.optimizer.build(rewrite.trainable_variables)  # Adam's slots take TF1's
         clock.say(f"  rules: {_RULES}, optimizer_state=True")
-        clock.say(objckpt.plan(tf1_prefix, rewrite, rules=_RULES,
+        clock.say(objckpt.plan(rewrite, tf1_prefix, rules=_RULES,
                                optimizer_state=True).describe())
-        migrated = objckpt.migrate(tf1_prefix, rewrite, os.path.join(out, "migrated", "ckpt"),
+        migrated = objckpt.migrate(rewrite, tf1_prefix, os.path.join(out, "migrated", "ckpt"),
                                    rules=_RULES, optimizer_state=True)
         objckpt.restore(rewrite, migrated)
         diff = float(np.max(np.abs(rewrite(train[0][:64]).numpy() - tf1_outputs)))

@@ -233,7 +233,7 @@ def fetch_values(the_plan: _match.Plan, variables, matches=None) -> list:
 
 
 @tf.autograph.experimental.do_not_convert
-def restore(obj, source, *, rules=(), strict: bool = True, at: str | None = None,
+def restore(obj, source, *, rules=None, strict: bool = True, at: str | None = None,
             optimizer_state="auto") -> RestoreReport:
     """Restores obj's variables from a source, all or nothing.
 

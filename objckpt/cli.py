@@ -309,13 +309,13 @@ def _migrate(args) -> int:
         # As migrate would: the template's optimizer built first where it is not yet.
         _checks.ready_optimizers(obj, _tree.tree(obj), _sources.open_source(args.source),
                                  rules=rules, at=args.at, optimizer_state=optimizer_state)
-        plan = _match.plan(args.source, obj, rules=rules, at=args.at,
+        plan = _match.plan(obj, args.source, rules=rules, at=args.at,
                            optimizer_state=optimizer_state)
         print(_terminal.cli_words(plan.describe()))
         usable = plan.complete if args.strict else not (plan.mismatched or plan.ambiguous
                                                         or not plan.matches)
         return 0 if usable else 1
-    prefix = _migrate.migrate(args.source, obj, args.out, rules=rules, at=args.at,
+    prefix = _migrate.migrate(obj, args.source, args.out, rules=rules, at=args.at,
                               optimizer_state=optimizer_state, strict=args.strict)
     print(f"wrote {_render.safe(prefix)}")
     return 0

@@ -105,7 +105,7 @@ def _worker(out: str, directory: str) -> None:  # pragma: no cover - runs in a s
                 later = tf.Module()
                 objckpt.restore_on_create(later, missing)
         elif name == "migrate_missing":
-            objckpt.migrate(missing, net, os.path.join(mine, "migrated"))
+            objckpt.migrate(net, missing, os.path.join(mine, "migrated"))
 
     with open(out, "w") as results:
         for name in SCENARIOS:
