@@ -38,7 +38,8 @@ def refuse(obj, variables, source, the_plan: Plan, strict: bool,
             f"Cannot {action} {described} into {describe_obj(obj)}: it is not built yet, "
             f"so it has {len(variables)} of the source's {len(source.specs)} variables. "
             f"{nothing}. Fix: build it first (call it on a batch, or model.build(shape)), or "
-            "use objckpt.restore_on_create(obj, source) to apply values as variables are created.")
+            "use objckpt.restore_on_create(obj, source) to apply values as variables are created.",
+            source=source.prefix, obj=describe_obj(obj))
     lines = [text(problem) for problem in the_plan.mismatched]
     lines += [f"ambiguous, not guessed: `{safe(what)}` could be any of "
               + ", ".join(f"`{safe(c)}`" for c in candidates)
@@ -55,11 +56,12 @@ def refuse(obj, variables, source, the_plan: Plan, strict: bool,
                  f"({len(variables)} variables, {len(source.specs)} source entries)"]
         fixes.append("check that the source was written for this model, or add rules")
     shown = _render.listed(lines)
-    raise errors.StructureMismatchError(
+    refused = errors.AmbiguousMatchError if the_plan.ambiguous else errors.StructureMismatchError
+    raise refused(
         f"Cannot {action} {described} into {describe_obj(obj)}: {len(lines)} problem"
         f"{'s' if len(lines) != 1 else ''}. {nothing}.\n" + "\n".join(shown)
         + "".join(f"\n{text(note)}" for note in the_plan.notes) + "\nFix: " + "; or ".join(fixes)
-        + ".", tuple(lines))
+        + ".", tuple(lines), source=source.prefix, obj=describe_obj(obj))
 
 
 def _missing_lines(the_plan: Plan) -> list[tuple[str, bool]]:

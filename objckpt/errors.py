@@ -363,11 +363,11 @@ def _describe_obj(obj) -> str | None:
     return type(obj).__name__ + (f" `{name[:_SHOWN]}`" if isinstance(name, str) and name else "")
 
 
-def _about(err: BaseException, source=None, obj=None) -> BaseException:
+def about(err: BaseException, source=None, obj=None) -> BaseException:
     """Sets `err.source` and `err.obj` where they are unset (None) and `err` is an objckpt
     error: `source` a prefix, directory, path-like, Snapshot (its repr) or list of them; `obj`
     an object path or the obj (its type and name). Cheap, and called only on failure, by each
-    public entry point (`except ObjckptError as err: _about(err, source, obj); raise`).
+    public entry point (`except ObjckptError as err: about(err, source, obj); raise`).
     Returns `err`."""
     if isinstance(err, ObjckptError):
         if err.source is None and source is not None:

@@ -115,7 +115,9 @@ def _worker(out: str, directory: str) -> None:  # pragma: no cover - runs in a s
                 run(name)
             except Exception as err:  # reported, compared by the test
                 record.update(raised=type(err).__name__, module=type(err).__module__,
-                              message=str(err))
+                              message=str(err), problems=list(getattr(err, "problems", [])),
+                              source=getattr(err, "source", None),
+                              obj=getattr(err, "obj", None), fix=getattr(err, "fix", None))
             record["seconds"] = time.monotonic() - began
             # nothing changed here, and the workers are still in step: a barrier restore
             record["unchanged"] = net.w.numpy().tolist() == [1.0, 2.0]
@@ -215,6 +217,11 @@ if __name__ != "__main__":
         assert f"That worker's error: {SCENARIOS[scenario]}: " in message, message
         assert SAID[scenario] in message, message
         assert "Fix: the cause on worker worker:1" in message, message
+        # and it carries the failing worker's problems, source, obj and fix
+        if failing["module"] == "objckpt.errors":
+            assert failing["source"] and failing["fix"], failing
+            for name in ("problems", "source", "obj", "fix"):
+                assert other[name] == failing[name], (name, other, failing)
         # no worker waited for a collective the other never joined: that ends in TF's
         # collective timeout (DeadlineExceededError), not the agreed errors asserted above,
         # and the barrier after the scenario would fail (no wall-clock assert in tests/)

@@ -235,8 +235,9 @@ def restore_components(variable, value) -> bool:
 
 # --- agreement across the workers of a MultiWorkerMirroredStrategy ----------------------
 
-# One row per replica: [failed, kind, task index, message length, message bytes...].
-_ROW = 4 + 400
+# One row per replica: [failed, kind, task index, message length, message bytes...]; the
+# message carries the error's attributes too (`_snapshot.agree_across_workers`).
+_ROW = 4 + 8192
 
 
 def _gather_fn(strategy):

@@ -1,0 +1,349 @@
+"""`objckpt.errors`: the families, the builtins each error keeps, the common attributes
+(`problems`, `source`, `obj`, `fix`) on errors raised by real calls in every flavour, and
+the multi-worker re-raise keeping the type and the attributes."""
+
+from __future__ import annotations
+
+import fcntl
+import inspect
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import objckpt
+from objckpt import _compat, _dirlock, _snapshot, errors
+
+from flavours import FLAVOURS, keras_for
+
+# class -> (family, builtins it keeps)
+TREE = {
+    errors.CheckpointNotFoundError: (errors.SourceError, (FileNotFoundError,)),
+    errors.CheckpointCorruptError: (errors.SourceError, (OSError,)),
+    errors.NotObjectBasedError: (errors.SourceError, (ValueError,)),
+    errors.UnsupportedFormatError: (errors.SourceError, (FileNotFoundError, TypeError)),
+    errors.StructureMismatchError: (errors.MatchError, (ValueError,)),
+    errors.AmbiguousMatchError: (errors.MatchError, (ValueError,)),
+    errors.UntrackedVariableError: (errors.MatchError, (ValueError,)),
+    errors.UnbuiltModelError: (errors.TargetError, (ValueError,)),
+    errors.UnsupportedObjectError: (errors.TargetError, (TypeError,)),
+    errors.DistributedVariableError: (errors.TargetError, (TypeError,)),
+    errors.CloneError: (errors.TargetError, (TypeError,)),
+    errors.DirectoryLockedError: (errors.DirectoryError, (BlockingIOError, OSError)),
+    errors.CheckpointDirectoryError: (errors.DirectoryError, (FileExistsError, OSError)),
+    errors.CheckpointWriteError: (errors.DirectoryError, (OSError,)),
+    errors.InvalidArgumentError: (errors.UsageError, (ValueError,)),
+    errors.TemplateError: (errors.UsageError, (RuntimeError,)),
+    errors.GraphvizNotFoundError: (errors.UsageError, (FileNotFoundError,)),
+    errors.IncompatibleTensorFlowError: (errors.UsageError, (ImportError,)),
+}
+FAMILIES = (errors.SourceError, errors.MatchError, errors.TargetError, errors.DirectoryError,
+            errors.UsageError)
+
+
+def _defined_exceptions() -> set:
+    return {cls for name, cls in vars(errors).items()
+            if inspect.isclass(cls) and issubclass(cls, BaseException)
+            and cls.__module__ == errors.__name__ and not name.startswith("_")}
+
+
+# --- the hierarchy --------------------------------------------------------------------------
+
+
+def test_all_lists_every_exception_class_of_the_module():
+    assert set(errors.__all__) == {cls.__name__ for cls in _defined_exceptions()}
+    assert "IncompatibleTensorFlowError" in errors.__all__
+    assert errors.__all__ == sorted(errors.__all__)
+    for name in errors.__all__:
+        assert getattr(objckpt.errors, name) is getattr(errors, name)
+
+
+def test_each_class_is_under_one_family_and_keeps_its_builtin():
+    assert set(TREE) | set(FAMILIES) | {errors.ObjckptError} == _defined_exceptions()
+    for family in FAMILIES:
+        assert family.__bases__ == (errors.ObjckptError,), family
+    for cls, (family, builtins) in TREE.items():
+        assert [f for f in FAMILIES if issubclass(cls, f)] == [family], cls
+        for builtin in builtins:
+            assert issubclass(cls, builtin), (cls, builtin)
+    assert issubclass(errors.AmbiguousMatchError, errors.StructureMismatchError)
+    for cls in (errors.DistributedVariableError, errors.CloneError):
+        assert issubclass(cls, errors.UnsupportedObjectError)
+
+
+def test_the_module_docstring_draws_the_tree():
+    doc = errors.__doc__
+    for cls in _defined_exceptions():
+        assert cls.__name__ in doc, cls
+    # each class is drawn below its family
+    for cls, (family, _) in TREE.items():
+        assert doc.index(family.__name__) < doc.index(cls.__name__), cls
+
+
+# --- the attributes -------------------------------------------------------------------------
+
+
+def test_fix_is_parsed_from_the_message_and_an_explicit_one_wins():
+    err = errors.InvalidArgumentError("Bad `x`: expected 1, received 2. Fix: pass x=1.")
+    assert err.fix == "pass x=1."
+    assert (err.problems, err.source, err.obj) == ((), None, None)
+    # the last "Fix:" counts (a quoted error may hold one of its own)
+    quoted = errors.ObjckptError("That error: A. Fix: a. Then: B.\nFix: b; or c.")
+    assert quoted.fix == "b; or c."
+    assert errors.TemplateError("failed, with no fix stated").fix is None
+    assert errors.ObjckptError().fix is None
+    explicit = errors.CheckpointCorruptError("Damaged. Fix: this.", fix="that", source="p")
+    assert (explicit.fix, explicit.source) == ("that", "p")
+    explicit.fix = None
+    assert explicit.fix == "this."
+
+
+def test_old_constructors_and_attributes_keep_working():
+    mismatch = errors.StructureMismatchError("m", ("`a`: shape", "`b`: dtype"))
+    assert mismatch.problems == ("`a`: shape", "`b`: dtype") and str(mismatch) == "m"
+    untracked = errors.UntrackedVariableError("u", ("w (2,)",), obj="Model `m`")
+    assert (untracked.problems, untracked.obj) == (("w (2,)",), "Model `m`")
+    clone = errors.CloneError("c", "obj.log_file", int)
+    assert (clone.path, clone.obj, clone.object_type) == ("obj.log_file", "obj.log_file", int)
+    sharded = errors.DistributedVariableError("d", path="table", variable_type="ShardedVariable")
+    assert (sharded.path, sharded.obj, sharded.variable_type) == ("table", "table",
+                                                                   "ShardedVariable")
+    locked = errors.DirectoryLockedError("l", directory="/run", holder="pid 1 on h")
+    assert (locked.directory, locked.source, locked.holder) == ("/run", "/run", "pid 1 on h")
+    written = errors.CheckpointWriteError("w", prefix="/run/ckpt-4")
+    assert (written.prefix, written.source) == ("/run/ckpt-4", "/run/ckpt-4")
+    found = errors.CheckpointDirectoryError("f", directory="/run", found=["/run/ckpt-1"])
+    assert (found.directory, found.source, found.found) == ("/run", "/run", ("/run/ckpt-1",))
+    # unset: the old empty defaults, the new None
+    assert (errors.CloneError("c").path, errors.CloneError("c").obj) == ("", None)
+    assert (errors.CheckpointWriteError("w").prefix, errors.CheckpointWriteError("w").source) \
+        == ("", None)
+    # an OSError built from one message keeps it as its text, with no errno
+    assert (str(locked), locked.errno) == ("l", None)
+
+
+def test_about_fills_only_what_is_unset():
+    err = errors.CheckpointNotFoundError("n", source="/given")
+    assert errors.about(err, source="/other", obj=tf.Module(name="net")) is err
+    assert (err.source, err.obj) == ("/given", "Module `net`")
+    snap = objckpt.Snapshot({"w": np.zeros(2, np.float32)})
+    err = errors.StructureMismatchError("m")
+    errors.about(err, source=snap, obj="a/path")
+    assert (err.source, err.obj) == (repr(snap), "a/path")
+    plain = ValueError("not ours")
+    assert errors.about(plain, source="/p") is plain and not hasattr(plain, "source")
+
+
+# --- real errors from real calls, in every flavour ------------------------------------------
+
+
+def _dense(flavour: str, units: int, *, built: bool = True):
+    if flavour == "module":
+        net = tf.Module(name="net")
+        net.kernel = tf.Variable(tf.ones((3, units)), name="kernel")
+        return net
+    keras = keras_for(flavour)
+    layers = [keras.Input((3,))] if built else []
+    return keras.Sequential([*layers, keras.layers.Dense(units, name="dense")], name="net")
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """flavour -> the prefix of a 2-unit model's checkpoint (written once per flavour)."""
+    out, root = {}, tmp_path_factory.mktemp("errors")
+
+    def get(flavour):
+        if flavour not in out:
+            out[flavour] = objckpt.save(_dense(flavour, 2), str(root / flavour / "ckpt"))
+        return out[flavour]
+
+    return get
+
+
+def test_missing_prefix_is_checkpoint_not_found_with_source_and_fix(tmp_path):
+    net = _dense("module", 2)
+    missing = str(tmp_path / "nowhere" / "ckpt")
+    with pytest.raises(errors.CheckpointNotFoundError) as info:
+        objckpt.restore(net, missing)
+    err = info.value
+    assert isinstance(err, errors.SourceError) and isinstance(err, FileNotFoundError)
+    assert err.source == missing
+    assert err.fix == "check the path, or pass the directory to use its newest checkpoint."
+    assert str(err).endswith("Fix: " + err.fix)
+    assert err.obj == "Module `net`" and err.problems == ()
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_shape_mismatch_names_path_obj_source_and_fix(flavour, saved):
+    prefix = saved(flavour)
+    net = _dense(flavour, 4)
+    before = [v.numpy().copy() for v in net.variables]
+    with pytest.raises(errors.StructureMismatchError) as info:
+        objckpt.restore(net, prefix)
+    err = info.value
+    assert type(err) is errors.StructureMismatchError
+    assert isinstance(err, errors.MatchError) and isinstance(err, ValueError)
+    assert err.source == prefix
+    assert err.obj == ("Module `net`" if flavour == "module" else "Sequential `net`")
+    kernel = [line for line in err.problems if "kernel" in line]
+    assert kernel and "(3, 2)" in kernel[0] and "(3, 4)" in kernel[0], err.problems
+    assert all(line in str(err) for line in err.problems)
+    assert err.fix and str(err).rstrip().endswith(err.fix)
+    assert all(np.array_equal(b, v.numpy()) for b, v in zip(before, net.variables))
+    # from a Snapshot: the source is the Snapshot's repr
+    snap = objckpt.snapshot(_dense(flavour, 2))
+    with pytest.raises(errors.StructureMismatchError) as info:
+        objckpt.restore(net, snap)
+    assert info.value.source == repr(snap) and info.value.obj == err.obj
+
+
+@pytest.mark.parametrize("flavour", ["keras3", "tf_keras", "keras2"])
+def test_unbuilt_model_is_a_target_error_naming_the_obj(flavour, saved):
+    prefix = saved(flavour)
+    net = _dense(flavour, 2, built=False)
+    with pytest.raises(errors.UnbuiltModelError) as info:
+        objckpt.restore(net, prefix)
+    err = info.value
+    assert isinstance(err, errors.TargetError) and isinstance(err, ValueError)
+    assert err.obj == "Sequential `net`" and err.source == prefix
+    assert err.fix.startswith("build it first")
+
+
+def test_ambiguous_match_is_a_structure_mismatch():
+    module = tf.Module(name="net")
+    module.w = tf.Variable(tf.zeros((2,)))
+    source = objckpt.Snapshot({"w": [1.0, 2.0], "old_w": [3.0, 4.0]})
+    with pytest.raises(errors.AmbiguousMatchError) as info:
+        objckpt.restore(module, source, rules=[("^old_", "")])
+    err = info.value
+    assert isinstance(err, errors.StructureMismatchError) and isinstance(err, ValueError)
+    assert err.problems == ("ambiguous, not guessed: `w` could be any of `w`, `old_w`",)
+    assert (err.source, err.obj) == (repr(source), "Module `net`")
+    np.testing.assert_array_equal(module.w.numpy(), [0.0, 0.0])
+
+
+def test_unsupported_formats(tmp_path):
+    net = _dense("module", 2)
+    text = tmp_path / "weights.bin"
+    text.write_text("not a checkpoint")
+    with pytest.raises(errors.UnsupportedFormatError) as info:
+        objckpt.restore(net, str(text))
+    err = info.value
+    assert isinstance(err, FileNotFoundError) and isinstance(err, errors.SourceError)
+    assert err.source == str(text) and err.fix.startswith("pass the prefix")
+    with pytest.raises(errors.UnsupportedFormatError) as info:
+        objckpt.restore(net, {"w": 1})
+    assert isinstance(info.value, TypeError)
+    assert info.value.fix == "pass objckpt.snapshot(obj) or a path."
+    assert info.value.source is not None and info.value.obj == "Module `net`"
+
+
+def test_corrupt_index_names_its_prefix(tmp_path):
+    (tmp_path / "fake.index").write_bytes(b"\x00" * 64 + os.urandom(64))
+    with pytest.raises(errors.CheckpointCorruptError) as info:
+        objckpt.restore(_dense("module", 2), str(tmp_path / "fake"))
+    assert info.value.source == str(tmp_path / "fake")
+    assert info.value.fix and isinstance(info.value, OSError)
+
+
+def test_locked_directory_is_a_directory_error(tmp_path):
+    lock = _dirlock.DirectoryLock(str(tmp_path))
+    fd = os.open(lock.path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, b"pid 4242 on elsewhere\n")
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(errors.DirectoryLockedError) as info:
+            lock.acquire()
+    finally:
+        os.close(fd)
+    err = info.value
+    assert isinstance(err, errors.DirectoryError) and isinstance(err, BlockingIOError)
+    assert err.source == err.directory == str(tmp_path)
+    assert err.holder == "pid 4242 on elsewhere"
+    assert err.fix == "stop the other training run, or give this run its own directory."
+
+
+# --- the multi-worker re-raise --------------------------------------------------------------
+
+
+def _agreed(monkeypatch, failure) -> tuple[errors.ObjckptError, str]:
+    """What a worker whose checks passed raises when the other worker failed with `failure`:
+    the failing worker's half of `agree_across_workers` (what it sends), then this one's
+    (what it raises from what the all-gather returned)."""
+    sent = {}
+
+    def gather(variables, kind, message):
+        if kind:
+            sent["row"] = ("worker:1", kind, message)
+            return None
+        return [sent["row"]]
+
+    monkeypatch.setattr(_compat, "gather_failures", gather)
+    _snapshot.agree_across_workers({}, failure, "objckpt.restore")  # the failing worker
+    with pytest.raises(errors.ObjckptError) as info:
+        _snapshot.agree_across_workers({}, None, "objckpt.restore")
+    return info.value, sent["row"][2]
+
+
+@pytest.mark.parametrize("cls", sorted(_defined_exceptions(), key=lambda c: c.__name__),
+                         ids=lambda c: c.__name__)
+def test_agreed_error_keeps_every_type_and_its_attributes(monkeypatch, cls):
+    failure = cls("Cannot restore `net/w`: expected (2,), received (3,). Fix: write it again.",
+                  problems=("`net/w`: shape (3,) in the source but (2,) in the obj",),
+                  source="/shared/ckpt-3", obj="Sequential `net`")
+    agreed, _ = _agreed(monkeypatch, failure)
+    assert type(agreed) is cls
+    assert agreed.problems == failure.problems
+    assert (agreed.source, agreed.obj, agreed.fix) == ("/shared/ckpt-3", "Sequential `net`",
+                                                       "write it again.")
+    message = str(agreed)
+    assert "failed on worker worker:1 " in message
+    assert f"That worker's error: {cls.__name__}: Cannot restore `net/w`" in message
+    assert "Fix: the cause on worker worker:1" in message
+
+
+def test_agreed_distributed_variable_error_keeps_its_extras(monkeypatch):
+    failure = errors.DistributedVariableError(
+        "Cannot restore `net.table`: a ShardedVariable. Fix: restore into unsharded "
+        "variables.", path="net.table", variable_type="ShardedVariable")
+    agreed, _ = _agreed(monkeypatch, failure)
+    assert type(agreed) is errors.DistributedVariableError
+    assert isinstance(agreed, errors.UnsupportedObjectError)
+    assert (agreed.path, agreed.variable_type) == ("net.table", "ShardedVariable")
+    locked = errors.DirectoryLockedError("In use. Fix: wait.", directory="/run",
+                                         holder="pid 1 on h")
+    agreed, _ = _agreed(monkeypatch, locked)
+    assert (type(agreed), agreed.directory, agreed.holder) == (
+        errors.DirectoryLockedError, "/run", "pid 1 on h")
+
+
+def test_agreed_error_from_another_error_is_an_objckpt_error(monkeypatch):
+    agreed, _ = _agreed(monkeypatch, tf.errors.InvalidArgumentError(None, None, "nan found"))
+    assert type(agreed) is errors.ObjckptError
+    assert "That worker's error: InvalidArgumentError: nan found." in str(agreed)
+    assert (agreed.problems, agreed.source, agreed.obj) == ((), None, None)
+    assert agreed.fix.startswith("the cause on worker worker:1")
+
+
+def test_agreed_error_is_bounded_and_rendered_safely(monkeypatch):
+    evil = "dense\x1b[2J\nkernel"
+    failure = errors.StructureMismatchError(
+        "x" * 50_000 + ". Fix: " + evil,
+        tuple(f"`{evil}/{i}`: shape (3,) in the source but (2,) in the obj" + "é" * 400
+              for i in range(5000)), source="/ckpt/" + "層" * 5000, obj=evil)
+    agreed, sent = _agreed(monkeypatch, failure)
+    assert len(sent.encode()) <= _snapshot._AGREED_BYTES
+    json.loads(sent)  # whole, not cut by the row
+    assert type(agreed) is errors.StructureMismatchError
+    assert 0 < len(agreed.problems) < 5000
+    assert agreed.problems[0].startswith("`dense\\x1b[2J\\nkernel/0`: shape (3,)")
+    assert agreed.obj == "dense\\x1b[2J\\nkernel"
+    assert all("\x1b" not in line and "\n" not in line for line in agreed.problems)
+    assert "\x1b" not in str(agreed) and "\x1b" not in (agreed.fix or "")
+    # few problems: all of them, and a long list ends with how many more there were
+    many = errors.StructureMismatchError("m", tuple(f"`p{i}`: missing" for i in range(100)))
+    agreed, _ = _agreed(monkeypatch, many)
+    assert agreed.problems[:-1] == many.problems[:len(agreed.problems) - 1]
+    assert agreed.problems[-1] == f"... {100 - len(agreed.problems) + 1} more"
