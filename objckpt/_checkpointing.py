@@ -415,7 +415,8 @@ class CheckpointDirectory:
                     f"Cannot tidy checkpoint directory `{self.directory}`: "
                     f"{_render.first_line(err)}. Nothing of what it holds was lost; the newest "
                     f"checkpoint is {self._latest_name()}. Fix: check the directory's "
-                    "permissions; pass on_error='warn' to train on regardless."))
+                    "permissions; pass on_error='warn' to train on regardless.",
+                    source=self.directory))
         return kept[-1] if kept else None
 
     def _tidy(self, names: list[str], delete: list[int], rewrite: bool) -> None:

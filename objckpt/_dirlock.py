@@ -100,7 +100,7 @@ class DirectoryLock:
             "files in. Nothing was written or changed. Fix: make the directory writable "
             "(e.g. `chmod u+w`), mount it read-write, or pass another directory; with "
             "on_error='warn' training goes on without saving (resuming from what can be "
-            "read).")
+            "read).", source=self.directory)
 
     def release(self) -> None:
         if self._fd is None:
