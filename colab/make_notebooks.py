@@ -8,12 +8,33 @@ Colab (and does nothing elsewhere), and uses only objckpt's public API.
 """
 
 import os
+import re
 import sys
 
 import nbformat
 
-REPO = "objckpt/objckpt"  # GitHub owner/name: the Colab badge and the Colab install use it
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def project_repository(pyproject: str = os.path.join(HERE, os.pardir, "pyproject.toml")) -> str:
+    """GitHub owner/name from `Repository` under `[project.urls]` in pyproject.toml."""
+    try:
+        import tomllib  # Python 3.11+
+    except ImportError:
+        tomllib = None
+    with open(pyproject, "rb") as f:
+        if tomllib is not None:
+            url = tomllib.load(f)["project"]["urls"]["Repository"]
+        else:  # the one line it needs, as pyproject.toml writes it
+            url = re.search(r'(?m)^Repository = "([^"]+)"', f.read().decode()).group(1)
+    match = re.fullmatch(r"https://github\.com/([\w.-]+/[\w.-]+?)(?:\.git)?/?", url)
+    if not match:
+        raise ValueError(f"[project.urls] Repository in {pyproject} is not a GitHub "
+                         f"repository URL: {url!r}")
+    return match.group(1)
+
+
+REPO = project_repository()  # GitHub owner/name: the Colab badge and the Colab install use it
 
 INSTALL = f'''# In Colab: install objckpt (with tf_keras for the migration notebook). Elsewhere: nothing.
 import sys
@@ -23,10 +44,21 @@ if "google.colab" in sys.modules:
                     "objckpt[tf_keras] @ git+https://github.com/{REPO}"], check=True)'''
 
 IMPORTS = '''import os, tempfile
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")   # TF's C++ log: errors only
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")  # no oneDNN notice at start-up
+# TF prints some start-up lines (CUDA probes) straight to file descriptor 2, whatever the
+# log level: they go to devnull while TF loads and probes its devices.
+stderr, quiet = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+os.dup2(quiet, 2)
+try:
+    import tensorflow as tf
+    import keras
+    tf.constant(0)
+finally:
+    os.dup2(stderr, 2)
+    os.close(stderr)
+    os.close(quiet)
 import numpy as np
-import tensorflow as tf
-import keras
 import matplotlib.pyplot as plt
 import objckpt
 from objckpt import callbacks
@@ -324,6 +356,13 @@ assert np.array_equal(after[1], start) and not np.array_equal(after[3], start)''
 }
 
 
+# The last cells of every notebook: the temporary folder the imports cell made goes away.
+CLEANUP = ["## Clean up\n\nThe checkpoints above were written under a temporary folder.",
+           '''import shutil
+shutil.rmtree(work)
+print("removed", work)''']
+
+
 def notebook(name: str, cells: list) -> nbformat.NotebookNode:
     badge = (f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
              f"(https://colab.research.google.com/github/{REPO}/blob/main/colab/{name})")
@@ -331,7 +370,7 @@ def notebook(name: str, cells: list) -> nbformat.NotebookNode:
     nb.metadata = {"kernelspec": {"name": "python3", "display_name": "Python 3",
                                   "language": "python"},
                    "language_info": {"name": "python"}, "colab": {"provenance": []}}
-    first, *rest = cells
+    first, *rest = [*cells, *CLEANUP]
     nb.cells = [nbformat.v4.new_markdown_cell(badge + "\n\n" + first)]
     for index, text in enumerate(rest):
         is_code = text == INSTALL or not text.startswith(("#", "`"))  # markdown: headings

@@ -130,4 +130,6 @@ def __getattr__(name: str):
 
 
 def __dir__():
-    return sorted(set(globals()) | set(__all__))
+    # The public names and the module's dunders; not its imports (`importlib`,
+    # `TYPE_CHECKING`, `annotations`) nor private tables.
+    return sorted(set(__all__) | {n for n in globals() if n.startswith("__") and n.endswith("__")})

@@ -152,13 +152,14 @@ class Plan:
             ("ambiguous (not guessed)",
              [f"{safe(what)}: {' | '.join(map(safe, c))}" for what, c in self.ambiguous]),
             ("shape or dtype mismatches", [text(m) for m in self.mismatched]),
-            ("skipped", [text(s) for s in self.skipped]),
+            ("skipped", [text(s) for s in _render.grouped(self.skipped)]),
             ("rules that matched nothing", [text(r) for r in self.unused_rules]),
             ("rules shadowed by another rule", [text(r) for r in self.shadowed_rules]),
         ]
+        counted = {"skipped": len(self.skipped)}  # its lines group entries by reason
         for title, items in sections:
             if items:
-                lines.append(f"{title} ({len(items)}):")
+                lines.append(f"{title} ({counted.get(title, len(items))}):")
                 lines.extend(f"  - {item}" for item in items)
         lines.extend(text(note) for note in self.notes)
         counts = ", ".join(f"{k} {v}" for k, v in self.strategies().items())

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["count", "elements", "first_line", "inspect_json", "inspect_text", "listed", "mb",
-           "safe", "safe_text", "saved_name", "shape", "size"]
+__all__ = ["count", "elements", "first_line", "grouped", "inspect_json", "inspect_text",
+           "listed", "mb", "safe", "safe_text", "saved_name", "shape", "size"]
 
 # What a terminal must never receive raw: C0 controls (\n, \r, \t, ESC, NUL, ...), DEL, C1
 # controls, the Unicode line and paragraph separators, bidi marks, embeddings, overrides and
@@ -100,6 +100,30 @@ def listed(items, limit: int = 20) -> list[str]:
     lines = [f"  - {item}" for item in items[:limit]]
     if len(items) > limit:
         lines.append(f"  - ... and {len(items) - limit} more")
+    return lines
+
+
+def grouped(items, limit: int = 5) -> list[str]:
+    """`subject: reason` lines with one line per reason, in first-seen order.
+
+    Lines that give the same reason become one: `reason (N): subject, subject, ... and K
+    more` (at most `limit` subjects shown); a reason given once, and a line without `: `,
+    stay as they are. So a report says "the obj has no optimizer to put it in" once, not once
+    per optimizer entry.
+    """
+    groups: dict[str, list[str]] = {}
+    for item in map(str, items):
+        subject, sep, reason = item.partition(": ")
+        groups.setdefault(reason if sep else item, []).append(item if not sep else subject)
+    lines = []
+    for reason, subjects in groups.items():
+        if len(subjects) == 1:
+            only = subjects[0]
+            lines.append(only if only == reason else f"{only}: {reason}")
+            continue
+        shown = ", ".join(subjects[:limit])
+        more = f" and {len(subjects) - limit:,} more" if len(subjects) > limit else ""
+        lines.append(f"{reason} ({len(subjects):,}): {shown}{more}")
     return lines
 
 

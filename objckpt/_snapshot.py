@@ -114,10 +114,9 @@ class RestoreReport:
         if self.unexpected:
             lines.append(f"not in the obj ({len(self.unexpected)}): "
                          + ", ".join(map(safe, self.unexpected)))
-        if self.skipped:
-            lines.append(f"skipped ({len(self.skipped)}): "
-                         + "; ".join(map(text, self.skipped[:5]))
-                         + ("; ..." if len(self.skipped) > 5 else ""))
+        if self.skipped:  # entries skipped for one reason share one line
+            lines.append(f"skipped ({len(self.skipped)}):")
+            lines.extend(_render.listed(map(text, _render.grouped(self.skipped)), limit=5))
         lines.extend(map(text, self.notes))
         return "\n".join(lines)
 
@@ -249,7 +248,11 @@ def restore(obj, source, *, rules=None, strict: bool = True, at: str | None = No
       obj: the trackable to restore into; it must be built.
       source: a `Snapshot`, a checkpoint prefix, a directory (its newest
         intact checkpoint; older ones are used when the newest is damaged), or
-        a name-based (TF1 `Saver`) prefix, usually with rules.
+        a name-based (TF1 `Saver`) prefix, usually with rules. A directory's
+        `checkpoint` state file (Checkpointing, CheckpointManager, TF) says
+        which is newest; without one (checkpoints from `objckpt.save`), a
+        numbered series (`ckpt`, `ckpt-2`, `ckpt-3`) by number, other names
+        by when their index was written; the report's notes say which.
       rules: ordered `(regex, replacement)` or `(regex, replacement,
         transform)` rewrites of source keys. Each key is rewritten by the
         first rule whose regex matches it (`re.sub(regex, replacement, key,
@@ -648,7 +651,10 @@ def save(obj_or_snapshot, prefix: str | os.PathLike, *, blocking: bool = True,
     Args:
       obj_or_snapshot: a trackable obj or a `Snapshot`.
       prefix: where to write (`prefix.index`, `prefix.data-00000-of-00001`, or
-        several data shards when variant tensors are written by `SaveV2` parts).
+        several data shards when variant tensors are written by `SaveV2` parts);
+        missing folders are created. An existing directory is refused
+        (InvalidArgumentError): pass a prefix inside it (`run/ckpt`), and
+        `restore(obj, "run")` reads the newest checkpoint there.
       blocking: False: write on a background thread and return a `SaveHandle`.
       durable: True: fsync every file written and the directory before the
         final renames, and the directory after them, so the checkpoint
@@ -663,6 +669,7 @@ def save(obj_or_snapshot, prefix: str | os.PathLike, *, blocking: bool = True,
     Raises:
       UnbuiltModelError: there is nothing to save.
       DistributedVariableError: obj has a `ShardedVariable`.
+      InvalidArgumentError: `prefix` is an existing directory.
     """
     if not isinstance(blocking, bool):
         raise errors.InvalidArgumentError(
@@ -681,6 +688,7 @@ def save(obj_or_snapshot, prefix: str | os.PathLike, *, blocking: bool = True,
         # On every worker of a multi-worker strategy: SyncOnRead reads are collectives.
         snap = Snapshot._of_tree(origin, origin.fused.read_all())
     prefix = os.fspath(prefix)
+    _files.check_prefix(prefix)  # never `<dir>.index` beside an existing directory
     if not snap:
         raise errors.UnbuiltModelError(
             f"Nothing to save to `{prefix}`: {_checks.describe_obj(obj_or_snapshot)} has no "

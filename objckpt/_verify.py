@@ -5,7 +5,8 @@ one's CRC32C as it reads it), one tensor at a time, and checks the object
 graph against the index: every node an edge or slot reference names exists,
 every tensor the graph lists is in the index, every tensor in the index
 belongs to the graph, and every object is reachable from the root. A
-directory means every checkpoint its TF `checkpoint` state file names.
+directory means every checkpoint its TF `checkpoint` state file names, or,
+without a state file, every checkpoint in it.
 Nothing is restored and no model is built.
 """
 
@@ -108,7 +109,8 @@ def verify(source) -> VerifyReport:
     Args:
       source: a checkpoint prefix (object-based or name-based) or a directory
         of managed checkpoints (every checkpoint its state file names is
-        checked, and the state file itself), or a SavedModel directory (its
+        checked, and the state file itself; without a state file, every
+        checkpoint in it, as `objckpt.save` writes them), or a SavedModel directory (its
         `saved_model.pb` against its checkpoint `variables/variables`, then
         that checkpoint).
 
@@ -142,14 +144,22 @@ def verify(source) -> VerifyReport:
         prefixes = [prefix] if os.path.exists(prefix + ".index") else []
     else:
         prefixes, problems = _prefixes(source)
-    total, nbytes, notes = 0, 0, []
+    total, nbytes, notes, graphs = 0, 0, [], 0
     for prefix in prefixes:
-        count, size, found, remarks = _verify_prefix(prefix)
+        count, size, found, remarks, graph = _verify_prefix(prefix)
         total += count
         nbytes += size
         problems.extend(found)
         notes.extend(remarks)
-    return VerifyReport(source, tuple(prefixes), total, nbytes, tuple(problems), tuple(notes))
+        graphs += graph
+    # Say "object graph consistent" only of graphs that were checked (a TF1 Saver checkpoint
+    # has none: its note says so).
+    checked = ("passed their checksums; object graph consistent" if graphs == len(prefixes)
+               else "passed their checksums (name-based: no object graph)" if not graphs
+               else f"passed their checksums; object graph consistent in the {graphs} "
+                    f"object-based checkpoint{'s' * (graphs != 1)}")
+    return VerifyReport(source, tuple(prefixes), total, nbytes, tuple(problems), tuple(notes),
+                        checked)
 
 
 def _prefixes(source: str) -> tuple[list[str], list[Problem]]:
@@ -161,6 +171,11 @@ def _prefixes(source: str) -> tuple[list[str], list[Problem]]:
         _files.resolve_prefix(source)  # raises CheckpointNotFoundError with its hints
         return [source], []
     state = os.path.join(source, _files.STATE_FILE)
+    if not os.path.lexists(state):  # checkpoints written by objckpt.save: every one there
+        found, _ = _files.directory_prefixes(source)
+        if not found:
+            _files.resolve_prefix(source)  # raises CheckpointNotFoundError, saying what it expected
+        return list(reversed(found)), []
     try:
         names, outside = _files.state_prefixes(source)
     except errors.CheckpointCorruptError as err:
@@ -174,22 +189,23 @@ def _prefixes(source: str) -> tuple[list[str], list[Problem]]:
 
 
 def _verify_prefix(prefix: str):
-    """(tensors read intact, their bytes, problems, notes) for one prefix."""
+    """(tensors read intact, their bytes, problems, notes, whether an object graph was
+    checked) for one prefix."""
     from objckpt import _compat, _files
 
     problems: list[Problem] = []
     if not os.path.exists(prefix + ".index"):
-        return 0, 0, [Problem(prefix, prefix + ".index", "the index file is missing")], []
+        return 0, 0, [Problem(prefix, prefix + ".index", "the index file is missing")], [], False
     missing = _files.data_files_problem(prefix)
     if missing:
         return 0, 0, [Problem(prefix, "", missing)], [
-            f"{prefix}: tensors and object graph not read (data files incomplete)"]
+            f"{prefix}: tensors and object graph not read (data files incomplete)"], False
     try:
         reader, index = _files.open_checked(prefix, data=False)
         shapes = reader.get_variable_to_shape_map()
         dtypes = reader.get_variable_to_dtype_map()
     except errors.CheckpointCorruptError as err:
-        return 0, 0, [*problems, Problem(prefix, prefix + ".index", str(err))], []
+        return 0, 0, [*problems, Problem(prefix, prefix + ".index", str(err))], [], False
     import tensorflow as tf
 
     notes = []
@@ -222,7 +238,7 @@ def _verify_prefix(prefix: str):
         for dim in shapes[key]:
             count *= dim
         nbytes += count * tf.as_dtype(dtypes[key]).size
-    return len(intact), nbytes, problems, notes
+    return len(intact), nbytes, problems, notes, _compat.OBJECT_GRAPH_KEY in shapes
 
 
 def _check_graph(prefix: str, reader, shapes):

@@ -49,10 +49,11 @@ Commands:
   objckpt verify PREFIX|DIRECTORY
       Reads every tensor once (checksums) and checks the object graph
       against the index, without loading a model; one line per problem. A
-      directory means every checkpoint its state file names.
+      directory means every checkpoint its state file names (without a state
+      file: every checkpoint in it).
 
   objckpt demo [--out DIR] [--epochs N]
-      A one-minute tour on a small Keras 3 model: Twins + TwinSync and
+      A tour of a few seconds on a small Keras 3 model: Twins + TwinSync and
       Checkpointing during fit, restoring the best state, a TF1 Saver
       checkpoint migrated into Keras 3, object trees, timings and the graph
       picture (written under DIR, default a new temporary folder).
@@ -83,6 +84,8 @@ from objckpt._render import inspect_json, inspect_text  # noqa: F401 (public in 
 
 
 def _parse(argv):
+    from objckpt import _demo  # no TF: its DURATION only
+
     parser = argparse_flags.ArgumentParser(
         prog="objckpt", description=__doc__,
         formatter_class=argparse_flags.argparse.RawDescriptionHelpFormatter)
@@ -130,7 +133,7 @@ def _parse(argv):
                        help="also draw objects with no variables below them")
     verify = commands.add_parser("verify", help="check checksums and the object graph")
     verify.add_argument("source", metavar="PREFIX|DIRECTORY")
-    demo = commands.add_parser("demo", help="a one-minute tour on a small Keras 3 model")
+    demo = commands.add_parser("demo", help=f"a tour on a small Keras 3 model ({_demo.DURATION})")
     demo.add_argument("--out", metavar="DIR", help="where to write (default: a new temp dir)")
     demo.add_argument("--epochs", type=_depth, default=6, metavar="N",
                       help="training epochs (default 6)")
@@ -366,7 +369,11 @@ def main(args) -> int:
     try:
         if command is not None:
             with _terminal.quiet_tf() if imports_tf else contextlib.nullcontext():
-                return command(args)
+                code = command(args)
+            sys.stdout.flush()  # a reader that went away shows here, not at exit
+            return code
+    except BrokenPipeError:
+        return _reader_gone()
     except errors.ObjckptError as err:
         # Messages escape the names they quote; this keeps any control character that got
         # through (from TF's own text, say) off the terminal all the same.
@@ -374,6 +381,23 @@ def main(args) -> int:
         print(f"objckpt {args.command}: {text}", file=sys.stderr)
         return 1
     raise app.UsageError(f"unknown command {args.command!r}", exitcode=2)
+
+
+# The exit status when stdout's reader went away (`objckpt inspect ... | head`): what a
+# shell reports for a tool that SIGPIPE ended (128 + 13), as `cat` or `grep` end there.
+CLOSED_PIPE_EXIT = 141
+
+
+def _reader_gone() -> int:
+    """Ends quietly after a BrokenPipeError on stdout, as Python's documentation advises:
+    stdout goes to devnull, so the interpreter's last flush raises nothing either."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # no file descriptor behind sys.stdout
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (for the rest of the process)
+    return CLOSED_PIPE_EXIT
 
 
 def run():

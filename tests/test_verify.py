@@ -182,7 +182,7 @@ def test_name_based_checkpoint_checks_tensors_only(tmp_path_factory):
 def test_nothing_there_raises_not_found(tmp_path):
     with pytest.raises(errors.CheckpointNotFoundError, match="No checkpoint at prefix"):
         objckpt.verify(tmp_path / "nothing")
-    with pytest.raises(errors.CheckpointNotFoundError, match="holds no managed checkpoints"):
+    with pytest.raises(errors.CheckpointNotFoundError, match="holds no checkpoint"):
         objckpt.verify(tmp_path)
 
 
