@@ -105,6 +105,9 @@ def test_notebook_runs_top_to_bottom(name, kernel_name, tmp_path, monkeypatch):
     path = [ROOT] + ([SIDE] if SIDE else []) + [os.environ.get("PYTHONPATH", "")]
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in path if p))
     monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+    temp = tmp_path / "tmp"  # the kernel's temporary folder: the notebook cleans up after itself
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
     with open(os.path.join(COLAB, name), encoding="utf-8") as f:
         nb = nbformat.read(f, as_version=4)
     client = nbclient.NotebookClient(nb, kernel_name=kernel_name, timeout=TIMEOUT_PER_CELL,
@@ -112,5 +115,10 @@ def test_notebook_runs_top_to_bottom(name, kernel_name, tmp_path, monkeypatch):
     client.execute()  # raises CellExecutionError on any error, naming the cell
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
+    assert [n for n in os.listdir(temp) if n.startswith("objckpt-notebook-")] == []
+    # TF's start-up lines (oneDNN, CUDA probes, absl's pre-init notice) stay out of the cells.
+    noise = re.compile(r"oneDNN|cuda|absl::InitializeLog|cpu_feature_guard", re.I)
+    shown = [o.get("text", "") for o in outputs if o.get("name") == "stderr"]
+    assert not [text for text in shown if noise.search(text)], shown
     if name.startswith(("01_", "04_")):  # the plots were drawn
         assert any("image/png" in o.get("data", {}) for o in outputs), name
