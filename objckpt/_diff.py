@@ -141,7 +141,7 @@ def _tolerance(value, name: str) -> float:
     if not math.isfinite(number) or number < 0:
         raise errors.InvalidArgumentError(
             f"objckpt.diff: {name}= must be a finite number >= 0. Received: {name}={value!r}. "
-            f"Pass e.g. {name}=1e-6, or 0 (the default) for bit-exact comparison.")
+            f"Fix: pass e.g. {name}=1e-6, or 0 (the default) for bit-exact comparison.")
     return number
 
 

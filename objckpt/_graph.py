@@ -28,7 +28,7 @@ __all__ = ["Graph", "graph", "render"]
 
 FORMATS = ("dot", "svg", "png")
 _MAX_NODES = 120  # auto-collapse above this many drawn nodes
-_INSTALL_HINT = ("Install Graphviz with your system's package manager (Debian/Ubuntu: "
+_INSTALL_HINT = ("Fix: install Graphviz with your system's package manager (Debian/Ubuntu: "
                  "`apt-get install graphviz`; macOS: `brew install graphviz`; conda: `conda "
                  "install graphviz`); `pip install graphviz` installs only Python bindings, "
                  "not the `dot` program. Or write DOT text (format='dot') and render it elsewhere.")
@@ -150,7 +150,7 @@ def render(dot: str, format: str = "svg") -> bytes:
     if format not in FORMATS:
         raise errors.InvalidArgumentError(
             f"Unknown picture format. Expected one of {', '.join(FORMATS)}. Received: "
-            f"format={format!r}.")
+            f"format={format!r}. Fix: pass one of them.")
     if format == "dot":
         return dot.encode("utf-8")
     program = shutil.which("dot")
@@ -219,7 +219,7 @@ def graph(source, *, depth: int | None = None, max_nodes: int = _MAX_NODES,
                               or depth < 1):
         raise errors.InvalidArgumentError(
             f"depth must be a whole number >= 1 (edges from the root) or None. Received: "
-            f"depth={depth!r}.")
+            f"depth={depth!r}. Fix: pass a number such as depth=3, or None for every edge.")
     proto, specs, live, title, note = _load(source)
     nodes = _walk(proto, specs, live)
     if not empty:

@@ -18,14 +18,15 @@ def check_choice(name, value, choices):
     if value not in choices:
         raise errors.InvalidArgumentError(
             f"{name} must be one of {', '.join(repr(c) for c in choices)}. "
-            f"Received: {name}={value!r}.")
+            f"Received: {name}={value!r}. Fix: pass one of them.")
 
 
 def check_count(name, value, minimum, what):
     """Raises InvalidArgumentError unless `value` is an int (not a bool) >= `minimum`."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise errors.InvalidArgumentError(
-            f"{name} must be an int >= {minimum} ({what}). Received: {name}={value!r}.")
+            f"{name} must be an int >= {minimum} ({what}). Received: {name}={value!r}. "
+            f"Fix: pass a whole number >= {minimum}.")
 
 
 def checkpoint_directory(who: str, directory, *, max_to_keep, keep_best, monitor, mode,
@@ -52,10 +53,12 @@ def checkpoint_directory(who: str, directory, *, max_to_keep, keep_best, monitor
     check_choice("on_error", on_error, ("raise", "warn"))
     if not isinstance(monitor, str) or not monitor:
         raise errors.InvalidArgumentError(
-            f"monitor must be a logs key such as 'val_loss'. Received: monitor={monitor!r}.")
+            f"monitor must be a logs key such as 'val_loss'. Received: monitor={monitor!r}. "
+            "Fix: pass the name of a metric training logs, e.g. monitor='val_loss'.")
     if not isinstance(async_save, bool):
         raise errors.InvalidArgumentError(
-            f"async_save must be True or False. Received: async_save={async_save!r}.")
+            f"async_save must be True or False. Received: async_save={async_save!r}. "
+            "Fix: pass async_save=True or async_save=False.")
     check_choice("verbose", verbose, (0, 1))
     if durable is not None and not isinstance(durable, bool):
         raise errors.InvalidArgumentError(

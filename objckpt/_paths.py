@@ -133,7 +133,8 @@ def _counted(total: int, path: str) -> int:
         raise errors.CheckpointCorruptError(
             f"The object graph's paths add up to more than {MAX_PATH_CHARS:,} characters "
             "(nodes chained thousands of edges deep): no model is built that way, so the "
-            "checkpoint is crafted or damaged. Nothing was read into any variable.")
+            "checkpoint is crafted or damaged. Nothing was read into any variable. Fix: use "
+            "another checkpoint.")
     return total
 
 

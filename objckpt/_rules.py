@@ -53,24 +53,27 @@ def parse_rules(rules) -> tuple[Rule, ...]:
         if not isinstance(rule, (tuple, list)) or len(rule) not in (2, 3):
             raise errors.InvalidArgumentError(
                 f"rule {index} must be (regex, replacement) or (regex, replacement, transform). "
-                f"Received: {rule!r}. Example: ('^model_001/', '') or ('^old/', None) to drop.")
+                f"Received: {rule!r}. Fix: write it as e.g. ('^model_001/', ''), or "
+                "('^old/', None) to drop the entries it matches.")
         pattern, replacement = rule[0], rule[1]
         transform = rule[2] if len(rule) == 3 else None
         if replacement is not None and not isinstance(replacement, str):
             raise errors.InvalidArgumentError(
                 f"rule {index}: the replacement must be a string or None (drop the entry). "
-                f"Received: {replacement!r}.")
+                f"Received: {replacement!r}. Fix: pass a string, or None to drop the entry.")
         if transform is not None and not callable(transform):
             raise errors.InvalidArgumentError(
                 f"rule {index}: the transform must be a callable tensor -> tensor (e.g. "
-                f"lambda t: tf.transpose(t)). Received: {transform!r}.")
+                f"lambda t: tf.transpose(t)). Received: {transform!r}. Fix: pass a callable, "
+                "or write the rule as a (regex, replacement) pair.")
         try:
             regex = re.compile(pattern)
         except (TypeError, re.error) as err:
             raise errors.InvalidArgumentError(
                 f"rule {index}: {pattern!r} is not a valid regular expression ({err}). Rules "
                 "are (regex, replacement) pairs applied with re.sub(regex, replacement, key, "
-                "count=1).") from err
+                "count=1). Fix: correct the pattern (re.escape(text) matches text "
+                "literally).") from err
         parsed.append(Rule(index, regex, replacement, transform))
     return tuple(parsed)
 
@@ -86,7 +89,8 @@ def rewrite(key: str, rules: tuple[Rule, ...]):
             except (re.error, IndexError) as err:
                 raise errors.InvalidArgumentError(
                     f"{rule}: the replacement cannot be applied to `{key}` ({err}). Group "
-                    "references (\\1, \\g<name>) must exist in the regex.") from err
+                    "references (\\1, \\g<name>) must exist in the regex. Fix: add the group "
+                    "to the regex, or remove the reference.") from err
     return key, None
 
 
