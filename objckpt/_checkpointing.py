@@ -607,7 +607,8 @@ class CheckpointDirectory:
             if not variables:
                 raise errors.UnbuiltModelError(
                     f"Nothing to save to `{self.directory}`: the model has no variables. "
-                    "Build it (call it on a batch) before saving.")
+                    "Fix: build it (call it on a batch) before saving.",
+                    source=self.directory)
             names = [_compat.variable_name(v) for v in variables.values()]
             graph = _tree.build_object_graph(list(variables), names, variables.graph_aliases())
             keys = [_paths.checkpoint_key(p) for p in variables] + [_compat.OBJECT_GRAPH_KEY]

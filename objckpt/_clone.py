@@ -945,7 +945,8 @@ def clone_with_values(obj, values: dict | None = None, *, copy_values: bool = Fa
     """
     if not tf.executing_eagerly():
         raise CloneError("objckpt.clone needs eager execution; it was called inside a "
-                         "tf.function or TF1 graph.")
+                         "tf.function or TF1 graph. Fix: call it eagerly, outside the "
+                         "tf.function.")
     name = getattr(obj, "name", None)
     root = type(obj).__name__ if not isinstance(name, str) else f"{type(obj).__name__}({name!r})"
     cloner = _Cloner(copy_values, root, values)

@@ -177,7 +177,7 @@ def _read(side: _Side, path: str, key: str):
         safe = _render.safe
         raise errors.CheckpointCorruptError(
             f"Checkpoint {side.label} `{safe(side.prefix)}`: the value of `{safe(path)}` (key "
-            f"`{safe(key)}`) cannot be read: {err}") from err
+            f"`{safe(key)}`) cannot be read: {err}", source=side.prefix) from err
     if name == "bfloat16":
         return (values.astype(np.uint32) << 16).view(np.float32)
     if name.startswith("float8"):
@@ -199,8 +199,8 @@ def _read_with_tf(side: _Side, key: str):
     except (tf.errors.OpError, ValueError) as err:
         raise errors.CheckpointCorruptError(
             f"{_render.first_line(err)}. Expected: a tensor as its index describes. Its data "
-            "file is damaged or truncated; write the checkpoint again, or compare another "
-            "one.") from err
+            "file is damaged or truncated. Fix: write the checkpoint again, or compare "
+            "another one.", source=side.prefix) from err
 
 
 def _bits_differ(x: np.ndarray, y: np.ndarray) -> np.ndarray:

@@ -155,7 +155,8 @@ def tree(obj) -> VariableTree:
         raise errors.UnsupportedObjectError(
             f"objckpt.tree needs a trackable obj (a Keras model or layer, a tf.Module, a "
             f"tf.train.Checkpoint). Received: obj of type {type(obj).__name__}. "
-            "Wrap plain variables in a tf.Module or tf.train.Checkpoint first.")
+            "Fix: wrap plain variables in a tf.Module or tf.train.Checkpoint first.",
+            obj=type(obj).__name__)
     fingerprint = _compat.fingerprint(obj)
     if fingerprint is not None:
         try:
