@@ -391,11 +391,13 @@ def directory_prefixes(directory: str) -> tuple[list[str], str]:
     `ckpt-3`: one name, with or without `-N`), the highest number, as `Checkpointing` and
     `tf.train.CheckpointManager` number them (no number counts as 0); else the one whose
     index file was modified last (an `objckpt.save` commits its index last), equal times by
-    name. Temporary files of unfinished writes are not checkpoints.
+    name. Temporary files of unfinished writes are not checkpoints, nor is an index that
+    resolves outside the directory (a link elsewhere: read only when passed as a prefix).
     """
     try:
         names = [n[: -len(".index")] for n in os.listdir(directory or ".")
-                 if n.endswith(".index") and not _TEMP.fullmatch(n[: -len(".index")])]
+                 if n.endswith(".index") and not _TEMP.fullmatch(n[: -len(".index")])
+                 and inside(directory, os.path.join(directory, n))]
     except OSError:
         return [], ""
     series = [_SERIES.fullmatch(n) for n in names]

@@ -139,6 +139,9 @@ def test_newest_by_number_in_a_series_else_by_index_time(tmp_path):
     for name, mtime in (("ckpt", 300), ("ckpt-2", 100), ("ckpt-10", 200)):
         touch(name, mtime)
     (tmp_path / ".ckpt-11.tmp-0123456789ab.index").write_bytes(b"")  # an unfinished write
+    elsewhere = tmp_path.parent / f"{tmp_path.name}-elsewhere.index"
+    elsewhere.write_bytes(b"")
+    os.symlink(elsewhere, tmp_path / "ckpt-12.index")  # resolves outside: not this directory's
     found, how = _files.directory_prefixes(str(tmp_path))
     assert [os.path.basename(p) for p in found] == ["ckpt-10", "ckpt-2", "ckpt"]
     assert how == "the highest number"
