@@ -172,7 +172,8 @@ def _start_afresh(run_dir: str) -> int:
         raise errors.InvalidArgumentError(
             f"`{run_dir}` holds files the demo did not write ({', '.join(foreign[:3])}"
             f"{', ...' if len(foreign) > 3 else ''}); the demo trains afresh there and would "
-            "remove its own earlier checkpoints only. Fix: pass another --out folder.")
+            "remove its own earlier checkpoints only. Fix: pass another --out folder.",
+            source=run_dir)
     for name in names:
         os.remove(os.path.join(run_dir, name))
     return len(names)

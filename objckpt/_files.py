@@ -425,7 +425,7 @@ def _newest_on_disk(directory: str, shown: str, tf_reader: bool) -> tuple[str, t
         raise errors.CheckpointNotFoundError(
             f"Directory `{shown}` holds no checkpoint: expected a TF `{STATE_FILE}` state file "
             "or checkpoint files (`<prefix>.index` beside `<prefix>.data-*`) in it, found "
-            "neither. Check the path, or pass a checkpoint prefix.")
+            "neither. Fix: check the path, or pass a checkpoint prefix.", source=directory)
     skipped = []
     for prefix in prefixes:
         problem = check_intact(prefix, tf_reader=tf_reader)
@@ -439,7 +439,7 @@ def _newest_on_disk(directory: str, shown: str, tf_reader: bool) -> tuple[str, t
     raise errors.CheckpointCorruptError(
         f"Directory `{shown}` has no intact checkpoint; expected at least one, found:\n  "
         + "\n  ".join(f"`{_render.safe(p)}`: {why}" for p, why in skipped)
-        + "\nRestore from another copy, or write a new checkpoint.")
+        + "\nFix: restore from another copy, or write a new checkpoint.", source=directory)
 
 
 def resolve_prefix(source: str | os.PathLike, *,
@@ -512,15 +512,17 @@ def check_prefix(prefix: str) -> None:
     shown = _render.safe(prefix)
     if os.path.isdir(prefix):
         inside = os.path.join(prefix.rstrip("/" + os.sep) or prefix, "ckpt")
-        raise errors.InvalidArgumentError(
+        raise errors.InvalidArgumentError(  # source=: where it was to be written
             f"`{shown}` is a directory; a checkpoint prefix names the checkpoint's files "
             f"(`<prefix>.index`, `<prefix>.data-*`), which would be written beside the "
             f"directory. Fix: pass a prefix inside it, such as `{_render.safe(inside)}`; "
-            f"`objckpt.restore(obj, \"{shown}\")` then reads the newest checkpoint there.")
+            f"`objckpt.restore(obj, \"{shown}\")` then reads the newest checkpoint there.",
+            source=prefix)
     if not os.path.basename(prefix):
         raise errors.InvalidArgumentError(
             f"`{shown}` ends in a path separator: it names a folder, not a checkpoint. Fix: "
-            f"add the checkpoint's name, such as `{_render.safe(os.path.join(prefix, 'ckpt'))}`.")
+            f"add the checkpoint's name, such as `{_render.safe(os.path.join(prefix, 'ckpt'))}`.",
+            source=prefix)
 
 
 def temp_prefix(prefix: str) -> str:

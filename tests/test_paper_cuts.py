@@ -63,6 +63,8 @@ def test_save_refuses_an_existing_directory_and_names_the_fix(saved_run):
         message = str(caught.value)
         assert f"`{run}` is a directory" in message
         assert f"pass a prefix inside it, such as `{run / 'ckpt'}`" in message
+        assert caught.value.source == str(run) and caught.value.fix.startswith(
+            f"pass a prefix inside it, such as `{run / 'ckpt'}`")
     with pytest.raises(errors.InvalidArgumentError, match="ends in a path separator"):
         objckpt.save(obj, str(run.parent / "new") + os.sep)
     # Nothing beside the directory (no `<dir>.index`), nothing new inside the parent.
@@ -113,6 +115,7 @@ def test_a_torn_newest_checkpoint_is_skipped_and_named(saved_run, tmp_path):
     with pytest.raises(errors.CheckpointCorruptError, match="has no intact checkpoint") as err:
         objckpt.restore(obj, torn)
     assert all(f"`{torn / n}`" in str(err.value) for n in ("ckpt", "ckpt-2", "ckpt-3"))
+    assert err.value.source == str(torn) and "write a new checkpoint" in err.value.fix
     assert _values(obj) == before  # a failed restore changes nothing
 
 
