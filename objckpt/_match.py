@@ -451,8 +451,10 @@ def plan(obj, source, *, rules: Sequence | None = None, at: str | None = None,
                 "moves the source's optimizer state into it by owner")))
     left = len(result.unmatched_variables) + len(result.unmatched_source)
     if left and not (result.ambiguous or result.mismatched):
-        what = (f"{len(result.unmatched_variables)} variable(s) without a value and "
-                f"{len(result.unmatched_source)} source entr(ies) without a variable")
+        what = (f"{_render.count(len(result.unmatched_variables), 'variable')} without a "
+                f"value and {len(result.unmatched_source)} source "
+                f"{'entry' if len(result.unmatched_source) == 1 else 'entries'} "
+                "without a variable")
         result = dataclasses.replace(result, notes=(*result.notes, (
             f"strict=True: objckpt.restore would refuse this plan ({what}); strict=False "
             "skips them and lists them in its report" if strict else

@@ -148,7 +148,8 @@ class FreezeSchedule(_FlavourFreeCallback):
       schedule: {epoch: patterns}: from that epoch on (until the next entry),
         exactly the variables whose object path matches one of the patterns
         (regular expressions; a string or a list) are frozen; None or [] for
-        none. Before the first entry nothing is frozen.
+        none. Layers and variables of the model may stand among the patterns,
+        as `Freezer.freeze` takes them. Before the first entry nothing is frozen.
 
     Attributes:
       freezer: the `objckpt.Freezer` in use (after training began).
@@ -173,14 +174,14 @@ class FreezeSchedule(_FlavourFreeCallback):
                     f"Received: {epoch!r}.")
             if patterns is None:
                 patterns = ()
-            elif isinstance(patterns, str):
-                patterns = (patterns,)
+            elif isinstance(patterns, str) or not isinstance(patterns, (list, tuple)):
+                patterns = (patterns,)  # a pattern, a layer or a variable
             else:
                 patterns = tuple(patterns)
-                if not all(isinstance(p, str) for p in patterns):
-                    raise errors.InvalidArgumentError(
-                        f"FreezeSchedule[{epoch}] must be a regex string, a list of them or "
-                        f"None. Received: {schedule[epoch]!r}.")
+            if any(p is None or isinstance(p, (bytes, int, float, dict)) for p in patterns):
+                raise errors.InvalidArgumentError(
+                    f"FreezeSchedule[{epoch}] must be a regex string, a layer or variable of "
+                    f"the model, a list of them, or None. Received: {schedule[epoch]!r}.")
             cleaned[epoch] = patterns
         self.schedule = dict(sorted(cleaned.items()))
         self.freezer = None
@@ -440,8 +441,8 @@ class BestSnapshot(_FlavourFreeCallback):
 
             _snapshot.restore(self.model, self.snapshot)
             self.restored = True
-            if self.verbose:
-                print(self.rollback_line(), flush=True)
+            if self.verbose and (self._cluster is None or self._cluster.chief):
+                print(self.rollback_line(), flush=True)  # several workers: the chief says it
 
     def rollback_line(self) -> str:
         """The line printed at the end of fit (verbose): to which epoch the weights went."""

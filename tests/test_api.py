@@ -226,8 +226,9 @@ def test_strict_is_checked_and_said_in_the_plan(saved):
     with pytest.raises(errors.InvalidArgumentError, match="strict must be True or False"):
         objckpt.plan(Less(), prefix, strict="yes")
     strict = objckpt.plan(Less(), prefix)
-    assert any("strict=True: objckpt.restore would refuse this plan (0 variable(s) without a "
-               "value and 1 source entr(ies) without a variable)" in n for n in strict.notes)
+    assert any("strict=True: objckpt.restore would refuse this plan (0 variables without a "
+               "value and 1 source entry without a variable); strict=False skips them" in n
+               for n in strict.notes)
     loose = objckpt.plan(Less(), prefix, strict=False)
     assert any(n.startswith("strict=False: objckpt.restore would skip") for n in loose.notes)
     assert _rows(strict) == _rows(loose)
@@ -359,6 +360,22 @@ def test_freeze_a_layer_and_a_variable_under_fit(flavour):
     model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
     after = _values([kernel, second.bias, first.kernel])
     assert [a.tobytes() == b.tobytes() for a, b in zip(before, after)] == [True, False, False]
+
+
+@pytest.mark.parametrize("flavour", KERAS_FLAVOURS)
+def test_freeze_schedule_takes_a_layer(flavour):
+    keras = keras_for(flavour)
+    model = _dense_model(keras)
+    first, second = model.get_layer("first"), model.get_layer("second")
+    schedule = objckpt.callbacks.FreezeSchedule({0: first, 1: [second.kernel, "nothing|bias"]})
+    x, y = _xy()
+    before = _values(first.weights)
+    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[schedule])
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(before, _values(first.weights)))
+    assert schedule.history == [(0, schedule.freezer.matching(first))]
+    assert len(schedule.history[0][1]) == 2
+    with pytest.raises(errors.InvalidArgumentError, match=r"FreezeSchedule\[0\]"):
+        objckpt.callbacks.FreezeSchedule({0: [3]})
 
 
 @pytest.mark.parametrize("flavour", KERAS_FLAVOURS)
