@@ -77,7 +77,7 @@ def _number(value) -> str:
     if abs(value) >= 100:
         return f"{value:,.1f}"
     if abs(value) >= 1:
-        return f"{value:.2f}"
+        return f"{value:.4g}"
     return f"{value:.3g}"
 
 
@@ -117,6 +117,35 @@ def _table(result: dict) -> list[str]:
     if result.get("notes"):
         lines.append("")
     return lines
+
+
+def _heading(title: str) -> str:
+    """`[io: save, 100 MiB] tf.Module, ...` -> `io: save, 100 MiB: tf.Module, ...`."""
+    title = title.strip()
+    if title.startswith("[") and "] " in title:
+        tag, rest = title[1:].split("] ", 1)
+        title = f"{tag}: {rest}"
+    return _cell(title)
+
+
+def _targets(sections: list) -> list[str]:
+    """How many targets this run met, and the ones it did not."""
+    met, missed = 0, []
+    for section in sections:
+        for what, value, target, ok, *_ in section["result"].get("ratios") or []:
+            if ok is None:
+                continue
+            if ok:
+                met += 1
+            else:
+                missed.append(f"{_heading(section['title']).split(':')[0]}: {_cell(what)} "
+                              f"{_number(value)} (target {_cell(target)})")
+    if not met and not missed:
+        return []
+    lines = [f"Targets met in this run: {met} of {met + len(missed)}."
+             + (" Not met:" if missed else ""), ""]
+    lines += [f"- {line}" for line in missed]
+    return lines + ([""] if missed else [])
 
 
 def render(out: dict, results_path: str | None = None) -> str:
@@ -164,6 +193,8 @@ def render(out: dict, results_path: str | None = None) -> str:
         "- settings: " + ", ".join(f"`{k}={v}`" for k, v in settings.items()
                                    if v is not None),
     ]
+    if out.get("note"):
+        lines.append(f"- note: {_cell(out['note'])}")
     seconds = out.get("seconds", {})
     if seconds:
         lines.append("- seconds each section took: " + ", ".join(
@@ -173,6 +204,7 @@ def render(out: dict, results_path: str | None = None) -> str:
     present = [name for name in ORDER if any(s["section"] == name for s in sections)]
     if present:
         lines += ["Sections: " + ", ".join(f"[{name}](#{name})" for name in present) + ".", ""]
+    lines += _targets(sections)
     for name in present:
         lines += [f"## {name}", ""]
         if name in ABOUT:
@@ -180,7 +212,7 @@ def render(out: dict, results_path: str | None = None) -> str:
         for section in sections:
             if section["section"] != name:
                 continue
-            lines += [f"### {_cell(section['title'].strip())}", ""]
+            lines += [f"### {_heading(section['title'])}", ""]
             lines += _table(section["result"])
     return "\n".join(lines).rstrip() + "\n"
 

@@ -194,6 +194,8 @@ def main(argv=None) -> int:
     parser.add_argument("--render", metavar="RESULTS_JSON",
                         help="run nothing: write the --markdown page (or print it) from the "
                         "results an earlier --json run wrote")
+    parser.add_argument("--note", help="a line about the machine the page shows "
+                        "(recorded in the results), e.g. that it was shared")
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--only", choices=["a", "b"], help="one model only")
     parser.add_argument("--section", action="append",
@@ -244,8 +246,9 @@ def run(args, argv) -> dict:
     out = {"tensorflow": tf.__version__, "keras": keras.__version__,
            "machine": _machine(keras),
            "command": "python3 benchmarks/run.py " + " ".join(shlex.quote(a) for a in argv),
+           "note": args.note,
            "settings": {k: v for k, v in vars(args).items()
-                        if k not in ("json", "markdown", "render")},
+                        if k not in ("json", "markdown", "render", "note")},
            "sections": [], "seconds": {}}
     last = [time.perf_counter()]
 
