@@ -308,6 +308,8 @@ def test_twins_and_freezer_take_obj_and_warn_for_model():
 def test_callback_options_by_position_warn_with_the_keyword_spelling(flavour):
     keras = keras_for(flavour)
     twins = objckpt.Twins(_dense_model(keras))
+    assert _api.is_live(twins.current) and not _api.is_source_like(twins.current)
+    assert _api.is_live(twins.current.optimizer) and _api.is_live(tf.train.Checkpoint())
     sync, caught = _caught(lambda: objckpt.callbacks.TwinSync(twins, 2, 0.5))
     assert len(caught) == 1 and caught[0].filename == __file__
     assert "TwinSync(...) takes its options by keyword now: pass every=2, tau=0.5" in str(
