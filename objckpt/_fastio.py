@@ -43,8 +43,8 @@ __all__ = ["DURABLE_DEFAULT", "MIN_PART_BYTES", "PART_BUFFER_BYTES", "STREAM_BYT
            "fsync_paths", "lower_priority", "memory_budget", "native_crc32c", "part_count",
            "read_tensors", "thread_groups", "threads", "write_bundle"]
 
-# Whether writes fsync before they commit when the caller does not say (see the README's
-# benchmark: the cost of durable=True on this machine decided it).
+# Whether writes fsync before they commit when the caller does not say (see docs/benchmarks.md,
+# section io: the cost of durable=True decided it).
 DURABLE_DEFAULT = False
 # Each writing thread gets at least this many bytes; smaller checkpoints use one SaveV2.
 MIN_PART_BYTES = 32 << 20
