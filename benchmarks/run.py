@@ -2,9 +2,9 @@
 
 Usage:
   python benchmarks/run.py [--json results.json] [--markdown docs/benchmarks.md]
-                           [--repeats N] [--only a|b]
+                           [--note TEXT] [--repeats N] [--only a|b]
                            [--section all|foundation|twins|migrate|ensemble|checkpointing|
-                                      completeness|untrusted|cli|formats|distribute|io]
+                                      completeness|untrusted|cli|formats|distribute|io] ...
                            [--steps N] [--batch N] [--migrate-tensors N] [--io-sizes MiB,MiB]
   python benchmarks/run.py --render results.json --markdown docs/benchmarks.md
 
@@ -31,6 +31,7 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import sys
 import tempfile
 import time
@@ -221,7 +222,20 @@ def main(argv=None) -> int:
         else:
             sys.stdout.write(text)
         return 0
-    out = run(args, argv if argv is not None else sys.argv[1:])
+    # The benchmarks' scratch folders (theirs and their child processes') go into one folder,
+    # removed when the run ends, however it ends.
+    scratch = tempfile.mkdtemp(prefix="objckpt-bench-run-")
+    saved = tempfile.tempdir, os.environ.get("TMPDIR")
+    tempfile.tempdir, os.environ["TMPDIR"] = scratch, scratch
+    try:
+        out = run(args, argv if argv is not None else sys.argv[1:])
+    finally:
+        tempfile.tempdir = saved[0]
+        if saved[1] is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = saved[1]
+        shutil.rmtree(scratch, ignore_errors=True)
     if args.json:
         _write_json(args.json, out)
     if args.markdown:
