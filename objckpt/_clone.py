@@ -84,7 +84,7 @@ import numpy as np
 import tensorflow as tf
 
 from objckpt import _compat
-from objckpt.errors import CloneError, DistributedVariableError, ObjckptError
+from objckpt.errors import CloneError, DistributedVariableError, ObjckptError, about_arguments
 
 __all__ = ["clone"]
 
@@ -888,6 +888,7 @@ class _Cloner:
                 container.add(self.memo.get(id(item), item))
 
 
+@about_arguments(obj="obj")
 def clone(obj, *, copy_values: bool = True):
     """Returns an independent copy of obj: same object tree, new variables.
 

@@ -88,6 +88,13 @@ class PendingRestore:
         # hooks found so, beyond those of the walk made at the first write.
         self._new_layers: list = []
         self._more_hooks: dict = {}  # id(layer) -> derived-state hook
+        self._given = None  # the source as the caller gave it: errors' `source`
+
+    def _about(self, err):
+        """err with its `source` (the source as given) and `obj` (obj's type and name) set, as
+        `objckpt.restore` sets them."""
+        given = self._given if self._given is not None else self._source.description
+        return errors.about(err, source=given, obj=self._obj)
 
     def _waiting_optional(self) -> list:
         """Optional entries not landed while obj has no optimizer (they do not count)."""
@@ -129,13 +136,13 @@ class PendingRestore:
                  and (self.strict or path in self._failed)]
         if not lines:
             return
-        raise errors.StructureMismatchError(
+        raise self._about(errors.StructureMismatchError(
             f"restore_on_create from {self._source.description}: {len(lines)} of "
             f"{len(lines) + len(self._applied)} values have not landed:\n"
             + "\n".join(_render.listed(lines))
             + "\nFix: call the model on a batch (or build it) so its variables are created; "
             "check the object paths with objckpt.tree(obj) and map them with rules=[...].",
-            tuple(lines))
+            tuple(lines)))
 
     def cancel(self) -> None:
         """Stops waiting: nothing more lands; the hooks on obj's layers are removed.
@@ -219,12 +226,12 @@ class PendingRestore:
         problems = [p for p in the_plan.mismatched if any(
             f"`{_render.safe(m)}`" in p for m in entries)] if the_plan.mismatched else []
         if problems:
-            raise errors.StructureMismatchError(
+            raise self._about(errors.StructureMismatchError(
                 f"restore_on_create: the variables obj has do not fit "
                 f"{_render.safe_text(src.description)}: {len(problems)} problem(s). Nothing "
                 "more was restored.\n" + "\n".join(_render.listed(problems))
                 + "\nFix: build obj with the source's shapes, or map entries with rules.",
-                tuple(problems))
+                tuple(problems)))
         out = []
         for match in chosen:
             variable = variables[match.target]
@@ -232,10 +239,12 @@ class PendingRestore:
             value = self._value(entry)
             problem = self._problem(entry, variable, value)
             if problem:
-                raise errors.StructureMismatchError(
+                raise self._about(errors.StructureMismatchError(
                     f"restore_on_create: {the_plan.label(match.target)} (from "
-                    f"`{_render.safe(match.source)}`): {problem}. Nothing more was restored.",
-                    (problem,))
+                    f"`{_render.safe(match.source)}`): {problem}. Nothing more was restored. Fix: "
+                    "build obj with the source's shapes and dtypes, or map the entry to "
+                    "another variable with rules.",
+                    (problem,)))
             out.append((entries[match.source], entry, variable, value))
         for old, entry, _, _ in out:  # pending now under the variable's own path
             del self._entries[old.path]
@@ -281,7 +290,7 @@ class PendingRestore:
                 self._failed[entry.path] = problem
             entry, variable, value, _ = bad[0]
             safe = _render.safe
-            raise errors.StructureMismatchError(
+            raise self._about(errors.StructureMismatchError(
                 f"restore_on_create: `{safe(entry.path)}` was created as "
                 f"{variable.dtype.base_dtype.name}{tuple(variable.shape)}, but the source "
                 f"{_render.safe_text(self._source.description)} holds {value.dtype.name}"
@@ -292,7 +301,7 @@ class PendingRestore:
                 + f". {'These variables were' if len(bad) > 1 else 'The variable was'} left "
                 "unassigned, and so were the others created with them. Fix: build the model "
                 "with the source's shapes, or drop the entry with a rule (regex, None).",
-                tuple(f"`{safe(e.path)}`: {p}" for e, _, _, p in bad))
+                tuple(f"`{safe(e.path)}`: {p}" for e, _, _, p in bad)))
         for entry, variable, value in checked:
             # Each replica as tf.train.Checkpoint restores it, also when the variable was
             # created inside `strategy.run` (a replica context, where a distributed
@@ -659,6 +668,7 @@ def restore_on_create(obj, source, *, rules=None, at: str | None = None, strict:
         entries, optional = _optimizer_entries(obj, src, entries, skipped, at, rules,
                                                optimizer_state)
         pending = PendingRestore(obj, src, entries, skipped, at)
+        pending._given = errors.describe_source(source)  # a str: holds no Snapshot
         pending.strict = strict
         pending._optional = optional
         # Existing variables: every value read and checked before any is assigned.
@@ -688,6 +698,7 @@ def restore_on_create(obj, source, *, rules=None, at: str | None = None, strict:
             pending._used.update(entry.source for entry, _, _ in ready)
             ready += pending.planned()
     except Exception as err:
+        errors.about(err, source=source, obj=obj)
         _agree(obj, err)
         raise
     _agree(obj, None)

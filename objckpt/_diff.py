@@ -177,7 +177,8 @@ def _read(side: _Side, path: str, key: str):
         safe = _render.safe
         raise errors.CheckpointCorruptError(
             f"Checkpoint {side.label} `{safe(side.prefix)}`: the value of `{safe(path)}` (key "
-            f"`{safe(key)}`) cannot be read: {err}", source=side.prefix) from err
+            f"`{safe(key)}`) cannot be read: {err}\nFix: compare against another copy of the "
+            "checkpoint, or write it again.", source=side.prefix) from err
     if name == "bfloat16":
         return (values.astype(np.uint32) << 16).view(np.float32)
     if name.startswith("float8"):

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import logging
 import os
 from collections.abc import Sequence
@@ -70,6 +71,34 @@ def _with_context(err: errors.ObjckptError, context: str) -> errors.ObjckptError
     return new
 
 
+def _about_errors(load):
+    """load_ensemble's objckpt errors get `source` (the sources) and `obj` (the template)
+    where they are unset, as `objckpt.restore`'s get them; a failing member's error has
+    that member's source already."""
+
+    @functools.wraps(load)
+    def wrapper(template, sources, *args, **kwargs):
+        try:
+            return load(template, sources, *args, **kwargs)
+        except errors.ObjckptError as err:
+            errors.about(err, source=sources, obj=template)
+            raise
+
+    return wrapper
+
+
+def _about_member(err, given, template, opened=None, member=None):
+    """A member's error names the source as given (not the opened one `restore` was
+    handed) and the template (not its clone)."""
+    if isinstance(err, errors.ObjckptError):
+        if opened is not None and err.source == errors.describe_source(opened):
+            err.source = None
+        if member is not None and err.obj == errors.describe_obj(member):
+            err.obj = None
+    return errors.about(err, source=given, obj=template)
+
+
+@_about_errors
 def load_ensemble(template, sources: Sequence, *, rules=None, at: str | None = None,
                   strict: bool = True, optimizer_state="auto") -> Ensemble:
     """Loads N independent members of one architecture from N sources.
@@ -128,16 +157,17 @@ def load_ensemble(template, sources: Sequence, *, rules=None, at: str | None = N
             "one member.")
     if not sources:
         raise errors.InvalidArgumentError(
-            "sources is empty, so the ensemble would have no member. Pass one source per "
+            "sources is empty, so the ensemble would have no member. Fix: pass one source per "
             "member, e.g. load_ensemble(template, ['run1/ckpt-9', 'run2/ckpt-9']).")
     if not _compat.is_trackable(template):
         raise errors.UnsupportedObjectError(
             "The template must be a trackable model (a Keras model of any flavour or a "
-            f"tf.Module). Received: {type(template).__name__}.")
+            f"tf.Module). Received: {type(template).__name__}. Fix: pass a model built like "
+            "the members, e.g. a fresh instance of their architecture.")
     if not _tree.tree(template):
         raise errors.UnbuiltModelError(
             f"The template ({type(template).__name__}) has no variables yet, so there is "
-            "nothing to load. Build it first (call it on a batch, or model.build(shape)).")
+            "nothing to load. Fix: build it first (call it on a batch, or model.build(shape)).")
     strict = _match.check_strict(strict)
     mode = _match.optimizer_mode(optimizer_state)
     member_rules = _rules_per_member(rules, len(sources))
@@ -147,6 +177,7 @@ def load_ensemble(template, sources: Sequence, *, rules=None, at: str | None = N
             opened.append(_sources.open_source(source))
         except Exception as err:  # any error: the other workers must not wait for this one
             # every worker of a MultiWorkerMirroredStrategy raises, before any creates a member
+            _about_member(err, source, template)
             _snapshot.agree_across_workers(_tree.tree(template), err, "objckpt.load_ensemble")
             if not isinstance(err, errors.ObjckptError):
                 raise
@@ -162,6 +193,7 @@ def load_ensemble(template, sources: Sequence, *, rules=None, at: str | None = N
                 _snapshot.restore(member, source, rules=member_rule, at=at, strict=strict,
                                   optimizer_state=optimizer_state)
             except errors.ObjckptError as err:
+                _about_member(err, sources[k], template, opened=source, member=member)
                 raise _with_context(
                     err, f"member {k} (source {_describe_source(sources[k])})") from err
             members.append(member)
@@ -178,6 +210,7 @@ def load_ensemble(template, sources: Sequence, *, rules=None, at: str | None = N
                                  strict=strict, at=at, optimizer_state=optimizer_state)
             values = _snapshot.fetch_values(the_plan, variables)
         except Exception as err:  # any error (a rule's transform raising a TF error too)
+            _about_member(err, sources[k], template)
             _snapshot.agree_across_workers(variables, err, "objckpt.load_ensemble")
             if not isinstance(err, errors.ObjckptError):
                 raise
@@ -253,7 +286,9 @@ class Ensemble:
     def __init__(self, members: Sequence):
         members = tuple(members)
         if not members:
-            raise errors.InvalidArgumentError("An Ensemble needs at least one member.")
+            raise errors.InvalidArgumentError(
+                "An Ensemble needs at least one member. Received: no members. Fix: pass a "
+                "list of models, or use objckpt.load_ensemble(template, sources).")
         trees = [dict(_compat.network_variable_paths(m)) for m in members]
         reference = {p: (tuple(v.shape), v.dtype) for p, v in trees[0].items()}
         for k, member_tree in enumerate(trees[1:], start=1):
@@ -322,7 +357,8 @@ class Ensemble:
         """
         if mode not in _MODES:
             raise errors.InvalidArgumentError(
-                f'mode must be one of {", ".join(_MODES)}. Received: mode={mode!r}.')
+                f'mode must be one of {", ".join(_MODES)}. Received: mode={mode!r}. Fix: pass '
+                f'mode={_MODES[0]!r} or another of those.')
         if self._keras:
             kwargs.setdefault("training", False)
         specs = tf.nest.map_structure(_relaxed_spec, inputs)

@@ -268,7 +268,8 @@ def read_state(directory: str, *, tf_reader: bool = True) -> list[str]:
     except FileNotFoundError:
         raise errors.CheckpointNotFoundError(
             f"Directory `{directory}` holds no managed checkpoints: expected a TF `checkpoint` "
-            f"state file in it, found none.{_hint(directory, tf_reader)}",
+            f"state file in it, found none.{_hint(directory, tf_reader)} Fix: pass a checkpoint "
+            "prefix, or a directory that objckpt.save or a CheckpointManager wrote to.",
             source=directory) from None
     except (OSError, ValueError) as err:
         raise errors.CheckpointCorruptError(
@@ -289,7 +290,9 @@ def read_state(directory: str, *, tf_reader: bool = True) -> list[str]:
     if not names:
         raise errors.CheckpointCorruptError(
             f"The checkpoint state file `{state_path}` names no checkpoint (it is empty or "
-            f"has no `model_checkpoint_path`).{_hint(directory, tf_reader)}", source=state_path)
+            f"has no `model_checkpoint_path`).{_hint(directory, tf_reader)} Fix: pass a "
+            "checkpoint prefix, or delete the state file so that the directory's newest "
+            "intact checkpoint is used.", source=state_path)
     return names
 
 
@@ -474,10 +477,10 @@ def resolve_prefix(source: str | os.PathLike, *,
             notes.append(f"skipped `{_render.safe(prefix)}`: {problem}")
         found = intact_prefixes(source, tf_reader=tf_reader)
         fix = ("\nIntact checkpoints found in the directory, which its state file does not "
-               "name: " + ", ".join(f"`{_render.safe(p)}`" for p in found) + ". Pass one of "
+               "name: " + ", ".join(f"`{_render.safe(p)}`" for p in found) + ". Fix: pass one of "
                f"them as the prefix to restore from it, or fix the state file "
                f"`{os.path.join(source, STATE_FILE)}` so that it names them."
-               if found else "\nRestore from another copy, or write a new checkpoint.")
+               if found else "\nFix: restore from another copy, or write a new checkpoint.")
         raise errors.CheckpointCorruptError(
             f"Directory `{shown}` has no intact checkpoint that its state file names; "
             "expected at least one, found:\n  " + "\n  ".join(notes) + fix, source=source)

@@ -85,7 +85,8 @@ def _compile(patterns, action: str) -> list[re.Pattern]:
         except (TypeError, re.error) as err:
             raise errors.InvalidArgumentError(
                 f"{action}() takes regular expressions searched in object paths. Received: "
-                f"{pattern!r} ({err}). Example: {action}('^encoder/', 'kernel$').") from err
+                f"{pattern!r} ({err}). Fix: pass valid regular expressions, e.g. "
+                f"{action}('^encoder/', 'kernel$').") from err
     return compiled
 
 
@@ -150,18 +151,20 @@ class Freezer:
     """
 
     @_api.renamed("model", "obj", name="objckpt.Freezer")
+    @errors.about_arguments(obj="obj")
     def __init__(self, obj):
         model = obj
         if not _compat.is_trackable(model):
             raise errors.UnsupportedObjectError(
                 f"Freezer needs a trackable model (a Keras model of any flavour or a "
-                f"tf.Module). Received: {type(model).__name__}.")
+                f"tf.Module). Received: {type(model).__name__}. Fix: pass the model whose "
+                "variables to freeze.")
         everything = _compat.network_variable_paths(model)
         trainable = [(p, v) for p, v in everything if v.trainable]
         if not trainable:
             raise errors.UnbuiltModelError(
                 f"{type(model).__name__} has no trainable variables yet, so there is nothing "
-                "to freeze. Build it first (call it on a batch, or model.build(shape)).")
+                "to freeze. Fix: build it first (call it on a batch, or model.build(shape)).")
         self.model = model
         self.paths = tuple(p for p, _ in trainable)
         self._variables = tuple(v for _, v in trainable)
@@ -233,8 +236,8 @@ class Freezer:
                                   f"`{p}` ({n})" for p, n in zip(self.paths[:3], self.names)))
                 raise errors.InvalidArgumentError(
                     f"{action}({pattern!r}): {detail}. Patterns are regular expressions "
-                    "searched in object paths and variable names (objckpt.Freezer(model)"
-                    ".paths and .names list them).")
+                    "searched in object paths and variable names. Fix: pass a pattern that "
+                    "matches one of objckpt.Freezer(model).paths or .names.")
             chosen |= hits
         return chosen
 
@@ -276,8 +279,9 @@ class Freezer:
             raise errors.InvalidArgumentError(
                 f"{action}({what}): none of its variables is trainable (e.g. "
                 f"`{self._owned[id(variables[0])]}`): no optimizer updates them. BatchNorm "
-                "moving statistics follow the layer's training mode; call the layer with "
-                "training=False to keep them.")
+                "moving statistics follow the layer's training mode. Fix: pass trainable "
+                "layers or variables; to keep moving statistics, call the layer with "
+                "training=False.")
         return chosen
 
     def _set(self, frozen: np.ndarray) -> None:

@@ -269,8 +269,8 @@ def _load(source):
     if not _compat.is_trackable(source):
         raise errors.UnsupportedObjectError(
             f"objckpt.graph needs a checkpoint prefix or directory, or a trackable obj (a Keras "
-            f"model, a tf.Module). Received: {type(source).__name__}. For a Snapshot, "
-            "objckpt.save it first and draw the prefix.")
+            f"model, a tf.Module). Received: {type(source).__name__}. Fix: pass a prefix, a "
+            "directory or a model; for a Snapshot, objckpt.save it first and draw the prefix.")
     proto, classes = _compat.live_object_graph(source)
     variables = _tree.tree(source)
     specs = {}

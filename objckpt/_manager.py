@@ -97,6 +97,7 @@ class CheckpointManager:
       ...     best = manager.best()[0]  # .prefix, .metric, .number, .timestamp
     """
 
+    @errors.about_arguments(source="directory", obj="obj")
     def __init__(self, obj, directory, *, max_to_keep: int = 5, keep_best: int = 0,
                  monitor: str = "val_loss", mode: str = "min", async_save: bool = False,
                  on_error: str = "raise", verbose: int = 1, durable: bool | None = None):
@@ -164,7 +165,8 @@ class CheckpointManager:
         if metrics is not None and not isinstance(metrics, Mapping):
             raise errors.InvalidArgumentError(
                 "metrics must be a dict of name -> number, e.g. {'val_loss': 0.25}. "
-                f"Received: a {type(metrics).__name__}. Nothing was saved.")
+                f"Received: a {type(metrics).__name__}. Nothing was saved. Fix: pass "
+                "metrics={'name': value}, or no metrics.")
         if metrics is None or self.monitor not in metrics:
             if keep_best:
                 received = ("metrics=None" if metrics is None
@@ -182,7 +184,8 @@ class CheckpointManager:
         if array is None or array.shape != () or array.dtype.kind not in "iuf":
             raise errors.InvalidArgumentError(
                 f"metrics[{self.monitor!r}] must be one real number (a float, or a scalar "
-                f"tensor or array). Received: {value!r}. Nothing was saved.")
+                f"tensor or array). Received: {value!r}. Nothing was saved. Fix: pass a scalar, "
+                f"e.g. metrics={{{self.monitor!r}: float(value)}}.")
         return float(array)
 
     def restore_latest(self) -> int | None:
@@ -238,5 +241,6 @@ def _step(step) -> int:
     if number is None or number < 0:
         raise errors.InvalidArgumentError(
             f"step must be an int >= 0 (the training step). Received: step={step!r}. "
-            "Nothing was saved.")
+            "Nothing was saved. Fix: pass the training step as an int >= 0, e.g. "
+            "step=int(step).")
     return number

@@ -95,7 +95,8 @@ def optimizer_mode(optimizer_state):
     raise errors.InvalidArgumentError(
         f"optimizer_state must be 'auto', True or False. Received: "
         f"optimizer_state={optimizer_state!r}. 'auto' moves optimizer state by the variable it "
-        "belongs to when the obj has an optimizer to put it in and skips it otherwise.")
+        "belongs to when the obj has an optimizer to put it in and skips it otherwise. Fix: "
+        "pass one of 'auto', True, False.")
 
 
 def view_at(source: Source, at: str | None) -> dict:
@@ -431,12 +432,21 @@ def plan(obj, source, *, rules: Sequence | None = None, at: str | None = None,
       >>> print(p.describe())
     """
     obj, source = _api.obj_first("plan", obj, source)
+    try:
+        return _plan(obj, source, rules=rules, at=at, strict=strict,
+                     optimizer_state=optimizer_state)
+    except errors.ObjckptError as err:
+        errors.about(err, source=source, obj=obj)  # as objckpt.restore sets them
+        raise
+
+
+def _plan(obj, source, *, rules, at, strict, optimizer_state) -> Plan:
     strict = check_strict(strict)
     variables = _tree.tree(obj)
     if not variables:
         raise errors.UnbuiltModelError(
-            f"Cannot plan a restore into {type(obj).__name__}: it has no variables yet. Build "
-            "it first, or use objckpt.restore_on_create(obj, source) to apply values as "
+            f"Cannot plan a restore into {type(obj).__name__}: it has no variables yet. Fix: "
+            "build it first, or use objckpt.restore_on_create(obj, source) to apply values as "
             "variables are created.")
     src = open_source(source)
     result = make_plan(src, obj, variables, rules=rules, at=at,
@@ -471,7 +481,7 @@ def check_strict(strict) -> bool:
     raise errors.InvalidArgumentError(
         f"strict must be True or False. Received: strict={strict!r}. True: variables "
         "without a value and source entries without a variable are errors; False: they are "
-        "skipped and listed.")
+        "skipped and listed. Fix: pass strict=True or strict=False.")
 
 
 def optimizer_entries(source: Source, keys) -> set:

@@ -143,7 +143,9 @@ def migrate(obj, source, prefix, *, rules=None, at: str | None = None, strict: b
                                  new="obj, source, prefix")
     strict = _match.check_strict(strict)
     variables = _tree.tree(obj)
+    prefix = os.fspath(prefix)
     try:
+        _files.check_prefix(prefix)  # an existing directory: refused before any work
         src = _sources.open_source(source)
         if not variables:
             _checks.refuse(obj, variables, src, _match.Plan(src.description, ()), strict,
@@ -158,10 +160,10 @@ def migrate(obj, source, prefix, *, rules=None, at: str | None = None, strict: b
     except Exception as err:
         # Under MultiWorkerMirroredStrategy every worker raises when the source cannot be
         # opened or planned on one (the others would wait in a SyncOnRead read's collective).
+        errors.about(err, source=source, obj=obj)
         _snapshot.agree_across_workers(variables, err, "objckpt.migrate")
         raise
     _snapshot.agree_across_workers(variables, None, "objckpt.migrate")
-    prefix = os.fspath(prefix)
     fed = {m.target: m for m in the_plan.matches}
     paths = list(variables)
     specs = {p: (_written_shape(variables[p], fed.get(p), src), variables[p].dtype.base_dtype)
@@ -253,4 +255,5 @@ def _verify(prefix: str, final: str, specs: dict) -> None:
         raise errors.CheckpointCorruptError(
             f"The migrated checkpoint for `{final}` failed verification when read back: "
             + "; ".join(problems[:10]) + ". Nothing was written at that prefix. The disk may "
-            "be full or failing; try again.")
+            "be full or failing. Fix: free space or use another disk, and migrate again.",
+            source=final)

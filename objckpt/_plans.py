@@ -175,7 +175,7 @@ class Plan:
         if self._source is None:
             raise errors.InvalidArgumentError(
                 f"This plan of {self.source} no longer holds its source (a cached plan); "
-                "make a new one with objckpt.plan(obj, source).")
+                "Fix: make a new one with objckpt.plan(obj, source).")
         return self._source.fetch(keys)
 
     def detached(self) -> Plan:

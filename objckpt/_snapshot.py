@@ -124,6 +124,7 @@ class RestoreReport:
 # Called inside a user's tf.function: run as Python, never converted by AutoGraph (its
 # errors stay objckpt's own, and nothing is converted on every trace).
 @tf.autograph.experimental.do_not_convert
+@errors.about_arguments(obj="obj")
 def snapshot(obj) -> Snapshot:
     """Takes an immutable in-memory Snapshot of every variable of obj.
 
@@ -600,6 +601,7 @@ def _assign(variables, the_plan: _match.Plan, values) -> None:
 
 
 @tf.autograph.experimental.do_not_convert
+@errors.about_arguments(source="prefix", obj="obj_or_snapshot")
 def save(obj_or_snapshot, prefix: str | os.PathLike, *, blocking: bool = True,
          durable: bool | None = None):
     """Writes a standard TF object-based checkpoint with obj as its root.
@@ -692,7 +694,8 @@ def save(obj_or_snapshot, prefix: str | os.PathLike, *, blocking: bool = True,
     if not snap:
         raise errors.UnbuiltModelError(
             f"Nothing to save to `{prefix}`: {_checks.describe_obj(obj_or_snapshot)} has no "
-            "variables. Build the model (call it on a batch) before saving it.")
+            "variables. Fix: build the model (call it on a batch, or model.build(shape)) "
+            "before saving it.", source=prefix, obj=_checks.describe_obj(obj_or_snapshot))
     if not _compat.writes_checkpoints(origin.values() if origin is not None else ()):
         # a worker that is not the chief: the chief writes `prefix`
         return prefix if blocking else SaveHandle._finished(prefix)

@@ -229,6 +229,7 @@ class CheckpointTree(FrozenMapping):
         return f"CheckpointTree({self.prefix!r}, {len(self)} variables)"
 
 
+@errors.about_arguments(source="source")
 def read_tree(source: str | os.PathLike) -> CheckpointTree:
     """Reads object path -> (shape, dtype, key) from a checkpoint's metadata.
 

@@ -40,7 +40,8 @@ def _patterns(value, name: str) -> tuple[re.Pattern, ...]:
     except (TypeError, re.error) as err:
         raise errors.InvalidArgumentError(
             f"{name}= takes regular expressions matched (re.search) against object paths. "
-            f"Received: {name}={received!r} ({err}). Example: {name}=['^encoder/', 'kernel$'].",
+            f"Received: {name}={received!r} ({err}). Fix: pass valid regular expressions, e.g. "
+            f"{name}=['^encoder/', 'kernel$'].",
         ) from err
 
 
@@ -49,7 +50,8 @@ def _network_variables(obj) -> dict:
     if not _compat.is_trackable(obj):
         raise errors.UnsupportedObjectError(
             f"Twins needs a trackable model (Keras model of any flavour, tf.Module). "
-            f"Received: {type(obj).__name__}.")
+            f"Received: {type(obj).__name__}. Fix: pass a Keras model or a "
+            "tf.Module (and past= one of the same architecture).")
     return dict(_compat.network_variable_paths(obj))
 
 
@@ -57,8 +59,8 @@ def check_tau(tau) -> None:
     if isinstance(tau, (int, float)) and not 0.0 <= tau <= 1.0:
         raise errors.InvalidArgumentError(
             f"tau is the weight of current in past = tau*current + (1-tau)*past and must lie "
-            f"in [0, 1]. Received: tau={tau!r}. Use tau=1.0 for a hard copy, e.g. tau=0.005 "
-            "for a slowly moving target network.")
+            f"in [0, 1]. Received: tau={tau!r}. Fix: pass tau=1.0 for a hard copy, or e.g. "
+            "tau=0.005 for a slowly moving target network.")
 
 
 class Twins:
@@ -94,6 +96,7 @@ class Twins:
     """
 
     @_api.renamed("model", "obj", name="objckpt.Twins")
+    @errors.about_arguments(obj="obj")
     def __init__(self, obj, *, past=None):
         """Pairs `obj` with `past`, or with a structural clone of it.
 
@@ -176,7 +179,8 @@ class Twins:
             raise errors.InvalidArgumentError(
                 f"include={include!r} and exclude={exclude!r} select no variable of the "
                 f"{len(self._paths)} twinned (e.g. {', '.join(self._paths[:3])}). Patterns are "
-                "regular expressions searched in object paths.")
+                "regular expressions searched in object paths. Fix: pass patterns that "
+                "match some of twins.paths, or leave include= out.")
         return chosen
 
     def _fn(self, kind: str, chosen: tuple[int, ...]):
@@ -310,8 +314,9 @@ def _check_same_structure(model, current_vars: dict, past_vars: dict) -> None:
                 problems.append(f"`{path}`: {problem}")
     if not current_vars:
         raise errors.UnbuiltModelError(
-            f"{type(model).__name__} has no variables yet, so there is nothing to twin. Build it "
-            "first (call it on a batch, or model.build(shape)), then create the Twins.")
+            f"{type(model).__name__} has no variables yet, so there is nothing to twin. "
+            "Fix: build it first (call it on a batch, or model.build(shape)), then create the "
+            "Twins.")
     if problems:
         problems.sort()
         raise errors.StructureMismatchError(

@@ -103,6 +103,7 @@ def tensor_problems(reader, keys, *, stop_at_first: bool = False):
                 return
 
 
+@errors.about_arguments(source="source")
 def verify(source) -> VerifyReport:
     """Checks every tensor's checksum and the object graph of a checkpoint on disk.
 

@@ -23,7 +23,8 @@ def _with_keras_base(cls, model):
         raise errors.InvalidArgumentError(
             f"{cls.__name__} drives model.fit, so it needs a Keras model (Keras 3, tf_keras or "
             f"Keras 2). Received: a {type(model).__name__}. In a custom loop call the objckpt "
-            "API directly instead (e.g. twins.sync() after each step).")
+            "API directly instead. Fix: pass a Keras model to fit, or in a custom loop call "
+            "e.g. twins.sync() after each step.")
     key = (cls, base)
     if key not in _BASES:
         _BASES[key] = type(cls.__name__, (cls, base), {"__module__": cls.__module__})
@@ -59,10 +60,11 @@ class TwinSync:
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise errors.InvalidArgumentError(
                 f"every must be a positive int (sync after every N batches or epochs). "
-                f"Received: every={every!r}.")
+                f"Received: every={every!r}. Fix: pass e.g. every=1.")
         if on not in ("batch", "epoch"):
             raise errors.InvalidArgumentError(
-                f'on must be "batch" or "epoch". Received: on={on!r}.')
+                f'on must be "batch" or "epoch". Received: on={on!r}. Fix: pass on="batch" or '
+                'on="epoch".')
         from objckpt._twins import check_tau
 
         check_tau(tau)
@@ -165,13 +167,13 @@ class FreezeSchedule(_FlavourFreeCallback):
         if not isinstance(schedule, dict) or not schedule:
             raise errors.InvalidArgumentError(
                 "FreezeSchedule takes a non-empty dict {epoch: patterns}, e.g. "
-                f"{{0: '^encoder/', 3: None}}. Received: {schedule!r}.")
+                f"{{0: '^encoder/', 3: None}}. Received: {schedule!r}. Fix: pass such a dict.")
         cleaned = {}
         for epoch, patterns in schedule.items():
             if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
                 raise errors.InvalidArgumentError(
                     f"FreezeSchedule epochs must be ints >= 0 (0 is the first epoch). "
-                    f"Received: {epoch!r}.")
+                    f"Received: {epoch!r}. Fix: key the schedule by epoch numbers.")
             if patterns is None:
                 patterns = ()
             elif isinstance(patterns, str) or not isinstance(patterns, (list, tuple)):
@@ -181,7 +183,8 @@ class FreezeSchedule(_FlavourFreeCallback):
             if any(p is None or isinstance(p, (bytes, int, float, dict)) for p in patterns):
                 raise errors.InvalidArgumentError(
                     f"FreezeSchedule[{epoch}] must be a regex string, a layer or variable of "
-                    f"the model, a list of them, or None. Received: {schedule[epoch]!r}.")
+                    f"the model, a list of them, or None. Received: {schedule[epoch]!r}. Fix: pass "
+                    "e.g. '^encoder/' or [model.layers[0]].")
             cleaned[epoch] = patterns
         self.schedule = dict(sorted(cleaned.items()))
         self.freezer = None
@@ -334,7 +337,11 @@ class Checkpointing(_FlavourFreeCallback):
 
         if self._fit is None:
             self._fit = _fitckpt.FitCheckpointer(self)
-        self._fit.begin(self.model)
+        try:
+            self._fit.begin(self.model)  # resumes from the directory's newest checkpoint
+        except errors.ObjckptError as err:
+            errors.about(err, source=self.directory, obj=self.model)
+            raise
 
     def on_epoch_begin(self, epoch, logs=None):
         self._fit.epoch_begin(epoch)
@@ -391,10 +398,12 @@ class BestSnapshot(_FlavourFreeCallback):
         _options.check_choice("mode", mode, ("min", "max"))
         if not isinstance(monitor, str) or not monitor:
             raise errors.InvalidArgumentError(
-                f"monitor must be a logs key such as 'val_loss'. Received: monitor={monitor!r}.")
+                f"monitor must be a logs key such as 'val_loss'. Received: monitor={monitor!r}. "
+                "Fix: pass the name of a metric that fit logs, e.g. monitor='val_loss'.")
         if verbose not in (0, 1, True, False):
             raise errors.InvalidArgumentError(
-                f"verbose must be 0 or 1. Received: verbose={verbose!r}.")
+                f"verbose must be 0 or 1. Received: verbose={verbose!r}. Fix: pass verbose=0 or "
+                "verbose=1.")
         self.monitor, self.mode, self.restore_at_end = monitor, mode, bool(restore_at_end)
         self.verbose = int(verbose)
         self.best = self.best_epoch = self.snapshot = None

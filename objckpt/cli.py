@@ -261,16 +261,18 @@ def load_rules(path: str) -> list:
     except OSError as err:
         raise errors.InvalidArgumentError(
             f"--rules {path}: cannot read the file ({err.strerror}). Expected a JSON file like "
-            '[["^model_001/", ""]].') from err
+            '[["^model_001/", ""]]. Fix: pass the path of a readable rules file.') from err
     except ValueError as err:
         raise errors.InvalidArgumentError(
             f"--rules {path}: not valid JSON ({err}). Expected a list of [regex, replacement] "
-            'pairs, e.g. [["^model_001/", ""], ["^global_step$", null]].') from err
+            'pairs, e.g. [["^model_001/", ""], ["^global_step$", null]]. Fix: correct the '
+            'file to be such a list.') from err
     if not isinstance(rules, list) or not all(isinstance(r, list) and len(r) == 2
                                               for r in rules):
         raise errors.InvalidArgumentError(
             f"--rules {path}: expected a JSON list of [regex, replacement] pairs. Received: "
-            f"{json.dumps(rules)[:200]}. Example: [[\"^model_001/\", \"\"]].")
+            f"{json.dumps(rules)[:200]}. Fix: write the file as such pairs, e.g. "
+            "[[\"^model_001/\", \"\"]].")
     return [tuple(r) for r in rules]
 
 
@@ -281,7 +283,8 @@ def load_template(spec: str):
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
         raise errors.InvalidArgumentError(
-            f"--template {spec!r}: expected MODULE:CALLABLE, e.g. my_project.models:build_model.")
+            f"--template {spec!r}: expected MODULE:CALLABLE. Fix: pass e.g. "
+            "--template my_project.models:build_model.")
     sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
@@ -289,15 +292,16 @@ def load_template(spec: str):
     except (ImportError, AttributeError) as err:
         raise errors.InvalidArgumentError(
             f"--template {spec!r}: cannot import it ({type(err).__name__}: {err}). The module "
-            "must be importable from the current directory or PYTHONPATH.") from err
+            "must be importable from the current directory or PYTHONPATH. Fix: run from the "
+            "project's directory, or add it to PYTHONPATH.") from err
     finally:
         sys.path.remove(os.getcwd())
     try:
         return factory()
     except Exception as err:
         raise errors.TemplateError(
-            f"--template {spec!r} raised {type(err).__name__}: {err}. Nothing was written. Fix "
-            "the callable: it must return the built model (e.g. call it on a batch).") from err
+            f"--template {spec!r} raised {type(err).__name__}: {err}. Nothing was written. Fix: "
+            "make the callable return the built model (e.g. call it on a batch).") from err
 
 
 def _migrate(args) -> int:

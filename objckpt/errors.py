@@ -49,6 +49,7 @@ extras: ``holder``, ``found``, ``object_type``, ``variable_type``.
 
 from __future__ import annotations
 
+import functools
 import os
 
 __all__ = [
@@ -346,17 +347,21 @@ class IncompatibleTensorFlowError(UsageError, ImportError):
 _SHOWN = 500  # characters of a description kept in `source` / `obj`
 
 
-def _describe_source(source) -> str | None:
+def describe_source(source) -> str | None:
+    """`source` as errors show it: a path as is, a Snapshot (or other object) by its repr,
+    a list by its items, joined; None for None or an empty list."""
     if source is None or isinstance(source, str):
         return source
     if isinstance(source, os.PathLike):
         return os.fspath(source)
     if isinstance(source, (list, tuple)):  # load_ensemble's sources
-        return ", ".join(str(_describe_source(s)) for s in source)[:_SHOWN]
+        return ", ".join(str(describe_source(s)) for s in source)[:_SHOWN] or None
     return repr(source)[:_SHOWN]  # a Snapshot: Snapshot(12 variables, 0.1 MB)
 
 
-def _describe_obj(obj) -> str | None:
+def describe_obj(obj) -> str | None:
+    """`obj` as errors show it: an object path as is, an object by its type and name
+    (``Sequential `net```)."""
     if obj is None or isinstance(obj, str):
         return obj
     name = getattr(obj, "name", None)
@@ -371,7 +376,33 @@ def about(err: BaseException, source=None, obj=None) -> BaseException:
     Returns `err`."""
     if isinstance(err, ObjckptError):
         if err.source is None and source is not None:
-            err.source = _describe_source(source)
+            err.source = describe_source(source)
         if err.obj is None and obj is not None:
-            err.obj = _describe_obj(obj)
+            err.obj = describe_obj(obj)
     return err
+
+
+def about_arguments(source: str | None = None, obj: str | None = None):
+    """Decorates a public entry point: its objckpt errors get `source` and `obj` (where
+    unset, as `about` sets them) from its arguments of those names. The arguments are
+    bound only when an error is raised."""
+
+    def decorate(function):
+        @functools.wraps(function)
+        def entry_point(*args, **kwargs):
+            try:
+                return function(*args, **kwargs)
+            except ObjckptError as err:
+                import inspect
+
+                try:
+                    given = inspect.signature(function).bind_partial(*args, **kwargs).arguments
+                except TypeError:  # arguments the function took otherwise (**kwargs)
+                    given = {}
+                about(err, source=given.get(source) if source else None,
+                      obj=given.get(obj) if obj else None)
+                raise
+
+        return entry_point
+
+    return decorate

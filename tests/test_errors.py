@@ -4,6 +4,7 @@ the multi-worker re-raise keeping the type and the attributes."""
 
 from __future__ import annotations
 
+import ast
 import fcntl
 import inspect
 import json
@@ -347,3 +348,244 @@ def test_agreed_error_is_bounded_and_rendered_safely(monkeypatch):
     agreed, _ = _agreed(monkeypatch, many)
     assert agreed.problems[:-1] == many.problems[:len(agreed.problems) - 1]
     assert agreed.problems[-1] == f"... {100 - len(agreed.problems) + 1} more"
+
+
+# --- every raise site states its fix --------------------------------------------------------
+
+_PACKAGE = os.path.dirname(objckpt.__file__)
+# Calls whose message is built elsewhere, each checked where it is built: (file, a piece of
+# the call's text) -> why it has no "Fix:" of its own.
+_BUILT_ELSEWHERE = {
+    ("callbacks.py", 'f"FreezeSchedule[{epoch}]: {err}"'):
+        "wraps the Freezer's InvalidArgumentError, whose own message ends with its Fix: "
+        "(those raise sites are scanned too)",
+}
+
+
+def _string_parts(node) -> list[str]:
+    """The string constants in node: literals and the literal parts of f-strings."""
+    return [n.value for n in ast.walk(node) if isinstance(n, ast.Constant)
+            and isinstance(n.value, str)]
+
+
+def _assigned(scope) -> dict:
+    """name (or `.attribute`) -> the string parts of what is assigned to it in scope."""
+    out: dict = {}
+    for node in ast.walk(scope):
+        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and node.value:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                key = (target.id if isinstance(target, ast.Name)
+                       else "." + target.attr if isinstance(target, ast.Attribute) else None)
+                if key:
+                    out.setdefault(key, []).extend(_string_parts(node.value))
+    return out
+
+
+def objckpt_error_calls(source: str, filename: str = "<scanned>") -> list:
+    """(filename, line, class name, call text, its message's string parts) for every call of
+    an objckpt error class in a module's source: `errors.X(...)`, or `X(...)` with X
+    imported from objckpt.errors. A name or attribute the call uses (a message held in a
+    variable, a module constant) adds the strings assigned to it in the enclosing function
+    and at module level (an attribute: anywhere in the module)."""
+    names = {cls.__name__ for cls in _defined_exceptions()}
+    tree = ast.parse(source)
+    imported = {alias.asname or alias.name: alias.name for node in ast.walk(tree)
+                if isinstance(node, ast.ImportFrom) and node.module == "objckpt.errors"
+                for alias in node.names if alias.name in names}
+    module_level = _assigned(ast.Module(body=[n for n in tree.body if not isinstance(
+        n, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))], type_ignores=[]))
+    everywhere = _assigned(tree)
+    calls = []
+
+    def visit(node, function):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            function = node
+        if isinstance(node, ast.Call):
+            fn = node.func
+            name = (fn.attr if isinstance(fn, ast.Attribute) and isinstance(fn.value, ast.Name)
+                    and fn.value.id == "errors" and fn.attr in names
+                    else imported.get(fn.id) if isinstance(fn, ast.Name) else None)
+            if name:
+                parts = _string_parts(node)
+                local = _assigned(function) if function is not None else {}
+                for used in ast.walk(node):
+                    if isinstance(used, ast.Name):
+                        parts += local.get(used.id, []) + module_level.get(used.id, [])
+                    elif isinstance(used, ast.Attribute):
+                        parts += everywhere.get("." + used.attr, [])
+                calls.append((filename, node.lineno, name, ast.get_source_segment(source, node),
+                              parts))
+        for child in ast.iter_child_nodes(node):
+            visit(child, function)
+
+    visit(tree, None)
+    return calls
+
+
+def test_every_objckpt_error_raised_in_the_package_states_a_fix():
+    """Each `errors.X(...)` in objckpt/ has a "Fix:" sentence in its message (so `err.fix`
+    is set), found statically: the call's literal and f-string parts, or the text assigned to
+    a variable it uses."""
+    calls, missing, excused = [], [], set()
+    for folder, _, files in os.walk(_PACKAGE):
+        for name in sorted(files):
+            if name.endswith(".py") and name != "errors.py":
+                path = os.path.join(folder, name)
+                with open(path, encoding="utf-8") as f:
+                    calls += objckpt_error_calls(f.read(), os.path.relpath(path, _PACKAGE))
+    for filename, line, cls, text, parts in calls:
+        if any("Fix:" in part for part in parts):
+            continue
+        why = [key for key in _BUILT_ELSEWHERE
+               if key[0] == os.path.basename(filename) and key[1] in text]
+        if why:
+            excused.update(why)
+            continue
+        missing.append(f"{filename}:{line} {cls}: {' '.join(text.split())[:120]}")
+    assert len(calls) > 100, len(calls)  # the scan sees the package's raise sites
+    assert not missing, "errors without a 'Fix:' sentence:\n" + "\n".join(missing)
+    assert excused == set(_BUILT_ELSEWHERE)  # no stale excuse
+
+
+def test_the_fix_scan_can_fail():
+    module = '''
+from objckpt import errors
+from objckpt.errors import CloneError as Refused
+_HINT = "Fix: install it."
+def f(x, why):
+    message = f"bad {x}. Fix: pass another."
+    if x:
+        raise errors.InvalidArgumentError(f"x must be 1. Received: {x!r}.")
+    if why:
+        raise errors.GraphvizNotFoundError("no dot. " + _HINT)
+    if x is None:
+        raise Refused(f"cannot copy {x}")
+    raise errors.UnsupportedObjectError(message)
+'''
+    calls = objckpt_error_calls(module)
+    assert [(c[2], any("Fix:" in p for p in c[4])) for c in calls] == [
+        ("InvalidArgumentError", False), ("GraphvizNotFoundError", True),
+        ("CloneError", False), ("UnsupportedObjectError", True)]
+
+
+# --- source and obj at every public entry point ---------------------------------------------
+
+
+def test_plan_errors_name_source_and_obj(tmp_path, saved):
+    missing = str(tmp_path / "nowhere" / "ckpt")
+    with pytest.raises(errors.CheckpointNotFoundError) as info:
+        objckpt.plan(_dense("module", 2), missing)
+    assert (info.value.source, info.value.obj) == (missing, "Module `net`")
+    assert info.value.fix.startswith("check the path")
+    empty = tf.Module(name="empty")
+    with pytest.raises(errors.UnbuiltModelError) as info:
+        objckpt.plan(empty, saved("module"))
+    assert (info.value.source, info.value.obj) == (saved("module"), "Module `empty`")
+    assert info.value.fix.startswith("build it first")
+    with pytest.raises(errors.InvalidArgumentError) as info:
+        objckpt.plan(_dense("module", 2), saved("module"), strict="yes")
+    assert info.value.source == saved("module") and info.value.fix.startswith("pass strict=")
+
+
+def test_migrate_errors_name_source_and_obj(tmp_path, saved):
+    out = str(tmp_path / "out" / "ckpt")
+    missing = str(tmp_path / "nowhere" / "ckpt")
+    with pytest.raises(errors.CheckpointNotFoundError) as info:
+        objckpt.migrate(_dense("module", 2), missing, out)
+    assert (info.value.source, info.value.obj) == (missing, "Module `net`")
+    net = _dense("module", 4)
+    with pytest.raises(errors.StructureMismatchError) as info:
+        objckpt.migrate(net, saved("module"), out)
+    err = info.value
+    assert (err.source, err.obj) == (saved("module"), "Module `net`")
+    assert any("(3, 2)" in line and "(3, 4)" in line for line in err.problems), err.problems
+    assert err.fix and not os.path.exists(os.path.dirname(out))
+
+
+def test_migrate_refuses_a_directory_prefix_before_any_work(tmp_path):
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    # the source is missing too: the prefix is checked first, before the source is opened
+    with pytest.raises(errors.InvalidArgumentError) as info:
+        objckpt.migrate(_dense("module", 2), str(tmp_path / "nowhere" / "ckpt"), str(folder))
+    err = info.value
+    assert "is a directory" in str(err) and err.source == str(folder)
+    assert err.fix.startswith(f"pass a prefix inside it, such as `{folder / 'ckpt'}`")
+    assert err.obj == "Module `net`"
+    assert os.listdir(folder) == [] and not os.path.exists(str(folder) + ".index")
+
+
+def test_restore_on_create_errors_name_source_and_obj(tmp_path, saved):
+    missing = str(tmp_path / "nowhere" / "ckpt")
+    with pytest.raises(errors.CheckpointNotFoundError) as info:
+        objckpt.restore_on_create(_dense("module", 2), missing)
+    assert (info.value.source, info.value.obj) == (missing, "Module `net`")
+    net = _dense("module", 4)
+    with pytest.raises(errors.StructureMismatchError) as info:
+        objckpt.restore_on_create(net, saved("module"))
+    err = info.value
+    assert (err.source, err.obj) == (saved("module"), "Module `net`") and err.fix
+    np.testing.assert_array_equal(net.kernel.numpy(), np.ones((3, 4), np.float32))
+
+
+@pytest.mark.parametrize("flavour", ["keras3", "tf_keras"])
+def test_restore_on_create_error_at_build_names_source_and_obj(flavour, tmp_path):
+    keras = keras_for(flavour)
+    narrow = keras.layers.Dense(2, name="dense")
+    narrow.build((None, 3))
+    prefix = objckpt.save(narrow, str(tmp_path / "ckpt"))
+    for source, shown in [(prefix, prefix), (objckpt.snapshot(narrow), None)]:
+        wide = keras.layers.Dense(4, name="dense")
+        pending = objckpt.restore_on_create(wide, source)
+        with pytest.raises(errors.StructureMismatchError) as info:
+            wide(tf.ones((1, 3)))
+        # a Snapshot: its repr, as objckpt.restore sets it
+        assert (info.value.source, info.value.obj) == (shown or repr(source), "Dense `dense`")
+        assert "was created as float32(3, 4)" in str(info.value) and info.value.fix
+        with pytest.raises(errors.StructureMismatchError) as info:
+            pending.assert_done()
+        assert (info.value.source, info.value.obj) == (shown or repr(source), "Dense `dense`")
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["planned", "restored"])
+def test_load_ensemble_errors_name_the_member_source_and_the_template(tmp_path, saved,
+                                                                      compiled):
+    keras = keras_for("keras3")
+    template = _dense("keras3", 2)
+    if compiled:  # optimizer state moves: each member is restored on its own
+        template.compile(optimizer=keras.optimizers.SGD(), loss="mse")
+    good, missing = saved("keras3"), str(tmp_path / "nowhere" / "ckpt")
+    with pytest.raises(errors.CheckpointNotFoundError) as info:
+        objckpt.load_ensemble(template, [good, missing])
+    err = info.value
+    assert (err.source, err.obj) == (missing, "Sequential `net`")
+    assert str(err).startswith(f"member 1 (source `{missing}`)")
+    wide = objckpt.save(_dense("keras3", 4), str(tmp_path / "wide" / "ckpt"))
+    with pytest.raises(errors.StructureMismatchError) as info:
+        objckpt.load_ensemble(template, [good, wide])
+    err = info.value
+    assert (err.source, err.obj) == (wide, "Sequential `net`") and err.fix
+    with pytest.raises(errors.InvalidArgumentError) as info:
+        objckpt.load_ensemble(template, [])
+    assert info.value.obj == "Sequential `net`" and info.value.fix.startswith("pass one source")
+
+
+def test_other_entry_points_set_source_and_obj(tmp_path):
+    missing = str(tmp_path / "nowhere" / "ckpt")
+    for read in (objckpt.read_tree, objckpt.verify):
+        with pytest.raises(errors.CheckpointNotFoundError) as info:
+            read(missing)
+        assert info.value.source == missing, read
+    empty = tf.Module(name="empty")
+    with pytest.raises(errors.UnbuiltModelError) as info:
+        objckpt.save(empty, str(tmp_path / "ckpt"))
+    assert (info.value.source, info.value.obj) == (str(tmp_path / "ckpt"), "Module `empty`")
+    assert info.value.fix.startswith("build the model")
+    for make in (objckpt.Freezer, objckpt.Twins):
+        with pytest.raises(errors.UnbuiltModelError) as info:
+            make(empty)
+        assert info.value.obj == "Module `empty`" and info.value.fix.startswith("build"), make
+    with pytest.raises(errors.InvalidArgumentError) as info:
+        objckpt.CheckpointManager(_dense("module", 2), str(tmp_path / "run"), max_to_keep=0)
+    assert (info.value.source, info.value.obj) == (str(tmp_path / "run"), "Module `net`")

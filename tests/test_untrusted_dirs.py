@@ -514,7 +514,7 @@ def test_restore_from_a_directory_whose_state_file_names_a_deleted_checkpoint(tm
     message = str(info.value)
     assert "ckpt-3.index` does not exist" in message
     assert f"`{tmp_path / 'ckpt-1'}`, `{tmp_path / 'ckpt-2'}`" in message
-    assert "Pass one of them as the prefix" in message
+    assert "Fix: pass one of them as the prefix" in message
 
 
 def test_a_lock_the_file_system_cannot_take_is_not_called_in_use(tmp_path, monkeypatch):
