@@ -17,9 +17,9 @@ bounded, the weights member read into memory (bounded) and checked against its d
 size (zipfile checks its CRC). `config.json` is never read: no class is loaded, no code
 runs. `metadata.json` is read as JSON data (bounded) for the Keras version only.
 
-Entry points: `open_keras3(path)` (an opener of `_sources.FORMATS`), `listing(path)` (a
-lister of `_meta.FORMATS`, TF-free) and `check(path)` (a checker of `_verify.FORMATS`).
-Each returns None when `path` is no Keras 3 weights file (a Keras 2 HDF5 file included).
+Entry points, the format's roles in `_formats.FORMATS`: `recognise(path)` (names and a few
+bytes), `listing(path)` (TF-free), `source_fields(path)` and `check(path)`. The last three
+return None when `path` is no Keras 3 weights file (a Keras 2 HDF5 file included).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import zipfile
 from objckpt import _bundle, _compat, _h5, _paths, _render, errors
 
 __all__ = ["MAX_MEMBER_BYTES", "MAX_RATIO", "WEIGHTS_MEMBER", "check", "listing",
-           "open_keras3"]
+           "recognise", "source_fields"]
 
 WEIGHTS_MEMBER = "model.weights.h5"
 MAX_MEMBER_BYTES = 1 << 36  # 64 GiB: the weights member is read into memory
@@ -70,6 +70,21 @@ class _Opened:
                                        "shard files")
                     found[key] = (part, dataset)
         return _ordered(found)
+
+
+def recognise(path: str) -> bool:
+    """Whether `path` may be a Keras 3 weights file: a regular file that is a zip or HDF5, or
+    named like one (`_find` then says, and refuses a damaged one by its name)."""
+    if _bundle.regular_file_problem(path) is not None:
+        return False
+    if os.path.basename(path).endswith((".weights.h5", ".keras", ".weights.json")):
+        return True
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(8)
+    except OSError:
+        return False
+    return head.startswith(_ZIP_MAGIC) or head == _h5.SIGNATURE
 
 
 def _find(path: str) -> _Opened | None:
@@ -221,8 +236,8 @@ def _keras_version(archive, infos) -> tuple:
         else ()
 
 
-def open_keras3(path: str) -> dict | None:
-    """An opener of `_sources.FORMATS`: a Keras 3 `.weights.h5` or `.keras` as Source fields.
+def source_fields(path: str) -> dict | None:
+    """A Keras 3 `.weights.h5` or `.keras` as the fields of a `_sources.Source`.
 
     Returns None when `path` is not such a file.
 
@@ -311,7 +326,7 @@ def _tensor(tf, value, dtype: str):
 
 
 def listing(path: str) -> dict | None:
-    """A reader of `_meta.FORMATS` (TF-free): the file's datasets as variables, or None.
+    """The file's datasets as variables for `_meta.read` (TF-free), or None.
 
     Each variable is (path, shown, shape, DataType enum, key, name): the HDF5 path is the
     path, the shown path and the key; Keras 3 files save no variable names.
@@ -327,7 +342,7 @@ def listing(path: str) -> dict | None:
 
 
 def check(path: str) -> tuple | None:
-    """A checker of `_verify.FORMATS`: reads every dataset once.
+    """Reads every dataset once (for `objckpt.verify`).
 
     Returns None when `path` is not a Keras 3 weights file, else (datasets read, bytes read,
     [(entry, problem)], notes); a file that cannot be opened at all is one problem.

@@ -35,8 +35,8 @@ from typing import NamedTuple
 
 from objckpt import _h5, _names, _paths, _render, errors
 
-__all__ = ["Entry", "Layout", "dtype_enum", "listing", "read_layout", "source_fields",
-           "verify_file", "weight_key"]
+__all__ = ["Entry", "Layout", "check", "dtype_enum", "listing", "read_layout", "recognise",
+           "source_fields", "weight_key"]
 
 # The group of a model's own weights (in no layer), which `layer_names` does not list.
 TOP_LEVEL = "top_level_model_weights"
@@ -305,6 +305,14 @@ def _owner(name: str, by_name: dict, by_flat: dict):
     return found.pop() if len(found) == 1 else None
 
 
+# --- the format's roles in `_formats.FORMATS`: recognise, listing, source_fields, check ---
+
+def recognise(path: str) -> bool:
+    """Whether `path` may be a Keras 2 HDF5 file: a regular file with HDF5's signature (its
+    layout, read by the other roles, then says)."""
+    return _h5.looks_like_hdf5(path)
+
+
 def source_fields(path: str) -> dict | None:
     """The fields of a `_sources.Source` for a Keras 2 HDF5 file, or None if not one."""
     layout = read_layout(path)
@@ -365,7 +373,7 @@ def _grouped(keys) -> list[str]:
                                          for i in range(1, key.count("/") + 2)])
 
 
-def verify_file(path: str):
+def check(path: str):
     """Reads every weight of a Keras 2 HDF5 file once, or None if it is not one.
 
     Returns:

@@ -22,17 +22,7 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import NamedTuple
 
-from objckpt import (
-    _bundle,
-    _files,
-    _kerash5,
-    _legacyh5,
-    _objgraph,
-    _paths,
-    _render,
-    _savedmodel,
-    errors,
-)
+from objckpt import _bundle, _files, _formats, _objgraph, _paths, _render, errors
 
 __all__ = ["DType", "Metadata", "Variable", "dtype", "read"]
 
@@ -43,13 +33,6 @@ _DTYPE_NAMES = {
     19: "float16", 21: "variant", 22: "uint32", 23: "uint64", 24: "float8_e5m2",
     25: "float8_e4m3fn",
 }
-
-
-# Readers of the formats beside TF checkpoints, tried in order by `read`: each takes a path
-# and returns None when the path is not in its format, else a dict: `prefix` (the file or
-# checkpoint read), `notes`, `index` and `graph` (None where the format has none) and
-# `variables`, a list of (path, shown, shape, DataType enum, key, name) tuples.
-FORMATS: tuple = (_savedmodel.read_metadata, _kerash5.listing, _legacyh5.listing)
 
 
 class DType(NamedTuple):
@@ -133,14 +116,18 @@ def read(source: str | os.PathLike) -> Metadata:
     Raises:
       CheckpointNotFoundError: nothing at `source`.
       CheckpointCorruptError: the index or the object graph is damaged.
+      UnsupportedFormatError: a file in no format objckpt reads (`_formats`).
     """
-    for reader in FORMATS:  # other formats first: each says whether a path is its own
-        found = reader(os.fspath(source))
-        if found is not None:
-            return Metadata({v[0]: Variable(v[0], v[1], v[2], dtype(v[3]), v[4], v[5])
-                             for v in found["variables"]}, found["prefix"],
-                            tuple(found["notes"]), found["index"], found["graph"],
-                            found.get("description", ""))
+    found = _formats.dispatch("list", source, _checkpoint)
+    if isinstance(found, Metadata):
+        return found
+    return Metadata({v[0]: Variable(v[0], v[1], v[2], dtype(v[3]), v[4], v[5])
+                     for v in found["variables"]}, found["prefix"], tuple(found["notes"]),
+                    found["index"], found["graph"], found.get("description", ""))
+
+
+def _checkpoint(source: str) -> Metadata:
+    """The TF checkpoint format's `list` role (see `_formats`): a prefix or directory."""
     prefix, notes = _files.resolve_prefix(source, tf_reader=False)
     try:
         index = _bundle.read_index(prefix)

@@ -27,8 +27,8 @@ from typing import NamedTuple
 from objckpt import _bundle, _objgraph, _paths, _render, _savedobjects, errors
 from objckpt._savedobjects import PB, damaged
 
-__all__ = ["PB", "Variables", "find", "open_savedmodel", "problems", "read_metadata",
-           "read_variables"]
+__all__ = ["PB", "Variables", "check", "find", "listing", "problems", "read_variables",
+           "recognise", "source_fields"]
 
 # Edges a SavedModel adds beside a model's own: walked last, so a weight keeps its model path
 # (`_layers`: a Keras 3 Sequential's layers, which its checkpoint reaches through `_functional`).
@@ -230,7 +230,16 @@ def _export_copies(graph, root: dict, saved: dict) -> set:
         else set()
 
 
-# --- the opener for `_sources.FORMATS` ------------------------------------------------------
+# --- the format's roles in `_formats.FORMATS`: recognise, listing, source_fields, check ---
+
+def recognise(path: str) -> bool:
+    """Whether `path` names a SavedModel (its directory, `saved_model.pb` or checkpoint).
+
+    Raises:
+      UnsupportedFormatError: a SavedModel in text form (`saved_model.pbtxt`).
+    """
+    return find(path) is not None
+
 
 def _named(path: str):
     """(SavedModel directory, its variables) of what `path` names, or (None, None) when it
@@ -248,7 +257,7 @@ def _named(path: str):
         raise
 
 
-def open_savedmodel(path: str) -> dict | None:
+def source_fields(path: str) -> dict | None:
     """The fields of a `Source` over the SavedModel `path` names, or None when it names none.
 
     Raises:
@@ -302,9 +311,7 @@ def open_savedmodel(path: str) -> dict | None:
     }
 
 
-# --- the reader for `_meta.FORMATS` (the command line, TF-free) ----------------------------
-
-def read_metadata(path: str) -> dict | None:
+def listing(path: str) -> dict | None:
     """What `_meta.read` lists of the SavedModel `path` names, or None when it names none:
     its variables as (canonical path, path people know, shape, DataType enum, checkpoint key,
     name), with the checkpoint's prefix, validated index and object graph."""
@@ -315,3 +322,12 @@ def read_metadata(path: str) -> dict | None:
             "graph": found.graph, "description": f"SavedModel `{_render.safe(directory)}`",
             "variables": [(canonical, shown, shape, dtype, key, name)
                           for shown, canonical, key, shape, dtype, name in found.entries]}
+
+
+def check(path: str) -> tuple:
+    """(the SavedModel directory `path` names, the problems of its `saved_model.pb` against
+    its checkpoint (`problems`), the checkpoint to verify next (none when missing))."""
+    directory = find(path)
+    prefix = os.path.join(directory, "variables", "variables")
+    return (directory, problems(directory),
+            [prefix] if os.path.exists(prefix + ".index") else [])

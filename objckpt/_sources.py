@@ -16,23 +16,14 @@ import tensorflow as tf
 from objckpt import (
     _compat,
     _files,
-    _kerash5,
-    _legacyh5,
+    _formats,
     _paths,
     _render,
-    _savedmodel,
     _tree,
     errors,
 )
 
 __all__ = ["BOOKKEEPING", "Source", "keras3_slot_owners", "open_source", "snapshot_source"]
-
-# Openers of the formats beside TF checkpoints, tried in order by `open_source`: each takes
-# a path and returns None when the path is not in its format, else the fields of a `Source`
-# (a dict of keyword arguments), after validating the file as untrusted input. They live in
-# the modules below this one in tests/test_layers.py's LAYERS and know nothing of `Source`.
-FORMATS: tuple = (_savedmodel.open_savedmodel, _kerash5.open_keras3,
-                   _legacyh5.source_fields)
 
 # Entries tf.train.Checkpoint or Saver add for themselves; never "unexpected".
 BOOKKEEPING = frozenset({"save_counter", _compat.OBJECT_GRAPH_KEY})
@@ -69,7 +60,7 @@ class Source:
     # variable lists), so optimizer state moves by owner, never by position.
     owners: Callable = lambda: {}
     # Whether keys are object paths of the obj that wrote them (TF checkpoints, Snapshots),
-    # so `restore_on_create` can wait for each by path; False for the FORMATS, whose keys
+    # so `restore_on_create` can wait for each by path; False for the other formats, whose keys
     # reach variables through the plan's strategies (names, layouts, structure).
     keyed_by_path: bool = True
     # TF checkpoints only: the checkpoint keys of a list of source keys, for reading them
@@ -233,7 +224,8 @@ def snapshot_source(items: dict, aliases: dict | None = None, owners=None) -> So
 
 
 def open_source(source) -> Source:
-    """Opens a Snapshot, prefix or directory; name-based prefixes included."""
+    """Opens a Snapshot, prefix or directory; name-based prefixes included; a file or
+    folder of another format through its `_formats` entry."""
     as_source = getattr(source, "as_source", None)
     if callable(as_source):
         return as_source()
@@ -244,11 +236,17 @@ def open_source(source) -> Source:
             "A source must be an objckpt.Snapshot, a checkpoint prefix or a directory of "
             f"checkpoints. Received: source of type {type(source).__name__}. Fix: pass "
             "objckpt.snapshot(obj) or a path.")
-    for opener in FORMATS:  # other formats first: each says whether a path is its own
-        fields = opener(os.fspath(source))
-        if fields is not None:
-            return Source(**{"keyed_by_path": False, **fields})
-    prefix, notes = _files.resolve_prefix(source)
+    found = _formats.dispatch("open", source, _checkpoint_source)
+    if isinstance(found, Source):
+        return found
+    # Another format's fields (`_formats`: they know nothing of `Source`).
+    return Source(**{"keyed_by_path": False, **found})
+
+
+def _checkpoint_source(path: str) -> Source:
+    """The TF checkpoint format's `open` role (see `_formats`): a prefix or directory,
+    object-based or name-based."""
+    prefix, notes = _files.resolve_prefix(path)
     try:
         return _object_source(prefix, notes)
     except errors.NotObjectBasedError:

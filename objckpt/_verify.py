@@ -16,7 +16,7 @@ import bisect
 import dataclasses
 import os
 
-from objckpt import _bundle, _kerash5, _legacyh5, _paths, _render, _savedmodel, errors
+from objckpt import _bundle, _formats, _paths, _render, errors
 
 __all__ = ["Problem", "VerifyReport", "tensor_problems", "verify"]
 
@@ -128,29 +128,18 @@ def verify(source) -> VerifyReport:
       >>> report.ok, [str(p) for p in report.problems]
     """
     source = os.fspath(source)
-    checked = _kerash5.check(source)
-    if checked is None:  # a Keras 2 / tf_keras `.h5` (save_weights or model.save): the same
-        checked = _legacyh5.verify_file(source)
-    if checked is not None:  # a Keras 3 `.weights.h5` or `.keras`: every dataset read once
-        count, size, found, remarks = checked
-        return VerifyReport(source, (source,), count, size,
-                            tuple(Problem(source, where, what) for where, what in found),
-                            tuple(remarks), "read intact with the shapes and dtypes their "
-                            "headers declare (HDF5 keeps no checksums of weights)")
-    saved = _savedmodel.find(source)
-    if saved is not None:  # a SavedModel: saved_model.pb against its checkpoint, then that
-        prefix = os.path.join(saved, "variables", "variables")
-        problems = [Problem(saved, _savedmodel.PB, problem)
-                    for problem in _savedmodel.problems(saved)]
-        prefixes = [prefix] if os.path.exists(prefix + ".index") else []
-    else:
-        prefixes, problems = _prefixes(source)
-    total, nbytes, notes, graphs = 0, 0, [], 0
+    found = _formats.dispatch("verify", source, _checkpoints)
+    problems = [Problem(*problem) for problem in found.problems]
+    if found.checked:  # a file of another format, checked whole (HDF5: every dataset read)
+        return VerifyReport(source, (source,), found.tensors, found.nbytes, tuple(problems),
+                            tuple(found.notes), found.checked)
+    prefixes = list(found.prefixes)
+    total, nbytes, notes, graphs = 0, 0, list(found.notes), 0
     for prefix in prefixes:
-        count, size, found, remarks, graph = _verify_prefix(prefix)
+        count, size, bad, remarks, graph = _verify_prefix(prefix)
         total += count
         nbytes += size
-        problems.extend(found)
+        problems.extend(bad)
         notes.extend(remarks)
         graphs += graph
     # Say "object graph consistent" only of graphs that were checked (a TF1 Saver checkpoint
@@ -161,6 +150,14 @@ def verify(source) -> VerifyReport:
                     f"object-based checkpoint{'s' * (graphs != 1)}")
     return VerifyReport(source, tuple(prefixes), total, nbytes, tuple(problems), tuple(notes),
                         checked)
+
+
+def _checkpoints(source: str) -> _formats.Checked:
+    """The TF checkpoint format's `verify` role (see `_formats`): the checkpoints to check
+    (`_verify_prefix`) and the problems of a directory's state file."""
+    prefixes, problems = _prefixes(source)
+    return _formats.Checked(0, 0, tuple((p.prefix, p.where, p.message) for p in problems), (),
+                            "", tuple(prefixes))
 
 
 def _prefixes(source: str) -> tuple[list[str], list[Problem]]:

@@ -37,6 +37,7 @@ LAYERS = [
     "objckpt._h5",  # pure: HDF5 files read as untrusted input (h5py, no TF)
     "objckpt._kerash5",  # Keras 3 `.weights.h5` and `.keras` files as sources (no TF import)
     "objckpt._legacyh5",  # Keras 2 / tf_keras HDF5 weights and `.h5` models (no TF import)
+    "objckpt._formats",  # pure: the format registry (recognise, list, open, verify)
     "objckpt._meta",  # pure: a checkpoint's variables from its metadata (CLI inspect/diff)
     "objckpt._dirlock",
     "objckpt._tree",
@@ -48,6 +49,7 @@ LAYERS = [
     "objckpt._strategies",  # whole-model strategies: keras name, structure, export order
     "objckpt._match",
     "objckpt._checks",
+    "objckpt._pipeline",  # the one restore pipeline: open, plan, check, agree, fetch
     "objckpt._snapshot",
     "objckpt._verify",
     "objckpt._diff",
