@@ -124,20 +124,41 @@ def _fits(source: Source, targets: Targets, view: dict) -> bool:
     return True
 
 
+# More top-level names than this that may each hold the obj (a crafted file, or a very
+# large ensemble) are reported as several without checking each subtree in full.
+_MAX_AT_CANDIDATES = 64
+_MAX_AT_LISTED = 10  # names listed in the note; the rest are counted
+
+
 def _auto_at(source, targets, root_view):
+    """The view the obj is planned from when no `at` is given: the root's, else the one
+    top-level subtree it fits. Linear in the source's nodes and entries: the names whose
+    subtree cannot hold the obj's paths are dropped in one pass (`Source.holding`), and only
+    the few left are checked in full."""
     if _fits(source, targets, root_view):
         return root_view, None, ""
-    fits = [(name, source.subtree(name)) for name in source.top_level_names]
+    names = source.top_level_names
+    if source.holding is not None:
+        names = source.holding({path: (tuple(variable.shape), variable.dtype.base_dtype)
+                                for path, variable in targets.paths.items()})
+    if len(names) > _MAX_AT_CANDIDATES:
+        return root_view, None, _several(names)
+    fits = [(name, source.subtree(name)) for name in names]
     fits = [(name, view) for name, view in fits if view and _fits(source, targets, view)]
     if len(fits) == 1:
         name, view = fits[0]
         return view, name, (f"the obj matched the source's `{name}` subtree, not its root; "
                             f"used at={name!r}")
     if len(fits) > 1:
-        names = ", ".join(repr(n) for n, _ in fits)
-        return root_view, None, (f"several source subtrees match the obj ({names}); pass "
-                                 "at=... to pick one")
+        return root_view, None, _several([n for n, _ in fits])
     return root_view, None, ""
+
+
+def _several(names) -> str:
+    shown = ", ".join(repr(n) for n in names[:_MAX_AT_LISTED])
+    if len(names) > _MAX_AT_LISTED:
+        shown += f" and {len(names) - _MAX_AT_LISTED:,} more"
+    return f"several source subtrees match the obj ({shown}); pass at=... to pick one"
 
 
 # Strategies of one key, best first: a target claimed by several keys takes the best rank.

@@ -13,8 +13,8 @@ import collections
 from objckpt import errors
 
 __all__ = ["ATTRIBUTES", "OPTIMIZER_SLOT", "VARIABLE_VALUE", "checkpoint_key", "escape",
-           "graph_paths", "graph_walk", "is_optimizer_node", "path_of_key", "prefix_subtree",
-           "slot_path", "split_slot", "unescape", "walked_paths"]
+           "graph_paths", "graph_walk", "is_optimizer_node", "path_of_key", "prefix_holding",
+           "prefix_subtree", "slot_path", "split_slot", "unescape", "walked_paths"]
 
 ATTRIBUTES = "/.ATTRIBUTES/"
 VARIABLE_VALUE = "VARIABLE_VALUE"
@@ -184,3 +184,20 @@ def prefix_subtree(keys, at: str) -> dict:
         elif slot[0].startswith(head) and slot[1].startswith(head):
             view[slot_path(slot[0][len(head):], slot[1][len(head):], slot[2])] = key
     return view
+
+
+def prefix_holding(specs: dict, names, wanted: dict) -> list[str]:
+    """The top-level `names` whose `prefix_subtree` holds every non-slot path of `wanted`
+    ({path: (shape tuple, dtype)}) with that shape and dtype (specs: {key: (shape, dtype)}).
+    A name is dropped at its first path that fails, so a name holding none costs O(1)."""
+    plain = [(path, spec) for path, spec in wanted.items() if split_slot(path) is None]
+    out = []
+    for name in names:
+        head = name + "/"
+        for path, spec in plain:
+            have = specs.get(head + path)
+            if have is None or (tuple(have[0]), have[1]) != spec:
+                break
+        else:
+            out.append(name)
+    return out

@@ -369,22 +369,25 @@ def network_aliases(graph) -> dict[str, str]:
             if path != full}
 
 
-def subtree_paths(graph, at: str, skip_optimizers: bool = False) -> dict[str, str]:
+def subtree_paths(graph, at: str, skip_optimizers: bool = False, index=None) -> dict[str, str]:
     """Maps object path within the `at` subtree -> full object path, from a graph proto.
 
     Paths are what `tree(child)` would give for the live child at `at`: a
     breadth-first walk from that node, so a variable whose canonical path
     goes through a sibling (e.g. a Keras 3 optimizer's `_trainable_variables`)
     is still found under the subtree. Slot variables belong to the subtree
-    when both their variable and their optimizer do.
+    when both their variable and their optimizer do. `index`: a `GraphIndex`
+    of the same graph, shared by many calls (each then finds `at` in time linear
+    in its depth, not in the width of the nodes on the way).
     """
-    node_id = 0
-    for component in filter(None, at.split("/")):
-        local = _paths.unescape(component)
-        node_id = next((c.node_id for c in graph.nodes[node_id].children
-                        if c.local_name == local), None)
-        if node_id is None:
-            return {}
+    node_id = (index or GraphIndex(graph)).node_at(at)
+    if node_id is None:
+        return {}
+    return subtree_paths_from(graph, node_id, skip_optimizers)
+
+
+def subtree_paths_from(graph, node_id: int, skip_optimizers: bool = False) -> dict[str, str]:
+    """`subtree_paths` of the subtree rooted at node `node_id`: linear in its size."""
     skip = (lambda child, local: _compat.is_optimizer_node(graph, child, local)) \
         if skip_optimizers else None
     paths = _paths.graph_paths(graph, node_id, skip)
@@ -405,6 +408,97 @@ def subtree_paths(graph, at: str, skip_optimizers: bool = False) -> dict[str, st
                     f"{paths[slot.original_variable_node_id]}/{_paths.OPTIMIZER_SLOT}/"
                     f"{paths[current]}/{slot.slot_name}")
     return result
+
+
+class GraphIndex:
+    """A graph proto's child edges by name, node by node, each node's built on first use.
+
+    A lookup of one edge is then O(1) however many children the node has (a root with
+    200,000 children, as a crafted or very wide checkpoint has): finding many subtrees
+    costs the sum of their depths, not depth times width.
+    """
+
+    __slots__ = ("_children", "graph")
+
+    def __init__(self, graph):
+        self.graph = graph
+        self._children: dict[int, dict[str, int]] = {}
+
+    def children(self, node_id: int) -> dict[str, int]:
+        """{edge name (unescaped): child node id} of one node; the first edge of a name."""
+        found = self._children.get(node_id)
+        if found is None:
+            found = {}
+            for child in self.graph.nodes[node_id].children:
+                found.setdefault(child.local_name, child.node_id)
+            self._children[node_id] = found
+        return found
+
+    def node_at(self, at: str) -> int | None:
+        """The node an object path (`/`-joined escaped edge names) leads to, or None."""
+        node_id = 0
+        for component in filter(None, at.split("/")):
+            node_id = self.children(node_id).get(_paths.unescape(component))
+            if node_id is None:
+                return None
+        return node_id
+
+    def value_path(self, node_id: int) -> str | None:
+        """The path of the checkpoint key a node's value is stored under (its last
+        VARIABLE_VALUE attribute, as `subtree_paths` takes it), or None."""
+        found = None
+        for attribute in self.graph.nodes[node_id].attributes:
+            if attribute.name == _paths.VARIABLE_VALUE:
+                found = _paths.path_of_key(attribute.checkpoint_key)
+        return found
+
+    def holding(self, names, wanted: dict, specs: dict) -> list[str]:
+        """The top-level `names` whose subtree may hold every path of `wanted`.
+
+        wanted: {object path: (shape tuple, dtype)}; specs: {full path: (shape, dtype)}.
+        A necessary condition of `subtree_paths(graph, name)` holding each path with that
+        shape and dtype (its paths are edges from the subtree's node; child names are
+        unique, `_bundle.check_graph`): each path's edges lead from the name's node to a
+        node whose value has that shape and dtype. Slot paths are not checked. Each pair
+        (wanted prefix, node) is checked once, so the cost is linear in the graph's nodes
+        and edges whatever nodes the names share.
+        """
+        leaf = object()
+        trie: dict = {}
+        for path, spec in wanted.items():
+            if _paths.split_slot(path) is not None:
+                continue
+            node = trie
+            for component in path.split("/"):
+                node = node.setdefault(_paths.unescape(component), {})
+            node[leaf] = spec
+        memo: dict = {}
+
+        def holds(branch: dict, node_id: int) -> bool:
+            key = (id(branch), node_id)
+            found = memo.get(key)
+            if found is None:
+                found = True
+                spec = branch.get(leaf)
+                if spec is not None:
+                    full = self.value_path(node_id)
+                    have = specs.get(full) if full is not None else None
+                    found = have is not None and (tuple(have[0]), have[1]) == spec
+                if found:
+                    kids = self.children(node_id)
+                    for name, below in branch.items():
+                        if name is leaf:
+                            continue
+                        child = kids.get(name)
+                        if child is None or not holds(below, child):
+                            found = False
+                            break
+                memo[key] = found
+            return found
+
+        top = self.children(0)
+        return [name for name in names
+                if (node := top.get(_paths.unescape(name))) is not None and holds(trie, node)]
 
 
 def top_level_names(graph) -> list[str]:
