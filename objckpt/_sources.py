@@ -69,6 +69,11 @@ class Source:
     # Keras 2 HDF5 files: ((layer, (its keys in `weight_names` order)), ...) for the layers
     # with weights, in the file's order: what "topological order" pairs with the obj's layers.
     h5_layers: tuple = ()
+    # `holding(wanted)`: the top-level names whose subtree may hold every path of `wanted`
+    # ({path: (shape tuple, dtype)}): a necessary condition, found in one pass over the
+    # names (what `_match` tries as `at=` when the obj does not fit the root, so a source
+    # of 200,000 top-level names costs linear time). None: every top-level name may.
+    holding: Callable | None = None
 
 
 def _top_names(keys) -> list[str]:
@@ -116,14 +121,24 @@ def _object_source(prefix: str, notes) -> Source:
         # also reaches another variable by it: metadata and values must never disagree.
         return entries[path] if path in entries else entries[aliases[path]]
 
+    index = _tree.GraphIndex(entries.object_graph)
+    top_names = _tree.top_level_names(entries.object_graph)
+    views: dict = {}  # node id -> its view: names leading to one node share it
+
     def subtree(at):
         # As at the root: a variable whose path within `at` runs through an optimizer
         # (a trained Keras 3 model) is also found by its path through the layers.
-        view = _tree.subtree_paths(entries.object_graph, at)
-        network = _tree.subtree_paths(entries.object_graph, at, skip_optimizers=True)
-        for path, full in network.items():
-            view.setdefault(path, full)
-        return view
+        node = index.node_at(at)
+        if node is None:
+            return {}
+        if node not in views:
+            view = _tree.subtree_paths_from(entries.object_graph, node)
+            network = _tree.subtree_paths_from(entries.object_graph, node,
+                                               skip_optimizers=True)
+            for path, full in network.items():
+                view.setdefault(path, full)
+            views[node] = view
+        return dict(views[node])
 
     def structure():
         # The graph without the variables' saved names (`mlp_3/dense/kernel`), which
@@ -142,10 +157,11 @@ def _object_source(prefix: str, notes) -> Source:
                                   [entry(p).dtype for p in paths],
                                   [entry(p).shape for p in paths]),
         subtree,
-        _tree.top_level_names(entries.object_graph), prefix, tuple(notes),
+        top_names, prefix, tuple(notes),
         {path: e.name for path, e in entries.items() if e.name}, aliases, structure,
         lambda: keras3_slot_owners(entries.object_graph),
-        bundle_keys=lambda paths: [entry(p).key for p in paths])
+        bundle_keys=lambda paths: [entry(p).key for p in paths],
+        holding=lambda wanted: index.holding(top_names, wanted, specs))
 
 
 def keras3_slot_owners(graph) -> dict:
@@ -215,12 +231,14 @@ def snapshot_source(items: dict, aliases: dict | None = None, owners=None) -> So
     specs = {path: (tuple(value.shape), value.dtype) for path, value in items.items()}
     for alias, key in aliases.items():
         specs[alias] = specs[key]
+    top_names = _top_names(specs)
     return Source("Snapshot", "snapshot", specs,
                   lambda paths: [items[aliases.get(p, p)] for p in paths],
-                  lambda at: _paths.prefix_subtree(specs, at), _top_names(specs), aliases=aliases,
+                  lambda at: _paths.prefix_subtree(specs, at), top_names, aliases=aliases,
                   structure=lambda: ("snapshot", tuple(specs.items()),
                                      tuple(aliases.items())),
-                  owners=owners or (lambda: {}))
+                  owners=owners or (lambda: {}),
+                  holding=lambda wanted: _paths.prefix_holding(specs, top_names, wanted))
 
 
 def open_source(source) -> Source:
