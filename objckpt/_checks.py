@@ -1,5 +1,7 @@
 """Why a plan cannot be applied: the one error restore, migrate and load_ensemble raise.
 
+The plan-and-check stage of the one restore pipeline (`_pipeline.Pipeline.plan`).
+
 `checked_plan` plans and refuses (nothing assigned, nothing written) when anything is
 mismatched, ambiguous or, with strict, left over; `refuse` writes the message: every problem,
 network first, and the fixes that apply.
@@ -159,15 +161,17 @@ def _example_rule(extra: list, missing: list, the_plan: Plan, source: Source,
 
 
 def checked_plan(obj, variables, src: Source, *, rules=(), strict: bool = True,
-                 at: str | None = None, optimizer_state="auto") -> Plan:
-    """The plan restore follows, or the error restore raises for it (nothing assigned)."""
+                 at: str | None = None, optimizer_state="auto",
+                 action: str = "restore") -> Plan:
+    """The plan restore (or `action`: "migrate") follows, or the error it raises for it
+    (nothing assigned, nothing written)."""
     if not variables:
-        refuse(obj, variables, src, Plan(src.description, ()), strict)
+        refuse(obj, variables, src, Plan(src.description, ()), strict, action=action)
     the_plan = make_plan(src, obj, variables, rules=rules, at=at,
-                                optimizer_state=optimizer_state)
+                         optimizer_state=optimizer_state)
     if (the_plan.mismatched or the_plan.ambiguous or not the_plan.matches
             or (strict and (the_plan.unmatched_variables or the_plan.unmatched_source))):
-        refuse(obj, variables, src, the_plan, strict)
+        refuse(obj, variables, src, the_plan, strict, action=action)
     return the_plan
 
 

@@ -28,9 +28,9 @@ from objckpt import (
     _compat,
     _match,
     _paths,
+    _pipeline,
     _render,
     _rules,
-    _snapshot,
     _sources,
     _tree,
     errors,
@@ -527,18 +527,18 @@ def _walk(node, depth: int, path: str, attached=None, cache=None):
     return node, len(edges), []
 
 
-def _agree(obj, failure) -> None:
-    """Under MultiWorkerMirroredStrategy (obj's, or the one in scope for an obj with no
-    variables yet), every worker raises when opening, planning or checking the source
-    failed on one: the others would go on into collectives (creating variables, SyncOnRead
-    reads) the failing worker never joins. Nothing to agree in a replica context."""
+def _agreeing(obj):
+    """The tree whose strategy the workers agree under: under MultiWorkerMirroredStrategy
+    (obj's, or the one in scope for an obj with no variables yet), every worker raises when
+    opening, planning or checking the source failed on one: the others would go on into
+    collectives (creating variables, SyncOnRead reads) the failing worker never joins.
+    None (nothing to agree) in a replica context."""
     if _compat.replica_context_strategy() is not None:
-        return
+        return None
     try:
-        variables = _tree.tree(obj)
+        return _tree.tree(obj)
     except Exception:  # a refused obj (ShardedVariable): the strategy in scope decides
-        variables = {}
-    _snapshot.agree_across_workers(variables, failure, "objckpt.restore_on_create")
+        return {}
 
 
 def _optimizer_entries(obj, src, entries, skipped, at, rules, optimizer_state):
@@ -650,8 +650,10 @@ def restore_on_create(obj, source, *, rules=None, at: str | None = None, strict:
       >>> pending.assert_done()
     """
     strict = _match.check_strict(strict)
-    try:
-        src = _sources.open_source(source)
+    pipe = _pipeline.Pipeline("objckpt.restore_on_create", obj, source, rules=rules, at=at,
+                              strict=strict, optimizer_state=optimizer_state)
+    with pipe.decided(lambda: _agreeing(obj)):
+        src = pipe.open()
         parsed = _rules.parse_rules(rules)
         view = _match.view_at(src, at)
         rewritten = _rules.rewrite_view(view, parsed, note_bookkeeping=False)
@@ -697,11 +699,6 @@ def restore_on_create(obj, source, *, rules=None, at: str | None = None, strict:
             pending._fed.update(id(variable) for _, variable, _ in ready)
             pending._used.update(entry.source for entry, _, _ in ready)
             ready += pending.planned()
-    except Exception as err:
-        errors.about(err, source=source, obj=obj)
-        _agree(obj, err)
-        raise
-    _agree(obj, None)
     pending._apply_all(ready)
     for layer in _compat.keras_layers(obj):  # every Keras layer checks after its build
         pending._wrap_build(layer)

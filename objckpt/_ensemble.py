@@ -30,7 +30,17 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
-from objckpt import _checks, _clone, _compat, _match, _rules, _snapshot, _sources, _tree, errors
+from objckpt import (
+    _checks,
+    _clone,
+    _compat,
+    _match,
+    _pipeline,
+    _rules,
+    _snapshot,
+    _tree,
+    errors,
+)
 
 __all__ = ["Ensemble", "load_ensemble"]
 
@@ -171,21 +181,26 @@ def load_ensemble(template, sources: Sequence, *, rules=None, at: str | None = N
     strict = _match.check_strict(strict)
     mode = _match.optimizer_mode(optimizer_state)
     member_rules = _rules_per_member(rules, len(sources))
-    opened = []
-    for k, source in enumerate(sources):
-        try:
-            opened.append(_sources.open_source(source))
-        except Exception as err:  # any error: the other workers must not wait for this one
-            # every worker of a MultiWorkerMirroredStrategy raises, before any creates a member
-            _about_member(err, source, template)
-            _snapshot.agree_across_workers(_tree.tree(template), err, "objckpt.load_ensemble")
-            if not isinstance(err, errors.ObjckptError):
-                raise
-            raise _with_context(err, f"member {k} (source {_describe_source(source)})") \
-                from err
-    _snapshot.agree_across_workers(_tree.tree(template), None, "objckpt.load_ensemble")
+    pipe = _pipeline.Pipeline("objckpt.load_ensemble", template, sources, at=at,
+                              strict=strict, optimizer_state=optimizer_state)
+    variables = _tree.tree(template)
+    k = 0  # the member whose source failed, for its error
+
+    def about(err):  # a member's error names its source as given, and the template
+        return _about_member(err, sources[k], template)
+
+    def then(err):  # any error: the other workers must not wait for this one
+        if not isinstance(err, errors.ObjckptError):
+            return err
+        return _with_context(err, f"member {k} (source {_describe_source(sources[k])})")
+
     if mode is True or (mode == "auto" and _compat.optimizers_of(template)):
-        # Moving optimizer state may build the optimizer's slots: plan on each member.
+        # Moving optimizer state may build the optimizer's slots: each member is restored
+        # on its own (its own pipeline), once every source is open on every worker.
+        with pipe.decided(lambda: _tree.tree(template), about=about, then=then):
+            opened = []
+            for k, source in enumerate(sources):  # noqa: B007 (`k` names the failing member)
+                opened.append(pipe.open(source))
         members = []
         for k, (source, member_rule) in enumerate(zip(opened, member_rules)):
             member = _clone.clone(template, copy_values=False)
@@ -198,26 +213,21 @@ def load_ensemble(template, sources: Sequence, *, rules=None, at: str | None = N
                     err, f"member {k} (source {_describe_source(sources[k])})") from err
             members.append(member)
         return Ensemble(members)
-    # Clones share the template's paths, so every source is planned against the
-    # template (once per distinct source structure) and read before any member
-    # exists; each member's variables are then created with their values.
-    variables = _tree.tree(template)
+    # Clones share the template's paths, so every source is opened, then planned against
+    # the template (once per distinct source structure) and read before any member
+    # exists, and the workers agree once; each member's variables are then created with
+    # their values.
     plans: dict = {}
     loaded = []
-    for k, (source, member_rule) in enumerate(zip(opened, member_rules)):
-        try:
-            the_plan = _plan_for(template, variables, source, member_rule, plans,
-                                 strict=strict, at=at, optimizer_state=optimizer_state)
-            values = _snapshot.fetch_values(the_plan, variables)
-        except Exception as err:  # any error (a rule's transform raising a TF error too)
-            _about_member(err, sources[k], template)
-            _snapshot.agree_across_workers(variables, err, "objckpt.load_ensemble")
-            if not isinstance(err, errors.ObjckptError):
-                raise
-            raise _with_context(err, f"member {k} (source {_describe_source(sources[k])})") \
-                from err
-        loaded.append({id(variables[m.target]): v for m, v in zip(the_plan.matches, values)})
-    _snapshot.agree_across_workers(variables, None, "objckpt.load_ensemble")
+    with pipe.decided(lambda: variables, about=about, then=then):
+        opened = []
+        for k, source in enumerate(sources):  # noqa: B007 (`k` names the failing member)
+            opened.append(pipe.open(source))
+        for k, (source, member_rule) in enumerate(zip(opened, member_rules)):  # noqa: B007
+            the_plan = _plan_for(pipe, variables, source, member_rule, plans)
+            values = pipe.fetch(the_plan, variables)
+            loaded.append({id(variables[m.target]): v
+                           for m, v in zip(the_plan.matches, values)})
     network = _compat.network_variable_paths(template)
     members, trees = [], []
     for value_of in loaded:
@@ -238,7 +248,7 @@ def load_ensemble(template, sources: Sequence, *, rules=None, at: str | None = N
     return Ensemble._of_clones(members, trees)
 
 
-def _plan_for(template, variables, source, rules, plans: dict, **kwargs):
+def _plan_for(pipe, variables, source, rules, plans: dict):
     """The checked plan of source into the template, reused for equal structures."""
 
     key = None
@@ -251,7 +261,9 @@ def _plan_for(template, variables, source, rules, plans: dict, **kwargs):
     cached = plans.get(key) if key is not None else None
     if cached is not None:
         return dataclasses.replace(cached, source=source.description, _source=source)
-    the_plan = _checks.checked_plan(template, variables, source, rules=rules, **kwargs)
+    the_plan = _checks.checked_plan(pipe.obj, variables, source, rules=rules,
+                                    strict=pipe.strict, at=pipe.at,
+                                    optimizer_state=pipe.optimizer_state)
     if key is not None:
         plans[key] = the_plan
     return the_plan

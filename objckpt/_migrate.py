@@ -21,14 +21,12 @@ import tensorflow as tf
 
 from objckpt import (
     _api,
-    _checks,
     _compat,
     _files,
     _match,
     _paths,
+    _pipeline,
     _render,
-    _snapshot,
-    _sources,
     _tree,
     errors,
 )
@@ -144,26 +142,15 @@ def migrate(obj, source, prefix, *, rules=None, at: str | None = None, strict: b
     strict = _match.check_strict(strict)
     variables = _tree.tree(obj)
     prefix = os.fspath(prefix)
-    try:
+    pipe = _pipeline.Pipeline("objckpt.migrate", obj, source, rules=rules, at=at,
+                              strict=strict, optimizer_state=optimizer_state, action="migrate")
+    # Under MultiWorkerMirroredStrategy every worker raises when the source cannot be
+    # opened or planned on one (the others would wait in a SyncOnRead read's collective).
+    with pipe.decided(lambda: variables):
         _files.check_prefix(prefix)  # an existing directory: refused before any work
-        src = _sources.open_source(source)
-        if not variables:
-            _checks.refuse(obj, variables, src, _match.Plan(src.description, ()), strict,
-                           action="migrate")
-        variables = _checks.ready_optimizers(obj, variables, src, rules=rules, at=at,
-                                             optimizer_state=optimizer_state)
-        the_plan = _match.make_plan(src, obj, variables, rules=rules, at=at,
-                                    optimizer_state=optimizer_state)
-        if (the_plan.mismatched or the_plan.ambiguous or not the_plan.matches
-                or (strict and (the_plan.unmatched_variables or the_plan.unmatched_source))):
-            _checks.refuse(obj, variables, src, the_plan, strict, action="migrate")
-    except Exception as err:
-        # Under MultiWorkerMirroredStrategy every worker raises when the source cannot be
-        # opened or planned on one (the others would wait in a SyncOnRead read's collective).
-        errors.about(err, source=source, obj=obj)
-        _snapshot.agree_across_workers(variables, err, "objckpt.migrate")
-        raise
-    _snapshot.agree_across_workers(variables, None, "objckpt.migrate")
+        src = pipe.open()
+        variables, the_plan = pipe.plan(variables, src)
+    # The values are fetched while the checkpoint is written, a group at a time.
     fed = {m.target: m for m in the_plan.matches}
     paths = list(variables)
     specs = {p: (_written_shape(variables[p], fed.get(p), src), variables[p].dtype.base_dtype)
@@ -176,7 +163,7 @@ def migrate(obj, source, prefix, *, rules=None, at: str | None = None, strict: b
     tf.io.gfile.makedirs(work)
     meter = _Progress(sum(_nbytes(specs[p]) for p in paths), progress)
     try:
-        parts = _write_parts(work, paths, specs, fed, variables, the_plan, meter)
+        parts = _write_parts(pipe, work, paths, specs, fed, variables, the_plan, meter)
         merged = os.path.join(work, "merged")
         with tf.device("/cpu:0"):
             tf.raw_ops.MergeV2Checkpoints(checkpoint_prefixes=parts, destination_prefix=merged,
@@ -197,7 +184,7 @@ def migrate(obj, source, prefix, *, rules=None, at: str | None = None, strict: b
     return prefix
 
 
-def _write_parts(work, paths, specs, fed, variables, the_plan, meter) -> list[str]:
+def _write_parts(pipe, work, paths, specs, fed, variables, the_plan, meter) -> list[str]:
     names = [_compat.variable_name(variables[p]) for p in paths]
     # With the edges TF writes besides each canonical path (a trained Keras 3 model's layers
     # reach weights its optimizer lists first), as `objckpt.save` writes them.
@@ -210,7 +197,7 @@ def _write_parts(work, paths, specs, fed, variables, the_plan, meter) -> list[st
             return
         from_source = [fed[p] for p in group if p in fed]
         values = dict(zip((m.target for m in from_source),
-                          _snapshot.fetch_values(the_plan, variables, from_source)))
+                          pipe.fetch(the_plan, variables, from_source)))
         tensors = []
         for path in group:
             value = values[path] if path in values else _compat.read_value(variables[path])

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import json
 import os
 import threading
 import weakref
@@ -13,7 +12,22 @@ from collections.abc import Mapping
 import numpy as np
 import tensorflow as tf
 
-from objckpt import _checks, _compat, _files, _match, _paths, _render, _sources, _tree, errors
+from objckpt import (
+    _checks,
+    _compat,
+    _files,
+    _match,
+    _paths,
+    _pipeline,
+    _render,
+    _sources,
+    _tree,
+    errors,
+)
+
+# The pipeline's stages, under the names other modules and tests know them by.
+from objckpt._pipeline import AGREED_BYTES as _AGREED_BYTES  # noqa: F401
+from objckpt._pipeline import agree_across_workers, fetch_values  # noqa: F401
 
 __all__ = ["RestoreReport", "Snapshot", "restore", "save", "snapshot"]
 
@@ -187,52 +201,6 @@ def _check_cross_replica(variables, operation: str) -> None:
                 "step use objckpt.Twins.", path=path, variable_type=kind)
 
 
-def fetch_values(the_plan: _match.Plan, variables, matches=None) -> list:
-    """Reads the source values of a plan's matches, transforms applied, and checks them.
-
-    A transform's output shape is known from tracing only as far as the
-    transform lets TF infer it; every value is checked against its variable
-    again here, before anything is assigned or written.
-    """
-    matches = the_plan.matches if matches is None else matches
-    values = the_plan.fetch([m.source for m in matches])
-    out, problems, corrupt = [], [], []
-    for match, value in zip(matches, values):
-        if match.transform is not None:
-            value = match.transform(value)
-        variable = variables[match.target]
-        if (not value.shape.is_fully_defined() and variable.shape.is_fully_defined()
-                and value.shape.is_compatible_with(variable.shape)):
-            # read in a tf.function being traced: the shape is checked when it runs
-            value = tf.ensure_shape(value, variable.shape)
-        fits = value.shape == variable.shape or (  # a variable of relaxed shape (tf_keras
-            not variable.shape.is_fully_defined()  # lookups' idf_weights): any value it takes
-            and variable.shape.is_compatible_with(value.shape))
-        if (not fits or value.dtype != variable.dtype.base_dtype):
-            got = (f"{value.dtype.name}{tuple(value.shape)} but the obj has "
-                   f"{variable.dtype.base_dtype.name}{tuple(variable.shape)}")
-            if match.transform is not None:
-                problems.append(f"{the_plan.label(match.target)}: the transform of "
-                                f"`{_render.safe(match.source)}` gave {got}")
-            else:  # the plan checked the metadata: the data disagrees with it
-                corrupt.append(f"{the_plan.label(match.target)}: `{_render.safe(match.source)}`"
-                               f" read as {got}")
-        out.append(value)
-    if corrupt:
-        raise errors.CheckpointCorruptError(
-            f"{the_plan.source}: {len(corrupt)} value(s) read do not have the shape or dtype "
-            "its metadata promised (an inconsistent or crafted checkpoint); nothing was "
-            "changed or written:\n" + "\n".join(_render.listed(corrupt))
-            + "\nFix: restore from another checkpoint, or write this one again.")
-    if problems:
-        raise errors.StructureMismatchError(
-            f"{len(problems)} transformed value(s) from {the_plan.source} do not fit; nothing "
-            "was changed or written:\n" + "\n".join(_render.listed(problems))
-            + "\nFix: make the rule's transform return the variable's shape and dtype.",
-            tuple(problems))
-    return out
-
-
 @tf.autograph.experimental.do_not_convert
 def restore(obj, source, *, rules=None, strict: bool = True, at: str | None = None,
             optimizer_state="auto") -> RestoreReport:
@@ -329,46 +297,48 @@ def restore(obj, source, *, rules=None, strict: bool = True, at: str | None = No
     """
     variables = _tree.tree(obj)
     _check_cross_replica(variables, "restore")
-    if (isinstance(source, Snapshot) and at is None and not rules
-            and optimizer_state in (None, "auto") and source.origin() is variables):
-        # Taken from this very obj, and its structure is unchanged: the paths,
-        # shapes and dtypes are the ones just read, so there is nothing to check.
-        agree_across_workers(variables, None)
-        variables.fused.assign_all(source.as_dict().values())
+    pipe = _pipeline.Pipeline("objckpt.restore", obj, source, rules=rules, at=at,
+                              strict=strict, optimizer_state=optimizer_state)
+    cache_key = _plan_cache_key(source, rules, strict, at, optimizer_state)
+    src = the_plan = loader = values = cached = None
+
+    def failed(err):
+        if loader is not None:
+            loader.close()
+        pipe.about(err)
+
+    with pipe.decided(lambda: variables, about=failed):
+        if (isinstance(source, Snapshot) and at is None and not rules
+                and optimizer_state in (None, "auto") and source.origin() is variables):
+            # Taken from this very obj, and its structure is unchanged: the paths,
+            # shapes and dtypes are the ones just read, so there is nothing to check.
+            values = list(source.as_dict().values())
+        elif (cached := variables.plans.get(cache_key) if cache_key is not None else None) \
+                is not None and cached[0]() is source.origin():
+            # A Snapshot of a tree planned into this tree before: the same paths, shapes
+            # and dtypes on both sides (each tree is immutable), so the same checked plan.
+            items = source.as_dict()
+            values = [items[key] for key in cached[1]]
+        else:
+            cached = None
+            src = pipe.open()
+            variables, the_plan = pipe.plan(variables, src)
+            loader = _streamed(src, the_plan, variables)
+            if loader is not None:  # every checksum checked, nothing read into memory
+                loader.verify()
+            else:
+                values = pipe.fetch(the_plan, variables)
+    if src is None and cached is None:  # the fast path: the whole tree, fused
+        variables.fused.assign_all(values)
         _compat.refresh_derived_state(obj, key=variables)  # Normalization's cached mean
         return RestoreReport(tuple(variables), source="Snapshot")
-    cache_key = _plan_cache_key(source, rules, strict, at, optimizer_state)
-    cached = variables.plans.get(cache_key) if cache_key is not None else None
-    if cached is not None and cached[0]() is source.origin():
-        # A Snapshot of a tree planned into this tree before: the same paths, shapes
-        # and dtypes on both sides (each tree is immutable), so the same checked plan.
-        _, keys, report = cached
-        items = source.as_dict()
-        agree_across_workers(variables, None)
-        _assign(variables, report.plan, [items[key] for key in keys])
+    if cached is not None:
+        report = cached[2]
+        _assign(variables, report.plan, values)
         _start_fresh(obj, variables, report.plan)
         _compat.refresh_derived_state(obj, lambda: map(variables.get, report.restored),
                                       key=variables, merged=False)
         return report
-    loader = None
-    try:
-        src = _sources.open_source(source)
-        variables = _checks.ready_optimizers(obj, variables, src, rules=rules, at=at,
-                                             optimizer_state=optimizer_state)
-        the_plan = _checks.checked_plan(obj, variables, src, rules=rules, strict=strict, at=at,
-                                optimizer_state=optimizer_state)
-        loader = _streamed(src, the_plan, variables)
-        if loader is not None:  # every checksum checked, nothing read into memory
-            loader.verify()
-        else:
-            values = fetch_values(the_plan, variables)
-    except Exception as err:
-        if loader is not None:
-            loader.close()
-        errors.about(err, source=source, obj=obj)
-        agree_across_workers(variables, err)
-        raise
-    agree_across_workers(variables, None)
     if loader is not None:
         try:
             loader.assign()
@@ -396,147 +366,6 @@ def restore(obj, source, *, rules=None, strict: bool = True, at: str | None = No
             tuple(aliases.get(m.source, m.source) for m in the_plan.matches), report)
     return report
 
-
-# The error a restore raises on a worker of a MultiWorkerMirroredStrategy whose own checks
-# passed when another worker's failed: the type of that worker's error, any objckpt error
-# (its index here, the same on every worker), `ObjckptError` for any other error.
-_AGREED_ERRORS = tuple(getattr(errors, name) for name in errors.__all__)
-# What a failing worker sends of its error (JSON, ASCII): at most this many bytes, within
-# `_compat.gather_failures`'s row; each text field and problem line is cut to its own bound.
-_AGREED_BYTES = 8000
-_AGREED_MESSAGE = 1500  # bytes of the message
-_AGREED_FIELD = 400  # bytes of the source, obj, fix, an extra
-_AGREED_PROBLEM = 240  # bytes of one problem line
-_AGREED_PROBLEMS = 40  # problem lines at most (then "... N more")
-_AGREED_EXTRAS = ("holder", "variable_type", "found")  # old attributes some errors have
-
-
-def _agreed_kind(failure) -> int:
-    """1 + the index in `_AGREED_ERRORS` of `failure`'s type (its nearest listed base)."""
-    for cls in type(failure).__mro__:
-        if cls in _AGREED_ERRORS:
-            return 1 + _AGREED_ERRORS.index(cls)
-    return 1 + _AGREED_ERRORS.index(errors.ObjckptError)
-
-
-def _cut(text, limit: int = _AGREED_FIELD):
-    """`text` cut to at most `limit` bytes as JSON writes it (escaped non-ASCII included)."""
-    if text is None:
-        return None
-    text, keep = str(text), limit
-    while len(json.dumps(text[:keep])) - 2 > limit - 3:
-        keep = keep * 3 // 4
-    return text if keep >= len(text) else text[:keep] + "..."
-
-
-def _failure_record(failure) -> str:
-    """What a failing worker sends of its error: type and message (one line), and for an
-    objckpt error its problems, source, obj, fix and extras, as JSON of at most
-    `_AGREED_BYTES` (problem lines dropped from the end first, then the message cut)."""
-    text = (str(failure.args[0]) if isinstance(failure, errors.ObjckptError)
-            and failure.args else str(failure))  # a TF error's args[0] is its node
-    record = {"message": _cut(f"{type(failure).__name__}: {' '.join(text.split())}",
-                              _AGREED_MESSAGE)}
-    problems = []
-    if isinstance(failure, errors.ObjckptError):
-        problems = [_cut(p, _AGREED_PROBLEM) for p in failure.problems]
-        if len(problems) > _AGREED_PROBLEMS:
-            problems[_AGREED_PROBLEMS - 1:] = [
-                f"... {len(problems) - _AGREED_PROBLEMS + 1} more"]
-        record.update(source=_cut(failure.source), obj=_cut(failure.obj),
-                      fix=_cut(failure.fix))
-        extras = {}
-        for name in _AGREED_EXTRAS:
-            value = getattr(failure, name, None)
-            if isinstance(value, str) and value:
-                extras[name] = _cut(value)
-            elif isinstance(value, tuple) and value:
-                extras[name] = [_cut(v, _AGREED_PROBLEM) for v in value[:_AGREED_PROBLEMS]]
-        if extras:
-            record["extras"] = extras
-    while True:
-        record["problems"] = problems
-        encoded = json.dumps(record, separators=(",", ":"))  # ASCII: one byte a character
-        if len(encoded) <= _AGREED_BYTES:
-            return encoded
-        if problems:
-            problems = problems[:-1]
-        elif "extras" in record:
-            del record["extras"]
-        else:  # (escaped non-ASCII text takes up to 6 bytes a character)
-            for name in ("message", "source", "obj", "fix"):
-                if record.get(name) is not None:
-                    record[name] = _cut(record[name], max(len(record[name]) // 2, 20))
-
-
-def _agreed_fields(text: str) -> dict:
-    """The fields `_failure_record` sent, rendered safely (they come from another process);
-    a plain message for anything else."""
-    try:
-        record = json.loads(text)
-        if not isinstance(record, dict) or not isinstance(record.get("message"), str):
-            raise ValueError(text)
-    except ValueError:
-        return {"message": _render.safe_text(text), "problems": ()}
-
-    def shown(value):
-        return _render.safe_text(value) if isinstance(value, str) else None
-
-    extras = record.get("extras") if isinstance(record.get("extras"), dict) else {}
-    return {
-        "message": _render.safe_text(record["message"]),
-        "problems": tuple(_render.safe_text(p) for p in record.get("problems") or ()
-                          if isinstance(p, str)),
-        "source": shown(record.get("source")), "obj": shown(record.get("obj")),
-        "fix": shown(record.get("fix")),
-        "extras": {name: (shown(value) if isinstance(value, str) else
-                          tuple(_render.safe_text(v) for v in value if isinstance(v, str)))
-                   for name, value in extras.items()
-                   if name in _AGREED_EXTRAS and isinstance(value, (str, list))},
-    }
-
-
-def agree_across_workers(variables, failure, operation: str = "objckpt.restore") -> None:
-    """A restore (or `operation`) lands on every worker of a MultiWorkerMirroredStrategy or
-    on none: each worker calls this once, before assigning or creating anything, with its
-    own failure (None: its checks passed). One small all-gather tells every worker which
-    failed, with what; a worker that passed raises then, naming the failing worker's task,
-    error type and message. No collective under any other strategy.
-
-    The error raised there has the failing worker's objckpt type (`ObjckptError` for any
-    other error) and carries its `problems`, `source`, `obj` and `fix` (and `holder`,
-    `variable_type`, `found` where it had them), each bounded in size and rendered safely;
-    its message ends with the fix on this worker.
-
-    Inside a `tf.function` it runs eagerly at trace time: every worker traces the same
-    function, so the collectives match.
-    """
-    kind = 0
-    message = ""
-    if failure is not None:
-        kind = _agreed_kind(failure)
-        message = _failure_record(failure)
-    failures = _compat.gather_failures(variables.values(), kind, message)
-    if failure is not None or not failures:
-        return
-    task, found_kind, text = failures[0]
-    raised = (_AGREED_ERRORS[found_kind - 1] if 0 < found_kind <= len(_AGREED_ERRORS)
-              else errors.ObjckptError)
-    fields = _agreed_fields(text)
-    others = (f" (and {len(failures) - 1} other worker(s): "
-              + ", ".join(t for t, _, _ in failures[1:]) + ")" if len(failures) > 1 else "")
-    err = raised(
-        f"{operation} failed on worker {task}{others} of this MultiWorkerMirroredStrategy, "
-        f"so it did nothing on this worker either: it succeeds on every worker or on none, "
-        f"and every variable here keeps its value. That worker's error: "
-        f"{fields['message']}. Fix: the cause on worker {task} (its error, raised "
-        "there, says which path and what was expected); every worker must be able to read "
-        "the same source (put checkpoints on storage the workers share) and run the same "
-        "rules.", problems=fields["problems"], source=fields.get("source"),
-        obj=fields.get("obj"), fix=fields.get("fix"))
-    for name, value in fields.get("extras", {}).items():
-        setattr(err, name, value)
-    raise err
 
 # Plans kept per target tree, for Snapshots of this many other trees.
 _PLAN_CACHE_SIZE = 8

@@ -31,6 +31,7 @@ LAYERS = [
     "objckpt._roles",
     "objckpt._compat",  # the package and its submodules
     "objckpt._fastio",  # parallel writes and RestoreV2, crc32c checks, direct restore
+    "objckpt._ckptstate",  # the `checkpoint` state file: its one reader, one writer, meaning
     "objckpt._files",
     "objckpt._savedobjects",  # pure: saved_model.pb decoded (its variables)
     "objckpt._savedmodel",  # SavedModel directories as sources (no TF import)
@@ -61,7 +62,7 @@ LAYERS = [
     "objckpt._ensemble",
     "objckpt._freeze",
     "objckpt._asyncwrite",
-    "objckpt._ckptstate",  # a managed directory's state file: listed ckpt-N and their times
+    "objckpt._retention",  # pure: which checkpoints of a directory to keep (Kept, policy)
     "objckpt._checkpointing",
     "objckpt._fitckpt",
     "objckpt.callbacks",
@@ -226,7 +227,8 @@ def test_compat_names_load_from_where_the_table_says():
 def test_tf_free_modules_import_no_tensorflow():
     """`callbacks` (constructed before fit) and the helpers it uses must stay cheap."""
     for module in ("objckpt._compat", "objckpt._compat.hooks", "objckpt._render",
-                   "objckpt._paths", "objckpt._names", "objckpt.errors", "objckpt._options"):
+                   "objckpt._paths", "objckpt._names", "objckpt.errors", "objckpt._options",
+                   "objckpt._retention", "objckpt._ckptstate"):
         imported = {alias.name.split(".")[0] for node in ast.walk(TREES[module])
                     if isinstance(node, (ast.Import, ast.ImportFrom))
                     for alias in (node.names if isinstance(node, ast.Import)
