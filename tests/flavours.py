@@ -12,8 +12,6 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -147,13 +145,30 @@ def build_module(*, train=True):
     net = ModuleNet()
     optimizer = tf.compat.v1.train.AdamOptimizer(0.01)
     if train:
-        x = tf.ones((2, 3))
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_sum(net(x) ** 2)
-        variables = [v for v in net.trainable_variables if v.dtype.is_floating]
-        optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
-        net.step.assign_add(1)
+        module_step(net, optimizer)
     return tf.train.Checkpoint(model=net, optimizer=optimizer)
+
+
+def module_step(net, optimizer, x=None) -> None:
+    """One training step of a ModuleNet (on ones((2, 3)) unless x): weights, slots and step
+    change."""
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(net(tf.ones((2, 3)) if x is None else x) ** 2)
+    variables = [v for v in net.trainable_variables if v.dtype.is_floating]
+    optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+    net.step.assign_add(1)
+
+
+def train_more(obj, epochs: int = 1) -> None:
+    """More training through the flavour's own machinery, on other data than the builders'
+    (seed 1): a module's one step, or `epochs` of Keras fit. Weights, the optimizer's slots
+    and iterations all change."""
+    if isinstance(obj, tf.train.Checkpoint):
+        module_step(obj.model, obj.optimizer)
+        return
+    images, tokens, targets = _data(seed=1)
+    inputs = images if obj.name == "net" else [images, tokens]
+    obj.fit(inputs, targets, epochs=epochs, batch_size=4, verbose=0)
 
 
 def build(flavour: str, kind: str = "functional", **kwargs):
@@ -164,19 +179,6 @@ def build(flavour: str, kind: str = "functional", **kwargs):
     if kind == "subclassed":
         return build_subclassed(keras, **kwargs)
     return build_functional(keras, **kwargs)
-
-
-def values(obj_tree) -> dict:
-    """Host copies of every variable of a tree, for bit-equality checks."""
-    return {path: np.array(variable.numpy()) for path, variable in obj_tree.items()}
-
-
-def assert_same(before: dict, after: dict):
-    assert list(before) == list(after)
-    for path in before:
-        a, b = before[path], after[path]
-        assert a.dtype == b.dtype and a.shape == b.shape, path
-        assert a.tobytes() == b.tobytes(), f"{path} changed"
 
 
 def checkpoint_paths(prefix: str) -> set:
@@ -218,21 +220,6 @@ requires_keras3_session = pytest.mark.skipif(
     not KERAS3_SESSION, reason="needs Keras 3 as this session's Keras (the keras3 and tf216 "
     "nox sessions); here " + ("TF_USE_LEGACY_KERAS=1" if legacy_keras_env()
                               else f"keras is {_keras_major() or 'not installed'}"))
-
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# The command line in a process where `import tensorflow` (keras, tf_keras) fails.
-_TF_BLOCKED = ("import sys; sys.modules.update(dict.fromkeys(('tensorflow', 'keras', "
-               "'tf_keras'), None)); sys.argv[0] = 'objckpt'; from objckpt import cli; cli.run()")
-
-
-def run_cli(*args, blocked: bool = True) -> subprocess.CompletedProcess:
-    """Runs `objckpt ARGS` as a fresh process from this checkout, with TensorFlow, Keras and
-    tf_keras blocked from import (blocked=False: `python -m objckpt`, TF importable)."""
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    command = ["-c", _TF_BLOCKED] if blocked else ["-m", "objckpt"]
-    return subprocess.run([sys.executable, *command, *map(str, args)], capture_output=True,
-                          text=True, env=env, timeout=300, check=False)
 
 
 _STRATEGIES: dict = {}

@@ -54,6 +54,7 @@ import objckpt  # noqa: E402
 from objckpt import errors  # noqa: E402
 
 import flavours  # noqa: E402
+from support import values  # noqa: E402
 
 # --- models --------------------------------------------------------------------------
 
@@ -116,17 +117,8 @@ def build_module(seed: int):
     """tf.train.Checkpoint(model=Net, optimizer=TF1 Adam) after one step (slots exist)."""
     net = Net(seed)
     optimizer = tf.compat.v1.train.AdamOptimizer(0.01)
-    x = tf.ones((2, 3)) * (seed + 1)
-    with tf.GradientTape() as tape:
-        loss = tf.reduce_sum(net(x) ** 2)
-    variables = [v for v in net.trainable_variables if v.dtype.is_floating]
-    optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
-    net.step.assign_add(1)
+    flavours.module_step(net, optimizer, tf.ones((2, 3)) * (seed + 1))
     return tf.train.Checkpoint(model=net, optimizer=optimizer)
-
-
-def values(obj) -> dict:
-    return {path: np.array(v.numpy()) for path, v in objckpt.tree(obj).items()}
 
 
 def save_values(path: str, vals: dict) -> None:

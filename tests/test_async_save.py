@@ -13,48 +13,8 @@ import tensorflow as tf
 import objckpt
 from objckpt import _bundle, _bundlewrite, _fastio, _files, _paths, errors
 
-from flavours import CASES, _data, build, case_id, session_flavour, values
-
-
-def bits(array) -> tuple:
-    array = np.asarray(array)
-    data = array.tolist() if array.dtype == object else array.tobytes()
-    return str(array.dtype), array.shape, data
-
-
-def assert_bits(before: dict, after: dict, what: str = ""):
-    assert list(before) == list(after), what
-    changed = [p for p in before if bits(before[p]) != bits(after[p])]
-    assert not changed, f"{what}: changed {changed[:5]}"
-
-
-def now(obj) -> dict:
-    return values(objckpt.tree(obj))
-
-
-def perturb(obj, amount: float = 1.0):
-    for variable in objckpt.tree(obj).values():
-        dtype = variable.dtype.base_dtype
-        if dtype.is_floating:
-            variable.assign(variable + tf.cast(amount, dtype))
-        elif dtype.is_integer:
-            variable.assign(variable + tf.cast(tf.fill(variable.shape, 7), dtype))
-
-
-def train_step(obj):
-    """One more training step through the flavour's own machinery (the optimizer's slots,
-    iterations and the weights all change)."""
-    if isinstance(obj, tf.train.Checkpoint):
-        net, optimizer = obj.model, obj.optimizer
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_sum(net(tf.ones((2, 3))) ** 2)
-        variables = [v for v in net.trainable_variables if v.dtype.is_floating]
-        optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
-        net.step.assign_add(1)
-        return
-    images, tokens, targets = _data(seed=1)
-    inputs = images if obj.name == "net" else [images, tokens]
-    obj.fit(inputs, targets, epochs=1, batch_size=4, verbose=0)
+from flavours import CASES, _data, build, case_id, session_flavour, train_more
+from support import assert_bits, bits, perturb, values
 
 
 class Gate:
@@ -97,7 +57,7 @@ def trained(case):
 
 def test_save_without_blocking_returns_a_handle_to_a_valid_checkpoint(case, trained,
                                                                       tmp_path):
-    before = now(trained)
+    before = values(trained)
     prefix = str(tmp_path / "ck")
     handle = objckpt.save(trained, prefix, blocking=False)
     assert isinstance(handle, objckpt.SaveHandle)
@@ -110,11 +70,11 @@ def test_save_without_blocking_returns_a_handle_to_a_valid_checkpoint(case, trai
     fresh = build(*case)
     perturb(fresh)
     tf.train.Checkpoint(root=fresh).read(prefix).assert_consumed()
-    assert_bits(before, now(fresh), "tf.train.Checkpoint.read")
+    assert_bits(before, values(fresh), "tf.train.Checkpoint.read")
     fresh = build(*case)
     perturb(fresh)
     objckpt.restore(fresh, prefix)
-    assert_bits(before, now(fresh), "objckpt.restore")
+    assert_bits(before, values(fresh), "objckpt.restore")
     # a blocking save of the same values writes the same tensors
     blocking = objckpt.save(trained, str(tmp_path / "blocking"))
     assert blocking == str(tmp_path / "blocking")
@@ -126,14 +86,14 @@ def test_save_without_blocking_returns_a_handle_to_a_valid_checkpoint(case, trai
 
 def test_values_written_are_those_at_the_call(case, tmp_path, gate):
     obj = build(*case)
-    at_call = now(obj)
+    at_call = values(obj)
     prefix = str(tmp_path / "ck")
     handle = objckpt.save(obj, prefix, blocking=False)
     # training goes on before the write: assignments and an optimizer step
     perturb(obj, 0.5)
-    train_step(obj)
+    train_more(obj)
     perturb(obj, 0.25)
-    changed = now(obj)
+    changed = values(obj)
     assert all(bits(changed[p]) != bits(at_call[p]) for p in at_call
                if at_call[p].dtype.kind == "f" and at_call[p].size)
     assert not handle.done()
@@ -143,22 +103,22 @@ def test_values_written_are_those_at_the_call(case, tmp_path, gate):
     assert gate.held == 1
     fresh = build(*case)
     objckpt.restore(fresh, prefix)
-    assert_bits(at_call, now(fresh), "restored")
-    assert_bits(changed, now(obj), "the obj itself")  # the save changed nothing
+    assert_bits(at_call, values(fresh), "restored")
+    assert_bits(changed, values(obj), "the obj itself")  # the save changed nothing
 
 
 def test_values_at_the_call_even_without_a_gate(case, tmp_path):
     obj = build(*case)
     handles, at_call = [], []
     for k in range(3):
-        at_call.append(now(obj))
+        at_call.append(values(obj))
         handles.append(objckpt.save(obj, str(tmp_path / f"ck{k}"), blocking=False))
-        train_step(obj)  # right after the call
+        train_more(obj)  # right after the call
         perturb(obj, 0.125)
     fresh = build(*case)
     for handle, expected in zip(handles, at_call):
         objckpt.restore(fresh, handle.result())
-        assert_bits(expected, now(fresh), handle.prefix)
+        assert_bits(expected, values(fresh), handle.prefix)
 
 
 @pytest.mark.parametrize("how", ["in-place", "streamed", "whole", "snapshot"])
@@ -171,19 +131,19 @@ def test_values_at_the_call_survive_a_restore_before_the_write(case, trained, tm
     if how == "in-place":
         monkeypatch.setattr(_fastio, "MAP_BYTES", 1)
     other = objckpt.save(trained, str(tmp_path / "other"))  # written before the gate
-    other_values = now(trained)
+    other_values = values(trained)
     obj = build(*case)
     perturb(obj)
-    at_call = now(obj)
+    at_call = values(obj)
     handle = objckpt.save(obj, str(tmp_path / "ck"), blocking=False)
     source = objckpt.snapshot(trained) if how == "snapshot" else other
     objckpt.restore(obj, source)
-    assert_bits(other_values, now(obj), "restored")
+    assert_bits(other_values, values(obj), "restored")
     assert not handle.done()
     gate.open()
     fresh = build(*case)
     objckpt.restore(fresh, handle.result())
-    assert_bits(at_call, now(fresh), "written")
+    assert_bits(at_call, values(fresh), "written")
 
 
 def test_several_saves_complete_in_call_order(tmp_path, gate):
@@ -302,7 +262,7 @@ def test_snapshot_saved_without_blocking(case, trained, tmp_path):
     fresh = build(*case)
     perturb(fresh)
     objckpt.restore(fresh, handle.prefix)
-    assert_bits(snap.numpy(), now(fresh))
+    assert_bits(snap.numpy(), values(fresh))
 
 
 def test_timeout_then_result(tmp_path, gate):
@@ -369,7 +329,7 @@ def test_checkpointing_async_save_writes_the_values_of_each_save(tmp_path, monke
 
     class AtEpochEnd(keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
-            seen.append(now(model))
+            seen.append(values(model))
             # Newest wins: a save still waiting when the next comes is superseded (never
             # written; on a loaded machine it happens). Each epoch's save is asserted here.
             callback.manager.wait()
@@ -383,7 +343,7 @@ def test_checkpointing_async_save_writes_the_values_of_each_save(tmp_path, monke
     for prefix, expected in zip(callback.saved, seen):
         perturb(target)
         objckpt.restore(target, prefix, at="model")  # the callback saves the model at model/
-        assert_bits(expected, now(target), prefix)
+        assert_bits(expected, values(target), prefix)
 
 
 def test_a_path_like_prefix(tmp_path):

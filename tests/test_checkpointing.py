@@ -34,6 +34,7 @@ from flavours import (
     keras_for,
     session_flavour,
 )
+from support import assert_bits, values
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -50,19 +51,9 @@ def inputs(model):
     return (images if model.name == "net" else [images, tokens]), targets
 
 
-def values(model) -> dict:
-    return {p: np.array(v.numpy()) for p, v in objckpt.tree(model).items()}
-
-
 def weights(model) -> dict:
     """The network's weights (no optimizer state), by position."""
     return {str(i): np.array(w.numpy()) for i, w in enumerate(model.weights)}
-
-
-def assert_bit_identical(a: dict, b: dict):
-    assert list(a) == list(b)
-    different = [p for p in a if a[p].tobytes() != b[p].tobytes()]
-    assert not different, f"{len(different)} variables differ: {different[:5]}"
 
 
 def fit(model, callbacks, epochs=3, **kwargs):
@@ -129,7 +120,7 @@ def test_interrupted_fit_resumes_bit_identical(tmp_path, flavour, kind, async_sa
     assert said(capsys) == [  # the first fit started fresh: no line
         f"Checkpointing: resumed from {tmp_path}/ckpt-2 (epoch 2 of 3 at batch 2, step 6); "
         "training continues with batch 3 of that epoch."]
-    assert_bit_identical(expected, values(model))
+    assert_bits(expected, values(model))
     reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(tmp_path)))
     counters = {name: int(reader.get_tensor(f"{name}/.ATTRIBUTES/VARIABLE_VALUE"))
                 for name in ("epoch", "step", "batch")}
@@ -165,15 +156,15 @@ def test_checkpoints_are_standard_and_finished_runs_do_not_retrain(tmp_path, fla
     probe_optimizer_built(fresh)
     report = objckpt.restore(layout_of(fresh), str(tmp_path))
     assert report.source.endswith("ckpt-3`") and not report.missing and not report.unexpected
-    assert_bit_identical(trained, values(fresh))
+    assert_bits(trained, values(fresh))
     _, fresh = make(flavour)
     tf.train.Checkpoint(model=fresh).read(latest).expect_partial()
-    assert_bit_identical(weights(model), weights(fresh))
+    assert_bits(weights(model), weights(fresh))
     # Fitting again to the same number of epochs resumes at the end: no more training.
     again = Checkpointing(tmp_path, max_to_keep=2, monitor="loss")
     fit(model, [again])
     assert again.resumed_from == latest and again.saved == []
-    assert_bit_identical(trained, values(model))
+    assert_bits(trained, values(model))
     assert said(capsys) == [
         f"Checkpointing: training already finished: {tmp_path}/ckpt-3 holds 3 epoch(s) "
         "(step 12) and fit(epochs=3) counts all epochs, these included, so this fit trains "
@@ -314,6 +305,7 @@ def test_on_error_warn_keeps_training(tmp_path, async_save):
 # --- locks --------------------------------------------------------------------------------
 
 
+@pytest.mark.subprocess
 def test_second_process_on_the_directory_gets_a_lock_error(tmp_path):
     _, model, _ = _three_checkpoints(tmp_path)
     before = {n: (tmp_path / n).read_bytes() for n in os.listdir(tmp_path) if n != ".objckpt.lock"}
@@ -338,6 +330,7 @@ def test_second_process_on_the_directory_gets_a_lock_error(tmp_path):
     fit(model, [Checkpointing(tmp_path, max_to_keep=3, save_freq=4)], epochs=4)
 
 
+@pytest.mark.subprocess
 def test_constructing_the_callbacks_does_not_import_tensorflow():
     code = ("import sys; from objckpt.callbacks import BestSnapshot, Checkpointing; "
             "Checkpointing('/tmp/objckpt-unused', keep_best=1); BestSnapshot(); "
@@ -385,7 +378,7 @@ def test_best_snapshot_keeps_and_restores_the_best_epoch(flavour, mode):
     pick = (min if mode == "min" else max)(range(5), key=lambda e: (losses[e], e))
     assert best.best_epoch == pick and best.best == pytest.approx(losses[pick])
     assert isinstance(best.snapshot, objckpt.Snapshot)
-    assert_bit_identical(per_epoch[pick], values(model))
+    assert_bits(per_epoch[pick], values(model))
 
 
 def test_best_snapshot_without_restore_at_end_leaves_the_last_weights():
@@ -477,6 +470,7 @@ STAGES = [("write", 3, False), ("data", 3, False), ("index", 3, False), ("state"
 
 
 @pytest.mark.parametrize("flavour", KERAS_FLAVOURS)
+@pytest.mark.subprocess
 def test_sigkill_at_every_stage_of_a_save_then_resume(tmp_path, flavour):
     native(flavour)
     _, probe = make(flavour)
@@ -512,6 +506,7 @@ def probe_optimizer_built(model):
     _compat.build_optimizer(model.optimizer, model.trainable_variables)
 
 
+@pytest.mark.subprocess
 def test_sigterm_saves_once_more_then_stops(tmp_path):
     flavour = session_flavour()
     server = Server(flavour)
@@ -551,6 +546,7 @@ def wait_until_training(directory, pid, timeout=120.0):
     raise AssertionError(f"worker {pid} did not start training within {timeout}s")
 
 
+@pytest.mark.subprocess
 def test_fifty_random_sigkills_never_lose_the_newest_checkpoint(tmp_path):
     native("keras3")
     if TF_VERSION <= (2, 16):

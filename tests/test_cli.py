@@ -1,26 +1,24 @@
 """The `objckpt` command line, run as users run it."""
 
 import json
-import os
 import subprocess
 import sys
 
+import pytest
 import tensorflow as tf
 
 import objckpt
 from objckpt import _meta, cli
 
 from flavours import build
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from support import python_env, run_cli
 
 
 def _run(*args):
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "objckpt", *args], capture_output=True,
-                          text=True, env=env, timeout=120)
+    return run_cli(*args, blocked=False)
 
 
+@pytest.mark.subprocess
 def test_inspect_text_and_json_from_the_command_line(tmp_path):
     root = build("module")
     manager = tf.train.CheckpointManager(root, str(tmp_path), 2)
@@ -46,6 +44,7 @@ def test_inspect_text_and_json_from_the_command_line(tmp_path):
     assert w["shape"] == [3, 4] and w["dtype"] == "float32" and w["nbytes"] == 48
 
 
+@pytest.mark.subprocess
 def test_inspect_errors_exit_1_with_the_message(tmp_path):
     result = _run("inspect", str(tmp_path / "missing"))
     assert result.returncode == 1
@@ -73,10 +72,11 @@ def test_inspect_text_totals_per_object(tmp_path):
     assert "2 variables, 9 parameters, 48 B" in lines[0]
 
 
+@pytest.mark.subprocess
 def test_import_is_cheap_and_does_not_import_tensorflow():
     code = ("import sys, objckpt; assert 'tensorflow' not in sys.modules, 'TF imported'; "
             "assert 'keras' not in sys.modules; print(objckpt.__version__, len(objckpt.__all__))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            env=dict(os.environ, PYTHONPATH=ROOT), timeout=60)
+                            env=python_env(), timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split()[0] == objckpt.__version__

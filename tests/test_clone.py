@@ -17,7 +17,8 @@ from objckpt import _clone as _clone_module
 from objckpt import clone
 from objckpt.errors import CloneError
 
-from flavours import CASES, KERAS_FLAVOURS, _data, assert_same, build, case_id, keras_for, values
+from flavours import CASES, KERAS_FLAVOURS, _data, build, case_id, keras_for, module_step
+from support import assert_bits, values
 
 
 @pytest.fixture(params=CASES, ids=case_id)
@@ -62,12 +63,7 @@ def train_step(obj):
     """One training step through the flavour's own machinery."""
     x, y = inputs_of(obj)
     if isinstance(obj, tf.train.Checkpoint):
-        net, optimizer = obj.model, obj.optimizer
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_sum(net(x) ** 2)
-        variables = [v for v in net.trainable_variables if v.dtype.is_floating]
-        optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
-        net.step.assign_add(1)
+        module_step(obj.model, obj.optimizer, x)
     else:
         obj.fit(x, y, epochs=1, batch_size=4, verbose=0, shuffle=False)
 
@@ -98,7 +94,7 @@ def check_same_structure(a, b, same_values=True):
         assert ta[path] is not tb[path], path
     assert not tf_variables(a) & tf_variables(b)
     if same_values:
-        assert_same(values(ta), values(tb))
+        assert_bits(values(ta), values(tb))
 
 
 def keras_or_skip(flavour):
@@ -127,11 +123,11 @@ def test_mutating_clone_leaves_original_and_vice_versa(obj):
     before = values(objckpt.tree(obj))
     for variable in objckpt.tree(c).values():
         variable.assign(tf.zeros_like(variable) + tf.cast(3, variable.dtype))
-    assert_same(before, values(objckpt.tree(obj)))
+    assert_bits(before, values(objckpt.tree(obj)))
     clone_before = values(objckpt.tree(c))
     for variable in objckpt.tree(obj).values():
         variable.assign(tf.zeros_like(variable) + tf.cast(5, variable.dtype))
-    assert_same(clone_before, values(objckpt.tree(c)))
+    assert_bits(clone_before, values(objckpt.tree(c)))
 
 
 def test_training_clone_trains_clone_only_with_its_own_optimizer_state(shared_obj):
@@ -140,7 +136,7 @@ def test_training_clone_trains_clone_only_with_its_own_optimizer_state(shared_ob
     before = values(objckpt.tree(obj))
     n_opt = len(optimizer_variables(c))
     train_step(c)
-    assert_same(before, values(objckpt.tree(obj)))  # original untouched, slots included
+    assert_bits(before, values(objckpt.tree(obj)))  # original untouched, slots included
     after = values(objckpt.tree(c))
     changed = [p for p in after if after[p].tobytes() != before[p].tobytes()]
     assert any(is_optimizer_path(p) for p in changed)  # the clone's slots were updated
@@ -155,7 +151,7 @@ def test_training_clone_matches_training_original_bitwise(obj):
     c = clone(obj)
     train_step(c)
     train_step(obj)
-    assert_same(values(objckpt.tree(obj)), values(objckpt.tree(c)))
+    assert_bits(values(objckpt.tree(obj)), values(objckpt.tree(c)))
 
 
 def test_optimizer_is_cloned_and_points_at_clone_variables(shared_obj):
@@ -172,7 +168,7 @@ def test_restore_original_from_trained_clone(obj):
     c = clone(obj)
     train_step(c)
     objckpt.restore(obj, objckpt.snapshot(c))
-    assert_same(values(objckpt.tree(c)), values(objckpt.tree(obj)))
+    assert_bits(values(objckpt.tree(c)), values(objckpt.tree(obj)))
     x, _ = inputs_of(obj)
     assert outputs(obj, x).tobytes() == outputs(c, x).tobytes()
 
@@ -184,7 +180,7 @@ def test_copy_values_false_gives_zeros_of_same_structure(shared_obj):
     check_same_structure(obj, c, same_values=False)
     for path, value in values(objckpt.tree(c)).items():
         assert not np.any(value), path
-    assert_same(before, values(objckpt.tree(obj)))
+    assert_bits(before, values(objckpt.tree(obj)))
     objckpt.restore(c, objckpt.snapshot(obj))
     x, _ = inputs_of(obj)
     assert outputs(obj, x).tobytes() == outputs(c, x).tobytes()
@@ -259,7 +255,7 @@ def test_batchnorm_training_call_updates_clone_only(flavour):
     before = values(objckpt.tree(obj))
     # another training-mode call on the clone moves its moving statistics only
     outputs(c, x * 2, training=True)
-    assert_same(before, values(objckpt.tree(obj)))
+    assert_bits(before, values(objckpt.tree(obj)))
     bn_c, bn_o = c.bn, obj.bn
     assert bn_c.moving_mean is not bn_o.moving_mean
     assert np.array(bn_c.moving_mean).tobytes() != np.array(bn_o.moving_mean).tobytes()
@@ -289,7 +285,7 @@ def test_sequential(flavour):
     assert np.array(c(x)).tobytes() == c.predict(x, verbose=0).tobytes()
     before = values(objckpt.tree(model))
     c.fit(x, y, verbose=0, batch_size=4)
-    assert_same(before, values(objckpt.tree(model)))
+    assert_bits(before, values(objckpt.tree(model)))
     c.evaluate(x, y, verbose=0)
 
 
@@ -344,7 +340,7 @@ def test_compiled_but_never_trained(flavour):
     check_same_structure(obj, c)
     train_step(c)
     train_step(obj)
-    assert_same(values(objckpt.tree(obj)), values(objckpt.tree(c)))
+    assert_bits(values(objckpt.tree(obj)), values(objckpt.tree(c)))
 
 
 @pytest.mark.parametrize("flavour", KERAS_FLAVOURS)
@@ -414,7 +410,7 @@ def test_checkpoint_root():
         path = c.save(os.path.join(tmp, "ckpt"))
         fresh = build("module", train=True)
         fresh.restore(path).assert_existing_objects_matched()
-        assert_same(values(objckpt.tree(c)), values(objckpt.tree(fresh)))
+        assert_bits(values(objckpt.tree(c)), values(objckpt.tree(fresh)))
 
 
 # --- errors -------------------------------------------------------------------------
@@ -610,7 +606,7 @@ def test_metrics_and_optimizer_variants(flavour, legacy_optimizer):
     c.fit(x, y, verbose=0, batch_size=4, shuffle=False)
     model.fit(x, y, verbose=0, batch_size=4, shuffle=False)
     assert len(optimizer_variables(c)) == n_opt
-    assert_same(values(objckpt.tree(model)), values(objckpt.tree(c)))
+    assert_bits(values(objckpt.tree(model)), values(objckpt.tree(c)))
     assert model.evaluate(x, y, verbose=0) == c.evaluate(x, y, verbose=0)
 
 
@@ -631,7 +627,7 @@ def test_mixed_precision(flavour):
         assert np.array(model(x)).tobytes() == np.array(c(x)).tobytes()
         c.fit(x, y, verbose=0, batch_size=4, shuffle=False)
         model.fit(x, y, verbose=0, batch_size=4, shuffle=False)
-        assert_same(values(objckpt.tree(model)), values(objckpt.tree(c)))
+        assert_bits(values(objckpt.tree(model)), values(objckpt.tree(c)))
     finally:
         keras.mixed_precision.set_global_policy(policy)
 

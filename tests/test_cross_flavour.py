@@ -25,9 +25,9 @@ WRITER = os.path.join(HERE, "legacy_writers", "tf_keras_models.py")
 APPLICATIONS = ("ResNet50", "MobileNetV2", "EfficientNetB0", "DenseNet121", "InceptionV3",
                 "NASNetMobile")
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.subprocess, pytest.mark.skipif(
     importlib.util.find_spec("tf_keras") is None,
-    reason="needs tf_keras beside Keras 3 (the tf_keras nox session)")
+    reason="needs tf_keras beside Keras 3 (the tf_keras nox session)")]
 
 
 def write(what: str, directory, *extra) -> dict:

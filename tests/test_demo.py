@@ -1,10 +1,7 @@
 """`objckpt demo`: the README's main-job command, run as users run it."""
 
-import os
 import re
 import shutil
-import subprocess
-import sys
 
 import pytest
 import tensorflow as tf
@@ -12,14 +9,13 @@ import tensorflow as tf
 import objckpt
 
 from flavours import KERAS3_SESSION, requires_keras3_session
+from support import run_cli
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.subprocess  # every test runs `objckpt demo`
 
 
 def _run(*args):
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "objckpt", *args], capture_output=True,
-                          text=True, env=env, timeout=300)
+    return run_cli(*args, blocked=False)
 
 
 @requires_keras3_session  # elsewhere the next test checks the demo's message

@@ -4,8 +4,6 @@ import json
 import math
 import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -15,15 +13,12 @@ import objckpt
 from objckpt import _diff, cli, errors
 
 from flavours import build, keras_for
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from support import run_cli
 
 
 def _run(*args):
     """Runs `python -m objckpt ARGS` as users run it."""
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "objckpt", *args], capture_output=True,
-                          text=True, env=env, timeout=120)
+    return run_cli(*args, blocked=False)
 
 
 def _write(prefix, **variables) -> str:
@@ -302,6 +297,7 @@ def test_usage_errors_exit_2(argv, capsys):
     assert "usage:" in capsys.readouterr().err
 
 
+@pytest.mark.subprocess
 def test_diff_from_the_command_line(tmp_path):
     a = _write(tmp_path / "a", w=np.zeros(4, np.float32), gone=np.zeros(1, np.float32))
     b = _write(tmp_path / "b", w=np.array([0, 0, 1.5, 0], np.float32))

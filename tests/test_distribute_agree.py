@@ -144,15 +144,15 @@ if __name__ != "__main__":
     import pytest
     from test_multiworker import _free_ports, _kill
 
-    from flavours import ROOT
+    from support import python_env
 
-    pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+    pytestmark = [pytest.mark.multiworker,
+                  pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
     def _launch(directory):
         ports = _free_ports(WORKERS)
         cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
-        env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2",
-                   PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        env = python_env(CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2")
         outs = [directory / f"worker{i}.jsonl" for i in range(WORKERS)]
         logs = [directory / f"worker{i}.log" for i in range(WORKERS)]
         processes = []

@@ -348,7 +348,7 @@ def test_a_worker_that_is_not_the_chief_follows_the_chief_and_writes_nothing(tmp
     cluster = Scripted(False, [0, 2, 3], [0])
     module, manager, latest = directory_of(tmp_path, cluster, max_to_keep=2, keep_best=1)
     assert cluster.sent == [[0, 0, 0], [0]]
-    assert latest.prefix == str(tmp_path / "ckpt-2") and not manager._lock.held
+    assert latest.prefix == str(tmp_path / "ckpt-2") and not manager.commits.lock.held
     assert [k.number for k in manager.kept] == [1, 2]
     cluster.replies.append([0])  # the chief restored too
     assert manager.restore(latest) == {"epoch": 0, "step": 0, "batch": 0}
@@ -583,6 +583,7 @@ def fit_supported(run) -> None:
         pytest.skip(KERAS3_MULTIWORKER_FIT + f" Seen here: {r0['fit_unsupported']}")
 
 
+@pytest.mark.multiworker
 def test_multiworker_fit_chief_commits_and_workers_agree(uninterrupted):
     fit_supported(uninterrupted)
     (r0, r1), (a0, a1) = uninterrupted["results"], uninterrupted["arrays"]
@@ -603,6 +604,7 @@ def test_multiworker_fit_chief_commits_and_workers_agree(uninterrupted):
         assert r0["on_read"] == ["bn/moving_mean", "bn/moving_variance"]
 
 
+@pytest.mark.multiworker
 def test_multiworker_callbacks_keep_the_workers_identical(uninterrupted):
     fit_supported(uninterrupted)
     (r0, r1), (a0, a1) = uninterrupted["results"], uninterrupted["arrays"]
@@ -638,6 +640,7 @@ def test_multiworker_callbacks_keep_the_workers_identical(uninterrupted):
     assert_like(stage(a0, "final"), stage(a0, f"epoch{r0['best_epoch']}"))
 
 
+@pytest.mark.multiworker
 def test_multiworker_checkpoint_manager_in_a_custom_loop(uninterrupted):
     (r0, r1), (a0, a1) = uninterrupted["results"], uninterrupted["arrays"]
     directory = uninterrupted["base"] / "loop"
@@ -652,6 +655,7 @@ def test_multiworker_checkpoint_manager_in_a_custom_loop(uninterrupted):
     assert_like(checkpoint_values(prefixes[-1], final), final)
 
 
+@pytest.mark.multiworker
 def test_multiworker_run_killed_and_restarted_resumes_on_every_worker(uninterrupted, tmp_path):
     """The non-chief is SIGKILLed mid-training, then the chief is stopped (SIGTERM, as a
     cluster manager does); both restart and resume from the newest intact checkpoint: the

@@ -22,7 +22,7 @@ import tensorflow as tf
 import objckpt
 from objckpt import _compat, errors
 
-from flavours import keras_for, mirrored, session_flavour
+from flavours import Dense, keras_for, mirrored, session_flavour
 
 ON_READ = tf.VariableSynchronization.ON_READ
 SUM, MEAN = tf.VariableAggregation.SUM, tf.VariableAggregation.MEAN
@@ -113,16 +113,6 @@ def keras_net(keras):
             return self.block(self.flat(self.bn(self.conv(x), training=training)))
 
     return Net()
-
-
-class Dense(tf.Module):
-    def __init__(self, n_in, n_out):
-        super().__init__()
-        self.w = tf.Variable(tf.random.stateless_normal((n_in, n_out), seed=(n_in, n_out)))
-        self.b = tf.Variable(tf.zeros((n_out,)))
-
-    def __call__(self, x):
-        return tf.matmul(x, self.w) + self.b
 
 
 class ModuleNet(tf.Module):

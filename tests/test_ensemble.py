@@ -9,7 +9,8 @@ import tensorflow as tf
 import objckpt
 from objckpt import errors
 
-from flavours import CASES, FLAVOURS, _data, build, case_id, keras_for, values
+from flavours import CASES, FLAVOURS, _data, build, case_id, keras_for
+from support import values
 
 
 def write_tf1_scoped(directory, scope: str, value: float) -> str:

@@ -18,7 +18,8 @@ import tensorflow as tf
 import objckpt
 from objckpt import _render, cli, errors
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from support import python_env
+
 GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 
 # Hostile names and how text output shows them.
@@ -127,8 +128,9 @@ def test_inspect_json_keeps_the_names_as_data(hostile, capsys):
     assert sorted(v["path"] for v in json.loads(out)["variables"]) == sorted(NAMES)
 
 
+@pytest.mark.subprocess
 def test_inspect_from_the_command_line_sends_no_control_characters(hostile):
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = python_env()
     result = subprocess.run([sys.executable, "-m", "objckpt", "inspect", hostile],
                             capture_output=True, env=env, timeout=120)
     assert result.returncode == 0, result.stderr

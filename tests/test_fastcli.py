@@ -12,7 +12,8 @@ import tensorflow as tf
 import objckpt
 from objckpt import _bundle, _compat, _diff, _meta, _objgraph, _terminal, cli, errors
 
-from flavours import build, keras_for, run_cli, session_flavour
+from flavours import build, keras_for, session_flavour
+from support import run_cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _run = run_cli  # the command line with TensorFlow blocked (blocked=False: importable)
@@ -144,6 +145,7 @@ def test_a_trained_keras3_model_is_shown_by_network_path_and_saved_name(tmp_path
     assert [v.path for v in result.values] == ["optimizer/_trainable_variables/0"]
 
 
+@pytest.mark.subprocess
 def test_inspect_graph_and_diff_run_without_tensorflow(checkpoints, capsys):
     flavour = checkpoints[session_flavour()]
     for source in (flavour, checkpoints["directory"], checkpoints["tf1"],
@@ -282,6 +284,7 @@ def test_crc32c_of_large_data_equals_byte_by_byte():
     assert _objgraph.crc32c(data) == small
 
 
+@pytest.mark.subprocess
 def test_tf_start_up_noise_is_filtered_and_errors_still_show(capfd, checkpoints):
     with _terminal.quiet_tf():
         os.write(2, b"WARNING: All log messages before absl::InitializeLog() is called are "

@@ -77,6 +77,8 @@ def test_plan_covers_every_mutation_and_operation():
 
 
 @pytest.mark.parametrize("group", GROUPS)
+@pytest.mark.fuzz
+@pytest.mark.subprocess
 def test_fuzz(group, pool, bases, workdir):
     """No crash, hang, untyped error, partial restore, silently wrong result or deleted
     intact checkpoint, over every mutation class of the group."""
@@ -119,6 +121,7 @@ REGRESSIONS = [
 
 @pytest.mark.parametrize("mutation, base, op, expected",
                          [r[1:] for r in REGRESSIONS], ids=[r[0] for r in REGRESSIONS])
+@pytest.mark.subprocess
 def test_regression(mutation, base, op, expected, pool, bases, workdir):
     case = F.make_case(mutation, base, 0, bases, os.path.join(workdir, "case"))
     outcome, detail, result = F.run_case(pool, case, op, os.path.join(workdir, "scratch"))
@@ -129,6 +132,7 @@ def test_regression(mutation, base, op, expected, pool, bases, workdir):
     assert expected in result["mro"], result["error"]
 
 
+@pytest.mark.subprocess
 def test_regression_10k_root_children_restore_in_time(pool, bases, workdir):
     """10,000 extra root children took 24 s to restore (TF: 0.1 s); it must finish within
     the hang timeout, with the original values."""

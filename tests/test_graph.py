@@ -4,7 +4,6 @@ import collections
 import os
 import re
 import shutil
-import subprocess
 import sys
 
 import numpy as np
@@ -16,8 +15,8 @@ from objckpt import _names, _objgraph, errors
 
 import legacy
 from flavours import KERAS_FLAVOURS, build, keras_for
+from support import run_cli
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HAS_DOT = shutil.which("dot") is not None
 needs_dot = pytest.mark.skipif(
     not HAS_DOT, reason="Graphviz's `dot` is not installed (apt-get install graphviz); the "
@@ -27,10 +26,7 @@ EDGE = re.compile(r'^  n(\d+) -> n(\d+)(?: \[(.*)\])?;$')
 
 
 def _run(*args, env=None):
-    env = dict(os.environ if env is None else env,
-               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "objckpt", *args], capture_output=True,
-                          text=True, env=env, timeout=180)
+    return run_cli(*args, blocked=False, env=env)
 
 
 def _parse(dot: str):
@@ -435,6 +431,7 @@ def test_bad_arguments_raise_typed_errors(module_prefix, tmp_path):
         objckpt.graph(tmp_path / "no")
 
 
+@pytest.mark.subprocess
 def test_command_line(module_prefix, tmp_path):
     dot = _run("graph", module_prefix, "--depth", "2")
     assert dot.returncode == 0, dot.stderr

@@ -20,15 +20,8 @@ import pytest
 import objckpt
 from objckpt import _compat, _h5, _meta, cli, errors
 
-from flavours import (
-    _data,
-    assert_same,
-    build_functional,
-    build_subclassed,
-    keras_for,
-    run_cli,
-    values,
-)
+from flavours import _data, build_functional, build_subclassed, keras_for
+from support import assert_bits, run_cli, values
 
 
 def _sequential(keras, *, train=True):
@@ -243,7 +236,7 @@ def test_damaged_files_are_refused_and_nothing_changes(keras3, files, tmp_path):
         h5["layers/sequential/layers/dense/vars/1"] = h5py.ExternalLink("/etc/passwd", "/x")
     with pytest.raises(errors.CheckpointCorruptError, match="external link"):
         objckpt.restore(target, linked)
-    assert_same(before, values(objckpt.tree(target)))
+    assert_bits(before, values(objckpt.tree(target)))
 
 
 def _edited(weights, out, key, value) -> str:
@@ -289,7 +282,7 @@ def test_hostile_keras_zips_are_refused(keras3, files, tmp_path, case):
             "bomb": "member `assets/zeros` inflates"}[case]
     with pytest.raises(errors.CheckpointCorruptError, match=said):
         objckpt.restore(target, hostile)
-    assert_same(before, values(objckpt.tree(target)))
+    assert_bits(before, values(objckpt.tree(target)))
 
 
 def _virtual_layout():
@@ -420,9 +413,10 @@ def test_sharded_weights_restore_and_hostile_shard_names(keras3, files, tmp_path
     os.remove(os.path.join(tmp_path, shards[-1]))
     with pytest.raises(errors.CheckpointCorruptError, match=f"{shards[-1]}` does not exist"):
         objckpt.restore(target, index)
-    assert_same(before, values(objckpt.tree(target)))
+    assert_bits(before, values(objckpt.tree(target)))
 
 
+@pytest.mark.subprocess
 def test_command_line_reads_keras_files_without_tensorflow(files):
     """inspect, graph and verify of a `.keras` in a process where TF and Keras cannot import."""
     _, weights, whole = files["sequential"]
@@ -492,12 +486,12 @@ def test_loss_scale_optimizer_state_restores_as_keras_loads_it(keras3, tmp_path,
         oracle.optimizer.build(oracle.trainable_variables)
         oracle.load_weights(path)
     assert len(target.optimizer.variables) == 4 + 14
-    assert_same(_state(target), _state(oracle))
-    assert_same(_state(target), _state(source))
+    assert_bits(_state(target), _state(oracle))
+    assert_bits(_state(target), _state(source))
     for model in (target, oracle, source):  # the next step, from the same state
         model.train_on_batch(images[:4], targets[:4])
-    assert_same(_state(target), _state(oracle))
-    assert_same(_state(target), _state(source))
+    assert_bits(_state(target), _state(oracle))
+    assert_bits(_state(target), _state(source))
 
 
 def test_loss_scale_optimizer_inner_copy_is_the_value_taken(keras3, tmp_path):
@@ -516,4 +510,4 @@ def test_loss_scale_optimizer_inner_copy_is_the_value_taken(keras3, tmp_path):
     objckpt.restore(target, path)
     oracle.load_weights(path)
     assert np.all(np.array(target.optimizer.variables[6]) == 7.0)
-    assert_same(_state(target), _state(oracle))
+    assert_bits(_state(target), _state(oracle))

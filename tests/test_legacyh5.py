@@ -20,8 +20,9 @@ import tensorflow as tf
 import objckpt
 from objckpt import _meta, errors
 
-from flavours import keras_for, legacy_keras_env, run_cli
+from flavours import keras_for, legacy_keras_env
 from legacy import legacy_keras_available
+from support import run_cli
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WRITER = os.path.join(HERE, "legacy_writers", "keras2_h5.py")
@@ -111,6 +112,7 @@ STRATEGIES = {"tf_keras": {"name": 6, "layer name": 4}, "keras2": {"name": 6, "l
 
 
 @pytest.mark.parametrize("flavour", ["tf_keras", "keras2", "keras3"])
+@pytest.mark.subprocess
 def test_save_weights_file_restores_into_every_flavour(written, flavour):
     keras = keras_of(flavour)
     data = written["new"]
@@ -127,6 +129,7 @@ def test_save_weights_file_restores_into_every_flavour(written, flavour):
 
 @pytest.mark.parametrize("variant", ["new", "legacy"])
 @pytest.mark.parametrize("flavour", ["tf_keras", "keras2", "keras3"])
+@pytest.mark.subprocess
 def test_full_model_moves_adam_state_by_owner(written, flavour, variant):
     keras = keras_of(flavour)
     data = written[variant]
@@ -144,6 +147,7 @@ def test_full_model_moves_adam_state_by_owner(written, flavour, variant):
     assert int(model.optimizer.iterations.numpy()) == int(data["iterations"]) == 1
 
 
+@pytest.mark.subprocess
 def test_structure_carries_it_into_a_keras3_model_named_otherwise(written):
     """No name or path lines up (a subclassed Keras 3 model, attributes and layers named
     otherwise): the file's layers with weights pair with `model.layers` in order, as Keras's
@@ -173,6 +177,7 @@ def test_structure_carries_it_into_a_keras3_model_named_otherwise(written):
     assert_outputs(model, data, "keras3")
 
 
+@pytest.mark.subprocess
 def test_optimizer_state_is_skipped_and_listed_without_an_optimizer(written):
     keras = session_keras()
     data = written["legacy"]
@@ -184,6 +189,7 @@ def test_optimizer_state_is_skipped_and_listed_without_an_optimizer(written):
     assert any(s.startswith("optimizer/Adam/conv/kernel/m: optimizer state") for s in skipped)
 
 
+@pytest.mark.subprocess
 def test_inspect_verify_and_migrate(written, tmp_path):
     data = written["new"]
     path = os.path.join(data["dir"], "m.h5")
@@ -354,6 +360,7 @@ def test_subclassed_model_and_its_own_weight(flavour, tmp_path):
     np.testing.assert_array_equal(np.asarray(model(x)), np.asarray(saved(x)))
 
 
+@pytest.mark.subprocess
 def test_command_line_reads_it_without_tensorflow(tmp_path):
     """inspect, graph and verify of a Keras 2 `.h5` in a process where TF cannot import."""
     path = write_h5(tmp_path / "w.h5")

@@ -14,12 +14,10 @@ import pytest
 import tensorflow as tf
 from test_checkpointing import (  # noqa: F401  (no_fault_hook: an autouse fixture)
     Server,
-    assert_bit_identical,
     final_values,
     native,
     no_fault_hook,
     said,
-    values,
 )
 
 import objckpt
@@ -35,6 +33,7 @@ from flavours import (
     keras_for,
     session_flavour,
 )
+from support import assert_bits, values
 
 BATCHES = 4  # 8 samples, batches of 2
 
@@ -96,7 +95,7 @@ def test_save_then_restore_latest_is_bit_identical(tmp_path, flavour, capsys):
         assert [k.number for k in manager.kept] == [1, 2]
         assert manager.latest == str(tmp_path / "ckpt-2")
     # Weights, optimizer slots and its step counter (`iterations`) all came back.
-    assert_bit_identical(saved, values(fresh))
+    assert_bits(saved, values(fresh))
     assert sum("optimizer" in p for p in saved) >= 5  # its step counter and slots among them
     assert printed(capsys) == [f"CheckpointManager: resumed from {tmp_path}/ckpt-2 (step 3)."]
     # What it writes is standard: TF's reader and objckpt.restore(at="model") both load it.
@@ -109,7 +108,7 @@ def test_save_then_restore_latest_is_bit_identical(tmp_path, flavour, capsys):
         _compat.build_optimizer(other.optimizer, other.trainable_variables)
     report = objckpt.restore(other, str(tmp_path), at="model")
     assert not report.missing and not report.unexpected
-    assert_bit_identical(saved, values(other))
+    assert_bits(saved, values(other))
 
 
 def test_verbose_0_prints_nothing(tmp_path, capsys):
@@ -281,6 +280,7 @@ LOOP_KILLS = [("write", 2, False), ("index", 3, False), ("state", 2, False),
 
 
 @pytest.mark.parametrize("flavour", KERAS_FLAVOURS)
+@pytest.mark.subprocess
 def test_sigkill_in_a_custom_loop_then_restart_resumes_bit_identical(tmp_path, flavour):
     native(flavour)
     server = Server(flavour)
@@ -337,7 +337,7 @@ def test_keras3_model_and_optimizer_side_by_side_as_the_readme_shows(tmp_path):
     fresh = build()
     with objckpt.CheckpointManager(fresh, tmp_path, keep_best=1, verbose=0) as manager:
         assert manager.restore_latest() == 3
-    assert_bit_identical(saved, values(fresh))
+    assert_bits(saved, values(fresh))
     assert int(fresh.optimizer.iterations.numpy()) == 3
 
 
@@ -351,7 +351,7 @@ def test_resumes_a_directory_that_checkpointing_wrote(tmp_path):
     with objckpt.CheckpointManager(fresh, tmp_path, verbose=0) as manager:
         assert manager.restore_latest() == 8  # 2 epochs of 4 batches
         manager.save(9)
-    assert_bit_identical(values(model), values(fresh))
+    assert_bits(values(model), values(fresh))
     reader = tf.train.load_checkpoint(str(tmp_path / "ckpt-3"))
     assert int(reader.get_tensor("epoch/.ATTRIBUTES/VARIABLE_VALUE")) == 2  # kept as restored
     assert int(reader.get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE")) == 9

@@ -19,16 +19,9 @@ from legacy import (
     tf1_rewrite,
     tf1_rewrite_module,
 )
+from support import build_optimizer
 
 RULES = [("^model_001/", "")]
-
-
-def _build_optimizer(model):
-    optimizer = model.optimizer
-    if hasattr(optimizer, "build"):  # Keras 3, tf_keras 2.11+
-        optimizer.build(model.trainable_variables)
-    else:  # Keras 2's OptimizerV2 (TF 2.12 `keras.optimizers`): TF slot variables
-        optimizer._create_all_weights(model.trainable_variables)
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +58,7 @@ def test_tf1_restore_directly_and_adam_slots_moved(flavour, tf1, tmp_path):
     keras = keras_for(flavour)
     model = tf1_rewrite(keras)
     model.compile(optimizer=keras.optimizers.Adam(), loss="mse")
-    _build_optimizer(model)
+    build_optimizer(model)
     report = objckpt.restore(model, tf1["prefix"], rules=RULES, optimizer_state=True)
     np.testing.assert_allclose(_predict(model, tf1["x"]), tf1["y"], atol=1e-6, rtol=0)
     slots = [m for m in report.plan.matches if m.strategy == "slot"]
@@ -201,6 +194,7 @@ def _cli(tmp_path, *args):
                           text=True, env=env, cwd=tmp_path, timeout=180)
 
 
+@pytest.mark.subprocess
 def test_cli_migrate_dry_run_then_write(tf1, tmp_path):
     import json
 
@@ -222,6 +216,7 @@ def test_cli_migrate_dry_run_then_write(tf1, tmp_path):
     np.testing.assert_allclose(_predict(fresh, tf1["x"]), tf1["y"], atol=1e-6, rtol=0)
 
 
+@pytest.mark.subprocess
 def test_cli_migrate_bad_input_writes_nothing(tf1, tmp_path):
     from objckpt import cli
 

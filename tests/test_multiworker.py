@@ -26,7 +26,8 @@ import time
 import mw_capabilities
 import pytest
 
-from flavours import ROOT, keras_for, session_flavour
+from flavours import keras_for, session_flavour
+from support import python_env
 
 SCENARIOS = mw_capabilities.SCENARIOS
 FLAVOURS = (session_flavour(), "module")
@@ -36,7 +37,8 @@ GRACE = 90  # seconds the other worker gets once one has exited with an error
 COLLECTIVE_TIMEOUT = 60  # seconds a collective waits for the other worker
 PORT_TAKEN = "Could not start gRPC server"  # TF's error when its port is in use
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+pytestmark = [pytest.mark.multiworker,
+              pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 
 def _free_ports(count: int) -> list[int]:
@@ -82,8 +84,7 @@ class Launch:
         cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
         outs = [directory / f"worker{i}.jsonl" for i in range(WORKERS)]
         logs = [directory / f"worker{i}.log" for i in range(WORKERS)]
-        env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2",
-                   PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        env = python_env(CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2")
         env.pop("TF_CONFIG", None)
         processes = []
         started = time.monotonic()

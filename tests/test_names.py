@@ -14,6 +14,7 @@ import objckpt
 from objckpt import errors
 
 import flavours
+from support import assert_bits, values
 
 
 def _mlp(keras, width, kind):
@@ -41,10 +42,10 @@ def test_shape_error_one_line_per_network_variable(flavour, kind, tmp_path):
     saved = _mlp(keras, 8, kind)
     prefix = objckpt.save(saved, str(tmp_path / "ckpt"))
     model = _mlp(keras, 9, kind)
-    before = flavours.values(objckpt.tree(model))
+    before = values(model)
     with pytest.raises(errors.StructureMismatchError) as info:
         objckpt.restore(model, prefix)
-    flavours.assert_same(before, flavours.values(objckpt.tree(model)))
+    assert_bits(before, values(model))
     lines = _lines(info.value)
     # encoder kernel, encoder bias and head kernel differ; head bias (2,) fits. One line
     # each: by the network path with the Keras name beside it, the Adam slots summarised.
@@ -103,10 +104,10 @@ def test_missing_layer_is_one_line_per_variable_with_its_slots(flavour, tmp_path
     model = keras.Model(inputs, keras.layers.Dense(3, name="extra")(out), name="mlp")
     model.compile(keras.optimizers.Adam(0.01), "mse")
     model.fit(np.ones((8, 4), "float32"), np.ones((8, 3), "float32"), epochs=1, verbose=0)
-    before = flavours.values(objckpt.tree(model))
+    before = values(model)
     with pytest.raises(errors.StructureMismatchError) as info:
         objckpt.restore(model, prefix)
-    flavours.assert_same(before, flavours.values(objckpt.tree(model)))
+    assert_bits(before, values(model))
     lines = _lines(info.value)
     assert len(lines) == 2, str(info.value)
     for line, role in zip(lines, ("kernel", "bias")):

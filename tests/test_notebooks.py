@@ -92,6 +92,7 @@ def kernel_name(tmp_path_factory):
 
 
 @pytest.mark.parametrize("name", NAMES)
+@pytest.mark.subprocess
 def test_notebook_runs_top_to_bottom(name, kernel_name, tmp_path, monkeypatch):
     reason = _missing()
     if reason:

@@ -13,17 +13,10 @@ import pytest
 import tensorflow as tf
 
 import objckpt
-from objckpt import _demo, _files, _render, cli, errors
+from objckpt import _ckptstate, _demo, _files, _render, cli, errors
 
-from flavours import FLAVOURS, KERAS_FLAVOURS, ROOT, build, keras_for, requires_keras3_session
-
-
-def _env():
-    return dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-
-
-def _values(obj) -> dict:
-    return {path: v.numpy().tobytes() for path, v in objckpt.tree(obj).items()}
+from flavours import FLAVOURS, KERAS_FLAVOURS, build, keras_for, requires_keras3_session
+from support import ROOT, assert_bits, python_env, values
 
 
 def _shift(obj, by: float) -> None:
@@ -42,14 +35,14 @@ def saved_run(request, tmp_path_factory):
     run = tmp_path_factory.mktemp(f"run-{request.param}")
     saved = {}
     objckpt.save(obj, run / "ckpt")
-    saved["ckpt"] = _values(obj)
+    saved["ckpt"] = values(obj)
     _shift(obj, 1.0)
     handle = objckpt.save(obj, run / "ckpt-2", blocking=False)
     assert handle.result() == str(run / "ckpt-2")
-    saved["ckpt-2"] = _values(obj)
+    saved["ckpt-2"] = values(obj)
     _shift(obj, 1.0)
     objckpt.save(obj, run / "ckpt-3")
-    saved["ckpt-3"] = _values(obj)
+    saved["ckpt-3"] = values(obj)
     _shift(obj, 1.0)
     return obj, run, saved
 
@@ -79,7 +72,7 @@ def test_restore_of_a_directory_without_state_file_takes_the_newest(saved_run):
     obj, run, saved = saved_run
     assert not os.path.exists(run / "checkpoint")
     report = objckpt.restore(obj, run)
-    assert _values(obj) == saved["ckpt-3"]
+    assert_bits(values(obj), saved["ckpt-3"])
     assert f"`{run / 'ckpt-3'}`" in report.source
     assert any(f"`{run}` has no `checkpoint` state file: used `{run / 'ckpt-3'}`, the newest "
                "intact one of its 3 checkpoint(s) (newest: the highest number)" in note
@@ -104,19 +97,19 @@ def test_a_torn_newest_checkpoint_is_skipped_and_named(saved_run, tmp_path):
     data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])  # a write cut short
     _shift(obj, 5.0)
     report = objckpt.restore(obj, torn)
-    assert _values(obj) == saved["ckpt-2"]
+    assert_bits(values(obj), saved["ckpt-2"])
     assert any(note.startswith(f"skipped `{torn / 'ckpt-3'}`") for note in report.notes)
     checked = objckpt.verify(torn)
     assert not checked.ok and {p.prefix for p in checked.problems} == {str(torn / "ckpt-3")}
     # Nothing intact at all: a typed error listing each checkpoint and why.
     for name in ("ckpt", "ckpt-2"):
         os.remove(torn / f"{name}.data-00000-of-00001")
-    before = _values(obj)
+    before = values(obj)
     with pytest.raises(errors.CheckpointCorruptError, match="has no intact checkpoint") as err:
         objckpt.restore(obj, torn)
     assert all(f"`{torn / n}`" in str(err.value) for n in ("ckpt", "ckpt-2", "ckpt-3"))
     assert err.value.source == str(torn) and "write a new checkpoint" in err.value.fix
-    assert _values(obj) == before  # a failed restore changes nothing
+    assert_bits(values(obj), before)  # a failed restore changes nothing
 
 
 def test_a_state_file_stays_authoritative(saved_run, tmp_path):
@@ -126,9 +119,9 @@ def test_a_state_file_stays_authoritative(saved_run, tmp_path):
     for name in os.listdir(run):
         with open(run / name, "rb") as f, open(managed / name, "wb") as g:
             g.write(f.read())
-    _files.write_state(str(managed), ["ckpt", "ckpt-2"], 1700000000.0)  # ckpt-3: unlisted
+    _ckptstate.write_state(str(managed), ["ckpt", "ckpt-2"], 1700000000.0)  # ckpt-3: unlisted
     report = objckpt.restore(obj, managed)
-    assert _values(obj) == saved["ckpt-2"]
+    assert_bits(values(obj), saved["ckpt-2"])
     assert not any("state file" in note for note in report.notes)
 
 
@@ -161,16 +154,17 @@ def test_newest_by_number_in_a_series_else_by_index_time(tmp_path):
         _files.resolve_prefix(str(empty))
 
 
+@pytest.mark.subprocess
 def test_cli_inspect_and_verify_take_the_directory(saved_run, request):
     if request.node.callspec.params["saved_run"] != "module":
         pytest.skip("the command line reads files only: one flavour's are enough")
     _, run, _ = saved_run
     inspect = subprocess.run([sys.executable, "-m", "objckpt", "inspect", str(run)],
-                             capture_output=True, text=True, env=_env(), timeout=120)
+                             capture_output=True, text=True, env=python_env(), timeout=120)
     assert inspect.returncode == 0, inspect.stderr
     assert inspect.stdout.startswith(f"checkpoint {run / 'ckpt-3'}:")
     verify = subprocess.run([sys.executable, "-m", "objckpt", "verify", str(run)],
-                            capture_output=True, text=True, env=_env(), timeout=120)
+                            capture_output=True, text=True, env=python_env(), timeout=120)
     assert verify.returncode == 0, verify.stderr
     assert verify.stdout.splitlines()[-1].startswith(
         f"OK: {run / 'ckpt'}, {run / 'ckpt-2'}, {run / 'ckpt-3'}:")
@@ -178,13 +172,15 @@ def test_cli_inspect_and_verify_take_the_directory(saved_run, request):
 
 # --- `objckpt inspect ... | head` -------------------------------------------------------
 
+@pytest.mark.subprocess
 def test_inspect_into_a_closed_pipe_exits_quietly(tmp_path):
     module = tf.Module()
     module.v = [tf.Variable(tf.zeros([2]), name=f"v{i}") for i in range(2000)]
     prefix = objckpt.save(module, tmp_path / "ckpt")
     for args in ((), ("--format", "json")):
         with subprocess.Popen([sys.executable, "-m", "objckpt", "inspect", prefix, *args],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env()) as p:
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env=python_env()) as p:
             first = p.stdout.readline()  # what `head -1` reads, then it goes away
             p.stdout.close()
             err = p.stderr.read().decode()
@@ -218,6 +214,7 @@ def test_demo_runs_twice_into_one_folder(tmp_path):
     assert objckpt.verify(out / "run").ok
 
 
+@pytest.mark.subprocess
 def test_demo_removes_only_its_own_files_and_states_its_time(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
@@ -230,7 +227,7 @@ def test_demo_removes_only_its_own_files_and_states_its_time(tmp_path):
         _demo._start_afresh(str(run))
     assert sorted(os.listdir(run)) == ["ckpt-1.index", "notes.txt"]  # nothing removed
     helped = subprocess.run([sys.executable, "-m", "objckpt", "--help"], capture_output=True,
-                            text=True, env=_env(), timeout=120)
+                            text=True, env=python_env(), timeout=120)
     assert f"({_demo.DURATION})" in helped.stdout and "one-minute" not in helped.stdout
 
 

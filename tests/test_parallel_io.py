@@ -22,17 +22,8 @@ import tensorflow as tf
 import objckpt
 from objckpt import _bundle, _bundlewrite, _compat, _fastio, _paths, errors
 
-from flavours import (
-    CASES,
-    FLAVOURS,
-    _data,
-    build,
-    case_id,
-    keras_for,
-    run_cli,
-    session_flavour,
-    values,
-)
+from flavours import CASES, FLAVOURS, _data, build, case_id, keras_for, session_flavour
+from support import assert_bits, bits, perturb, run_cli, values
 
 THREADS = 4
 GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
@@ -86,23 +77,6 @@ def streamed(monkeypatch):
 # --- helpers ---------------------------------------------------------------------------
 
 
-def bits(array) -> tuple:
-    """What bit-equality compares: dtype, shape and bytes (a string tensor's strings)."""
-    array = np.asarray(array)
-    data = array.tolist() if array.dtype == object else array.tobytes()
-    return str(array.dtype), array.shape, data
-
-
-def assert_bits(before: dict, after: dict, what: str = ""):
-    assert list(before) == list(after), what
-    changed = [p for p in before if bits(before[p]) != bits(after[p])]
-    assert not changed, f"{what}: changed {changed[:5]}"
-
-
-def now(obj) -> dict:
-    return values(objckpt.tree(obj))
-
-
 def data_files(prefix: str) -> list[str]:
     """Names of the data shards beside prefix (TF's names, any count), sorted."""
     directory, name = os.path.split(prefix)
@@ -131,20 +105,6 @@ def assert_layout(prefix: str, count: int | None = None) -> int:
 def variable_entries(prefix: str) -> dict:
     """key -> index entry for every tensor but the object graph."""
     return {k: e for k, e in _bundle.read_index(prefix).entries.items() if k != GRAPH_KEY}
-
-
-def perturb(obj):
-    """Changes every variable of obj (float by +1, int by +7, bool flipped, strings)."""
-    for variable in objckpt.tree(obj).values():
-        dtype = variable.dtype.base_dtype
-        if dtype == tf.string:
-            variable.assign(tf.strings.join([variable, "!"]))
-        elif dtype == tf.bool:
-            variable.assign(tf.logical_not(variable))
-        elif dtype.is_floating or dtype.is_complex:
-            variable.assign(variable + tf.ones_like(variable))
-        else:
-            variable.assign(variable + tf.cast(tf.fill(variable.shape, 7), dtype))
 
 
 def network(obj):
@@ -227,7 +187,7 @@ def saved(request, tmp_path_factory):
     """(case, trained obj, its values, the prefix objckpt.save wrote it to in parallel)."""
     obj = build(*request.param)
     prefix = objckpt.save(obj, str(tmp_path_factory.mktemp("saved") / "ck"))
-    return request.param, obj, now(obj), prefix
+    return request.param, obj, values(obj), prefix
 
 
 def test_parallel_save_is_one_data_file_tf_reads(saved):
@@ -237,7 +197,7 @@ def test_parallel_save_is_one_data_file_tf_reads(saved):
     # every entry with the value saved.
     fresh = target_for(case, fresh=True)
     tf.train.Checkpoint(root=fresh).read(prefix).assert_consumed()
-    assert_bits(before, now(fresh), "tf.train.Checkpoint.read")
+    assert_bits(before, values(fresh), "tf.train.Checkpoint.read")
     reader = tf.train.load_checkpoint(prefix)
     for path, value in before.items():
         assert bits(reader.get_tensor(_paths.checkpoint_key(path))) == bits(value), path
@@ -252,7 +212,7 @@ def test_parallel_save_restores_bit_exact(saved, read_path):
     call = traced_call(fresh)
     perturbed_out = call().numpy()
     report = objckpt.restore(fresh, prefix)
-    assert_bits(before, now(fresh))
+    assert_bits(before, values(fresh))
     out = call().numpy()  # the traced function reads the restored values
     assert not np.array_equal(out, perturbed_out)
     np.testing.assert_array_equal(out, traced_call(obj)().numpy())
@@ -265,7 +225,7 @@ def test_dtype_zoo_round_trip(tmp_path, read_path, writer, monkeypatch):
     if writer == "parts":
         monkeypatch.setattr(_bundlewrite, "supported", lambda tensors: False)
     zoo = Zoo(1)
-    before = now(zoo)
+    before = values(zoo)
     prefix = objckpt.save(zoo, str(tmp_path / "zoo"))
     k = assert_layout(prefix)
     assert (k == 1) if writer == "own" else 1 < k <= THREADS, k
@@ -273,20 +233,21 @@ def test_dtype_zoo_round_trip(tmp_path, read_path, writer, monkeypatch):
     assert set(entries) == set(zoo_keys())
     # objckpt restores every dtype bit-exact...
     target = Zoo(2)
-    assert not any(bits(before[p]) == bits(v) for p, v in now(target).items()
+    assert not any(bits(before[p]) == bits(v) for p, v in values(target).items()
                    if p != "empty")
     objckpt.restore(target, prefix)
-    assert_bits(before, now(target), "objckpt.restore")
+    assert_bits(before, values(target), "objckpt.restore")
     # ...and TF's own readers read it
     plain = Zoo(3)
     tf.train.Checkpoint(root=plain).read(prefix).assert_consumed()
-    assert_bits(before, now(plain), "tf.train.Checkpoint.read")
+    assert_bits(before, values(plain), "tf.train.Checkpoint.read")
     reader = tf.train.load_checkpoint(prefix)
     for path, value in before.items():
         assert bits(reader.get_tensor(_paths.checkpoint_key(path))) == bits(value), path
     assert objckpt.verify(prefix).ok
 
 
+@pytest.mark.subprocess
 def test_cli_verify_reads_a_sharded_checkpoint(tmp_path, parts):
     prefix = objckpt.save(Zoo(1), str(tmp_path / "zoo"))
     assert assert_layout(prefix) > 1
@@ -301,7 +262,7 @@ def test_tf_written_checkpoint_with_unaligned_offsets_restores_bit_exact(tmp_pat
     assert any(e.offset % 64 for e in variable_entries(prefix).values())
     target = Zoo(2)
     objckpt.restore(target, prefix)
-    assert_bits(now(source), now(target))
+    assert_bits(values(source), values(target))
 
 
 @pytest.mark.skipif(not hasattr(tf.train.experimental, "MaxShardSizePolicy"),
@@ -317,7 +278,7 @@ def test_tf_written_sharded_checkpoint_restores_bit_exact(tmp_path, read_path):
     assert assert_layout(prefix) > 2
     target = Zoo(2, empty=False)
     objckpt.restore(target, prefix)
-    assert_bits(now(source), now(target))
+    assert_bits(values(source), values(target))
     assert objckpt.verify(prefix).ok
 
 
@@ -328,7 +289,7 @@ def test_io_threads_1_writes_one_shard(tmp_path, monkeypatch):
     assert assert_layout(prefix) == 1
     target = Zoo(2)
     objckpt.restore(target, prefix)
-    assert_bits(now(zoo), now(target))
+    assert_bits(values(zoo), values(target))
 
 
 def test_small_checkpoint_at_the_default_part_size_is_one_shard(tmp_path, monkeypatch):
@@ -363,7 +324,7 @@ def test_saving_over_a_prefix_with_another_shard_count_leaves_no_stale_shard(tmp
             [*data_files(prefix), "ck.index", "ck.data-00000-of-00001.bak"])
         target = Zoo(0)
         objckpt.restore(target, prefix)
-        assert_bits(now(zoo), now(target), f"seed {seed}")
+        assert_bits(values(zoo), values(target), f"seed {seed}")
         tf.train.Checkpoint(root=Zoo(0)).read(prefix).assert_consumed()
     assert (tmp_path / "ck.data-00000-of-00001.bak").read_bytes() == b"keep me"
 
@@ -423,10 +384,10 @@ def test_crash_during_a_parallel_save_leaves_the_old_or_the_new_checkpoint(tmp_p
         if os.path.exists(prefix + ".index"):
             assert_layout(prefix)
             objckpt.restore(target, prefix)
-            got = now(target)
-            assert bits(got["large"]) in (bits(now(old)["large"]), bits(now(new)["large"]))
-            assert_bits(now(old) if bits(got["large"]) == bits(now(old)["large"])
-                        else now(new), got, f"{name} #{after}")
+            got = values(target)
+            assert bits(got["large"]) in (bits(values(old)["large"]), bits(values(new)["large"]))
+            assert_bits(values(old) if bits(got["large"]) == bits(values(old)["large"])
+                        else values(new), got, f"{name} #{after}")
         else:  # none: only a crash inside the final renames may leave that
             assert name == "rename" and crashed, f"{name} #{after}: no checkpoint left"
         leftovers = [n for n in os.listdir(tmp_path) if ".tmp-" in n]
@@ -473,7 +434,7 @@ def test_damaged_shard_raises_and_changes_nothing(saved, tmp_path, damage, read_
     prefix = _copy(saved_prefix, tmp_path / "copy")
     k = _bundle.read_index(prefix).num_shards
     target = target_for(case)
-    guarded = now(target)
+    guarded = values(target)
     snap = objckpt.snapshot(target)
     for shard, (key, entry) in sorted(last_in_each_shard(prefix).items()):
         prefix = _copy(saved_prefix, tmp_path / f"{damage}{shard}")
@@ -494,19 +455,19 @@ def test_damaged_shard_raises_and_changes_nothing(saved, tmp_path, damage, read_
             assert f"`{path}`" in shown or f"`{key}`" in shown, message
         elif damage == "missing":
             assert os.path.basename(path) in message or f"shard {shard}" in message, message
-        assert_bits(guarded, now(target), f"{damage} in shard {shard}")
+        assert_bits(guarded, values(target), f"{damage} in shard {shard}")
         assert_bits(guarded, snap.numpy(), "the snapshot")
         assert not objckpt.verify(prefix).ok
     # the intact checkpoint still restores
     objckpt.restore(target, saved_prefix)
-    assert_bits(saved[2], now(target))
+    assert_bits(saved[2], values(target))
 
 
 def test_damaged_zoo_tensor_of_every_dtype_raises_and_changes_nothing(tmp_path, read_path):
     zoo = Zoo(1)
     saved_prefix = objckpt.save(zoo, str(tmp_path / "zoo"))
     target = Zoo(2)
-    guarded = now(target)
+    guarded = values(target)
     for number, (key, entry) in enumerate(variable_entries(saved_prefix).items()):
         if not entry.size:
             continue
@@ -517,40 +478,40 @@ def test_damaged_zoo_tensor_of_every_dtype_raises_and_changes_nothing(tmp_path, 
             objckpt.restore(target, prefix)
         message = str(info.value).replace(prefix, "<prefix>")
         assert f"`{key.split('/.ATTRIBUTES/')[0]}`" in message or f"`{key}`" in message, message
-        assert_bits(guarded, now(target), key)
+        assert_bits(guarded, values(target), key)
 
 
 def test_snapshot_taken_before_a_restore_keeps_its_values(saved, read_path):
     case, _, saved_values, prefix = saved
     target = target_for(case)
-    before = now(target)
+    before = values(target)
     snap = objckpt.snapshot(target)
     objckpt.restore(target, prefix)
-    assert_bits(saved_values, now(target), "restored")
+    assert_bits(saved_values, values(target), "restored")
     assert_bits(before, snap.numpy(), "the snapshot after the restore")
     objckpt.restore(target, snap)
-    assert_bits(before, now(target), "restored from the snapshot")
+    assert_bits(before, values(target), "restored from the snapshot")
     # the variables may now share their buffers with the snapshot's tensors (a fused
     # assign aliases them): a restore from the prefix writes none of them
     objckpt.restore(target, prefix)
-    assert_bits(saved_values, now(target), "restored again")
+    assert_bits(saved_values, values(target), "restored again")
     assert_bits(before, snap.numpy(), "the snapshot after a restore over its buffers")
 
 
 def test_zoo_snapshot_taken_before_a_restore_keeps_its_values(tmp_path, read_path):
     prefix = objckpt.save(Zoo(1), str(tmp_path / "zoo"))
     target = Zoo(2)
-    before = now(target)
+    before = values(target)
     snap = objckpt.snapshot(target)
     held = {p: tf.identity(v) for p, v in objckpt.tree(target).items()}  # another reader
     objckpt.restore(target, prefix)
-    assert_bits(now(Zoo(1)), now(target))
+    assert_bits(values(Zoo(1)), values(target))
     assert_bits(before, snap.numpy())
     assert_bits(before, {p: v.numpy() for p, v in held.items()})
     objckpt.restore(target, snap)
-    assert_bits(before, now(target))
+    assert_bits(before, values(target))
     objckpt.restore(target, prefix)  # over buffers the snapshot may share
-    assert_bits(now(Zoo(1)), now(target))
+    assert_bits(values(Zoo(1)), values(target))
     assert_bits(before, snap.numpy())
 
 
@@ -562,7 +523,7 @@ def test_restore_into_variables_on_another_device(tmp_path, streamed):
     for device in (None, "/cpu:1"):
         target = Zoo(2, device=device)
         objckpt.restore(target, prefix)
-        assert_bits(now(Zoo(1)), now(target), str(device))
+        assert_bits(values(Zoo(1)), values(target), str(device))
         if device:
             assert all(v.device.endswith("CPU:1") for v in objckpt.tree(target).values())
 
@@ -576,7 +537,7 @@ def test_restore_into_keras_model_on_another_device(flavour, tmp_path, streamed)
         target = build(flavour)
     perturb(target)
     objckpt.restore(target, prefix)
-    assert_bits(now(source), now(target))
+    assert_bits(values(source), values(target))
 
 
 def _mixed(keras):
@@ -604,7 +565,7 @@ def test_mixed_precision_model_round_trip(flavour, tmp_path, streamed):
     target = _mixed(keras)
     perturb(target)
     objckpt.restore(target, prefix)
-    assert_bits(now(source), now(target))
+    assert_bits(values(source), values(target))
 
 
 @pytest.fixture(scope="module", params=CASES, ids=case_id)
@@ -624,17 +585,17 @@ def test_restore_at_a_subtree(wrapped, streamed):
     assert assert_layout(prefix) > 1
     target = target_for(case)
     report = objckpt.restore(target, prefix, at="wrapper")
-    assert_bits(now(obj), now(target))
-    assert report.at == "wrapper" and set(report.restored) == set(now(obj))
+    assert_bits(values(obj), values(target))
+    assert report.at == "wrapper" and set(report.restored) == set(values(obj))
 
 
 def test_restore_with_rules_and_not_strict(wrapped, streamed):
     case, obj, prefix = wrapped
     target = target_for(case)
-    perturbed = now(target)
+    perturbed = values(target)
     report = objckpt.restore(target, prefix, rules=[(r"^wrapper/", "")], strict=False)
     assert "stray" in report.unexpected
-    got, want = now(target), now(obj)
+    got, want = values(target), values(obj)
     left = set(got) - set(report.restored)  # only what the report says it skipped
     assert all(any(s.startswith(path + " ") for s in report.skipped) for path in left), (
         left, report.skipped)
@@ -651,10 +612,10 @@ def test_restore_not_strict_with_a_missing_entry(saved, tmp_path, streamed):
     prefix = objckpt.save(objckpt.Snapshot(items), str(tmp_path / "partial"))
     assert assert_layout(prefix) == 1
     target = target_for(case)
-    perturbed = now(target)
+    perturbed = values(target)
     report = objckpt.restore(target, prefix, strict=False)
     assert dropped in report.missing
-    got = now(target)
+    got = values(target)
     for path in got:
         expected = saved_values[path] if path in report.restored else perturbed[path]
         assert bits(got[path]) == bits(expected), path
@@ -667,7 +628,7 @@ def test_restore_not_strict_with_a_missing_entry(saved, tmp_path, streamed):
 def test_load_ensemble_of_three_parallel_written_checkpoints(saved, tmp_path, streamed):
     case, obj, _, _ = saved
     net = network(obj)
-    original, prefixes, expected = now(net), [], []
+    original, prefixes, expected = values(net), [], []
     try:
         for k in range(3):
             for variable in objckpt.tree(net).values():
@@ -693,7 +654,7 @@ def test_migrate_from_a_parallel_written_checkpoint(saved, tmp_path, streamed):
     assert objckpt.verify(out).ok
     target = target_for(case)
     objckpt.restore(target, out)
-    assert_bits(saved_values, now(target))
+    assert_bits(saved_values, values(target))
 
 
 # --- durable mode ------------------------------------------------------------------------
@@ -787,7 +748,7 @@ def test_checkpoint_manager_passes_durable_through(tmp_path, fsynced, durable):
         assert fsynced == []
     target = Zoo(2)
     objckpt.restore(target, prefix, strict=False)
-    assert_bits(now(zoo), {p: v for p, v in now(target).items()})
+    assert_bits(values(zoo), {p: v for p, v in values(target).items()})
 
 
 @pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])

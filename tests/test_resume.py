@@ -20,7 +20,8 @@ import tensorflow as tf
 
 import objckpt
 
-from flavours import KERAS_FLAVOURS, KINDS, _data, build, keras_for, run_cli
+from flavours import KERAS_FLAVOURS, KINDS, _data, build, keras_for
+from support import assert_bits, build_optimizer, run_cli, values
 
 CASES = [(f, k) for f in KERAS_FLAVOURS for k in KINDS]
 FIT = {"batch_size": 4, "epochs": 1, "shuffle": False, "verbose": 0}
@@ -29,21 +30,6 @@ FIT = {"batch_size": 4, "epochs": 1, "shuffle": False, "verbose": 0}
 def _inputs(kind):
     images, tokens, targets = _data()
     return ([images, tokens] if kind == "functional" else images), targets
-
-
-def _values(obj) -> dict:
-    return {path: v.numpy() for path, v in objckpt.tree(obj).items()}
-
-
-def _assert_bits(got: dict, want: dict):
-    assert set(got) == set(want), (sorted(set(got) ^ set(want)))[:6]
-    differ = [p for p in want if got[p].tobytes() != want[p].tobytes()]
-    assert not differ, f"{len(differ)} variables differ, e.g. {differ[:4]}"
-
-
-def _build_optimizer(model):
-    """What Keras's own loaders and `fit` do before the first step, in every flavour."""
-    objckpt._compat.build_optimizer(model.optimizer, model.trainable_variables)
 
 
 @pytest.fixture(scope="module", params=CASES, ids=lambda c: f"{c[0]}-{c[1]}")
@@ -61,12 +47,12 @@ def run(request, tmp_path_factory):
     with objckpt.CheckpointManager(model, str(tmp / "dir")) as manager:
         manager.save(1)
     saved["directory"] = str(tmp / "dir")
-    before = _values(model)
+    before = values(model)
     outputs = np.asarray(model(x, training=False))
     model.fit(x, y, **FIT)
     return {"flavour": flavour, "kind": kind, "saved": saved, "before": before,
             "outputs": outputs,
-            "after": _values(model), "x": x, "y": y, "tmp": tmp}
+            "after": values(model), "x": x, "y": y, "tmp": tmp}
 
 
 @pytest.mark.parametrize("state", ["compiled", "built"])
@@ -74,19 +60,19 @@ def run(request, tmp_path_factory):
 def test_restore_into_a_fresh_compiled_model_trains_on_bit_exactly(run, source, state):
     model = build(run["flavour"], run["kind"], train=False)
     if state == "built":
-        _build_optimizer(model)
+        build_optimizer(model)
     report = objckpt.restore(model, run["saved"][source])
     assert not report.missing and not report.unexpected
-    _assert_bits(_values(model), run["before"])
+    assert_bits(values(model), run["before"])
     model.fit(run["x"], run["y"], **FIT)
-    _assert_bits(_values(model), run["after"])
+    assert_bits(values(model), run["after"])
 
 
 def test_optimizer_state_true_does_the_same_into_an_unbuilt_optimizer(run):
     model = build(run["flavour"], run["kind"], train=False)
     objckpt.restore(model, run["saved"]["prefix"], optimizer_state=True)
     model.fit(run["x"], run["y"], **FIT)
-    _assert_bits(_values(model), run["after"])
+    assert_bits(values(model), run["after"])
 
 
 def test_uncompiled_model_gets_the_network_and_lists_the_optimizer_state(run):
@@ -113,10 +99,10 @@ def _uncompiled(run):
 def test_optimizer_state_false_ignores_optimizer_entries_on_both_sides(run):
     model = build(run["flavour"], run["kind"], train=False)
     model.fit(run["x"], run["y"][::-1], **FIT)  # an optimizer with state of its own
-    own = {p: v for p, v in _values(model).items()
+    own = {p: v for p, v in values(model).items()
            if p.startswith("optimizer") or "OPTIMIZER_SLOT" in p}
     report = objckpt.restore(model, run["saved"]["prefix"], optimizer_state=False)
-    got = _values(model)
+    got = values(model)
     for path, value in own.items():
         if path in run["before"] and not (path.startswith("optimizer/_trainable")):
             assert got[path].tobytes() == value.tobytes(), path
@@ -128,7 +114,7 @@ def test_restore_on_create_lands_optimizer_state_as_keras_builds_it(run):
     pending = objckpt.restore_on_create(model, run["saved"]["prefix"])
     model.fit(run["x"], run["y"], **FIT)
     pending.assert_done()
-    _assert_bits(_values(model), run["after"])
+    assert_bits(values(model), run["after"])
 
 
 def test_restore_on_create_into_an_uncompiled_model_skips_optimizer_state(run):
@@ -147,7 +133,7 @@ def test_migrate_with_default_options_carries_the_optimizer(run):
     model = build(run["flavour"], run["kind"], train=False)
     objckpt.restore(model, out)
     model.fit(run["x"], run["y"], **FIT)
-    _assert_bits(_values(model), run["after"])
+    assert_bits(values(model), run["after"])
 
 
 def test_load_ensemble_of_training_checkpoints_with_default_and_auto(run):
@@ -155,7 +141,7 @@ def test_load_ensemble_of_training_checkpoints_with_default_and_auto(run):
     for mode in (False, "auto"):
         ensemble = objckpt.load_ensemble(template, [run["saved"]["prefix"]] * 2,
                                          optimizer_state=mode)
-        member = _values(ensemble.members[1])
+        member = values(ensemble.members[1])
         for path, value in member.items():
             if path in run["before"] and not path.startswith("optimizer") \
                     and "OPTIMIZER_SLOT" not in path:
@@ -253,6 +239,7 @@ def test_a_fix_line_never_suggests_what_fails_the_same_way(tmp_path):
     assert "optimizer_state=True" not in str(caught.value)
 
 
+@pytest.mark.subprocess
 def test_cli_migrate_moves_optimizer_state_by_default(tmp_path):
     keras_for("keras3")
     module = tmp_path / "resume_template.py"
@@ -267,7 +254,7 @@ def test_cli_migrate_moves_optimizer_state_by_default(tmp_path):
         str(tmp_path / "src" / "ckpt")
     x, y = _inputs("functional")
     model.fit(x, y, **FIT)
-    after = _values(model)
+    after = values(model)
     out = str(tmp_path / "out" / "ckpt")
     env_path = os.environ.get("PYTHONPATH", "")
     os.environ["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{env_path}"
@@ -280,7 +267,7 @@ def test_cli_migrate_moves_optimizer_state_by_default(tmp_path):
     fresh = build("keras3", "functional", train=False)
     objckpt.restore(fresh, out)
     fresh.fit(x, y, **FIT)
-    _assert_bits(_values(fresh), after)
+    assert_bits(values(fresh), after)
     bad = run_cli("migrate", prefix, out, "--template", "resume_template:make",
                   "--optimizer-state", "maybe", blocked=False)
     assert bad.returncode != 0
@@ -297,7 +284,7 @@ def test_keras_file_resumes_bit_exactly(tmp_path):
     fresh = build("keras3", "functional", train=False)
     objckpt.restore(fresh, str(tmp_path / "m.keras"))
     fresh.fit(x, y, **FIT)
-    _assert_bits(_values(fresh), _values(model))
+    assert_bits(values(fresh), values(model))
 
 
 def test_module_with_a_tf1_optimizer_not_built_yet_resumes_bit_exactly(tmp_path):
@@ -320,7 +307,7 @@ def test_module_with_a_tf1_optimizer_not_built_yet_resumes_bit_exactly(tmp_path)
     report = objckpt.restore(fresh, prefix)
     assert not report.missing and not report.unexpected
     step(fresh)
-    _assert_bits(_values(fresh), _values(trained))
+    assert_bits(values(fresh), values(trained))
 
 
 def test_keras_hub_llama_with_an_untied_head_resumes_by_owner(tmp_path):
@@ -360,8 +347,8 @@ def test_keras_hub_llama_with_an_untied_head_resumes_by_owner(tmp_path):
     assert sum("no state in the source" in s for s in report.skipped) == \
         2 * (len(fresh.trainable_variables) - built_on)  # m and v of each head weight
     step(fresh)
-    _assert_bits({v.path: v.numpy() for v in fresh.trainable_variables},
-                 {v.path: v.numpy() for v in trained.trainable_variables})
+    assert_bits({v.path: v.numpy() for v in fresh.trainable_variables},
+                {v.path: v.numpy() for v in trained.trainable_variables})
     # Was "ambiguous, not guessed: `optimizer/_trainable_variables/2` ..." even without state.
     network = objckpt.restore(make(), prefix, optimizer_state=False)
     assert not network.missing and not network.unexpected
@@ -372,7 +359,7 @@ def test_checkpoint_manager_resumes_into_a_fresh_compiled_model(run):
     with objckpt.CheckpointManager(model, run["saved"]["directory"]) as manager:
         manager.restore_latest()
     model.fit(run["x"], run["y"], **FIT)
-    _assert_bits(_values(model), run["after"])
+    assert_bits(values(model), run["after"])
 
 
 # --- other writers' checkpoints into a model compiled in this process ----------------------
@@ -432,9 +419,10 @@ def test_keras3_weights_file_into_a_compiled_model(tmp_path):
     assert not report.missing and not report.unexpected
     assert fresh.optimizer.built
     fresh.fit(x, y, **FIT)
-    _assert_bits(_values(fresh), _values(model))
+    assert_bits(values(fresh), values(model))
 
 
+@pytest.mark.subprocess
 def test_resume_in_a_fresh_process_is_bit_exact(tmp_path):
     """The flow users run every day, in two processes: train and save in one; build,
     compile, restore with the defaults and train on in another."""
@@ -454,7 +442,7 @@ def test_resume_in_a_fresh_process_is_bit_exact(tmp_path):
     want = dict(np.load(tmp_path / "uninterrupted.npz"))
     got = dict(np.load(tmp_path / "resumed.npz"))
     assert len(want) > 20
-    _assert_bits(got, want)
+    assert_bits(got, want)
 
 
 def test_source_built_on_all_into_an_optimizer_built_on_a_subset(tmp_path):

@@ -17,6 +17,7 @@ import objckpt
 
 from flavours import FLAVOURS, KERAS_FLAVOURS, keras_for
 from legacy import cached_tf1_checkpoint, tf1_rewrite, tf1_rewrite_module
+from support import build_optimizer
 
 TAKE_SCOPE = "rule 0 ('^model_001/' -> '')"
 NOT_AGAIN = ("Rules do not chain: each source key is rewritten once, by the first rule whose "
@@ -173,18 +174,10 @@ def test_restore_on_create_reports_shadowed_and_unused_rules():
         f"{NOT_AGAIN} {CHAINED_FIX}"]
 
 
-def _build_optimizer(model):
-    optimizer = model.optimizer
-    if hasattr(optimizer, "build"):  # Keras 3, tf_keras 2.11+
-        optimizer.build(model.trainable_variables)
-    else:  # Keras 2's OptimizerV2 (TF 2.12 `keras.optimizers`): TF slot variables
-        optimizer._create_all_weights(model.trainable_variables)
-
-
 def _compiled(keras):
     model = tf1_rewrite(keras)
     model.compile(optimizer=keras.optimizers.Adam(), loss="mse")
-    _build_optimizer(model)
+    build_optimizer(model)
     return model
 
 

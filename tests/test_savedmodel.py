@@ -18,15 +18,8 @@ import tensorflow as tf
 import objckpt
 from objckpt import _meta, errors
 
-from flavours import (
-    Dense,
-    assert_same,
-    build_functional,
-    keras_for,
-    legacy_keras_env,
-    run_cli,
-    values,
-)
+from flavours import Dense, build_functional, keras_for, legacy_keras_env
+from support import assert_bits, run_cli, values
 
 X = np.random.default_rng(0).normal(size=(4, 6, 6, 3)).astype("float32")
 
@@ -103,6 +96,7 @@ def test_module_saved_model_migrates_inspects_and_verifies(module_saved, tmp_pat
     assert report.ok and report.tensors == 7, report.describe()
 
 
+@pytest.mark.subprocess
 def test_command_line_inspects_without_tensorflow_and_verifies(module_saved):
     directory, _ = module_saved
     result = run_cli("inspect", directory)
@@ -157,7 +151,7 @@ def test_damaged_saved_model_pb_is_a_typed_error_and_changes_nothing(module_save
         objckpt.restore(net, directory)
     message = str(raised.value)
     assert words in message and f"`{directory}`" in message, message
-    assert_same(before, values(objckpt.tree(net)))
+    assert_bits(before, values(objckpt.tree(net)))
     if error is errors.CheckpointCorruptError:
         report = objckpt.verify(directory)
         assert not report.ok and words in str(report.problems[0]), report.describe()
@@ -170,7 +164,7 @@ def test_missing_variables_and_a_saved_model_without_variables(module_saved, tmp
     with pytest.raises(errors.CheckpointCorruptError, match=r"lists 7 variables but their "
                        r"checkpoint `.*variables/variables\.index` is missing"):
         objckpt.restore(net, directory)
-    assert_same(before, values(objckpt.tree(net)))
+    assert_bits(before, values(objckpt.tree(net)))
     assert "`variables/variables.index` is missing" in str(objckpt.verify(directory).problems[0])
     device = _broken(module_saved, tmp_path / "device")
     os.remove(os.path.join(device, "saved_model.pb"))
@@ -178,7 +172,7 @@ def test_missing_variables_and_a_saved_model_without_variables(module_saved, tmp
     with pytest.raises(errors.CheckpointCorruptError, match="is a character device, not a "
                        "regular file; not opened"):
         objckpt.restore(net, device)
-    assert_same(before, values(objckpt.tree(net)))
+    assert_bits(before, values(objckpt.tree(net)))
 
     class Functions(tf.Module):
         @tf.function(input_signature=[tf.TensorSpec((None,), tf.float32)])
@@ -189,7 +183,7 @@ def test_missing_variables_and_a_saved_model_without_variables(module_saved, tmp
     tf.saved_model.save(Functions(), empty)
     with pytest.raises(errors.StructureMismatchError, match="holds no variables"):
         objckpt.restore(net, empty)
-    assert_same(before, values(objckpt.tree(net)))
+    assert_bits(before, values(objckpt.tree(net)))
 
 
 def test_saved_model_declaring_another_dtype_than_its_checkpoint(module_saved, tmp_path):
@@ -205,7 +199,7 @@ def test_saved_model_declaring_another_dtype_than_its_checkpoint(module_saved, t
     with pytest.raises(errors.CheckpointCorruptError, match=r"is declared .* of DataType 19 but "
                        r"its checkpoint holds .* of DataType 2"):
         objckpt.restore(net, directory)
-    assert_same(before, values(objckpt.tree(net)))
+    assert_bits(before, values(objckpt.tree(net)))
 
 
 # --- Keras ---------------------------------------------------------------------------------
@@ -247,7 +241,7 @@ def test_keras3_export_into_keras3_by_keras_names(tmp_path):
     assert len(report.restored) == 10
     np.testing.assert_array_equal(fresh.predict(X, verbose=0), expected)
     after = values(objckpt.tree(fresh))
-    assert_same(optimizer_before, {p: after[p] for p in optimizer_before})
+    assert_bits(optimizer_before, {p: after[p] for p in optimizer_before})
 
 
 def test_keras3_tf_saved_model_save_into_keras3_with_optimizer_state(tmp_path):
@@ -267,7 +261,7 @@ def test_keras3_tf_saved_model_save_into_keras3_with_optimizer_state(tmp_path):
     assert plan.complete and plan.strategies() == {"exact": len(objckpt.tree(fresh))}, \
         plan.describe()
     objckpt.restore(fresh, directory)
-    assert_same(values(objckpt.tree(model)), values(objckpt.tree(fresh)))
+    assert_bits(values(objckpt.tree(model)), values(objckpt.tree(fresh)))
 
 
 def _legacy_model(keras):
@@ -306,7 +300,7 @@ def test_legacy_saved_model_into_the_same_flavour_with_optimizer_state(legacy_sa
     assert "2 Keras metric variables reachable only through `keras_api`" in plan.describe()
     objckpt.restore(fresh, directory)
     np.testing.assert_array_equal(fresh.predict(X, verbose=0), model.predict(X, verbose=0))
-    assert_same(values(objckpt.tree(model)), values(objckpt.tree(fresh)))
+    assert_bits(values(objckpt.tree(model)), values(objckpt.tree(fresh)))
 
 
 @pytest.mark.skipif(importlib.util.find_spec("tf_keras") is None or not legacy_keras_env(),

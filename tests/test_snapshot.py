@@ -13,14 +13,13 @@ from objckpt import _files, errors
 from flavours import (
     CASES,
     KERAS_FLAVOURS,
-    _data,
-    assert_same,
     build,
     case_id,
     checkpoint_paths,
     keras_for,
-    values,
+    train_more,
 )
+from support import assert_bits, perturb, values
 from test_tree import write_name_based
 
 
@@ -34,39 +33,15 @@ def obj(case):
     return build(*case)
 
 
-def perturb(obj):
-    """Changes every variable of obj (float by +1, int by +7)."""
-    for variable in objckpt.tree(obj).values():
-        if variable.dtype.is_floating:
-            variable.assign_add(tf.ones_like(variable))
-        else:
-            variable.assign_add(tf.cast(tf.fill(variable.shape, 7), variable.dtype))
-
-
-def train_more(obj):
-    """More training steps through the flavour's own machinery."""
-    if isinstance(obj, tf.train.Checkpoint):
-        net, optimizer = obj.model, obj.optimizer
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_sum(net(tf.ones((2, 3))) ** 2)
-        variables = [v for v in net.trainable_variables if v.dtype.is_floating]
-        optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
-        net.step.assign_add(1)
-        return
-    images, tokens, targets = _data(seed=1)
-    inputs = images if obj.name == "net" else [images, tokens]
-    obj.fit(inputs, targets, epochs=2, batch_size=4, verbose=0)
-
-
 # --- snapshot / restore round trips -------------------------------------------
 
 
 def test_snapshot_is_immutable_while_training_continues(obj):
     before = values(objckpt.tree(obj))
     snap = objckpt.snapshot(obj)
-    train_more(obj)
+    train_more(obj, epochs=2)
     assert {p: np.array(v) for p, v in snap.items()}.keys() == before.keys()
-    assert_same(before, snap.numpy())
+    assert_bits(before, snap.numpy())
     assert not all(np.array_equal(before[p], v) for p, v in values(objckpt.tree(obj)).items())
 
 
@@ -76,7 +51,7 @@ def test_restore_from_snapshot_is_bit_exact(obj):
     for _ in range(3):  # the first restore runs eagerly, later ones fused
         perturb(obj)
         report = objckpt.restore(obj, snap)
-        assert_same(before, values(objckpt.tree(obj)))
+        assert_bits(before, values(objckpt.tree(obj)))
     assert report.restored == tuple(before)
     assert report.missing == () and report.unexpected == ()
 
@@ -96,7 +71,7 @@ def test_snapshot_restores_into_an_identical_fresh_obj(case):
     source, target = build(*case), build(*case)
     perturb(target)
     objckpt.restore(target, objckpt.snapshot(source))
-    assert_same(values(objckpt.tree(source)), values(objckpt.tree(target)))
+    assert_bits(values(objckpt.tree(source)), values(objckpt.tree(target)))
 
 
 def test_save_is_a_standard_checkpoint(obj, case, tmp_path):
@@ -106,7 +81,7 @@ def test_save_is_a_standard_checkpoint(obj, case, tmp_path):
     fresh = build(*case)
     perturb(fresh)
     tf.train.Checkpoint(root=fresh).read(prefix).assert_consumed()
-    assert_same(values(objckpt.tree(obj)), values(objckpt.tree(fresh)))
+    assert_bits(values(objckpt.tree(obj)), values(objckpt.tree(fresh)))
     assert sorted(os.listdir(tmp_path)) == ["ck.data-00000-of-00001", "ck.index"]
 
 
@@ -133,7 +108,7 @@ def test_trained_model_saved_or_snapshotted_loads_into_an_untrained_copy(flavour
 
 def test_saved_snapshot_has_the_same_layout_as_the_saved_obj(obj, tmp_path):
     snap = objckpt.snapshot(obj)
-    train_more(obj)
+    train_more(obj, epochs=2)
     a = objckpt.save(snap, str(tmp_path / "snap"))
     objckpt.restore(obj, snap)
     b = objckpt.save(obj, str(tmp_path / "obj"))
@@ -149,7 +124,7 @@ def test_restore_from_prefix_and_directory(obj, tmp_path):
     prefix = objckpt.save(obj, str(tmp_path / "one"))
     perturb(obj)
     report = objckpt.restore(obj, prefix)
-    assert_same(before, values(objckpt.tree(obj)))
+    assert_bits(before, values(objckpt.tree(obj)))
     assert report.source == f"checkpoint `{prefix}`"
     manager = tf.train.CheckpointManager(tf.train.Checkpoint(root=obj), str(tmp_path / "dir"), 3)
     manager.save()
@@ -159,7 +134,7 @@ def test_restore_from_prefix_and_directory(obj, tmp_path):
     perturb(obj)
     report = objckpt.restore(obj, str(tmp_path / "dir"))  # save_counter is not "unexpected"
     assert report.source == f"checkpoint `{newest}`" and report.unexpected == ()
-    assert_same(after, values(objckpt.tree(obj)))
+    assert_bits(after, values(objckpt.tree(obj)))
 
 
 def test_directory_falls_back_to_newest_intact_checkpoint(tmp_path):
@@ -190,7 +165,7 @@ def test_at_picks_model_subtree_of_model_and_optimizer_checkpoint(case, explicit
     before = values(objckpt.tree(model))
     perturb(model)
     report = objckpt.restore(model, prefix, at="model" if explicit else None)
-    assert_same(before, values(objckpt.tree(model)))
+    assert_bits(before, values(objckpt.tree(model)))
     assert report.at == "model"
     assert report.unexpected == () and report.missing == ()
     if not explicit:
@@ -205,7 +180,7 @@ def test_at_with_no_such_subtree_names_the_choices(tmp_path):
         objckpt.restore(root.model, prefix, at="modle")
     assert "at='modle'" in str(info.value) and "`model`" in str(info.value)
     assert "`optimizer`" in str(info.value)
-    assert_same(before, values(objckpt.tree(root.model)))
+    assert_bits(before, values(objckpt.tree(root.model)))
 
 
 def test_at_on_a_snapshot_uses_path_prefixes():
@@ -215,7 +190,7 @@ def test_at_on_a_snapshot_uses_path_prefixes():
     perturb(root.model)
     report = objckpt.restore(root.model, snap, at="model")
     assert report.at == "model"
-    assert_same(before, values(objckpt.tree(root.model)))
+    assert_bits(before, values(objckpt.tree(root.model)))
 
 
 def test_strict_false_restores_what_matches_and_reports_the_rest():
@@ -255,7 +230,7 @@ def test_snapshot_is_unchanged_by_xla_compiled_training():
     objckpt.restore(model, snap)
     objckpt.restore(model, snap)  # now fused: the variables share the snapshot's buffers
     model.fit(x, y, epochs=3, verbose=0)
-    assert_same(kept, snap.numpy())
+    assert_bits(kept, snap.numpy())
 
 
 # --- bad input: a typed error, and every variable bit-identical --------------
@@ -272,7 +247,7 @@ def guarded(shared_obj):
     afterwards asserts every variable is bit-identical to before."""
     before = values(objckpt.tree(shared_obj))
     yield shared_obj
-    assert_same(before, values(objckpt.tree(shared_obj)))
+    assert_bits(before, values(objckpt.tree(shared_obj)))
 
 
 def _replace(snap, position, new_value):
@@ -491,12 +466,13 @@ def test_distributed_variables_snapshot_and_restore():
         for variable in paths.values():  # (a SUM SyncOnRead variable has no assign_add)
             variable.assign(variable.value() + 1.0)
         objckpt.restore(module, snap)
-        assert_same(before, values(objckpt.tree(module)))
+        assert_bits(before, values(objckpt.tree(module)))
         for path, variable in objckpt.tree(module).items():  # the one replica's component
             (component,) = variable.values
             assert np.array(component.numpy()).tobytes() == before[path].tobytes(), path
 
 
+@pytest.mark.subprocess
 def test_console_script(tmp_path):
     import shutil
     import subprocess

@@ -18,15 +18,15 @@ import shutil
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 import tensorflow as tf
 
 import objckpt
-from objckpt import _checkpointing, _files, errors
+from objckpt import _checkpointing, _ckptstate, _files, errors
 from objckpt.callbacks import Checkpointing
 
 from flavours import _data, build_functional, keras_for, session_flavour
+from support import assert_bits, values
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -45,16 +45,6 @@ def fit(model, callbacks, epochs=3):
     x = images if model.name == "net" else [images, tokens]
     model.fit(x, targets, epochs=epochs, batch_size=2, shuffle=False, verbose=0,
               callbacks=callbacks)
-
-
-def values(model) -> dict:
-    return {p: np.array(v.numpy()) for p, v in objckpt.tree(model).items()}
-
-
-def assert_bit_identical(a: dict, b: dict):
-    assert list(a) == list(b)
-    different = [p for p in a if a[p].tobytes() != b[p].tobytes()]
-    assert not different, f"{len(different)} variables differ: {different[:5]}"
 
 
 def files(directory) -> dict:
@@ -127,7 +117,7 @@ def test_stray_file_beside_the_newest_checkpoint_is_not_a_shard(three, stray):
     try:
         assert callback.resumed_from == str(directory / "ckpt-3")
         assert callback.manager.notes == []  # nothing to warn about
-        assert_bit_identical(final, values(model))
+        assert_bits(final, values(model))
         assert files(directory) == {**content, name: content["ckpt-3" + _files.DATA_SUFFIX]}
         # Retention drops ckpt-3 by its exact file names: the stray file stays.
         for _ in range(3):
@@ -149,7 +139,7 @@ def test_state_file_naming_only_a_deleted_checkpoint_falls_back_to_the_intact_on
         callback, model = begin(directory)
     try:
         assert callback.resumed_from == str(directory / "ckpt-3")
-        assert_bit_identical(final, values(model))
+        assert_bits(final, values(model))
         on_disk = files(directory)
         assert {n: on_disk[n] for n in content if n != "checkpoint"} == {
             n: content[n] for n in content if n != "checkpoint"}
@@ -178,7 +168,7 @@ def test_checkpointing_never_follows_a_state_file_into_another_directory(three, 
         callback, model = begin(directory)
     try:
         assert callback.resumed_from == str(directory / "ckpt-3")  # what is on disk here
-        assert_bit_identical(final, values(model))
+        assert_bits(final, values(model))
         on_disk = files(directory)
         assert all(on_disk[n] == content[n] for n in content if n != "checkpoint")
         assert files(elsewhere) == theirs  # never used, never deleted
@@ -197,7 +187,7 @@ def test_unlisted_intact_checkpoints_newer_are_kept_older_are_superseded(three):
         callback, model = begin(directory)
     try:
         assert callback.resumed_from == str(directory / "ckpt-3")
-        assert_bit_identical(final, values(model))
+        assert_bits(final, values(model))
         assert not os.path.exists(directory / "ckpt-1.index")  # superseded by ckpt-3
         assert os.path.exists(directory / "ckpt-4.index")
         assert _files.check_intact(str(directory / "ckpt-4")) is None
@@ -242,13 +232,13 @@ def test_fresh_start_beside_intact_checkpoints_of_other_names_is_refused(tmp_pat
 def test_state_file_names_are_ckpt_n_of_this_directory_only(tmp_path):
     manager = _checkpointing.CheckpointDirectory(tmp_path, tf.Module())
     here = str(tmp_path)
-    assert manager._number("ckpt-3") == 3
-    assert manager._number(os.path.join(here, "ckpt-3")) == 3  # TF1 Saver: absolute
-    assert manager._number(os.path.join(here, "sub", "..", "ckpt-3")) == 3
+    assert manager.commits.number("ckpt-3") == 3
+    assert manager.commits.number(os.path.join(here, "ckpt-3")) == 3  # TF1 Saver: absolute
+    assert manager.commits.number(os.path.join(here, "sub", "..", "ckpt-3")) == 3
     for name in ["/elsewhere/ckpt-5", "../x/ckpt-5", "./ckpt-5", "sub/ckpt-5", "ckpt-05",
                  "ckpt-\u0663", "ckpt-3\n", "ckpt-3\x00", "ckpt", "model.ckpt-3", "ckpt--3",
                  "ckpt-3.index"]:
-        assert manager._number(name) is None, name
+        assert manager.commits.number(name) is None, name
 
 
 # --- read-only directories ------------------------------------------------------------
@@ -322,7 +312,7 @@ _CHILD = """if True:
     warnings.simplefilter("ignore")
     import tensorflow as tf
     import objckpt
-    from objckpt import _checkpointing, _files, errors
+    from objckpt import _checkpointing, _ckptstate, _files, errors
 
     directory = sys.argv[2]
     module = tf.Module()
@@ -387,13 +377,14 @@ def assert_rewritten(directory, content):
         "ckpt-1", "ckpt-2", "ckpt-3"]
 
 
+@pytest.mark.subprocess
 def test_fifo_state_file_is_refused_without_opening_it(tmp_path):
     content = module_checkpoints(tmp_path)
     state = tmp_path / "checkpoint"
     os.remove(state)
     os.mkfifo(state)
     out = in_child(tmp_path, """if True:
-        attempt("read_state", lambda: _files.read_state(directory))
+        attempt("read_state", lambda: _ckptstate.read_state(directory))
         attempt("restore", lambda: restore(directory))
         attempt("resume", resume)
     """)
@@ -410,6 +401,7 @@ def test_fifo_state_file_is_refused_without_opening_it(tmp_path):
     assert_rewritten(tmp_path, content)
 
 
+@pytest.mark.subprocess
 def test_fifo_index_is_refused_without_opening_it(tmp_path):
     module_checkpoints(tmp_path)
     index = tmp_path / "ckpt-3.index"
@@ -434,6 +426,7 @@ def test_fifo_index_is_refused_without_opening_it(tmp_path):
     assert not os.path.exists(index)  # not a checkpoint: removed with the rest of ckpt-3
 
 
+@pytest.mark.subprocess
 def test_state_file_linked_to_dev_zero_is_refused_without_reading_it(tmp_path):
     if not os.path.exists("/dev/zero"):
         pytest.skip("no /dev/zero")
@@ -442,7 +435,7 @@ def test_state_file_linked_to_dev_zero_is_refused_without_reading_it(tmp_path):
     os.remove(state)
     os.symlink("/dev/zero", state)
     out = in_child(tmp_path, """if True:
-        attempt("read_state", lambda: _files.read_state(directory))
+        attempt("read_state", lambda: _ckptstate.read_state(directory))
         attempt("restore", lambda: restore(directory))
         attempt("resume", resume)
     """)
@@ -458,9 +451,9 @@ def test_state_file_linked_to_dev_zero_is_refused_without_reading_it(tmp_path):
 
 
 def test_oversized_state_file_is_refused(tmp_path):
-    (tmp_path / "checkpoint").write_bytes(b"#" * (_files.STATE_FILE_LIMIT + 1))
+    (tmp_path / "checkpoint").write_bytes(b"#" * (_ckptstate.STATE_FILE_LIMIT + 1))
     with pytest.raises(errors.CheckpointCorruptError, match="more than the 1,048,576 such a file"):
-        _files.read_state(str(tmp_path))
+        _ckptstate.read_state(str(tmp_path))
 
 
 # --- objckpt.restore(obj, directory) stays inside the directory ----------------------------

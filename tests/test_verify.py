@@ -1,8 +1,6 @@
 """`objckpt.verify` / `objckpt verify`: checksums and object graph consistency."""
 
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -13,16 +11,14 @@ from objckpt import errors
 
 import legacy
 from flavours import CASES, build, case_id
+from support import run_cli
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 MARKER = np.arange(4096, dtype=np.float32) * 0.5 + 0.25  # 16 KB we can find in the data file
 
 
 def _run(*args):
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "objckpt", *args], capture_output=True,
-                          text=True, env=env, timeout=180)
+    return run_cli(*args, blocked=False)
 
 
 def _module_checkpoint(prefix) -> str:
@@ -186,6 +182,7 @@ def test_nothing_there_raises_not_found(tmp_path):
         objckpt.verify(tmp_path)
 
 
+@pytest.mark.subprocess
 def test_command_line_exit_status_and_report(tmp_path):
     good = _module_checkpoint(tmp_path / "good")
     bad = _module_checkpoint(tmp_path / "bad")
