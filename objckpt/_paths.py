@@ -29,6 +29,8 @@ def escape(name: str) -> str:
 
 def unescape(component: str) -> str:
     """Inverse of `escape`: `..` -> `.` and `.S` -> `/`."""
+    if "." not in component:
+        return component
     out, i = [], 0
     while i < len(component):
         if component[i] == "." and i + 1 < len(component):

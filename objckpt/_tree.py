@@ -410,6 +410,9 @@ def subtree_paths_from(graph, node_id: int, skip_optimizers: bool = False) -> di
     return result
 
 
+_NO_CHILDREN: dict = {}  # shared by every leaf of a GraphIndex (never written)
+
+
 class GraphIndex:
     """A graph proto's child edges by name, node by node, each node's built on first use.
 
@@ -428,8 +431,11 @@ class GraphIndex:
         """{edge name (unescaped): child node id} of one node; the first edge of a name."""
         found = self._children.get(node_id)
         if found is None:
+            children = self.graph.nodes[node_id].children
+            if not children:
+                return _NO_CHILDREN
             found = {}
-            for child in self.graph.nodes[node_id].children:
+            for child in children:
                 found.setdefault(child.local_name, child.node_id)
             self._children[node_id] = found
         return found

@@ -1,0 +1,194 @@
+"""Wide object graphs (issue 29): cost linear in graph nodes and checkpoint entries.
+
+A checkpoint whose root has many children (`tf.train.Checkpoint(model=m, **many)`, or a crafted
+file of 200,000 root children) used to restore in quadratic time: `at=` was found by computing
+the subtree of every top-level name, each by scanning the root's children. No wall clock here:
+the per-candidate subtree work and the graph walks are counted, and a budget far below the
+quadratic count makes a regression fail at once instead of hanging.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import objckpt
+from objckpt import _compat, _files, _match, _paths, _tree, errors
+
+from flavours import FLAVOURS, keras_for
+
+WIDE = 200_000
+
+
+class _Model(tf.Module):
+    def __init__(self, seed: float = 0.0):
+        super().__init__()
+        self.dense = tf.Module()
+        self.dense.kernel = tf.Variable(np.arange(12, dtype=np.float32).reshape(3, 4) + seed)
+        self.dense.bias = tf.Variable(np.ones(4, np.float32) + seed)
+
+
+def _craft(prefix: str, extra: int, model, *, shared: bool) -> int:
+    """Writes `model` under `model/` plus `extra` root children: empty nodes, or (shared)
+    further edges to the model's own node. Returns the number of graph nodes."""
+    tree = objckpt.tree(model)
+    paths = [f"model/{p}" for p in tree]
+    graph = _tree.build_object_graph(paths, [""] * len(paths))
+    model_node = next(c.node_id for c in graph.nodes[0].children if c.local_name == "model")
+    first = len(graph.nodes)
+    root = graph.nodes[0]
+    for i in range(extra):
+        child = root.children.add()
+        child.local_name = f"o{i}"
+        if shared:
+            child.node_id = model_node
+        else:
+            graph.nodes.add()
+            child.node_id = first + i
+    keys = [_paths.checkpoint_key(p) for p in paths] + [_compat.OBJECT_GRAPH_KEY]
+    tensors = [tf.convert_to_tensor(v) for v in tree.values()]
+    tensors.append(tf.constant(graph.SerializeToString()))
+    _files.write_tensors(prefix, keys, tensors)
+    return len(graph.nodes)
+
+
+class _Budget:
+    """Counts the subtree computations and the nodes graph walks reach; fails past a bound."""
+
+    def __init__(self, monkeypatch, subtrees: int, walked: int):
+        self.subtrees, self.walked = 0, 0
+        subtree_from, walk = _tree.subtree_paths_from, _paths.graph_walk
+
+        def counted_subtree(*args, **kwargs):
+            self.subtrees += 1
+            assert self.subtrees <= subtrees, "a subtree per top-level name: quadratic"
+            return subtree_from(*args, **kwargs)
+
+        def counted_walk(*args, **kwargs):
+            for edge in walk(*args, **kwargs):
+                self.walked += 1
+                assert self.walked <= walked, "graph walks beyond a linear bound"
+                yield edge
+
+        monkeypatch.setattr(_tree, "subtree_paths_from", counted_subtree)
+        monkeypatch.setattr(_paths, "graph_walk", counted_walk)
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory):
+    """A 200,000-child checkpoint of empty root children beside `model`."""
+    prefix = str(tmp_path_factory.mktemp("wide") / "ckpt")
+    nodes = _craft(prefix, WIDE, _Model(seed=5.0), shared=False)
+    return prefix, nodes
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    """200,000 root children that all lead to the model's node."""
+    prefix = str(tmp_path_factory.mktemp("shared") / "ckpt")
+    nodes = _craft(prefix, WIDE, _Model(seed=5.0), shared=True)
+    return prefix, nodes
+
+
+def test_wide_crafted_restores_at_model_in_linear_work(wide, monkeypatch):
+    prefix, nodes = wide
+    model = _Model()
+    budget = _Budget(monkeypatch, subtrees=8, walked=4 * nodes)
+    report = objckpt.restore(model, prefix)
+    assert sorted(report.restored) == ["dense/bias", "dense/kernel"]
+    assert report.at == "model"
+    assert any("used at='model'" in note for note in report.notes)
+    np.testing.assert_array_equal(model.dense.kernel.numpy(),
+                                  np.arange(12, dtype=np.float32).reshape(3, 4) + 5.0)
+    np.testing.assert_array_equal(model.dense.bias.numpy(), np.full(4, 6.0, np.float32))
+    # The root's network walk, and the two walks of the one subtree that fits: never one
+    # subtree per top-level name.
+    assert budget.subtrees <= 3
+    assert budget.walked <= 2 * nodes + 10
+
+
+def test_wide_shared_children_pick_nothing(shared, monkeypatch):
+    """200,001 names of one node: more than _MAX_AT_CANDIDATES subtrees may hold the obj, so
+    none is picked (never a guess) and the note counts them; the root's entries then match
+    by structure, as they do when a few subtrees match."""
+    prefix, nodes = shared
+    model = _Model()
+    budget = _Budget(monkeypatch, subtrees=8, walked=4 * nodes)
+    report = objckpt.restore(model, prefix)
+    assert report.at is None
+    note = next(n for n in report.notes if "several source subtrees" in n)
+    assert "('model', 'o0', 'o1'" in note
+    assert f"and {WIDE + 1 - _match._MAX_AT_LISTED:,} more); pass at=..." in note
+    assert {m.strategy for m in report.plan.matches} == {"structure"}
+    np.testing.assert_array_equal(model.dense.bias.numpy(), np.full(4, 6.0, np.float32))
+    assert budget.subtrees <= 2
+    # With an explicit at= the same file restores from that name.
+    report = objckpt.restore(_Model(), prefix, at="o7")
+    assert report.at == "o7" and sorted(report.restored) == ["dense/bias", "dense/kernel"]
+
+
+def test_wide_strict_mismatch_is_refused_with_a_typed_error(wide, monkeypatch):
+    """An obj the 200,000-child file does not hold: a typed error naming the path, nothing
+    changed, and no quadratic work on the way to the message."""
+    prefix, nodes = wide
+    model = _Model()
+    model.extra = tf.Variable(np.zeros(2, np.float32))
+    before = model.dense.kernel.numpy().copy()
+    _Budget(monkeypatch, subtrees=8, walked=4 * nodes)
+    with pytest.raises(errors.StructureMismatchError) as caught:
+        objckpt.restore(model, prefix)
+    assert "extra" in str(caught.value)
+    np.testing.assert_array_equal(model.dense.kernel.numpy(), before)
+
+
+def test_several_below_the_cap_are_listed_in_full(tmp_path):
+    prefix = str(tmp_path / "ckpt")
+    _craft(prefix, 3, _Model(seed=1.0), shared=True)
+    the_plan = objckpt.plan(_Model(), prefix, strict=False)
+    assert ("several source subtrees match the obj ('model', 'o0', 'o1', 'o2'); pass at=... "
+            "to pick one") in the_plan.notes
+
+
+def test_holding_drops_names_by_shape_and_dtype(tmp_path):
+    """The one-pass filter: a subtree whose paths exist with another shape is dropped, one
+    with the paths and shapes is kept (its full check follows)."""
+    prefix = str(tmp_path / "ckpt")
+    root = tf.train.Checkpoint(model=_Model(1.0), twin=_Model(2.0), other=tf.Module())
+    root.other.dense = tf.Module()
+    root.other.dense.kernel = tf.Variable(np.zeros((4, 3), np.float32))
+    root.other.dense.bias = tf.Variable(np.zeros(4, np.float32))
+    objckpt.save(root, prefix)
+    source = objckpt._sources.open_source(prefix)
+    wanted = {p: (tuple(v.shape), v.dtype.base_dtype)
+              for p, v in objckpt.tree(_Model()).items()}
+    assert source.holding(wanted) == ["model", "twin"]
+    wanted["dense/bias"] = ((4,), tf.float64)
+    assert source.holding(wanted) == []
+    snap = objckpt.snapshot(root).as_source()
+    assert snap.holding({"dense/kernel": ((3, 4), tf.float32)}) == ["model", "twin"]
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_wide_tf_checkpoint_restores_each_flavour(flavour, tmp_path, monkeypatch):
+    """`tf.train.Checkpoint(model=m, **2,000 variables)`: the model restores from it by
+    itself (at='model' found), computing one subtree, in every flavour."""
+    if flavour == "module":
+        model, fresh = _Model(3.0), _Model()
+    else:
+        keras = keras_for(flavour)
+
+        def build():
+            m = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4)])
+            return m
+
+        model, fresh = build(), build()
+        model.layers[-1].kernel.assign(np.full((3, 4), 3.0, np.float32))
+    many = {f"o{i}": tf.Variable(float(i)) for i in range(2000)}
+    prefix = tf.train.Checkpoint(model=model, **many).write(str(tmp_path / "ckpt"))
+    budget = _Budget(monkeypatch, subtrees=8, walked=100_000)
+    report = objckpt.restore(fresh, prefix)
+    for path, variable in objckpt.tree(fresh).items():
+        np.testing.assert_array_equal(variable.numpy(), objckpt.tree(model)[path].numpy())
+    assert len(report.restored) == len(objckpt.tree(fresh))
+    assert budget.subtrees <= 3
