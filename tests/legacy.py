@@ -173,6 +173,22 @@ def cached_tf1_checkpoint(tmp_path_factory, **kwargs) -> dict:
     return _cached(key, tmp_path_factory, write_tf1_checkpoint, **kwargs)
 
 
+def assert_tf1_adam_state_restored(report, model, prefix) -> list:
+    """The TF1 net's Adam state (write_tf1_checkpoint: 6 weights, 3 steps) restored into a
+    Keras model: m and v of each weight and the step matched by the `slot` strategy, each
+    variable holding its entry's value, iterations 3. Returns the slot matches."""
+    import objckpt
+
+    slots = [m for m in report.plan.matches if m.strategy == "slot"]
+    assert len(slots) == 2 * 6 + 1, report.plan.describe()  # m and v of 6 weights, the step
+    reader = tf.train.load_checkpoint(prefix)
+    tree = objckpt.tree(model)
+    for match in slots:
+        np.testing.assert_array_equal(tree[match.target].numpy(), reader.get_tensor(match.source))
+    assert int(model.optimizer.iterations.numpy()) == 3
+    return slots
+
+
 def cached_keras2_checkpoint(tmp_path_factory, **kwargs) -> dict:
     """`write_keras2_checkpoint` once per process and keyword arguments; raises
     LegacyKerasUnavailable (each time) without a Keras 2."""

@@ -8,7 +8,11 @@ finds them beside itself).
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping, ValuesView
@@ -100,3 +104,49 @@ def run_cli(*args, blocked: bool = True, env=None,
     command = ["-c", _TF_BLOCKED] if blocked else ["-m", "objckpt"]
     return subprocess.run([sys.executable, *command, *map(str, args)], capture_output=True,
                           text=True, env=python_env(environ=env), timeout=timeout, check=False)
+
+
+# --- multi-worker launches -----------------------------------------------------------------
+
+def free_ports(count: int) -> list[int]:
+    """`count` TCP ports of 127.0.0.1 free now (another process may take one before a worker
+    binds it: launchers retry on TF's "Could not start gRPC server")."""
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def kill_group(process: subprocess.Popen) -> None:
+    """Kills a process started with start_new_session=True and its children; waits for it."""
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+def start_cluster(argvs: list, logs: list, env: dict) -> list[subprocess.Popen]:
+    """One tf.distribute worker process per argv (a cluster of len(argvs) on free local
+    ports, TF_CONFIG naming each its task), each in its own session, its output in
+    logs[i]. If one fails to start, those started are killed."""
+    ports = free_ports(len(argvs))
+    cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
+    processes = []
+    try:
+        for i, argv in enumerate(argvs):
+            config = {"cluster": cluster, "task": {"type": "worker", "index": i}}
+            with open(logs[i], "w") as log:
+                processes.append(subprocess.Popen(
+                    [sys.executable, *map(str, argv)], env=dict(env, TF_CONFIG=json.dumps(config)),
+                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    start_new_session=True))
+    except BaseException:
+        for process in processes:
+            kill_group(process)
+        raise
+    return processes
+

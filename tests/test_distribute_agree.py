@@ -24,7 +24,6 @@ import argparse
 import faulthandler
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -142,31 +141,21 @@ def _worker(out: str, directory: str) -> None:  # pragma: no cover - runs in a s
 
 if __name__ != "__main__":
     import pytest
-    from test_multiworker import _free_ports, _kill
 
-    from support import python_env
+    from support import kill_group, python_env, start_cluster
 
     pytestmark = [pytest.mark.multiworker,
                   pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
     def _launch(directory):
-        ports = _free_ports(WORKERS)
-        cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
         env = python_env(CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2")
         outs = [directory / f"worker{i}.jsonl" for i in range(WORKERS)]
         logs = [directory / f"worker{i}.log" for i in range(WORKERS)]
-        processes = []
         started = time.monotonic()
+        processes = start_cluster(
+            [[__file__, "--out", outs[i], "--dir", directory, "--deadline", LAUNCH_TIMEOUT - 20]
+             for i in range(WORKERS)], logs, env)
         try:
-            for i in range(WORKERS):
-                config = {"cluster": cluster, "task": {"type": "worker", "index": i}}
-                with open(logs[i], "w") as log:
-                    processes.append(subprocess.Popen(
-                        [sys.executable, __file__, "--out", str(outs[i]), "--dir",
-                         str(directory), "--deadline", str(LAUNCH_TIMEOUT - 20)],
-                        env=dict(env, TF_CONFIG=json.dumps(config)), stdout=log,
-                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                        start_new_session=True))
             while any(p.poll() is None for p in processes):
                 if time.monotonic() > started + LAUNCH_TIMEOUT:
                     break
@@ -176,7 +165,7 @@ if __name__ != "__main__":
                 time.sleep(0.2)
         finally:
             for p in processes:
-                _kill(p)
+                kill_group(p)
         records = [[json.loads(line) for line in out.read_text().splitlines() if line.strip()]
                    if out.exists() else [] for out in outs]
         texts = [log.read_text(errors="replace") if log.exists() else "" for log in logs]

@@ -19,7 +19,6 @@ import errno
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -33,6 +32,7 @@ from objckpt import _checkpointing, _dirlock, _paths, errors
 from objckpt.callbacks import BestSnapshot, Checkpointing, FreezeSchedule, TwinSync
 
 import flavours
+from support import free_ports
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FLAVOUR = flavours.session_flavour()
@@ -431,17 +431,6 @@ def test_cluster_gather_takes_one_row_per_worker_not_per_replica():
 
 
 # --- (b) MultiWorkerMirroredStrategy, two worker processes ---------------------------------
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 PORT_TAKEN = "Could not start gRPC server"  # TF's error when a worker's port is in use

@@ -14,20 +14,14 @@ or as soon as one has failed and the other has had GRACE seconds to finish.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 
 import mw_capabilities
 import pytest
 
 from flavours import keras_for, session_flavour
-from support import python_env
+from support import kill_group, python_env, start_cluster
 
 SCENARIOS = mw_capabilities.SCENARIOS
 FLAVOURS = (session_flavour(), "module")
@@ -39,26 +33,6 @@ PORT_TAKEN = "Could not start gRPC server"  # TF's error when its port is in use
 
 pytestmark = [pytest.mark.multiworker,
               pytest.mark.filterwarnings("ignore::DeprecationWarning")]
-
-
-def _free_ports(count: int) -> list[int]:
-    sockets = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
-def _kill(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)  # its own session: the worker and children
-    process.wait()
 
 
 class Launch:
@@ -80,26 +54,15 @@ class Launch:
     def _run(self, directory) -> None:
         directory.mkdir(exist_ok=True)
         self.records = [[] for _ in range(WORKERS)]
-        ports = _free_ports(WORKERS)
-        cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
         outs = [directory / f"worker{i}.jsonl" for i in range(WORKERS)]
         logs = [directory / f"worker{i}.log" for i in range(WORKERS)]
         env = python_env(CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2")
-        env.pop("TF_CONFIG", None)
-        processes = []
         started = time.monotonic()
+        processes = start_cluster(
+            [[mw_capabilities.__file__, "--flavour", self.flavour, "--dir", directory,
+              "--out", outs[i], "--collective-timeout", COLLECTIVE_TIMEOUT,
+              "--deadline", LAUNCH_TIMEOUT - 20] for i in range(WORKERS)], logs, env)
         try:
-            for i in range(WORKERS):
-                config = {"cluster": cluster, "task": {"type": "worker", "index": i}}
-                with open(logs[i], "w") as log:
-                    processes.append(subprocess.Popen(
-                        [sys.executable, mw_capabilities.__file__, "--flavour", self.flavour,
-                         "--dir", str(directory), "--out", str(outs[i]),
-                         "--collective-timeout", str(COLLECTIVE_TIMEOUT),
-                         "--deadline", str(LAUNCH_TIMEOUT - 20)],
-                        env=dict(env, TF_CONFIG=json.dumps(config)), stdout=log,
-                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                        start_new_session=True))
             deadline = started + LAUNCH_TIMEOUT
             while any(p.poll() is None for p in processes):
                 failed = [i for i, p in enumerate(processes) if p.poll() not in (None, 0)]
@@ -113,7 +76,7 @@ class Launch:
                 time.sleep(0.2)
         finally:
             for p in processes:
-                _kill(p)
+                kill_group(p)
             self.seconds = time.monotonic() - started
         for i, p in enumerate(processes):
             self.codes[i] = p.returncode
