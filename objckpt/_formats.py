@@ -3,8 +3,9 @@ through the same four roles.
 
 A `Format` is what one on-disk format provides:
 
-- `recognise(path) -> bool`: whether `path` may be in this format, from names and a few
-  bytes only (nothing decoded, never raises for a file of another format);
+- `recognise(path) -> bool`: whether `path` may be in this format, cheaply (names, a few
+  bytes, an HDF5 file's root attributes; no data read); it raises only where `path` is
+  surely this format and no format reads it (a SavedModel in text form);
 - `list(path)`: its variables from metadata, TF-free (what `objckpt inspect`, `diff` and
   `graph` read through `_meta.read`): a dict `prefix`, `notes`, `index` and `graph` (None
   where the format has none), `description` and `variables`, a list of (path, shown, shape,
@@ -19,7 +20,9 @@ is asked then. `FORMATS` is tried in order; the TF checkpoint (an object-based o
 name-based bundle, given as a prefix or a managed directory) comes last and claims every path
 that is no regular file. Its roles are implemented above this module (`_meta`, `_sources`,
 `_verify` own the bundle's listing, source and checks), so the callers pass them to
-`dispatch`. A path no format claims is an `UnsupportedFormatError`, raised here only.
+`dispatch`. A path no format claims is an `UnsupportedFormatError`, worded here
+(`unsupported`); `_files.resolve_prefix` (met by `read_tree` and the training directories,
+which read TF checkpoints only) words it the same, as tests/test_formats.py checks.
 """
 
 from __future__ import annotations

@@ -73,18 +73,31 @@ class _Opened:
 
 
 def recognise(path: str) -> bool:
-    """Whether `path` may be a Keras 3 weights file: a regular file that is a zip or HDF5, or
-    named like one (`_find` then says, and refuses a damaged one by its name)."""
+    """Whether `path` is a Keras 3 weights file by its first bytes (a zip; HDF5 without
+    Keras 2's layout) or by its name (`.weights.h5`, `.keras`, a sharded `.weights.json`;
+    `_find` refuses a damaged one). Reads an HDF5 file's root attributes only; never raises."""
     if _bundle.regular_file_problem(path) is not None:
         return False
-    if os.path.basename(path).endswith((".weights.h5", ".keras", ".weights.json")):
-        return True
     try:
         with open(path, "rb") as handle:
             head = handle.read(8)
     except OSError:
         return False
-    return head.startswith(_ZIP_MAGIC) or head == _h5.SIGNATURE
+    if head == _h5.SIGNATURE:
+        try:
+            with _h5.open_file(path) as h5:
+                return not _keras2_layout(h5)
+        except errors.ObjckptError:
+            return True  # damaged: `_find` says how
+    return (head.startswith(_ZIP_MAGIC) or os.path.basename(path).endswith(
+        (".weights.h5", ".keras", ".weights.json")))
+
+
+def _keras2_layout(h5) -> bool:
+    """Whether an HDF5 file is in Keras 2 / tf_keras's layout: `model_weights/<layer>/...`
+    or the root attribute `layer_names` (which Keras splits when long: `layer_names0`, ...)."""
+    return h5.has("model_weights") or any(
+        h5.attr_strings("", name) is not None for name in ("layer_names", "layer_names0"))
 
 
 def _find(path: str) -> _Opened | None:
@@ -113,8 +126,7 @@ def _find(path: str) -> _Opened | None:
                                         "it is damaged or no Keras file")
         return None
     with _h5.open_file(path) as h5:
-        if h5.has("model_weights") or any(  # Keras splits a long list: layer_names0, 1, ...
-                h5.attr_strings("", name) is not None for name in ("layer_names", "layer_names0")):
+        if _keras2_layout(h5):
             return None  # Keras 2 / tf_keras HDF5: model_weights/<layer>/<layer>/kernel:0
     return _Opened(path, f"Keras 3 weights file `{path}`", [path])
 

@@ -1,0 +1,147 @@
+"""The format registry (`objckpt._formats`): every format listed once with its four roles,
+every dispatcher (inspect, verify, plan/restore, graph, diff) asking it, and a file in no
+format refused with the same UnsupportedFormatError by every entry point."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import objckpt
+from objckpt import _diff, _formats, _meta, _sources, cli, errors
+
+_VALUES = np.array([1.5, -2.25], np.float32)
+
+
+def _fake_recognise(path: str) -> bool:
+    return path.endswith(".fake") and os.path.isfile(path)
+
+
+def _fake_values(path: str) -> np.ndarray:
+    with open(path, "rb") as handle:
+        return np.frombuffer(handle.read(), np.float32)
+
+
+def _fake_list(path: str) -> dict:
+    values = _fake_values(path)
+    return {"prefix": path, "notes": ("fake note",), "index": None, "graph": None,
+            "description": f"fake file `{path}`",
+            "variables": [("w", "w", values.shape, 1, "w", "")]}  # DataType 1: float32
+
+
+def _fake_open(path: str) -> dict:
+    values = _fake_values(path)
+    specs = {"w": (values.shape, tf.float32)}
+    return {"description": f"fake file `{path}`", "kind": "object", "specs": specs,
+            "fetch": lambda keys: [tf.constant(values) for _ in keys],
+            "subtree": lambda at: {}, "top_level_names": [], "prefix": path}
+
+
+def _fake_verify(path: str) -> _formats.Checked:
+    values = _fake_values(path)
+    return _formats.Checked(values.size, values.nbytes, (), ("fake note",), "read by the fake")
+
+
+FAKE = _formats.Format("fake", "fake file", "fake `.fake`", _fake_recognise, _fake_list,
+                       _fake_open, _fake_verify)
+
+
+@pytest.fixture
+def fake(tmp_path):
+    path = tmp_path / "weights.fake"
+    path.write_bytes(_VALUES.tobytes())
+    _formats.register(FAKE)
+    try:
+        yield str(path)
+    finally:
+        _formats.unregister("fake")
+    assert "fake" not in [f.name for f in _formats.FORMATS]
+
+
+def _module() -> tf.Module:
+    module = tf.Module()
+    module.w = tf.Variable([0.0, 0.0])
+    return module
+
+
+def test_the_registry_lists_every_format_with_its_roles():
+    names = [f.name for f in _formats.FORMATS]
+    assert names == ["savedmodel", "keras3", "keras2-h5", "tf-checkpoint"]
+    for fmt in _formats.FORMATS[:-1]:  # the TF checkpoint's roles belong to their callers
+        assert all(callable(getattr(fmt, role)) for role in _formats.ROLES), fmt.name
+    assert _formats.FORMATS[-1] is _formats.CHECKPOINT
+    assert [getattr(_formats.CHECKPOINT, role) for role in _formats.ROLES] == [None] * 3
+
+
+def test_each_path_is_recognised_by_its_format(tmp_path):
+    saved = tmp_path / "exported"
+    saved.mkdir()
+    (saved / "saved_model.pb").write_bytes(b"")
+    other = tmp_path / "w.bin"
+    other.write_bytes(b"\x00" * 16)
+    objckpt.save(_module(), str(tmp_path / "ckpt"))
+    found = {str(p): _formats.find(str(p)).name for p in (
+        saved, saved / "saved_model.pb", tmp_path / "ckpt", tmp_path / "ckpt.index",
+        tmp_path, tmp_path / "nothing-here")}
+    assert list(found.values()) == ["savedmodel", "savedmodel", "tf-checkpoint",
+                                    "tf-checkpoint", "tf-checkpoint", "tf-checkpoint"]
+    with pytest.raises(errors.UnsupportedFormatError, match="is a file, not a checkpoint"):
+        _formats.find(str(other))
+
+
+def test_a_registered_format_is_read_by_every_dispatcher(fake, capsys):
+    meta = _meta.read(fake)  # inspect, graph
+    assert list(meta) == ["w"] and meta["w"].shape == (2,) and meta.description.startswith(
+        "fake file")
+    status = cli.main(cli._parse(["objckpt", "inspect", fake]))
+    out = capsys.readouterr().out
+    assert status == 0 and "fake file" in out and "w" in out
+    assert "w" in objckpt.graph(fake).dot
+    report = objckpt.verify(fake)
+    assert (report.ok, report.tensors, report.nbytes, report.notes, report.checked) == (
+        True, 2, 8, ("fake note",), "read by the fake")
+    source = _sources.open_source(fake)  # plan and restore
+    assert source.description.startswith("fake file") and not source.keyed_by_path
+    module = _module()
+    assert [(m.target, m.source) for m in objckpt.plan(module, fake).matches] == [("w", "w")]
+    objckpt.restore(module, fake)
+    assert module.w.numpy().tobytes() == _VALUES.tobytes()
+    with pytest.raises(errors.UnsupportedFormatError, match="diff compares TF checkpoints"):
+        _diff.diff(fake, fake)
+
+
+def test_a_file_in_no_format_is_refused_alike_by_every_entry_point(tmp_path, capsys):
+    path = str(tmp_path / "mystery.bin")
+    with open(path, "wb") as handle:
+        handle.write(b"neither a checkpoint nor HDF5 nor a zip")
+    expected = str(_formats.unsupported(path)).split(" Fix:")[0]
+    module = _module()
+    calls = {
+        "inspect": lambda: _meta.read(path),
+        "verify": lambda: objckpt.verify(path),
+        "plan": lambda: objckpt.plan(module, path),
+        "restore": lambda: objckpt.restore(module, path),
+        "restore_on_create": lambda: objckpt.restore_on_create(module, path),
+        "read_tree": lambda: objckpt.read_tree(path),
+        "graph": lambda: objckpt.graph(path),
+        "diff": lambda: _diff.diff(path, path),
+        "migrate": lambda: objckpt.migrate(module, path, str(tmp_path / "out")),
+        "load_ensemble": lambda: objckpt.load_ensemble(module, [path]),
+    }
+    before = module.w.numpy().tobytes()
+    for name, call in calls.items():
+        with pytest.raises(errors.UnsupportedFormatError) as info:
+            call()
+        assert expected in str(info.value), name
+        assert "Files objckpt also reads: Keras 3 `.weights.h5`, `.keras` and sharded " \
+               "`.weights.json`, Keras 2 HDF5 `.h5`; this one is none of them." in str(
+                   info.value), name
+        assert info.value.source == path, name
+    assert module.w.numpy().tobytes() == before
+    for command in ("inspect", "verify", "graph"):
+        status = cli.main(cli._parse(["objckpt", command, path]))
+        err = capsys.readouterr().err
+        assert status == 1 and "is a file, not a checkpoint prefix" in err, command
