@@ -192,3 +192,47 @@ def test_wide_tf_checkpoint_restores_each_flavour(flavour, tmp_path, monkeypatch
         np.testing.assert_array_equal(variable.numpy(), objckpt.tree(model)[path].numpy())
     assert len(report.restored) == len(objckpt.tree(fresh))
     assert budget.subtrees <= 3
+
+
+def test_wide_entries_mismatch_error_is_linear(tmp_path, monkeypatch):
+    """20,000 variables as root children and an obj that fits no subtree: the error's fixes
+    (`pass at=...` among them) are found in one pass over the entries, not one per name."""
+    prefix = str(tmp_path / "ckpt")
+    tree = objckpt.tree(_Model(seed=2.0))
+    # The model's name last: the fix `pass at='model'` is found after every other name.
+    paths = [f"o{i}" for i in range(20_000)] + [f"model/{p}" for p in tree]
+    graph = _tree.build_object_graph(paths, [""] * len(paths))
+    one = tf.constant(1.0)
+    tensors = [one] * 20_000 + [tf.convert_to_tensor(v) for v in tree.values()]
+    _files.write_tensors(prefix, [_paths.checkpoint_key(p) for p in paths]
+                         + [_compat.OBJECT_GRAPH_KEY],
+                         [*tensors, tf.constant(graph.SerializeToString())])
+    model = _Model()
+    model.extra = tf.Variable(np.zeros(2, np.float32))  # fits no subtree
+    before = objckpt.snapshot(model).numpy()
+    starts = []
+    real = str.startswith
+
+    class _Key(str):
+        def startswith(self, *args):
+            starts.append(1)
+            assert len(starts) <= 20_000, "one scan of the entries per top-level name"
+            return real(self, *args)
+
+    from objckpt import _checks
+    _Budget(monkeypatch, subtrees=8, walked=4 * len(graph.nodes))
+    at_fix, sizes = _checks._at_fix, []
+
+    def counted_at_fix(plan, source, extra, missing):
+        sizes.append(len(extra))
+        return at_fix(plan, source, [_Key(k) for k in extra], missing)
+
+    monkeypatch.setattr(_checks, "_at_fix", counted_at_fix)
+    with pytest.raises(errors.StructureMismatchError) as caught:
+        objckpt.restore(model, prefix)
+    assert "dense/kernel" in str(caught.value)
+    assert "pass at='model'" in str(caught.value)
+    assert sizes and sizes[0] >= 20_000  # every root entry is unexpected
+    assert len(starts) <= 20_000  # was one scan of the entries per top-level name
+    for path, value in objckpt.snapshot(model).numpy().items():
+        np.testing.assert_array_equal(value, before[path])
