@@ -13,9 +13,10 @@ class Writer:
     thread, which raises or warns at its next save or at `wait()`.
     """
 
-    def __init__(self, write, on_superseded):
-        """write(*job) writes and commits one job; on_superseded() counts a dropped one."""
-        self._write, self._on_superseded = write, on_superseded
+    def __init__(self, write):
+        """write(*job) writes and commits one job."""
+        self._write = write
+        self.superseded = 0  # jobs replaced by a newer one before they started
         self._cond = threading.Condition()
         self._waiting = None
         self._busy = False
@@ -25,7 +26,7 @@ class Writer:
     def submit(self, job) -> None:
         with self._cond:
             if self._waiting is not None:
-                self._on_superseded()
+                self.superseded += 1
             self._waiting = job
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="objckpt-writer",

@@ -1,5 +1,10 @@
 """A crash-safe directory of checkpoints: commit protocol, retention, resume, async writes.
 
+`CheckpointDirectory` composes one part per job: a `_retention.RetentionPolicy` (which
+checkpoints stay), the `CommitProtocol` (the lock; write, commit, delete, recover after a
+crash; the state file itself is `_ckptstate`'s), an `_asyncwrite.Writer` (async_save) and,
+with several workers, the `MultiWorker` protocol (the chief writes, the others follow).
+
 A checkpoint `ckpt-N` is committed in this order, and the TF `checkpoint`
 state file is the commit point:
 
@@ -45,6 +50,7 @@ import os
 import re
 import time
 import warnings
+from typing import NamedTuple
 
 import numpy as np
 import tensorflow as tf
@@ -58,14 +64,16 @@ from objckpt import (
     _files,
     _paths,
     _render,
+    _retention,
     _snapshot,
     _tree,
     errors,
 )
 
-__all__ = ["CheckpointDirectory", "Cluster", "Kept"]
+__all__ = ["CheckpointDirectory", "Cluster", "CommitProtocol", "Kept", "MultiWorker",
+           "Recovered"]
 
-STATE_FILE = _files.STATE_FILE
+STATE_FILE = _ckptstate.STATE_FILE
 _NAME = _ckptstate.NAME  # files of ckpt-N, by TF's exact names
 _DEBRIS = re.compile(r"^\.(ckpt-\d+|checkpoint)\.tmp-[0-9a-f]{12}")
 COUNTERS = ("epoch", "step", "batch")
@@ -83,24 +91,7 @@ def _stage(name: str) -> None:
         fault_hook(name)
 
 
-class Kept:
-    """One committed checkpoint.
-
-    Attributes:
-      number: N of `ckpt-N`.
-      prefix: its path prefix.
-      metric: its monitored value (NaN: none; never counts as best).
-      timestamp: when it was saved (seconds since the epoch), as the state file lists it.
-    """
-
-    __slots__ = ("metric", "number", "prefix", "timestamp")
-
-    def __init__(self, number: int, prefix: str, metric: float, timestamp: float = math.nan):
-        self.number, self.prefix, self.metric = number, prefix, metric
-        self.timestamp = timestamp
-
-    def __repr__(self) -> str:
-        return f"Kept(ckpt-{self.number}, metric={self.metric})"
+Kept = _retention.Kept  # one committed checkpoint (number, prefix, metric, timestamp)
 
 
 # The errors one worker learns another raised (by code; 0: none), and the type it raises then.
@@ -215,12 +206,336 @@ class Cluster:
         raise kind(message)
 
 
+class Recovered(NamedTuple):
+    """What `CommitProtocol.recover` found in a directory it opens.
+
+    Attributes:
+      kept: the checkpoints to resume with (oldest first; the last is resumed from).
+      next: the number of the next checkpoint (never one in use on disk).
+      names: the directory's file names (for `tidy`).
+      delete: numbers of checkpoints not intact, or superseded (for `tidy`).
+      rewrite: whether the state file must be rewritten to list `kept`.
+    """
+
+    kept: list[Kept]
+    next: int
+    names: list[str]
+    delete: list[int]
+    rewrite: bool
+
+
+class CommitProtocol:
+    """The files of one directory of `ckpt-N`: its lock, how a checkpoint is written and
+    committed (steps 1-4 of the module's docstring), deleted, and recovered after a crash.
+
+    It decides nothing about which checkpoints to keep (a `RetentionPolicy` does) and knows
+    nothing of workers: one writer, the holder of the lock, calls it.
+
+    Attributes:
+      directory: the absolute path.
+      durable: fsync each checkpoint before it is committed (None: the library default).
+      lock: the directory's `DirectoryLock`.
+      preserved: TF's `last_preserved_timestamp`, as the state file says.
+    """
+
+    def __init__(self, directory: str, durable: bool | None = None):
+        self.directory, self.durable = directory, durable
+        self.lock = _dirlock.DirectoryLock(directory)
+        self.preserved = math.nan
+
+    def prefix(self, number: int) -> str:
+        """The prefix of `ckpt-<number>` in this directory."""
+        return os.path.join(self.directory, f"ckpt-{number}")
+
+    def number(self, name: str) -> int | None:
+        """N when `name` (from the state file) is `ckpt-N` of this directory, else None."""
+        return _ckptstate.number(self.directory, name)
+
+    def check_lock(self) -> None:
+        """Raises DirectoryLockedError unless this writer holds the directory's lock."""
+        if not self.lock.held:
+            raise errors.DirectoryLockedError(
+                f"Cannot save to `{self.directory}`: this writer no longer holds the directory's "
+                "lock (a newer Checkpointing or CheckpointManager in this process took it over, "
+                "it was closed, or open() was not called). Nothing was written. Fix: use one "
+                "writer per directory, and save before closing it.",
+                directory=self.directory)
+
+    # --- writing and committing ---------------------------------------------------------
+
+    def write(self, number: int, layout, values, workers: int | None = None) -> None:
+        """Steps 1-2: writes ckpt-N's tensors under temporary names, then renames them into
+        place (the index last). Not committed yet: see `commit`."""
+        _files.write_tensors(self.prefix(number), layout[2], [*values, layout[3]],
+                             stage=_stage, durable=self.durable, workers=workers)
+
+    def commit(self, kept: list[Kept]) -> None:
+        """Step 3, the commit point: rewrites the state file atomically to list `kept`
+        (oldest first, the newest last), each with its own timestamp (as TF's
+        CheckpointManager)."""
+        if math.isnan(self.preserved):  # never opened (a test's direct save): now
+            self.preserved = time.time()
+        from objckpt import _fastio
+
+        durable = _fastio.DURABLE_DEFAULT if self.durable is None else self.durable
+        _ckptstate.write_state(self.directory, [os.path.basename(k.prefix) for k in kept],
+                               [k.timestamp for k in kept], self.preserved, durable=durable)
+
+    def delete(self, number: int, hook: bool = False) -> None:
+        """Step 4: removes ckpt-N's files, the index first (`hook`: the "delete" stage)."""
+        prefix = self.prefix(number)
+        _files.remove(prefix + ".index")  # first: without its index, no one reads the rest
+        if hook:
+            _stage("delete")
+        for path, _, _ in _files.data_shards(prefix):  # by TF's exact names: no stray file
+            _files.remove(path)
+
+    # --- recovering after a crash -------------------------------------------------------
+
+    def kept_of(self, numbers: list[int], reads_metrics: bool) -> list[Kept]:
+        """The intact checkpoints `numbers` as `Kept`, with their timestamps from the state
+        file (which also sets `preserved`) and, when `reads_metrics`, their metric."""
+        times, self.preserved = _ckptstate.timestamps(self.directory, numbers)
+        return [Kept(n, self.prefix(n), _read_metric(self.prefix(n)) if reads_metrics
+                     else math.nan, times[n]) for n in numbers]
+
+    def recover(self, reads_metrics: bool, warn) -> Recovered:
+        """Which checkpoints the directory holds after whatever happened to it (see
+        `CheckpointDirectory.open`); problems are passed to `warn(message)`. Changes
+        nothing on disk (see `tidy`).
+
+        Raises:
+          CheckpointDirectoryError: intact checkpoints of other names and none of ours.
+        """
+        names = _files.listdir(self.directory)
+        on_disk = {int(m.group(1)) for m in map(_NAME.fullmatch, names) if m}
+        listed, note = _ckptstate.listed(self.directory, bool(on_disk))
+        if note:
+            warn(note)
+        numbers = sorted(on_disk.union(listed or ()))
+        problems = {n: _files.check_intact(self.prefix(n)) for n in numbers}
+        intact = [n for n in numbers if problems[n] is None]
+        damaged = [f"`{self.prefix(n)}`: {problems[n]}" for n in listed or () if problems[n]]
+        use = [n for n in listed or () if problems[n] is None]
+        if not use:  # no usable state file, or it names nothing intact: what is on disk
+            listed, use = None, intact
+        if not use:
+            self.refuse_fresh_start(names)
+        if damaged:
+            warn(
+                f"Checkpoint directory `{self.directory}`: skipped {len(damaged)} "
+                "checkpoint(s) named by the state file that are not intact:\n  "
+                + "\n  ".join(damaged) + "\n" + (
+                    f"Resuming from the newest intact one, `{self.prefix(use[-1])}`."
+                    if listed else "The state file names no intact checkpoint; resuming from "
+                    f"the newest of the {len(use)} intact one(s) found on disk, "
+                    f"`{self.prefix(use[-1])}`." if use
+                    else "No intact checkpoint is left: training starts fresh."))
+        newest = max(use, default=0)
+        kept = self.kept_of(use, reads_metrics)
+        superseded = [n for n in intact if n not in use and n < newest]
+        uncommitted = [n for n in intact if n not in use and n > newest]
+        if uncommitted:
+            warn(
+                f"Checkpoint directory `{self.directory}`: "
+                + ", ".join(f"`{self.prefix(n)}`" for n in uncommitted) + " is intact but "
+                "not listed by the state file (a save interrupted before its commit, or a copy "
+                f"from elsewhere). Resuming from `{self.prefix(newest)}`, the newest listed; "
+                "the unlisted checkpoint is left in place and is removed only once a newer "
+                "checkpoint has been committed here.")
+        return Recovered(kept, max(numbers, default=0) + 1,  # never reuse a number
+                         names, [n for n in numbers if problems[n] is not None] + superseded,
+                         bool(kept) and listed != use)
+
+    def tidy(self, recovered: Recovered) -> None:
+        """Removes our writers' temporary files and the files of the checkpoints `recover`
+        found damaged or superseded, and rewrites the state file when it must."""
+        for name in recovered.names:
+            if _DEBRIS.match(name):
+                _files.remove(os.path.join(self.directory, name))
+        for number in recovered.delete:  # not intact, or superseded
+            self.delete(number)
+        if recovered.rewrite:
+            self.commit(recovered.kept)
+
+    def refuse_fresh_start(self, names: list[str]) -> None:
+        """Raises CheckpointDirectoryError when intact checkpoints of other names are here."""
+        candidates = sorted(n[: -len(".index")] for n in names
+                            if n.endswith(".index") and not (n.startswith(".") and ".tmp-" in n))
+        found = [p for p in (os.path.join(self.directory, c) for c in candidates)
+                 if _files.check_intact(p) is None]
+        if not found:
+            return
+        shown = _render.listed([f"`{_render.safe(p)}`" for p in found], limit=10)
+        raise errors.CheckpointDirectoryError(
+            f"Checkpoint directory `{self.directory}` holds {len(found)} intact checkpoint(s) "
+            "that Checkpointing did not write (it writes and resumes from `ckpt-N` listed in "
+            f"the `{STATE_FILE}` state file):\n" + "\n".join(shown) + "\nExpected none, or "
+            "checkpoints of its own to resume from; refusing to start training fresh beside "
+            "them. Nothing was changed. Fix: to start over, pass another directory or move "
+            "those checkpoints away; to continue from one of them, restore it first "
+            "(objckpt.restore(model, prefix)) and give Checkpointing another directory.",
+            directory=self.directory, found=tuple(found))
+
+
+def _read_metric(prefix: str) -> float:
+    """The monitored value saved in a checkpoint (NaN: none)."""
+    try:
+        value = tf.train.load_checkpoint(prefix).get_tensor(
+            METRIC + _paths.ATTRIBUTES + _paths.VARIABLE_VALUE)
+        return float(value)
+    except Exception:  # written by something else: no metric, never "best"
+        return math.nan
+
+
+class MultiWorker:
+    """A `CheckpointDirectory`'s part in the multi-worker protocol (see the module's
+    docstring): every worker calls `open`, `restore`, `save` and `wait` at the same points;
+    the chief writes and commits through its directory and tells the others whether it
+    could; a follower (any other worker) writes nothing, and keeps the list of checkpoints
+    as the chief keeps it. It adds the agreements around its owner's one-process steps
+    (`_open_alone`, `_take`, `_commit`), which it calls.
+
+    Attributes:
+      owner: the CheckpointDirectory.
+      cluster: the workers (`Cluster`).
+      following: open, on a worker that is not the chief.
+    """
+
+    def __init__(self, owner: CheckpointDirectory, cluster: Cluster):
+        self.owner, self.cluster, self.following = owner, cluster, False
+
+    def open(self) -> Kept | None:
+        """`CheckpointDirectory.open` with several workers: the chief opens, says which
+        checkpoint it resumes from, and learns whether every other worker can read it."""
+        owner, cluster = self.owner, self.cluster
+        if not cluster.chief:
+            return self._open_as_follower()
+        newest = err = None
+        try:
+            newest = owner._open_alone()
+        except BaseException as caught:  # the others learn of it below, then all raise
+            err = caught
+        cluster.chief_row([error_code(err), newest.number if newest else 0, owner._next])
+        if err is not None:
+            raise err
+        failed = cluster.failed(None)  # whether the others can read the chief's choice
+        if failed:
+            owner.release()
+            cluster.raise_for(failed, None, "to read the checkpoint the chief resumes from",
+                              owner.directory)
+        return newest
+
+    def _open_as_follower(self) -> Kept | None:
+        """open() on a worker that is not the chief: no lock, nothing changed on disk."""
+        cluster = self.cluster
+        code, number, following = (int(x) for x in cluster.chief_row([0, 0, 0]))
+        if code:
+            cluster.raise_for({cluster.chief_index: code}, None, "to open it",
+                              self.owner.directory)
+        err = newest = None
+        try:
+            newest = self._follow(number, following)
+        except Exception as caught:  # the others learn of it below, then all raise
+            err = caught
+        failed = cluster.failed(err)
+        cluster.raise_for(failed, err, "to read the checkpoint the chief resumes from",
+                          self.owner.directory)
+        self.following = True
+        return newest
+
+    def _follow(self, number: int, following: int) -> Kept | None:
+        """The checkpoints kept as the chief left them after its open(), read from the state
+        file; `number` (0: none) is the one the chief resumes from and must be intact here."""
+        owner, commits = self.owner, self.owner.commits
+        owner._next = following
+        owner.kept = []
+        if not number:
+            return None
+        problem = _files.check_intact(commits.prefix(number))
+        if problem is not None:
+            raise errors.CheckpointDirectoryError(
+                f"Checkpoint directory `{owner.directory}`: the chief resumes from "
+                f"`{commits.prefix(number)}`, which this worker ({self.cluster.name}) cannot "
+                f"read: {problem}. Expected every worker to see the chief's checkpoints (TF's "
+                "convention for multi-worker checkpoints: one directory on a file system all "
+                "workers mount). Nothing was changed. Fix: put the directory on a shared file "
+                "system (NFS, a network disk) and pass the same path on every worker.",
+                directory=owner.directory, found=())
+        listed, _ = _ckptstate.listed(owner.directory, True)
+        use = sorted({n for n in listed or () if n < number
+                      and _files.check_intact(commits.prefix(n)) is None} | {number})
+        owner.kept = commits.kept_of(use, owner.retention.reads_metrics)
+        owner._clock = max((k.timestamp for k in owner.kept), default=0.0)
+        return owner.kept[-1]
+
+    def restore(self, kept: Kept) -> None:
+        """Every worker restores; all raise when any one fails."""
+        err = None
+        try:
+            _snapshot.restore(self.owner.root, kept.prefix)
+        except Exception as caught:
+            err = caught
+        self.cluster.raise_for(self.cluster.failed(err), err, f"to restore `{kept.prefix}`",
+                               self.owner.directory)
+
+    def save(self, metric: float | None) -> str | None:
+        """`CheckpointDirectory.save` with several workers."""
+        owner, cluster = self.owner, self.cluster
+        if cluster.chief:
+            if owner._read_only is None:
+                owner.commits.check_lock()
+        elif not self.following:
+            owner.commits.check_lock()  # raises: a follower closed, or never opened
+        job = owner._take(metric)
+        prefix = owner.commits.prefix(job[0])
+        if not cluster.chief:
+            failed = cluster.failed(None)
+            if cluster.chief_index in failed:
+                if owner.on_error == "raise":
+                    cluster.raise_for(failed, None, f"to write `{prefix}`", owner.directory,
+                                      prefix)
+                return None
+            owner.kept = owner.retention.split(
+                [*owner.kept, Kept(job[0], prefix, job[1], job[2])])[0]  # as the chief keeps
+            return prefix
+        done, err = (False, owner._read_only) if owner._read_only is not None else (
+            owner._commit(job))
+        cluster.failed(err)  # the others learn of it
+        if err is not None:
+            owner._failed(err)
+        return prefix if done else None
+
+    def wait(self) -> None:
+        """`CheckpointDirectory.wait` with several workers (and async_save): all learn
+        whether the chief's writes failed."""
+        owner, cluster = self.owner, self.cluster
+        err = None
+        if cluster.chief:
+            owner._writer.wait()
+            try:
+                owner._writer.raise_pending()
+            except errors.CheckpointWriteError as caught:
+                err = caught
+        failed = cluster.failed(err)
+        if err is not None:
+            owner._failed(err)
+        elif failed and owner.on_error == "raise":
+            cluster.raise_for(failed, None, "to write a checkpoint", owner.directory)
+
+
 class CheckpointDirectory:
     """Saves and resumes one obj in a directory of managed checkpoints.
 
     The checkpoints hold `tf.train.Checkpoint(model=obj, epoch=, step=, batch=,
     monitor_value=)`: obj's variables (a Keras model's include its optimizer's)
     and int64 counters, plus the float64 value of the monitored metric.
+
+    It composes the parts that do the work: a `RetentionPolicy` (`retention`: which
+    checkpoints stay), the `CommitProtocol` (`commits`: the lock, writing, committing,
+    deleting, recovering), an `_asyncwrite.Writer` (with async_save) and, with several
+    workers, the `MultiWorker` protocol. What it keeps itself: obj and the counters, the
+    checkpoints kept, the numbering, and what to do on a failed write.
 
     Args:
       directory: a local directory; created if missing.
@@ -235,32 +550,51 @@ class CheckpointDirectory:
         default, `_fastio.DURABLE_DEFAULT`).
       fingerprint: a callable giving a cheap identity of obj's variables, for
         caching obj's tree between saves; None walks obj on every save.
+
+    Attributes:
+      directory: the absolute path.
+      root: the `tf.train.Checkpoint` saved (`root.model` is obj).
+      counters: {"epoch", "step", "batch"}: int64 variables saved with obj.
+      metric: the float64 variable of the monitored value.
+      kept: the checkpoints kept, oldest first (`Kept`).
+      notes: the warnings given.
+      failures: how many writes failed.
     """
 
     def __init__(self, directory, obj, *, max_to_keep=5, keep_best=0, mode="min",
                  async_save=False, on_error="raise", fingerprint=None, durable=None):
         self.directory = os.path.abspath(os.fspath(directory))
-        self.max_to_keep, self.keep_best, self.mode = max_to_keep, keep_best, mode
-        self.async_save, self.on_error, self.durable = async_save, on_error, durable
+        self.retention = _retention.RetentionPolicy(max_to_keep, keep_best, mode)
+        self.commits = CommitProtocol(self.directory, durable)
+        self.on_error = on_error
         self.counters = {name: tf.Variable(0, dtype=tf.int64, trainable=False, name=name)
                          for name in COUNTERS}
         self.metric = tf.Variable(math.nan, dtype=tf.float64, trainable=False, name=METRIC)
         self.root = tf.train.Checkpoint(model=obj, **self.counters, **{METRIC: self.metric})
         self.kept: list[Kept] = []
-        self.preserved = math.nan  # TF's last_preserved_timestamp
-        self._clock = 0.0  # the newest timestamp given: they never go back
         self.notes: list[str] = []
-        self.superseded = 0
         self.failures = 0
+        self._workers: MultiWorker | None = None  # set by open(), when several workers train
+        self._clock = 0.0  # the newest timestamp given: they never go back
         self._fingerprint = fingerprint
         self._layout = None  # (fingerprint, tree, keys, graph bytes)
         self._next = 1
         self._read_only = None  # the CheckpointWriteError of an unwritable directory
-        self._lock = _dirlock.DirectoryLock(self.directory)
-        self.cluster: Cluster | None = None  # set by open(): the workers, when several
-        self._following = False  # open, on a worker that is not the chief
-        self._writer = (_asyncwrite.Writer(self._write, self._superseded) if async_save
-                        else None)
+        self._writer = _asyncwrite.Writer(self._write) if async_save else None
+
+    @property
+    def cluster(self) -> Cluster | None:
+        """The workers (set by open()), or None in a single process."""
+        return self._workers.cluster if self._workers is not None else None
+
+    @property
+    def superseded(self) -> int:
+        """How many async saves were superseded by a newer one before they started."""
+        return self._writer.superseded if self._writer is not None else 0
+
+    def best(self) -> list[Kept]:
+        """The kept checkpoints with a metric, best first (ties: the older first)."""
+        return self.retention.best(self.kept)
 
     # --- opening and resuming ---------------------------------------------------
 
@@ -288,128 +622,34 @@ class CheckpointDirectory:
         `CheckpointDirectoryError`: the directory must be one all workers see).
         """
         self._read_only = None
-        self.cluster = cluster = Cluster.of(_tree.tree(self.root).values())
-        if cluster is None:
-            return self._open_as_writer()
-        if not cluster.chief:
-            return self._open_as_follower(cluster)
-        newest = err = None
-        try:
-            newest = self._open_as_writer()
-        except BaseException as caught:  # the others learn of it below, then all raise
-            err = caught
-        cluster.chief_row([error_code(err), newest.number if newest else 0, self._next])
-        if err is not None:
-            raise err
-        failed = cluster.failed(None)  # whether the others can read the chief's choice
-        if failed:
-            self.release()
-            cluster.raise_for(failed, None, "to read the checkpoint the chief resumes from",
-                              self.directory)
-        return newest
+        cluster = Cluster.of(_tree.tree(self.root).values())
+        self._workers = None if cluster is None else MultiWorker(self, cluster)
+        if self._workers is None:
+            return self._open_alone()
+        return self._workers.open()
 
-    def _open_as_writer(self) -> Kept | None:
+    def _open_alone(self) -> Kept | None:
+        """open() of the one writer: lock, recover, tidy."""
         try:
-            self._lock.acquire()
+            self.commits.lock.acquire()
         except errors.CheckpointWriteError as err:
             if self.on_error == "raise":
                 raise
             self._read_only = err
             self._warn(f"{err} Training goes on without saving (on_error='warn').")
         try:
-            return self._open()
+            return self._recover()
         except BaseException:
             self.release()
             raise
 
-    def _open_as_follower(self, cluster: Cluster) -> Kept | None:
-        """open() on a worker that is not the chief: no lock, nothing changed on disk."""
-        code, number, following = (int(x) for x in cluster.chief_row([0, 0, 0]))
-        if code:
-            cluster.raise_for({cluster.chief_index: code}, None, "to open it", self.directory)
-        err = newest = None
-        try:
-            newest = self._follow_open(cluster, number, following)
-        except Exception as caught:  # the others learn of it below, then all raise
-            err = caught
-        failed = cluster.failed(err)
-        cluster.raise_for(failed, err, "to read the checkpoint the chief resumes from",
-                          self.directory)
-        self._following = True
-        return newest
-
-    def _follow_open(self, cluster: Cluster, number: int, following: int) -> Kept | None:
-        """The checkpoints kept as the chief left them after its open(), read from the state
-        file; `number` (0: none) is the one the chief resumes from and must be intact here."""
-        self._next = following
-        self.kept = []
-        if not number:
-            return None
-        problem = _files.check_intact(self._prefix(number))
-        if problem is not None:
-            raise errors.CheckpointDirectoryError(
-                f"Checkpoint directory `{self.directory}`: the chief resumes from "
-                f"`{self._prefix(number)}`, which this worker ({cluster.name}) cannot read: "
-                f"{problem}. Expected every worker to see the chief's checkpoints (TF's "
-                "convention for multi-worker checkpoints: one directory on a file system all "
-                "workers mount). Nothing was changed. Fix: put the directory on a shared file "
-                "system (NFS, a network disk) and pass the same path on every worker.",
-                directory=self.directory, found=())
-        listed, _ = _ckptstate.listed(self.directory, True)
-        use = sorted({n for n in listed or () if n < number
-                      and _files.check_intact(self._prefix(n)) is None} | {number})
-        times, self.preserved = _ckptstate.timestamps(self.directory, use)
-        self._clock = max(times.values(), default=0.0)
-        self.kept = [Kept(n, self._prefix(n), self._read_metric(self._prefix(n))
-                          if self.keep_best else math.nan, times[n]) for n in use]
-        return self.kept[-1]
-
-    def _open(self) -> Kept | None:
-        names = _files.listdir(self.directory)
-        on_disk = {int(m.group(1)) for m in map(_NAME.fullmatch, names) if m}
-        listed, note = _ckptstate.listed(self.directory, bool(on_disk))
-        if note:
-            self._warn(note)
-        numbers = sorted(on_disk.union(listed or ()))
-        problems = {n: _files.check_intact(self._prefix(n)) for n in numbers}
-        intact = [n for n in numbers if problems[n] is None]
-        damaged = [f"`{self._prefix(n)}`: {problems[n]}" for n in listed or () if problems[n]]
-        use = [n for n in listed or () if problems[n] is None]
-        if not use:  # no usable state file, or it names nothing intact: what is on disk
-            listed, use = None, intact
-        if not use:
-            self._refuse_fresh_start(names)
-        if damaged:
-            self._warn(
-                f"Checkpoint directory `{self.directory}`: skipped {len(damaged)} "
-                "checkpoint(s) named by the state file that are not intact:\n  "
-                + "\n  ".join(damaged) + "\n" + (
-                    f"Resuming from the newest intact one, `{self._prefix(use[-1])}`."
-                    if listed else "The state file names no intact checkpoint; resuming from "
-                    f"the newest of the {len(use)} intact one(s) found on disk, "
-                    f"`{self._prefix(use[-1])}`." if use
-                    else "No intact checkpoint is left: training starts fresh."))
-        newest = max(use, default=0)
-        times, self.preserved = _ckptstate.timestamps(self.directory, use)
-        self._clock = max(times.values(), default=0.0)
-        kept = [Kept(n, self._prefix(n), self._read_metric(self._prefix(n))
-                     if self.keep_best else math.nan, times[n]) for n in use]
-        superseded = [n for n in intact if n not in use and n < newest]
-        uncommitted = [n for n in intact if n not in use and n > newest]
-        if uncommitted:
-            self._warn(
-                f"Checkpoint directory `{self.directory}`: "
-                + ", ".join(f"`{self._prefix(n)}`" for n in uncommitted) + " is intact but "
-                "not listed by the state file (a save interrupted before its commit, or a copy "
-                f"from elsewhere). Resuming from `{self._prefix(newest)}`, the newest listed; "
-                "the unlisted checkpoint is left in place and is removed only once a newer "
-                "checkpoint has been committed here.")
-        self.kept = kept
-        self._next = max(numbers, default=0) + 1  # never reuse a number
+    def _recover(self) -> Kept | None:
+        found = self.commits.recover(self.retention.reads_metrics, self._warn)
+        self.kept, self._next = found.kept, found.next
+        self._clock = max((k.timestamp for k in found.kept), default=0.0)
         if self._read_only is None:
             try:
-                self._tidy(names, [n for n in numbers if problems[n] is not None] + superseded,
-                           rewrite=bool(kept) and listed != use)
+                self.commits.tidy(found)
             except OSError as err:
                 self._failed(errors.CheckpointWriteError(
                     f"Cannot tidy checkpoint directory `{self.directory}`: "
@@ -417,49 +657,7 @@ class CheckpointDirectory:
                     f"checkpoint is {self._latest_name()}. Fix: check the directory's "
                     "permissions; pass on_error='warn' to train on regardless.",
                     source=self.directory))
-        return kept[-1] if kept else None
-
-    def _tidy(self, names: list[str], delete: list[int], rewrite: bool) -> None:
-        """Removes our writers' temporary files and the files of checkpoints `delete`, and
-        rewrites the state file when `rewrite`."""
-        for name in names:
-            if _DEBRIS.match(name):
-                _files.remove(os.path.join(self.directory, name))
-        for number in delete:  # not intact, or superseded
-            self._delete_files(number, hook=False)
-        if rewrite:
-            self._write_state()
-
-    def _refuse_fresh_start(self, names: list[str]) -> None:
-        """Raises CheckpointDirectoryError when intact checkpoints of other names are here."""
-        candidates = sorted(n[: -len(".index")] for n in names
-                            if n.endswith(".index") and not (n.startswith(".") and ".tmp-" in n))
-        found = [p for p in (os.path.join(self.directory, c) for c in candidates)
-                 if _files.check_intact(p) is None]
-        if not found:
-            return
-        shown = _render.listed([f"`{_render.safe(p)}`" for p in found], limit=10)
-        raise errors.CheckpointDirectoryError(
-            f"Checkpoint directory `{self.directory}` holds {len(found)} intact checkpoint(s) "
-            "that Checkpointing did not write (it writes and resumes from `ckpt-N` listed in "
-            f"the `{STATE_FILE}` state file):\n" + "\n".join(shown) + "\nExpected none, or "
-            "checkpoints of its own to resume from; refusing to start training fresh beside "
-            "them. Nothing was changed. Fix: to start over, pass another directory or move "
-            "those checkpoints away; to continue from one of them, restore it first "
-            "(objckpt.restore(model, prefix)) and give Checkpointing another directory.",
-            directory=self.directory, found=tuple(found))
-
-    def _number(self, name: str) -> int | None:
-        """N when `name` (from the state file) is `ckpt-N` of this directory, else None."""
-        return _ckptstate.number(self.directory, name)
-
-    def _read_metric(self, prefix: str) -> float:
-        try:
-            value = tf.train.load_checkpoint(prefix).get_tensor(
-                METRIC + _paths.ATTRIBUTES + _paths.VARIABLE_VALUE)
-            return float(value)
-        except Exception:  # written by something else: no metric, never "best"
-            return math.nan
+        return self.kept[-1] if self.kept else None
 
     def restore(self, kept: Kept, who: str = "Checkpointing",
                 when: str = "at the start of fit") -> dict[str, int]:
@@ -484,16 +682,10 @@ class CheckpointDirectory:
         if variables is not None and callable(getattr(optimizer, "apply_gradients", None)):
             with _checks.creation_scope(_tree.tree(obj).values()):  # slots mirrored too
                 _compat.build_optimizer(optimizer, variables)
-        if self.cluster is None:
+        if self._workers is None:
             _snapshot.restore(self.root, kept.prefix)
-        else:  # every worker restores; all raise when any one fails
-            err = None
-            try:
-                _snapshot.restore(self.root, kept.prefix)
-            except Exception as caught:
-                err = caught
-            self.cluster.raise_for(self.cluster.failed(err), err,
-                                   f"to restore `{kept.prefix}`", self.directory)
+        else:
+            self._workers.restore(kept)
         return {name: int(v.numpy()) for name, v in self.counters.items()}
 
     # --- saving -------------------------------------------------------------------
@@ -510,51 +702,17 @@ class CheckpointDirectory:
         whether it could (with on_error="raise" they raise too when it could not). On the
         others the prefix returned, `kept` and `best()` are the chief's.
         """
-        if self.cluster is not None:
-            return self._save_in_cluster(metric, self.cluster)
+        if self._workers is not None:
+            return self._workers.save(metric)
         if self._read_only is not None:
             self._failed(self._read_only)
             return None
-        self._check_lock()
+        self.commits.check_lock()
         job = self._take(metric)
         done, err = self._commit(job)
         if err is not None:
             self._failed(err)
-        return self._prefix(job[0]) if done else None
-
-    def _save_in_cluster(self, metric, cluster: Cluster) -> str | None:
-        if cluster.chief:
-            if self._read_only is None:
-                self._check_lock()
-        elif not self._following:
-            self._check_lock()  # raises: a follower closed, or never opened
-        job = self._take(metric)
-        prefix = self._prefix(job[0])
-        if not cluster.chief:
-            failed = cluster.failed(None)
-            if cluster.chief_index in failed:
-                if self.on_error == "raise":
-                    cluster.raise_for(failed, None, f"to write `{prefix}`", self.directory,
-                                      prefix)
-                return None
-            self.kept = [*self.kept, Kept(job[0], prefix, job[1], job[2])]
-            self._retain()
-            return prefix
-        done, err = (False, self._read_only) if self._read_only is not None else (
-            self._commit(job))
-        cluster.failed(err)  # the others learn of it
-        if err is not None:
-            self._failed(err)
-        return prefix if done else None
-
-    def _check_lock(self) -> None:
-        if not self._lock.held:
-            raise errors.DirectoryLockedError(
-                f"Cannot save to `{self.directory}`: this writer no longer holds the directory's "
-                "lock (a newer Checkpointing or CheckpointManager in this process took it over, "
-                "it was closed, or open() was not called). Nothing was written. Fix: use one "
-                "writer per directory, and save before closing it.",
-                directory=self.directory)
+        return self.commits.prefix(job[0]) if done else None
 
     def _take(self, metric: float | None) -> tuple:
         """Reads the values to save (a Snapshot: no bytes copied); returns the write job:
@@ -588,12 +746,6 @@ class CheckpointDirectory:
         self._writer.submit(job)
         return True, err
 
-    def _check_writer(self) -> None:
-        try:
-            self._writer.raise_pending()
-        except errors.CheckpointWriteError as err:
-            self._failed(err)
-
     def _failed(self, err: errors.CheckpointWriteError) -> None:
         self.failures += 1
         if self.on_error == "raise":
@@ -616,18 +768,20 @@ class CheckpointDirectory:
         return self._layout
 
     def _write(self, number: int, metric: float, stamp: float, layout, values) -> None:
-        prefix = self._prefix(number)
+        """Writes and commits one checkpoint, then deletes those retention drops (in the
+        background thread with async_save)."""
+        commits = self.commits
+        prefix = commits.prefix(number)
         committed = False
         try:
             # A background write uses one thread: training keeps the other cores.
-            _files.write_tensors(prefix, layout[2], [*values, layout[3]], stage=_stage,
-                                 durable=self.durable,
-                                 workers=1 if self._writer is not None else None)
+            commits.write(number, layout, values,
+                          workers=1 if self._writer is not None else None)
             previous = list(self.kept)
-            self.kept = [*previous, Kept(number, prefix, metric, stamp)]
-            dropped = self._retain()
+            self.kept, dropped = self.retention.split(
+                [*previous, Kept(number, prefix, metric, stamp)])
             try:
-                self._write_state()
+                commits.commit(self.kept)
             except BaseException:
                 self.kept = previous
                 raise
@@ -642,46 +796,14 @@ class CheckpointDirectory:
                 prefix) from err
         finally:
             if not committed:
-                self._delete_files(number, hook=False)
+                commits.delete(number)
         for kept in dropped:
             try:
-                self._delete_files(kept.number, hook=True)
+                commits.delete(kept.number, hook=True)
             except OSError as err:  # committed already; the next open() removes the rest
                 self._warn(f"Could not delete the old checkpoint `{kept.prefix}`: "
                            f"{_render.first_line(err)}. It is no longer listed; it will be "
                            "removed when the directory is next opened.")
-
-    def _retain(self) -> list[Kept]:
-        """Drops checkpoints beyond the newest max_to_keep and best keep_best; returns them."""
-        keep = {k.number for k in self.kept[-self.max_to_keep:]}
-        keep.update(k.number for k in self.best()[:self.keep_best])
-        dropped = [k for k in self.kept if k.number not in keep]
-        self.kept = [k for k in self.kept if k.number in keep]
-        return dropped
-
-    def best(self) -> list[Kept]:
-        """The kept checkpoints with a metric, best first (ties: the older first)."""
-        sign = 1.0 if self.mode == "min" else -1.0
-        return sorted((k for k in self.kept if not math.isnan(k.metric)),
-                      key=lambda k: (sign * k.metric, k.number))
-
-    def _write_state(self) -> None:
-        """Lists the kept checkpoints, each with its own timestamp (as TF's CheckpointManager)."""
-        if math.isnan(self.preserved):  # never opened (a test's direct save): now
-            self.preserved = time.time()
-        from objckpt import _fastio
-
-        durable = _fastio.DURABLE_DEFAULT if self.durable is None else self.durable
-        _files.write_state(self.directory, [os.path.basename(k.prefix) for k in self.kept],
-                           [k.timestamp for k in self.kept], self.preserved, durable=durable)
-
-    def _delete_files(self, number: int, hook: bool) -> None:
-        prefix = self._prefix(number)
-        _files.remove(prefix + ".index")  # first: without its index, no one reads the rest
-        if hook:
-            _stage("delete")
-        for path, _, _ in _files.data_shards(prefix):  # by TF's exact names: no stray file
-            _files.remove(path)
 
     # --- life cycle -----------------------------------------------------------------
 
@@ -692,23 +814,14 @@ class CheckpointDirectory:
         the chief's writes failed."""
         if self._writer is None:
             return
-        cluster = self.cluster
-        if cluster is None:
-            self._writer.wait()
-            self._check_writer()
+        if self._workers is not None:
+            self._workers.wait()
             return
-        err = None
-        if cluster.chief:
-            self._writer.wait()
-            try:
-                self._writer.raise_pending()
-            except errors.CheckpointWriteError as caught:
-                err = caught
-        failed = cluster.failed(err)
-        if err is not None:
+        self._writer.wait()
+        try:
+            self._writer.raise_pending()
+        except errors.CheckpointWriteError as err:
             self._failed(err)
-        elif failed and self.on_error == "raise":
-            cluster.raise_for(failed, None, "to write a checkpoint", self.directory)
 
     def close(self) -> None:
         """Waits for pending writes, then releases the directory's lock."""
@@ -717,16 +830,11 @@ class CheckpointDirectory:
         finally:
             self.release()
 
-    def _superseded(self) -> None:
-        self.superseded += 1
-
     def release(self) -> None:
         """Releases the directory's lock (without waiting for pending writes)."""
-        self._following = False
-        self._lock.release()
-
-    def _prefix(self, number: int) -> str:
-        return os.path.join(self.directory, f"ckpt-{number}")
+        if self._workers is not None:
+            self._workers.following = False
+        self.commits.lock.release()
 
     def _latest_name(self) -> str:
         return f"`{self.kept[-1].prefix}`" if self.kept else "no checkpoint"

@@ -256,6 +256,59 @@ def _proxy_own_dict(proxy):
 _HANDLER_NAMES: dict[type, str] = {}
 
 
+def _subclass_of(*kinds):
+    """A predicate on a type: a subclass of one of `kinds` (None entries: absent in this TF)."""
+    kinds = tuple(k for k in kinds if k is not None)
+    return lambda cls: issubclass(cls, kinds)
+
+
+def _exactly(*kinds):
+    """A predicate on a type: one of `kinds` itself (not a subclass)."""
+    return lambda cls: cls in kinds
+
+
+def _fillable(cls) -> bool:
+    """Whether clone can create an empty cls instance and fill it (see `copy_generic`)."""
+    base = _solid_base(cls)
+    return base in _KNOWN_BASES or issubclass(base, BaseException)
+
+
+# The type dispatch of the copy: (predicate on an object's type, the _Cloner method that
+# copies its instances), tried in order, the first that holds wins; none: `copy_unknown`
+# (a CloneError naming the path). The order matters where kinds overlap: a distributed
+# variable is a resource variable too (parameter-server and TPU types), a namedtuple a
+# tuple, a TF tracking wrapper a wrapt proxy, and every class a subclass of object.
+_DISPATCH = (
+    (_compat.is_distributed_variable, "copy_distributed"),
+    (_subclass_of(_BaseResourceVariable), "copy_variable"),
+    (_subclass_of(*_UNCOPYABLE), "copy_uncopyable"),
+    (_subclass_of(_EagerTensor), "eager_tensor"),
+    (_subclass_of(_SymbolicTensor, *_SHARED_BASES), "copy_share"),
+    (_subclass_of(_Function), "tf_function"),
+    (_subclass_of(_ConcreteFunctionBase, _AtomicFunction), "concrete_function"),
+    (_exactly(types.FunctionType), "copy_function"),
+    (_exactly(types.MethodType), "copy_method"),
+    (_exactly(types.BuiltinMethodType, types.MethodWrapperType), "builtin_method"),
+    (_exactly(types.CellType), "copy_cell"),
+    (_exactly(functools.partial), "copy_partial"),
+    (_subclass_of(weakref.ref, weakref.ProxyType, weakref.CallableProxyType), "copy_weakref"),
+    (_subclass_of(weakref.WeakKeyDictionary, weakref.WeakValueDictionary, weakref.WeakSet),
+     "weak_container"),
+    (_exactly(_LockType, _RLockType), "copy_lock"),
+    (_subclass_of(threading.local), "thread_local"),
+    (_exactly(list), "copy_list"),
+    (_exactly(dict), "copy_dict"),
+    (_exactly(set), "copy_set"),
+    (_exactly(frozenset), "copy_frozenset"),
+    (_exactly(bytearray), "copy_bytearray"),
+    (_exactly(collections.deque), "copy_deque"),
+    (_subclass_of(tuple), "copy_tuple"),
+    (_subclass_of(np.ndarray), "copy_ndarray"),
+    (_subclass_of(_ObjectProxy), "copy_proxy"),
+    (_fillable, "copy_generic"),
+)
+
+
 class _Cloner:
     def __init__(self, copy_values: bool, root_name: str, values: dict | None = None):
         self.copy_values = copy_values
@@ -328,61 +381,11 @@ class _Cloner:
         return new
 
     def classify(self, cls):
-        if _compat.is_distributed_variable(cls):  # before BaseResourceVariable: PS, TPU types
-            return self.copy_distributed
-        if _BaseResourceVariable is not None and issubclass(cls, _BaseResourceVariable):
-            return self.copy_variable
-        if issubclass(cls, _UNCOPYABLE):
-            return self.copy_uncopyable
-        if issubclass(cls, _EagerTensor):
-            return self.eager_tensor
-        if issubclass(cls, _SymbolicTensor) or issubclass(cls, _SHARED_BASES):
-            return self.copy_share
-        if issubclass(cls, _Function):
-            return self.tf_function
-        if (_ConcreteFunctionBase is not None and issubclass(cls, _ConcreteFunctionBase)) or (
-                _AtomicFunction is not None and issubclass(cls, _AtomicFunction)):
-            return self.concrete_function
-        if cls is types.FunctionType:
-            return self.copy_function
-        if cls is types.MethodType:
-            return self.copy_method
-        if cls in (types.BuiltinMethodType, types.MethodWrapperType):
-            return self.builtin_method
-        if cls is types.CellType:
-            return self.copy_cell
-        if cls is functools.partial:
-            return self.copy_partial
-        if issubclass(cls, (weakref.ref, weakref.ProxyType, weakref.CallableProxyType)):
-            return self.copy_weakref
-        if issubclass(cls, (weakref.WeakKeyDictionary, weakref.WeakValueDictionary,
-                            weakref.WeakSet)):
-            return self.weak_container
-        if cls in (_LockType, _RLockType):
-            return self.copy_lock
-        if issubclass(cls, threading.local):
-            return self.thread_local
-        if cls is list:
-            return self.copy_list
-        if cls is dict:
-            return self.copy_dict
-        if cls is set:
-            return self.copy_set
-        if cls is frozenset:
-            return self.copy_frozenset
-        if cls is bytearray:
-            return self.copy_bytearray
-        if cls is collections.deque:
-            return self.copy_deque
-        if issubclass(cls, tuple):
-            return self.copy_tuple
-        if issubclass(cls, np.ndarray):
-            return self.copy_ndarray
-        if _ObjectProxy is not None and issubclass(cls, _ObjectProxy):
-            return self.copy_proxy
-        base = _solid_base(cls)
-        if base in _KNOWN_BASES or issubclass(base, BaseException):
-            return self.copy_generic
+        """The method that copies instances of `cls`: the first entry of `_DISPATCH` whose
+        predicate holds, else `copy_unknown`."""
+        for applies, name in _DISPATCH:
+            if applies(cls):
+                return getattr(self, name)
         return self.copy_unknown
 
     # ------------------------------------------------------------- leaves

@@ -1,5 +1,6 @@
-"""Checkpoint files on disk: resolving a source, the `checkpoint` state file, intact checks,
-and the one atomic write-and-commit every writer uses.
+"""Checkpoint files on disk: resolving a source (a directory through what its `checkpoint`
+state file lists; the file itself is `_ckptstate`'s), intact checks, and the one atomic
+write-and-commit every writer uses.
 
 A prefix is a checkpoint when `prefix.index` exists beside all of its data shards; the index
 is what makes it one, so it is written last and removed first. Every writer (`objckpt.save`,
@@ -19,19 +20,16 @@ import os
 import re
 import uuid
 
-from objckpt import _bundle, _render, errors
+from objckpt import _bundle, _ckptstate, _render, errors
 
-__all__ = ["DATA_SUFFIX", "STATE_FILE", "STATE_FILE_LIMIT", "check_intact", "check_prefix",
-           "commit", "data_files_problem", "data_shards", "directory_prefixes", "inside",
-           "intact_prefixes", "listdir",
-           "nearby_prefixes", "open_checked", "open_reader", "read_state",
+__all__ = ["DATA_SUFFIX", "STATE_FILE", "check_intact", "check_prefix", "commit",
+           "data_files_problem", "data_shards", "directory_prefixes", "inside",
+           "intact_prefixes", "listdir", "nearby_prefixes", "open_checked", "open_reader",
            "regular_file_problem", "remove", "rename", "resolve_prefix", "state_candidates",
-           "state_prefixes", "state_timestamps", "temp_prefix", "write_state",
-           "write_tensors"]
+           "state_prefixes", "temp_prefix", "write_tensors"]
 
-STATE_FILE = "checkpoint"
+STATE_FILE = _ckptstate.STATE_FILE  # the state file itself is `_ckptstate`'s
 DATA_SUFFIX = ".data-00000-of-00001"
-STATE_FILE_LIMIT = 1 << 20  # bytes; a real state file has about 100 per checkpoint
 
 
 # --- untrusted files ------------------------------------------------------------------
@@ -39,39 +37,6 @@ STATE_FILE_LIMIT = 1 << 20  # bytes; a real state file has about 100 per checkpo
 # Why a path is not a regular file that is safe to open (one definition, in the lowest layer
 # that needs it: the index validator refuses FIFOs and devices too).
 regular_file_problem = _bundle.regular_file_problem
-
-def _read_small(path: str, limit: int) -> bytes:
-    """The bytes of a regular file of at most `limit` bytes; never blocks on a FIFO.
-
-    Raises:
-      FileNotFoundError: no such file.
-      ValueError: what is there is not such a file (the message says what it is).
-      OSError: it cannot be read.
-    """
-    problem = _bundle.regular_file_problem(path, limit)
-    if problem is not None:
-        if problem.endswith("does not exist"):
-            raise FileNotFoundError(problem)
-        raise ValueError(problem)
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
-    fd = os.open(path, flags)
-    try:
-        problem = _bundle.stat_problem(path, os.fstat(fd), limit)  # what was opened, not a swap
-        if problem is not None:
-            raise ValueError(problem)
-        chunks, total = [], 0
-        while total <= limit:
-            chunk = os.read(fd, min(limit + 1 - total, 1 << 16))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            total += len(chunk)
-    finally:
-        os.close(fd)
-    if total > limit:
-        raise ValueError(f"`{_render.safe(path)}` grew past {limit:,} bytes while it was read")
-    return b"".join(chunks)
-
 
 _SHARD = re.compile(r"([0-9]{5,})-of-([0-9]{5,})")
 
@@ -249,93 +214,6 @@ def _hint(directory: str, tf_reader: bool = True) -> str:
             + "; pass one of them as the prefix to restore from it.")
 
 
-def read_state(directory: str, *, tf_reader: bool = True) -> list[str]:
-    """The checkpoint names a directory's `checkpoint` state file lists, oldest first (its
-    `model_checkpoint_path` last), as written (relative or absolute).
-
-    The state file is untrusted: it must be a regular file of at most `STATE_FILE_LIMIT`
-    bytes (a FIFO or a link to a device is refused, never opened for reading). It is parsed
-    without TF; `tf_reader` is for the hints in errors (see `check_intact`).
-
-    Raises:
-      CheckpointNotFoundError (a FileNotFoundError): no state file.
-      CheckpointCorruptError: it is not a regular file, too large, cannot be parsed, or
-        names no checkpoint.
-    """
-    state_path = os.path.join(directory, STATE_FILE)
-    try:
-        text = _read_small(state_path, STATE_FILE_LIMIT)
-    except FileNotFoundError:
-        raise errors.CheckpointNotFoundError(
-            f"Directory `{directory}` holds no managed checkpoints: expected a TF `checkpoint` "
-            f"state file in it, found none.{_hint(directory, tf_reader)} Fix: pass a checkpoint "
-            "prefix, or a directory that objckpt.save or a CheckpointManager wrote to.",
-            source=directory) from None
-    except (OSError, ValueError) as err:
-        raise errors.CheckpointCorruptError(
-            f"The checkpoint state file `{state_path}` was not read: {err}. Expected a "
-            f"regular text file of at most {_render.size(STATE_FILE_LIMIT)}. Fix: delete it, "
-            f"or replace it with the state file of the directory."
-            f"{_hint(directory, tf_reader)}", source=state_path) from err
-    try:
-        state = parse_state(text)
-    except Exception as err:
-        raise errors.CheckpointCorruptError(
-            f"The checkpoint state file `{state_path}` cannot be parsed: "
-            f"{_render.safe(_render.first_line(err))}. Expected lines like "
-            f"`model_checkpoint_path: \"ckpt-3\"`.{_hint(directory, tf_reader)} Fix: delete the "
-            "state file and write a new checkpoint.", source=state_path) from err
-    names = [*state.all_model_checkpoint_paths, state.model_checkpoint_path]
-    names = list(reversed(dict.fromkeys(n for n in reversed(names) if n)))
-    if not names:
-        raise errors.CheckpointCorruptError(
-            f"The checkpoint state file `{state_path}` names no checkpoint (it is empty or "
-            f"has no `model_checkpoint_path`).{_hint(directory, tf_reader)} Fix: pass a "
-            "checkpoint prefix, or delete the state file so that the directory's newest "
-            "intact checkpoint is used.", source=state_path)
-    return names
-
-
-_STATE_FIELDS = (("model_checkpoint_path", 1, "string", False),
-                 ("all_model_checkpoint_paths", 2, "string", True),
-                 ("all_model_checkpoint_timestamps", 3, "double", True),
-                 ("last_preserved_timestamp", 4, "double", False))
-_STATE_MESSAGE = []  # the message class, built on first use
-
-
-def parse_state(data: bytes):
-    """Parses the text of a TF `checkpoint` state file into a `CheckpointState` message.
-
-    The message class is built from the same fields as TF's `CheckpointState` proto in a
-    private descriptor pool, and parsed with protobuf's `text_format` as TF parses it, so no
-    TensorFlow import is needed (nor clashes with TF's own proto when TF is loaded).
-
-    Raises:
-      google.protobuf.text_format.ParseError, UnicodeDecodeError: not a state file.
-    """
-    from google.protobuf import text_format
-
-    if not _STATE_MESSAGE:
-        from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-
-        file = descriptor_pb2.FileDescriptorProto(
-            name="objckpt/checkpoint_state.proto", package="objckpt", syntax="proto3")
-        message = file.message_type.add(name="CheckpointState")
-        field = descriptor_pb2.FieldDescriptorProto
-        for name, number, kind, repeated in _STATE_FIELDS:
-            message.field.add(
-                name=name, number=number,
-                type=field.TYPE_STRING if kind == "string" else field.TYPE_DOUBLE,
-                label=field.LABEL_REPEATED if repeated else field.LABEL_OPTIONAL)
-        pool = descriptor_pool.DescriptorPool()
-        pool.Add(file)
-        _STATE_MESSAGE.append(message_factory.GetMessageClass(
-            pool.FindMessageTypeByName("objckpt.CheckpointState")))
-    state = _STATE_MESSAGE[0]()
-    text_format.Merge(data.decode("utf-8"), state)
-    return state
-
-
 def inside(directory: str, path: str) -> bool:
     """Whether `path` resolves (`os.path.realpath`: links followed) to a place strictly inside
     `directory`."""
@@ -354,10 +232,11 @@ def state_prefixes(directory: str, *, tf_reader: bool = True) -> tuple[list[str]
     `../other/ckpt-5` does not make its reader open that checkpoint (pass it as a prefix).
 
     Raises:
-      as `read_state`.
+      as `_ckptstate.read_state`.
     """
     prefixes, notes = [], []
-    for name in reversed(read_state(directory, tf_reader=tf_reader)):
+    names = _ckptstate.read_state(directory, hint=lambda: _hint(directory, tf_reader)).names
+    for name in reversed(names):
         prefix = name if os.path.isabs(name) else os.path.join(directory, name)
         if inside(directory, prefix):
             prefixes.append(prefix)
@@ -617,44 +496,6 @@ def rename(src: str, dst: str) -> None:
     tf.io.gfile.rename(src, dst, overwrite=True)
 
 
-def write_state(directory: str, names: list[str], timestamps, last_preserved=None, *,
-                durable: bool = False) -> None:
-    """Writes TF's `checkpoint` state file atomically: `names` oldest first, the last newest.
-
-    Args:
-      directory: the directory the state file is written in.
-      names: the checkpoints, oldest first.
-      timestamps: when each checkpoint was saved (seconds since the epoch), one per name
-        (as `tf.train.CheckpointManager` writes them); one float gives all names that time.
-      last_preserved: TF's `last_preserved_timestamp`; None: the newest timestamp.
-      durable: fsync the file before it replaces the old one, and the directory after.
-    """
-    if isinstance(timestamps, (int, float)):
-        timestamps = [timestamps] * len(names)
-    if len(timestamps) != len(names):
-        raise ValueError(f"{len(names)} checkpoint names but {len(timestamps)} timestamps")
-    quoted = [n.replace("\\", "\\\\").replace('"', '\\"') for n in names]
-    text = [f'model_checkpoint_path: "{quoted[-1]}"']
-    text += [f'all_model_checkpoint_paths: "{n}"' for n in quoted]
-    text += [f"all_model_checkpoint_timestamps: {float(t)!r}" for t in timestamps]
-    preserved = float(timestamps[-1] if last_preserved is None else last_preserved)
-    text.append(f"last_preserved_timestamp: {preserved!r}")
-    temp = temp_prefix(os.path.join(directory, STATE_FILE))
-    try:
-        with open(temp, "w") as f:
-            f.write("\n".join(text) + "\n")
-            if durable:
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(temp, os.path.join(directory, STATE_FILE))
-        if durable:
-            from objckpt import _fastio
-
-            _fastio.fsync_paths([], directory)
-    finally:
-        remove(temp)
-
-
 def listdir(directory: str) -> list[str]:
     """Names in a directory; none when it does not exist."""
     try:
@@ -667,21 +508,3 @@ def remove(path: str) -> None:
     """Removes a file; a missing one is fine."""
     with contextlib.suppress(FileNotFoundError):
         os.remove(path)
-
-
-def state_timestamps(directory: str) -> tuple[dict[str, float], float | None]:
-    """({name: timestamp} and `last_preserved_timestamp`) from a directory's state file, as
-    written (untrusted: the caller checks each value); ({}, None) when it has none.
-
-    Timestamps count only when the file lists exactly one per checkpoint name (else TF's
-    own `CheckpointManager` ignores them too). Never raises: a missing, unreadable or garbled
-    state file has no timestamps.
-    """
-    try:
-        state = parse_state(_read_small(os.path.join(directory, STATE_FILE), STATE_FILE_LIMIT))
-        names = list(state.all_model_checkpoint_paths)
-        stamps = [float(t) for t in state.all_model_checkpoint_timestamps]
-        preserved = float(state.last_preserved_timestamp) or None
-    except Exception:  # what read_state reports; here: no timestamps
-        return {}, None
-    return (dict(zip(names, stamps)) if len(stamps) == len(names) else {}), preserved

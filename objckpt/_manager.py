@@ -161,7 +161,7 @@ class CheckpointManager:
         return self._directory.save(value)
 
     def _monitored(self, metrics) -> float | None:
-        keep_best = self._directory.keep_best
+        keep_best = self._directory.retention.keep_best
         if metrics is not None and not isinstance(metrics, Mapping):
             raise errors.InvalidArgumentError(
                 "metrics must be a dict of name -> number, e.g. {'val_loss': 0.25}. "

@@ -8,7 +8,7 @@ import types
 import pytest
 import tensorflow as tf
 
-from objckpt import _files, _paths, _render, errors
+from objckpt import _ckptstate, _files, _paths, _render, errors
 
 
 @pytest.mark.parametrize("name", ["kernel", "a.b", "a/b", "..S", "./.", ".", "S", ""])
@@ -79,12 +79,12 @@ def test_rendering():
 def test_state_file_written_here_is_read_by_tf_and_by_us(tmp_path):
     for number in (1, 2, 3):
         (tmp_path / f"ckpt-{number}.index").write_bytes(b"")
-    _files.write_state(str(tmp_path), ["ckpt-1", "ckpt-2", "ckpt-3"], 1700000000.5)
+    _ckptstate.write_state(str(tmp_path), ["ckpt-1", "ckpt-2", "ckpt-3"], 1700000000.5)
     state = tf.train.get_checkpoint_state(str(tmp_path))
     assert os.path.basename(state.model_checkpoint_path) == "ckpt-3"
     assert [os.path.basename(p) for p in state.all_model_checkpoint_paths] == [
         "ckpt-1", "ckpt-2", "ckpt-3"]
-    assert _files.read_state(str(tmp_path)) == ["ckpt-1", "ckpt-2", "ckpt-3"]
+    assert _ckptstate.read_state(str(tmp_path)).names == ["ckpt-1", "ckpt-2", "ckpt-3"]
     assert _files.state_candidates(str(tmp_path)) == [
         str(tmp_path / name) for name in ("ckpt-3", "ckpt-2", "ckpt-1")]
     assert [n for n in os.listdir(tmp_path) if ".tmp-" in n] == []  # no debris
@@ -92,13 +92,13 @@ def test_state_file_written_here_is_read_by_tf_and_by_us(tmp_path):
 
 def test_state_file_problems_are_typed(tmp_path):
     with pytest.raises(errors.CheckpointNotFoundError, match="holds no managed checkpoints"):
-        _files.read_state(str(tmp_path))
+        _ckptstate.read_state(str(tmp_path))
     (tmp_path / "checkpoint").write_text("model_checkpoint_path: ")
     with pytest.raises(errors.CheckpointCorruptError, match="cannot be parsed"):
-        _files.read_state(str(tmp_path))
+        _ckptstate.read_state(str(tmp_path))
     (tmp_path / "checkpoint").write_text("")
     with pytest.raises(errors.CheckpointCorruptError, match="names no checkpoint"):
-        _files.read_state(str(tmp_path))
+        _ckptstate.read_state(str(tmp_path))
 
 
 def test_write_tensors_commits_atomically_and_calls_each_stage(tmp_path):
@@ -193,7 +193,7 @@ def test_commit_in_a_directory_with_glob_characters_leaves_stray_files(tmp_path)
 def test_state_prefixes_stay_inside_the_directory(tmp_path):
     (tmp_path / "sub").mkdir()
     os.symlink("/tmp", tmp_path / "out")
-    _files.write_state(str(tmp_path), ["/elsewhere/ckpt-1", "../x/ckpt-2", "out/ckpt-3",
+    _ckptstate.write_state(str(tmp_path), ["/elsewhere/ckpt-1", "../x/ckpt-2", "out/ckpt-3",
                                        "sub/ckpt-4", str(tmp_path / "ckpt-5"), "ckpt-6"], 1.0)
     prefixes, notes = _files.state_prefixes(str(tmp_path))
     assert prefixes == [str(tmp_path / "ckpt-6"), str(tmp_path / "ckpt-5"),
