@@ -155,15 +155,34 @@ def _example_rule(extra: list, missing: list, the_plan: Plan, source: Source,
     a prefix to strip when a key ends with a variable's path, else one key onto a variable
     of its shape, else the first onto the first."""
     shown = {path: the_plan.display(path)[0] for path in missing}
+    # Linear in the keys and paths (issue 29): each key's suffixes after a slash are looked
+    # up, the first (path, shown before path) winning, as a scan of every pair would pick.
+    rank: dict = {}
+    for i, path in enumerate(missing):
+        for j, target in enumerate((shown[path], path)):
+            rank.setdefault(target, (i, j))
     for key in extra:
-        for path in missing:
-            for target in (shown[path], path):
-                if key != target and key.endswith("/" + target):
-                    return _render.safe(repr(("^" + re.escape(key[:-len(target)]), "")))
-    pairs = [(key, path) for key in extra for path in missing
-             if key in source.specs and path in variables
-             and tuple(source.specs[key][0]) == tuple(variables[path].shape)]
-    key, path = pairs[0] if pairs else (extra[0], missing[0])
+        best = None
+        cut = key.find("/")
+        while cut != -1:
+            found = rank.get(key[cut + 1:])
+            if found is not None and (best is None or found < best[0]):
+                best = (found, cut)
+            cut = key.find("/", cut + 1)
+        if best is not None:
+            return _render.safe(repr(("^" + re.escape(key[:best[1] + 1]), "")))
+    # The first key (in order) with a variable of its shape, and the first such variable.
+    first_of_shape: dict = {}
+    for path in missing:
+        if path in variables:
+            first_of_shape.setdefault(tuple(variables[path].shape), path)
+    key, path = extra[0], missing[0]
+    for candidate in extra:
+        spec = source.specs.get(candidate)
+        found = first_of_shape.get(tuple(spec[0])) if spec is not None else None
+        if found is not None:
+            key, path = candidate, found
+            break
     return _render.safe(repr(("^" + re.escape(key) + "$", shown[path])))
 
 

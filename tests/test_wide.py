@@ -9,6 +9,8 @@ quadratic count makes a regression fail at once instead of hanging.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -236,3 +238,47 @@ def test_wide_entries_mismatch_error_is_linear(tmp_path, monkeypatch):
     assert len(starts) <= 20_000  # was one scan of the entries per top-level name
     for path, value in objckpt.snapshot(model).numpy().items():
         np.testing.assert_array_equal(value, before[path])
+
+
+class _Counted(str):
+    """A key that counts the suffix tests made on it (all keys share one list)."""
+
+    calls: ClassVar[list] = []
+
+    def endswith(self, *args):
+        self.calls.append(1)
+        assert len(self.calls) <= 50_000, "one test per (key, variable) pair: quadratic"
+        return str.endswith(self, *args)
+
+
+def _example(extra, missing, shapes, specs):
+    from types import SimpleNamespace
+
+    from objckpt import _checks
+
+    plan = SimpleNamespace(display=lambda path: (path.replace("_", ""), ""))
+    variables = {path: SimpleNamespace(shape=shape) for path, shape in shapes.items()}
+    return _checks._example_rule(extra, missing, plan, SimpleNamespace(specs=specs), variables)
+
+
+def test_example_rule_of_wide_sources_is_linear_and_unchanged():
+    """The rule an error suggests, for 20,000 unexpected keys and 20,000 missing variables,
+    without a test per pair; on small inputs, the pick of a scan of every pair."""
+    _Counted.calls = []
+    extra = [_Counted(f"old/o{i}/w") for i in range(20_000)]
+    missing = [f"n_{i}/v" for i in range(20_000)]
+    specs = {k: ((2,), tf.float32) for k in extra}
+    shapes = {p: (3,) for p in missing}
+    shapes[missing[-1]] = (2,)  # the only variable of a source key's shape
+    assert _example(extra, missing, shapes, specs) == repr(("^old/o0/w$", "n19999/v"))
+    extra.append(_Counted("ckpt/x/n_7/v"))  # ends with a variable's path
+    assert _example(extra, missing, shapes, specs) == repr(("^ckpt/x/", ""))
+    # The first key with a suffix; then the first variable (its shown path before its path).
+    assert _example(["a/b", "p/q/b", "z/c/b"], ["c/b", "b"], {"c/b": (1,), "b": (1,)},
+                    {}) == repr(("^a/", ""))
+    assert _example(["k/c/b"], ["b", "c/b"], {"b": (1,), "c/b": (1,)},
+                    {}) == repr(("^k/c/", ""))
+    assert _example(["m/n_1"], ["n_1"], {"n_1": (1,)}, {}) == repr(("^m/", ""))
+    assert _example(["x", "y"], ["u", "v"], {"u": (1,), "v": (2,)},
+                    {"x": ((3,), tf.float32), "y": ((2,), tf.float32)}) == repr(("^y$", "v"))
+    assert _example(["x"], ["u"], {"u": (1,)}, {}) == repr(("^x$", "u"))
