@@ -172,4 +172,4 @@ def network_paths(graph) -> dict[int, str]:
     breadth-first with optimizer edges taken last, then slot variables as
     `<variable>/.OPTIMIZER_SLOT/<optimizer>/<slot>` of those paths."""
     return _paths.walked_paths(
-        graph, defer=lambda node_id, name: _paths.is_optimizer_node(graph, node_id, name))
+        graph, defer=_paths.OptimizerEdges(graph))

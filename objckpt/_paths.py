@@ -12,9 +12,10 @@ import collections
 
 from objckpt import errors
 
-__all__ = ["ATTRIBUTES", "OPTIMIZER_SLOT", "VARIABLE_VALUE", "checkpoint_key", "escape",
-           "graph_paths", "graph_walk", "is_optimizer_node", "path_of_key", "prefix_holding",
-           "prefix_subtree", "slot_path", "split_slot", "unescape", "walked_paths"]
+__all__ = ["ATTRIBUTES", "OPTIMIZER_SLOT", "VARIABLE_VALUE", "OptimizerEdges", "checkpoint_key",
+           "escape", "graph_paths", "graph_walk", "is_optimizer_node", "path_of_key",
+           "prefix_holding", "prefix_subtree", "slot_path", "split_slot", "unescape",
+           "walked_paths"]
 
 ATTRIBUTES = "/.ATTRIBUTES/"
 VARIABLE_VALUE = "VARIABLE_VALUE"
@@ -148,10 +149,32 @@ def is_optimizer_node(graph, node_id: int, local_name: str) -> bool:
     OptimizerV2) tell. Works on TF's `TrackableObjectGraph` proto and on its pure-Python
     duck type alike.
     """
-    node = graph.nodes[node_id]
-    if local_name in ("optimizer", "_optimizer") or len(node.slot_variables) > 0:
-        return True
-    return any(child.local_name in ("_iterations", "iter") for child in node.children)
+    return local_name in ("optimizer", "_optimizer") or _optimizer_node(graph.nodes[node_id])
+
+
+def _optimizer_node(node) -> bool:
+    return len(node.slot_variables) > 0 or any(
+        child.local_name in ("_iterations", "iter") for child in node.children)
+
+
+class OptimizerEdges:
+    """`is_optimizer_node` of one graph as a `skip`/`defer` of `graph_walk`, each node's own
+    test (its slots and children) done once: a node of many children reached by many edges
+    (a crafted graph) then costs its children once, not once per edge."""
+
+    __slots__ = ("_graph", "_known")
+
+    def __init__(self, graph):
+        self._graph = graph
+        self._known: dict[int, bool] = {}
+
+    def __call__(self, node_id: int, local_name: str) -> bool:
+        if local_name in ("optimizer", "_optimizer"):
+            return True
+        found = self._known.get(node_id)
+        if found is None:
+            found = self._known[node_id] = _optimizer_node(self._graph.nodes[node_id])
+        return found
 
 
 def walked_paths(graph, defer=None) -> dict[int, str]:

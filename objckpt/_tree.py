@@ -388,8 +388,7 @@ def subtree_paths(graph, at: str, skip_optimizers: bool = False, index=None) -> 
 
 def subtree_paths_from(graph, node_id: int, skip_optimizers: bool = False) -> dict[str, str]:
     """`subtree_paths` of the subtree rooted at node `node_id`: linear in its size."""
-    skip = (lambda child, local: _compat.is_optimizer_node(graph, child, local)) \
-        if skip_optimizers else None
+    skip = _paths.OptimizerEdges(graph) if skip_optimizers else None
     paths = _paths.graph_paths(graph, node_id, skip)
     order = list(paths)
     result = {}

@@ -282,3 +282,37 @@ def test_example_rule_of_wide_sources_is_linear_and_unchanged():
     assert _example(["x", "y"], ["u", "v"], {"u": (1,), "v": (2,)},
                     {"x": ((3,), tf.float32), "y": ((2,), tf.float32)}) == repr(("^y$", "v"))
     assert _example(["x"], ["u"], {"u": (1,)}, {}) == repr(("^x$", "u"))
+
+
+def test_node_of_many_children_reached_by_many_edges(tmp_path):
+    """A crafted DAG: 20,000 root edges to one node of 20,000 children (its `iter` child, the
+    mark of an optimizer, last). Each node's optimizer test runs once, not once per edge
+    (4e8 child visits before), so restore, read_tree and inspect's walk answer."""
+    from objckpt import _meta
+
+    count = 20_000
+    prefix = str(tmp_path / "ckpt")
+    tree = objckpt.tree(_Model(seed=4.0))
+    paths = [f"model/{p}" for p in tree]
+    graph = _tree.build_object_graph(paths, [""] * len(paths))
+    hub = len(graph.nodes)
+    graph.nodes.add()
+    for i in range(count):
+        graph.nodes.add()
+        graph.nodes[hub].children.add(node_id=hub + 1 + i, local_name=f"c{i}")
+    graph.nodes.add()
+    graph.nodes[hub].children.add(node_id=len(graph.nodes) - 1, local_name="iter")
+    for i in range(count):
+        graph.nodes[0].children.add(node_id=hub, local_name=f"e{i}")
+    _files.write_tensors(prefix, [_paths.checkpoint_key(p) for p in paths]
+                         + [_compat.OBJECT_GRAPH_KEY],
+                         [*(tf.convert_to_tensor(v) for v in tree.values()),
+                          tf.constant(graph.SerializeToString())])
+    model = _Model()
+    report = objckpt.restore(model, prefix)
+    assert report.at == "model"
+    np.testing.assert_array_equal(model.dense.bias.numpy(), np.full(4, 5.0, np.float32))
+    assert sorted(objckpt.read_tree(prefix)) == ["model/dense/bias", "model/dense/kernel"]
+    assert sorted(_meta.read(prefix)) == ["model/dense/bias", "model/dense/kernel"]
+    edges = _paths.OptimizerEdges(graph)
+    assert edges(hub, "e1") and edges(hub, "e2") and not edges(hub + 1, "c0")
