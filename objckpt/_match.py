@@ -141,8 +141,8 @@ def _auto_at(source, targets, root_view):
     if source.holding is not None:
         names = source.holding({path: (tuple(variable.shape), variable.dtype.base_dtype)
                                 for path, variable in targets.paths.items()})
-    if len(names) > _MAX_AT_CANDIDATES:
-        return root_view, None, _several(names)
+        if len(names) > _MAX_AT_CANDIDATES:
+            return root_view, None, _several(names)
     fits = [(name, source.subtree(name)) for name in names]
     fits = [(name, view) for name, view in fits if view and _fits(source, targets, view)]
     if len(fits) == 1:
