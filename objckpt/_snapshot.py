@@ -299,8 +299,15 @@ def restore(obj, source, *, rules=None, strict: bool = True, at: str | None = No
     _check_cross_replica(variables, "restore")
     pipe = _pipeline.Pipeline("objckpt.restore", obj, source, rules=rules, at=at,
                               strict=strict, optimizer_state=optimizer_state)
+    # Taken from this very obj, and its structure is unchanged: the paths, shapes and
+    # dtypes are the ones just read, so there is nothing to check.
+    fast = (isinstance(source, Snapshot) and at is None and not rules
+            and optimizer_state in (None, "auto") and source.origin() is variables)
     cache_key = _plan_cache_key(source, rules, strict, at, optimizer_state)
-    src = the_plan = loader = values = cached = None
+    # A Snapshot of a tree planned into this tree before: the same paths, shapes and
+    # dtypes on both sides (each tree is immutable), so the same checked plan.
+    cached = None if fast else _cached_plan(variables, source, cache_key)
+    src = the_plan = loader = values = None
 
     def failed(err):
         if loader is not None:
@@ -308,19 +315,12 @@ def restore(obj, source, *, rules=None, strict: bool = True, at: str | None = No
         pipe.about(err)
 
     with pipe.decided(lambda: variables, about=failed):
-        if (isinstance(source, Snapshot) and at is None and not rules
-                and optimizer_state in (None, "auto") and source.origin() is variables):
-            # Taken from this very obj, and its structure is unchanged: the paths,
-            # shapes and dtypes are the ones just read, so there is nothing to check.
+        if fast:
             values = list(source.as_dict().values())
-        elif (cached := variables.plans.get(cache_key) if cache_key is not None else None) \
-                is not None and cached[0]() is source.origin():
-            # A Snapshot of a tree planned into this tree before: the same paths, shapes
-            # and dtypes on both sides (each tree is immutable), so the same checked plan.
+        elif cached is not None:
             items = source.as_dict()
             values = [items[key] for key in cached[1]]
         else:
-            cached = None
             src = pipe.open()
             variables, the_plan = pipe.plan(variables, src)
             loader = _streamed(src, the_plan, variables)
@@ -328,7 +328,7 @@ def restore(obj, source, *, rules=None, strict: bool = True, at: str | None = No
                 loader.verify()
             else:
                 values = pipe.fetch(the_plan, variables)
-    if src is None and cached is None:  # the fast path: the whole tree, fused
+    if fast:  # the whole tree, fused
         variables.fused.assign_all(values)
         _compat.refresh_derived_state(obj, key=variables)  # Normalization's cached mean
         return RestoreReport(tuple(variables), source="Snapshot")
@@ -380,6 +380,14 @@ def _plan_cache_key(source, rules, strict, at, optimizer_state):
     if not isinstance(source, Snapshot) or rules or source.origin() is None:
         return None
     return (id(source.origin()), bool(strict), at, _match.optimizer_mode(optimizer_state))
+
+
+def _cached_plan(variables, source, cache_key):
+    """(origin tree's ref, source keys, report) cached for this restore, or None."""
+    cached = variables.plans.get(cache_key) if cache_key is not None else None
+    if cached is None or cached[0]() is not source.origin():
+        return None
+    return cached
 
 
 def _streamed(src, the_plan: _match.Plan, variables):

@@ -148,3 +148,19 @@ def test_a_failure_in_any_stage_changes_nothing(operation, stage, flavour, saved
         assert f"objckpt.{operation} failed" in str(info.value)
     elif isinstance(info.value, errors.ObjckptError):
         assert info.value.obj is not None and info.value.source is not None
+
+
+def test_a_snapshot_restore_agrees_once_on_every_path(flavour, monkeypatch):
+    """The fast path (a Snapshot of the obj itself) and the cached plan (a Snapshot of
+    another instance, the second time) are decision points too: one agreement each."""
+    agreed = []
+    real_agree = _pipeline.agree_across_workers
+    monkeypatch.setattr(_pipeline, "agree_across_workers", lambda variables, failure, op: (
+        agreed.append((op, failure)), real_agree(variables, failure, op))[1])
+    obj, other = _build(flavour), _build(flavour, seed=1)
+    own, theirs = objckpt.snapshot(obj), objckpt.snapshot(other)
+    objckpt.restore(obj, own)  # fast
+    planned = objckpt.restore(obj, theirs)  # planned, then cached
+    assert objckpt.restore(obj, theirs) == planned  # (Keras trees: from the cache)
+    assert agreed == [("objckpt.restore", None)] * 3
+    assert _values(obj) == _values(other)
