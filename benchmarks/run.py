@@ -4,8 +4,10 @@ Usage:
   python benchmarks/run.py [--json results.json] [--markdown docs/benchmarks.md]
                            [--note TEXT] [--repeats N] [--only a|b]
                            [--section all|foundation|twins|migrate|ensemble|checkpointing|
-                                      completeness|untrusted|cli|formats|distribute|io] ...
+                                      completeness|untrusted|cli|formats|distribute|io|
+                                      wide] ...
                            [--steps N] [--batch N] [--migrate-tensors N] [--io-sizes MiB,MiB]
+                           [--wide-sizes N,N,N]
   python benchmarks/run.py --render results.json --markdown docs/benchmarks.md
 
 Models:
@@ -202,12 +204,14 @@ def main(argv=None) -> int:
     parser.add_argument("--section", action="append",
                         choices=["all", "foundation", "twins", "migrate", "ensemble",
                                  "checkpointing", "completeness", "untrusted", "cli",
-                                 "formats", "distribute", "io"],
+                                 "formats", "distribute", "io", "wide"],
                         help="run this section (repeatable; default all)")
     parser.add_argument("--migrate-tensors", type=int, default=16,
                         help="float32 4096x4096 tensors in the migrate source (16: ~1.07 GB)")
     parser.add_argument("--io-sizes", default="1024,100",
                         help="section io: model sizes in MiB (1024: 16 x 4096x4096 float32)")
+    parser.add_argument("--wide-sizes", default="2000,20000,200000",
+                        help="section wide: root children of the wide checkpoints")
     parser.add_argument("--steps", type=int, default=12, help="training steps per variant")
     parser.add_argument("--batch", type=int, default=512, help="batch of the training loop")
     args = parser.parse_args(argv)
@@ -388,6 +392,13 @@ def run(args, argv) -> dict:
             result = {"title": title, **result}
             show("io", f"[io: {title}] {result['model']}", result, "io",
                  printer=bench_io.print_result)
+    if wanted("wide") and args.only != "b":
+        import bench_wide
+
+        for title, result in bench_wide.bench_wide(bench_wide.parse_sizes(args.wide_sizes),
+                                                   max(1, args.repeats // 5)):
+            show("wide", f"[wide: {title}] {result['model']}", result, "wide",
+                 printer=bench_wide.print_result)
     return out
 
 
