@@ -66,6 +66,8 @@ class Node(NamedTuple):
     children: tuple = ()
     attributes: tuple = ()
     slot_variables: tuple = ()
+    # Whether a `registered_saver` writes this object's tensors (under keys of its own).
+    registered: bool = False
 
 
 class Graph(NamedTuple):
@@ -330,7 +332,7 @@ def _parse_node(data: bytes, start: int, end: int) -> Node:
             _bundle.singular(seen, number, "TrackableObject")
             _record(data, value, "RegisteredSaver" if number == 4 else "BoolValue",
                     (2, 2) if number == 4 else (0,))
-    return Node(tuple(children), tuple(attributes), tuple(slots))
+    return Node(tuple(children), tuple(attributes), tuple(slots), 4 in seen)
 
 
 def _record(data: bytes, span: tuple, what: str, wires: tuple) -> list:

@@ -209,7 +209,7 @@ def _verify_prefix(prefix: str):
     notes = []
     paths = {}
     if _compat.OBJECT_GRAPH_KEY in shapes:
-        graph_problems, paths = _check_graph(prefix, reader, shapes)
+        graph_problems, paths = _check_graph(prefix, index, shapes)
         problems.extend(graph_problems)
     else:
         notes.append(f"{prefix}: name-based (TF1 Saver) checkpoint: no object graph to check; "
@@ -239,17 +239,20 @@ def _verify_prefix(prefix: str):
     return len(intact), nbytes, problems, notes, _compat.OBJECT_GRAPH_KEY in shapes
 
 
-def _check_graph(prefix: str, reader, shapes):
-    """Problems of the object graph against the index, and {checkpoint key: object path}."""
-    from objckpt import _compat
+def _check_graph(prefix: str, index, shapes):
+    """Problems of the object graph against the index, and {checkpoint key: object path}.
+
+    The graph is decoded by `_objgraph` (as `inspect`, `diff` and `graph` decode it), its
+    checksum checked, and checked here problem by problem rather than refused at the first.
+    """
+    from objckpt import _compat, _objgraph
 
     try:
-        graph = _compat.TrackableObjectGraph()
-        graph.ParseFromString(reader.get_tensor(_compat.OBJECT_GRAPH_KEY))
-    except Exception as err:
-
+        graph = _objgraph.read_object_graph(index, check=False)
+    except errors.ObjckptError as err:  # damaged bytes or encoding: one problem
+        damage = str(err).split(" Nothing was read")[0].split(" Fix:")[0]
         return [Problem(prefix, _compat.OBJECT_GRAPH_KEY,
-                        f"the object graph cannot be read: {_render.first_line(err)}")], {}
+                        f"the object graph cannot be read: {_render.first_line(damage)}")], {}
     problems = []
     count = len(graph.nodes)
     if count == 0:
@@ -289,8 +292,7 @@ def _check_graph(prefix: str, reader, shapes):
                 problems.append(Problem(prefix, path, f"the object graph lists key `{key}` (node "
                                                       f"{node_id}) but the index has no such "
                                                       "tensor"))
-    registered = any(node.HasField("registered_saver") for node in graph.nodes
-                     if "registered_saver" in node.DESCRIPTOR.fields_by_name)
+    registered = any(node.registered for node in graph.nodes)
     if not registered:
         prefixes = sorted(referenced)  # a saveable's tensors: its key plus a suffix
         for key in ordered:

@@ -145,3 +145,43 @@ def test_a_file_in_no_format_is_refused_alike_by_every_entry_point(tmp_path, cap
         status = cli.main(cli._parse(["objckpt", command, path]))
         err = capsys.readouterr().err
         assert status == 1 and "is a file, not a checkpoint prefix" in err, command
+
+
+def _rewritten(prefix: str, out: str, registered: bool) -> str:
+    """The checkpoint at `prefix` written again with a stray tensor `stray/w`, its root
+    marked as written by a registered saver when `registered`."""
+    from objckpt import _compat
+
+    reader = tf.train.load_checkpoint(prefix)
+    graph = _compat.TrackableObjectGraph()
+    graph.ParseFromString(reader.get_tensor(_compat.OBJECT_GRAPH_KEY))
+    if registered:
+        graph.nodes[0].registered_saver.name = "test_saver"
+        graph.nodes[0].registered_saver.object_name = "root"
+    keys = [k for k in reader.get_variable_to_shape_map() if k != _compat.OBJECT_GRAPH_KEY]
+    tensors = [tf.constant(graph.SerializeToString())] + [
+        tf.constant(reader.get_tensor(k)) for k in keys] + [tf.constant([1.0, 2.0])]
+    names = [_compat.OBJECT_GRAPH_KEY, *keys, "stray/w"]
+    tf.raw_ops.SaveV2(prefix=out, tensor_names=names, shape_and_slices=[""] * len(names),
+                      tensors=tensors)
+    return out
+
+
+def test_verify_decodes_the_object_graph_in_python_alone(tmp_path, monkeypatch):
+    from objckpt import _compat
+
+    prefix = objckpt.save(_module(), str(tmp_path / "ckpt"))
+    plain = _rewritten(prefix, str(tmp_path / "plain"), registered=False)
+    registered = _rewritten(prefix, str(tmp_path / "registered"), registered=True)
+
+    def refused():
+        raise AssertionError("verify decoded the object graph with TF's protobuf")
+
+    monkeypatch.setattr(_compat, "TrackableObjectGraph", refused, raising=False)
+    assert objckpt.verify(prefix).ok
+    report = objckpt.verify(plain)
+    assert [(p.where, p.message) for p in report.problems] == [
+        ("stray/w", "tensor in the index that no object of the object graph refers to")]
+    # A registered saver writes tensors under keys of its own: no stray tensor then.
+    report = objckpt.verify(registered)
+    assert report.ok and report.tensors == 2, report.describe()
