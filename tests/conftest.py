@@ -34,11 +34,18 @@ _two_logical_cpus()
 
 _LAUNCHED: list = []
 _PROCESS_MARKS = ("subprocess", "multiworker")
+# TF1 graph code and Keras 2 write their checkpoints in a process of their own; tests/legacy.py
+# runs each writer once per test process and caches what it wrote, a fixed cost the quick run
+# keeps (it tests migration): those launches are not counted.
+_WRITERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "legacy_writers")
 
 
 def _is_python(args) -> bool:
     first = args[0] if isinstance(args, (list, tuple)) and args else args
     if not isinstance(first, (str, bytes, os.PathLike)):
+        return False
+    if isinstance(args, (list, tuple)) and len(args) > 1 and \
+            os.fsdecode(args[1]).startswith(_WRITERS + os.sep):
         return False
     name = os.path.basename(os.fsdecode(first))
     return os.fsdecode(first) == sys.executable or name.startswith("python") or name == "objckpt"

@@ -264,6 +264,7 @@ def _disk_full(stage):
 
 
 @pytest.mark.parametrize("stage", ["write", "data", "index"])
+@pytest.mark.slow
 def test_disk_full_raises_typed_error_and_leaves_earlier_checkpoints(tmp_path, stage):
     _, _model, callback = _three_checkpoints(tmp_path)
     before = {n: (tmp_path / n).read_bytes() for n in os.listdir(tmp_path)}

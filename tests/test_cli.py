@@ -51,6 +51,7 @@ def test_inspect_errors_exit_1_with_the_message(tmp_path):
     assert f"No checkpoint at prefix `{tmp_path / 'missing'}`" in result.stderr
 
 
+@pytest.mark.subprocess
 def test_no_command_is_a_usage_error():
     result = _run()
     assert result.returncode == 2

@@ -355,6 +355,7 @@ def test_deep_functional_chain_no_recursion_limit(flavour):
 
 
 @pytest.mark.parametrize("flavour", KERAS_FLAVOURS)
+@pytest.mark.slow
 def test_500_variables_clone(flavour):
     keras = keras_or_skip(flavour)
     x = inp = keras.Input((8,))

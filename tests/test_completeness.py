@@ -69,6 +69,7 @@ def test_tree_covers_every_variable_of_list_and_dict_layers(flavour, train):
 
 
 @pytest.mark.parametrize("flavour", KERAS_FLAVOURS)
+@pytest.mark.slow
 def test_snapshot_restore_save_twins_cover_list_layers(flavour, tmp_path):
     a = list_net(flavour, seed=0)
     b = list_net(flavour, seed=1)

@@ -438,6 +438,7 @@ def lora_factors(model):
 
 
 @pytest.mark.parametrize("quantize", [None, "int8", "int4"])
+@pytest.mark.slow
 def test_lora_weights_file_equals_keras_load_weights(keras3, tmp_path, quantize):
     keras = keras3
     source = trained(keras, build_lora(keras, 0, quantize=quantize))
@@ -464,6 +465,7 @@ def test_lora_weights_file_equals_keras_load_weights(keras3, tmp_path, quantize)
 
 
 @pytest.mark.parametrize("quantize", [None, "int8"])
+@pytest.mark.slow
 def test_lora_objckpt_checkpoint_round_trips_factors(keras3, tmp_path, quantize):
     keras = keras3
     source = trained(keras, build_lora(keras, 0, quantize=quantize))
@@ -484,6 +486,7 @@ def test_lora_objckpt_checkpoint_round_trips_factors(keras3, tmp_path, quantize)
 
 
 @pytest.mark.parametrize("mode", ["int8", "int4", "float8"])
+@pytest.mark.slow
 def test_quantized_weights_file_equals_keras_load_weights(keras3, tmp_path, mode):
     keras = keras3
     source = trained(keras, build_lora(keras, 0, lora=False))

@@ -455,6 +455,7 @@ class Many(tf.Module):
                                 aggregation=tf.VariableAggregation.MEAN)
 
 
+@pytest.mark.slow
 def test_packed_eager_path_per_device_matches_the_traced_one(strategy, monkeypatch):
     packed = []
     original = _compat.packed_pairs_call
@@ -732,6 +733,7 @@ def test_ensemble_inside_strategy_run(strategy, ensemble_case):
                                        atol=1e-6)
 
 
+@pytest.mark.slow
 def test_batched_ensemble_under_the_strategy(strategy):
     flavour = session_flavour()
     template = build(flavour, strategy, dense_only=True)

@@ -153,6 +153,7 @@ def keras():
     return flavours.keras_for(FLAVOUR)
 
 
+@pytest.mark.slow
 def test_checkpointing_under_mirrored_resumes_like_an_uninterrupted_run(tmp_path, keras):
     """An interrupted fit under MirroredStrategy, resumed into a fresh model under the same
     strategy, ends bit-identical to an uninterrupted one (the SyncOnRead BatchNorm statistics
@@ -202,6 +203,7 @@ def test_checkpointing_under_mirrored_resumes_like_an_uninterrupted_run(tmp_path
     assert_like(cross(single), cross(model))
 
 
+@pytest.mark.slow
 def test_best_snapshot_twin_sync_and_freeze_schedule_under_mirrored(keras):
     """The three in-memory callbacks under MirroredStrategy: every replica stays identical;
     FreezeSchedule keeps the frozen variables bit-identical; TwinSync's Polyak update of a

@@ -525,6 +525,7 @@ def test_restore_on_create_inside_strategy_run_lands_as_tf_restore(mode, strateg
 
 
 @pytest.mark.parametrize("mode", ["eager", "function"])
+@pytest.mark.slow
 def test_restore_on_create_keras_dense_built_inside_strategy_run(mode, strategy, tmp_path):
     """A Keras Dense built by its first call inside strategy.run gets the source's kernel
     and bias on every replica, as TF's restore of the same layer built in the scope."""

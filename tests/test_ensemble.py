@@ -90,6 +90,7 @@ def perturbed(flavour, kind, k):
 
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)
+@pytest.mark.slow
 def test_each_member_holds_its_own_source_exactly(case, tmp_path):
     flavour, kind = case
     objs = [perturbed(flavour, kind, k) for k in range(3)]

@@ -227,6 +227,7 @@ OPTIMIZER_KINDS = {
 
 @pytest.mark.parametrize("kind", sorted(OPTIMIZER_KINDS))
 @pytest.mark.parametrize("flavour", KERAS_FLAVOURS)
+@pytest.mark.slow
 def test_optimizer_kinds_hold_under_fit(flavour, kind):
     keras = keras_for(flavour)
     make, hooked, jit = OPTIMIZER_KINDS[kind]

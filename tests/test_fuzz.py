@@ -142,6 +142,7 @@ def test_regression_10k_root_children_restore_in_time(pool, bases, workdir):
     assert outcome == F.OK, f"{outcome}: {detail}"
 
 
+@pytest.mark.subprocess  # `bases` are written by a fuzz_worker process
 def test_codec_rewrites_tf_index_byte_for_byte(bases):
     """The fuzz codec is faithful: TF's own index files decode and encode back to the same
     bytes, and a string tensor (the object graph) re-encodes to the same bytes and crc."""

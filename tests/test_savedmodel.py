@@ -219,6 +219,7 @@ def _train(model):
     model.fit(X, np.ones((4, 2), "float32"), epochs=1, verbose=0)
 
 
+@pytest.mark.slow
 def test_keras3_export_into_keras3_by_keras_names(tmp_path):
     if legacy_keras_env():
         pytest.skip("Keras 3 exports are tested in the keras3 and tf216 sessions")
