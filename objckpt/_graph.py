@@ -300,8 +300,8 @@ def _walk(proto, specs, live) -> dict[int, _Node]:
     count = len(proto.nodes)
     nodes = {0: _Node(0, "root", "", "", 0, None)}
 
-    def optimizer(node_id: int, name: str) -> bool:
-        return _paths.is_optimizer_node(proto, node_id, name)
+    # Each node's own test once, however many edges reach it (a crafted graph).
+    optimizer = _paths.OptimizerEdges(proto)
 
     # Breadth-first, optimizers last: a trained Keras 3 model's weights then hang under
     # their layers, and the optimizer's variable lists point at them with extra edges.
