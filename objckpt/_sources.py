@@ -257,8 +257,13 @@ def open_source(source) -> Source:
     found = _formats.dispatch("open", source, _checkpoint_source)
     if isinstance(found, Source):
         return found
-    # Another format's fields (`_formats`: they know nothing of `Source`).
-    return Source(**{"keyed_by_path": False, **found})
+    # Another format's fields (`_formats`: they know nothing of `Source`). Their subtrees
+    # are key prefixes (`_paths.prefix_subtree` over their specs' keys), so the names that
+    # may hold the obj are found in one pass, as for a Snapshot.
+    specs, top = found["specs"], found["top_level_names"]
+    return Source(**{"keyed_by_path": False,
+                     "holding": lambda wanted: _paths.prefix_holding(specs, top, wanted),
+                     **found})
 
 
 def _checkpoint_source(path: str) -> Source:

@@ -316,3 +316,22 @@ def test_node_of_many_children_reached_by_many_edges(tmp_path):
     assert sorted(_meta.read(prefix)) == ["model/dense/bias", "model/dense/kernel"]
     edges = _paths.OptimizerEdges(graph)
     assert edges(hub, "e1") and edges(hub, "e2") and not edges(hub + 1, "c0")
+
+
+def test_other_formats_sources_have_the_one_pass_filter(tmp_path):
+    """Sources of the other formats (a Keras 3 weights file here; SavedModel and Keras 2 HDF5
+    through the same `open_source` branch) drop top-level names that cannot hold the obj in
+    one pass too, so `at=` is found in linear time for them as for TF checkpoints."""
+    keras = keras_for("keras3")
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, name="d")])
+    path = str(tmp_path / "m.weights.h5")
+    model.save_weights(path)
+    source = objckpt._sources.open_source(path)
+    assert source.kind == "object" and source.holding is not None
+    specs = dict(source.specs)
+    top = source.top_level_names
+    wanted = {key.split("/", 1)[1]: (tuple(spec[0]), spec[1])
+              for key, spec in specs.items() if key.startswith(top[0] + "/")}
+    assert source.holding(wanted) == [top[0]]
+    wrong = {path: ((99,), dtype) for path, (_, dtype) in wanted.items()}
+    assert source.holding(wrong) == []
