@@ -33,7 +33,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np
 import tensorflow as tf
 
-from objckpt import _checkpointing, _compat
+from objckpt import _compat
+from objckpt._training import checkpointing as _checkpointing
 from objckpt.callbacks import Checkpointing
 
 from timing import met, time_ops

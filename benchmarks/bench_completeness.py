@@ -17,8 +17,8 @@ import contextlib
 import numpy as np
 
 import objckpt
-from objckpt import _tree
 from objckpt._compat import graph as _compat_graph
+from objckpt._planning import tree as _tree
 
 from timing import met, time_ops
 

@@ -321,7 +321,7 @@ def bench_restore(obj, variables, size_mib: float, paths: dict, repeats: int) ->
                 assert got == n, (got, n)
                 offset += n
 
-    from objckpt import _fastio
+    from objckpt._bundle import fastio as _fastio
 
     crc = _fastio.native_crc32c()
     workers = _fastio.threads()

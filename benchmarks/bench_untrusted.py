@@ -19,7 +19,8 @@ import tempfile
 import tensorflow as tf
 
 import objckpt
-from objckpt import _bundle, _compat
+from objckpt import _compat
+from objckpt._bundle import index as _bundle
 
 from timing import met, time_ops
 

@@ -30,7 +30,12 @@ import numpy as np
 import tensorflow as tf
 
 import objckpt
-from objckpt import _compat, _files, _meta, _paths, _render, _tree
+from objckpt import _compat
+from objckpt._base import paths as _paths
+from objckpt._base import render as _render
+from objckpt._bundle import files as _files
+from objckpt._inspect import meta as _meta
+from objckpt._planning import tree as _tree
 
 from timing import met
 

@@ -53,67 +53,67 @@ __all__ = [
 
 # name -> private module that defines it; loaded (with TensorFlow) on first use.
 _LAZY = {
-    "CheckpointManager": "_manager",
-    "CheckpointTree": "_tree",
-    "Entry": "_tree",
-    "VariableTree": "_tree",
-    "read_tree": "_tree",
-    "tree": "_tree",
-    "RestoreReport": "_snapshot",
-    "SaveHandle": "_snapshot",
-    "Snapshot": "_snapshot",
-    "restore": "_snapshot",
-    "save": "_snapshot",
-    "snapshot": "_snapshot",
-    "Twins": "_twins",
-    "clone": "_clone",
-    "Match": "_match",
-    "Plan": "_match",
-    "plan": "_match",
-    "PendingRestore": "_deferred",
-    "restore_on_create": "_deferred",
-    "migrate": "_migrate",
-    "Ensemble": "_ensemble",
-    "load_ensemble": "_ensemble",
-    "Freezer": "_freeze",
-    "Diff": "_diff",
-    "diff": "_diff",
-    "Graph": "_graph",
-    "graph": "_graph",
-    "VerifyReport": "_verify",
-    "verify": "_verify",
+    "CheckpointManager": "_training.manager",
+    "CheckpointTree": "_planning.tree",
+    "Entry": "_planning.tree",
+    "VariableTree": "_planning.tree",
+    "read_tree": "_planning.tree",
+    "tree": "_planning.tree",
+    "RestoreReport": "_ops.snapshot",
+    "SaveHandle": "_ops.snapshot",
+    "Snapshot": "_ops.snapshot",
+    "restore": "_ops.snapshot",
+    "save": "_ops.snapshot",
+    "snapshot": "_ops.snapshot",
+    "Twins": "_ops.twins",
+    "clone": "_ops.clone",
+    "Match": "_planning.match",
+    "Plan": "_planning.match",
+    "plan": "_planning.match",
+    "PendingRestore": "_ops.deferred",
+    "restore_on_create": "_ops.deferred",
+    "migrate": "_ops.migrate",
+    "Ensemble": "_ops.ensemble",
+    "load_ensemble": "_ops.ensemble",
+    "Freezer": "_ops.freeze",
+    "Diff": "_inspect.diff",
+    "diff": "_inspect.diff",
+    "Graph": "_inspect.graph",
+    "graph": "_inspect.graph",
+    "VerifyReport": "_inspect.verify",
+    "verify": "_inspect.verify",
 }
 
 if TYPE_CHECKING:
     from objckpt import callbacks as callbacks
-    from objckpt._clone import clone as clone
-    from objckpt._deferred import PendingRestore as PendingRestore
-    from objckpt._deferred import restore_on_create as restore_on_create
-    from objckpt._diff import Diff as Diff
-    from objckpt._diff import diff as diff
-    from objckpt._ensemble import Ensemble as Ensemble
-    from objckpt._ensemble import load_ensemble as load_ensemble
-    from objckpt._freeze import Freezer as Freezer
-    from objckpt._graph import Graph as Graph
-    from objckpt._graph import graph as graph
-    from objckpt._manager import CheckpointManager as CheckpointManager
-    from objckpt._match import Match as Match
-    from objckpt._match import Plan as Plan
-    from objckpt._match import plan as plan
-    from objckpt._migrate import migrate as migrate
-    from objckpt._snapshot import RestoreReport as RestoreReport
-    from objckpt._snapshot import Snapshot as Snapshot
-    from objckpt._snapshot import restore as restore
-    from objckpt._snapshot import save as save
-    from objckpt._snapshot import snapshot as snapshot
-    from objckpt._tree import CheckpointTree as CheckpointTree
-    from objckpt._tree import Entry as Entry
-    from objckpt._tree import VariableTree as VariableTree
-    from objckpt._tree import read_tree as read_tree
-    from objckpt._tree import tree as tree
-    from objckpt._twins import Twins as Twins
-    from objckpt._verify import VerifyReport as VerifyReport
-    from objckpt._verify import verify as verify
+    from objckpt._inspect.diff import Diff as Diff
+    from objckpt._inspect.diff import diff as diff
+    from objckpt._inspect.graph import Graph as Graph
+    from objckpt._inspect.graph import graph as graph
+    from objckpt._inspect.verify import VerifyReport as VerifyReport
+    from objckpt._inspect.verify import verify as verify
+    from objckpt._ops.clone import clone as clone
+    from objckpt._ops.deferred import PendingRestore as PendingRestore
+    from objckpt._ops.deferred import restore_on_create as restore_on_create
+    from objckpt._ops.ensemble import Ensemble as Ensemble
+    from objckpt._ops.ensemble import load_ensemble as load_ensemble
+    from objckpt._ops.freeze import Freezer as Freezer
+    from objckpt._ops.migrate import migrate as migrate
+    from objckpt._ops.snapshot import RestoreReport as RestoreReport
+    from objckpt._ops.snapshot import Snapshot as Snapshot
+    from objckpt._ops.snapshot import restore as restore
+    from objckpt._ops.snapshot import save as save
+    from objckpt._ops.snapshot import snapshot as snapshot
+    from objckpt._ops.twins import Twins as Twins
+    from objckpt._planning.match import Match as Match
+    from objckpt._planning.match import Plan as Plan
+    from objckpt._planning.match import plan as plan
+    from objckpt._planning.tree import CheckpointTree as CheckpointTree
+    from objckpt._planning.tree import Entry as Entry
+    from objckpt._planning.tree import VariableTree as VariableTree
+    from objckpt._planning.tree import read_tree as read_tree
+    from objckpt._planning.tree import tree as tree
+    from objckpt._training.manager import CheckpointManager as CheckpointManager
 
 
 def __getattr__(name: str):

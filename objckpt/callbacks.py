@@ -7,7 +7,9 @@ callback is created, so `model.fit(callbacks=[...])` accepts it everywhere.
 
 from __future__ import annotations
 
-from objckpt import _api, _options, errors
+from objckpt import errors
+from objckpt._base import api as _api
+from objckpt._base import options as _options
 
 __all__ = ["BestSnapshot", "Checkpointing", "FreezeSchedule", "TwinSync"]
 
@@ -65,7 +67,7 @@ class TwinSync:
             raise errors.InvalidArgumentError(
                 f'on must be "batch" or "epoch". Received: on={on!r}. Fix: pass on="batch" or '
                 'on="epoch".')
-        from objckpt._twins import check_tau
+        from objckpt._ops.twins import check_tau
 
         check_tau(tau)
         self.twins, self.every, self.tau, self.on = twins, every, tau, on
@@ -199,7 +201,7 @@ class FreezeSchedule(_FlavourFreeCallback):
         return current
 
     def on_train_begin(self, logs=None):
-        from objckpt._freeze import Freezer
+        from objckpt._ops.freeze import Freezer
 
         model = self.model
         optimizer = getattr(model, "optimizer", None)
@@ -248,7 +250,7 @@ class Checkpointing(_FlavourFreeCallback):
     all epochs: a finished run restarted does no more training.
 
     A SIGKILL at any moment leaves the newest fully written checkpoint
-    restorable (see `objckpt._checkpointing` for the commit protocol); an
+    restorable (see `objckpt._training.checkpointing` for the commit protocol); an
     unreadable state file or a missing newest checkpoint falls back to the
     newest intact one, with a warning. An intact checkpoint is deleted only
     when superseded by a newer one; a directory holding intact checkpoints
@@ -327,13 +329,13 @@ class Checkpointing(_FlavourFreeCallback):
         self.manager = None
         self.resumed_from = None
         self.saved: list[str] = []
-        self._fit = None  # an objckpt._fitckpt.FitCheckpointer, from the first fit on
+        self._fit = None  # an objckpt._training.fitckpt.FitCheckpointer, from the first fit on
 
     def _implements_train_batch_hooks(self):
         return True
 
     def on_train_begin(self, logs=None):
-        from objckpt import _fitckpt
+        from objckpt._training import fitckpt as _fitckpt
 
         if self._fit is None:
             self._fit = _fitckpt.FitCheckpointer(self)
@@ -413,7 +415,8 @@ class BestSnapshot(_FlavourFreeCallback):
         self._cluster = None
 
     def on_train_begin(self, logs=None):
-        from objckpt import _checkpointing, _tree
+        from objckpt._planning import tree as _tree
+        from objckpt._training import checkpointing as _checkpointing
 
         self.best = self.best_epoch = self.snapshot = None
         self.epochs, self.restored = 0, False
@@ -423,7 +426,7 @@ class BestSnapshot(_FlavourFreeCallback):
     def on_epoch_end(self, epoch, logs=None):
         import math
 
-        from objckpt import _snapshot
+        from objckpt._ops import snapshot as _snapshot
 
         self.epochs += 1
         self._last_epoch = epoch
@@ -446,7 +449,7 @@ class BestSnapshot(_FlavourFreeCallback):
 
     def on_train_end(self, logs=None):
         if self.restore_at_end and self.snapshot is not None:
-            from objckpt import _snapshot
+            from objckpt._ops import snapshot as _snapshot
 
             _snapshot.restore(self.model, self.snapshot)
             self.restored = True

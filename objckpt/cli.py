@@ -79,12 +79,14 @@ import sys
 from absl import app
 from absl.flags import argparse_flags
 
-from objckpt import _render, _terminal, errors
-from objckpt._render import inspect_json, inspect_text  # noqa: F401 (public in the CLI)
+from objckpt import errors
+from objckpt._base import render as _render
+from objckpt._base.render import inspect_json, inspect_text  # noqa: F401 (public in the CLI)
+from objckpt._cli import terminal as _terminal
 
 
 def _parse(argv):
-    from objckpt import _demo  # no TF: its DURATION only
+    from objckpt._cli import demo as _demo  # no TF: its DURATION only
 
     parser = argparse_flags.ArgumentParser(
         prog="objckpt", description=__doc__,
@@ -166,7 +168,7 @@ def _depth(text: str) -> int:
 
 
 def _inspect(args) -> int:
-    from objckpt import _meta
+    from objckpt._inspect import meta as _meta
 
     entries = _meta.read(args.source)
     for note in entries.notes:  # an older checkpoint of a directory was used, and why
@@ -243,7 +245,7 @@ def diff_text(result) -> str:
 
 
 def _diff(args) -> int:
-    from objckpt import _diff
+    from objckpt._inspect import diff as _diff
 
     result = _diff.diff(args.a, args.b, rtol=args.rtol, atol=args.atol)
     if args.format == "json":
@@ -305,13 +307,16 @@ def load_template(spec: str):
 
 
 def _migrate(args) -> int:
-    from objckpt import _match, _migrate
+    from objckpt._ops import migrate as _migrate
+    from objckpt._planning import match as _match
 
     rules = load_rules(args.rules) if args.rules else []
     obj = load_template(args.template)
     optimizer_state = {"auto": "auto", "true": True, "false": False}[args.optimizer_state]
     if args.dry_run:
-        from objckpt import _checks, _sources, _tree
+        from objckpt._planning import checks as _checks
+        from objckpt._planning import sources as _sources
+        from objckpt._planning import tree as _tree
 
         # As migrate would: the template's optimizer built first where it is not yet.
         _checks.ready_optimizers(obj, _tree.tree(obj), _sources.open_source(args.source),
@@ -329,7 +334,7 @@ def _migrate(args) -> int:
 
 
 def _graph(args) -> int:
-    from objckpt import _graph
+    from objckpt._inspect import graph as _graph
 
     fmt = args.format
     if fmt is None:
@@ -351,7 +356,7 @@ def _graph(args) -> int:
 
 
 def _verify(args) -> int:
-    from objckpt import _verify
+    from objckpt._inspect import verify as _verify
 
     report = _verify.verify(args.source)
     print(report.describe())
@@ -359,7 +364,7 @@ def _verify(args) -> int:
 
 
 def _demo(args) -> int:
-    from objckpt import _demo
+    from objckpt._cli import demo as _demo
 
     return _demo.run(out=args.out, epochs=args.epochs)
 

@@ -28,7 +28,7 @@ import numpy as np
 import tensorflow as tf  # imported once, before the fork server forks
 
 import objckpt
-from objckpt import _checkpointing
+from objckpt._training import checkpointing as _checkpointing
 from objckpt.callbacks import Checkpointing
 
 import flavours

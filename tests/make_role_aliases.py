@@ -1,4 +1,4 @@
-"""Writes objckpt/_roles.py: weight-role renames between tf_keras / Keras 2 and Keras 3.
+"""Writes objckpt/_base/roles.py: weight-role renames between tf_keras / Keras 2 and Keras 3.
 
 Builds every built-in layer with weights in both flavours (tf_keras and Keras 3 must
 both be installed: the tf_keras nox session has them), pairs their weights by position
@@ -126,7 +126,7 @@ def render(aliases: dict) -> str:
 
 def main(argv) -> int:
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                        "objckpt", "_roles.py")
+                        "objckpt", "_base", "roles.py")
     text = render(table())
     if "--check" in argv:
         with open(path, encoding="utf-8") as f:

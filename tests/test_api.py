@@ -24,7 +24,8 @@ import tensorflow as tf
 
 import objckpt
 import objckpt.callbacks
-from objckpt import _api, errors
+from objckpt import errors
+from objckpt._base import api as _api
 
 import flavours
 from flavours import KERAS_FLAVOURS, keras_for

@@ -11,7 +11,12 @@ import pytest
 import tensorflow as tf
 
 import objckpt
-from objckpt import _bundle, _bundlewrite, _fastio, _files, _paths, errors
+from objckpt import errors
+from objckpt._base import paths as _paths
+from objckpt._bundle import fastio as _fastio
+from objckpt._bundle import files as _files
+from objckpt._bundle import index as _bundle
+from objckpt._bundle import write as _bundlewrite
 
 from flavours import CASES, _data, build, case_id, session_flavour, train_more
 from support import assert_bits, bits, perturb, values

@@ -1,4 +1,4 @@
-"""The pure-Python index validator (`objckpt._bundle`): what it accepts equals what TF wrote,
+"""The pure-Python index validator (`objckpt._bundle.index`): what it accepts equals what TF wrote,
 and every crafted file that crashes TF's C++ reader is refused with a typed error first.
 
 Crafted files are written by the independent codec in `tests/fuzzlib.py` (block checksums
@@ -18,7 +18,8 @@ import pytest
 import tensorflow as tf
 
 import objckpt
-from objckpt import _bundle, errors
+from objckpt import errors
+from objckpt._bundle import index as _bundle
 
 import fuzzlib
 
@@ -290,7 +291,8 @@ def test_saveables_of_several_tensors_and_variant_tensors(tmp_path):
 def test_values_read_that_disagree_with_the_metadata_change_nothing(good, monkeypatch):
     """Invariant 1: every value is checked under the path it will be assigned to, after it is
     read and before any assignment, even when the metadata the plan checked said otherwise."""
-    from objckpt import _snapshot, _sources
+    from objckpt._ops import snapshot as _snapshot
+    from objckpt._planning import sources as _sources
 
     real = _sources._restore_v2
 

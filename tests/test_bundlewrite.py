@@ -11,7 +11,9 @@ import pytest
 import tensorflow as tf
 
 import objckpt
-from objckpt import _bundle, _bundlewrite, _fastio
+from objckpt._bundle import fastio as _fastio
+from objckpt._bundle import index as _bundle
+from objckpt._bundle import write as _bundlewrite
 
 import fuzzlib as F
 

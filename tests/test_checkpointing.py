@@ -21,7 +21,8 @@ import pytest
 import tensorflow as tf
 
 import objckpt
-from objckpt import _checkpointing, errors
+from objckpt import errors
+from objckpt._training import checkpointing as _checkpointing
 from objckpt.callbacks import BestSnapshot, Checkpointing
 
 from flavours import (
@@ -310,7 +311,8 @@ def test_on_error_warn_keeps_training(tmp_path, async_save):
 def test_second_process_on_the_directory_gets_a_lock_error(tmp_path):
     _, model, _ = _three_checkpoints(tmp_path)
     before = {n: (tmp_path / n).read_bytes() for n in os.listdir(tmp_path) if n != ".objckpt.lock"}
-    code = ("import sys, time; sys.path.insert(0, sys.argv[2]); from objckpt import _dirlock; "
+    code = ("import sys, time; sys.path.insert(0, sys.argv[2]); "
+            "from objckpt._bundle import lock as _dirlock; "
             "_dirlock.DirectoryLock(sys.argv[1]).acquire(); print('locked', flush=True); "
             "time.sleep(60)")
     holder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path), os.path.dirname(HERE)],

@@ -8,7 +8,8 @@ import pytest
 import tensorflow as tf
 
 import objckpt
-from objckpt import _meta, cli
+from objckpt import cli
+from objckpt._inspect import meta as _meta
 
 from flavours import build
 from support import python_env, run_cli

@@ -13,8 +13,8 @@ import pytest
 import tensorflow as tf
 
 import objckpt
-from objckpt import _clone as _clone_module
 from objckpt import clone
+from objckpt._ops import clone as _clone_module
 from objckpt.errors import CloneError
 
 from flavours import CASES, KERAS_FLAVOURS, _data, build, case_id, keras_for, module_step

@@ -16,7 +16,8 @@ import pytest
 import tensorflow as tf
 
 import objckpt
-from objckpt import _clone, errors
+from objckpt import errors
+from objckpt._ops import clone as _clone
 
 Point = collections.namedtuple("Point", "x y")
 

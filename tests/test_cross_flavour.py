@@ -176,7 +176,7 @@ def test_role_alias_table_is_generated_and_current():
     result = subprocess.run([sys.executable, script, "--check"], env=env, capture_output=True,
                             text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr[-2000:]
-    from objckpt._roles import ROLE_ALIASES
+    from objckpt._base.roles import ROLE_ALIASES
 
     assert ROLE_ALIASES["DepthwiseConv2D"] == {"depthwise_kernel": "kernel"}
     assert ROLE_ALIASES["Normalization"]["mean"] == "adapt_mean"

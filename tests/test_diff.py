@@ -10,7 +10,8 @@ import pytest
 import tensorflow as tf
 
 import objckpt
-from objckpt import _diff, cli, errors
+from objckpt import cli, errors
+from objckpt._inspect import diff as _diff
 
 from flavours import build, keras_for
 from support import run_cli

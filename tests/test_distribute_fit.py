@@ -28,7 +28,10 @@ import pytest
 import tensorflow as tf
 
 import objckpt
-from objckpt import _checkpointing, _dirlock, _paths, errors
+from objckpt import errors
+from objckpt._base import paths as _paths
+from objckpt._bundle import lock as _dirlock
+from objckpt._training import checkpointing as _checkpointing
 from objckpt.callbacks import BestSnapshot, Checkpointing, FreezeSchedule, TwinSync
 
 import flavours

@@ -240,7 +240,7 @@ def test_ensemble_members_must_share_one_architecture_and_not_variables():
 
 @pytest.mark.parametrize("flavour", FLAVOURS)
 def test_sources_of_one_structure_are_planned_once(flavour, tmp_path, monkeypatch):
-    from objckpt import _checks
+    from objckpt._planning import checks as _checks
 
     planned = []
     checked_plan = _checks.checked_plan

@@ -15,7 +15,9 @@ import pytest
 import tensorflow as tf
 
 import objckpt
-from objckpt import _compat, _dirlock, _snapshot, errors
+from objckpt import _compat, errors
+from objckpt._bundle import lock as _dirlock
+from objckpt._ops import snapshot as _snapshot
 
 from flavours import FLAVOURS, keras_for
 

@@ -16,7 +16,8 @@ import pytest
 import tensorflow as tf
 
 import objckpt
-from objckpt import _render, cli, errors
+from objckpt import cli, errors
+from objckpt._base import render as _render
 
 from support import python_env
 
@@ -194,7 +195,7 @@ def test_diff_text_shows_hostile_names_escaped_one_line_each(hostile, tmp_path, 
 def test_diff_text_of_a_nested_hostile_root(tmp_path, capsys):
     nested = tf.train.Checkpoint(**{"m\x1b]0;x\x07": _module(["w"])}).write(str(tmp_path / "a"))
     plain = tf.train.Checkpoint(root=_module(["w"])).write(str(tmp_path / "b"))
-    text = cli.diff_text(objckpt._diff.diff(nested, plain))
+    text = cli.diff_text(objckpt._inspect.diff.diff(nested, plain))
     assert not _raw_controls(text)
     assert "under `m\\x1b]0;x\\x07/`" in text
 

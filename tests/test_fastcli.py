@@ -10,7 +10,12 @@ import pytest
 import tensorflow as tf
 
 import objckpt
-from objckpt import _bundle, _compat, _diff, _meta, _objgraph, _terminal, cli, errors
+from objckpt import _compat, cli, errors
+from objckpt._bundle import index as _bundle
+from objckpt._bundle import objgraph as _objgraph
+from objckpt._cli import terminal as _terminal
+from objckpt._inspect import diff as _diff
+from objckpt._inspect import meta as _meta
 
 from flavours import build, keras_for, session_flavour
 from support import run_cli
@@ -329,7 +334,8 @@ def test_a_name_chained_thousands_of_edges_deep_is_refused_in_linear_time():
     """A name-based key of 50,000 `/`-separated edges: its graph is built in time linear in
     the name, and spelling every node's path (which repeats its parent's) stops with a typed
     error instead of gigabytes of text."""
-    from objckpt import _objgraph, _paths
+    from objckpt._base import paths as _paths
+    from objckpt._bundle import objgraph as _objgraph
 
     graph = _objgraph.name_graph(["a/" * 50_000 + "x", "b"])
     assert len(graph.nodes) == 50_003

@@ -1,4 +1,4 @@
-"""objckpt._fastio: TF's crc32c found and checked, thread counts, balancing, and the restore
+"""objckpt._bundle.fastio: TF's crc32c found and checked, thread counts, balancing, and the restore
 that checks every checksum before writing when TF's crc32c cannot be called (RestoreV2 checks
 them instead)."""
 
@@ -11,7 +11,10 @@ import pytest
 import tensorflow as tf
 
 import objckpt
-from objckpt import _bundle, _fastio, _objgraph, errors
+from objckpt import errors
+from objckpt._bundle import fastio as _fastio
+from objckpt._bundle import index as _bundle
+from objckpt._bundle import objgraph as _objgraph
 
 
 def test_native_crc32c_is_tfs_checksum():

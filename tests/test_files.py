@@ -8,7 +8,11 @@ import types
 import pytest
 import tensorflow as tf
 
-from objckpt import _ckptstate, _files, _paths, _render, errors
+from objckpt import errors
+from objckpt._base import paths as _paths
+from objckpt._base import render as _render
+from objckpt._bundle import files as _files
+from objckpt._bundle import state as _ckptstate
 
 
 @pytest.mark.parametrize("name", ["kernel", "a.b", "a/b", "..S", "./.", ".", "S", ""])

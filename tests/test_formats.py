@@ -1,4 +1,4 @@
-"""The format registry (`objckpt._formats`): every format listed once with its four roles,
+"""The format registry (`objckpt._formats.registry`): every format listed once with its four roles,
 every dispatcher (inspect, verify, plan/restore, graph, diff) asking it, and a file in no
 format refused with the same UnsupportedFormatError by every entry point."""
 
@@ -11,7 +11,11 @@ import pytest
 import tensorflow as tf
 
 import objckpt
-from objckpt import _diff, _formats, _meta, _sources, cli, errors
+from objckpt import cli, errors
+from objckpt._formats import registry as _formats
+from objckpt._inspect import diff as _diff
+from objckpt._inspect import meta as _meta
+from objckpt._planning import sources as _sources
 
 _VALUES = np.array([1.5, -2.25], np.float32)
 

@@ -11,7 +11,9 @@ import pytest
 import tensorflow as tf
 
 import objckpt
-from objckpt import _names, _objgraph, errors
+from objckpt import errors
+from objckpt._base import names as _names
+from objckpt._bundle import objgraph as _objgraph
 
 import legacy
 from flavours import KERAS_FLAVOURS, build, keras_for

@@ -25,7 +25,8 @@ import numpy as np
 import pytest
 
 import objckpt
-from objckpt import _meta, errors
+from objckpt import errors
+from objckpt._inspect import meta as _meta
 
 from flavours import keras_for, legacy_keras_env
 

@@ -18,7 +18,9 @@ import numpy as np
 import pytest
 
 import objckpt
-from objckpt import _compat, _h5, _meta, cli, errors
+from objckpt import _compat, cli, errors
+from objckpt._formats import h5 as _h5
+from objckpt._inspect import meta as _meta
 
 from flavours import _data, build_functional, build_subclassed, keras_for
 from support import assert_bits, run_cli, values

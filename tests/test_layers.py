@@ -20,56 +20,64 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "objckpt"
 # Bottom to top. A module may import only modules listed before it.
 LAYERS = [
     "objckpt.errors",
-    "objckpt._api",  # pure: the calling convention, old argument orders detected and warned
-    "objckpt._options",  # pure: argument checks of checkpoint directories (no TF)
-    "objckpt._render",  # pure: text for people
-    "objckpt._paths",  # pure: the path grammar
-    "objckpt._names",  # pure: layer names and slot owners from saved variable names
-    "objckpt._bundle",  # pure: TF's index table, read and validated before TF reads it
-    "objckpt._objgraph",  # pure: the object graph entry, read and decoded without TF
-    "objckpt._bundlewrite",  # TF's bundle format written: data file layout, index table
-    "objckpt._roles",
+    "objckpt._base",  # the sub-packages' __init__ modules (docstrings, no imports)
+    "objckpt._bundle",
+    "objckpt._formats",
+    "objckpt._planning",
+    "objckpt._inspect",
+    "objckpt._ops",
+    "objckpt._training",
+    "objckpt._cli",
+    "objckpt._base.api",  # pure: the calling convention, old argument orders detected and warned
+    "objckpt._base.options",  # pure: argument checks of checkpoint directories (no TF)
+    "objckpt._base.render",  # pure: text for people
+    "objckpt._base.paths",  # pure: the path grammar
+    "objckpt._base.names",  # pure: layer names and slot owners from saved variable names
+    "objckpt._bundle.index",  # pure: TF's index table, read and validated before TF reads it
+    "objckpt._bundle.objgraph",  # pure: the object graph entry, read and decoded without TF
+    "objckpt._bundle.write",  # TF's bundle format written: data file layout, index table
+    "objckpt._base.roles",
     "objckpt._compat",  # the package and its submodules
-    "objckpt._fastio",  # parallel writes and RestoreV2, crc32c checks, direct restore
-    "objckpt._ckptstate",  # the `checkpoint` state file: its one reader, one writer, meaning
-    "objckpt._files",
-    "objckpt._savedobjects",  # pure: saved_model.pb decoded (its variables)
-    "objckpt._savedmodel",  # SavedModel directories as sources (no TF import)
-    "objckpt._h5",  # pure: HDF5 files read as untrusted input (h5py, no TF)
-    "objckpt._kerash5",  # Keras 3 `.weights.h5` and `.keras` files as sources (no TF import)
-    "objckpt._legacyh5",  # Keras 2 / tf_keras HDF5 weights and `.h5` models (no TF import)
-    "objckpt._formats",  # pure: the format registry (recognise, list, open, verify)
-    "objckpt._meta",  # pure: a checkpoint's variables from its metadata (CLI inspect/diff)
-    "objckpt._dirlock",
-    "objckpt._tree",
-    "objckpt._sources",
-    "objckpt._rules",
-    "objckpt._targets",
-    "objckpt._optstate",
-    "objckpt._plans",  # Plan and Match; a matched pair checked, problems worded
-    "objckpt._strategies",  # whole-model strategies: keras name, structure, export order
-    "objckpt._match",
-    "objckpt._checks",
-    "objckpt._pipeline",  # the one restore pipeline: open, plan, check, agree, fetch
-    "objckpt._snapshot",
-    "objckpt._verify",
-    "objckpt._diff",
-    "objckpt._graph",
-    "objckpt._deferred",
-    "objckpt._migrate",
-    "objckpt._clone",
-    "objckpt._twins",
-    "objckpt._ensemble",
-    "objckpt._freeze",
-    "objckpt._asyncwrite",
-    "objckpt._retention",  # pure: which checkpoints of a directory to keep (Kept, policy)
-    "objckpt._checkpointing",
-    "objckpt._fitckpt",
+    "objckpt._bundle.fastio",  # parallel writes and RestoreV2, crc32c checks, direct restore
+    "objckpt._bundle.state",  # the `checkpoint` state file: its one reader, one writer, meaning
+    "objckpt._bundle.files",
+    "objckpt._formats.savedobjects",  # pure: saved_model.pb decoded (its variables)
+    "objckpt._formats.savedmodel",  # SavedModel directories as sources (no TF)
+    "objckpt._formats.h5",  # pure: HDF5 files read as untrusted input (h5py, no TF)
+    "objckpt._formats.kerash5",  # Keras 3 `.weights.h5` and `.keras` files as sources (no TF)
+    "objckpt._formats.legacyh5",  # Keras 2 / tf_keras HDF5 weights and `.h5` models (no TF import)
+    "objckpt._formats.registry",  # pure: the format registry (recognise, list, open, verify)
+    "objckpt._inspect.meta",  # pure: a checkpoint's variables from its metadata (CLI inspect/diff)
+    "objckpt._bundle.lock",
+    "objckpt._planning.tree",
+    "objckpt._planning.sources",
+    "objckpt._planning.rules",
+    "objckpt._planning.targets",
+    "objckpt._planning.optstate",
+    "objckpt._planning.plans",  # Plan and Match; a matched pair checked, problems worded
+    "objckpt._planning.strategies",  # whole-model strategies: keras name, structure, export order
+    "objckpt._planning.match",
+    "objckpt._planning.checks",
+    "objckpt._planning.pipeline",  # the one restore pipeline: open, plan, check, agree, fetch
+    "objckpt._ops.snapshot",
+    "objckpt._inspect.verify",
+    "objckpt._inspect.diff",
+    "objckpt._inspect.graph",
+    "objckpt._ops.deferred",
+    "objckpt._ops.migrate",
+    "objckpt._ops.clone",
+    "objckpt._ops.twins",
+    "objckpt._ops.ensemble",
+    "objckpt._ops.freeze",
+    "objckpt._training.asyncwrite",
+    "objckpt._training.retention",  # pure: which checkpoints of a directory to keep (Kept, policy)
+    "objckpt._training.checkpointing",
+    "objckpt._training.fitckpt",
     "objckpt.callbacks",
-    "objckpt._manager",  # CheckpointManager: the directory of Checkpointing, for custom loops
+    "objckpt._training.manager",  # CheckpointManager: Checkpointing's directory, custom loops
     "objckpt",  # the public facade (imports the modules above lazily)
-    "objckpt._demo",  # uses the public API, as users do
-    "objckpt._terminal",  # the command line's words, TF's start-up noise kept off stderr
+    "objckpt._cli.demo",  # uses the public API, as users do
+    "objckpt._cli.terminal",  # the command line's words, TF's start-up noise kept off stderr
     "objckpt.cli",  # nothing imports it but __main__
     "objckpt.__main__",
 ]
@@ -110,7 +118,8 @@ def _imports(module: str, tree: ast.AST):
             if target.split(".")[0] != "objckpt":
                 continue
             names = [a.name for a in node.names]
-            # `from objckpt import _tree` imports modules; `from objckpt._tree import x` names
+            # `from objckpt._planning import tree` imports a module; `from objckpt._planning.tree
+            # import x` names
             submodules = [n for n in names if f"{target}.{n}" in SOURCES]
             for name in submodules:
                 yield node.lineno, f"{target}.{name}", ()
@@ -226,9 +235,10 @@ def test_compat_names_load_from_where_the_table_says():
 
 def test_tf_free_modules_import_no_tensorflow():
     """`callbacks` (constructed before fit) and the helpers it uses must stay cheap."""
-    for module in ("objckpt._compat", "objckpt._compat.hooks", "objckpt._render",
-                   "objckpt._paths", "objckpt._names", "objckpt.errors", "objckpt._options",
-                   "objckpt._retention", "objckpt._ckptstate"):
+    for module in ("objckpt._compat", "objckpt._compat.hooks", "objckpt._base.render",
+                   "objckpt._base.paths", "objckpt._base.names", "objckpt.errors",
+                   "objckpt._base.options",
+                   "objckpt._training.retention", "objckpt._bundle.state"):
         imported = {alias.name.split(".")[0] for node in ast.walk(TREES[module])
                     if isinstance(node, (ast.Import, ast.ImportFrom))
                     for alias in (node.names if isinstance(node, ast.Import)

@@ -18,7 +18,8 @@ import pytest
 import tensorflow as tf
 
 import objckpt
-from objckpt import _meta, errors
+from objckpt import errors
+from objckpt._inspect import meta as _meta
 
 from flavours import keras_for, legacy_keras_env
 from legacy import legacy_keras_available

@@ -147,7 +147,7 @@ def test_source_neither_object_nor_name_based(tmp_path):
 
 
 def test_migrate_streams_in_shards_and_verifies(tf1, tmp_path, monkeypatch, capsys):
-    from objckpt import _migrate
+    from objckpt._ops import migrate as _migrate
 
     monkeypatch.setattr(_migrate, "_GROUP_BYTES", 1024)  # force one shard per big tensor
     model = tf1_rewrite(keras_for("keras3"))

@@ -13,7 +13,11 @@ import pytest
 import tensorflow as tf
 
 import objckpt
-from objckpt import _ckptstate, _demo, _files, _render, cli, errors
+from objckpt import cli, errors
+from objckpt._base import render as _render
+from objckpt._bundle import files as _files
+from objckpt._bundle import state as _ckptstate
+from objckpt._cli import demo as _demo
 
 from flavours import FLAVOURS, KERAS_FLAVOURS, build, keras_for, requires_keras3_session
 from support import ROOT, assert_bits, python_env, values

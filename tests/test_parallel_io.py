@@ -20,7 +20,11 @@ import pytest
 import tensorflow as tf
 
 import objckpt
-from objckpt import _bundle, _bundlewrite, _compat, _fastio, _paths, errors
+from objckpt import _compat, errors
+from objckpt._base import paths as _paths
+from objckpt._bundle import fastio as _fastio
+from objckpt._bundle import index as _bundle
+from objckpt._bundle import write as _bundlewrite
 
 from flavours import CASES, FLAVOURS, _data, build, case_id, keras_for, session_flavour
 from support import assert_bits, bits, perturb, run_cli, values
@@ -353,7 +357,7 @@ def crash_at(monkeypatch, module, name: str, after: int = 0):
 
 def _write_points():
     """(writer, module, function) the parallel writes pass through, in order."""
-    from objckpt import _files
+    from objckpt._bundle import files as _files
 
     return [("own", _bundlewrite, "_pwrite_all"), ("own", _bundlewrite, "index"),
             ("parts", _fastio, "_save"), ("parts", tf.raw_ops, "MergeV2Checkpoints"),

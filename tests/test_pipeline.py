@@ -9,7 +9,8 @@ import pytest
 import tensorflow as tf
 
 import objckpt
-from objckpt import _compat, _pipeline, errors
+from objckpt import _compat, errors
+from objckpt._planning import pipeline as _pipeline
 
 from flavours import FLAVOURS, keras_for
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from objckpt._retention import Kept, RetentionPolicy
+from objckpt._training.retention import Kept, RetentionPolicy
 
 
 def kept(*metrics):
@@ -62,7 +62,7 @@ def test_reads_metrics_only_when_ranking_by_them():
 
 
 @pytest.mark.subprocess
-@pytest.mark.parametrize("module", ["objckpt._retention", "objckpt._ckptstate"])
+@pytest.mark.parametrize("module", ["objckpt._training.retention", "objckpt._bundle.state"])
 def test_imports_no_tensorflow(module):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     code = (f"import sys; import {module}; "

@@ -16,7 +16,8 @@ import pytest
 import tensorflow as tf
 
 import objckpt
-from objckpt import _meta, errors
+from objckpt import errors
+from objckpt._inspect import meta as _meta
 
 from flavours import Dense, build_functional, keras_for, legacy_keras_env
 from support import assert_bits, run_cli, values
@@ -330,8 +331,8 @@ def test_export_copies_compare_unknown_shapes_without_error():
     not a TypeError from sorting."""
     from types import SimpleNamespace as NS
 
-    from objckpt import _savedmodel
-    from objckpt._savedobjects import SavedVariable
+    from objckpt._formats import savedmodel as _savedmodel
+    from objckpt._formats.savedobjects import SavedVariable
 
     def node(*kids):
         return NS(children=[NS(node_id=k, local_name=str(i)) for i, k in enumerate(kids)])

@@ -8,7 +8,8 @@ import pytest
 import tensorflow as tf
 
 import objckpt
-from objckpt import _files, errors
+from objckpt import errors
+from objckpt._bundle import files as _files
 
 from flavours import (
     CASES,

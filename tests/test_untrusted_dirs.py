@@ -22,7 +22,10 @@ import pytest
 import tensorflow as tf
 
 import objckpt
-from objckpt import _checkpointing, _ckptstate, _files, errors
+from objckpt import errors
+from objckpt._bundle import files as _files
+from objckpt._bundle import state as _ckptstate
+from objckpt._training import checkpointing as _checkpointing
 from objckpt.callbacks import Checkpointing
 
 from flavours import _data, build_functional, keras_for, session_flavour
@@ -312,7 +315,10 @@ _CHILD = """if True:
     warnings.simplefilter("ignore")
     import tensorflow as tf
     import objckpt
-    from objckpt import _checkpointing, _ckptstate, _files, errors
+    from objckpt import errors
+    from objckpt._training import checkpointing as _checkpointing
+    from objckpt._bundle import state as _ckptstate
+    from objckpt._bundle import files as _files
 
     directory = sys.argv[2]
     module = tf.Module()
@@ -511,7 +517,7 @@ def test_restore_from_a_directory_whose_state_file_names_a_deleted_checkpoint(tm
 
 
 def test_a_lock_the_file_system_cannot_take_is_not_called_in_use(tmp_path, monkeypatch):
-    from objckpt import _dirlock
+    from objckpt._bundle import lock as _dirlock
 
     def unsupported(fd, operation):
         raise OSError(errno.ENOLCK, "No locks available")

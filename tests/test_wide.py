@@ -16,7 +16,11 @@ import pytest
 import tensorflow as tf
 
 import objckpt
-from objckpt import _compat, _files, _match, _paths, _tree, errors
+from objckpt import _compat, errors
+from objckpt._base import paths as _paths
+from objckpt._bundle import files as _files
+from objckpt._planning import match as _match
+from objckpt._planning import tree as _tree
 
 from flavours import FLAVOURS, keras_for
 
@@ -161,7 +165,7 @@ def test_holding_drops_names_by_shape_and_dtype(tmp_path):
     root.other.dense.kernel = tf.Variable(np.zeros((4, 3), np.float32))
     root.other.dense.bias = tf.Variable(np.zeros(4, np.float32))
     objckpt.save(root, prefix)
-    source = objckpt._sources.open_source(prefix)
+    source = objckpt._planning.sources.open_source(prefix)
     wanted = {p: (tuple(v.shape), v.dtype.base_dtype)
               for p, v in objckpt.tree(_Model()).items()}
     assert source.holding(wanted) == ["model", "twin"]
@@ -221,7 +225,7 @@ def test_wide_entries_mismatch_error_is_linear(tmp_path, monkeypatch):
             assert len(starts) <= 20_000, "one scan of the entries per top-level name"
             return real(self, *args)
 
-    from objckpt import _checks
+    from objckpt._planning import checks as _checks
     _Budget(monkeypatch, subtrees=8, walked=4 * len(graph.nodes))
     at_fix, sizes = _checks._at_fix, []
 
@@ -254,7 +258,7 @@ class _Counted(str):
 def _example(extra, missing, shapes, specs):
     from types import SimpleNamespace
 
-    from objckpt import _checks
+    from objckpt._planning import checks as _checks
 
     plan = SimpleNamespace(display=lambda path: (path.replace("_", ""), ""))
     variables = {path: SimpleNamespace(shape=shape) for path, shape in shapes.items()}
@@ -288,7 +292,7 @@ def test_node_of_many_children_reached_by_many_edges(tmp_path):
     """A crafted DAG: 20,000 root edges to one node of 20,000 children (its `iter` child, the
     mark of an optimizer, last). Each node's optimizer test runs once, not once per edge
     (4e8 child visits before), so restore, read_tree and inspect's walk answer."""
-    from objckpt import _meta
+    from objckpt._inspect import meta as _meta
 
     count = 20_000
     prefix = str(tmp_path / "ckpt")
@@ -326,7 +330,7 @@ def test_other_formats_sources_have_the_one_pass_filter(tmp_path):
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, name="d")])
     path = str(tmp_path / "m.weights.h5")
     model.save_weights(path)
-    source = objckpt._sources.open_source(path)
+    source = objckpt._planning.sources.open_source(path)
     assert source.kind == "object" and source.holding is not None
     specs = dict(source.specs)
     top = source.top_level_names

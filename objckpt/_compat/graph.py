@@ -13,7 +13,8 @@ from tensorflow.python.checkpoint import util as _checkpoint_util
 from tensorflow.python.trackable import trackable_utils as _trackable_utils
 from tensorflow.python.util import object_identity as _object_identity
 
-from objckpt import _paths, errors
+from objckpt import errors
+from objckpt._base import paths as _paths
 from objckpt._compat.distribute import check_not_sharded
 from objckpt._compat.optimizers import _is_optimizer, optimizer_slot_lists
 from objckpt._compat.variables import (

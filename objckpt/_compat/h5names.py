@@ -3,7 +3,7 @@
 Keras 2 and tf_keras write each top-level layer of a model (`model.layers`) as a group named
 by the layer, listing its weights by `variable.name` (`dense/kernel:0`); the model's own
 weights go to the group `top_level_model_weights`. Keras 3 writes the same layout (its legacy
-`.h5` saving) with `variable.path` (`head/dense/kernel`). `objckpt._legacyh5.weight_key`
+`.h5` saving) with `variable.path` (`head/dense/kernel`). `objckpt._formats.legacyh5.weight_key`
 turns (layer name, weight name) into the key a file's weight has, so the obj's side and the
 file's side meet.
 """

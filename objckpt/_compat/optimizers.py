@@ -9,7 +9,7 @@ import re
 import tensorflow as tf
 from tensorflow.python.checkpoint import graph_view as _graph_view
 
-from objckpt import _paths
+from objckpt._base import paths as _paths
 from objckpt._compat.distribute import autocast_inner, is_distributed_variable
 from objckpt._compat.hooks import override_methods
 from objckpt._compat.variables import as_variable

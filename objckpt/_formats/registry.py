@@ -1,0 +1,185 @@
+"""The formats objckpt reads, in one registry: each recognised, listed, opened and verified
+through the same four roles.
+
+A `Format` is what one on-disk format provides:
+
+- `recognise(path) -> bool`: whether `path` may be in this format, cheaply (names, a few
+  bytes, an HDF5 file's root attributes; no data read); it raises only where `path` is
+  surely this format and no format reads it (a SavedModel in text form);
+- `list(path)`: its variables from metadata, TF-free (what `objckpt inspect`, `diff` and
+  `graph` read through `_meta.read`): a dict `prefix`, `notes`, `index` and `graph` (None
+  where the format has none), `description` and `variables`, a list of (path, shown, shape,
+  DataType enum, key, name);
+- `open(path)`: the fields of a planning `_sources.Source` (a dict; TF imported lazily, for
+  tensors only);
+- `verify(path)`: a `Checked`: every value read once, problems listed.
+
+Each role returns None when `path`, which `recognise` let through, turns out not to be the
+format's after all (a Keras 2 HDF5 file is an HDF5 file, but no Keras 3 one); the next format
+is asked then. `FORMATS` is tried in order; the TF checkpoint (an object-based or TF1
+name-based bundle, given as a prefix or a managed directory) comes last and claims every path
+that is no regular file. Its roles are implemented above this module (`_meta`, `_sources`,
+`_verify` own the bundle's listing, source and checks), so the callers pass them to
+`dispatch`. A path no format claims is an `UnsupportedFormatError`, worded here
+(`unsupported`); `_files.resolve_prefix` (met by `read_tree` and the training directories,
+which read TF checkpoints only) words it the same, as tests/test_formats.py checks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+from typing import NamedTuple
+
+from objckpt import errors
+from objckpt._base import render as _render
+from objckpt._formats import kerash5 as _kerash5
+from objckpt._formats import legacyh5 as _legacyh5
+from objckpt._formats import savedmodel as _savedmodel
+
+__all__ = ["CHECKPOINT", "FORMATS", "Checked", "Format", "dispatch", "find", "register",
+           "unregister", "unsupported"]
+
+ROLES = ("list", "open", "verify")
+
+
+class Checked(NamedTuple):
+    """What a format's `verify` found.
+
+    Attributes:
+      tensors, nbytes: values read intact, and their bytes.
+      problems: (file, where, message) per problem.
+      notes: remarks that are not problems.
+      checked: what an intact report says was checked ("" when `prefixes` are TF checkpoints
+        still to check, whose checks say it).
+      prefixes: TF checkpoints still to check (a SavedModel's `variables/variables`).
+    """
+
+    tensors: int
+    nbytes: int
+    problems: tuple
+    notes: tuple
+    checked: str = ""
+    prefixes: tuple = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Format:
+    """One on-disk format (see the module docstring). A role that is None is implemented by
+    the caller of `dispatch` (the TF checkpoint's)."""
+
+    name: str
+    what: str  # for people: "Keras 3 weights file"
+    files: str  # the files it reads, as the unknown-format message lists them ("": folders)
+    recognise: Callable[[str], bool]
+    list: Callable | None = None
+    open: Callable | None = None
+    verify: Callable | None = None
+
+
+# HDF5 keeps no checksums: what an intact report of an HDF5 file says was checked.
+_H5_CHECKED = ("read intact with the shapes and dtypes their headers declare (HDF5 keeps no "
+               "checksums of weights)")
+
+
+def _h5_checked(check: Callable) -> Callable:
+    """A verify role from a format module's `check` ((count, nbytes, [(where, problem)],
+    notes) or None), its problems about the file itself."""
+    def verify(path: str) -> Checked | None:
+        found = check(path)
+        if found is None:
+            return None
+        count, nbytes, problems, notes = found
+        return Checked(count, nbytes, tuple((path, where, what) for where, what in problems),
+                       tuple(notes), _H5_CHECKED)
+    return verify
+
+
+def _savedmodel_checked(path: str) -> Checked:
+    directory, problems, prefixes = _savedmodel.check(path)
+    return Checked(0, 0, tuple((directory, _savedmodel.PB, p) for p in problems), (), "",
+                   tuple(prefixes))
+
+
+def _checkpoint_recognise(path: str) -> bool:
+    """A TF checkpoint: a prefix (its `.index` beside it, or given), a directory, a URL, or a
+    path where nothing is (the checkpoint's resolver then says what it expected)."""
+    if path.endswith(".index") or "://" in path or os.path.isdir(path):
+        return True
+    return os.path.lexists(path + ".index") or not os.path.isfile(path)
+
+
+CHECKPOINT = Format("tf-checkpoint", "TF checkpoint (object-based or TF1 name-based; a prefix "
+                    "or a managed directory)", "", _checkpoint_recognise)
+
+# Tried in order; the TF checkpoint last, as it claims every path that is no regular file.
+FORMATS: list[Format] = [
+    Format("savedmodel", "SavedModel directory", "", _savedmodel.recognise,
+           _savedmodel.listing, _savedmodel.source_fields, _savedmodel_checked),
+    Format("keras3", "Keras 3 weights file", "Keras 3 `.weights.h5`, `.keras` and sharded "
+           "`.weights.json`", _kerash5.recognise, _kerash5.listing, _kerash5.source_fields,
+           _h5_checked(_kerash5.check)),
+    Format("keras2-h5", "Keras 2 / tf_keras HDF5 file", "Keras 2 HDF5 `.h5`",
+           _legacyh5.recognise, _legacyh5.listing, _legacyh5.source_fields,
+           _h5_checked(_legacyh5.check)),
+    CHECKPOINT,
+]
+
+
+def register(fmt: Format, *, before: str = CHECKPOINT.name) -> None:
+    """Adds a format, tried before the one named `before` (the TF checkpoint by default)."""
+    unregister(fmt.name)
+    at = next(i for i, known in enumerate(FORMATS) if known.name == before)
+    FORMATS.insert(at, fmt)
+
+
+def unregister(name: str) -> None:
+    """Removes the format named `name`, if registered (the TF checkpoint stays)."""
+    FORMATS[:] = [f for f in FORMATS if f.name != name or f is CHECKPOINT]
+
+
+def unsupported(path: str) -> errors.UnsupportedFormatError:
+    """The error for a file no format claims (the one place it is worded)."""
+    shown = _render.safe(path)
+    files = ", ".join(f.files for f in FORMATS if f.files)
+    return errors.UnsupportedFormatError(
+        f"`{shown}` is a file, not a checkpoint prefix: expected `{shown}.index` and "
+        f"`{shown}.data-*` beside it. Fix: pass the prefix (the path without `.index` or "
+        f"`.data-*`). Files objckpt also reads: {files}; this one is none of them.",
+        source=path)
+
+
+def find(path: str | os.PathLike) -> Format:
+    """The first format that recognises `path` (a role may still decline it: `dispatch`).
+
+    Raises:
+      UnsupportedFormatError: no format recognises it (or a SavedModel in text form).
+    """
+    path = os.fspath(path)
+    for fmt in FORMATS:
+        if fmt.recognise(path):
+            return fmt
+    raise unsupported(path)
+
+
+def dispatch(role: str, path: str | os.PathLike, checkpoint: Callable):
+    """`role` ("list", "open" or "verify") of the format of `path`: the first format that
+    recognises it and whose role answers (not None). `checkpoint` is the TF checkpoint's
+    role, implemented by the caller; it always answers (or raises).
+
+    Raises:
+      UnsupportedFormatError: no format takes `path`.
+    """
+    if role not in ROLES:
+        raise ValueError(f"unknown format role {role!r}; expected one of {ROLES}")
+    path = os.fspath(path)
+    for fmt in list(FORMATS):
+        if not fmt.recognise(path):
+            continue
+        action = getattr(fmt, role) or checkpoint
+        found = action(path)
+        if found is not None:
+            return found
+    raise unsupported(path)
+

@@ -1,0 +1,181 @@
+"""A checkpoint's variables from its metadata alone, without TensorFlow.
+
+`read(source)` resolves a prefix or directory, validates the index (`_bundle`) and decodes
+the object graph (`_objgraph`), all in pure Python, and lists every variable with:
+
+- `path`: TF's canonical object path (the part of its checkpoint key before
+  `/.ATTRIBUTES/`), what `objckpt.read_tree` and `objckpt.diff` key by;
+- `shown`: the path people recognise: the network path, found by a walk that takes
+  optimizer edges last, so a trained Keras 3 model's weight canonically at
+  `optimizer/_trainable_variables/0` is shown at `_functional/_operations/1/_kernel`;
+- `name`: the variable's name when it was saved (`sequential/encoder/kernel`), or "";
+- `shape`, `dtype` (a `DType`: `.name`, `.size`, `.enum`, as TF names them), `key`.
+
+A name-based (TF1 `Saver`) checkpoint lists its tensors by global variable name (`path`,
+`shown` and `name` are the name). This is what the command line's `inspect`, `graph` and
+`diff` read, so they answer in well under a second: importing TensorFlow takes longer.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from typing import NamedTuple
+
+from objckpt import errors
+from objckpt._base import paths as _paths
+from objckpt._base import render as _render
+from objckpt._bundle import files as _files
+from objckpt._bundle import index as _bundle
+from objckpt._bundle import objgraph as _objgraph
+from objckpt._formats import registry as _formats
+
+__all__ = ["DType", "Metadata", "Variable", "dtype", "read"]
+
+_DTYPE_NAMES = {
+    1: "float32", 2: "float64", 3: "int32", 4: "uint8", 5: "int16", 6: "int8", 7: "string",
+    8: "complex64", 9: "int64", 10: "bool", 11: "qint8", 12: "quint8", 13: "qint32",
+    14: "bfloat16", 15: "qint16", 16: "quint16", 17: "uint16", 18: "complex128",
+    19: "float16", 21: "variant", 22: "uint32", 23: "uint64", 24: "float8_e5m2",
+    25: "float8_e4m3fn",
+}
+
+
+class DType(NamedTuple):
+    """A stored dtype as TF names it: `name` (`float32`), `size` (bytes per element, 0 for
+    strings and variants, as `tf.DType.size`) and the DataType `enum`."""
+
+    enum: int
+    name: str
+    size: int
+
+
+def dtype(enum: int) -> DType:
+    """The `DType` of a DataType enum the index validator accepted."""
+    return DType(enum, _DTYPE_NAMES[enum], _bundle.dtype_size(enum))
+
+
+class Variable(NamedTuple):
+    """One variable of a checkpoint (see the module docstring)."""
+
+    path: str
+    shown: str
+    shape: tuple
+    dtype: DType
+    key: str
+    name: str = ""
+
+    @property
+    def nbytes(self) -> int:
+        return _render.elements(self.shape) * self.dtype.size
+
+
+class Metadata(Mapping):
+    """Ordered mapping canonical path (or name) -> `Variable`: network paths first, in the
+    order of a walk that takes optimizers last, then optimizer-owned variables.
+
+    Attributes:
+      prefix: the checkpoint read (a directory resolved to its newest intact checkpoint).
+      notes: why an older checkpoint of a directory was used, or a name skipped.
+      index: the validated `_bundle.Index`.
+      graph: the decoded object graph (`_objgraph.Graph`), None when name-based.
+    """
+
+    __slots__ = ("_items", "description", "graph", "index", "notes", "prefix")
+
+    def __init__(self, items: dict, prefix: str, notes: tuple, index, graph,
+                 description: str = ""):
+        self._items, self.prefix, self.notes = items, prefix, notes
+        self.index, self.graph = index, graph
+        # What the file is when it is no TF checkpoint ("Keras 3 weights file `w.weights.h5`"),
+        # from the format's reader; "" for checkpoints.
+        self.description = description
+
+    def __getitem__(self, path: str) -> Variable:
+        return self._items[path]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @property
+    def name_based(self) -> bool:
+        return self.graph is None and not self.description
+
+    @property
+    def nbytes(self) -> int:
+        return sum(variable.nbytes for variable in self._items.values())
+
+    def __repr__(self) -> str:
+        return f"Metadata({self.prefix!r}, {len(self)} variables)"
+
+
+def read(source: str | os.PathLike) -> Metadata:
+    """Reads a checkpoint's variables from its index and object graph, without TF.
+
+    Args:
+      source: a checkpoint prefix (`prefix.index` may be given too) or a directory of
+        managed checkpoints (its newest intact one, checked without TF).
+
+    Raises:
+      CheckpointNotFoundError: nothing at `source`.
+      CheckpointCorruptError: the index or the object graph is damaged.
+      UnsupportedFormatError: a file in no format objckpt reads (`_formats`).
+    """
+    found = _formats.dispatch("list", source, _checkpoint)
+    if isinstance(found, Metadata):
+        return found
+    return Metadata({v[0]: Variable(v[0], v[1], v[2], dtype(v[3]), v[4], v[5])
+                     for v in found["variables"]}, found["prefix"], tuple(found["notes"]),
+                    found["index"], found["graph"], found.get("description", ""))
+
+
+def _checkpoint(source: str) -> Metadata:
+    """The TF checkpoint format's `list` role (see `_formats`): a prefix or directory."""
+    prefix, notes = _files.resolve_prefix(source, tf_reader=False)
+    try:
+        index = _bundle.read_index(prefix)
+    except FileNotFoundError as err:  # removed since it was resolved
+        raise errors.CheckpointNotFoundError(
+            f"No checkpoint at prefix `{_render.safe(prefix)}`: `{_render.safe(prefix)}.index` "
+            "does not exist. Fix: check the "
+            "path, or pass the directory to use its newest checkpoint.", source=prefix) from err
+    graph = _objgraph.read_object_graph(index)
+    if graph is None:
+        items = {name: Variable(name, name, entry.shape, dtype(entry.dtype), name, name)
+                 for name, entry in index.entries.items()}
+    else:
+        items = _variables(graph, index)
+    return Metadata(items, prefix, notes, index, graph)
+
+
+def _variables(graph, index) -> dict:
+    shown = network_paths(graph)
+    items = {}
+    for node_id in [*shown, *(n for n in range(len(graph.nodes)) if n not in shown)]:
+        for attribute in graph.nodes[node_id].attributes:
+            if attribute.name != _paths.VARIABLE_VALUE:
+                continue
+            key = attribute.checkpoint_key
+            entry = index.entries.get(key)
+            path = _paths.path_of_key(key)
+            if entry is None:  # check_graph found it saved under a longer key only
+                raise errors.CheckpointCorruptError(
+                    f"Checkpoint `{_render.safe(index.prefix)}`: the object graph lists "
+                    f"`{_render.safe(path)}` (key `{_render.safe(key)}`, node {node_id}) but "
+                    "the index has no such tensor. The "
+                    "checkpoint is inconsistent: nothing was read into any variable. Fix: restore "
+                    "from another checkpoint, or write this one again.", source=index.prefix)
+            items[path] = Variable(path, shown.get(node_id, path), entry.shape,
+                                   dtype(entry.dtype), key, attribute.full_name)
+    return items
+
+
+def network_paths(graph) -> dict[int, str]:
+    """node id -> the path people recognise, for every node a walk from the root reaches:
+    breadth-first with optimizer edges taken last, then slot variables as
+    `<variable>/.OPTIMIZER_SLOT/<optimizer>/<slot>` of those paths."""
+    return _paths.walked_paths(
+        graph, defer=_paths.OptimizerEdges(graph))

@@ -1,0 +1,515 @@
+"""Object paths of live objs and of checkpoints on disk.
+
+`tree(obj)` walks a live obj's dependency graph the way `tf.train.Checkpoint`
+does; `read_tree(prefix)` reads the same mapping from a checkpoint's object
+graph proto and index, without reading tensor data. Both give TF's canonical
+object paths in TF's order, so the two can be compared key by key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import weakref
+from collections.abc import Iterator, Mapping
+
+import tensorflow as tf
+
+from objckpt import _compat, errors
+from objckpt._base import paths as _paths
+from objckpt._base import render as _render
+from objckpt._bundle import files as _files
+from objckpt._bundle import index as _bundle
+
+__all__ = ["CheckpointTree", "Entry", "VariableTree", "read_tree", "tree"]
+
+
+
+class FrozenMapping(Mapping):
+    """An ordered, read-only mapping from object path to a value."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self, items: dict):
+        self._items = items
+
+    def __getitem__(self, path):
+        return self._items[path]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def as_dict(self) -> dict:
+        """The underlying path -> value dict (not a copy: read it, never change it)."""
+        return self._items
+
+    def __contains__(self, path) -> bool:
+        return path in self._items
+
+
+class VariableTree(FrozenMapping):
+    """Ordered mapping object path -> variable of a live obj (see `tree`)."""
+
+    __slots__ = ("__weakref__", "_fingerprint", "_owner", "_plans", "fused")
+
+    def __init__(self, items: dict, fingerprint=None, owner=None):
+        super().__init__(items)
+        self.fused = _compat.FusedOps(items.values())
+        # Checked restore plans from Snapshots of other trees (see objckpt.restore).
+        self._plans: dict = {}
+        self._fingerprint = fingerprint
+        try:
+            self._owner = weakref.ref(owner) if owner is not None else None
+        except TypeError:  # not weak-referenceable
+            self._owner = None
+
+    @property
+    def plans(self) -> dict:
+        """Checked restore plans from Snapshots of other trees, kept by `objckpt.restore`."""
+        return self._plans
+
+    def network_aliases(self) -> dict[str, str]:
+        """Network path -> canonical path, where a variable's canonical path runs
+        through an optimizer (a trained Keras 3 model); empty when none does or
+        the obj is gone."""
+        owner = self._owner() if self._owner is not None else None
+        if owner is None:
+            return {}
+        path_of = {id(v): p for p, v in self._items.items()}
+        return {path: path_of[id(v)] for path, v in _compat.network_variable_paths(owner)
+                if id(v) in path_of and path_of[id(v)] != path}
+
+    def graph_aliases(self) -> dict[str, str]:
+        """Every other path to a variable that a checkpoint's graph should record.
+
+        `network_aliases`, plus each edge TF's object graph has to a variable
+        besides its canonical one (a Keras 3 optimizer's `_trainable_variables`
+        list), so a checkpoint written from paths holds the edges TF writes.
+        """
+        owner = self._owner() if self._owner is not None else None
+        if owner is None:
+            return {}
+        path_of = {id(v): p for p, v in self._items.items()}
+        aliases = {path: path_of[id(v)] for path, v in _compat.variable_edges(owner)
+                   if id(v) in path_of and path_of[id(v)] != path}
+        aliases.update(self.network_aliases())
+        return aliases
+
+    def slot_owners(self) -> dict[str, tuple[str, str]]:
+        """{optimizer variable path: (path of the variable it belongs to, role)}."""
+        owner = self._owner() if self._owner is not None else None
+        out = {}
+        for path in self._items:
+            parts = _paths.split_slot(path)
+            if parts is not None:
+                out[path] = (parts[0], parts[2])
+        if owner is None:
+            return out
+        path_of = {id(v): p for p, v in self._items.items()}
+        for variable, role, slot in _compat.optimizer_slot_lists(owner, self._items.values()):
+            if id(variable) in path_of and id(slot) in path_of:
+                out[path_of[id(slot)]] = (path_of[id(variable)], role)
+        return out
+
+    def __repr__(self) -> str:
+        head = ", ".join(list(self)[:3]) + (", ..." if len(self) > 3 else "")
+        return f"VariableTree({len(self)} variables: {head})"
+
+
+# obj -> VariableTree, reused while obj's variable fingerprint is unchanged.
+_TREE_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def tree(obj) -> VariableTree:
+    """Returns the ordered mapping object path -> variable of a live obj.
+
+    For everything TF's object graph reaches, the key set is the one
+    `tf.train.Checkpoint(root=obj)` writes, minus `save_counter`: a variable
+    reachable by two paths (a shared layer) appears once, under TF's canonical
+    (breadth-first) path; optimizer slot variables keep TF's
+    `<variable>/.OPTIMIZER_SLOT/<optimizer>/<slot>` form. What TF's graph
+    misses follows: Keras 3 layers held in lists and dicts, under the paths
+    tf_keras gives the same code (`blocks/0/dense/_kernel`), and Keras 3
+    `SeedGenerator` states (`dropout/seed_generator/state`). Every variable in
+    a Keras obj's `variables` (and its optimizer's) is covered. Keras 3
+    `keras.Variable`s are resolved to the `tf.Variable` they wrap, so every
+    value of the mapping can be read and assigned.
+
+    Args:
+      obj: a trackable: Keras model or layer (any flavour), `tf.Module`,
+        `tf.train.Checkpoint` or optimizer.
+
+    Returns:
+      A read-only `VariableTree` (a `Mapping[str, tf.Variable]`).
+
+    Raises:
+      UnsupportedObjectError: obj is not trackable.
+      UntrackedVariableError: obj owns a variable no attribute path reaches
+        (a layer held in a set); the message names it and its layer.
+
+    Example:
+      >>> objckpt.tree(model)["hidden/_kernel"].shape
+      TensorShape([3, 4])
+    """
+    if not _compat.is_trackable(obj):
+        raise errors.UnsupportedObjectError(
+            f"objckpt.tree needs a trackable obj (a Keras model or layer, a tf.Module, a "
+            f"tf.train.Checkpoint). Received: obj of type {type(obj).__name__}. "
+            "Fix: wrap plain variables in a tf.Module or tf.train.Checkpoint first.",
+            obj=type(obj).__name__)
+    fingerprint = _compat.fingerprint(obj)
+    if fingerprint is not None:
+        try:
+            cached = _TREE_CACHE.get(obj)
+        except TypeError:  # not weak-referenceable
+            cached = None
+        if cached is not None and cached._fingerprint == fingerprint:
+            return cached
+    result = VariableTree(dict(_compat.variable_paths(obj)), fingerprint, obj)
+    # A Keras 3 model in the middle of its first build owns variables its graph does not
+    # reach yet: such a tree is not kept, or it would outlive the build.
+    if fingerprint is not None and len(result) >= len(set(fingerprint)):
+        with contextlib.suppress(TypeError):  # not weak-referenceable: no caching
+            _TREE_CACHE[obj] = result
+    return result
+
+
+def is_cached(obj, variables) -> bool:
+    """Whether `variables` is the tree cached for obj (kept alive while obj is unchanged)."""
+    try:
+        return _TREE_CACHE.get(obj) is variables
+    except TypeError:  # not weak-referenceable
+        return False
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One variable of a checkpoint, read from metadata only.
+
+    Attributes:
+      shape: the stored shape.
+      dtype: the stored `tf.DType`.
+      key: the checkpoint key (`<object path>/.ATTRIBUTES/VARIABLE_VALUE`).
+      name: the variable's name when it was saved (TF1-style full name), or "".
+    """
+
+    shape: tuple[int, ...]
+    dtype: tf.DType
+    key: str
+    name: str = ""
+
+    @property
+    def nbytes(self) -> int:
+        count = 1
+        for dim in self.shape:
+            count *= dim
+        return count * self.dtype.size
+
+
+class CheckpointTree(FrozenMapping):
+    """Ordered mapping object path -> `Entry` of a checkpoint (see `read_tree`).
+
+    Attributes:
+      prefix: the checkpoint prefix it was read from.
+      object_graph: the `TrackableObjectGraph` proto stored in the checkpoint.
+    """
+
+    __slots__ = ("object_graph", "prefix")
+
+    def __init__(self, items: dict, prefix: str, object_graph):
+        super().__init__(items)
+        self.prefix = prefix
+        self.object_graph = object_graph
+
+    @property
+    def nbytes(self) -> int:
+        return sum(entry.nbytes for entry in self._items.values())
+
+    def __repr__(self) -> str:
+        return f"CheckpointTree({self.prefix!r}, {len(self)} variables)"
+
+
+@errors.about_arguments(source="source")
+def read_tree(source: str | os.PathLike) -> CheckpointTree:
+    """Reads object path -> (shape, dtype, key) from a checkpoint's metadata.
+
+    Only the index and the object graph proto are read; no tensor data.
+
+    Args:
+      source: a checkpoint prefix (`prefix.index` may be given too) or a
+        directory of managed checkpoints (its newest intact one is read).
+
+    Returns:
+      A `CheckpointTree`, ordered like `tree(obj)` of the obj that wrote it.
+
+    Raises:
+      CheckpointNotFoundError: nothing at `source`.
+      CheckpointCorruptError: the index or object graph cannot be read.
+      NotObjectBasedError: a name-based (TF1 `Saver`) checkpoint.
+    """
+    prefix, _ = _files.resolve_prefix(source)
+    return read_tree_at(prefix)
+
+
+def read_tree_at(prefix: str) -> CheckpointTree:
+    reader, index = _files.open_checked(prefix)
+    entries = index.entries
+    if _compat.OBJECT_GRAPH_KEY not in entries:
+        sample = ", ".join(f"`{_render.safe(k)}`" for k in sorted(entries)[:3])
+        raise errors.NotObjectBasedError(
+            f"Checkpoint `{prefix}` is name-based (written by tf.compat.v1.train.Saver): its "
+            f"{len(entries)} entries are keyed by global variable name ({sample}) and it has no "
+            "object graph, so it cannot be matched by object structure. Expected: an object-based "
+            "checkpoint. Fix: map its names onto your model with objckpt.plan(...) and "
+            "objckpt.migrate(...) using rules, e.g. rules=[('^model_001/', '')].", source=prefix)
+    try:
+        graph_bytes = reader.get_tensor(_compat.OBJECT_GRAPH_KEY)
+        graph = _compat.TrackableObjectGraph()
+        graph.ParseFromString(graph_bytes)
+    except Exception as err:  # DataLossError, DecodeError: both mean damage
+        raise errors.CheckpointCorruptError(
+            f"Checkpoint `{prefix}` has a damaged object graph (`{_compat.OBJECT_GRAPH_KEY}`): "
+            f"{_render.first_line(err)}. Fix: restore from another checkpoint, or write this one "
+            "again.", source=prefix) from err
+    # Node ids, child names and slots here; checkpoint keys in the loop below (one pass).
+    _bundle.check_graph(graph, entries, prefix, attributes=False)
+    items, owner, sorted_keys = {}, {_compat.OBJECT_GRAPH_KEY: -1}, None
+    for node_id, node in enumerate(graph.nodes):
+        for attribute in node.attributes:
+            key = attribute.checkpoint_key
+            entry = entries.get(key)
+            if entry is None and attribute.name != _paths.VARIABLE_VALUE:
+                if sorted_keys is None:
+                    sorted_keys = sorted(entries)
+                if _bundle.saved_under(key, sorted_keys):  # a saveable of several tensors
+                    continue
+            if entry is None or owner.setdefault(key, node_id) != node_id:
+                path = _render.safe(_paths.path_of_key(key))
+                problem = ("the index has no such tensor" if entry is None else
+                           "another node of the graph names the same key")
+                raise errors.CheckpointCorruptError(
+                    f"Checkpoint `{prefix}`: the object graph lists `{path}` (key "
+                    f"`{_render.safe(key)}`, node {node_id}) but {problem}. The checkpoint is "
+                    "inconsistent: nothing was read into any variable. Fix: restore from another "
+                    "checkpoint, or write this one again.", source=prefix)
+            if attribute.name == _paths.VARIABLE_VALUE:
+                items[_paths.path_of_key(key)] = Entry(
+                    entry.shape, tf.as_dtype(entry.dtype), key, attribute.full_name)
+    return CheckpointTree(items, prefix, graph)
+
+
+def build_object_graph(paths: list[str], names: list[str], aliases: dict | None = None):
+    """Builds the `TrackableObjectGraph` proto for variables at `paths`.
+
+    Each path becomes a chain of child edges from the root; slot variables
+    become slot references on their optimizer node, as TF writes them.
+    `tf.train.Checkpoint(root=obj).read(...)` walks these edges, so any obj
+    whose tree has these paths restores from the result. `aliases` ({other
+    path: path}) adds a second chain of edges to the same variable, as TF
+    records for a trained Keras 3 model's weights (reachable through its
+    layers and through its optimizer), so an untrained copy restores too.
+    """
+    graph = _compat.TrackableObjectGraph()
+    graph.nodes.add()
+    node_of: dict[str, int] = {"": 0}
+
+    def node_for(path: str) -> int:
+        if path in node_of:
+            return node_of[path]
+        parent_path, _, local = path.rpartition("/")
+        parent = node_for(parent_path)
+        node_id = len(graph.nodes)
+        graph.nodes.add()
+        graph.nodes[parent].children.add(node_id=node_id, local_name=_paths.unescape(local))
+        node_of[path] = node_id
+        return node_id
+
+    def add_value(node_id: int, path: str, name: str) -> None:
+        graph.nodes[node_id].attributes.add(
+            name=_paths.VARIABLE_VALUE, full_name=name,
+            checkpoint_key=_paths.checkpoint_key(path))
+
+    slots = []
+    for path, name in zip(paths, names):
+        parts = _paths.split_slot(path)
+        if parts is None:
+            add_value(node_for(path), path, name)
+        else:
+            slots.append((path, name, parts))
+    for path, name, (variable, optimizer, slot) in slots:
+        optimizer_id = node_for(optimizer)
+        slot_id = len(graph.nodes)
+        graph.nodes.add()
+        add_value(slot_id, path, name)
+        graph.nodes[optimizer_id].slot_variables.add(
+            original_variable_node_id=node_for(variable), slot_name=slot,
+            slot_variable_node_id=slot_id)
+    for alias, path in (aliases or {}).items():
+        if path in node_of and alias not in node_of:
+            parent_path, _, local = alias.rpartition("/")
+            graph.nodes[node_for(parent_path)].children.add(node_id=node_of[path],
+                                                            local_name=_paths.unescape(local))
+            node_of[alias] = node_of[path]
+    fields = _compat.TrackableObjectGraph.TrackableObject.DESCRIPTOR.fields_by_name
+    if "has_checkpoint_values" in fields:
+        for node in graph.nodes:
+            node.has_checkpoint_values.value = True
+    return graph
+
+
+def network_aliases(graph) -> dict[str, str]:
+    """{network path: canonical path} for variables whose canonical path runs elsewhere.
+
+    A Keras 3 model that was trained has its weights' canonical paths under
+    `optimizer/_trainable_variables/N`; their paths through the layers (what
+    an untrained copy of the model has) are found by a walk that skips
+    optimizer nodes.
+    """
+    return {path: full for path, full in subtree_paths(graph, "", skip_optimizers=True).items()
+            if path != full}
+
+
+def subtree_paths(graph, at: str, skip_optimizers: bool = False, index=None) -> dict[str, str]:
+    """Maps object path within the `at` subtree -> full object path, from a graph proto.
+
+    Paths are what `tree(child)` would give for the live child at `at`: a
+    breadth-first walk from that node, so a variable whose canonical path
+    goes through a sibling (e.g. a Keras 3 optimizer's `_trainable_variables`)
+    is still found under the subtree. Slot variables belong to the subtree
+    when both their variable and their optimizer do. `index`: a `GraphIndex`
+    of the same graph, shared by many calls (each then finds `at` in time linear
+    in its depth, not in the width of the nodes on the way).
+    """
+    node_id = (index or GraphIndex(graph)).node_at(at)
+    if node_id is None:
+        return {}
+    return subtree_paths_from(graph, node_id, skip_optimizers)
+
+
+def subtree_paths_from(graph, node_id: int, skip_optimizers: bool = False) -> dict[str, str]:
+    """`subtree_paths` of the subtree rooted at node `node_id`: linear in its size."""
+    skip = _paths.OptimizerEdges(graph) if skip_optimizers else None
+    paths = _paths.graph_paths(graph, node_id, skip)
+    order = list(paths)
+    result = {}
+
+    def add(node, path):
+        for attribute in graph.nodes[node].attributes:
+            if attribute.name == _paths.VARIABLE_VALUE:
+                result[path] = _paths.path_of_key(attribute.checkpoint_key)
+
+    for current in order:
+        add(current, paths[current])
+    for current in order:
+        for slot in graph.nodes[current].slot_variables:
+            if slot.original_variable_node_id in paths:
+                add(slot.slot_variable_node_id,
+                    f"{paths[slot.original_variable_node_id]}/{_paths.OPTIMIZER_SLOT}/"
+                    f"{paths[current]}/{slot.slot_name}")
+    return result
+
+
+_NO_CHILDREN: dict = {}  # shared by every leaf of a GraphIndex (never written)
+
+
+class GraphIndex:
+    """A graph proto's child edges by name, node by node, each node's built on first use.
+
+    A lookup of one edge is then O(1) however many children the node has (a root with
+    200,000 children, as a crafted or very wide checkpoint has): finding many subtrees
+    costs the sum of their depths, not depth times width.
+    """
+
+    __slots__ = ("_children", "graph")
+
+    def __init__(self, graph):
+        self.graph = graph
+        self._children: dict[int, dict[str, int]] = {}
+
+    def children(self, node_id: int) -> dict[str, int]:
+        """{edge name (unescaped): child node id} of one node; the first edge of a name."""
+        found = self._children.get(node_id)
+        if found is None:
+            children = self.graph.nodes[node_id].children
+            if not children:
+                return _NO_CHILDREN
+            found = {}
+            for child in children:
+                found.setdefault(child.local_name, child.node_id)
+            self._children[node_id] = found
+        return found
+
+    def node_at(self, at: str) -> int | None:
+        """The node an object path (`/`-joined escaped edge names) leads to, or None."""
+        node_id = 0
+        for component in filter(None, at.split("/")):
+            node_id = self.children(node_id).get(_paths.unescape(component))
+            if node_id is None:
+                return None
+        return node_id
+
+    def value_path(self, node_id: int) -> str | None:
+        """The path of the checkpoint key a node's value is stored under (its last
+        VARIABLE_VALUE attribute, as `subtree_paths` takes it), or None."""
+        found = None
+        for attribute in self.graph.nodes[node_id].attributes:
+            if attribute.name == _paths.VARIABLE_VALUE:
+                found = _paths.path_of_key(attribute.checkpoint_key)
+        return found
+
+    def holding(self, names, wanted: dict, specs: dict) -> list[str]:
+        """The top-level `names` whose subtree may hold every path of `wanted`.
+
+        wanted: {object path: (shape tuple, dtype)}; specs: {full path: (shape, dtype)}.
+        A necessary condition of `subtree_paths(graph, name)` holding each path with that
+        shape and dtype (its paths are edges from the subtree's node; child names are
+        unique, `_bundle.check_graph`): each path's edges lead from the name's node to a
+        node whose value has that shape and dtype. Slot paths are not checked. Each pair
+        (wanted prefix, node) is checked once, so the cost is linear in the graph's nodes
+        and edges whatever nodes the names share.
+        """
+        leaf = object()
+        trie: dict = {}
+        for path, spec in wanted.items():
+            if _paths.split_slot(path) is not None:
+                continue
+            node = trie
+            for component in path.split("/"):
+                node = node.setdefault(_paths.unescape(component), {})
+            node[leaf] = spec
+        memo: dict = {}
+
+        def holds(branch: dict, node_id: int) -> bool:
+            key = (id(branch), node_id)
+            found = memo.get(key)
+            if found is None:
+                found = True
+                spec = branch.get(leaf)
+                if spec is not None:
+                    full = self.value_path(node_id)
+                    have = specs.get(full) if full is not None else None
+                    found = have is not None and (tuple(have[0]), have[1]) == spec
+                if found:
+                    kids = self.children(node_id)
+                    for name, below in branch.items():
+                        if name is leaf:
+                            continue
+                        child = kids.get(name)
+                        if child is None or not holds(below, child):
+                            found = False
+                            break
+                memo[key] = found
+            return found
+
+        top = self.children(0)
+        return [name for name in names
+                if (node := top.get(_paths.unescape(name))) is not None and holds(trie, node)]
+
+
+def top_level_names(graph) -> list[str]:
+    """The escaped names of the root's children in a graph proto."""
+    return [_paths.escape(child.local_name) for child in graph.nodes[0].children]

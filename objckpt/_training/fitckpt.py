@@ -1,0 +1,202 @@
+"""What `callbacks.Checkpointing` does inside `model.fit`: counters, resume, SIGTERM.
+
+The callback is a thin adapter; this module keeps the position of training
+(epoch, batch in the epoch, global step), resumes it from the newest intact
+checkpoint (starting epoch and skipped batches, through `_compat`), says so
+in one line on stdout (or that training is already finished), decides when to
+save, and turns a SIGTERM into one more save and a stop (in a single process; with
+several workers SIGTERM keeps its usual effect, see `_install_sigterm`).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import warnings
+
+from objckpt import _compat
+from objckpt._training import checkpointing as _checkpointing
+
+
+class FitCheckpointer:
+    """Drives a `CheckpointDirectory` from the hooks of one `Checkpointing` callback."""
+
+    def __init__(self, callback):
+        self.callback = callback
+        self.manager = None
+        self.epoch = self.step = self.batch = 0
+        self._epoch_start_step = 0
+        self._skip_until = 0  # batches of the resumed epoch the checkpoint had trained on
+        self._skip_calls = 0  # train-function calls to skip, from the resumed epoch's start
+        self._sigterm = self._stopped = False
+        self._previous_handler = None
+        self._warned_monitor = False
+
+    # --- hooks ----------------------------------------------------------------------
+
+    def begin(self, model) -> None:
+        cb = self.callback
+        if self.manager is not None:
+            self.manager.release()  # an earlier fit of ours that raised
+        if self.manager is None or self.manager.root.model is not model:
+            self.manager = _checkpointing.CheckpointDirectory(
+                cb.directory, model, max_to_keep=cb.max_to_keep, keep_best=cb.keep_best,
+                mode=cb.mode, async_save=cb.async_save, on_error=cb.on_error,
+                durable=getattr(cb, "durable", None),
+                fingerprint=lambda: _compat.fingerprint(model))
+        cb.manager, cb.saved, cb.resumed_from = self.manager, [], None
+        _compat.unskip_fit_batches(model)
+        latest = self.manager.open()
+        try:
+            self.epoch = self.step = self.batch = self._skip_until = self._skip_calls = 0
+            if latest is not None:
+                self._resume(model, latest)
+        except BaseException:
+            self.manager.close()
+            raise
+        self._epoch_start_step = self.step - self._skip_until
+        self._install_sigterm()
+
+    def _resume(self, model, latest) -> None:
+        counters = self.manager.restore(latest, "Checkpointing", "at the start of fit")
+        self.callback.resumed_from = latest.prefix
+        self.epoch, self.step, self.batch = counters["epoch"], counters["step"], counters["batch"]
+        self._skip_until = self.batch
+        if self.callback.verbose:
+            print(resume_line(latest.prefix, self.epoch, self.batch, self.step,
+                              (self.callback.params or {}).get("epochs")), flush=True)
+        _compat.set_fit_start_epoch(model, self.epoch)
+        # Skipped from the resumed epoch's start (epoch_begin): a callback may make a new
+        # train function when training begins (FreezeSchedule does), after this one.
+        self._skip_calls = self.batch // _compat.steps_per_execution(model)
+
+    def _install_sigterm(self) -> None:
+        self._sigterm = self._stopped = False
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if self.manager.cluster is not None:
+            # Several workers: one more save on the worker that got the signal alone would
+            # wait forever for the others (saving is collective). The signal keeps its usual
+            # effect; a restart resumes from the newest checkpoint the chief committed.
+            return
+
+        def on_sigterm(signum, frame):
+            self._sigterm = True
+
+        self._previous_handler = signal.signal(signal.SIGTERM, on_sigterm)
+
+    def epoch_begin(self, epoch) -> None:
+        self.epoch = epoch
+        if self._skip_calls:
+            _compat.skip_fit_batches(self.callback.model, self._skip_calls)
+            self._skip_calls = 0
+        if self._skip_until == 0:
+            self.batch = 0
+            self._epoch_start_step = self.step
+
+    def batch_end(self, batch, logs) -> None:
+        if batch + 1 <= self._skip_until:
+            return  # a batch the restored checkpoint had trained on already
+        self._skip_until = 0
+        before, freq = self.step, self.callback.save_freq
+        self.batch, self.step = batch + 1, self._epoch_start_step + batch + 1
+        if (freq != "epoch" and self.step // freq > before // freq) or self._sigterm:
+            self.save(logs, mid_epoch=True)
+        if self._sigterm:
+            self._stop()
+
+    def epoch_end(self, epoch, logs) -> None:
+        if self._stopped:  # by SIGTERM, mid-epoch: the epoch is not done, and was saved
+            return
+        self._skip_until = 0
+        self.epoch, self.batch = epoch + 1, 0
+        if self.callback.save_freq == "epoch" or self._sigterm:
+            self.save(logs)
+        if self._sigterm:
+            self._stop()
+
+    def _stop(self) -> None:
+        self._stopped = True
+        self.callback.model.stop_training = True
+
+    def end(self, model) -> None:
+        _compat.set_fit_start_epoch(model, None)
+        _compat.unskip_fit_batches(model)
+        try:
+            self.manager.close()
+        finally:
+            if self._previous_handler is not None:
+                signal.signal(signal.SIGTERM, self._previous_handler)
+                self._previous_handler = None
+                if self._sigterm:  # saved once more: now let the signal take its course
+                    signal.raise_signal(signal.SIGTERM)
+
+    # --- saving -----------------------------------------------------------------------
+
+    def save(self, logs, mid_epoch: bool = False) -> None:
+        """Writes the next checkpoint with the current position and monitored value.
+
+        mid_epoch: saved at a batch's end (save_freq=N, or SIGTERM), where fit's logs hold
+        the training metrics only: validation metrics exist at the end of an epoch.
+        """
+        cb = self.callback
+        value = (logs or {}).get(cb.monitor)
+        if value is None and cb.keep_best and not self._warned_monitor:
+            self._warned_monitor = True
+            warnings.warn(monitor_missing(cb.monitor, logs, cb.save_freq, mid_epoch),
+                          stacklevel=4)
+        counters = self.manager.counters
+        for name, number in (("epoch", self.epoch), ("step", self.step), ("batch", self.batch)):
+            counters[name].assign(number)
+        prefix = self.manager.save(None if value is None else float(value))
+        if prefix is not None:
+            cb.saved.append(prefix)
+
+
+def monitor_missing(monitor: str, logs, save_freq, mid_epoch: bool) -> str:
+    """The warning for a save whose logs lack `monitor` (with keep_best), by its real cause.
+
+    A save after a batch (save_freq=N) sees that batch's logs: training metrics only, as
+    fit computes validation metrics (`val_...`) at the end of an epoch; validation_data
+    cannot put them there. A save at an epoch's end lacks `val_...` when fit had no
+    validation data, or any key fit does not log.
+    """
+    keys = sorted(logs or {})
+    head = (f"Checkpointing: monitor {monitor!r} is not in the logs (keys: {keys}); these "
+            "checkpoints cannot count as best.")
+    if mid_epoch:
+        freq = f"save_freq={save_freq!r}" if save_freq != "epoch" else "a mid-epoch save"
+        if monitor.startswith("val_"):
+            return (f"{head} With {freq} checkpoints are saved after a batch, where fit logs "
+                    f"only training metrics: {monitor!r} exists at the end of an epoch "
+                    f"(validation runs then), whatever validation_data is. Fix: monitor a "
+                    f"training metric such as {monitor[4:]!r}, or save_freq='epoch' to rank "
+                    f"by {monitor!r}.")
+        return (f"{head} With {freq} checkpoints are saved after a batch, whose logs hold "
+                f"these keys only. Fix: monitor one of them, or save_freq='epoch'.")
+    if monitor.startswith("val_"):
+        return (f"{head} Validation metrics are logged at the end of an epoch when fit has "
+                f"validation data. Fix: pass validation_data (or validation_split) to fit, "
+                f"or monitor a key that fit logs.")
+    return f"{head} Fix: monitor a key that fit logs."
+
+
+def resume_line(prefix: str, epoch: int, batch: int, step: int, epochs) -> str:
+    """The line Checkpointing prints on resuming: from where, and what fit does next.
+
+    Args:
+      prefix: the checkpoint restored.
+      epoch, batch, step: its counters (epochs done, batches done in the next, global step).
+      epochs: fit's `epochs` (None when unknown).
+    """
+    if isinstance(epochs, int) and epoch >= epochs:
+        return (f"Checkpointing: training already finished: {prefix} holds {epoch} epoch(s) "
+                f"(step {step}) and fit(epochs={epochs}) counts all epochs, these included, so "
+                "this fit trains no more. To train further, pass a larger epochs= to fit; to "
+                "start over, give Checkpointing a new directory.")
+    of = f" of {epochs}" if isinstance(epochs, int) else ""
+    if batch:
+        return (f"Checkpointing: resumed from {prefix} (epoch {epoch + 1}{of} at batch {batch}, "
+                f"step {step}); training continues with batch {batch + 1} of that epoch.")
+    return (f"Checkpointing: resumed from {prefix} (epoch {epoch}{of} done, step {step}); "
+            f"training continues with epoch {epoch + 1}.")
