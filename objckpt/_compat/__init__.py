@@ -1,8 +1,8 @@
 """The one place that touches TensorFlow/Keras private APIs and flavour differences.
 
 Everything else in objckpt talks to TensorFlow through the names re-exported here, so a change
-in TF internals or a new Keras flavour is handled in this package alone (`tests/test_layers.py`
-enforces it). One module per topic, imports flowing down this list:
+in TF internals or a new Keras flavour is handled in this package alone (`lint-imports`,
+`tests/test_architecture.py` enforce it). One module per topic, imports flowing down this list:
 
 - `variables`: variables of every flavour, distributed values, types clone treats specially;
 - `distribute`: tf.distribute variables: which clone re-creates, under their own strategy;
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import importlib
 
-# Where each name lives (tests/test_layers.py checks this against each module's __all__).
+# Where each name lives (tests/test_architecture.py checks this against each module's __all__).
 # Names load on first use, so importing one TF-free helper does not import TensorFlow.
 _WHERE = {
     "variables": ("CONSTRAINT_ATTR", "as_variable", "clone_types", "fingerprint",
