@@ -53,8 +53,8 @@ def _run_tests(session, *pins, env=None, extras="test", also=(), docs=False, arg
 
 def _install_and_test(session, pins, env, extras, also, args=()):
     session.install(*pins, f".[{extras}]")
-    for args in also:
-        session.install(*args)
+    for packages in also:
+        session.install(*packages)
     session.run("python", "-c", "import tensorflow as tf, keras; "
                 "print('TF', tf.__version__, 'keras', keras.__version__)", env=env)
     # Two pytest-xdist workers (CI has 2 cores): a test file stays on one worker, so its
