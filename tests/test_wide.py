@@ -339,3 +339,28 @@ def test_other_formats_sources_have_the_one_pass_filter(tmp_path):
     assert source.holding(wanted) == [top[0]]
     wrong = {path: ((99,), dtype) for path, (_, dtype) in wanted.items()}
     assert source.holding(wrong) == []
+
+
+def test_savedmodel_walk_tests_each_node_once(monkeypatch):
+    """A SavedModel's object graph is walked with the same memoized optimizer test: 2,000
+    edges to one node of 2,000 children scan its children once, not once per edge."""
+    from objckpt._formats import savedmodel as _savedmodel
+
+    count = 2_000
+    graph = _tree.build_object_graph(["model/dense/kernel"], [""])
+    hub = len(graph.nodes)
+    graph.nodes.add()
+    for i in range(count):
+        graph.nodes.add()
+        graph.nodes[hub].children.add(node_id=hub + 1 + i, local_name=f"c{i}")
+    for i in range(count):
+        graph.nodes[0].children.add(node_id=hub, local_name=f"e{i}")
+    tested = []
+    real = _paths._optimizer_node
+    monkeypatch.setattr(_paths, "_optimizer_node",
+                        lambda node: tested.append(len(node.children)) or real(node))
+    shown = _savedmodel._walk(graph)
+    assert shown[hub] == "e0" and len(shown) == len(graph.nodes)
+    assert not _savedmodel._has_optimizer(graph, shown)  # 4,000 edges, 2,002 nodes
+    # children scanned: each node's once per pass (two passes), not once per edge (4e6)
+    assert sum(tested) <= 4 * 2 * count, sum(tested)

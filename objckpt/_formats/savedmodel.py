@@ -169,11 +169,23 @@ def problems(directory: str) -> list[str]:
 
 
 def _walk(graph) -> dict:
-    """node id -> path people know: serving lists and optimizers walked last; slots too."""
+    """node id -> path people know: serving lists and optimizers walked last; slots too.
+    Each node's optimizer test runs once (`_paths.OptimizerEdges`), however many edges
+    reach it."""
+    optimizer = _paths.OptimizerEdges(graph)
+
     def last(node_id, name):
-        return name in _SERVING_EDGES or _paths.is_optimizer_node(graph, node_id, name)
+        return name in _SERVING_EDGES or optimizer(node_id, name)
 
     return _paths.walked_paths(graph, defer=last)
+
+
+def _has_optimizer(graph, shown) -> bool:
+    """Whether an edge from a shown node leads to an optimizer; each node tested once
+    (`_paths.OptimizerEdges`), however many edges reach it."""
+    is_optimizer = _paths.OptimizerEdges(graph)
+    return any(is_optimizer(c.node_id, c.local_name)
+               for node_id in shown for c in graph.nodes[node_id].children)
 
 
 def _entries(directory, prefix, saved, index, graph) -> Variables:
@@ -211,8 +223,7 @@ def _entries(directory, prefix, saved, index, graph) -> Variables:
                      "variables reachable only through `keras_api` ("
                      + ", ".join(f"`{_render.safe(m)}`" for m in metrics[:4])
                      + ", ..." * (len(metrics) > 4) + ") are not model weights: not read")
-    optimizer = any(_paths.is_optimizer_node(graph, c.node_id, c.local_name)
-                    for node_id in shown for c in graph.nodes[node_id].children)
+    optimizer = _has_optimizer(graph, shown)
     return Variables(directory, prefix, tuple(rows), tuple(notes), index, graph, optimizer)
 
 
