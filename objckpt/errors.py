@@ -90,6 +90,20 @@ def parse_fix(message: str) -> str | None:
     return message[at + len(_FIX):].strip() or None
 
 
+def _alias(attribute: str) -> property:
+    """An old attribute name kept as an alias of a common one (`path` of `obj`, `prefix` and
+    `directory` of `source`): reads "" when unset, writes through."""
+
+    def get(self) -> str:
+        value = getattr(self, attribute)
+        return value if value is not None else ""
+
+    def set_(self, value: str) -> None:
+        setattr(self, attribute, value)
+
+    return property(get, set_)
+
+
 class ObjckptError(Exception):
     """Base class of every error objckpt raises on purpose.
 
@@ -221,13 +235,7 @@ class CloneError(UnsupportedObjectError):
         super().__init__(message, **about)
         self.object_type = object_type
 
-    @property
-    def path(self) -> str:
-        return self.obj if self.obj is not None else ""
-
-    @path.setter
-    def path(self, value: str) -> None:
-        self.obj = value
+    path = _alias("obj")
 
 
 class DistributedVariableError(UnsupportedObjectError):
@@ -247,13 +255,7 @@ class DistributedVariableError(UnsupportedObjectError):
         super().__init__(message, **about)
         self.variable_type = variable_type
 
-    @property
-    def path(self) -> str:
-        return self.obj if self.obj is not None else ""
-
-    @path.setter
-    def path(self, value: str) -> None:
-        self.obj = value
+    path = _alias("obj")
 
 
 # --- the directory --------------------------------------------------------------------------
@@ -262,13 +264,7 @@ class DistributedVariableError(UnsupportedObjectError):
 class _InDirectory:
     """`directory` as an alias of `source`."""
 
-    @property
-    def directory(self) -> str:
-        return self.source if self.source is not None else ""
-
-    @directory.setter
-    def directory(self, value: str) -> None:
-        self.source = value
+    directory = _alias("source")
 
 
 class DirectoryLockedError(_InDirectory, DirectoryError, BlockingIOError):
@@ -297,13 +293,7 @@ class CheckpointWriteError(DirectoryError, OSError):
         about.setdefault("source", prefix or None)
         super().__init__(message, **about)
 
-    @property
-    def prefix(self) -> str:
-        return self.source if self.source is not None else ""
-
-    @prefix.setter
-    def prefix(self, value: str) -> None:
-        self.source = value
+    prefix = _alias("source")
 
 
 class CheckpointDirectoryError(_InDirectory, DirectoryError, FileExistsError):
