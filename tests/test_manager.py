@@ -166,7 +166,7 @@ def test_keeps_the_newest_and_the_best_and_reads_the_best_back(tmp_path, mode):
 def test_arguments_step_and_metrics_are_validated(tmp_path):
     obj = Tiny()
     for kwargs, message in [
-        (dict(directory="gs://bucket/run"), "CheckpointManager needs a local directory path"),
+        (dict(directory=3), "CheckpointManager needs a directory: a local path or a URL"),
         (dict(max_to_keep=0), "max_to_keep must be an int >= 1 (the newest checkpoints to "
                               "keep). Received: max_to_keep=0."),
         (dict(keep_best=-1), "keep_best must be an int >= 0"),

@@ -42,11 +42,11 @@ def checkpoint_directory(who: str, directory, *, max_to_keep, keep_best, monitor
     Raises:
       InvalidArgumentError: naming the argument, what it must be and what was received.
     """
-    if not isinstance(directory, (str, os.PathLike)) or "://" in os.fspath(directory):
+    if not isinstance(directory, (str, os.PathLike)):
         raise errors.InvalidArgumentError(
-            f"{who} needs a local directory path (it locks the directory and "
-            f"renames files atomically). Received: directory={directory!r}. Fix: pass a "
-            "local path; copy the checkpoints to remote storage afterwards.")
+            f"{who} needs a directory: a local path or a URL such as gs://bucket/run or "
+            f"s3://bucket/run. Received: directory={directory!r}. Fix: pass a path or a URL "
+            "string.")
     check_count("max_to_keep", max_to_keep, 1, "the newest checkpoints to keep")
     check_count("keep_best", keep_best, 0, "the best checkpoints to keep as well")
     check_choice("mode", mode, ("min", "max"))
