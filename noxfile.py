@@ -75,7 +75,8 @@ def keras3(session):
     side = os.path.join(session.virtualenv.location, "notebook-site")
     session.run("python", "-m", "pip", "install", "--quiet", "--upgrade", "--no-deps",
                 "--target", side, "tf_keras")
-    _run_tests(session, "tensorflow", extras="test,notebooks", also=(*KERAS_HUB, MARKDOWN_DOCS),
+    _run_tests(session, "tensorflow", extras="test,notebooks,remote-test",
+               also=(*KERAS_HUB, MARKDOWN_DOCS),
                env={"TF_USE_LEGACY_KERAS": "0", "OBJCKPT_NOTEBOOK_PATH": side}, docs=True)
 
 
@@ -107,4 +108,5 @@ def quick(session):
     """The quick tier: latest TF with Keras 3, without the `slow`, `multiworker`,
     `subprocess` and `fuzz` tests (conftest.py fails a test here that starts a Python
     process). Not in nox.options.sessions: `nox` and `.ci/run` run the full matrix."""
-    _run_tests(session, "tensorflow", env={"TF_USE_LEGACY_KERAS": "0"}, args=("-m", QUICK))
+    _run_tests(session, "tensorflow", env={"TF_USE_LEGACY_KERAS": "0"}, extras="test,remote-test",
+               args=("-m", QUICK))
