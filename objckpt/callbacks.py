@@ -261,9 +261,27 @@ class Checkpointing(_FlavourFreeCallback):
     Args:
       directory: a local directory of checkpoints (created if missing); one
         writer at a time (others get `DirectoryLockedError`).
-      max_to_keep: keep the newest this many checkpoints (>= 1).
+      max_to_keep: keep the newest this many checkpoints (>= 1; None: keep all).
       keep_best: also keep this many best checkpoints by `monitor`; the best
         set is read back from the checkpoints on restart.
+      keep_every_n_steps: also keep forever every checkpoint whose global training
+        step (batches since the start) is a multiple of this (Orbax's keep_period);
+        None: off.
+      keep_every_n_hours: TF CheckpointManager's `keep_checkpoint_every_n_hours`: a
+        checkpoint leaving the newest `max_to_keep` is kept forever when it was saved at
+        least this many hours after the last one so kept (TF's `last_preserved_timestamp`
+        in the `checkpoint` state file, so it survives restarts); None: off.
+      keep: a callable `(Kept) -> bool` (`Kept`: `.number`, `.prefix`, `.step`, `.metric`,
+        `.timestamp`); True keeps that checkpoint forever. It is asked about each
+        checkpoint no other rule keeps, so it must answer from the `Kept` alone; if it
+        raises, the save raises `InvalidArgumentError` naming the checkpoint, with nothing
+        written or deleted.
+      checkpoint_interval: skip a save less than this many steps after the last one
+        saved (TF's name; the step counter decides, also after a restart); None: off.
+      min_interval_seconds: skip a save less than this many seconds after the last one
+        saved (its timestamp, also after a restart); None: off.
+        A checkpoint stays when any of these rules keeps it (docs/retention.md). The
+        one more save on SIGTERM is never skipped.
       monitor: the logs key saved with each checkpoint and ranked for
         `keep_best` (e.g. "val_loss"; "loss" for batch-level saves).
       mode: "min" or "max": which value of `monitor` is better.
@@ -303,22 +321,29 @@ class Checkpointing(_FlavourFreeCallback):
         submitted; one still waiting when a newer save comes is superseded and
         never written, see `manager.superseded`).
       manager: the `CheckpointDirectory` (its `kept` and `best()` list the
-        checkpoints kept).
+        checkpoints kept; `skipped` counts the saves skipped as too soon).
+      rules: the retention rules beyond max_to_keep and keep_best, by keyword.
 
     Example:
       >>> ckpt = objckpt.callbacks.Checkpointing("/tmp/run", keep_best=2)
       >>> model.fit(x, y, epochs=10, validation_data=(vx, vy), callbacks=[ckpt])
     """
 
-    def __init__(self, directory, *, max_to_keep: int = 5, keep_best: int = 0,
+    def __init__(self, directory, *, max_to_keep: int | None = 5, keep_best: int = 0,
                  monitor: str = "val_loss", mode: str = "min", save_freq="epoch",
-                 async_save: bool = False, on_error: str = "raise", verbose: int = 1,
-                 durable: bool | None = None):
+                 keep_every_n_steps: int | None = None, keep_every_n_hours: float | None = None,
+                 keep=None, checkpoint_interval: int | None = None,
+                 min_interval_seconds: float | None = None, async_save: bool = False,
+                 on_error: str = "raise", verbose: int = 1, durable: bool | None = None):
         super().__init__()
+        self.rules = dict(keep_every_n_steps=keep_every_n_steps,
+                          keep_every_n_hours=keep_every_n_hours, keep=keep,
+                          checkpoint_interval=checkpoint_interval,
+                          min_interval_seconds=min_interval_seconds)
         self.directory = _options.checkpoint_directory(
             "Checkpointing", directory, max_to_keep=max_to_keep, keep_best=keep_best,
             monitor=monitor, mode=mode, async_save=async_save, on_error=on_error,
-            verbose=verbose, durable=durable)
+            verbose=verbose, durable=durable, **self.rules)
         self.durable = durable
         if save_freq != "epoch":
             _options.check_count("save_freq", save_freq, 1, '"epoch" or save every N batches')

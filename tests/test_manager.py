@@ -168,7 +168,7 @@ def test_arguments_step_and_metrics_are_validated(tmp_path):
     for kwargs, message in [
         (dict(directory=3), "CheckpointManager needs a directory: a local path or a URL"),
         (dict(max_to_keep=0), "max_to_keep must be an int >= 1 (the newest checkpoints to "
-                              "keep). Received: max_to_keep=0."),
+                              "keep; None: all). Received: max_to_keep=0."),
         (dict(keep_best=-1), "keep_best must be an int >= 0"),
         (dict(mode="avg"), "mode must be one of 'min', 'max'. Received: mode='avg'."),
         (dict(on_error="ignore"), "on_error must be one of 'raise', 'warn'."),

@@ -50,6 +50,7 @@ import os
 import re
 import time
 import warnings
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -88,7 +89,7 @@ def _stage(name: str) -> None:
         fault_hook(name)
 
 
-Kept = _retention.Kept  # one committed checkpoint (number, prefix, metric, timestamp)
+Kept = _retention.Kept  # one committed checkpoint (number, prefix, metric, timestamp, step)
 
 
 # The errors one worker learns another raised (by code; 0: none), and the type it raises then.
@@ -385,6 +386,16 @@ def _read_metric(prefix: str) -> float:
         return math.nan
 
 
+def _read_counter(prefix: str, name: str = "step") -> int | None:
+    """A counter (`epoch`, `step`, `batch`) saved in a checkpoint (None: none)."""
+    try:
+        value = tf.train.load_checkpoint(prefix).get_tensor(
+            name + _paths.ATTRIBUTES + _paths.VARIABLE_VALUE)
+        return int(value)
+    except Exception:  # written by something else: no step, never kept for it
+        return None
+
+
 class MultiWorker:
     """A `CheckpointDirectory`'s part in the multi-worker protocol (see the module's
     docstring): every worker calls `open`, `restore`, `save` and `wait` at the same points;
@@ -446,7 +457,7 @@ class MultiWorker:
         file; `number` (0: none) is the one the chief resumes from and must be intact here."""
         owner, commits = self.owner, self.owner.commits
         owner._next = following
-        owner.kept = []
+        owner._resumed([])
         if not number:
             return None
         problem = _files.check_intact(commits.prefix(number))
@@ -462,8 +473,7 @@ class MultiWorker:
         listed, _ = _ckptstate.listed(owner.directory, True)
         use = sorted({n for n in listed or () if n < number
                       and _files.check_intact(commits.prefix(n)) is None} | {number})
-        owner.kept = commits.kept_of(use, owner.retention.reads_metrics)
-        owner._clock = max((k.timestamp for k in owner.kept), default=0.0)
+        owner._resumed(commits.kept_of(use, owner.retention.reads_metrics))
         return owner.kept[-1]
 
     def restore(self, kept: Kept) -> None:
@@ -476,15 +486,24 @@ class MultiWorker:
         self.cluster.raise_for(self.cluster.failed(err), err, f"to restore `{kept.prefix}`",
                                self.owner.directory)
 
-    def save(self, metric: float | None) -> str | None:
-        """`CheckpointDirectory.save` with several workers."""
+    def save(self, metric: float | None, force: bool = False) -> str | None:
+        """`CheckpointDirectory.save` with several workers. Whether a save comes too soon
+        is decided on the step (the same on every worker) and, with rules on time, on the
+        chief's clock, which every worker then uses."""
         owner, cluster = self.owner, self.cluster
         if cluster.chief:
             if owner._read_only is None:
                 owner.commits.check_lock()
         elif not self.following:
             owner.commits.check_lock()  # raises: a follower closed, or never opened
-        job = owner._take(metric)
+        stamp, skip = owner._when(force)
+        if owner.retention.uses_time:
+            skip, stamp = cluster.chief_row([float(skip is not None), stamp])
+            skip = "the chief skips it" if skip else None
+        if skip is not None:
+            owner.skipped += 1
+            return None
+        job = owner._take(metric, stamp)
         prefix = owner.commits.prefix(job[0])
         if not cluster.chief:
             failed = cluster.failed(None)
@@ -493,11 +512,13 @@ class MultiWorker:
                     cluster.raise_for(failed, None, f"to write `{prefix}`", owner.directory,
                                       prefix)
                 return None
-            owner.kept = owner.retention.split(
-                [*owner.kept, Kept(job[0], prefix, job[1], job[2])])[0]  # as the chief keeps
+            owner._decide(Kept(job[0], prefix, job[1], job[2], job[5]))  # as the chief keeps
+            owner._saved(job)
             return prefix
         done, err = (False, owner._read_only) if owner._read_only is not None else (
             owner._commit(job))
+        if done:
+            owner._saved(job)
         cluster.failed(err)  # the others learn of it
         if err is not None:
             owner._failed(err)
@@ -537,9 +558,11 @@ class CheckpointDirectory:
     Args:
       directory: a local directory; created if missing.
       obj: the trackable to save and restore.
-      max_to_keep: how many of the newest checkpoints to keep (>= 1).
+      max_to_keep: how many of the newest checkpoints to keep (>= 1; None: all).
       keep_best: how many of the best checkpoints by metric to keep as well.
       mode: "min" or "max": which metric value is better.
+      keep_every_n_steps, keep_every_n_hours, keep, checkpoint_interval,
+        min_interval_seconds: the other rules of the `RetentionPolicy` (`retention`).
       async_save: write in a background thread (see `save`).
       on_error: "raise" a `CheckpointWriteError` when a write fails, or "warn"
         and go on; the earlier checkpoints are untouched either way.
@@ -556,12 +579,21 @@ class CheckpointDirectory:
       kept: the checkpoints kept, oldest first (`Kept`).
       notes: the warnings given.
       failures: how many writes failed.
+      skipped: how many saves were skipped as too soon (checkpoint_interval,
+        min_interval_seconds).
+      preserved: numbers of the checkpoints keep_every_n_hours preserved (TF's
+        `last_preserved_timestamp` is `commits.preserved`).
     """
 
     def __init__(self, directory, obj, *, max_to_keep=5, keep_best=0, mode="min",
-                 async_save=False, on_error="raise", fingerprint=None, durable=None):
+                 async_save=False, on_error="raise", fingerprint=None, durable=None,
+                 keep_every_n_steps=None, keep_every_n_hours=None, keep=None,
+                 checkpoint_interval=None, min_interval_seconds=None):
         self.directory = os.path.abspath(os.fspath(directory))
-        self.retention = _retention.RetentionPolicy(max_to_keep, keep_best, mode)
+        self.retention = _retention.RetentionPolicy(
+            max_to_keep, keep_best, mode, keep_every_n_steps=keep_every_n_steps,
+            keep_every_n_hours=keep_every_n_hours, keep=keep,
+            checkpoint_interval=checkpoint_interval, min_interval_seconds=min_interval_seconds)
         self.commits = CommitProtocol(self.directory, durable)
         self.on_error = on_error
         self.counters = {name: tf.Variable(0, dtype=tf.int64, trainable=False, name=name)
@@ -570,7 +602,9 @@ class CheckpointDirectory:
         self.root = tf.train.Checkpoint(model=obj, **self.counters, **{METRIC: self.metric})
         self.kept: list[Kept] = []
         self.notes: list[str] = []
-        self.failures = 0
+        self.failures = self.skipped = 0
+        self.preserved: frozenset[int] = frozenset()
+        self._last: Kept | None = None  # the newest checkpoint saved (for the intervals)
         self._workers: MultiWorker | None = None  # set by open(), when several workers train
         self._clock = 0.0  # the newest timestamp given: they never go back
         self._fingerprint = fingerprint
@@ -642,8 +676,8 @@ class CheckpointDirectory:
 
     def _recover(self) -> Kept | None:
         found = self.commits.recover(self.retention.reads_metrics, self._warn)
-        self.kept, self._next = found.kept, found.next
-        self._clock = max((k.timestamp for k in found.kept), default=0.0)
+        self._next = found.next
+        self._resumed(found.kept)
         if self._read_only is None:
             try:
                 self.commits.tidy(found)
@@ -655,6 +689,21 @@ class CheckpointDirectory:
                     "permissions; pass on_error='warn' to train on regardless.",
                     source=self.directory))
         return self.kept[-1] if self.kept else None
+
+    def _resumed(self, kept: list[Kept]) -> None:
+        """Takes up the checkpoints found on opening: their steps (when a rule needs them),
+        the newest as the last saved, TF's `last_preserved_timestamp` (as TF: the time of
+        opening in a fresh directory, never later than now) and what it preserved."""
+        if self.retention.reads_steps:
+            for k in kept:
+                k.step = _read_counter(k.prefix)
+        self.kept = kept
+        self._last = kept[-1] if kept else None
+        self._clock = max((k.timestamp for k in kept), default=0.0)
+        commits, now = self.commits, _retention.now()
+        if not kept or math.isnan(commits.preserved) or commits.preserved > now:
+            commits.preserved = now
+        self.preserved = self.retention.preserved_after_restart(kept, commits.preserved)
 
     def restore(self, kept: Kept, who: str = "Checkpointing",
                 when: str = "at the start of fit") -> dict[str, int]:
@@ -687,8 +736,12 @@ class CheckpointDirectory:
 
     # --- saving -------------------------------------------------------------------
 
-    def save(self, metric: float | None = None) -> str | None:
+    def save(self, metric: float | None = None, force: bool = False) -> str | None:
         """Writes the current values as the next checkpoint; returns its prefix.
+
+        A save too soon after the last one (`checkpoint_interval` steps by the `step`
+        counter, `min_interval_seconds` by `retention.now`) is skipped unless `force`:
+        nothing is written, and it returns None.
 
         With `async_save`, only the in-memory copy (a Snapshot: no bytes
         copied) happens here; a background thread writes and commits it. A
@@ -700,27 +753,48 @@ class CheckpointDirectory:
         others the prefix returned, `kept` and `best()` are the chief's.
         """
         if self._workers is not None:
-            return self._workers.save(metric)
+            return self._workers.save(metric, force)
+        stamp, skip = self._when(force)
+        if skip is not None:
+            self.skipped += 1
+            return None
         if self._read_only is not None:
             self._failed(self._read_only)
             return None
         self.commits.check_lock()
-        job = self._take(metric)
+        job = self._take(metric, stamp)
         done, err = self._commit(job)
+        if done:
+            self._saved(job)
         if err is not None:
             self._failed(err)
         return self.commits.prefix(job[0]) if done else None
 
-    def _take(self, metric: float | None) -> tuple:
+    def _when(self, force: bool) -> tuple[float, str | None]:
+        """(the timestamp of a save now, why it comes too soon or None)."""
+        stamp = max(_retention.now(), self._clock)  # timestamps never go back
+        step = int(self.counters["step"].numpy())
+        return stamp, None if force else self.retention.too_soon(step, stamp, self._last)
+
+    def _take(self, metric: float | None, stamp: float) -> tuple:
         """Reads the values to save (a Snapshot: no bytes copied); returns the write job:
-        (number, metric, timestamp, layout, values)."""
+        (number, metric, timestamp, layout, values, step). The `keep` predicate is asked
+        about it first, so that its error comes here, with nothing written."""
         self.metric.assign(math.nan if metric is None else float(metric))
+        step = int(self.counters["step"].numpy())
+        number = self._next
+        metric = float(self.metric.numpy())
+        kept = Kept(number, self.commits.prefix(number), metric, stamp, step)
+        self.retention.asks(kept)
         layout = self._current_layout()
         values = layout[1].fused.read_all()
-        number, self._next = self._next, self._next + 1
-        metric = float(self.metric.numpy())
-        self._clock = stamp = max(time.time(), self._clock)  # the time of these values
-        return number, metric, stamp, layout, values
+        self._next = number + 1
+        self._clock = stamp  # the time of these values
+        return number, metric, stamp, layout, values, step
+
+    def _saved(self, job: tuple) -> None:
+        """Notes `job` (written, or handed to the async writer) as the last save."""
+        self._last = Kept(job[0], self.commits.prefix(job[0]), job[1], job[2], job[5])
 
     def _commit(self, job: tuple) -> tuple[bool, errors.CheckpointWriteError | None]:
         """Writes and commits `job` (with async_save: hands it to the writer); returns
@@ -764,7 +838,22 @@ class CheckpointDirectory:
             self._layout = (key, variables, keys, tf.constant(graph.SerializeToString()))
         return self._layout
 
-    def _write(self, number: int, metric: float, stamp: float, layout, values) -> None:
+    def _decide(self, new: Kept) -> tuple[list[Kept], Callable[[], None]]:
+        """Asks the retention policy about `self.kept` plus `new`, and takes its decision;
+        returns (the checkpoints dropped, a function that undoes the decision)."""
+        before = (self.kept, self.commits.preserved, self.preserved)
+        decision = self.retention.decide([*self.kept, new], self.commits.preserved,
+                                         self.preserved)
+        self.kept, self.commits.preserved, self.preserved = (
+            decision.kept, decision.last_preserved, decision.preserved)
+
+        def undo() -> None:
+            self.kept, self.commits.preserved, self.preserved = before
+
+        return decision.dropped, undo
+
+    def _write(self, number: int, metric: float, stamp: float, layout, values,
+               step: int | None = None) -> None:
         """Writes and commits one checkpoint, then deletes those retention drops (in the
         background thread with async_save)."""
         commits = self.commits
@@ -774,13 +863,11 @@ class CheckpointDirectory:
             # A background write uses one thread: training keeps the other cores.
             commits.write(number, layout, values,
                           workers=1 if self._writer is not None else None)
-            previous = list(self.kept)
-            self.kept, dropped = self.retention.split(
-                [*previous, Kept(number, prefix, metric, stamp)])
+            dropped, undo = self._decide(Kept(number, prefix, metric, stamp, step))
             try:
                 commits.commit(self.kept)
             except BaseException:
-                self.kept = previous
+                undo()
                 raise
             committed = True
             _stage("state")

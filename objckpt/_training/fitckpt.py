@@ -43,7 +43,7 @@ class FitCheckpointer:
                 cb.directory, model, max_to_keep=cb.max_to_keep, keep_best=cb.keep_best,
                 mode=cb.mode, async_save=cb.async_save, on_error=cb.on_error,
                 durable=getattr(cb, "durable", None),
-                fingerprint=lambda: _compat.fingerprint(model))
+                fingerprint=lambda: _compat.fingerprint(model), **getattr(cb, "rules", {}))
         cb.manager, cb.saved, cb.resumed_from = self.manager, [], None
         _compat.unskip_fit_batches(model)
         latest = self.manager.open()
@@ -101,7 +101,7 @@ class FitCheckpointer:
         before, freq = self.step, self.callback.save_freq
         self.batch, self.step = batch + 1, self._epoch_start_step + batch + 1
         if (freq != "epoch" and self.step // freq > before // freq) or self._sigterm:
-            self.save(logs, mid_epoch=True)
+            self.save(logs, mid_epoch=True, force=self._sigterm)
         if self._sigterm:
             self._stop()
 
@@ -111,7 +111,7 @@ class FitCheckpointer:
         self._skip_until = 0
         self.epoch, self.batch = epoch + 1, 0
         if self.callback.save_freq == "epoch" or self._sigterm:
-            self.save(logs)
+            self.save(logs, force=self._sigterm)
         if self._sigterm:
             self._stop()
 
@@ -133,11 +133,12 @@ class FitCheckpointer:
 
     # --- saving -----------------------------------------------------------------------
 
-    def save(self, logs, mid_epoch: bool = False) -> None:
+    def save(self, logs, mid_epoch: bool = False, force: bool = False) -> None:
         """Writes the next checkpoint with the current position and monitored value.
 
         mid_epoch: saved at a batch's end (save_freq=N, or SIGTERM), where fit's logs hold
         the training metrics only: validation metrics exist at the end of an epoch.
+        force: never skipped as too soon (the save on SIGTERM).
         """
         cb = self.callback
         value = (logs or {}).get(cb.monitor)
@@ -148,7 +149,7 @@ class FitCheckpointer:
         counters = self.manager.counters
         for name, number in (("epoch", self.epoch), ("step", self.step), ("batch", self.batch)):
             counters[name].assign(number)
-        prefix = self.manager.save(None if value is None else float(value))
+        prefix = self.manager.save(None if value is None else float(value), force=force)
         if prefix is not None:
             cb.saved.append(prefix)
 

@@ -62,9 +62,25 @@ class CheckpointManager:
     Args:
       obj: the trackable to save and restore (built: it must have its variables).
       directory: a local directory of checkpoints (created if missing).
-      max_to_keep: keep the newest this many checkpoints (>= 1).
+      max_to_keep: keep the newest this many checkpoints (>= 1; None: keep all).
       keep_best: also keep this many best checkpoints by `monitor` (their metric
         is read back from the checkpoints on restart).
+      keep_every_n_steps: also keep forever every checkpoint whose training step is a
+        multiple of this (Orbax's keep_period); None: off.
+      keep_every_n_hours: TF CheckpointManager's `keep_checkpoint_every_n_hours`: a
+        checkpoint leaving the newest `max_to_keep` is kept forever when it was saved at
+        least this many hours after the last one so kept (TF's `last_preserved_timestamp`
+        in the `checkpoint` state file, so it survives restarts); None: off.
+      keep: a callable `(Kept) -> bool` (`Kept`: `.number`, `.prefix`, `.step`, `.metric`,
+        `.timestamp`); True keeps that checkpoint forever. It is asked about each
+        checkpoint no other rule keeps, so it must answer from the `Kept` alone; if it
+        raises, the save raises `InvalidArgumentError` naming the checkpoint, with nothing
+        written or deleted.
+      checkpoint_interval: skip a save less than this many steps after the last one
+        saved (TF's name; the step counter decides, also after a restart); None: off.
+      min_interval_seconds: skip a save less than this many seconds after the last one
+        saved (its timestamp, also after a restart); None: off.
+        A checkpoint stays when any of these rules keeps it (docs/retention.md).
       monitor: the key of `save`'s `metrics` saved with each checkpoint and
         ranked for `keep_best`.
       mode: "min" or "max": which value of `monitor` is better.
@@ -100,18 +116,25 @@ class CheckpointManager:
     """
 
     @errors.about_arguments(source="directory", obj="obj")
-    def __init__(self, obj, directory, *, max_to_keep: int = 5, keep_best: int = 0,
-                 monitor: str = "val_loss", mode: str = "min", async_save: bool = False,
+    def __init__(self, obj, directory, *, max_to_keep: int | None = 5, keep_best: int = 0,
+                 monitor: str = "val_loss", mode: str = "min",
+                 keep_every_n_steps: int | None = None, keep_every_n_hours: float | None = None,
+                 keep=None, checkpoint_interval: int | None = None,
+                 min_interval_seconds: float | None = None, async_save: bool = False,
                  on_error: str = "raise", verbose: int = 1, durable: bool | None = None):
+        rules = dict(keep_every_n_steps=keep_every_n_steps,
+                     keep_every_n_hours=keep_every_n_hours, keep=keep,
+                     checkpoint_interval=checkpoint_interval,
+                     min_interval_seconds=min_interval_seconds)
         directory = _options.checkpoint_directory(
             "CheckpointManager", directory, max_to_keep=max_to_keep, keep_best=keep_best,
             monitor=monitor, mode=mode, async_save=async_save, on_error=on_error,
-            verbose=verbose, durable=durable)
+            verbose=verbose, durable=durable, **rules)
         self.obj, self.monitor, self.verbose = obj, monitor, int(verbose)
         self._directory = _checkpointing.CheckpointDirectory(
             directory, obj, max_to_keep=max_to_keep, keep_best=keep_best, mode=mode,
             async_save=async_save, on_error=on_error, durable=durable,
-            fingerprint=lambda: _compat.fingerprint(obj))
+            fingerprint=lambda: _compat.fingerprint(obj), **rules)
         self._directory.open()
 
     @property
@@ -128,8 +151,16 @@ class CheckpointManager:
     @property
     def kept(self) -> list:
         """The checkpoints kept, oldest first: each has `.prefix`, `.number` (N of
-        `ckpt-N`), `.metric` (NaN: none) and `.timestamp` (when it was saved)."""
+        `ckpt-N`), `.metric` (NaN: none), `.timestamp` (when it was saved) and `.step`
+        (the step saved with it; after a restart read back only when a rule needs it,
+        else None)."""
         return list(self._directory.kept)
+
+    @property
+    def skipped(self) -> int:
+        """How many saves were skipped as too soon (checkpoint_interval,
+        min_interval_seconds)."""
+        return self._directory.skipped
 
     def best(self) -> list:
         """The kept checkpoints that have a metric, best first (ties: the older first); as
@@ -147,12 +178,14 @@ class CheckpointManager:
             are ignored.
 
         Returns:
-          The prefix written (with async_save: submitted); None when the write failed
-          and on_error="warn".
+          The prefix written (with async_save: submitted); None when the save came too
+          soon (`checkpoint_interval`, `min_interval_seconds`: nothing is written), or the
+          write failed and on_error="warn".
 
         Raises:
-          InvalidArgumentError: step or metrics are not as above, or `metrics` lacks
-            `monitor` while keep_best >= 1; nothing is written.
+          InvalidArgumentError: step or metrics are not as above, `metrics` lacks
+            `monitor` while keep_best >= 1, or the `keep` predicate raised; nothing is
+            written.
           CheckpointWriteError: the write failed (on_error="raise"); earlier
             checkpoints are untouched.
           DirectoryLockedError: the manager was closed.
