@@ -355,8 +355,7 @@ def test_arguments_are_validated():
     for kwargs, message in cases:
         with pytest.raises(errors.InvalidArgumentError, match=message):
             Checkpointing("/tmp/x", **kwargs)
-    with pytest.raises(errors.InvalidArgumentError, match="local directory"):
-        Checkpointing("gs://bucket/run")
+    assert Checkpointing("gs://bucket/run").directory == "gs://bucket/run"  # URLs: issue 30
     with pytest.raises(errors.InvalidArgumentError, match="mode must be"):
         BestSnapshot(mode="best")
 
