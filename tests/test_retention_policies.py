@@ -17,6 +17,7 @@ import tensorflow as tf
 import objckpt
 from objckpt import errors
 from objckpt._bundle import state as _ckptstate
+from objckpt._training import checkpointing as _checkpointing
 from objckpt._training import retention as _retention
 from objckpt.callbacks import Checkpointing
 
@@ -243,3 +244,60 @@ def test_each_rule_argument_is_checked_by_both(make, kwargs, message, tmp_path):
             objckpt.CheckpointManager(Tiny(), directory, **kwargs)
     assert message in str(info.value)
     assert not directory.exists()
+
+
+# --- several workers: the rules on time use the chief's clock (the agreements played here) ----
+
+
+class Scripted(_checkpointing.Cluster):
+    """A two-worker Cluster whose other worker is played by `replies` (rows, in order);
+    what this worker sends is kept in `sent`."""
+
+    def __init__(self, chief: bool, *replies):
+        super().__init__(None, chief, 0 if chief else 1, 2, f"worker {0 if chief else 1}", 0)
+        self.replies, self.sent = list(replies), []
+
+    def gather(self, row):
+        self.sent.append([float(x) for x in row])
+        rows = [None, None]
+        rows[self.index], rows[1 - self.index] = self.sent[-1], list(self.replies.pop(0))
+        return rows
+
+
+def opened(path, cluster, **kwargs):
+    obj = Tiny()
+    directory = _checkpointing.CheckpointDirectory(path, obj, **kwargs)
+    original = _checkpointing.Cluster.of
+    _checkpointing.Cluster.of = staticmethod(lambda variables: cluster)
+    try:
+        directory.open()
+    finally:
+        _checkpointing.Cluster.of = original
+    return directory
+
+
+def test_a_follower_takes_the_chiefs_time_and_its_decision_to_skip(clock, tmp_path):
+    clock.t = DAY_START + 5.0  # this worker's clock; the chief's differs
+    follower = Scripted(False, [0, 0, 1], [0])  # the chief: fresh, next is ckpt-1; no failure
+    directory = opened(tmp_path, follower, keep_every_n_hours=1, min_interval_seconds=60)
+    follower.replies += [[0, DAY_START + 100.0], [0]]  # the chief saves at its 100 s; all ok
+    assert directory.save() == str(tmp_path / "ckpt-1")
+    assert follower.sent[-2:] == [[0.0, 0.0], [0.0]]
+    assert [(k.number, k.timestamp) for k in directory.kept] == [(1, DAY_START + 100.0)]
+    follower.replies.append([1, DAY_START + 130.0])  # the chief skips (too soon by its clock)
+    clock.t = DAY_START + 500.0  # not too soon by this worker's: the chief decides
+    assert directory.save() is None and directory.skipped == 1
+    assert len(follower.replies) == 0 and os.listdir(tmp_path) == []  # no failure round
+    directory.close()
+
+    chief = Scripted(True, [0, 0, 0], [0])
+    directory = opened(tmp_path / "chief", chief, min_interval_seconds=60)
+    chief.replies += [[0, 0], [0]]
+    clock.t = DAY_START + 1000.0
+    assert directory.save() == str(tmp_path / "chief" / "ckpt-1")
+    assert chief.sent[-2:] == [[0.0, DAY_START + 1000.0], [0.0]]
+    chief.replies.append([0, 0])
+    clock.t = DAY_START + 1030.0
+    assert directory.save() is None  # too soon: it says so, and no one writes
+    assert chief.sent[-1] == [1.0, DAY_START + 1030.0]
+    directory.close()

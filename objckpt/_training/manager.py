@@ -1,10 +1,10 @@
 """`objckpt.CheckpointManager`: the directory behind `callbacks.Checkpointing`, for custom loops.
 
-A thin public face on `_checkpointing.CheckpointDirectory` (keep-N newest plus
-best-K by a metric, the crash-safe commit, resume from the newest intact
-checkpoint, the directory lock, on_error, async writes): the same files, the
-same layout, the same guarantees, driven by `save(step, metrics)` instead of
-the hooks of `model.fit`.
+A thin public face on `_checkpointing.CheckpointDirectory` (its retention policy:
+keep-N newest, best-K by a metric, every N steps or hours, a predicate; the
+crash-safe commit, resume from the newest intact checkpoint, the directory
+lock, on_error, async writes): the same files, the same layout, the same
+guarantees, driven by `save(step, metrics)` instead of the hooks of `model.fit`.
 """
 
 from __future__ import annotations
@@ -28,9 +28,11 @@ class CheckpointManager:
     each `save(step, metrics)` writes the next `ckpt-N` (a standard TF
     checkpoint of `tf.train.Checkpoint(model=obj, epoch=, step=, batch=,
     monitor_value=)`, committed through TF's `checkpoint` state file, which
-    records when each was saved), then deletes the checkpoints that are
-    neither among the newest `max_to_keep` nor the best `keep_best` by
-    `metrics[monitor]`. A SIGKILL at any moment leaves the newest committed
+    records when each was saved), then deletes the checkpoints no retention
+    rule keeps: the newest `max_to_keep`, the best `keep_best` by
+    `metrics[monitor]`, and those below (every N steps, every N hours, a
+    predicate); `checkpoint_interval` and `min_interval_seconds` skip saves
+    that come too soon (docs/retention.md). A SIGKILL at any moment leaves the newest committed
     checkpoint intact; `restore_latest()` in the next process restores obj
     from it, all or nothing, and returns its step. `tf.train.latest_checkpoint
     (directory)`, `objckpt.restore(obj, directory, at="model")` and
