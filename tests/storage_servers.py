@@ -323,8 +323,8 @@ def _error_body(kind: str, status: int) -> tuple[str, bytes]:
 
 
 class _Rule:
-    def __init__(self, action, count, status, method, path):
-        self.action, self.left, self.status = action, count, status
+    def __init__(self, action, count, status, method, path, after):
+        self.action, self.left, self.status, self.after = action, count, status, after
         self.method = method.upper() if method else None
         self.path = re.compile(path) if path else None
 
@@ -347,6 +347,8 @@ class FaultProxy:
       the request body is read first, the connection is kept.
     - `drop_next(k, method=None, path=None)`: read the next k matching requests, then
       close the connection without an answer.
+    - `after=True` (either switch): forward the request first, then fail or drop instead
+      of passing the server's answer on: the write happened, the client does not know.
     - `refuse()` / `resume()`: stop listening and cut every open connection (connection
       refused, as if the server stopped), then listen again on the same port.
     - counters: `seen` (requests read), `failed` (answered with an injected status or
@@ -379,13 +381,14 @@ class FaultProxy:
 
     # switches
     def fail_next(self, count: int, status: int = 503, method: str | None = None,
-                  path: str | None = None) -> None:
+                  path: str | None = None, after: bool = False) -> None:
         with self._lock:
-            self._rules.append(_Rule("status", count, status, method, path))
+            self._rules.append(_Rule("status", count, status, method, path, after))
 
-    def drop_next(self, count: int, method: str | None = None, path: str | None = None) -> None:
+    def drop_next(self, count: int, method: str | None = None, path: str | None = None,
+                  after: bool = False) -> None:
         with self._lock:
-            self._rules.append(_Rule("drop", count, None, method, path))
+            self._rules.append(_Rule("drop", count, None, method, path, after))
 
     def reset(self) -> None:
         with self._lock:
@@ -452,6 +455,18 @@ class FaultProxy:
             self.forwarded += 1
             return None
 
+    def _fault(self, conn, rule: _Rule, method: str, target: str, note: str) -> bool:
+        """Answer with the rule's status (True: the connection goes on) or drop (False)."""
+        if rule.action == "drop":
+            self.log.append((method, target, "dropped" + note))
+            return False
+        ctype, payload = _error_body(self.kind, rule.status)
+        self.log.append((method, target, f"{rule.status}{note}"))
+        conn.sendall(_response(rule.status, [("Content-Type", ctype),
+                                             ("Content-Length", str(len(payload)))],
+                               b"" if method == "HEAD" else payload, method))
+        return True
+
     def _serve(self, conn: socket.socket) -> None:
         upstream = None
         reader = conn.makefile("rb")
@@ -462,15 +477,9 @@ class FaultProxy:
                     return
                 method, target, headers, body = request
                 rule = self._decide(method, target)
-                if rule is not None and rule.action == "drop":
-                    self.log.append((method, target, "dropped"))
-                    return
-                if rule is not None:
-                    ctype, payload = _error_body(self.kind, rule.status)
-                    self.log.append((method, target, str(rule.status)))
-                    conn.sendall(_response(rule.status, [("Content-Type", ctype),
-                                                         ("Content-Length", str(len(payload)))],
-                                           b"" if method == "HEAD" else payload, method))
+                if rule is not None and not rule.after:
+                    if not self._fault(conn, rule, method, target, ""):
+                        return
                     continue
                 try:  # one upstream connection per request (moto's server speaks HTTP/1.0)
                     upstream = socket.create_connection(self.upstream, timeout=60)
@@ -484,6 +493,10 @@ class FaultProxy:
                     if upstream is not None:
                         upstream.close()
                         upstream = None
+                if rule is not None:  # after=True: the server has done it, the answer is lost
+                    if not self._fault(conn, rule, method, target, f" after {status}"):
+                        return
+                    continue
                 rheaders = [(k, v.replace(self.server.url, self.url)
                              if k.lower() == "location" else v) for k, v in rheaders]
                 self.log.append((method, target, str(status)))

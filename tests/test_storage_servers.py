@@ -328,3 +328,35 @@ def test_servers_stop_and_start_again_on_the_same_port():
     finally:
         gcs.stop()
         s3.stop()
+
+
+def test_a_conditional_create_whose_answer_is_lost_fails_on_the_clients_own_retry(
+        server, proxy, sleeps):
+    """The server creates the object, the answer is lost (503 or a dropped connection after
+    the write): the client retries the same conditional request by itself and gets 412, so
+    the writer that DID create the object sees FileExistsError (a lock or a commit must read
+    the object back to learn whether it is its own)."""
+    fs = new_fs(server.kind)
+    method = "POST" if server.kind == "gcs" else "PUT"
+    for name, fault in (("lost-503", proxy.fail_next), ("lost-drop", proxy.drop_next)):
+        proxy.reset()
+        fault(1, method=method, after=True)
+        with pytest.raises(FileExistsError):
+            fs.pipe(f"{BUCKET}/{name}", b"mine", mode="create")
+        assert [outcome for _, _, outcome in proxy.log][-2:] == [
+            "503 after 200" if name == "lost-503" else "dropped after 200", "412"]
+        assert fs.cat(f"{BUCKET}/{name}") == b"mine"
+
+
+def test_botocores_attempts_follow_aws_max_attempts(s3_server, sleeps):
+    """AWS_MAX_ATTEMPTS (a standard setting) bounds botocore's attempts; s3fs's own retries
+    are the instance attribute `retries` (5; not a constructor argument)."""
+    s3_server.make_bucket(BUCKET)
+    with FaultProxy(s3_server) as proxy, use_env({**proxy.env, "AWS_MAX_ATTEMPTS": "2"}):
+        fs = new_fs("s3")
+        fs.retries = 3
+        proxy.fail_next(10_000, status=503)
+        with pytest.raises(OSError) as raised:
+            fs.pipe(f"{BUCKET}/m", b"x")
+        assert raised.value.errno == errno.EBUSY
+        assert proxy.seen == 2 * 3
