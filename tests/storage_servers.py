@@ -1,10 +1,102 @@
 """Storage emulators for the remote-directory tests (issue 30), and a proxy that injects faults.
 
-FINDINGS (probed with gcsfs 2026.10.1 / s3fs 2026.9.0 against fake-gcs-server and moto 5.2.5;
-tests/test_storage_servers.py checks each one, so a new client version that changes one fails
-there first):
+FINDINGS (probed with gcsfs 2026.10.1 / s3fs 2026.9.0 against fake-gcs-server (the wrapper
+0.1.1's binary) and moto 5.2.5). tests/test_storage_servers.py checks each behaviour observed
+here, so an upgrade that changes one fails there first; what was read from the clients'
+sources only is marked (source).
 
-@@FINDINGS@@
+Using them. A test module imports the fixtures it uses by their function names and asks for
+them by their fixture names (no F811):
+    from storage_servers import FaultProxy, gcs_server_fixture, use_env  # noqa: F401
+    def test_x(gcs_server):                      # module-scoped; s3_server likewise
+        gcs_server.make_bucket("ckpts")          # idempotent; "gs://ckpts"
+        with FaultProxy(gcs_server) as proxy, use_env(proxy.env):   # or use_env(gcs_server.env)
+            ...objckpt code on "gs://ckpts/run"...; proxy.fail_next(2); assert proxy.seen == ...
+`gcs_proxy` / `s3_proxy` fixtures do the `with` for you. Neither server is a Python process
+(fake-gcs-server is a Go binary, moto runs as a thread here), so only a test that starts a
+Python child (a training process) needs `@pytest.mark.subprocess`; give the child
+`{**os.environ, **server.env}`. `FakeSleeps().install(monkeypatch)` (the `sleeps` fixture of
+test_storage_servers.py) puts gcsfs's, s3fs's and botocore's back-off on a fake clock.
+GcsServer.stop()/start() keeps the port and loses every bucket (memory backend); S3Server keeps
+its buckets (moto's state is process-wide; `.reset()`). S3 bucket names need 3+ characters.
+
+Pointing the clients at them (standard settings only):
+- GCS: STORAGE_EMULATOR_HOST=http://127.0.0.1:PORT. gcsfs reads it on EVERY request
+  (gcsfs.core._location()), so even a cached instance follows a change. No token is needed:
+  with token=None gcsfs tries google_default and GCE metadata (a google.auth WARNING each), then
+  goes anonymous. gcsfs 2026's `gcsfs.GCSFileSystem` is ExtendedGcsFileSystem (env
+  GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT, read at import, default true): once per bucket it asks the
+  Storage Control gRPC API for the bucket's layout, fails here, logs a WARNING "Could not
+  determine bucket type ... falling back to GCSFileSystem", and behaves as plain GCS.
+- S3: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_DEFAULT_REGION
+  (+ AWS_EC2_METADATA_DISABLED=true). botocore reads them when the client is made, which s3fs
+  does at an instance's FIRST request; fsspec returns the cached instance for the same
+  arguments, so after an env change: `S3FileSystem.clear_instance_cache()` (use_env does it for
+  both) or `S3FileSystem(skip_instance_cache=True)`.
+
+Operations (both, checked): fs.pipe(p, data); fs.cat(p); fs.cat_file(p, start, end) (ranged
+GET); fs.ls(p, detail=False); fs.find(p); fs.exists; fs.size; fs.rm(p) (gcsfs: missing ->
+FileNotFoundError; s3fs rm is DeleteObjects: a missing key is no error); missing cat ->
+FileNotFoundError. fs.info(p): GCS "generation" (a str), "metageneration", "md5Hash", "crc32c";
+S3 "ETag" (quoted; '"<md5>-<parts>"' after a multipart upload).
+- Multi-part upload, gcsfs: pipe(p, data, chunksize=C) with len(data) >= C (default 50 MiB;
+  C a multiple of 256 KiB) is a resumable upload: POST ...?uploadType=resumable, then one POST
+  per chunk to the Location URL (?upload_id=...); each chunk is retried on its own. fake-gcs-
+  server builds Location from -external-url: the FaultProxy rewrites it so chunks pass it too.
+- Multi-part upload, s3fs: pipe(p, data, chunksize=C) with len(data) >= 2*C (default 50 MiB,
+  C >= 5 MiB): create_multipart_upload, upload_part x ceil(len/C) (max_concurrency at once),
+  complete_multipart_upload; each part retried on its own; aborted on failure.
+- Conditional create: fs.pipe(p, data, mode="create") on both. gcsfs sends
+  ifGenerationMatch=0, s3fs IfNoneMatch="*" (on put_object, or on complete_multipart_upload).
+  Exists -> FileExistsError on both. fake-gcs-server checks it only on a multipart ("simple")
+  upload, i.e. len(data) < chunksize; a resumable upload with ifGenerationMatch=0 overwrites
+  there (GCS refuses it): keep conditional objects small in the GCS tests.
+- Conditional replace, S3: fs.call_s3("put_object", Bucket=b, Key=k, Body=data, IfMatch=etag)
+  -> dict with the new "ETag"; stale -> OSError(errno.EINVAL, "At least one of the
+  pre-conditions you specified did not hold") -- NOT FileExistsError (s3fs maps only an
+  If-None-Match failure to FileExistsError). delete_object(..., IfMatch=etag) likewise
+  (probed, not tested).
+- Conditional replace, GCS: gcsfs has no API for it; its request machinery does it:
+  fs.call("POST", f"{fs._location}/upload/storage/v1/b/{bucket}/o", uploadType="multipart",
+  ifGenerationMatch=str(generation), headers={"Content-Type": 'multipart/related;
+  boundary="==0=="'}, data=<JSON metadata part + data part>, json_out=True) -> the object
+  resource (new "generation"); see gcs_replace() in test_storage_servers.py. Stale ->
+  FileExistsError (gcsfs maps every 412 to it). fake-gcs-server IGNORES ifGenerationMatch on
+  uploadType=media, on a resumable upload, on DELETE (tested) and on a metadata PATCH
+  (probed); GCS honours all of them.
+- A LOST ANSWER (the server applied the write; a 503 or a dropped connection came back): the
+  client retries the same conditional request by itself and gets 412, so the writer that DID
+  create the object sees FileExistsError (S3 If-Match, probed: OSError EINVAL); gcsfs rm ends
+  in FileNotFoundError. Read back (a unique token in the body, or the generation/ETag) before
+  concluding another writer won. FaultProxy: fail_next/drop_next(..., after=True).
+
+Retries (counted at the proxy, back-off on a fake clock):
+- gcsfs: every request goes through retry_request(retries=6), fixed when the class is made
+  (not configurable per instance; source): 6 tries, sleeping min(random() + 2**(n-1), 32) s
+  before try n+1 (1-2, 2-3, 4-5, 8-9, 16-17: about 33 s before it gives up). Retried: HTTP
+  500-504, 408, 429, aiohttp ClientError (dropped, refused); not 404/403/412 (412 ->
+  FileExistsError at once). aiohttp itself resends an idempotent request once when a kept-alive connection was
+  dropped (a drop costs 2 requests). Giving up: 503/429 -> gcsfs.retry.HttpError (.code = 503/429);
+  dropped -> aiohttp.ServerDisconnectedError; refused -> aiohttp.ClientConnectorError (an
+  OSError); 502 -> requests.exceptions.ProxyError (source).
+- s3fs: botocore retries (legacy mode: 5 attempts; AWS_MAX_ATTEMPTS and AWS_RETRY_MODE are
+  honoured), inside s3fs's _error_wrapper (S3FileSystem.retries = 5, a class attribute, set it
+  on the instance; sleeps 0.1 * 1.7**i). s3fs retries botocore's HTTPClientError family
+  (dropped connections) and ClientErrors whose text says "SlowDown"/"reduce your request
+  rate"; not EndpointConnectionError (refused). Giving up: a 503 with a SlowDown body (PUT):
+  5 x 5 = 25 requests, OSError(errno.EBUSY); a 503 on HEAD (no body): 5, OSError(EBUSY,
+  "Service Unavailable"); 429 on HEAD: OSError(EIO, "... (429) ... reached max retries: 4");
+  dropped: 5 x 5 x 2 = 50 requests, botocore.exceptions.ConnectionClosedError; refused:
+  botocore.exceptions.EndpointConnectionError after botocore's 5. Neither botocore exception
+  is an OSError: catch botocore.exceptions.BotoCoreError (and OSError) in the storage layer.
+- Two transient failures (503, 429 or a drop) are absorbed by both clients, on reads, small
+  writes and upload chunks alike.
+
+Listings: both emulators store names with "..", ".", "//", control characters, "%2e%2e";
+moto answers 404 (FileNotFoundError) to a key with a newline, fake-gcs-server stores it.
+fs.find(prefix) returns the names as stored; fs.ls is NOT a list of names: its
+pseudo-directories repeat ("run/.." once per key below it) and "run//double" is lost (gcsfs
+lists the directory itself instead).
 """
 
 from __future__ import annotations
