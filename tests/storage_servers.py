@@ -75,10 +75,10 @@ Retries (counted at the proxy, back-off on a fake clock):
   (not configurable per instance; source): 6 tries, sleeping min(random() + 2**(n-1), 32) s
   before try n+1 (1-2, 2-3, 4-5, 8-9, 16-17: about 33 s before it gives up). Retried: HTTP
   500-504, 408, 429, aiohttp ClientError (dropped, refused); not 404/403/412 (412 ->
-  FileExistsError at once). aiohttp itself resends an idempotent request once when a kept-alive connection was
-  dropped (a drop costs 2 requests). Giving up: 503/429 -> gcsfs.retry.HttpError (.code = 503/429);
-  dropped -> aiohttp.ServerDisconnectedError; refused -> aiohttp.ClientConnectorError (an
-  OSError); 502 -> requests.exceptions.ProxyError (source).
+  FileExistsError at once). aiohttp itself resends an idempotent request once when a
+  kept-alive connection was dropped (a drop costs 2 requests). Giving up: 503/429 ->
+  gcsfs.retry.HttpError (.code = 503/429); dropped -> aiohttp.ServerDisconnectedError;
+  refused -> aiohttp.ClientConnectorError (an OSError); 502 -> requests ProxyError (source).
 - s3fs: botocore retries (legacy mode: 5 attempts; AWS_MAX_ATTEMPTS and AWS_RETRY_MODE are
   honoured), inside s3fs's _error_wrapper (S3FileSystem.retries = 5, a class attribute, set it
   on the instance; sleeps 0.1 * 1.7**i). s3fs retries botocore's HTTPClientError family
