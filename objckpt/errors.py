@@ -28,6 +28,7 @@ fits it, so ``except ValueError`` or ``except OSError`` keeps working::
         |-- InvalidArgumentError          (ValueError) an argument objckpt cannot use
         |-- TemplateError                 (RuntimeError) a user-supplied callable failed
         |-- GraphvizNotFoundError         (FileNotFoundError) Graphviz's `dot` is missing
+        |-- MissingDependencyError        (ImportError) an optional client (gcsfs, s3fs)
         `-- IncompatibleTensorFlowError   (ImportError) this TensorFlow lacks what is needed
 
 Usage covers the set-up too (Graphviz, the TensorFlow version): a caller fixes those,
@@ -66,6 +67,7 @@ __all__ = [
     "IncompatibleTensorFlowError",
     "InvalidArgumentError",
     "MatchError",
+    "MissingDependencyError",
     "NotObjectBasedError",
     "ObjckptError",
     "SourceError",
@@ -325,6 +327,11 @@ class TemplateError(UsageError, RuntimeError):
 
 class GraphvizNotFoundError(UsageError, FileNotFoundError):
     """Rendering SVG/PNG needs Graphviz's `dot` program, and it is not on PATH."""
+
+
+class MissingDependencyError(UsageError, ImportError):
+    """A path needs an optional package that is not installed: the storage client of a
+    remote URL (`pip install objckpt[gcs]` for gs://, `objckpt[s3]` for s3://)."""
 
 
 class IncompatibleTensorFlowError(UsageError, ImportError):

@@ -40,6 +40,7 @@ TREE = {
     errors.InvalidArgumentError: (errors.UsageError, (ValueError,)),
     errors.TemplateError: (errors.UsageError, (RuntimeError,)),
     errors.GraphvizNotFoundError: (errors.UsageError, (FileNotFoundError,)),
+    errors.MissingDependencyError: (errors.UsageError, (ImportError,)),
     errors.IncompatibleTensorFlowError: (errors.UsageError, (ImportError,)),
 }
 FAMILIES = (errors.SourceError, errors.MatchError, errors.TargetError, errors.DirectoryError,

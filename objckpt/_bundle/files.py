@@ -23,6 +23,7 @@ import uuid
 from objckpt import errors
 from objckpt._base import render as _render
 from objckpt._bundle import index as _bundle
+from objckpt._bundle import remote as _remote
 from objckpt._bundle import state as _ckptstate
 
 __all__ = ["DATA_SUFFIX", "STATE_FILE", "check_intact", "check_prefix", "commit",
@@ -57,7 +58,7 @@ def data_shards(prefix: str) -> list[tuple[str, int, int]]:
     """
     directory = os.path.dirname(prefix)
     start = os.path.basename(prefix) + ".data-"
-    names = _list_names(directory, remote="://" in prefix)
+    names = _list_names(directory, remote=_remote.is_remote(prefix))
     shards = []
     for name in names:
         match = _SHARD.fullmatch(name[len(start):]) if name.startswith(start) else None
@@ -70,25 +71,26 @@ def data_shards(prefix: str) -> list[tuple[str, int, int]]:
 
 
 def _list_names(directory: str, *, remote: bool) -> list[str]:
-    """Names in a directory: local (`os.listdir`), or remote through TF's file systems (whose
-    errors are raised as OSError)."""
+    """Names in a directory: local (`os.listdir`), or remote (`_remote.listdir`: only plain
+    names; its failures are OSError)."""
     if not remote:
         return os.listdir(directory or ".")
-    import tensorflow as tf
-
-    try:
-        return [n.rstrip("/") for n in tf.io.gfile.listdir(directory)]
-    except tf.errors.OpError as err:
-        raise OSError(_render.first_line(err)) from err
+    return _remote.listdir(directory)
 
 
 def _exists(path: str) -> bool:
-    """Whether a local or remote (TF's file systems) path exists."""
-    if "://" not in path:
+    """Whether a local path or a remote object exists."""
+    if not _remote.is_remote(path):
         return os.path.exists(path)
-    import tensorflow as tf
+    return _remote.exists(path)
 
-    return tf.io.gfile.exists(path)
+
+def _is_directory(path: str) -> bool:
+    """A local directory, or a remote prefix that holds objects (object stores have no
+    folders: `gs://bucket/run` is one when `gs://bucket/run/...` objects exist)."""
+    if not _remote.is_remote(path):
+        return os.path.isdir(path)
+    return bool(_remote.listdir(path))
 
 
 # --- reading -------------------------------------------------------------------------
@@ -151,7 +153,7 @@ def data_files_problem(prefix: str) -> str | None:
             problems.append(f"it has {len(present)} of {count} data shards (`{prefix}.data-"
                             f"{missing:05d}-of-{count:05d}` is missing)")
         else:
-            bad = None if "://" in prefix else next(
+            bad = None if _remote.is_remote(prefix) else next(
                 filter(None, map(regular_file_problem, present.values())), None)
             if bad is None:
                 return None
@@ -165,9 +167,16 @@ def check_intact(prefix: str, *, tf_reader: bool = True) -> str | None:
     `tf_reader=False` validates the index in Python only (`_bundle.read_index`), without
     opening TF's reader (which also checks the index blocks' checksums).
     """
-    if "://" in prefix:
-        if not _exists(prefix + ".index"):
-            return f"`{prefix}.index` does not exist"
+    if _remote.is_remote(prefix):
+        try:
+            if not _exists(prefix + ".index"):
+                return f"`{prefix}.index` does not exist"
+            missing = data_files_problem(prefix)
+        except OSError as err:
+            return f"it cannot be read ({_render.first_line(err)})"
+        if missing:
+            return missing
+        tf_reader = False  # TF reads the local copy (`resolve_prefix` stages it)
     else:
         problem = regular_file_problem(prefix + ".index")
         if problem is not None:
@@ -190,7 +199,7 @@ def check_intact(prefix: str, *, tf_reader: bool = True) -> str | None:
 def nearby_prefixes(directory: str, limit: int = 5) -> list[str]:
     """Up to `limit` checkpoint prefixes in a directory (for "did you mean" hints)."""
     try:
-        names = sorted(n[: -len(".index")] for n in os.listdir(directory or ".")
+        names = sorted(n[: -len(".index")] for n in listdir_or_raise(directory)
                        if n.endswith(".index"))
     except OSError:
         return []
@@ -219,7 +228,11 @@ def _hint(directory: str, tf_reader: bool = True) -> str:
 
 def inside(directory: str, path: str) -> bool:
     """Whether `path` resolves (`os.path.realpath`: links followed) to a place strictly inside
-    `directory`."""
+    `directory` (remote: a plain name directly in it)."""
+    if _remote.is_remote(directory) or _remote.is_remote(path):
+        root = directory.rstrip("/") + "/"
+        rest = path[len(root):] if path.startswith(root) else ""
+        return bool(rest) and "/" not in rest and rest not in (".", "..")
     try:
         root, real = os.path.realpath(directory), os.path.realpath(path)
     except (OSError, ValueError):  # ValueError: a NUL in a name read from a file
@@ -240,12 +253,14 @@ def state_prefixes(directory: str, *, tf_reader: bool = True) -> tuple[list[str]
     prefixes, notes = [], []
     names = _ckptstate.read_state(directory, hint=lambda: _hint(directory, tf_reader)).names
     for name in reversed(names):
-        prefix = name if os.path.isabs(name) else os.path.join(directory, name)
+        prefix = (name if os.path.isabs(name) or _remote.is_remote(name)
+                  else os.path.join(directory, name))
         if inside(directory, prefix):
             prefixes.append(prefix)
             continue
         try:
-            where = f" (it resolves to `{_render.safe(os.path.realpath(prefix))}`)"
+            where = ("" if _remote.is_remote(directory) else
+                     f" (it resolves to `{_render.safe(os.path.realpath(prefix))}`)")
         except (OSError, ValueError):
             where = ""
         notes.append(
@@ -280,7 +295,7 @@ def directory_prefixes(directory: str) -> tuple[list[str], str]:
     resolves outside the directory (a link elsewhere: read only when passed as a prefix).
     """
     try:
-        names = [n[: -len(".index")] for n in os.listdir(directory or ".")
+        names = [n[: -len(".index")] for n in listdir_or_raise(directory)
                  if n.endswith(".index") and not _TEMP.fullmatch(n[: -len(".index")])
                  and inside(directory, os.path.join(directory, n))]
     except OSError:
@@ -293,6 +308,8 @@ def directory_prefixes(directory: str) -> tuple[list[str], str]:
 
     def modified(name: str) -> float:
         try:
+            if _remote.is_remote(directory):
+                return _remote.modified(os.path.join(directory, name + ".index")) or -1
             return os.stat(os.path.join(directory, name + ".index")).st_mtime_ns
         except OSError:
             return -1
@@ -331,6 +348,40 @@ def resolve_prefix(source: str | os.PathLike, *,
                    tf_reader: bool = True) -> tuple[str, tuple[str, ...]]:
     """Turns a prefix, `prefix.index` or directory into an intact prefix.
 
+    A remote source (`gs://`, `s3://`: `_remote`) is resolved the same way, remotely (its
+    listing, state object and index validated with the data objects' sizes), then the
+    chosen checkpoint is downloaded into a private local folder: the prefix returned is
+    that copy (a `_remote.StagedPrefix`, whose `remote` is the URL), read as on disk.
+    """
+    prefix, notes = _resolve(source, tf_reader=tf_reader)
+    if not _remote.is_remote(prefix):
+        return prefix, notes
+    try:
+        shards = [(path, _remote.size(path)) for path, _, _ in data_shards(prefix)]
+        return _remote.stage(prefix, shards), notes
+    except FileNotFoundError as err:
+        raise errors.CheckpointCorruptError(
+            f"Checkpoint `{_render.safe(prefix)}` changed while it was read: "
+            f"{_render.first_line(err)} vanished. Expected its objects to stay while they "
+            "are read. Fix: read it again, or read from a checkpoint no one is deleting.",
+            source=prefix) from err
+    except OSError as err:
+        raise _unreachable(prefix, err) from err
+
+
+def _unreachable(source: str, err: BaseException) -> errors.CheckpointNotFoundError:
+    return errors.CheckpointNotFoundError(
+        f"Remote checkpoint `{_render.safe(source)}` could not be read: "
+        f"{_render.first_line(err)}. Expected its storage to answer (the client retried "
+        "transient errors). Fix: check the URL, the network and the credentials (the "
+        "client's standard settings, e.g. STORAGE_EMULATOR_HOST or AWS_ENDPOINT_URL), then "
+        "try again.", source=source)
+
+
+def _resolve(source: str | os.PathLike, *,
+             tf_reader: bool = True) -> tuple[str, tuple[str, ...]]:
+    """`resolve_prefix` without the download of a remote checkpoint.
+
     A directory gives the newest intact checkpoint its state file names inside it (the
     state file, which `Checkpointing`, `CheckpointManager` and `tf.train.CheckpointManager`
     write, decides). A directory without one (checkpoints written by `objckpt.save` or
@@ -347,6 +398,13 @@ def resolve_prefix(source: str | os.PathLike, *,
     shown = _render.safe(source)  # a path may hold any character: one line on a terminal
     if source.endswith(".index") and _exists(source):
         source = source[: -len(".index")]
+    if _remote.is_remote(source):
+        try:
+            return _resolve_remote(source, shown, tf_reader)
+        except OSError as err:
+            if isinstance(err, errors.ObjckptError):
+                raise
+            raise _unreachable(source, err) from err
     if os.path.isdir(source):
         if not _exists(os.path.join(source, STATE_FILE)) and not os.path.islink(
                 os.path.join(source, STATE_FILE)):
@@ -367,7 +425,7 @@ def resolve_prefix(source: str | os.PathLike, *,
             f"Directory `{shown}` has no intact checkpoint that its state file names; "
             "expected at least one, found:\n  " + "\n  ".join(notes) + fix, source=source)
     if _exists(source + ".index"):
-        problem = None if "://" in source else regular_file_problem(source + ".index")
+        problem = regular_file_problem(source + ".index")
         if problem is not None:
             raise errors.CheckpointCorruptError(
                 f"Checkpoint `{shown}` cannot be read: {problem}. Expected its index "
@@ -388,6 +446,38 @@ def resolve_prefix(source: str | os.PathLike, *,
         "Fix: check the path, or pass the directory to use its newest checkpoint.", source=source)
 
 
+def _resolve_remote(source: str, shown: str, tf_reader: bool) -> tuple[str, tuple[str, ...]]:
+    """`_resolve` of a URL: a prefix (its index object exists), else a directory (a state
+    object, else its newest intact checkpoint), as on disk."""
+    source = source.rstrip("/") if not source.endswith("://") else source
+    if _exists(source + ".index"):
+        return source, ()
+    if not _is_directory(source):
+        found = nearby_prefixes(os.path.dirname(source))
+        hint = (f" Checkpoints found there: {', '.join(map(_render.safe, found))}."
+                if found else "")
+        raise errors.CheckpointNotFoundError(
+            f"No checkpoint at `{shown}`: expected `{shown}.index` (a prefix) or objects under "
+            f"`{shown}/` (a directory), found neither.{hint} Fix: check the URL, or pass the "
+            "directory to use its newest checkpoint.", source=source)
+    if not _exists(os.path.join(source, STATE_FILE)):
+        return _newest_on_disk(source, shown, tf_reader)
+    prefixes, notes = state_prefixes(source, tf_reader=tf_reader)
+    for prefix in prefixes:
+        problem = check_intact(prefix, tf_reader=tf_reader)
+        if problem is None:
+            return prefix, tuple(notes)
+        notes.append(f"skipped `{_render.safe(prefix)}`: {problem}")
+    found = intact_prefixes(source, tf_reader=tf_reader)
+    fix = ("\nIntact checkpoints found in the directory, which its state object does not "
+           "name: " + ", ".join(f"`{_render.safe(p)}`" for p in found) + ". Fix: pass one of "
+           "them as the prefix to restore from it." if found
+           else "\nFix: restore from another copy, or write a new checkpoint.")
+    raise errors.CheckpointCorruptError(
+        f"Directory `{shown}` has no intact checkpoint that its state object names; expected "
+        "at least one, found:\n  " + "\n  ".join(notes) + fix, source=source)
+
+
 # --- writing -------------------------------------------------------------------------
 
 def check_prefix(prefix: str) -> None:
@@ -395,6 +485,12 @@ def check_prefix(prefix: str) -> None:
     existing directory (its files would land beside it, `<dir>.index`, and reading `<dir>`
     would then take the directory's checkpoints instead), or a path ending in a separator."""
     shown = _render.safe(prefix)
+    if _remote.is_remote(prefix):
+        if prefix.endswith("/"):
+            raise errors.InvalidArgumentError(
+                f"`{shown}` ends in `/`: it names a folder, not a checkpoint. Fix: add the "
+                f"checkpoint's name, such as `{_render.safe(prefix + 'ckpt')}`.", source=prefix)
+        return
     if os.path.isdir(prefix):
         inside = os.path.join(prefix.rstrip("/" + os.sep) or prefix, "ckpt")
         raise errors.InvalidArgumentError(  # source=: where it was to be written
@@ -432,6 +528,9 @@ def write_tensors(prefix: str, keys: list, tensors: list, stage=_no_stage, *,
     `stage(name)` is called at "write" (nothing written yet), "data" (temporary files
     complete) and "index" (committed under `prefix`); tests crash there.
     """
+    if _remote.is_remote(prefix):
+        _write_remote(prefix, keys, tensors, stage, workers)
+        return
     import tensorflow as tf
 
     from objckpt._bundle import fastio as _fastio
@@ -458,12 +557,46 @@ def write_tensors(prefix: str, keys: list, tensors: list, stage=_no_stage, *,
             remove(leftover)
 
 
+def _write_remote(prefix: str, keys: list, tensors: list, stage, workers: int | None) -> None:
+    """`write_tensors` to remote storage: the bundle is written locally by the same writer,
+    then uploaded in the commit order (`_remote.upload_bundle`: old index, data, index)."""
+    import shutil
+
+    from objckpt._bundle import fastio as _fastio
+
+    check_prefix(prefix)
+    folder = _remote.new_folder("upload")
+    try:
+        temp = os.path.join(folder, "bundle")
+        stage("write")
+        _fastio.write_bundle(temp, keys, tensors, workers)
+        data = [path for path, _, _ in data_shards(temp)]
+        targets = {prefix + path[len(temp):] for path in data}
+        try:
+            old_index = _remote.exists(prefix + ".index")
+            stale = [url for url, _, _ in data_shards(prefix) if url not in targets]
+            _remote.upload_bundle(temp, prefix, data, old_index, stale, stage)
+        except OSError as err:
+            if isinstance(err, errors.ObjckptError):
+                raise
+            raise errors.CheckpointWriteError(
+                f"Cannot write checkpoint `{_render.safe(prefix)}` to remote storage: "
+                f"{_render.first_line(err)}. Expected the storage to accept the upload (the "
+                "client retried transient errors). Nothing was committed: without its index "
+                "no partial upload is a checkpoint, and earlier checkpoints are intact. Fix: "
+                "check the network, the credentials and the bucket, then save again; with "
+                "on_error='warn' training goes on without saving.", source=prefix) from err
+        stage("index")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def _starting_with(temp: str) -> list[str]:
     """Files whose names start with the (unique, temporary) name `temp` (no glob: a directory
     name may hold `[` or `*`)."""
     directory, start = os.path.split(temp)
     try:
-        names = _list_names(directory, remote="://" in temp)
+        names = _list_names(directory, remote=_remote.is_remote(temp))
     except OSError:
         return []
     return [os.path.join(directory, n) for n in names if n.startswith(start)]
@@ -499,15 +632,25 @@ def rename(src: str, dst: str) -> None:
     tf.io.gfile.rename(src, dst, overwrite=True)
 
 
+def listdir_or_raise(directory: str) -> list[str]:
+    """Names in a local or remote directory (OSError when it cannot be listed)."""
+    if _remote.is_remote(directory):
+        return _remote.listdir(directory)
+    return os.listdir(directory or ".")
+
+
 def listdir(directory: str) -> list[str]:
     """Names in a directory; none when it does not exist."""
     try:
-        return os.listdir(directory)
+        return listdir_or_raise(directory)
     except FileNotFoundError:
         return []
 
 
 def remove(path: str) -> None:
-    """Removes a file; a missing one is fine."""
+    """Removes a file or a remote object; a missing one is fine."""
+    if _remote.is_remote(path):
+        _remote.remove(path)
+        return
     with contextlib.suppress(FileNotFoundError):
         os.remove(path)

@@ -30,6 +30,7 @@ import struct
 
 from objckpt import errors
 from objckpt._base import render as _render
+from objckpt._bundle import remote as _remote
 
 __all__ = ["OBJECT_GRAPH_KEY", "Entry", "Index", "WireError", "check_graph", "corrupt",
            "dtype_size", "expect_wire", "fields", "graph_problems", "int32", "open_file",
@@ -186,21 +187,17 @@ def _require_regular(path: str) -> int:
 
 
 def _file_size(path: str) -> int:
-    """The size of a file to read: a regular local file, or one behind TF's file systems
-    (`ram://`, `gs://`: no special files there)."""
-    if "://" in path:
-        import tensorflow as tf  # only for non-local prefixes: no TF import otherwise
-
-        return tf.io.gfile.stat(path).length
+    """The size of a file to read: a regular local file, or an object in remote storage
+    (`gs://`, `s3://`: no special files there; `_remote`)."""
+    if _remote.is_remote(path):
+        return _remote.size(path)
     return _require_regular(path)
 
 
 def _open(path: str):
     """A binary reader of a file `_file_size` accepted."""
-    if "://" in path:
-        import tensorflow as tf
-
-        return tf.io.gfile.GFile(path, "rb")
+    if _remote.is_remote(path):
+        return _remote.open_read(path)
     return open(path, "rb")  # the caller closes it
 
 

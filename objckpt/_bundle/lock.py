@@ -102,6 +102,9 @@ class DirectoryLock:
             "on_error='warn' training goes on without saving (resuming from what can be "
             "read).", source=self.directory)
 
+    def refresh(self) -> None:
+        """Nothing to renew: the kernel holds a local lock until its holder exits."""
+
     def release(self) -> None:
         if self._fd is None:
             return
@@ -121,3 +124,157 @@ def _read_holder(fd: int) -> str:
     except OSError:
         text = ""
     return text or "holder unknown"
+
+
+# --- remote directories (`gs://`, `s3://`) ----------------------------------------------------
+
+# How long a remote lock holds without its holder committing; a lock older than this, or
+# one whose holder was a process on this host that no longer runs, may be taken over.
+LEASE_SECONDS = 900.0
+_LOCK_LIMIT = 4096  # bytes of a lock object read
+
+
+def now() -> float:
+    """The clock of remote leases (tests replace it)."""
+    import time
+
+    return time.time()
+
+
+class RemoteLock:
+    """The lock of a remote directory: the object `<directory>/.objckpt.lock`, created only
+    if absent (a GCS generation or S3 If-None-Match precondition), holding its holder (pid,
+    host, a random id) and when its lease ends. Object stores cannot drop a lock when its
+    holder dies, so a lock is taken over (a conditional replace of the version read) when its
+    lease ended or its holder was a process on this host that no longer runs; each commit
+    renews the lease (`refresh`) and finds out if it was taken over meanwhile."""
+
+    def __init__(self, directory: str):
+        self.directory = directory.rstrip("/")
+        self.path = self.directory + "/" + LOCK_FILE
+        self._version = None
+        self._id = os.urandom(8).hex()
+
+    @property
+    def held(self) -> bool:
+        return self._version is not None
+
+    def _record(self) -> bytes:
+        return (f"pid {os.getpid()} on {socket.gethostname()}, id {self._id}, lease until "
+                f"{now() + LEASE_SECONDS:.3f}\n").encode()
+
+    def acquire(self) -> None:
+        """Takes the lock or raises `DirectoryLockedError` (`CheckpointWriteError`: the store
+        failed). A newer lock of this process takes it over from an older one, as on disk."""
+        from objckpt._bundle import remote as _remote
+
+        if self._version is not None:
+            return
+        other = _HELD.get(self.path)
+        if other is not None and other is not self and other._version is not None:
+            self._version, other._version, self._id = other._version, None, other._id
+            _HELD[self.path] = self
+            return
+        try:
+            try:
+                self._version = _remote.write_bytes(self.path, self._record(),
+                                                    expect=_remote.ABSENT) or "?"
+            except _remote.PreconditionFailed:
+                try:
+                    data, version = _remote.read_versioned(self.path, _LOCK_LIMIT)
+                except (FileNotFoundError, ValueError):  # released meanwhile, or not ours
+                    data, version = b"", None
+                holder = data.decode("utf-8", "replace").strip() or "holder unknown"
+                if version is None or not _stale(holder):
+                    raise errors.DirectoryLockedError(
+                        f"Checkpoint directory `{self.directory}` is in use by another writer "
+                        f"({_render_holder(holder)}): expected to hold its lock `{self.path}` "
+                        "alone. Nothing was written or changed. Fix: stop the other training "
+                        "run, or give this run its own directory; a lock whose holder died "
+                        f"is taken over once its lease ends ({LEASE_SECONDS:.0f} s after its "
+                        "last save), or at once from the same host.",
+                        directory=self.directory, holder=_render_holder(holder)) from None
+                try:
+                    self._version = _remote.write_bytes(self.path, self._record(),
+                                                        expect=version) or "?"
+                except _remote.PreconditionFailed:
+                    raise errors.DirectoryLockedError(
+                        f"Checkpoint directory `{self.directory}` was taken by another writer "
+                        f"while this one took over its stale lock `{self.path}`. Nothing was "
+                        "written or changed. Fix: run one writer per directory.",
+                        directory=self.directory, holder="another writer") from None
+        except errors.ObjckptError:
+            raise
+        except OSError as err:
+            raise errors.CheckpointWriteError(
+                f"Cannot write to checkpoint directory `{self.directory}`: creating its lock "
+                f"`{self.path}` failed: {err}. Expected a bucket this process can write "
+                "objects in. Nothing was written or changed. Fix: check the URL, the "
+                "credentials and the network; with on_error='warn' training goes on without "
+                "saving.", source=self.directory) from err
+        _HELD[self.path] = self
+
+    def refresh(self) -> None:
+        """Renews the lease before a commit; raises DirectoryLockedError when another writer
+        took the lock over meanwhile (its lease had ended)."""
+        from objckpt._bundle import remote as _remote
+
+        if self._version is None:
+            return
+        try:
+            self._version = _remote.write_bytes(self.path, self._record(),
+                                                expect=self._version) or "?"
+        except _remote.PreconditionFailed:
+            self._version = None
+            raise errors.DirectoryLockedError(
+                f"Cannot commit to `{self.directory}`: another writer took over its lock "
+                f"`{self.path}` (this writer's lease of {LEASE_SECONDS:.0f} s had ended). "
+                "Nothing was committed. Fix: run one writer per directory.",
+                directory=self.directory, holder="another writer") from None
+
+    def release(self) -> None:
+        from objckpt._bundle import remote as _remote
+
+        if self._version is None:
+            return
+        version, self._version = self._version, None
+        if _HELD.get(self.path) is self:
+            del _HELD[self.path]
+        try:
+            _, current = _remote.read_versioned(self.path, _LOCK_LIMIT)
+            if current == version or version == "?":
+                _remote.remove(self.path)
+        except (OSError, ValueError):
+            pass  # gone, or not reachable: its lease ends on its own
+
+
+def _render_holder(holder: str) -> str:
+    return "".join(c if c.isprintable() else "?" for c in holder)[:200]
+
+
+def _stale(holder: str) -> bool:
+    """Whether a remote lock's holder (its record) may be taken over: its lease ended, or it
+    was a process of this host that no longer runs."""
+    import re
+
+    match = re.fullmatch(r"pid (\d+) on (.+?), id [0-9a-f]+, lease until ([0-9.]+)", holder)
+    if match is None:
+        return True  # not a lock objckpt wrote: nothing holds it
+    pid, host, until = int(match.group(1)), match.group(2), float(match.group(3))
+    if until < now():
+        return True
+    if host == socket.gethostname() and pid != os.getpid():
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except OSError:
+            return False
+    return host == socket.gethostname() and pid == os.getpid()
+
+
+def lock_for(directory: str):
+    """The lock of a directory: a `RemoteLock` for a URL, else a `DirectoryLock`."""
+    from objckpt._bundle import remote as _remote
+
+    return RemoteLock(directory) if _remote.is_remote(directory) else DirectoryLock(directory)

@@ -23,6 +23,7 @@ from typing import NamedTuple
 from objckpt import errors
 from objckpt._base import render as _render
 from objckpt._bundle import index as _bundle
+from objckpt._bundle import remote as _remote
 
 __all__ = ["NAME", "STATE_FILE", "STATE_FILE_LIMIT", "State", "listed", "number",
            "parse_state", "read_state", "timestamps", "write_state"]
@@ -57,6 +58,15 @@ def _read_small(path: str, limit: int) -> bytes:
       ValueError: what is there is not such a file (the message says what it is).
       OSError: it cannot be read.
     """
+    if _remote.is_remote(path):
+        directory = path.rsplit("/", 1)[0]
+        try:
+            data, token = _remote.read_versioned(path, limit)
+        except FileNotFoundError:
+            _VERSIONS[directory] = _remote.ABSENT
+            raise
+        _VERSIONS[directory] = token
+        return data
     problem = _bundle.regular_file_problem(path, limit)
     if problem is not None:
         if problem.endswith("does not exist"):
@@ -80,6 +90,11 @@ def _read_small(path: str, limit: int) -> bytes:
     if total > limit:
         raise ValueError(f"`{_render.safe(path)}` grew past {limit:,} bytes while it was read")
     return b"".join(chunks)
+
+
+# Remote directories: the version of the state object this process last read or wrote
+# (`_remote.ABSENT`: none was there), the precondition of the next write.
+_VERSIONS: dict = {}
 
 
 def _hinted(hint) -> str:
@@ -203,6 +218,9 @@ def write_state(directory: str, names: list[str], timestamps, last_preserved=Non
     text += [f"all_model_checkpoint_timestamps: {float(t)!r}" for t in timestamps]
     preserved = float(timestamps[-1] if last_preserved is None else last_preserved)
     text.append(f"last_preserved_timestamp: {preserved!r}")
+    if _remote.is_remote(directory):
+        _write_remote(directory, ("\n".join(text) + "\n").encode())
+        return
     temp = os.path.join(directory, f".{STATE_FILE}.tmp-{uuid.uuid4().hex[:12]}")
     try:
         with open(temp, "w") as f:
@@ -220,6 +238,34 @@ def write_state(directory: str, names: list[str], timestamps, last_preserved=Non
             os.remove(temp)
 
 
+def _write_remote(directory: str, data: bytes) -> None:
+    """The commit point of a remote directory: the state object written whole (an object is
+    replaced atomically), only if it is still the version this process last saw (a GCS
+    generation or S3 ETag precondition), so two writers cannot both commit over each other.
+
+    Raises:
+      CheckpointWriteError: another writer changed it, or the store failed.
+    """
+    url = directory.rstrip("/") + "/" + STATE_FILE
+    try:
+        _VERSIONS[directory] = _remote.write_bytes(url, data, expect=_VERSIONS.get(directory))
+    except _remote.PreconditionFailed as err:
+        _VERSIONS.pop(directory, None)
+        raise errors.CheckpointWriteError(
+            f"Cannot commit to `{directory}`: its state object `{url}` was changed by another "
+            "writer since this one read it (expected the version it read). Nothing was "
+            "committed; the other writer's checkpoints are intact. Fix: use one writer per "
+            "directory (stop the other training run, or give this run its own directory).",
+            source=directory) from err
+    except OSError as err:
+        raise errors.CheckpointWriteError(
+            f"Cannot commit to `{directory}`: writing its state object `{url}` failed: "
+            f"{_render.first_line(err)}. Expected the storage to accept it (the client retried "
+            "transient errors). The new checkpoint is not committed; earlier ones are intact. "
+            "Fix: check the network, credentials and bucket, then save again.",
+            source=directory) from err
+
+
 def number(directory: str, name: str) -> int | None:
     """N when `name` (from the state file) is `ckpt-N` of `directory`, else None.
 
@@ -228,6 +274,13 @@ def number(directory: str, name: str) -> int | None:
     """
     if "\x00" in name:
         return None
+    if _remote.is_remote(directory) or _remote.is_remote(name):
+        root = directory.rstrip("/") + "/"
+        name = name[len(root):] if name.startswith(root) else name
+        if "/" in name:
+            return None
+        match = NAME.fullmatch(name + ".index")
+        return int(match.group(1)) if match else None
     if os.path.isabs(name):
         folder, name = os.path.split(name)
         try:
@@ -297,7 +350,8 @@ def timestamps(directory: str, numbers: list[int]) -> tuple[dict[int, float], fl
         if n not in stamps:
             try:
                 index = os.path.join(directory, f"ckpt-{n}.index")
-                stamps[n] = min(os.stat(index).st_mtime, now)
+                stamps[n] = min(_remote.modified(index) or now if _remote.is_remote(index)
+                                else os.stat(index).st_mtime, now)
             except OSError:
                 stamps[n] = now
     stamps = {n: stamps[n] for n in numbers}

@@ -17,6 +17,7 @@ from objckpt import _compat, errors
 from objckpt._base import paths as _paths
 from objckpt._base import render as _render
 from objckpt._bundle import files as _files
+from objckpt._bundle import remote as _remote
 from objckpt._formats import registry as _formats
 from objckpt._planning import tree as _tree
 
@@ -149,7 +150,7 @@ def _object_source(prefix: str, notes) -> Source:
                 tuple(specs.items()), tuple(notes))
 
     return Source(
-        f"checkpoint `{prefix}`", "object", specs,
+        f"checkpoint `{_remote.shown(prefix)}`", "object", specs,
         lambda paths: _restore_v2(prefix, [entry(p).key for p in paths],
                                   [entry(p).dtype for p in paths],
                                   [entry(p).shape for p in paths]),
@@ -210,7 +211,7 @@ def _name_source(prefix: str, notes) -> Source:
     dtypes = reader.get_variable_to_dtype_map()
     specs = {name: (tuple(shapes[name]), tf.as_dtype(dtypes[name])) for name in sorted(shapes)}
     return Source(
-        f"name-based checkpoint `{prefix}`", "name", specs,
+        f"name-based checkpoint `{_remote.shown(prefix)}`", "name", specs,
         lambda names: _restore_v2(prefix, list(names), [specs[n][1] for n in names],
                                   [specs[n][0] for n in names]),
         lambda at: _paths.prefix_subtree(specs, at), _top_names(specs), prefix, tuple(notes),

@@ -60,7 +60,10 @@ from objckpt import _compat, errors
 from objckpt._base import paths as _paths
 from objckpt._base import render as _render
 from objckpt._bundle import files as _files
+from objckpt._bundle import index as _bundle_index
 from objckpt._bundle import lock as _dirlock
+from objckpt._bundle import objgraph as _objgraph
+from objckpt._bundle import remote as _remote
 from objckpt._bundle import state as _ckptstate
 from objckpt._ops import snapshot as _snapshot
 from objckpt._planning import checks as _checks
@@ -238,7 +241,7 @@ class CommitProtocol:
 
     def __init__(self, directory: str, durable: bool | None = None):
         self.directory, self.durable = directory, durable
-        self.lock = _dirlock.DirectoryLock(directory)
+        self.lock = _dirlock.lock_for(directory)
         self.preserved = math.nan
 
     def prefix(self, number: int) -> str:
@@ -276,6 +279,7 @@ class CommitProtocol:
         from objckpt._bundle import fastio as _fastio
 
         durable = _fastio.DURABLE_DEFAULT if self.durable is None else self.durable
+        self.lock.refresh()  # remote: renews the lease; raises if another writer took it
         _ckptstate.write_state(self.directory, [os.path.basename(k.prefix) for k in kept],
                                [k.timestamp for k in kept], self.preserved, durable=durable)
 
@@ -376,24 +380,36 @@ class CommitProtocol:
             directory=self.directory, found=tuple(found))
 
 
+# The dtypes of the scalars read back (TF's DataType numbers): float, double, int32, int64.
+_SCALARS = {1: "<f4", 2: "<f8", 3: "<i4", 9: "<i8"}
+
+
+def _read_scalar(prefix: str, name: str):
+    """The scalar `name` saved in a checkpoint, read TF-free through its validated index and
+    checksummed bytes (a local or remote prefix: only the index and those bytes are read);
+    None when it has none or it cannot be read."""
+    try:
+        index = _bundle_index.read_index(prefix)
+        entry = index.entries.get(name + _paths.ATTRIBUTES + _paths.VARIABLE_VALUE)
+        if entry is None or entry.shape != () or entry.dtype not in _SCALARS:
+            return None
+        return np.frombuffer(_objgraph.read_bytes(index, name + _paths.ATTRIBUTES
+                                                  + _paths.VARIABLE_VALUE),
+                             _SCALARS[entry.dtype])[0].item()
+    except Exception:  # written by something else, or damaged: no value
+        return None
+
+
 def _read_metric(prefix: str) -> float:
     """The monitored value saved in a checkpoint (NaN: none)."""
-    try:
-        value = tf.train.load_checkpoint(prefix).get_tensor(
-            METRIC + _paths.ATTRIBUTES + _paths.VARIABLE_VALUE)
-        return float(value)
-    except Exception:  # written by something else: no metric, never "best"
-        return math.nan
+    value = _read_scalar(prefix, METRIC)
+    return math.nan if value is None else float(value)  # none: never "best"
 
 
 def _read_counter(prefix: str, name: str = "step") -> int | None:
     """A counter (`epoch`, `step`, `batch`) saved in a checkpoint (None: none)."""
-    try:
-        value = tf.train.load_checkpoint(prefix).get_tensor(
-            name + _paths.ATTRIBUTES + _paths.VARIABLE_VALUE)
-        return int(value)
-    except Exception:  # written by something else: no step, never kept for it
-        return None
+    value = _read_scalar(prefix, name)
+    return None if value is None else int(value)  # none: never kept for it
 
 
 class MultiWorker:
@@ -589,7 +605,9 @@ class CheckpointDirectory:
                  async_save=False, on_error="raise", fingerprint=None, durable=None,
                  keep_every_n_steps=None, keep_every_n_hours=None, keep=None,
                  checkpoint_interval=None, min_interval_seconds=None):
-        self.directory = os.path.abspath(os.fspath(directory))
+        directory = os.fspath(directory)
+        self.directory = (directory.rstrip("/") if _remote.is_remote(directory)
+                          else os.path.abspath(directory))
         self.retention = _retention.RetentionPolicy(
             max_to_keep, keep_best, mode, keep_every_n_steps=keep_every_n_steps,
             keep_every_n_hours=keep_every_n_hours, keep=keep,
