@@ -22,7 +22,7 @@ from objckpt import errors
 from objckpt._bundle import remote as _remote
 from objckpt.callbacks import Checkpointing
 
-from flavours import KERAS_FLAVOURS, _data, build_functional, keras_for
+from flavours import _data, build_functional, keras_for, session_flavour
 from support import assert_bits, values
 
 BUCKET = "objckpt-remote"
@@ -141,8 +141,7 @@ def test_checkpoint_manager_keeps_resumes_and_lists_standard_files(store):
 
 @pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
 def test_interrupted_fit_resumes_bit_identical_from_remote(store, async_save):
-    flavour = KERAS_FLAVOURS[0]
-    keras = keras_for(flavour)
+    keras = keras_for(session_flavour())
     _, folder = store
     directory = folder()
     images, tokens, targets = _data()
