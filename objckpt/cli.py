@@ -58,8 +58,15 @@ Commands:
       checkpoint migrated into Keras 3, object trees, timings and the graph
       picture (written under DIR, default a new temporary folder).
 
+Every PREFIX, DIRECTORY, SOURCE, A, B and OUT may be a URL of object storage:
+gs://bucket/run/ckpt (pip install objckpt[gcs]), s3://bucket/run
+(objckpt[s3]), or any other fsspec URL whose client is installed. Endpoints
+and credentials come from each client's standard settings
+(STORAGE_EMULATOR_HOST; AWS_ENDPOINT_URL and the AWS credential variables).
+A remote checkpoint is downloaded into a private local copy, removed after.
+
 inspect, diff and graph (DOT text) read checkpoints without importing
-TensorFlow and answer in about a second; the other commands import it and
+TensorFlow (local or remote) and answer in about a second; the other commands import it and
 keep its start-up log lines off the terminal (errors still show).
 
 Exit status: 0 on success (diff: the checkpoints are the same; verify: intact),
@@ -375,6 +382,7 @@ _COMMANDS = {"inspect": (_inspect, False), "diff": (_diff, False), "graph": (_gr
 
 def main(args) -> int:
     command, imports_tf = _COMMANDS.get(args.command, (None, False))
+    _terminal.quiet_clients()  # a remote URL's client: its INFO lines off the terminal
     try:
         if command is not None:
             with _terminal.quiet_tf() if imports_tf else contextlib.nullcontext():

@@ -570,25 +570,31 @@ def _write_remote(prefix: str, keys: list, tensors: list, stage, workers: int | 
         temp = os.path.join(folder, "bundle")
         stage("write")
         _fastio.write_bundle(temp, keys, tensors, workers)
-        data = [path for path, _, _ in data_shards(temp)]
-        targets = {prefix + path[len(temp):] for path in data}
-        try:
-            old_index = _remote.exists(prefix + ".index")
-            stale = [url for url, _, _ in data_shards(prefix) if url not in targets]
-            _remote.upload_bundle(temp, prefix, data, old_index, stale, stage)
-        except OSError as err:
-            if isinstance(err, errors.ObjckptError):
-                raise
-            raise errors.CheckpointWriteError(
-                f"Cannot write checkpoint `{_render.safe(prefix)}` to remote storage: "
-                f"{_render.first_line(err)}. Expected the storage to accept the upload (the "
-                "client retried transient errors). Nothing was committed: without its index "
-                "no partial upload is a checkpoint, and earlier checkpoints are intact. Fix: "
-                "check the network, the credentials and the bucket, then save again; with "
-                "on_error='warn' training goes on without saving.", source=prefix) from err
+        _upload(temp, prefix, stage)
         stage("index")
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _upload(temp: str, prefix: str, stage=_no_stage) -> None:
+    """The local bundle at `temp` uploaded to the remote `prefix` in the commit order
+    (`_remote.upload_bundle`: old index, stale and new data, index)."""
+    data = [path for path, _, _ in data_shards(temp)]
+    targets = {prefix + path[len(temp):] for path in data}
+    try:
+        old_index = _remote.exists(prefix + ".index")
+        stale = [url for url, _, _ in data_shards(prefix) if url not in targets]
+        _remote.upload_bundle(temp, prefix, data, old_index, stale, stage)
+    except OSError as err:
+        if isinstance(err, errors.ObjckptError):
+            raise
+        raise errors.CheckpointWriteError(
+            f"Cannot write checkpoint `{_render.safe(prefix)}` to remote storage: "
+            f"{_render.first_line(err)}. Expected the storage to accept the upload (the "
+            "client retried transient errors). Nothing was committed: without its index "
+            "no partial upload is a checkpoint, and earlier checkpoints are intact. Fix: "
+            "check the network, the credentials and the bucket, then save again; with "
+            "on_error='warn' training goes on without saving.", source=prefix) from err
 
 
 def _starting_with(temp: str) -> list[str]:
@@ -608,11 +614,16 @@ def commit(temp: str, prefix: str) -> None:
     The old index goes first, so an old index never describes new data; then stale shards,
     then the data, the index last. A crash at any point leaves the old checkpoint, none, or
     the new one under `prefix`; never a mix. Files beside `prefix` that are not data shards
-    by TF's exact names (say `prefix.data-00000-of-00001.bak`) are left alone.
+    by TF's exact names (say `prefix.data-00000-of-00001.bak`) are left alone. A remote
+    `prefix` (a URL) gets the local `temp` uploaded in that order (CheckpointWriteError when
+    the storage fails); `temp` stays.
     """
+    check_prefix(prefix)
+    if _remote.is_remote(prefix):
+        _upload(temp, prefix)
+        return
     import tensorflow as tf
 
-    check_prefix(prefix)
     if tf.io.gfile.exists(prefix + ".index"):
         tf.io.gfile.remove(prefix + ".index")
     new_data = [path for path, _, _ in data_shards(temp)]

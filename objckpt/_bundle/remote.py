@@ -62,6 +62,8 @@ __all__ = [
     "remove",
     "size",
     "stage",
+    "unstage",
+    "unstaged",
     "upload_bundle",
     "write_bytes",
 ]
@@ -496,6 +498,27 @@ def stage(prefix: str, shards: list[tuple[str, int]]) -> StagedPrefix:
 def shown(prefix) -> str:
     """How to name a prefix to people: the URL of a staged copy, else the prefix itself."""
     return getattr(prefix, "remote", prefix)
+
+
+def unstaged(text: str) -> str:
+    """`text` with the local prefix of every staged copy still in use replaced by its URL:
+    what a reader of the copy says (`/tmp/objckpt-staged-x/ckpt.index`) names the URL."""
+    for finalizer in list(_STAGED.values()):
+        found = finalizer.peek()
+        if found is not None and str(found[0]) in text:
+            text = text.replace(str(found[0]), found[0].remote)
+    return text
+
+
+def unstage(err: BaseException) -> BaseException:
+    """`err` (an objckpt error raised while a staged copy was read) naming URLs instead of
+    the copies: its message, `source` and `problems` rewritten in place. Returns `err`."""
+    if _STAGED and isinstance(err, errors.ObjckptError):
+        err.args = tuple(unstaged(a) if isinstance(a, str) else a for a in err.args)
+        if isinstance(err.source, str):
+            err.source = unstaged(err.source)
+        err.problems = tuple(unstaged(p) if isinstance(p, str) else p for p in err.problems)
+    return err
 
 
 def _forget(folder: str) -> None:

@@ -6,6 +6,9 @@
   lines (C++ logging before absl is initialised, CUDA probing on a machine without a GPU, CPU
   feature notes) off stderr; every other line, errors included, still shows. Only the command
   line does this: the library never configures TF.
+- `quiet_clients()`: the storage clients' informational log lines (botocore's "Found
+  credentials in environment variables", once per command on a `s3://` URL) off stderr; their
+  warnings and errors still show.
 """
 
 from __future__ import annotations
@@ -13,12 +16,13 @@ from __future__ import annotations
 import ast
 import contextlib
 import json
+import logging
 import os
 import re
 import sys
 import threading
 
-__all__ = ["cli_words", "quiet_tf"]
+__all__ = ["cli_words", "quiet_clients", "quiet_tf"]
 
 
 # The library's advice names Python arguments; the command line's flags stand for them.
@@ -107,3 +111,18 @@ def quiet_tf():
         thread.join(timeout=10)
         if not thread.is_alive():  # a child that inherited the pipe keeps the pump going:
             os.close(terminal)  # then its descriptor stays open, never reused under it
+
+
+# The loggers of the storage clients a `gs://` or `s3://` URL loads (absl's handler, which the
+# command line runs under, shows their INFO lines otherwise).
+_CLIENT_LOGGERS = ("botocore", "aiobotocore", "boto3", "s3fs", "gcsfs", "fsspec",
+                   "google.auth", "urllib3")
+
+
+def quiet_clients() -> None:
+    """The storage clients' loggers at WARNING: their informational lines stay off the
+    terminal, their warnings and errors show. A level a user set already is kept."""
+    for name in _CLIENT_LOGGERS:
+        logger = logging.getLogger(name)
+        if logger.level == logging.NOTSET:
+            logger.setLevel(logging.WARNING)

@@ -34,6 +34,7 @@ from typing import NamedTuple
 
 from objckpt import errors
 from objckpt._base import render as _render
+from objckpt._bundle import remote as _remote
 from objckpt._formats import kerash5 as _kerash5
 from objckpt._formats import legacyh5 as _legacyh5
 from objckpt._formats import savedmodel as _savedmodel
@@ -168,6 +169,8 @@ def dispatch(role: str, path: str | os.PathLike, checkpoint: Callable):
     recognises it and whose role answers (not None). `checkpoint` is the TF checkpoint's
     role, implemented by the caller; it always answers (or raises).
 
+    A URL (`gs://`, `s3://`) is read from a local staged copy; its errors name the URL.
+
     Raises:
       UnsupportedFormatError: no format takes `path`.
     """
@@ -178,7 +181,12 @@ def dispatch(role: str, path: str | os.PathLike, checkpoint: Callable):
         if not fmt.recognise(path):
             continue
         action = getattr(fmt, role) or checkpoint
-        found = action(path)
+        try:
+            found = action(path)
+        except errors.ObjckptError as err:
+            if _remote.is_remote(path):  # read from a staged copy: the URL named instead
+                _remote.unstage(err)
+            raise
         if found is not None:
             return found
     raise unsupported(path)

@@ -200,7 +200,7 @@ def _read_with_tf(side: _Side, key: str):
     import tensorflow as tf
 
     if side.reader is None:
-        side.reader = _files.open_reader(side.prefix)
+        side.reader = _files.open_reader(side.meta.local)
     try:
         return side.reader.get_tensor(key)
     except (tf.errors.OpError, ValueError) as err:

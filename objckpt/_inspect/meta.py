@@ -28,6 +28,7 @@ from objckpt._base import render as _render
 from objckpt._bundle import files as _files
 from objckpt._bundle import index as _bundle
 from objckpt._bundle import objgraph as _objgraph
+from objckpt._bundle import remote as _remote
 from objckpt._formats import registry as _formats
 
 __all__ = ["DType", "Metadata", "Variable", "dtype", "read"]
@@ -75,17 +76,21 @@ class Metadata(Mapping):
     order of a walk that takes optimizers last, then optimizer-owned variables.
 
     Attributes:
-      prefix: the checkpoint read (a directory resolved to its newest intact checkpoint).
+      prefix: the checkpoint read (a directory resolved to its newest intact checkpoint); a
+        URL (`gs://...`) as given, though it was read from a local copy, `local`.
+      local: where the checkpoint's files are read (`prefix`, or the local staged copy of
+        a remote one, kept while this is).
       notes: why an older checkpoint of a directory was used, or a name skipped.
       index: the validated `_bundle.Index`.
       graph: the decoded object graph (`_objgraph.Graph`), None when name-based.
     """
 
-    __slots__ = ("_items", "description", "graph", "index", "notes", "prefix")
+    __slots__ = ("_items", "description", "graph", "index", "local", "notes", "prefix")
 
     def __init__(self, items: dict, prefix: str, notes: tuple, index, graph,
                  description: str = ""):
-        self._items, self.prefix, self.notes = items, prefix, notes
+        self._items, self.notes = items, notes
+        self.prefix, self.local = _remote.shown(prefix), prefix
         self.index, self.graph = index, graph
         # What the file is when it is no TF checkpoint ("Keras 3 weights file `w.weights.h5`"),
         # from the format's reader; "" for checkpoints.
@@ -117,7 +122,8 @@ def read(source: str | os.PathLike) -> Metadata:
 
     Args:
       source: a checkpoint prefix (`prefix.index` may be given too) or a directory of
-        managed checkpoints (its newest intact one, checked without TF).
+        managed checkpoints (its newest intact one, checked without TF); local, or a URL
+        (`gs://`, `s3://`: the checkpoint is downloaded into a private local copy first).
 
     Raises:
       CheckpointNotFoundError: nothing at `source`.

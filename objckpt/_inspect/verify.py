@@ -7,7 +7,8 @@ every tensor the graph lists is in the index, every tensor in the index
 belongs to the graph, and every object is reachable from the root. A
 directory means every checkpoint its TF `checkpoint` state file names, or,
 without a state file, every checkpoint in it.
-Nothing is restored and no model is built.
+Nothing is restored and no model is built. A URL (`gs://`, `s3://`) is listed remotely
+and each checkpoint downloaded into a private local copy, checked as on disk.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from objckpt import errors
 from objckpt._base import paths as _paths
 from objckpt._base import render as _render
 from objckpt._bundle import index as _bundle
+from objckpt._bundle import remote as _remote
 from objckpt._formats import registry as _formats
 
 __all__ = ["Problem", "VerifyReport", "tensor_problems", "verify"]
@@ -167,13 +169,52 @@ def _checkpoints(source: str) -> _formats.Checked:
 def _prefixes(source: str) -> tuple[list[str], list[Problem]]:
     from objckpt._bundle import files as _files
 
+    if _remote.is_remote(source):
+        return _remote_prefixes(source)
     if source.endswith(".index") and os.path.isfile(source):
         source = source[: -len(".index")]
     if not os.path.isdir(source):
         _files.resolve_prefix(source)  # raises CheckpointNotFoundError with its hints
         return [source], []
+    return _directory_prefixes(source, os.path.lexists(os.path.join(source, _files.STATE_FILE)))
+
+
+def _remote_prefixes(source: str) -> tuple[list[str], list[Problem]]:
+    """`_prefixes` of a URL: a prefix (its index object exists), else a directory (objects
+    under it), else the resolver's "not found" error."""
+    from objckpt._bundle import files as _files
+
+    try:
+        if source.endswith(".index") and _remote.exists(source):
+            source = source[: -len(".index")]
+        source = source.rstrip("/")
+        if _remote.exists(source + ".index"):
+            return [source], []
+        names = _files.listdir(source)
+    except OSError as err:
+        if isinstance(err, errors.ObjckptError):
+            raise
+        raise _unreachable(source, err) from err
+    if not names:
+        _files.resolve_prefix(source)  # raises CheckpointNotFoundError with its hints
+    return _directory_prefixes(source, _files.STATE_FILE in names)
+
+
+def _unreachable(url: str, err: BaseException) -> errors.CheckpointNotFoundError:
+    return errors.CheckpointNotFoundError(
+        f"Remote checkpoint `{_render.safe(url)}` could not be verified: its storage did not "
+        f"answer ({_render.first_line(err)}). Expected the storage to answer (the client "
+        "retried transient errors). Fix: check the URL, the network and the credentials (the "
+        "client's standard settings, e.g. STORAGE_EMULATOR_HOST or AWS_ENDPOINT_URL), then "
+        "verify again.", source=url)
+
+
+def _directory_prefixes(source: str, has_state: bool) -> tuple[list[str], list[Problem]]:
+    """The checkpoints of a directory to check, and the problems of its state file."""
+    from objckpt._bundle import files as _files
+
     state = os.path.join(source, _files.STATE_FILE)
-    if not os.path.lexists(state):  # checkpoints written by objckpt.save: every one there
+    if not has_state:  # checkpoints written by objckpt.save: every one there
         found, _ = _files.directory_prefixes(source)
         if not found:
             _files.resolve_prefix(source)  # raises CheckpointNotFoundError, saying what it expected
@@ -196,6 +237,8 @@ def _verify_prefix(prefix: str):
     from objckpt import _compat
     from objckpt._bundle import files as _files
 
+    if _remote.is_remote(prefix):
+        return _verify_remote(prefix)
     problems: list[Problem] = []
     if not os.path.exists(prefix + ".index"):
         return 0, 0, [Problem(prefix, prefix + ".index", "the index file is missing")], [], False
@@ -242,6 +285,35 @@ def _verify_prefix(prefix: str):
             count *= dim
         nbytes += count * tf.as_dtype(dtypes[key]).size
     return len(intact), nbytes, problems, notes, _compat.OBJECT_GRAPH_KEY in shapes
+
+
+def _verify_remote(prefix: str):
+    """`_verify_prefix` of a URL: its objects listed and sized remotely, then downloaded
+    into a private local copy (removed after), which is checked as on disk; the problems
+    and notes name the URL."""
+    from objckpt._bundle import files as _files
+
+    try:
+        if not _remote.exists(prefix + ".index"):
+            return 0, 0, [Problem(prefix, prefix + ".index", "the index object is missing")], \
+                [], False
+        missing = _files.data_files_problem(prefix)
+        if missing:
+            return 0, 0, [Problem(prefix, "", missing)], [
+                f"{prefix}: tensors and object graph not read (data objects incomplete)"], False
+        shards = [(path, _remote.size(path)) for path, _, _ in _files.data_shards(prefix)]
+        local = _remote.stage(prefix, shards)
+    except FileNotFoundError as err:  # deleted while it was listed
+        return 0, 0, [Problem(prefix, "", f"an object vanished while it was read "
+                                          f"({_render.first_line(err)})")], [], False
+    except OSError as err:
+        if isinstance(err, errors.ObjckptError):
+            raise
+        raise _unreachable(prefix, err) from err
+    count, size, problems, notes, graph = _verify_prefix(local)
+    problems = [Problem(prefix, _remote.unstaged(p.where), _remote.unstaged(p.message))
+                for p in problems]
+    return count, size, problems, [_remote.unstaged(note) for note in notes], graph
 
 
 def _check_graph(prefix: str, index, shapes):

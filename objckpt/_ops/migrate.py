@@ -24,6 +24,7 @@ from objckpt._base import api as _api
 from objckpt._base import paths as _paths
 from objckpt._base import render as _render
 from objckpt._bundle import files as _files
+from objckpt._bundle import remote as _remote
 from objckpt._inspect.verify import tensor_problems
 from objckpt._planning import match as _match
 from objckpt._planning import pipeline as _pipeline
@@ -91,7 +92,8 @@ def migrate(obj, source, prefix, *, rules=None, at: str | None = None, strict: b
       obj: a built obj with the target layout (e.g. the Keras 3 rewrite).
       source: a name-based (TF1 `Saver`) or object-based prefix or directory,
         or a `Snapshot`.
-      prefix: where to write.
+      prefix: where to write: a local prefix, or a URL (`gs://bucket/run/ckpt`,
+        `s3://...`: written locally, checked, then uploaded; the index last).
       rules: ordered `(regex, replacement[, transform])` rewrites of source
         keys. Each key is rewritten by the first rule whose regex matches it
         (`re.sub(regex, replacement, key, count=1)`), once: rules never
@@ -152,11 +154,14 @@ def migrate(obj, source, prefix, *, rules=None, at: str | None = None, strict: b
     paths = list(variables)
     specs = {p: (_written_shape(variables[p], fed.get(p), src), variables[p].dtype.base_dtype)
              for p in paths}
+    remote = _remote.is_remote(prefix)
     directory = os.path.dirname(prefix)
-    created = bool(directory) and not tf.io.gfile.exists(directory)
-    if directory:
+    created = bool(directory) and not remote and not tf.io.gfile.exists(directory)
+    if directory and not remote:
         tf.io.gfile.makedirs(directory)
-    work = _files.temp_prefix(prefix)
+    # A URL's checkpoint is written in a private local folder, then uploaded in the commit
+    # order (`_files.commit`: data objects first, the index last).
+    work = _remote.new_folder("migrate") if remote else _files.temp_prefix(prefix)
     tf.io.gfile.makedirs(work)
     meter = _Progress(sum(_nbytes(specs[p]) for p in paths), progress)
     try:

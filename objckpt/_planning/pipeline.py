@@ -29,6 +29,7 @@ import tensorflow as tf
 
 from objckpt import _compat, errors
 from objckpt._base import render as _render
+from objckpt._bundle import remote as _remote
 from objckpt._planning import checks as _checks
 from objckpt._planning import match as _match
 from objckpt._planning import sources as _sources
@@ -83,8 +84,9 @@ class Pipeline:
         """Stage 4, around the stages before it: the one agreement of a decision point.
 
         Runs the block; on any failure `about(err)` (default: `self.about`) names the
-        source and obj, the workers agree on the failure, and `then(err)` (default: `err`)
-        is raised; when the block passed, the workers agree that it did (a worker whose
+        source and obj (a remote source by its URL, not its local staged copy), the
+        workers agree on the failure, and `then(err)` (default: `err`) is raised; when the
+        block passed, the workers agree that it did (a worker whose
         checks passed raises there when another's failed). `variables` is a callable that
         gives the tree whose strategy decides (called at the agreement); None from it: no
         agreement (a replica context).
@@ -92,6 +94,7 @@ class Pipeline:
         try:
             yield self
         except Exception as err:
+            _remote.unstage(err)  # a remote source's staged copy: its URL named instead
             (about or self.about)(err)
             self._agree(variables, err)
             raised = err if then is None else then(err)

@@ -21,6 +21,7 @@ from objckpt._base import paths as _paths
 from objckpt._base import render as _render
 from objckpt._bundle import files as _files
 from objckpt._bundle import index as _bundle
+from objckpt._bundle import remote as _remote
 
 __all__ = ["CheckpointTree", "Entry", "VariableTree", "read_tree", "tree"]
 
@@ -241,7 +242,8 @@ def read_tree(source: str | os.PathLike) -> CheckpointTree:
 
     Args:
       source: a checkpoint prefix (`prefix.index` may be given too) or a
-        directory of managed checkpoints (its newest intact one is read).
+        directory of managed checkpoints (its newest intact one is read); local,
+        or a URL (`gs://`, `s3://`: read from a private local copy).
 
     Returns:
       A `CheckpointTree`, ordered like `tree(obj)` of the obj that wrote it.
@@ -252,7 +254,13 @@ def read_tree(source: str | os.PathLike) -> CheckpointTree:
       NotObjectBasedError: a name-based (TF1 `Saver`) checkpoint.
     """
     prefix, _ = _files.resolve_prefix(source)
-    return read_tree_at(prefix)
+    try:
+        found = read_tree_at(prefix)
+    except errors.ObjckptError as err:
+        _remote.unstage(err)  # a URL's staged copy: the URL named instead
+        raise
+    found.prefix = _remote.shown(prefix)  # a URL as given, not its local staged copy
+    return found
 
 
 def read_tree_at(prefix: str) -> CheckpointTree:

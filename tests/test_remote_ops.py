@@ -1,0 +1,365 @@
+"""Every Python operation that reads or writes checkpoints, on gs:// and s3:// URLs (issue 30).
+
+`restore` (a prefix; a directory with a state object; one without), `plan`, `read_tree`,
+`verify`, `restore_on_create`, `load_ensemble` and `migrate` (a remote TF1 name-based
+checkpoint to a remote prefix), each against fake-gcs-server and moto (storage_servers.py,
+module scope) with a small Keras 3 model (Dense + BatchNorm, Adam, one step: optimizer slots
+exist) and a plain tf.Module. Messages and reports name the URL, never the local staged copy;
+a missing client and an unreachable endpoint are typed errors naming the URL.
+"""
+
+import os
+import uuid
+from typing import NamedTuple
+
+import fsspec
+import numpy as np
+import pytest
+import tensorflow as tf
+from storage_servers import (  # noqa: F401
+    FakeSleeps,
+    FaultProxy,
+    gcs_server_fixture,
+    s3_server_fixture,
+    use_env,
+)
+
+import objckpt
+from objckpt import errors
+from objckpt._bundle import remote as _remote
+from objckpt._bundle import state as _ckptstate
+
+from flavours import keras_for
+from support import assert_bits, values
+
+BUCKET = "objckpt-ops"
+STAGED = "objckpt-staged-"  # the local copies' folder names: never in a message
+
+
+class Store(NamedTuple):
+    scheme: str  # "gs" or "s3"
+    server: object  # storage_servers.GcsServer or S3Server
+
+    def folder(self) -> str:
+        """A fresh URL folder in the bucket."""
+        return f"{self.scheme}://{BUCKET}/{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(scope="module", params=["gs", "s3"])
+def store(request) -> Store:
+    """The scheme's emulator, the client settings pointing at it for the module."""
+    server = request.getfixturevalue("gcs_server" if request.param == "gs" else "s3_server")
+    server.make_bucket(BUCKET)
+    with use_env(server.env):
+        yield Store(request.param, server)
+
+
+def dense_bn(seed: int = 0, *, train: bool = True):
+    """Keras 3 Dense + BatchNorm + Dense, compiled with Adam; one training step (slots)."""
+    keras = keras_for("keras3")
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, name="d"),
+                              keras.layers.BatchNormalization(name="bn"),
+                              keras.layers.Dense(2, name="o")], name="net")
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    if train:
+        rng = np.random.default_rng(seed)
+        model.train_on_batch(rng.normal(size=(4, 3)).astype("float32"),
+                             rng.normal(size=(4, 2)).astype("float32"))
+    return model
+
+
+class Net(tf.Module):
+    def __init__(self, seed: int = 0):
+        super().__init__()
+        rng = np.random.default_rng(seed)
+        self.w = tf.Variable(rng.normal(size=(3, 2)).astype(np.float32))
+        self.b = tf.Variable(rng.normal(size=(2,)).astype(np.float64))
+        self.step = tf.Variable(np.int64(seed))
+
+
+@pytest.fixture(scope="module")
+def saved(store):
+    """Checkpoints in the store: Keras and module prefixes; a directory whose state object
+    names ckpt-1 though ckpt-2 is newer; a directory without one (ckpt-1, ckpt-2)."""
+    root = store.folder()
+    keras_models = {n: dense_bn(n) for n in (1, 2)}
+    modules = {n: Net(n) for n in (1, 2)}
+    out = {"keras": {n: values(m) for n, m in keras_models.items()},
+           "module": {n: values(m) for n, m in modules.items()}, "root": root,
+           "weights": {n: weights(m) for n, m in keras_models.items()}}
+    for kind, objs in (("keras", keras_models), ("module", modules)):
+        for n, obj in objs.items():
+            objckpt.save(obj, f"{root}/{kind}/ckpt-{n}")
+        objckpt.save(objs[1], f"{root}/{kind}-state/ckpt-1")
+        objckpt.save(objs[2], f"{root}/{kind}-state/ckpt-2")
+        _ckptstate.write_state(f"{root}/{kind}-state", ["ckpt-1"], 1.0)
+    return out
+
+
+def weights(model) -> dict:
+    """{index: host copy} of a Keras model's own weights (no optimizer's), in its order."""
+    return {str(i): np.array(w.numpy()) for i, w in enumerate(model.weights)}
+
+
+def fresh(kind: str):
+    return dense_bn(99, train=False) if kind == "keras" else Net(99)
+
+
+def no_staged_path(text) -> None:
+    assert STAGED not in str(text), text
+
+
+# --- restore, plan, read_tree ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["keras", "module"])
+def test_restore_prefix_and_directories(store, saved, kind):
+    root = saved["root"]
+    obj = fresh(kind)
+    if kind == "keras":  # the optimizer's slots exist before, so they are restored too
+        obj.optimizer.build(obj.trainable_variables)
+    report = objckpt.restore(obj, f"{root}/{kind}/ckpt-2")
+    assert_bits(saved[kind][2], values(obj), f"{kind} prefix")
+    assert f"`{root}/{kind}/ckpt-2`" in str(report)
+    no_staged_path(report)
+    # A directory with a state object: the checkpoint it names (ckpt-1), not the newest.
+    objckpt.restore(obj, f"{root}/{kind}-state")
+    assert_bits(saved[kind][1], values(obj), f"{kind} directory with a state object")
+    # Without one: the highest number (ckpt-2).
+    objckpt.restore(obj, f"{root}/{kind}")
+    assert_bits(saved[kind][2], values(obj), f"{kind} directory without a state object")
+
+
+def test_plan_and_read_tree_name_the_url(store, saved):
+    root = saved["root"]
+    model = fresh("keras")
+    model.optimizer.build(model.trainable_variables)
+    plan = objckpt.plan(model, f"{root}/keras-state")
+    assert plan.complete, plan.describe()
+    assert len(plan.matches) == len(saved["keras"][1])
+    assert f"checkpoint `{root}/keras-state/ckpt-1`" in plan.describe()
+    no_staged_path(plan.describe())
+    tree = objckpt.read_tree(f"{root}/keras/ckpt-1")
+    assert tree.prefix == f"{root}/keras/ckpt-1"
+    assert set(tree) == set(objckpt.tree(model))
+    assert {tuple(e.shape) for e in tree.values()} == {
+        tuple(v.shape) for v in saved["keras"][1].values()}
+    module_tree = objckpt.read_tree(f"{root}/module")  # a directory: its newest, ckpt-2
+    assert module_tree.prefix == f"{root}/module/ckpt-2"
+    assert sorted(module_tree) == ["b", "step", "w"]
+
+
+def test_a_mismatch_names_the_url_not_the_staged_copy(store, saved):
+    root = saved["root"]
+    keras = keras_for("keras3")
+    other = keras.Sequential([keras.Input((3,)), keras.layers.Dense(5, name="d")])
+    before = values(other)
+    with pytest.raises(errors.StructureMismatchError) as caught:
+        objckpt.restore(other, f"{root}/keras/ckpt-1")
+    assert caught.value.source == f"{root}/keras/ckpt-1"
+    assert f"checkpoint `{root}/keras/ckpt-1`" in str(caught.value)
+    no_staged_path(caught.value)
+    assert_bits(before, values(other), "a refused restore")
+
+
+def test_a_damaged_object_graph_names_the_url(store, saved):
+    """The index is sound (resolving checks it remotely) but the object graph's bytes are
+    not: the error is raised while the staged copy is read, and names the URL."""
+    prefix = f"{store.folder()}/ckpt"
+    objckpt.save(Net(3), prefix)
+    fs, path = _remote.client(prefix + ".data-00000-of-00001")
+    data = bytearray(fs.cat_file(path))
+    at = data.find(b"\x0a", 0)  # the graph proto's first field tag, corrupted
+    data[at] ^= 0xFF
+    fs.pipe_file(path, bytes(data))
+    for operation in (lambda: objckpt.restore(Net(99), prefix),
+                      lambda: objckpt.read_tree(prefix)):
+        with pytest.raises(errors.CheckpointCorruptError) as caught:
+            operation()
+        assert prefix in str(caught.value)
+        no_staged_path(caught.value)
+        assert caught.value.source == prefix
+    report = objckpt.verify(prefix)
+    assert not report.ok and report.prefixes == (prefix,)
+    assert all(p.prefix == prefix for p in report.problems), report.describe()
+    no_staged_path(report.describe())
+
+
+# --- verify ---------------------------------------------------------------------------------
+
+
+def test_verify_prefixes_and_directories(store, saved):
+    root = saved["root"]
+    report = objckpt.verify(f"{root}/keras/ckpt-1")
+    assert report.ok, report.describe()
+    assert report.prefixes == (f"{root}/keras/ckpt-1",)
+    assert report.tensors == len(saved["keras"][1]) and report.nbytes > 0
+    assert f"OK: {root}/keras/ckpt-1: {report.tensors} tensors" in report.describe()
+    # Without a state object: every checkpoint there, oldest first.
+    assert objckpt.verify(f"{root}/module").prefixes == (f"{root}/module/ckpt-1",
+                                                          f"{root}/module/ckpt-2")
+    # With one: those it names.
+    assert objckpt.verify(f"{root}/module-state").prefixes == (f"{root}/module-state/ckpt-1",)
+    with pytest.raises(errors.CheckpointNotFoundError, match="objects under"):
+        objckpt.verify(f"{root}/nothing-here")
+
+
+def test_verify_finds_a_damaged_tensor_and_a_missing_data_object(store):
+    prefix = f"{store.folder()}/ckpt"
+    objckpt.save(Net(4), prefix)
+    data = prefix + ".data-00000-of-00001"
+    fs, path = _remote.client(data)
+    original = fs.cat_file(path)
+    w = np.asarray(Net(4).w.numpy()).tobytes()
+    damaged = bytearray(original)
+    damaged[original.find(w)] ^= 0x01  # one bit of `w`
+    fs.pipe_file(path, bytes(damaged))
+    report = objckpt.verify(prefix)
+    assert [(p.prefix, p.where) for p in report.problems] == [(prefix, "w")], report.describe()
+    assert "checksum" in report.problems[0].message
+    assert report.tensors == 2  # b and step intact
+    no_staged_path(report.describe())
+    fs.rm_file(path)
+    report = objckpt.verify(prefix)
+    assert [p.prefix for p in report.problems] == [prefix]
+    assert f"`{data}` is missing" in report.problems[0].message
+
+
+# --- restore_on_create, load_ensemble, migrate ------------------------------------------------
+
+
+def test_restore_on_create_from_a_url(store, saved):
+    root = saved["root"]
+    keras = keras_for("keras3")
+    model = keras.Sequential([keras.layers.Dense(4, name="d"),
+                              keras.layers.BatchNormalization(name="bn"),
+                              keras.layers.Dense(2, name="o")], name="net")
+    pending = objckpt.restore_on_create(model, f"{root}/keras/ckpt-1", optimizer_state=False)
+    assert pending.pending and f"`{root}/keras/ckpt-1`" in repr(pending)
+    model.build((None, 3))
+    pending.assert_done()
+    assert_bits(saved["weights"][1], weights(model), "deferred")
+
+
+def test_load_ensemble_of_remote_checkpoints(store, saved):
+    root = saved["root"]
+    sources = [f"{root}/keras/ckpt-1", f"{root}/keras/ckpt-2", f"{root}/keras-state"]
+    ensemble = objckpt.load_ensemble(fresh("keras"), sources, optimizer_state=False)
+    assert len(ensemble.members) == 3
+    for member, n in zip(ensemble.members, (1, 2, 1)):
+        assert_bits(saved["weights"][n], weights(member), f"member from ckpt-{n}")
+    x = np.ones((2, 3), np.float32)
+    outputs = np.asarray(ensemble(x))
+    np.testing.assert_array_equal(outputs[0], outputs[2])
+    assert not np.array_equal(outputs[0], outputs[1])
+
+
+def _tf1_checkpoint(directory: str) -> tuple[str, dict]:
+    """A TF1 Saver (name-based) checkpoint, written locally: `model_001/w`, `model_001/b`,
+    `model_001/step` and `global_step`; returns (prefix, {name: value})."""
+    want = {"model_001/w": np.arange(6, dtype=np.float32).reshape(3, 2),
+            "model_001/b": np.array([0.5, -1.5]), "model_001/step": np.int64(7)}
+    with tf.Graph().as_default():
+        for name, value in want.items():
+            tf.compat.v1.get_variable(name, initializer=tf.constant(value))
+        tf.compat.v1.train.get_or_create_global_step()
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            prefix = tf.compat.v1.train.Saver().save(
+                session, os.path.join(directory, "model.ckpt"), global_step=1000,
+                write_meta_graph=False)
+    return prefix, want
+
+
+def upload(local_prefix: str, url_prefix: str) -> None:
+    """The files of a local checkpoint copied to a URL prefix with the client, as is."""
+    directory, name = os.path.split(local_prefix)
+    for file in os.listdir(directory):
+        if file.startswith(name + "."):
+            fs, path = _remote.client(url_prefix + file[len(name):])
+            fs.put_file(os.path.join(directory, file), path)
+
+
+def test_migrate_a_remote_tf1_checkpoint_to_a_remote_prefix(store, tmp_path):
+    local, want = _tf1_checkpoint(str(tmp_path))
+    source = f"{store.folder()}/tf1/model.ckpt-1000"
+    upload(local, source)
+    destination = f"{store.folder()}/migrated/ckpt"
+    written = objckpt.migrate(Net(99), source, destination,
+                              rules=[("^model_001/", ""), ("^global_step$", None)])
+    assert written == destination
+    assert _remote.listdir(destination.rsplit("/", 1)[0]) == [
+        "ckpt.data-00000-of-00001", "ckpt.index"]  # nothing else: no temporary object
+    restored = Net(98)
+    objckpt.restore(restored, destination)
+    for name, value in want.items():
+        np.testing.assert_array_equal(getattr(restored, name.split("/")[1]).numpy(), value)
+    assert objckpt.verify(destination).ok
+    # What objckpt wrote TF reads: the uploaded objects, copied back as they are.
+    copy = str(tmp_path / "copy" / "ckpt")
+    os.makedirs(os.path.dirname(copy))
+    for suffix in (".index", ".data-00000-of-00001"):
+        fs, path = _remote.client(destination + suffix)
+        fs.get_file(path, copy + suffix)
+    plain = Net(97)
+    tf.train.Checkpoint(root=plain).read(copy).assert_consumed()
+    np.testing.assert_array_equal(plain.w.numpy(), want["model_001/w"])
+
+
+def test_migrate_refuses_before_writing_anything_remote(store, tmp_path):
+    local, _ = _tf1_checkpoint(str(tmp_path))
+    source = f"{store.folder()}/tf1/model.ckpt-1000"
+    upload(local, source)
+    destination = f"{store.folder()}/migrated"
+    with pytest.raises(errors.StructureMismatchError) as caught:
+        objckpt.migrate(Net(99), source, destination + "/ckpt")  # no rules: nothing matches
+    assert f"`{source}`" in str(caught.value)
+    no_staged_path(caught.value)
+    assert _remote.listdir(destination) == []
+
+
+# --- what is missing or unreachable -----------------------------------------------------------
+
+
+def test_a_missing_client_names_the_extra(store, monkeypatch):
+    scheme = store.scheme
+    real = fsspec.get_filesystem_class
+
+    def without_client(protocol):
+        if protocol == scheme:
+            raise ImportError(f"Install {'gcsfs' if scheme == 'gs' else 's3fs'} to access it")
+        return real(protocol)
+
+    monkeypatch.setattr(fsspec, "get_filesystem_class", without_client)
+    # A setting no client was made for yet: the next URL of the scheme makes a new client.
+    monkeypatch.setenv("AWS_PROFILE" if scheme == "s3" else "GOOGLE_APPLICATION_CREDENTIALS",
+                       f"objckpt-test-{uuid.uuid4().hex[:6]}")
+    url = f"{store.folder()}/ckpt"
+    extra = "gcs" if scheme == "gs" else "s3"
+    for operation in (lambda: objckpt.restore(Net(99), url), lambda: objckpt.verify(url),
+                      lambda: objckpt.read_tree(url)):
+        with pytest.raises(errors.MissingDependencyError) as caught:
+            operation()
+        assert f"`pip install objckpt[{extra}]`" in str(caught.value)
+        assert url in str(caught.value)
+
+
+def test_a_scheme_without_any_client_names_the_package():
+    with pytest.raises(errors.MissingDependencyError, match=r"pip install adlfs") as caught:
+        objckpt.restore(Net(99), "az://container/run/ckpt")
+    assert "az://container/run/ckpt" in str(caught.value)
+
+
+def test_an_unreachable_endpoint_is_a_typed_error_naming_the_url(store, saved, monkeypatch):
+    FakeSleeps().install(monkeypatch)  # the clients' back-off on a fake clock
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")
+    url = f"{saved['root']}/module/ckpt-1"
+    with FaultProxy(store.server) as proxy, use_env(proxy.env):
+        proxy.refuse()
+        for operation in (lambda: objckpt.restore(Net(99), url), lambda: objckpt.verify(url),
+                          lambda: objckpt.read_tree(url),
+                          lambda: objckpt.load_ensemble(Net(99), [url])):
+            with pytest.raises(errors.CheckpointNotFoundError) as caught:
+                operation()
+            assert f"`{url}`" in str(caught.value) and "Fix:" in str(caught.value)
