@@ -231,3 +231,33 @@ def test_local_use_never_imports_a_storage_client(tmp_path):
                          check=False, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
 
+
+
+def test_the_lease_is_renewed_and_an_unrenewed_lock_is_taken_over(store, monkeypatch):
+    from objckpt._bundle import lock as _lock
+
+    _, folder = store
+    directory = folder()
+    clock = [1_000_000.0]
+    monkeypatch.setattr(_lock, "now", lambda: clock[0])
+    monkeypatch.setattr(_lock, "RENEW_SECONDS", 3600.0)  # renewals by hand below
+    holder = _lock.RemoteLock(directory)
+    holder.acquire()
+    first = _remote.read_bytes(holder.path, 4096).decode()
+    assert first.endswith(f"lease until {clock[0] + _lock.LEASE_SECONDS:.3f}\n")
+    clock[0] += 60
+    holder.refresh()  # what the thread and each commit do
+    assert _remote.read_bytes(holder.path, 4096).decode().endswith(
+        f"lease until {clock[0] + _lock.LEASE_SECONDS:.3f}\n")
+    # A holder on another host whose lease ran out: taken over; the old holder then learns it.
+    _lock._HELD.pop(holder.path)
+    _remote.write_bytes(holder.path, b"pid 7 on elsewhere, id 00aa, lease until 1000100.000\n")
+    clock[0] = 1_000_101.0
+    taker = _lock.RemoteLock(directory)
+    taker.acquire()
+    assert taker.held and f"id {taker._id}," in _remote.read_bytes(taker.path, 4096).decode()
+    with pytest.raises(errors.DirectoryLockedError, match="another writer took over"):
+        holder.refresh()
+    # Exiting without close() frees the lock (atexit), as the kernel frees a local one.
+    _lock._release_remote_locks()
+    assert not _remote.exists(taker.path)

@@ -8,6 +8,7 @@ for the error message of whoever is refused.
 
 from __future__ import annotations
 
+import atexit
 import errno
 import os
 import socket
@@ -128,9 +129,12 @@ def _read_holder(fd: int) -> str:
 
 # --- remote directories (`gs://`, `s3://`) ----------------------------------------------------
 
-# How long a remote lock holds without its holder committing; a lock older than this, or
-# one whose holder was a process on this host that no longer runs, may be taken over.
-LEASE_SECONDS = 900.0
+# How long a remote lock holds without being renewed: its holder renews it every
+# RENEW_SECONDS (a daemon thread) and at each commit; a lock not renewed for this long, or
+# one whose holder was a process on this host that no longer runs, may be taken over (a
+# preempted TPU job resumes elsewhere within LEASE_SECONDS).
+LEASE_SECONDS = 120.0
+RENEW_SECONDS = 30.0
 _LOCK_LIMIT = 4096  # bytes of a lock object read
 
 
@@ -150,10 +154,14 @@ class RemoteLock:
     renews the lease (`refresh`) and finds out if it was taken over meanwhile."""
 
     def __init__(self, directory: str):
+        import threading
+
         self.directory = directory.rstrip("/")
         self.path = self.directory + "/" + LOCK_FILE
         self._version = None
         self._id = os.urandom(8).hex()
+        self._mutex = threading.Lock()  # renewals (the daemon thread) and commits
+        self._stop = None
 
     @property
     def held(self) -> bool:
@@ -172,8 +180,12 @@ class RemoteLock:
             return
         other = _HELD.get(self.path)
         if other is not None and other is not self and other._version is not None:
-            self._version, other._version, self._id = other._version, None, other._id
+            with other._mutex:
+                self._version, other._version, self._id = other._version, None, other._id
+            if other._stop is not None:
+                other._stop.set()
             _HELD[self.path] = self
+            self._start_renewing()
             return
         try:
             try:
@@ -192,7 +204,7 @@ class RemoteLock:
                         "alone. Nothing was written or changed. Fix: stop the other training "
                         "run, or give this run its own directory; a lock whose holder died "
                         f"is taken over once its lease ends ({LEASE_SECONDS:.0f} s after its "
-                        "last save), or at once from the same host.",
+                        "last renewal), or at once from the same host.",
                         directory=self.directory, holder=_render_holder(holder)) from None
                 try:
                     self._version = _remote.write_bytes(self.path, self._record(),
@@ -213,31 +225,55 @@ class RemoteLock:
                 "credentials and the network; with on_error='warn' training goes on without "
                 "saving.", source=self.directory) from err
         _HELD[self.path] = self
+        self._start_renewing()
+
+    def _start_renewing(self) -> None:
+        """A daemon thread renews the lease every RENEW_SECONDS until `release`; a renewal
+        that fails is left to the next commit, whose `refresh` raises if it was taken over."""
+        import threading
+
+        stop = self._stop = threading.Event()
+
+        def renew():
+            while not stop.wait(RENEW_SECONDS):
+                try:
+                    self.refresh()
+                except Exception:
+                    if self._version is None:
+                        return
+
+        threading.Thread(target=renew, name="objckpt-lock-lease", daemon=True).start()
 
     def refresh(self) -> None:
         """Renews the lease before a commit; raises DirectoryLockedError when another writer
         took the lock over meanwhile (its lease had ended)."""
         from objckpt._bundle import remote as _remote
 
-        if self._version is None:
-            return
-        try:
-            self._version = _remote.write_bytes(self.path, self._record(),
-                                                expect=self._version) or "?"
-        except _remote.PreconditionFailed:
-            self._version = None
-            raise errors.DirectoryLockedError(
-                f"Cannot commit to `{self.directory}`: another writer took over its lock "
-                f"`{self.path}` (this writer's lease of {LEASE_SECONDS:.0f} s had ended). "
-                "Nothing was committed. Fix: run one writer per directory.",
-                directory=self.directory, holder="another writer") from None
+        with self._mutex:
+            if self._version is None:
+                return
+            try:
+                self._version = _remote.write_bytes(self.path, self._record(),
+                                                    expect=self._version) or "?"
+            except _remote.PreconditionFailed:
+                self._version = None
+                if self._stop is not None:
+                    self._stop.set()
+                raise errors.DirectoryLockedError(
+                    f"Cannot commit to `{self.directory}`: another writer took over its lock "
+                    f"`{self.path}` (this writer's lease of {LEASE_SECONDS:.0f} s had ended "
+                    "unrenewed). Nothing was committed. Fix: run one writer per directory.",
+                    directory=self.directory, holder="another writer") from None
 
     def release(self) -> None:
         from objckpt._bundle import remote as _remote
 
-        if self._version is None:
-            return
-        version, self._version = self._version, None
+        if self._stop is not None:
+            self._stop.set()
+        with self._mutex:
+            if self._version is None:
+                return
+            version, self._version = self._version, None
         if _HELD.get(self.path) is self:
             del _HELD[self.path]
         try:
@@ -278,3 +314,14 @@ def lock_for(directory: str):
     from objckpt._bundle import remote as _remote
 
     return RemoteLock(directory) if _remote.is_remote(directory) else DirectoryLock(directory)
+
+
+def _release_remote_locks() -> None:
+    """At exit: a process that ends without closing its writers frees their remote locks
+    (the kernel does it for local ones); a killed one's lease ends on its own."""
+    for held in list(_HELD.values()):
+        if isinstance(held, RemoteLock):
+            held.release()
+
+
+atexit.register(_release_remote_locks)
