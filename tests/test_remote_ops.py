@@ -3,9 +3,10 @@
 `restore` (a prefix; a directory with a state object; one without), `plan`, `read_tree`,
 `verify`, `restore_on_create`, `load_ensemble` and `migrate` (a remote TF1 name-based
 checkpoint to a remote prefix), each against fake-gcs-server and moto (storage_servers.py,
-module scope) with a small Keras 3 model (Dense + BatchNorm, Adam, one step: optimizer slots
-exist) and a plain tf.Module. Messages and reports name the URL, never the local staged copy;
-a missing client and an unreachable endpoint are typed errors naming the URL.
+module scope) with a small model of the session's Keras (Keras 3, or tf_keras: Dense +
+BatchNorm, Adam, one step, so optimizer slots exist) and a plain tf.Module. Messages and
+reports name the URL, never the local staged copy; a missing client and an unreachable
+endpoint are typed errors naming the URL.
 """
 
 import os
@@ -29,8 +30,8 @@ from objckpt import errors
 from objckpt._bundle import remote as _remote
 from objckpt._bundle import state as _ckptstate
 
-from flavours import keras_for
-from support import assert_bits, values
+from flavours import keras_for, session_flavour
+from support import assert_bits, build_optimizer, values
 
 BUCKET = "objckpt-ops"
 STAGED = "objckpt-staged-"  # the local copies' folder names: never in a message
@@ -55,8 +56,9 @@ def store(request) -> Store:
 
 
 def dense_bn(seed: int = 0, *, train: bool = True):
-    """Keras 3 Dense + BatchNorm + Dense, compiled with Adam; one training step (slots)."""
-    keras = keras_for("keras3")
+    """Dense + BatchNorm + Dense in this session's Keras (Keras 3; tf_keras under
+    TF_USE_LEGACY_KERAS=1), compiled with Adam; one training step (optimizer slots)."""
+    keras = keras_for(session_flavour())
     keras.utils.set_random_seed(seed)
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, name="d"),
                               keras.layers.BatchNormalization(name="bn"),
@@ -118,7 +120,7 @@ def test_restore_prefix_and_directories(store, saved, kind):
     root = saved["root"]
     obj = fresh(kind)
     if kind == "keras":  # the optimizer's slots exist before, so they are restored too
-        obj.optimizer.build(obj.trainable_variables)
+        build_optimizer(obj)
     report = objckpt.restore(obj, f"{root}/{kind}/ckpt-2")
     assert_bits(saved[kind][2], values(obj), f"{kind} prefix")
     assert f"`{root}/{kind}/ckpt-2`" in str(report)
@@ -134,7 +136,7 @@ def test_restore_prefix_and_directories(store, saved, kind):
 def test_plan_and_read_tree_name_the_url(store, saved):
     root = saved["root"]
     model = fresh("keras")
-    model.optimizer.build(model.trainable_variables)
+    build_optimizer(model)
     plan = objckpt.plan(model, f"{root}/keras-state")
     assert plan.complete, plan.describe()
     assert len(plan.matches) == len(saved["keras"][1])
@@ -152,7 +154,7 @@ def test_plan_and_read_tree_name_the_url(store, saved):
 
 def test_a_mismatch_names_the_url_not_the_staged_copy(store, saved):
     root = saved["root"]
-    keras = keras_for("keras3")
+    keras = keras_for(session_flavour())
     other = keras.Sequential([keras.Input((3,)), keras.layers.Dense(5, name="d")])
     before = values(other)
     with pytest.raises(errors.StructureMismatchError) as caught:
@@ -231,7 +233,7 @@ def test_verify_finds_a_damaged_tensor_and_a_missing_data_object(store):
 
 def test_restore_on_create_from_a_url(store, saved):
     root = saved["root"]
-    keras = keras_for("keras3")
+    keras = keras_for(session_flavour())
     model = keras.Sequential([keras.layers.Dense(4, name="d"),
                               keras.layers.BatchNormalization(name="bn"),
                               keras.layers.Dense(2, name="o")], name="net")
