@@ -347,6 +347,22 @@ def test_a_missing_client_names_the_extra(store, monkeypatch):
         assert url in str(caught.value)
 
 
+def test_a_url_of_one_object_is_no_checkpoint(store):
+    """A file of another format at a URL (read from local paths only) is refused, saying so;
+    a URL where nothing is stays "not found"."""
+    url = f"{store.folder()}/model.weights.h5"
+    fs, path = _remote.client(url)
+    fs.pipe_file(path, b"\x89HDF\r\n\x1a\n" + bytes(100))
+    for operation in (lambda: objckpt.restore(Net(99), url), lambda: objckpt.verify(url),
+                      lambda: objckpt.plan(Net(99), url)):
+        with pytest.raises(errors.UnsupportedFormatError, match="is one object, not a TF "
+                                                                "checkpoint") as caught:
+            operation()
+        assert caught.value.source == url and "Fix: copy it to a local path" in str(caught.value)
+    with pytest.raises(errors.CheckpointNotFoundError):
+        objckpt.restore(Net(99), url + "-missing")
+
+
 def test_a_scheme_without_any_client_names_the_package():
     with pytest.raises(errors.MissingDependencyError, match=r"pip install adlfs") as caught:
         objckpt.restore(Net(99), "az://container/run/ckpt")

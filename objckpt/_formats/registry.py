@@ -151,6 +151,25 @@ def unsupported(path: str) -> errors.UnsupportedFormatError:
         source=path)
 
 
+def _is_object(url: str) -> bool:
+    """Whether one object is at `url` (False when the storage cannot tell)."""
+    try:
+        return _remote.exists(url)
+    except OSError:
+        return False
+
+
+def _remote_file(url: str) -> errors.UnsupportedFormatError:
+    """The error for a URL naming one object (a file) rather than a checkpoint."""
+    shown = _render.safe(url)
+    return errors.UnsupportedFormatError(
+        f"`{shown}` is one object, not a TF checkpoint: from a URL objckpt reads checkpoint "
+        f"prefixes (`{shown}.index` beside `{shown}.data-*`) and directories of them. Files "
+        "of the other formats (Keras `.weights.h5`, `.keras`, `.h5`, SavedModel folders) are "
+        "read from local paths. Fix: copy it to a local path first (e.g. `gcloud storage cp` "
+        "or `aws s3 cp`) and pass that path.", source=url)
+
+
 def find(path: str | os.PathLike) -> Format:
     """The first format that recognises `path` (a role may still decline it: `dispatch`).
 
@@ -184,8 +203,11 @@ def dispatch(role: str, path: str | os.PathLike, checkpoint: Callable):
         try:
             found = action(path)
         except errors.ObjckptError as err:
-            if _remote.is_remote(path):  # read from a staged copy: the URL named instead
-                _remote.unstage(err)
+            if not _remote.is_remote(path):
+                raise
+            _remote.unstage(err)  # read from a staged copy: the URL named instead
+            if isinstance(err, errors.CheckpointNotFoundError) and _is_object(path):
+                raise _remote_file(path) from err
             raise
         if found is not None:
             return found
