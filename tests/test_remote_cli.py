@@ -12,7 +12,13 @@ from typing import NamedTuple
 
 import numpy as np
 import pytest
-from storage_servers import gcs_server_fixture, s3_server_fixture, use_env  # noqa: F401
+from storage_servers import (  # noqa: F401
+    FakeSleeps,
+    FaultProxy,
+    gcs_server_fixture,
+    s3_server_fixture,
+    use_env,
+)
 
 import objckpt
 from objckpt import cli
@@ -141,6 +147,17 @@ def test_migrate_a_url_to_a_url(store, saved, capsys):
     assert (status, out) == (0, f"wrote {out_prefix}\n")
     status, out, _ = _cli(capsys, "diff", out_prefix, saved["same"])
     assert status == 0, out  # the same values, laid out for the template: the same paths
+
+
+def test_an_unreachable_endpoint_exits_1_naming_the_url(store, saved, capsys, monkeypatch):
+    FakeSleeps().install(monkeypatch)  # the clients' back-off on a fake clock
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")
+    with FaultProxy(store.server) as proxy, use_env(proxy.env):
+        proxy.refuse()
+        for command in ("inspect", "verify", "graph"):
+            status, out, err = _cli(capsys, command, saved["url"])
+            assert (status, out) == (1, ""), command
+            assert f"`{saved['url']}`" in err and "Fix:" in err, err
 
 
 @pytest.mark.subprocess
