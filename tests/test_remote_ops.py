@@ -321,6 +321,28 @@ def test_migrate_refuses_before_writing_anything_remote(store, tmp_path):
     assert _remote.listdir(destination) == []
 
 
+def test_migrate_whose_upload_fails_commits_nothing(store, saved, monkeypatch):
+    """The storage refuses every upload: a typed CheckpointWriteError naming the URL; no
+    index at the destination (so no checkpoint: an upload's index goes last), and the
+    directory's other checkpoint intact and still its newest."""
+    FakeSleeps().install(monkeypatch)  # the clients' back-off on a fake clock
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")
+    directory = store.folder()
+    objckpt.save(Net(5), f"{directory}/ckpt-1")
+    source = f"{saved['root']}/module/ckpt-1"
+    uploads = "PUT" if store.scheme == "s3" else "POST"
+    with FaultProxy(store.server) as proxy, use_env(proxy.env):
+        proxy.fail_next(1000, status=503, method=uploads)
+        with pytest.raises(errors.CheckpointWriteError) as caught:
+            objckpt.migrate(Net(99), source, f"{directory}/ckpt-2")
+        assert caught.value.source == f"{directory}/ckpt-2"
+        assert f"`{directory}/ckpt-2`" in str(caught.value) and proxy.failed > 0
+    assert "ckpt-2.index" not in _remote.listdir(directory)
+    restored = Net(98)
+    objckpt.restore(restored, directory)  # ckpt-1: the directory's one intact checkpoint
+    assert_bits(values(Net(5)), values(restored), "the checkpoint a failed migrate kept")
+
+
 # --- what is missing or unreachable -----------------------------------------------------------
 
 
