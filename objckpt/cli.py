@@ -325,10 +325,12 @@ def _migrate(args) -> int:
         from objckpt._planning import sources as _sources
         from objckpt._planning import tree as _tree
 
-        # As migrate would: the template's optimizer built first where it is not yet.
-        _checks.ready_optimizers(obj, _tree.tree(obj), _sources.open_source(args.source),
-                                 rules=rules, at=args.at, optimizer_state=optimizer_state)
-        plan = _match.plan(obj, args.source, rules=rules, at=args.at,
+        # As migrate would: the template's optimizer built first where it is not yet. The
+        # source is opened once (a URL's checkpoint is downloaded once).
+        source = _sources.open_source(args.source)
+        _checks.ready_optimizers(obj, _tree.tree(obj), source, rules=rules, at=args.at,
+                                 optimizer_state=optimizer_state)
+        plan = _match.plan(obj, source, rules=rules, at=args.at,
                            optimizer_state=optimizer_state)
         print(_terminal.cli_words(plan.describe()))
         usable = plan.complete if args.strict else not (plan.mismatched or plan.ambiguous
