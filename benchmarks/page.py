@@ -65,10 +65,22 @@ ABOUT = {
         "by itself), planned, and the file read, verified and inspected, against TF's own "
         "`tf.train.Checkpoint(model=m).read`. Cost is linear in graph nodes and entries: the "
         "time per graph node stays flat from the smallest size to the largest."),
+    "remote": (
+        "Checkpoints in object storage: `objckpt.save` and `objckpt.restore` of a `tf.Module` "
+        "of 8 float32 variables to fake-gcs-server (`gs://`, gcsfs) and to moto's S3 server "
+        "(`s3://`, s3fs), each server a separate process keeping objects in memory, against "
+        "the plain transfer of the same bundle files with the same client library (the limit "
+        "here): `fs.put_file` of each file for a save; `fs.get_file` of each object, and "
+        "ranged `fs.cat_file` parts written at their offsets by 8 threads, for a restore (the "
+        "faster of the two is the baseline). A save includes writing the bundle locally; a "
+        "restore includes resolving the checkpoint remotely, checking every checksum and "
+        "assigning. `tf.train.Checkpoint.write` is measured where TF's own file system can "
+        "reach the emulator; the notes say why it could not. Times in seconds, median of 3 "
+        "interleaved rounds after a warm-up; ratio spans are the per-round ratios."),
 }
 
 ORDER = ["foundation", "twins", "migrate", "ensemble", "completeness", "untrusted", "cli",
-         "formats", "distribute", "checkpointing", "io", "wide"]
+         "formats", "distribute", "checkpointing", "io", "wide", "remote"]
 
 
 def _cell(text) -> str:
@@ -91,8 +103,8 @@ def _number(value) -> str:
 def _table(result: dict) -> list[str]:
     """The operations' medians (with min and max where recorded), then the ratios."""
     lines = []
-    unit = "ms" if "ms" in result else "MiB"
-    values = result.get("ms") or result.get("mib") or {}
+    unit = "ms" if "ms" in result else "s" if "s" in result else "MiB"
+    values = result.get("ms") or result.get("s") or result.get("mib") or {}
     spread = result.get("spread", {})
     if values:
         with_spread = any(name in spread for name in values)
@@ -202,6 +214,12 @@ def render(out: dict, results_path: str | None = None) -> str:
     ]
     if out.get("note"):
         lines.append(f"- note: {_cell(out['note'])}")
+    for run in out.get("merged", []):
+        lines.append(f"- sections {', '.join(run['sections'])} measured by a later run, merged "
+                     f"in: `{run['command']}`" + (f" ({_cell(run['note'])})"
+                                                  if run.get("note") else ""))
+    for reason in out.get("skipped", []):
+        lines.append(f"- not measured: {_cell(reason)}")
     seconds = out.get("seconds", {})
     if seconds:
         lines.append("- seconds each section took: " + ", ".join(

@@ -5,9 +5,9 @@ Usage:
                            [--note TEXT] [--repeats N] [--only a|b]
                            [--section all|foundation|twins|migrate|ensemble|checkpointing|
                                       completeness|untrusted|cli|formats|distribute|io|
-                                      wide] ...
+                                      wide|remote] ...
                            [--steps N] [--batch N] [--migrate-tensors N] [--io-sizes MiB,MiB]
-                           [--wide-sizes N,N,N]
+                           [--wide-sizes N,N,N] [--remote-size-mib MiB] [--merge]
   python benchmarks/run.py --render results.json --markdown docs/benchmarks.md
 
 Models:
@@ -23,7 +23,9 @@ depend on the machine. The physical limit is NumPy copying the same bytes.
 
 `--markdown PAGE` writes the figures of this run as a Markdown page (docs/benchmarks.md is
 one, generated from benchmarks/results.json); `--render RESULTS.json` writes the page from
-an earlier run's `--json` results without running anything.
+an earlier run's `--json` results without running anything. `--merge` (with `--json`) keeps
+the sections of the existing results file that this run did not run, and records this run's
+command beside them (the page says which sections came from which run).
 """
 
 from __future__ import annotations
@@ -204,7 +206,7 @@ def main(argv=None) -> int:
     parser.add_argument("--section", action="append",
                         choices=["all", "foundation", "twins", "migrate", "ensemble",
                                  "checkpointing", "completeness", "untrusted", "cli",
-                                 "formats", "distribute", "io", "wide"],
+                                 "formats", "distribute", "io", "wide", "remote"],
                         help="run this section (repeatable; default all)")
     parser.add_argument("--migrate-tensors", type=int, default=16,
                         help="float32 4096x4096 tensors in the migrate source (16: ~1.07 GB)")
@@ -212,6 +214,11 @@ def main(argv=None) -> int:
                         help="section io: model sizes in MiB (1024: 16 x 4096x4096 float32)")
     parser.add_argument("--wide-sizes", default="2000,20000,200000",
                         help="section wide: root children of the wide checkpoints")
+    parser.add_argument("--remote-size-mib", "--size-mib", type=int, default=512,
+                        help="section remote: the model's size in MiB (16 for a smoke run)")
+    parser.add_argument("--merge", action="store_true",
+                        help="with --json: keep the existing file's sections this run did "
+                        "not run (and its command), adding this run's")
     parser.add_argument("--steps", type=int, default=12, help="training steps per variant")
     parser.add_argument("--batch", type=int, default=512, help="batch of the training loop")
     args = parser.parse_args(argv)
@@ -231,8 +238,12 @@ def main(argv=None) -> int:
     scratch = tempfile.mkdtemp(prefix="objckpt-bench-run-")
     saved = tempfile.tempdir, os.environ.get("TMPDIR")
     tempfile.tempdir, os.environ["TMPDIR"] = scratch, scratch
+    earlier = None
+    if args.merge and args.json and os.path.exists(args.json):
+        with open(args.json) as f:  # read before the run writes the file after each result
+            earlier = json.load(f)
     try:
-        out = run(args, argv if argv is not None else sys.argv[1:])
+        out = run(args, argv if argv is not None else sys.argv[1:], earlier)
     finally:
         tempfile.tempdir = saved[0]
         if saved[1] is None:
@@ -240,6 +251,8 @@ def main(argv=None) -> int:
         else:
             os.environ["TMPDIR"] = saved[1]
         shutil.rmtree(scratch, ignore_errors=True)
+    if earlier is not None:
+        out = merge(earlier, out)
     if args.json:
         _write_json(args.json, out)
     if args.markdown:
@@ -247,9 +260,36 @@ def main(argv=None) -> int:
     return 0
 
 
-def run(args, argv) -> dict:
+def merge(old: dict, out: dict) -> dict:
+    """The earlier results `old` with the sections `out` ran replaced by `out`'s; the earlier
+    run's command, settings and machine stay, and this run's are recorded under `merged`."""
+    ran = {s["section"] for s in out["sections"]}
+    keys = {key for key in out if key not in (
+        "tensorflow", "keras", "machine", "command", "note", "settings", "sections",
+        "seconds", "merged", "skipped")}
+    merged = {key: value for key, value in old.items() if key not in keys}
+    merged["sections"] = [s for s in old.get("sections", []) if s["section"] not in ran]
+    merged["sections"] += out["sections"]
+    merged["seconds"] = {**old.get("seconds", {}), **out["seconds"]}
+    for key in keys:
+        merged[key] = out[key]
+    asked = set(out["settings"].get("section") or ["all"])
+    merged["skipped"] = [r for r in old.get("skipped", []) if r.split(":", 1)[0] not in asked]
+    merged["skipped"] += out.get("skipped", [])
+    if not merged["skipped"]:
+        del merged["skipped"]
+    merged["merged"] = [m for m in old.get("merged", []) if not set(m["sections"]) <= ran]
+    if ran:
+        merged["merged"].append({"sections": sorted(ran), "command": out["command"],
+                                 "note": out["note"], "settings": out["settings"],
+                                 "machine": out["machine"]})
+    return merged
+
+
+def run(args, argv, earlier: dict | None = None) -> dict:
     """Runs the sections `args` asks for, printing each; returns the results (what --json
-    writes): per section, and in `sections` in the order they ran."""
+    writes): per section, and in `sections` in the order they ran. `earlier` (--merge): the
+    results file's former content, merged into what is written after each result."""
     import bench_twins
 
     keras = _keras()
@@ -284,7 +324,7 @@ def run(args, argv) -> dict:
         print(f"\n{title}", flush=True)
         (printer or (lambda r: _print_result("", r)))(result)
         if args.json:  # after each result: an interrupted run keeps what it measured
-            _write_json(args.json, out)
+            _write_json(args.json, out if earlier is None else merge(earlier, out))
 
     for key, builder in builders.items():
         if args.only and key != args.only:
@@ -399,6 +439,16 @@ def run(args, argv) -> dict:
                                                    max(1, args.repeats // 5)):
             show("wide", f"[wide: {title}] {result['model']}", result, "wide",
                  printer=bench_wide.print_result)
+    if wanted("remote") and args.only != "b":
+        import bench_remote
+
+        results, skipped = bench_remote.run(args.remote_size_mib, max(1, min(args.repeats, 3)))
+        for title, result in results:
+            show("remote", f"[remote: {title}] {result['model']}", result, "remote",
+                 printer=bench_remote.print_result)
+        for reason in skipped:
+            print(f"\n[remote] skipped: {reason}")
+            out.setdefault("skipped", []).append(f"remote: {reason}")
     return out
 
 

@@ -62,6 +62,31 @@ def test_page_renders_a_result_it_is_given():
     assert "- cli: diff / import tensorflow 0.2 (target <= 0.1x)" in text
 
 
+def test_page_renders_seconds_and_the_runs_merged_in():
+    page = _page_module()
+    text = page.render({
+        "machine": {"cpus": 2}, "settings": {"repeats": 5},
+        "command": "python3 benchmarks/run.py --repeats 5",
+        "merged": [{"sections": ["remote"], "note": "shared cores",
+                    "command": "python3 benchmarks/run.py --section remote --merge"}],
+        "skipped": ["remote: s3: moto.server is not installed"],
+        "sections": [{"section": "remote", "title": "[remote: gcs, 16 MiB] a module",
+                      "result": {"s": {"objckpt.save": 1.25, "plain put_file": 1.0},
+                                 "spread": {"objckpt.save": [1.2, 1.3],
+                                            "plain put_file": [0.9, 1.1]},
+                                 "ratios": [["save / put_file", 1.25, "<= 1.3x", True,
+                                             [1.1, 1.4]],
+                                            ["upload alone", 1.1, "", None, None]]}}]})
+    assert "| operation | median s | min | max |" in text
+    assert "| objckpt.save | 1.25 | 1.2 | 1.3 |" in text
+    assert "| save / put_file | 1.25 | 1.1 .. 1.4 | <= 1.3x | yes |" in text
+    assert "| upload alone | 1.1 | |  |  |" in text
+    assert ("- sections remote measured by a later run, merged in: `python3 benchmarks/run.py "
+            "--section remote --merge` (shared cores)") in text
+    assert "- not measured: remote: s3: moto.server is not installed" in text
+    assert "[remote](#remote)" in text and "Targets met in this run: 1 of 1." in text
+
+
 @pytest.mark.parametrize("path", PAGES)
 def test_relative_links_lead_to_files(path):
     text = _read(path)
