@@ -45,6 +45,7 @@ so all raise together instead of one waiting forever for the others.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
@@ -266,7 +267,12 @@ class CommitProtocol:
 
     def write(self, number: int, layout, values, workers: int | None = None) -> None:
         """Steps 1-2: writes ckpt-N's tensors under temporary names, then renames them into
-        place (the index last). Not committed yet: see `commit`."""
+        place (the index last). Not committed yet: see `commit`.
+
+        A remote lock's lease is renewed first: a writer whose lease ended and whose
+        directory another writer took over raises DirectoryLockedError here, before it
+        writes over (or deletes) any object of the other writer's."""
+        self.lock.refresh()
         _files.write_tensors(self.prefix(number), layout[2], [*values, layout[3]],
                              stage=_stage, durable=self.durable, workers=workers)
 
@@ -897,8 +903,12 @@ class CheckpointDirectory:
                 "permissions; pass on_error='warn' to keep training when a save fails.",
                 prefix) from err
         finally:
-            if not committed:
-                commits.delete(number)
+            # Not when another writer took the directory over (ckpt-N may be its own); and
+            # a store that is gone does not replace the error above with its own (what is
+            # left is not listed, and the next open() removes it).
+            if not committed and commits.lock.held:
+                with contextlib.suppress(OSError):
+                    commits.delete(number)
         for kept in dropped:
             try:
                 commits.delete(kept.number, hook=True)
