@@ -376,6 +376,71 @@ def test_a_lost_answer_of_a_conditional_write_is_read_back(server, proxy, base, 
     assert state.model_checkpoint_path == "ckpt-3"
 
 
+def test_a_lost_answer_that_cannot_be_read_back_does_not_lose_the_lock(
+        server, proxy, base, sleeps):
+    # The lease renewal lands, its answer is lost, and the lock cannot be read back either
+    # (the store fails for a while): the outcome is unknown, the save fails, but the writer
+    # still holds its lock (its record has its id) and saves once the store is back.
+    run = base + "/run"
+    net = Net(7)
+    with objckpt.CheckpointManager(net, run, verbose=0) as manager:
+        manager.save(1)
+        proxy.reset()
+        if server.kind == "gcs":  # the lease's renewal: the first conditional replace
+            proxy.fail_next(1, 503, method="POST", path=r"ifGenerationMatch=[1-9]", after=True)
+        else:
+            proxy.fail_next(1, 503, method="PUT", path=r"/\.objckpt\.lock$", after=True)
+        proxy.fail_next(1000, 503, method="GET", path=r"\.objckpt\.lock")
+        proxy.fail_next(1000, 503, method="HEAD", path=r"\.objckpt\.lock")
+        with pytest.raises(errors.CheckpointWriteError) as caught:
+            manager.save(2)
+        assert "another writer" not in str(caught.value), str(caught.value)
+        proxy.reset()  # the store is back
+        assert manager.save(3) == run + "/ckpt-3"
+        assert manager.save(4) == run + "/ckpt-4"
+    state = _ckptstate.parse_state(under(objects(server), run)["checkpoint"])
+    assert list(state.all_model_checkpoint_paths) == ["ckpt-1", "ckpt-3", "ckpt-4"]
+
+
+def test_a_commit_whose_outcome_is_unknown_is_neither_undone_nor_taken_for_a_conflict(
+        server, proxy, base, sleeps, monkeypatch):
+    # The state object is written, its answer is lost and it cannot be read back: the save
+    # fails, ckpt-2 is left for the next open to judge (the state object may list it), and
+    # the next saves commit (the version there is this writer's own).
+    run = base + "/run"
+    net = Net(7)
+    with objckpt.CheckpointManager(net, run, max_to_keep=5, verbose=0) as manager:
+        manager.save(1)
+        lock = manager._directory.commits.lock
+        # No renewal for this save: the state object's write is its first conditional one
+        # (a GCS upload names its object in its body, not in its URL).
+        renew = [False]
+        monkeypatch.setattr(lock, "refresh", lambda real=lock.refresh: renew[0] and real())
+        proxy.reset()
+        if server.kind == "gcs":
+            proxy.fail_next(1, 503, method="POST", path=r"ifGenerationMatch=[1-9]", after=True)
+        else:
+            proxy.fail_next(1, 503, method="PUT", path=r"/checkpoint$", after=True)
+        proxy.fail_next(1000, 503, method="GET", path=r"/checkpoint|%2Fcheckpoint")
+        proxy.fail_next(1000, 503, method="HEAD", path=r"/checkpoint$")
+        with pytest.raises(errors.CheckpointWriteError) as caught:
+            manager.save(2)
+        assert "another writer" not in str(caught.value), str(caught.value)
+        renew[0] = True
+        proxy.reset()  # the store is back
+        left = under(objects(server), run)
+        assert list(_ckptstate.parse_state(left["checkpoint"]).all_model_checkpoint_paths) == [
+            "ckpt-1", "ckpt-2"]  # it had landed
+        assert "ckpt-2.index" in left  # so ckpt-2 was not deleted under it
+        assert manager.save(3) == run + "/ckpt-3"
+    state = _ckptstate.parse_state(under(objects(server), run)["checkpoint"])
+    assert list(state.all_model_checkpoint_paths) == ["ckpt-1", "ckpt-3"]
+    with objckpt.CheckpointManager(Net(8), run, verbose=0) as manager:  # tidies ckpt-2
+        assert [k.number for k in manager.kept] == [1, 3]
+    assert sorted(n for n in under(objects(server), run) if n.endswith(".index")) == [
+        "ckpt-1.index", "ckpt-3.index"]
+
+
 # --- 4. two writers ---------------------------------------------------------------------------
 
 def lock_record(pid: int, host: str, until: float) -> bytes:
@@ -405,8 +470,7 @@ def test_a_dead_process_of_this_host_does_not_hold_the_lock(server, proxy, base)
     import socket
 
     run = base + "/run"
-    gone = subprocess.run(["true"], check=True).args  # a process that ran and exited
-    child = subprocess.Popen(gone)
+    child = subprocess.Popen(["true"])  # a process of this host that ran and exited
     child.wait()
     record = lock_record(child.pid, socket.gethostname(), _dirlock.now() + 900)
     direct(server, lambda fs: fs.pipe_file(key(run) + "/.objckpt.lock", record))
@@ -455,12 +519,14 @@ def test_a_state_object_another_writer_changed_is_not_overwritten(server, proxy,
         theirs = (b'model_checkpoint_path: "ckpt-1"\nall_model_checkpoint_paths: "ckpt-1"\n'
                   b"last_preserved_timestamp: 1.5\n")
         direct(server, lambda fs: fs.pipe_file(key(run) + "/checkpoint", theirs))
-        with pytest.raises(errors.CheckpointWriteError) as caught:
-            manager.save(2)
-        assert "changed by another writer" in str(caught.value)
+        for step in (2, 3):  # and not on the next save either
+            with pytest.raises(errors.CheckpointWriteError) as caught:
+                manager.save(step)
+            assert "changed by another writer" in str(caught.value)
         left = under(objects(server), run)
     assert left["checkpoint"] == theirs
     assert "ckpt-2.index" not in left and "ckpt-2.data-00000-of-00001" not in left
+    assert "ckpt-3.index" not in left
 
 
 # --- 5. hostile object names ------------------------------------------------------------------

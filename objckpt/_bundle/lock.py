@@ -255,15 +255,31 @@ class RemoteLock:
             try:
                 self._version = _remote.write_bytes(self.path, self._record(),
                                                     expect=self._version) or "?"
+                return
             except _remote.PreconditionFailed:
-                self._version = None
-                if self._stop is not None:
-                    self._stop.set()
-                raise errors.DirectoryLockedError(
-                    f"Cannot commit to `{self.directory}`: another writer took over its lock "
-                    f"`{self.path}` (this writer's lease of {LEASE_SECONDS:.0f} s had ended "
-                    "unrenewed). Nothing was committed. Fix: run one writer per directory.",
-                    directory=self.directory, holder="another writer") from None
+                pass
+            # An earlier renewal may have landed with its answer lost and not been read back
+            # (the version held is then stale): the lock is still this writer's while its
+            # record has this writer's id. Cannot read it: OSError, still held.
+            try:
+                data, version = _remote.read_versioned(self.path, _LOCK_LIMIT)
+            except (FileNotFoundError, ValueError):
+                data, version = b"", None
+            if version is not None and f", id {self._id}, " in data.decode("utf-8", "replace"):
+                try:
+                    self._version = _remote.write_bytes(self.path, self._record(),
+                                                        expect=version) or "?"
+                    return
+                except _remote.PreconditionFailed:
+                    pass
+            self._version = None
+            if self._stop is not None:
+                self._stop.set()
+            raise errors.DirectoryLockedError(
+                f"Cannot commit to `{self.directory}`: another writer took over its lock "
+                f"`{self.path}` (this writer's lease of {LEASE_SECONDS:.0f} s had ended "
+                "unrenewed). Nothing was committed. Fix: run one writer per directory.",
+                directory=self.directory, holder="another writer")
 
     def release(self) -> None:
         from objckpt._bundle import remote as _remote

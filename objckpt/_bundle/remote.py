@@ -307,7 +307,12 @@ def write_bytes(url: str, data: bytes, *, expect=None) -> str | None:
     except (OSError, PreconditionFailed) as err:
         if expect is None:
             raise
-        if not _holds(url, data):  # else: it landed, and its answer was lost
+        held = _holds(url, data)
+        if held is None:  # neither its answer nor the object could be read: unknown
+            raise Unreachable(f"Writing `{_render.safe(url)}` failed and it could not be "
+                              f"read back: {type(err).__name__}: "
+                              f"{_render.first_line(err)}") from err
+        if not held:  # else: it landed, and its answer was lost
             if isinstance(err, (FileExistsError, PreconditionFailed)) or _conflict(url, expect):
                 raise PreconditionFailed(
                     f"`{_render.safe(url)}` was written by someone else (expected "
@@ -318,14 +323,17 @@ def write_bytes(url: str, data: bytes, *, expect=None) -> str | None:
     return None if info is None else _token(info, url)
 
 
-def _holds(url: str, data: bytes) -> bool:
-    """Whether the object at `url` holds exactly `data` (False when it cannot be read)."""
+def _holds(url: str, data: bytes) -> bool | None:
+    """Whether the object at `url` holds exactly `data` (False: another object or none;
+    None: it cannot be read)."""
     try:
         fs, path = client(url)
         fs.invalidate_cache(path)
         return fs.cat_file(path) == data
-    except Exception:
+    except FileNotFoundError:
         return False
+    except Exception:
+        return None
 
 
 def _conflict(url: str, expect) -> bool:

@@ -26,7 +26,7 @@ from objckpt._bundle import index as _bundle
 from objckpt._bundle import remote as _remote
 
 __all__ = ["NAME", "STATE_FILE", "STATE_FILE_LIMIT", "State", "listed", "number",
-           "parse_state", "read_state", "timestamps", "write_state"]
+           "outcome_unknown", "parse_state", "read_state", "timestamps", "write_state"]
 
 STATE_FILE = "checkpoint"
 STATE_FILE_LIMIT = 1 << 20  # bytes; a real state file has about 100 per checkpoint
@@ -95,6 +95,7 @@ def _read_small(path: str, limit: int) -> bytes:
 # Remote directories: the version of the state object this process last read or wrote
 # (`_remote.ABSENT`: none was there), the precondition of the next write.
 _VERSIONS: dict = {}
+_UNKNOWN = object()  # a write whose outcome is unknown: read the version before the next
 
 
 def _hinted(hint) -> str:
@@ -248,22 +249,36 @@ def _write_remote(directory: str, data: bytes) -> None:
     """
     url = directory.rstrip("/") + "/" + STATE_FILE
     try:
-        _VERSIONS[directory] = _remote.write_bytes(url, data, expect=_VERSIONS.get(directory))
-    except _remote.PreconditionFailed as err:
-        _VERSIONS.pop(directory, None)
+        expect = _VERSIONS.get(directory)
+        if expect is _UNKNOWN:  # the last write's outcome: the version there now is ours
+            try:
+                expect = _remote.read_versioned(url, STATE_FILE_LIMIT)[1]
+            except FileNotFoundError:
+                expect = _remote.ABSENT
+        _VERSIONS[directory] = _remote.write_bytes(url, data, expect=expect)
+    except _remote.PreconditionFailed as err:  # the version expected stays: so do later saves
         raise errors.CheckpointWriteError(
             f"Cannot commit to `{directory}`: its state object `{url}` was changed by another "
             "writer since this one read it (expected the version it read). Nothing was "
             "committed; the other writer's checkpoints are intact. Fix: use one writer per "
             "directory (stop the other training run, or give this run its own directory).",
             source=directory) from err
-    except OSError as err:
+    except (OSError, ValueError) as err:
+        # It may have landed (its answer lost, and not read back). The caller holds the
+        # directory's lock, renewed just before: the next write takes the version it finds.
+        _VERSIONS[directory] = _UNKNOWN
         raise errors.CheckpointWriteError(
             f"Cannot commit to `{directory}`: writing its state object `{url}` failed: "
             f"{_render.first_line(err)}. Expected the storage to accept it (the client retried "
             "transient errors). The new checkpoint is not committed; earlier ones are intact. "
             "Fix: check the network, credentials and bucket, then save again.",
             source=directory) from err
+
+
+def outcome_unknown(directory: str) -> bool:
+    """Whether the last write of a remote directory's state object failed without telling
+    whether it landed (its answer lost, and it could not be read back)."""
+    return _VERSIONS.get(directory) is _UNKNOWN
 
 
 def number(directory: str, name: str) -> int | None:

@@ -882,13 +882,14 @@ class CheckpointDirectory:
         background thread with async_save)."""
         commits = self.commits
         prefix = commits.prefix(number)
-        committed = False
+        committed = attempted = False
         try:
             # A background write uses one thread: training keeps the other cores.
             commits.write(number, layout, values,
                           workers=1 if self._writer is not None else None)
             dropped, undo = self._decide(Kept(number, prefix, metric, stamp, step))
             try:
+                attempted = True
                 commits.commit(self.kept)
             except BaseException:
                 undo()
@@ -903,10 +904,12 @@ class CheckpointDirectory:
                 "permissions; pass on_error='warn' to keep training when a save fails.",
                 prefix) from err
         finally:
-            # Not when another writer took the directory over (ckpt-N may be its own); and
-            # a store that is gone does not replace the error above with its own (what is
-            # left is not listed, and the next open() removes it).
-            if not committed and commits.lock.held:
+            # Not when another writer took the directory over (ckpt-N may be its own), nor
+            # after a remote commit whose outcome is unknown (its state object may list
+            # ckpt-N: open() decides); and a store that is gone does not replace the error
+            # above with its own (what is left is not listed; the next open() removes it).
+            if not committed and commits.lock.held and not (
+                    attempted and _ckptstate.outcome_unknown(self.directory)):
                 with contextlib.suppress(OSError):
                     commits.delete(number)
         for kept in dropped:
