@@ -53,9 +53,9 @@ def fit_data():
 def small_model(seed: int = 0):
     """A compiled Keras 3 Dense + BatchNormalization model with Adam, built (its optimizer's
     slots too, once it has trained). `seed` picks its initial values."""
-    keras = pytest.importorskip("keras")
-    if keras.__version__.split(".")[0] != "3":
-        pytest.skip(f"these fit tests use Keras 3; this environment has {keras.__version__}")
+    from flavours import keras_for
+
+    keras = keras_for("keras3")
     init = keras.initializers.GlorotUniform(seed=seed)
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, kernel_initializer=init),
                               keras.layers.BatchNormalization(),
@@ -189,9 +189,12 @@ def touched(proxy: FaultProxy) -> list[str]:
 @pytest.mark.subprocess
 def test_sigkill_mid_upload_resumes_bit_exact_and_tidies_the_orphans(server, proxy, base,
                                                                        tmp_path):
+    from flavours import keras_for
+
+    keras = keras_for("keras3")  # the child trains a Keras 3 model
     run = base + "/run"
-    # Beside the directory: a sibling whose name starts like it, and a folder inside it
-    # that is not ours. Neither may be read as a checkpoint nor deleted.
+    # Beside the directory, a sibling whose name starts like it (`run-2`, an orphan-like
+    # ckpt-3 in it): none of it may be read as a checkpoint nor deleted.
     outside = {key(base) + "/run-2/ckpt-3.data-00000-of-00001": b"sibling",
                key(base) + "/run-2/ckpt-3.index": b"sibling index"}
     direct(server, lambda fs: fs.pipe(outside))
@@ -213,7 +216,6 @@ def test_sigkill_mid_upload_resumes_bit_exact_and_tidies_the_orphans(server, pro
     # A new process (here) resumes under fit: its lock is the dead child's (taken over at
     # once: same host, no such process), the orphan goes, ckpt-2's values come back.
     seen = {}
-    keras = pytest.importorskip("keras")
 
     class Recorder(keras.callbacks.Callback):
         def on_train_begin(self, logs=None):
@@ -509,6 +511,37 @@ def test_a_writer_whose_lease_was_taken_over_commits_nothing_and_deletes_nothing
     fresh = Net(3)
     objckpt.restore(fresh, run, at="model")
     assert values(fresh) == committed
+
+
+@pytest.mark.subprocess
+def test_another_process_takes_over_a_stalled_writers_lock_and_its_commit_stands(
+        server, proxy, base, monkeypatch):
+    run = base + "/run"
+    clock = [1_700_000_000.0]
+    monkeypatch.setattr(_dirlock, "now", lambda: clock[0])
+    net = Net(1)
+    with objckpt.CheckpointManager(net, run, max_to_keep=5, verbose=0) as first:
+        first.save(1)
+        first.save(2)
+        # This process stalls past its lease; another process takes the directory over and
+        # commits a state object of its own (listing ckpt-1 only).
+        later = clock[0] + _dirlock.LEASE_SECONDS + 1
+        env = {**os.environ, **proxy.env}
+        done = subprocess.run([sys.executable, os.path.join(HERE, "remote_lock_child.py"),
+                               run, repr(later)], env=env, capture_output=True, timeout=120)
+        assert done.returncode == 0, done.stderr.decode()[-3000:]
+        assert done.stdout.decode().startswith("pid ")
+        theirs = under(objects(server), run)
+        clock[0] = later
+        with pytest.raises(errors.CheckpointWriteError) as caught:
+            first.save(3)
+        assert "another writer took over" in str(caught.value)
+        with pytest.raises(errors.DirectoryLockedError):  # and it stays out
+            first.save(4)
+        assert under(objects(server), run) == theirs  # their state, lock and ckpt-1, 2
+    assert under(objects(server), run) == theirs  # closing releases nothing of theirs
+    state = _ckptstate.parse_state(theirs["checkpoint"])
+    assert list(state.all_model_checkpoint_paths) == ["ckpt-1"]
 
 
 def test_a_state_object_another_writer_changed_is_not_overwritten(server, proxy, base):
