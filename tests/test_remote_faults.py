@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -186,9 +187,30 @@ def touched(proxy: FaultProxy) -> list[str]:
 
 # --- 1. SIGKILL during an upload, then resume -------------------------------------------------
 
+def kill_in_flight(proxy: FaultProxy, monkeypatch, child: list) -> None:
+    """SIGKILLs `child[0]` when its 3rd save's index upload reaches the proxy, which then
+    drops that request: the process dies with the upload in flight (the index never lands;
+    the data before it did). A GCS upload names its object in its body: the 6th plain
+    upload is that index (each save uploads its data, then its index)."""
+    gcs = proxy.kind == "gcs"
+    method, upload = ("POST", r"uploadType=multipart$") if gcs else ("PUT", r"ckpt-3\.index$")
+    count, real = [0], proxy._decide
+
+    def decide(request_method: str, target: str):
+        if request_method == method and re.search(upload, target):
+            count[0] += 1
+            if count[0] == (6 if gcs else 1):
+                os.kill(child[0].pid, signal.SIGKILL)
+                proxy.drop_next(1, method=method, path=upload)
+        return real(request_method, target)
+
+    monkeypatch.setattr(proxy, "_decide", decide)
+
+
 @pytest.mark.subprocess
-def test_sigkill_mid_upload_resumes_bit_exact_and_tidies_the_orphans(server, proxy, base,
-                                                                       tmp_path):
+@pytest.mark.parametrize("kill", ["after-data", "index-in-flight"])
+def test_sigkill_mid_upload_resumes_bit_exact_and_tidies_the_orphans(
+        server, proxy, base, tmp_path, kill, monkeypatch):
     from flavours import keras_for
 
     keras = keras_for("keras3")  # the child trains a Keras 3 model
@@ -199,12 +221,19 @@ def test_sigkill_mid_upload_resumes_bit_exact_and_tidies_the_orphans(server, pro
                key(base) + "/run-2/ckpt-3.index": b"sibling index"}
     direct(server, lambda fs: fs.pipe(outside))
 
-    # The child saves every epoch and kills itself once the 3rd save's data is uploaded.
+    # The child saves every epoch. It is killed during its 3rd save: by itself once the
+    # data is uploaded (fault_hook), or by this process while its index upload is in flight.
     env = {**os.environ, **proxy.env, "PYTHONPATH": os.pathsep.join(
         [os.path.dirname(HERE), HERE, os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, os.path.join(HERE, "remote_kill_worker.py"), run,
-                           str(tmp_path), "3"], env=env, capture_output=True, timeout=300)
-    assert done.returncode == -signal.SIGKILL, done.stderr.decode()[-3000:]
+    child = []
+    if kill == "index-in-flight":
+        kill_in_flight(proxy, monkeypatch, child)
+    child.append(subprocess.Popen(
+        [sys.executable, os.path.join(HERE, "remote_kill_worker.py"), run, str(tmp_path),
+         "3" if kill == "after-data" else "0"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+    _, stderr = child[0].communicate(timeout=300)
+    assert child[0].returncode == -signal.SIGKILL, stderr.decode()[-3000:]
     left = under(objects(server), run)
     assert sorted(left) == [".objckpt.lock", "checkpoint", "ckpt-1.data-00000-of-00001",
                             "ckpt-1.index", "ckpt-2.data-00000-of-00001", "ckpt-2.index",
