@@ -33,6 +33,7 @@ from storage_servers import (  # noqa: F401  (the fixtures gcs_server, s3_server
 import objckpt
 from objckpt import errors
 from objckpt._bundle import lock as _dirlock
+from objckpt._bundle import remote as _remote
 from objckpt._bundle import state as _ckptstate
 from objckpt._training import checkpointing as _checkpointing
 from objckpt._training import retention as _retention
@@ -359,7 +360,7 @@ def test_on_error_warn_trains_through_a_stopped_server_and_saves_again(
 # --- 3. transient failures are retried ----------------------------------------------------------
 
 def test_503_429_and_dropped_connections_are_retried_on_save_and_restore(
-        server, proxy, base, sleeps):
+        server, proxy, base, sleeps, monkeypatch):
     run = base + "/run"
     net = Net(5)
     data = r"ckpt-1\.data-00000-of-00001"
@@ -378,12 +379,16 @@ def test_503_429_and_dropped_connections_are_retried_on_save_and_restore(
     assert len(saved_failures) == 6
 
     proxy.reset()
+    # The data object (8 KiB) is downloaded in 1 KiB ranged parts, several at a time.
+    monkeypatch.setattr(_remote, "PART_BYTES", 1024)
     proxy.drop_next(2, method="GET", path=data)
     proxy.fail_next(2, 429, method="GET", path=r"ckpt-1\.index")
     proxy.fail_next(2, 503, method="GET", path=r"checkpoint")
     fresh = Net(6)
     objckpt.restore(fresh, run, at="model")
     assert proxy.failed == 6, proxy.log
+    ranged = [e for e in proxy.log if e[0] == "GET" and re.search(data, e[1])]
+    assert len([e for e in ranged if e[2] in ("200", "206")]) >= 8, ranged
     assert values(fresh) == values(net)
     assert sleeps.delays  # the clients backed off (on the fake clock) and tried again
 
