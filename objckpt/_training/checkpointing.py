@@ -897,12 +897,16 @@ class CheckpointDirectory:
             committed = True
             _stage("state")
         except (OSError, tf.errors.OpError) as err:
+            own = err.fix if isinstance(err, errors.ObjckptError) else None
+            fix = (own.rstrip(".") if own else
+                   "check the network, the credentials and the bucket"
+                   if _remote.is_remote(self.directory)
+                   else "free disk space or check the directory's permissions")
             raise errors.CheckpointWriteError(
                 f"Could not write checkpoint `{prefix}`: {_render.first_line(err)}. The earlier "
                 f"checkpoints in `{self.directory}` are untouched and `latest` still names "
-                f"{self._latest_name()}. Fix: free disk space or check the directory's "
-                "permissions; pass on_error='warn' to keep training when a save fails.",
-                prefix) from err
+                f"{self._latest_name()}. Fix: {fix}; pass on_error='warn' to keep training "
+                "when a save fails.", prefix) from err
         finally:
             # Not when another writer took the directory over (ckpt-N may be its own), nor
             # after a remote commit whose outcome is unknown (its state object may list
