@@ -37,6 +37,7 @@ from objckpt._base import render as _render
 from objckpt._bundle import remote as _remote
 from objckpt._formats import kerash5 as _kerash5
 from objckpt._formats import legacyh5 as _legacyh5
+from objckpt._formats import safetensors as _safetensors
 from objckpt._formats import savedmodel as _savedmodel
 
 __all__ = ["CHECKPOINT", "FORMATS", "Checked", "Format", "dispatch", "find", "register",
@@ -103,6 +104,19 @@ def _savedmodel_checked(path: str) -> Checked:
                    tuple(prefixes))
 
 
+# safetensors keeps no checksums either.
+_SAFETENSORS_CHECKED = ("read whole; header checked (dtypes, shapes, offsets tiling the data "
+                        "buffer) before any data (safetensors keeps no checksums)")
+
+
+def _safetensors_checked(path: str) -> Checked | None:
+    found = _safetensors.check(path)
+    if found is None:
+        return None
+    count, nbytes, problems, notes = found
+    return Checked(count, nbytes, tuple(problems), tuple(notes), _SAFETENSORS_CHECKED)
+
+
 def _checkpoint_recognise(path: str) -> bool:
     """A TF checkpoint: a prefix (its `.index` beside it, or given), a directory, a URL, or a
     path where nothing is (the checkpoint's resolver then says what it expected)."""
@@ -124,6 +138,9 @@ FORMATS: list[Format] = [
     Format("keras2-h5", "Keras 2 / tf_keras HDF5 file", "Keras 2 HDF5 `.h5`",
            _legacyh5.recognise, _legacyh5.listing, _legacyh5.source_fields,
            _h5_checked(_legacyh5.check)),
+    Format("safetensors", "safetensors file", "safetensors `.safetensors` and "
+           "`model.safetensors.index.json`", _safetensors.recognise, _safetensors.listing,
+           _safetensors.source_fields, _safetensors_checked),
     CHECKPOINT,
 ]
 

@@ -18,6 +18,7 @@ A name-based (TF1 `Saver`) checkpoint lists its tensors by global variable name 
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterator, Mapping
 from typing import NamedTuple
@@ -68,7 +69,7 @@ class Variable(NamedTuple):
 
     @property
     def nbytes(self) -> int:
-        return _render.elements(self.shape) * self.dtype.size
+        return math.ceil(_render.elements(self.shape) * self.dtype.size)
 
 
 class Metadata(Mapping):
@@ -133,7 +134,10 @@ def read(source: str | os.PathLike) -> Metadata:
     found = _formats.dispatch("list", source, _checkpoint)
     if isinstance(found, Metadata):
         return found
-    return Metadata({v[0]: Variable(v[0], v[1], v[2], dtype(v[3]), v[4], v[5])
+    # A format's dtype is TF's DataType enum, or (0, name, bytes per element) for one TF
+    # lacks (safetensors' F8_E8M0, 4-bit floats: fractional sizes).
+    return Metadata({v[0]: Variable(v[0], v[1], v[2], dtype(v[3]) if isinstance(v[3], int)
+                                    else DType(*v[3]), v[4], v[5])
                      for v in found["variables"]}, found["prefix"], tuple(found["notes"]),
                     found["index"], found["graph"], found.get("description", ""))
 

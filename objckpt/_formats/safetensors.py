@@ -1,0 +1,579 @@
+"""safetensors files as sources, read as untrusted input without TensorFlow.
+
+A safetensors file is 8 bytes (N, little-endian unsigned), N bytes of UTF-8 JSON, then the
+data buffer: the JSON object maps each tensor name to `{"dtype", "shape", "data_offsets":
+[begin, end]}` (offsets into the buffer) and may hold `"__metadata__"`, a string-to-string
+object. Values are raw little-endian bytes, C order. Hugging Face shares weights as one
+`model.safetensors`, or as shards named by `model.safetensors.index.json` (its `weight_map`:
+tensor name -> shard file); a folder holding either is read as that file.
+
+The header is checked whole before a byte of data is read (`read_header`), as the reference
+implementation checks it: N at most `MAX_HEADER` (100 MB) and within the file; the JSON valid
+UTF-8, an object, no name twice (at any depth), `__metadata__` strings only; each entry's
+dtype one of `DTYPES`, its shape a list of at most `MAX_RANK` non-negative integers, its
+`data_offsets` two integers within the buffer spanning exactly elements x itemsize bytes;
+the entries, sorted by offset, tile the buffer: no overlap, no gap, no trailing byte (as
+the reference implementation requires). Keys beside `dtype`, `shape` and `data_offsets` in
+an entry are ignored. A shard index is JSON (bounded, no name twice) whose shard names are
+plain file names beside it; every tensor sits in the shard the index names, and no tensor
+is in two shards. A problem is a `CheckpointCorruptError` naming the file, the entry and
+what is wrong.
+
+Values are read through a memory map of the file (`np.frombuffer` over `mmap`): a source's
+`fetch` turns each view into a TF tensor (the one copy a restore needs); bfloat16 and
+float8 are bit-cast, so every bit (NaN payloads included) arrives as written. The file's size
+is checked again when it is mapped: a file changed since its header was read is refused.
+safetensors keeps no checksums: `check` (for `verify`) reads every tensor's bytes once and
+says what was checked. Dtypes TF has no type for (`F8_E8M0`, the `FNUZ` float8s, the 4- and
+6-bit floats) are listed and verified, never offered to a restore (a note says so).
+
+Entry points, the format's roles in `_formats.FORMATS`: `recognise(path)`, `listing(path)`
+(TF-free), `source_fields(path)` and `check(path)`; the last three return None when `path` is
+no safetensors file.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import struct
+from typing import NamedTuple
+
+from objckpt import errors
+from objckpt._base import paths as _paths
+from objckpt._base import render as _render
+from objckpt._bundle import index as _bundle
+
+__all__ = ["DTYPES", "INDEX_NAME", "MAX_HEADER", "MAX_RANK", "SINGLE_NAME", "Header", "Tensor",
+           "check", "listing", "read_header", "read_model", "recognise", "source_fields"]
+
+INDEX_NAME = "model.safetensors.index.json"
+SINGLE_NAME = "model.safetensors"
+MAX_HEADER = 100_000_000  # the reference implementation's bound on N
+MAX_RANK = 64
+_MAX_INDEX = 1 << 26  # bytes of a shard index
+_MAX_SHARDS = 100_000
+_MAX_NOTES = 20  # `__metadata__` items shown as notes
+_CHUNK = 1 << 24  # bytes per read when verifying
+
+# safetensors dtype -> (bits per element, NumPy / ml_dtypes name ("" when neither reads it
+# per element), TF's dtype name ("" when TF has none), TF's DataType enum (0: none)).
+DTYPES = {
+    "BOOL": (8, "bool", "bool", 10),
+    "U8": (8, "uint8", "uint8", 4),
+    "I8": (8, "int8", "int8", 6),
+    "I16": (16, "<i2", "int16", 5),
+    "U16": (16, "<u2", "uint16", 17),
+    "I32": (32, "<i4", "int32", 3),
+    "U32": (32, "<u4", "uint32", 22),
+    "I64": (64, "<i8", "int64", 9),
+    "U64": (64, "<u8", "uint64", 23),
+    "F16": (16, "<f2", "float16", 19),
+    "BF16": (16, "bfloat16", "bfloat16", 14),
+    "F32": (32, "<f4", "float32", 1),
+    "F64": (64, "<f8", "float64", 2),
+    "C64": (64, "<c8", "complex64", 8),
+    "F8_E4M3": (8, "float8_e4m3fn", "float8_e4m3fn", 25),
+    "F8_E5M2": (8, "float8_e5m2", "float8_e5m2", 24),
+    "F8_E8M0": (8, "float8_e8m0fnu", "", 0),
+    "F8_E4M3FNUZ": (8, "float8_e4m3fnuz", "", 0),
+    "F8_E5M2FNUZ": (8, "float8_e5m2fnuz", "", 0),
+    "F6_E2M3": (6, "", "", 0),
+    "F6_E3M2": (6, "", "", 0),
+    "F4": (4, "", "", 0),
+}
+# Read through ml_dtypes (installed with TF); the others are NumPy's own.
+_ML_DTYPES = frozenset({"bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu",
+                        "float8_e4m3fnuz", "float8_e5m2fnuz"})
+# Bit-cast from unsigned integers of the same width into TF: exact whatever TF's NumPy types.
+_BITCAST = {"bfloat16": "<u2", "float8_e4m3fn": "u1", "float8_e5m2": "u1"}
+
+
+class Tensor(NamedTuple):
+    """One tensor of a file: its name, safetensors dtype, shape, and its bytes' place in the
+    file (`begin`, `end`: absolute offsets, the header's plus 8 + N)."""
+
+    name: str
+    dtype: str
+    shape: tuple
+    begin: int
+    end: int
+    file: str
+
+    @property
+    def elements(self) -> int:
+        count = 1
+        for dim in self.shape:
+            count *= dim
+        return count
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.begin
+
+
+class Header(NamedTuple):
+    """A file's validated header: `tensors` {name: Tensor} in the header's order, its
+    `metadata` {str: str}, and the file's size when it was read."""
+
+    path: str
+    size: int
+    tensors: dict
+    metadata: dict
+
+
+class Model(NamedTuple):
+    """What a path names: one file or an index's shards (`headers`, in the index's order),
+    every tensor by name (`tensors`), and how to describe it."""
+
+    path: str
+    description: str
+    headers: tuple
+    tensors: dict
+    notes: tuple
+
+
+def _refused(path: str, entry: str | None, problem: str) -> errors.CheckpointCorruptError:
+    where = f"`{_render.safe(path)}`" + (f": entry `{_render.safe(entry)}`" if entry is not None
+                                         else "")
+    return errors.CheckpointCorruptError(
+        f"safetensors file {where} {problem}. objckpt reads no such file; nothing was read "
+        "into any variable. Fix: use a file written by the `safetensors` library or Hugging "
+        "Face tooling (download or write it again).", source=path)
+
+
+def _unique_keys(pairs):
+    """`object_pairs_hook` of `json.loads`: an object with a name twice is refused."""
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise _Duplicate(key)
+        out[key] = value
+    return out
+
+
+class _Duplicate(ValueError):
+    def __init__(self, key: str):
+        super().__init__(key)
+        self.key = key
+
+
+def _json(path: str, text: bytes, what: str):
+    """JSON `text` decoded strictly: UTF-8, no name twice, no NaN/Infinity."""
+    try:
+        decoded = text.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise _refused(path, None, f"has a {what} that is not valid UTF-8 (byte "
+                                   f"{err.start:,}: {_render.first_line(err)})") from err
+    try:
+        return json.loads(decoded, object_pairs_hook=_unique_keys,
+                          parse_constant=_no_constant)
+    except _Duplicate as err:
+        raise _refused(path, err.key, f"is named twice in its {what} (JSON objects name each "
+                                      "member once)") from err
+    except (ValueError, RecursionError) as err:
+        raise _refused(path, None, f"has a {what} that is not valid JSON "
+                                   f"({_render.first_line(err)})") from err
+
+
+def _no_constant(name: str):
+    raise ValueError(f"`{name}` is no JSON value")
+
+
+def _int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def read_header(path: str) -> Header:
+    """The validated header of the safetensors file `path` (see the module docstring); no
+    tensor byte is read.
+
+    Raises:
+      CheckpointCorruptError: a problem of the file (names the file and the entry).
+    """
+    problem = _bundle.regular_file_problem(path)
+    if problem is not None:
+        raise _refused(path, None, f"cannot be read: {problem}")
+    try:
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            head = handle.read(8)
+            if len(head) < 8:
+                raise _refused(path, None, f"holds {len(head)} bytes; a safetensors file "
+                                           "starts with 8 bytes giving its header's length")
+            (length,) = struct.unpack("<Q", head)
+            if length > MAX_HEADER:
+                raise _refused(path, None, f"claims a header of {length:,} bytes; at most "
+                                           f"{MAX_HEADER:,} are read (the reference "
+                                           "implementation's bound)")
+            if 8 + length > size:
+                raise _refused(path, None, f"claims a header of {length:,} bytes, past the "
+                                           f"file's end ({size:,} bytes)")
+            text = handle.read(length)
+    except OSError as err:
+        if isinstance(err, errors.ObjckptError):
+            raise
+        raise _refused(path, None, f"cannot be read ({_render.first_line(err)})") from err
+    if len(text) != length:
+        raise _refused(path, None, "changed while its header was read")
+    if not text.startswith(b"{"):
+        raise _refused(path, None, "has a header that does not start with `{` (a JSON object)")
+    found = _json(path, text, "header")
+    if not isinstance(found, dict):
+        raise _refused(path, None, f"has a header that is JSON {type(found).__name__}, not "
+                                   "an object")
+    start = 8 + length
+    buffer = size - start
+    metadata = found.pop("__metadata__", None)
+    if metadata is None:
+        metadata = {}
+    elif not isinstance(metadata, dict) or not all(
+            isinstance(v, str) for v in metadata.values()):
+        raise _refused(path, "__metadata__", "is not an object of strings")
+    tensors = {}
+    for name, info in found.items():
+        tensors[name] = _tensor(path, name, info, start, buffer)
+    _tiled(path, tensors, start, buffer)
+    return Header(path, size, tensors, metadata)
+
+
+def _tensor(path: str, name: str, info, start: int, buffer: int) -> Tensor:
+    """One header entry, checked on its own."""
+    if not isinstance(info, dict):
+        raise _refused(path, name, f"is JSON {type(info).__name__}, not an object with "
+                                   "`dtype`, `shape` and `data_offsets`")
+    missing = [k for k in ("dtype", "shape", "data_offsets") if k not in info]
+    if missing:
+        raise _refused(path, name, f"lacks `{'`, `'.join(missing)}`")
+    dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise _refused(path, name, f"has the dtype `{_render.safe(str(dtype)[:40])}`; "
+                                   f"expected one of {', '.join(DTYPES)}")
+    if not isinstance(shape, list) or len(shape) > MAX_RANK or not all(
+            _int(d) and d >= 0 for d in shape):
+        shown = _render.safe(json.dumps(shape)[:80])
+        raise _refused(path, name, f"has the shape {shown}; expected a list of at most "
+                                   f"{MAX_RANK} non-negative integers")
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(
+            _int(o) for o in offsets):
+        shown = _render.safe(json.dumps(offsets)[:80])
+        raise _refused(path, name, f"has the data_offsets {shown}; expected [begin, end], "
+                                   "two integers")
+    begin, end = offsets
+    if not 0 <= begin <= end <= buffer:
+        raise _refused(path, name, f"has the data_offsets [{begin:,}, {end:,}], outside the "
+                                   f"data buffer of {buffer:,} bytes (begin <= end expected)")
+    bits = DTYPES[dtype][0]
+    limit = buffer * 8 // bits  # more elements than that cannot fit: stop multiplying
+    elements = 1
+    for dim in shape:
+        elements *= dim
+        if elements > limit:
+            elements = -1
+            break
+    what = f"is {dtype} of shape {_render.shape(tuple(shape))}"
+    if elements < 0:
+        raise _refused(path, name, f"{what}: more elements than the data buffer's {buffer:,} "
+                                   "bytes hold")
+    if elements * bits != (end - begin) * 8:
+        claimed = (f"{elements * bits // 8:,}" if elements * bits % 8 == 0 else
+                   f"{elements * bits / 8:,}")
+        raise _refused(path, name, f"{what}: {claimed} bytes, but its data_offsets span "
+                                   f"{end - begin:,} bytes")
+    return Tensor(name, dtype, tuple(shape), start + begin, start + end, path)
+
+
+def _tiled(path: str, tensors: dict, start: int, buffer: int) -> None:
+    """The entries, sorted by offset, cover the buffer exactly: no overlap, gap or tail."""
+    at, previous = 0, None
+    for tensor in sorted(tensors.values(), key=lambda t: (t.begin, t.end)):
+        begin = tensor.begin - start
+        if begin < at:
+            raise _refused(path, tensor.name, f"overlaps `{_render.safe(previous)}`: its data "
+                                              f"starts at byte {begin:,}, before byte {at:,} "
+                                              "where the other's ends")
+        if begin > at:
+            raise _refused(path, tensor.name, f"starts at byte {begin:,} of the data buffer, "
+                                              f"leaving bytes {at:,}..{begin:,} to no tensor "
+                                              "(the format has no gaps)")
+        at, previous = tensor.end - start, tensor.name
+    if at != buffer:
+        raise _refused(path, None, f"has {buffer - at:,} bytes after its last tensor's data "
+                                   f"(the buffer holds {buffer:,} bytes; its tensors cover "
+                                   f"{at:,})")
+
+
+def _index(path: str) -> tuple[list[str], dict, dict]:
+    """(shard paths in first-named order, {name: shard path}, metadata) of a shard index."""
+    problem = _bundle.regular_file_problem(path, _MAX_INDEX)
+    if problem is not None:
+        raise _refused(path, None, f"cannot be read: {problem}")
+    try:
+        with open(path, "rb") as handle:
+            text = handle.read(_MAX_INDEX + 1)
+    except OSError as err:
+        raise _refused(path, None, f"cannot be read ({_render.first_line(err)})") from err
+    if len(text) > _MAX_INDEX:
+        raise _refused(path, None, f"is larger than {_MAX_INDEX:,} bytes")
+    found = _json(path, text, "shard index")
+    weight_map = found.get("weight_map") if isinstance(found, dict) else None
+    if not isinstance(weight_map, dict):
+        raise _refused(path, None, "has no `weight_map` object (tensor name -> shard file)")
+    metadata = found.get("metadata")
+    metadata = metadata if isinstance(metadata, dict) else {}
+    folder = os.path.dirname(path)
+    shards: dict = {}
+    where: dict = {}
+    for name, shard in weight_map.items():
+        if not isinstance(shard, str) or not shard.endswith(".safetensors") or \
+                shard != os.path.basename(shard) or "\\" in shard or "\0" in shard or \
+                shard.startswith("."):
+            raise _refused(path, name, f"names the shard `{_render.safe(str(shard)[:200])}`; "
+                                       "expected a file name beside the index (`*.safetensors`)")
+        full = shards.setdefault(shard, os.path.join(folder, shard))
+        where[name] = full
+    if not shards or len(shards) > _MAX_SHARDS:
+        raise _refused(path, None, f"names {len(shards):,} shard files")
+    return list(shards.values()), where, metadata
+
+
+def _metadata_notes(metadata: dict, what: str) -> tuple:
+    notes = [f"{what} `{_render.safe(str(k)[:80])}` = `{_render.safe(str(v)[:200])}`"
+             for k, v in list(metadata.items())[:_MAX_NOTES]]
+    if len(metadata) > _MAX_NOTES:
+        notes.append(f"{what}: {len(metadata) - _MAX_NOTES:,} more items not shown")
+    return tuple(notes)
+
+
+def _named(path: str) -> str | None:
+    """The file to read for `path` (a file, an index, or a folder holding either), or None
+    when `path` is no safetensors file."""
+    if "://" in path:
+        return None
+    if os.path.isdir(path):
+        for name in (INDEX_NAME, SINGLE_NAME):
+            if os.path.isfile(os.path.join(path, name)):
+                return os.path.join(path, name)
+        return None
+    if _bundle.regular_file_problem(path) is not None:
+        return None
+    if path.endswith((".safetensors", ".safetensors.index.json")):
+        return path
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(9)
+            size = os.fstat(handle.fileno()).st_size
+    except OSError:
+        return None
+    if len(head) == 9 and head[8:9] == b"{":
+        (length,) = struct.unpack("<Q", head[:8])
+        if length <= min(MAX_HEADER, size - 8):
+            return path
+    return None
+
+
+def recognise(path: str) -> bool:
+    """Whether `path` is a safetensors file, shard index or a folder holding one (names, or
+    8 bytes of a plausible header length then `{`); never raises."""
+    try:
+        return _named(path) is not None
+    except (OSError, ValueError):
+        return False
+
+
+def read_model(path: str) -> Model | None:
+    """The safetensors model at `path` (a file, an index, or a folder holding either), every
+    header checked; None when `path` is none.
+
+    Raises:
+      CheckpointCorruptError: a header, the index, or their agreement is wrong.
+    """
+    named = _named(os.fspath(path))
+    if named is None:
+        return None
+    if named.endswith(".index.json"):
+        shards, where, metadata = _index(named)
+        headers = []
+        tensors: dict = {}
+        for shard in shards:
+            header = read_header(shard)
+            headers.append(header)
+            for name, tensor in header.tensors.items():
+                if name in tensors:
+                    raise _refused(named, name, f"is in two shards: `{_render.safe(shard)}` "
+                                                f"and `{_render.safe(tensors[name].file)}`")
+                if where.get(name) != shard:
+                    raise _refused(named, name, f"is in the shard `{_render.safe(shard)}`, "
+                                                "but the index does not map it there")
+                tensors[name] = tensor
+        for name, shard in where.items():
+            if name not in tensors:
+                raise _refused(named, name, f"is mapped to the shard `{_render.safe(shard)}`, "
+                                            "which does not hold it")
+        tensors = {name: tensors[name] for name in where}  # the index's order
+        return Model(named, f"safetensors index `{named}` ({len(shards)} shard "
+                            f"file{'s' * (len(shards) != 1)})", tuple(headers), tensors,
+                     _metadata_notes(metadata, "index metadata"))
+    header = read_header(named)
+    return Model(named, f"safetensors file `{named}`", (header,), dict(header.tensors),
+                 _metadata_notes(header.metadata, "metadata"))
+
+
+def _numpy(dtype: str):
+    """The NumPy dtype of a safetensors dtype that NumPy (or ml_dtypes) reads per element."""
+    import numpy as np
+
+    name = DTYPES[dtype][1]
+    if name in _ML_DTYPES:
+        import ml_dtypes
+
+        return np.dtype(getattr(ml_dtypes, name))
+    return np.dtype(name)
+
+
+class _Mapped:
+    """The files of a model mapped for reading (each once, its size checked against the one
+    its header was read at); closed on exit."""
+
+    def __init__(self, model: Model):
+        self.sizes = {h.path: h.size for h in model.headers}
+        self.maps: dict = {}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.maps.clear()  # views that outlive this keep their map alive (NumPy holds it)
+
+    def view(self, tensor: Tensor, as_dtype):
+        """A read-only NumPy view of `tensor`'s bytes as `as_dtype`, in its shape."""
+        import numpy as np
+
+        if tensor.nbytes == 0:
+            return np.zeros(tensor.shape, as_dtype)
+        buffer = self.maps.get(tensor.file)
+        if buffer is None:
+            buffer = self.maps[tensor.file] = self._map(tensor.file)
+        count = tensor.nbytes // np.dtype(as_dtype).itemsize
+        return np.frombuffer(buffer, as_dtype, count, tensor.begin).reshape(tensor.shape)
+
+    def _map(self, path: str):
+        try:
+            with open(path, "rb") as handle:
+                size = os.fstat(handle.fileno()).st_size
+                if size != self.sizes[path]:
+                    raise _refused(path, None, f"changed since its header was read ({size:,} "
+                                               f"bytes, {self.sizes[path]:,} before)")
+                return mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+        except OSError as err:
+            if isinstance(err, errors.ObjckptError):
+                raise
+            raise _refused(path, None, f"cannot be read ({_render.first_line(err)})") from err
+
+
+def source_fields(path: str) -> dict | None:
+    """A safetensors file, index or folder as the fields of a `_sources.Source`, or None.
+
+    Keys are the tensor names as saved (`model.layers.0.self_attn.q_proj.weight`, or an
+    obj's own object paths such as `dense/kernel`). Tensors of a dtype TF has no type for
+    are not offered (a note names them).
+
+    Raises:
+      CheckpointCorruptError: the header or index is damaged or hostile.
+    """
+    model = read_model(path)
+    if model is None:
+        return None
+    import tensorflow as tf  # only here: the sources' specs and values are TF's
+
+    usable = {name: t for name, t in model.tensors.items()
+              if DTYPES[t.dtype][2] and hasattr(tf, DTYPES[t.dtype][2])}
+    specs = {name: (t.shape, tf.as_dtype(DTYPES[t.dtype][2])) for name, t in usable.items()}
+    left = [name for name in model.tensors if name not in usable]
+    notes = model.notes
+    if left:
+        kinds = sorted({model.tensors[name].dtype for name in left})
+        notes += (f"{len(left):,} tensors of dtype {', '.join(kinds)} are not offered to a "
+                  f"restore (TF has no such dtype), e.g. `{_render.safe(left[0])}`",)
+
+    def fetch(keys) -> list:
+        out = []
+        with _Mapped(model) as mapped, tf.device("/cpu:0"):
+            for key in keys:
+                tensor = usable[key]
+                numpy_name, tf_name = DTYPES[tensor.dtype][1], DTYPES[tensor.dtype][2]
+                if numpy_name in _BITCAST:  # exact bits, whatever TF's NumPy types are
+                    raw = mapped.view(tensor, _BITCAST[numpy_name])
+                    out.append(tf.bitcast(tf.constant(raw), getattr(tf, tf_name)))
+                else:
+                    out.append(tf.constant(mapped.view(tensor, _numpy(tensor.dtype))))
+        return out
+
+    top = list(dict.fromkeys(k.split("/", 1)[0] for k in specs if "/" in k))
+    return {"description": model.description, "kind": "object", "specs": specs,
+            "fetch": fetch, "subtree": lambda at: _paths.prefix_subtree(specs, at),
+            "top_level_names": top, "prefix": model.path, "notes": notes,
+            "structure": lambda: ("safetensors", tuple(
+                (name, t.shape, t.dtype) for name, t in model.tensors.items()))}
+
+
+def listing(path: str) -> dict | None:
+    """The file's tensors as variables for `_meta.read` (TF-free), or None.
+
+    Each variable is (name, name, shape, dtype, name, ""): the dtype a TF DataType enum, or
+    for a dtype TF lacks a (0, ml_dtypes name, bytes per element) triple.
+    """
+    model = read_model(path)
+    if model is None:
+        return None
+    return {"prefix": model.path, "notes": model.notes, "index": None, "graph": None,
+            "description": model.description,
+            "variables": [(name, name, t.shape, _listed_dtype(t.dtype), name, "")
+                          for name, t in model.tensors.items()]}
+
+
+def _listed_dtype(dtype: str):
+    bits, numpy_name, _, enum = DTYPES[dtype]
+    if enum:
+        return enum
+    return (0, numpy_name or dtype.lower(), bits / 8)
+
+
+def check(path: str) -> tuple | None:
+    """Reads every tensor's bytes once (for `objckpt.verify`).
+
+    Returns None when `path` is no safetensors file, else (tensors read, bytes read,
+    [(file, entry, problem)], notes); a header that cannot be read is one problem.
+    """
+    try:
+        model = read_model(path)
+    except errors.CheckpointCorruptError as err:
+        return 0, 0, [(path, "", _render.first_line(err))], ()
+    if model is None:
+        return None
+    count, nbytes, problems = 0, 0, []
+    for header in model.headers:
+        tensors = sorted(header.tensors.values(), key=lambda t: t.begin)
+        try:
+            with open(header.path, "rb") as handle:
+                if os.fstat(handle.fileno()).st_size != header.size:
+                    problems.append((header.path, "", "changed since its header was read"))
+                    continue
+                for tensor in tensors:
+                    handle.seek(tensor.begin)
+                    left = tensor.nbytes
+                    while left:
+                        got = len(handle.read(min(left, _CHUNK)))
+                        if not got:
+                            break
+                        left -= got
+                    if left:
+                        problems.append((header.path, tensor.name, f"ends {left:,} bytes "
+                                         "before the end of its data"))
+                        continue
+                    count += 1
+                    nbytes += tensor.nbytes
+        except OSError as err:
+            problems.append((header.path, "", f"cannot be read ({_render.first_line(err)})"))
+    return count, nbytes, problems, (model.description, *model.notes)
