@@ -38,6 +38,7 @@ __all__ = [
     "clone",
     "diff",
     "errors",
+    "export",
     "graph",
     "load_ensemble",
     "migrate",
@@ -45,6 +46,7 @@ __all__ = [
     "read_tree",
     "restore",
     "restore_on_create",
+    "rules",
     "save",
     "snapshot",
     "tree",
@@ -73,6 +75,7 @@ _LAZY = {
     "PendingRestore": "_ops.deferred",
     "restore_on_create": "_ops.deferred",
     "migrate": "_ops.migrate",
+    "export": "_ops.export",
     "Ensemble": "_ops.ensemble",
     "load_ensemble": "_ops.ensemble",
     "Freezer": "_ops.freeze",
@@ -86,6 +89,7 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from objckpt import callbacks as callbacks
+    from objckpt import rules as rules
     from objckpt._inspect.diff import Diff as Diff
     from objckpt._inspect.diff import diff as diff
     from objckpt._inspect.graph import Graph as Graph
@@ -97,6 +101,7 @@ if TYPE_CHECKING:
     from objckpt._ops.deferred import restore_on_create as restore_on_create
     from objckpt._ops.ensemble import Ensemble as Ensemble
     from objckpt._ops.ensemble import load_ensemble as load_ensemble
+    from objckpt._ops.export import export as export
     from objckpt._ops.freeze import Freezer as Freezer
     from objckpt._ops.migrate import migrate as migrate
     from objckpt._ops.snapshot import RestoreReport as RestoreReport
@@ -117,8 +122,8 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str):
-    if name == "callbacks":  # a public module: loaded on first use, like the rest
-        value = importlib.import_module("objckpt.callbacks")
+    if name in ("callbacks", "rules"):  # public modules: loaded on first use, like the rest
+        value = importlib.import_module(f"objckpt.{name}")
         globals()[name] = value
         return value
     module = _LAZY.get(name)

@@ -18,6 +18,7 @@ import warnings
 from collections.abc import Callable
 
 from objckpt import errors
+from objckpt import rules as _layout
 from objckpt._base import render as _render
 from objckpt._planning import sources as _sources
 
@@ -31,16 +32,25 @@ class Rule:
     regex: re.Pattern
     replacement: str | None
     transform: Callable | None
+    label: str | None = None  # how the user wrote it: an objckpt.rules.Rule's repr
 
     def __str__(self) -> str:
+        if self.label is not None:
+            return f"rule {self.index} ({self.label})"
         extra = ", transform" if self.transform is not None else ""
         return f"rule {self.index} ({self.regex.pattern!r} -> {self.replacement!r}{extra})"
 
 
 def parse_rules(rules) -> tuple[Rule, ...]:
-    """Validates rules: a sequence of (regex, replacement) or (regex, replacement, transform)."""
+    """Validates rules: a sequence of (regex, replacement) or (regex, replacement, transform),
+    or of `objckpt.rules.Rule`s (an `objckpt.rules.RuleSet`), each made the anchored regex
+    rule of its restore direction."""
     if rules is None:
         return ()
+    if isinstance(rules, _layout.Rule):
+        raise errors.InvalidArgumentError(
+            f"rules must be a sequence of rules. Received: rules={rules!r}, a single rule. "
+            "Fix: wrap it, e.g. rules=objckpt.rules.RuleSet([rule]).")
     if isinstance(rules, (str, bytes)) or (isinstance(rules, tuple) and len(rules) in (2, 3)
                                            and isinstance(rules[0], str)
                                            and (rules[1] is None or isinstance(rules[1], str))):
@@ -52,6 +62,9 @@ def parse_rules(rules) -> tuple[Rule, ...]:
         if isinstance(rule, Rule):  # parsed already (restore_on_create plans again later)
             parsed.append(dataclasses.replace(rule, index=index))
             continue
+        label = None
+        if isinstance(rule, _layout.Rule):
+            label, rule = repr(rule), rule.regex_rule()
         if not isinstance(rule, (tuple, list)) or len(rule) not in (2, 3):
             raise errors.InvalidArgumentError(
                 f"rule {index} must be (regex, replacement) or (regex, replacement, transform). "
@@ -76,7 +89,7 @@ def parse_rules(rules) -> tuple[Rule, ...]:
                 "are (regex, replacement) pairs applied with re.sub(regex, replacement, key, "
                 "count=1). Fix: correct the pattern (re.escape(text) matches text "
                 "literally).") from err
-        parsed.append(Rule(index, regex, replacement, transform))
+        parsed.append(Rule(index, regex, replacement, transform, label))
     return tuple(parsed)
 
 

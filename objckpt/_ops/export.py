@@ -1,0 +1,370 @@
+"""Export: an obj's variables written as safetensors, named and laid out by rules.
+
+The file holds the bytes the reference writer (the `safetensors` library) writes for the
+same tensors: an 8-byte little-endian header length, a compact JSON header (`__metadata__`
+first, then one entry per tensor: dtype, shape, data_offsets), padded with spaces to a
+multiple of 8 bytes, then the tensors' little-endian bytes back to back, in the reference's
+order (by dtype, widest first, then by name) so that every tensor starts aligned to its
+item size. Sharded output follows Hugging Face:
+`model-00001-of-0000N.safetensors` and `model.safetensors.index.json`
+(`metadata.total_size`, `weight_map`). Files are written under temporary names and
+renamed, the index last.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import uuid
+
+import numpy as np
+
+from objckpt import errors
+from objckpt import rules as _layout
+from objckpt._base import render as _render
+from objckpt._bundle import remote as _remote
+from objckpt._ops import snapshot as _snapshot
+from objckpt._planning import checks as _checks
+from objckpt._planning import match as _match
+from objckpt._planning import targets as _targets
+from objckpt._planning import tree as _tree
+
+__all__ = ["export"]
+
+SUFFIX = ".safetensors"
+INDEX_SUFFIX = ".safetensors.index.json"
+# TF dtype name -> safetensors dtype; float8 needs TF >= 2.13 (ml_dtypes).
+DTYPES = {
+    "bool": "BOOL", "uint8": "U8", "int8": "I8", "int16": "I16", "uint16": "U16",
+    "float16": "F16", "bfloat16": "BF16", "int32": "I32", "uint32": "U32", "float32": "F32",
+    "float64": "F64", "int64": "I64", "uint64": "U64", "float8_e4m3fn": "F8_E4M3",
+    "float8_e5m2": "F8_E5M2",
+}
+# The reference writer's dtype order (its enum's; the data is laid out in descending order,
+# so every tensor starts aligned to its item size).
+RANK = {name: rank for rank, name in enumerate(
+    ["BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "I16", "U16", "F16", "BF16", "I32", "U32",
+     "F32", "F64", "I64", "U64"])}
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def _shard_size(value, path: str) -> int | None:
+    """max_shard_size in bytes: an int, or a string such as "5GB" (10**9) or "2GiB"."""
+    if value is None:
+        return None
+    size = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        size = value
+    elif isinstance(value, str):
+        found = re.fullmatch(r"\s*(\d+)\s*([KMGT]I?B|B)?\s*", value.upper())
+        if found:
+            size = int(found.group(1)) * _UNITS[found.group(2) or ""]
+    if size is None or size <= 0:
+        raise errors.InvalidArgumentError(
+            f"max_shard_size must be a positive number of bytes or a size such as "
+            f"'5GB' or '2GiB'. Received: max_shard_size={value!r}. Fix: pass e.g. "
+            "max_shard_size='5GB' (Hugging Face's default), or None for one file.", source=path)
+    return size
+
+
+def _metadata(metadata, path: str) -> dict:
+    """The header's `__metadata__`: {"format": "pt"} (what Hugging Face loaders require),
+    then the user's str -> str pairs (which may replace "format")."""
+    if metadata is not None and not (isinstance(metadata, dict) and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())):
+        raise errors.InvalidArgumentError(
+            f"metadata must be a dict of str -> str (safetensors' __metadata__). "
+            f"Received: metadata={metadata!r}. Fix: convert the values to strings, "
+            "e.g. metadata={'step': str(step)}.", source=path)
+    return {"format": "pt", **(metadata or {})}
+
+
+def _layout_of(path: str) -> tuple[str, str]:
+    """(directory, stem): `d/name.safetensors` -> (d, name); a folder -> (folder, "model")."""
+    shown = _render.safe(path)
+    if _remote.is_remote(path):
+        raise errors.InvalidArgumentError(
+            f"objckpt.export writes local files; `{shown}` is a URL. Fix: export to "
+            "a local folder, then upload it (e.g. with huggingface_hub or gsutil).", source=path)
+    if path.endswith(INDEX_SUFFIX):
+        raise errors.InvalidArgumentError(
+            f"`{shown}` names the index of a sharded export; export writes it "
+            "itself. Fix: pass the folder (or `<folder>/model.safetensors`) with "
+            "max_shard_size=...", source=path)
+    if path.endswith(SUFFIX):
+        if os.path.isdir(path):
+            raise errors.InvalidArgumentError(
+                f"`{shown}` is a directory, not a file. Fix: pass a file name such "
+                f"as `{_render.safe(os.path.join(path, 'model.safetensors'))}`.", source=path)
+        directory, name = os.path.split(path)
+        return directory, name[: -len(SUFFIX)]
+    return path, "model"
+
+
+def _rule_set(rules):
+    if rules is None or (isinstance(rules, (list, tuple)) and not rules):
+        return None
+    if isinstance(rules, _layout.RuleSet):
+        return rules
+    if isinstance(rules, (list, tuple)) and all(isinstance(r, _layout.Rule) for r in rules):
+        return _layout.RuleSet(rules)
+    raise errors.InvalidArgumentError(
+        f"export needs rules that convert both ways: an objckpt.rules.RuleSet (or a list of "
+        f"objckpt.rules.Rule). Received: rules={rules!r}; regex rules rewrite source keys "
+        "one way only. Fix: write each as Rule('source.{i}.weight', 'target/{i}/kernel', "
+        "transform).")
+
+
+def _entries(obj, snap, rule_set, strict: bool, optimizer_state, path: str) -> dict:
+    """{name: value} in object-path order, renamed and transformed by the rules.
+
+    A variable's default name is its path through the layers where it has one (a trained
+    Keras 3 model's canonical path may run through its optimizer), else its object path."""
+    keep_optimizer = _match.optimizer_mode(optimizer_state) is True
+    targets = _targets.index_targets(obj, snap.origin() or _tree.tree(obj))
+    root = getattr(obj, "name", None)
+    root = root if isinstance(root, str) else ""
+    out, origin, unmatched = {}, {}, []
+    for key, value in snap.items():
+        own = targets.network.get(key, key)
+        variable_name = targets.names.get(key, "")
+        relative = (variable_name[len(root) + 1:] if root and
+                    variable_name.startswith(root + "/") else "")
+        aliases = (key, relative, variable_name)
+        if key in targets.optimizer_paths and not keep_optimizer:
+            continue
+        name, inverse, rule = own, None, None
+        if rule_set is not None:
+            found = rule_set.export_name(own, *aliases)
+            if found is None:
+                unmatched.append(own)
+                if strict:
+                    continue
+            else:
+                name, inverse, rule = found
+        shown = _render.safe(own)
+        dtype = getattr(value.dtype, "name", str(value.dtype))
+        if dtype not in DTYPES:
+            raise errors.UnsupportedObjectError(
+                f"`{shown}` is a {dtype} variable; safetensors has no {dtype} dtype (it holds "
+                f"{', '.join(sorted(DTYPES))}). Nothing was written to `{_render.safe(path)}`. "
+                "Fix: give the variable one of those dtypes, or save the whole obj with "
+                "objckpt.save (TF's format holds every dtype).", obj=own, source=path)
+        if name == "__metadata__":
+            raise errors.InvalidArgumentError(
+                f"`{shown}` would be written as `__metadata__`, the name safetensors "
+                "reserves for its metadata. Fix: map it to another name with a "
+                "rule.", source=path)
+        if name in origin:
+            both = [(origin[name]), (shown, rule)]
+            said = " and ".join(f"`{p}`" + (f" (by {r!r})" if r is not None else
+                                            " (its own path)") for p, r in both)
+            raise errors.InvalidArgumentError(
+                f"Two variables would be written as `{_render.safe(name)}`: {said}. "
+                "A name holds one tensor. Fix: make the rules' source names distinct "
+                "(a placeholder for what differs), or put the more specific rule "
+                "first.", source=path)
+        origin[name] = (shown, rule)
+        if inverse is not None:
+            try:
+                value = inverse(value)
+            except Exception as err:  # a user's transform may raise anything (TF's errors)
+                raise errors.InvalidArgumentError(
+                    f"{rule!r}: the inverse transform fails on `{shown}` of shape "
+                    f"{tuple(value.shape)}: {_render.first_line(err)}. Nothing was "
+                    f"written. Fix: attach the transform to the rule whose variables "
+                    "have the shape it expects.", source=path) from err
+        out[name] = value
+    if strict and unmatched:
+        listed = [f"`{_render.safe(k)}`" for k in unmatched]
+        raise errors.StructureMismatchError(
+            f"{len(unmatched)} variable(s) of the obj match no rule's target, so they would "
+            f"have no name in `{_render.safe(path)}`: {', '.join(listed[:8])}"
+            f"{', ...' if len(listed) > 8 else ''}. Nothing was written. Fix: add rules for "
+            "them, or pass strict=False to write them under their object paths.",
+            problems=[f"{k}: matches no rule" for k in unmatched], source=path)
+    return out
+
+
+def _array(value) -> np.ndarray:
+    array = np.asarray(value.numpy() if hasattr(value, "numpy") else value)
+    if array.dtype.byteorder == ">":
+        array = array.astype(array.dtype.newbyteorder("<"))
+    return array if array.flags.c_contiguous else array.copy()  # 0-d stays 0-d
+
+
+def _file_bytes(arrays: dict, metadata: dict) -> tuple[bytes, list]:
+    """(header bytes, arrays in data order), as the reference writer lays them out: the
+    tensors sorted by dtype (`RANK`, widest first) then name, the header listing them in
+    that order after `__metadata__`, compact JSON padded with spaces to 8 bytes."""
+    order = sorted(arrays, key=lambda n: (-RANK[DTYPES[arrays[n].dtype.name]], n))
+    header, start = {"__metadata__": metadata}, 0
+    for name in order:
+        array = arrays[name]
+        header[name] = {"dtype": DTYPES[array.dtype.name], "shape": list(array.shape),
+                        "data_offsets": [start, start + array.nbytes]}
+        start += array.nbytes
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    text += b" " * ((8 - len(text) % 8) % 8)
+    return len(text).to_bytes(8, "little") + text, [arrays[n] for n in order]
+
+
+def _shards(arrays: dict, limit: int | None) -> list[dict]:
+    """Hugging Face's split: names in order, a new shard when the next tensor would pass
+    the limit (a tensor larger than the limit gets a shard of its own)."""
+    shards, size = [{}], 0
+    for name in sorted(arrays):
+        nbytes = arrays[name].nbytes
+        if limit is not None and shards[-1] and size + nbytes > limit:
+            shards.append({})
+            size = 0
+        shards[-1][name] = arrays[name]
+        size += nbytes
+    return shards
+
+
+def _temp(path: str) -> str:
+    directory, name = os.path.split(path)
+    return os.path.join(directory, f".{name}.tmp-{uuid.uuid4().hex[:12]}")
+
+
+def _write_file(path: str, arrays: dict, metadata: dict) -> None:
+    header, ordered = _file_bytes(arrays, metadata)
+    with open(path, "wb") as f:
+        f.write(header)
+        for array in ordered:
+            if array.size:
+                f.write(array.reshape(-1).view(np.uint8))
+
+
+def _stale_shards(directory: str, stem: str) -> list[str]:
+    pattern = re.compile(re.escape(stem) + r"-\d{5}-of-\d{5}\.safetensors")
+    try:
+        names = os.listdir(directory or ".")
+    except OSError:
+        return []
+    return [os.path.join(directory, n) for n in names if pattern.fullmatch(n)]
+
+
+def _remove(path: str) -> None:
+    if os.path.lexists(path):
+        os.remove(path)
+
+
+def _write(directory: str, stem: str, shards: list[dict], metadata: dict) -> str:
+    """Writes the files under temporary names, then renames them: the old index is removed
+    first (it never describes new shards), stale shards next, the new index last."""
+    single = len(shards) == 1
+    index_path = os.path.join(directory, stem + INDEX_SUFFIX)
+    if single:
+        names = [stem + SUFFIX]
+    else:
+        names = [f"{stem}-{i + 1:05d}-of-{len(shards):05d}{SUFFIX}" for i in range(len(shards))]
+    finals = [os.path.join(directory, n) for n in names]
+    temps = [_temp(p) for p in finals]
+    index_temp = None
+    try:
+        for temp, arrays in zip(temps, shards):
+            _write_file(temp, arrays, metadata)
+        if not single:
+            weight_map = {name: file for file, arrays in zip(names, shards) for name in arrays}
+            index = {"metadata": {"total_size": sum(a.nbytes for s in shards
+                                                    for a in s.values())},
+                     "weight_map": dict(sorted(weight_map.items()))}
+            index_temp = _temp(index_path)
+            with open(index_temp, "w", encoding="utf-8") as f:
+                f.write(json.dumps(index, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+        _remove(index_path)
+        for stale in _stale_shards(directory, stem):
+            if stale not in finals:
+                _remove(stale)
+        if not single:
+            _remove(os.path.join(directory, stem + SUFFIX))  # HF loaders would prefer it
+        for temp, final in zip(temps, finals):
+            os.replace(temp, final)
+        if index_temp is not None:
+            os.replace(index_temp, index_path)
+    finally:
+        for temp in [*temps, index_temp]:
+            if temp is not None and os.path.lexists(temp):
+                os.remove(temp)
+    return finals[0] if single else index_path
+
+
+def export(obj, path, *, rules=None, strict: bool = True, optimizer_state="auto",
+           max_shard_size=None, metadata=None) -> str:
+    """Writes obj's variables as safetensors, named and laid out by rules.
+
+    Without rules each tensor is named by its object path (`dense/kernel` style, `/` kept,
+    as `objckpt.tree(obj)` gives it), so `objckpt.restore(obj, path)` puts every value
+    back. With an `objckpt.rules.RuleSet` each object path is renamed by the first rule
+    whose target matches it and its value goes through the inverse of the rule's transform
+    (a Keras kernel (in, out) becomes a torch weight (out, in) under `Transpose()`); the same
+    set given to `restore` brings the file back, bit for bit.
+
+    The header's `__metadata__` is `{"format": "pt"}` (Hugging Face's loaders refuse a file
+    without a known format; the names and layouts the rules give are torch's), plus
+    `metadata`. Optimizer state is not written unless `optimizer_state=True` (shared weights
+    are for inference and fine-tuning, which start a fresh optimizer): "auto" and False
+    leave it out.
+
+    Args:
+      obj: a trackable (Keras model or layer of any flavour, `tf.Module`,
+        `tf.train.Checkpoint`).
+      path: `<folder>/<name>.safetensors`, or a folder (the file is then
+        `<folder>/model.safetensors`). Missing folders are created.
+      rules: None, or an `objckpt.rules.RuleSet` (a list of `objckpt.rules.Rule`).
+      strict: with rules, a variable no rule's target matches is an error
+        (True) or written under its object path (False).
+      optimizer_state: "auto" or False: no optimizer state; True: written too.
+      max_shard_size: bytes (int) or a size such as "5GB" / "2GiB": several
+        `<name>-0000i-of-0000N.safetensors` files (split as Hugging Face
+        splits: in name order, a new file when the next tensor would pass the
+        size) and `<name>.safetensors.index.json`. One file when everything
+        fits (no index), as Hugging Face does.
+      metadata: str -> str pairs added to the header's `__metadata__`.
+
+    Returns:
+      The path of the file written, or of the index when sharded.
+
+    Raises:
+      InvalidArgumentError: a bad argument, two variables mapped to one name, a transform
+        without an inverse.
+      StructureMismatchError: (strict) variables no rule maps; they are listed.
+      UnsupportedObjectError: a variable of a dtype safetensors lacks (string, complex).
+      CheckpointWriteError: the files cannot be written; nothing under `path` changed.
+      UnbuiltModelError: obj has no variables.
+    """
+    path = os.fspath(path)
+    directory, stem = _layout_of(path)
+    rule_set = _rule_set(rules)
+    if not isinstance(strict, bool):
+        raise errors.InvalidArgumentError(
+            f"strict must be True or False. Received: strict={strict!r}. Fix: pass "
+            "strict=False to write variables no rule maps under their paths.", source=path)
+    limit = _shard_size(max_shard_size, path)
+    header_metadata = _metadata(metadata, path)
+    if isinstance(obj, _snapshot.Snapshot):
+        raise errors.InvalidArgumentError(
+            "objckpt.export needs the live obj (its layers name the variables); "
+            "received a Snapshot. Fix: restore the Snapshot into the obj, then export "
+            "the obj.", source=path)
+    snap = _snapshot.snapshot(obj)
+    values = _entries(obj, snap, rule_set, strict, optimizer_state, path)
+    if not values:
+        raise errors.UnbuiltModelError(
+            f"Nothing to export to `{_render.safe(path)}`: {_checks.describe_obj(obj)} has no "
+            "variables to write. Fix: build the model (call it on a batch, or "
+            "model.build(shape)) before exporting it.", source=path)
+    arrays = {name: _array(value) for name, value in values.items()}
+    try:
+        if directory:
+            os.makedirs(directory, exist_ok=True)
+        return _write(directory, stem, _shards(arrays, limit), header_metadata)
+    except OSError as err:
+        raise errors.CheckpointWriteError(
+            f"Cannot write safetensors to `{_render.safe(path)}`: {_render.first_line(err)}. "
+            "Expected a writable folder. Files already there were left as they were. Fix: "
+            "pass a path in a folder you can write to.", prefix=path, source=path) from err

@@ -1,0 +1,384 @@
+"""Rules that convert both ways, and layout transforms with exact inverses.
+
+A `Rule(source, target, transform)` names a source entry (as a file other than
+objckpt's writes it, e.g. a Hugging Face safetensors name) and the object path
+it feeds, with `{name}` placeholders that stand for one name segment on both
+sides (no `/` and no `.` inside). A `RuleSet` of them is accepted wherever
+`rules=` is (`restore`, `plan`, `migrate`, `restore_on_create`,
+`load_ensemble`): each rule becomes the anchored regex rule
+`(^source$, target, transform)`, so the usual rule semantics hold (the first
+rule that matches a source key rewrites it; keys no rule matches stay as they
+are). `objckpt.export` applies the same set the other way: each object path is
+renamed by the first rule whose target matches it and its value goes through
+the transform's inverse.
+
+Transforms (`Transpose`, `ConvKernel`, `Reshape`, `Chain`) are callables on a
+`tf.Tensor` (or a NumPy array) that move bytes without arithmetic, so a round
+trip through a transform and its `inverse()` is bit-exact.
+
+Example:
+    >>> rules = objckpt.rules.RuleSet([
+    ...     Rule("model.layers.{i}.mlp.up_proj.weight", "layers/{i}/up/kernel", Transpose()),
+    ...     Rule("model.layers.{i}.mlp.up_proj.bias", "layers/{i}/up/bias"),
+    ... ])
+    >>> objckpt.restore(model, "hf/model.safetensors", rules=rules)
+    >>> objckpt.export(model, "out/model.safetensors", rules=rules)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import string
+from collections.abc import Callable, Sequence
+
+from objckpt import errors
+
+__all__ = ["Chain", "ConvKernel", "Reshape", "Rule", "RuleSet", "Transform", "Transpose"]
+
+# What one `{name}` placeholder matches: one name segment of a dotted or a `/`-joined name.
+SEGMENT = r"[^/.]+"
+
+
+# --- transforms -------------------------------------------------------------------------------
+
+class Transform:
+    """A value transform with an exact inverse: `t(value)`, `t.inverse()`."""
+
+    def __call__(self, value):
+        raise NotImplementedError
+
+    def inverse(self) -> Transform:
+        raise NotImplementedError
+
+
+def _is_numpy(value) -> bool:
+    import numpy as np
+
+    return isinstance(value, np.ndarray)
+
+
+def _static_shape(value) -> tuple | None:
+    """The value's shape with None for unknown dimensions, or None for an unknown rank."""
+    shape = value.shape
+    if getattr(shape, "rank", 0) is None:  # a tf.TensorShape of unknown rank
+        return None
+    return tuple(None if d is None else int(d) for d in shape)
+
+
+def _transpose(value, perm):
+    if _is_numpy(value):
+        import numpy as np
+
+        return np.transpose(value, perm).copy()  # C-contiguous, as TF's
+    import tensorflow as tf
+
+    return tf.transpose(value, perm=perm)
+
+
+def _check_rank(what: Transform, value, rank: int) -> None:
+    shape = _static_shape(value)
+    if shape is not None and len(shape) != rank:
+        raise errors.InvalidArgumentError(
+            f"{what!r} permutes {rank} axes but received a value of shape {shape} (rank "
+            f"{len(shape)}). Fix: attach this transform only to rules whose entries have "
+            f"{rank} axes, or give a permutation of {len(shape)} axes.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Transpose(Transform):
+    """Permutes axes: `perm=None` reverses them (2-D: a torch `Linear` weight (out, in) <->
+    a Keras kernel (in, out)); else `perm` as in `tf.transpose`. Its inverse permutes back."""
+
+    perm: tuple | None = None
+
+    def __post_init__(self):
+        if self.perm is None:
+            return
+        perm = tuple(self.perm) if isinstance(self.perm, (list, tuple)) else None
+        if perm is None or sorted(perm) != list(range(len(perm))) or not all(
+                type(p) is int for p in perm):
+            raise errors.InvalidArgumentError(
+                f"Transpose needs perm=None (reverse the axes) or a permutation of "
+                f"0..n-1 as a tuple of ints. Received: perm={self.perm!r}. Fix: pass e.g. "
+                "perm=(1, 0) or perm=(2, 3, 1, 0).")
+        object.__setattr__(self, "perm", perm)
+
+    def __call__(self, value):
+        if self.perm is not None:
+            _check_rank(self, value, len(self.perm))
+        return _transpose(value, self.perm)
+
+    def inverse(self) -> Transpose:
+        if self.perm is None:
+            return self
+        inverse = [0] * len(self.perm)
+        for axis, source in enumerate(self.perm):
+            inverse[source] = axis
+        return Transpose(tuple(inverse))
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvKernel(Transform):
+    """Reorders a kernel's axes from one layout to another by their letters, e.g.
+    `ConvKernel("OIHW", "HWIO")` (torch Conv2d -> Keras Conv2D). Its inverse swaps them."""
+
+    source: str
+    target: str
+
+    def __post_init__(self):
+        ok = (isinstance(self.source, str) and isinstance(self.target, str)
+              and len(set(self.source)) == len(self.source) > 0
+              and sorted(self.source) == sorted(self.target))
+        if not ok:
+            raise errors.InvalidArgumentError(
+                f"ConvKernel needs two layouts of the same distinct letters, one per axis. "
+                f"Received: ConvKernel({self.source!r}, {self.target!r}). Fix: pass e.g. "
+                "ConvKernel('OIHW', 'HWIO') or ConvKernel('OIDHW', 'DHWIO').")
+
+    @property
+    def perm(self) -> tuple:
+        return tuple(self.source.index(letter) for letter in self.target)
+
+    def __call__(self, value):
+        _check_rank(self, value, len(self.source))
+        return _transpose(value, self.perm)
+
+    def inverse(self) -> ConvKernel:
+        return ConvKernel(self.target, self.source)
+
+
+def _shape_tuple(shape, what: str) -> tuple:
+    dims = tuple(shape) if isinstance(shape, (list, tuple)) else None
+    if dims is None or not all(type(d) is int and d >= -1 for d in dims) or dims.count(-1) > 1:
+        raise errors.InvalidArgumentError(
+            f"Reshape's {what} must be a tuple of ints >= 0 with at most one -1. Received: "
+            f"{shape!r}. Fix: pass e.g. Reshape((768, 768), (768, 12, 64)) or "
+            "Reshape((768, 768), (768, 12, -1)).")
+    return dims
+
+
+@dataclasses.dataclass(frozen=True)
+class Reshape(Transform):
+    """Reshapes a value of `from_shape` to `to_shape` (-1: the one dimension inferred), e.g.
+    `Reshape((h, h), (h, heads, head_dim))`. A value of another shape is refused (a plan
+    reports it before anything is read). Its inverse reshapes back."""
+
+    from_shape: tuple
+    to_shape: tuple
+
+    def __post_init__(self):
+        object.__setattr__(self, "from_shape", _shape_tuple(self.from_shape, "from_shape"))
+        object.__setattr__(self, "to_shape", _shape_tuple(self.to_shape, "to_shape"))
+
+    def __call__(self, value):
+        shape = _static_shape(value)
+        if shape is not None and (len(shape) != len(self.from_shape) or any(
+                want != -1 and got is not None and got != want
+                for want, got in zip(self.from_shape, shape))):
+            raise errors.InvalidArgumentError(
+                f"{self!r} expects a value of shape {self.from_shape} (-1: any) but received "
+                f"one of shape {shape}. Fix: attach it to the rule whose entries have that "
+                "shape, or correct from_shape.")
+        if _is_numpy(value):
+            return value.reshape(self.to_shape)
+        import tensorflow as tf
+
+        return tf.reshape(value, self.to_shape)
+
+    def inverse(self) -> Reshape:
+        return Reshape(self.to_shape, self.from_shape)
+
+
+class Chain(Transform):
+    """Applies transforms in order (`Chain(a, b)(x) == b(a(x))`); its inverse applies their
+    inverses in the reverse order."""
+
+    def __init__(self, *transforms):
+        if not transforms or not all(callable(t) for t in transforms):
+            raise errors.InvalidArgumentError(
+                f"Chain needs one or more transforms (callables tensor -> tensor). Received: "
+                f"{transforms!r}. Fix: pass e.g. Chain(Transpose(), Reshape((4, 6), (4, 2, 3))).")
+        self.transforms = tuple(transforms)
+
+    def __call__(self, value):
+        for transform in self.transforms:
+            value = transform(value)
+        return value
+
+    def inverse(self) -> Chain:
+        return Chain(*(inverse_of(t, "Chain") for t in reversed(self.transforms)))
+
+    def __eq__(self, other):
+        return isinstance(other, Chain) and other.transforms == self.transforms
+
+    def __hash__(self):
+        return hash(self.transforms)
+
+    def __repr__(self) -> str:
+        return f"Chain({', '.join(map(repr, self.transforms))})"
+
+
+def inverse_of(transform, where: str):
+    """The inverse of a transform (None for None); InvalidArgumentError when it has none."""
+    if transform is None:
+        return None
+    inverse = getattr(transform, "inverse", None)
+    if not callable(inverse):
+        raise errors.InvalidArgumentError(
+            f"{where}: the transform {transform!r} has no inverse(), so it converts one way "
+            "only (restore), not back (export). Fix: use objckpt.rules' Transpose, "
+            "ConvKernel, Reshape or Chain, or give an object with __call__ and inverse().")
+    return inverse()
+
+
+# --- rules ------------------------------------------------------------------------------------
+
+def _fields(pattern, side: str, rule: str) -> list:
+    """[(literal, placeholder or None)] of a pattern with `{name}` placeholders."""
+    if not isinstance(pattern, str) or not pattern:
+        raise errors.InvalidArgumentError(
+            f"{rule}: the {side} must be a non-empty string. Received: {pattern!r}. Fix: pass "
+            "a name with {placeholders}, e.g. 'model.layers.{i}.mlp.up_proj.weight'.")
+    try:
+        parsed = list(string.Formatter().parse(pattern))
+    except ValueError as err:
+        raise errors.InvalidArgumentError(
+            f"{rule}: the {side} {pattern!r} is not a valid pattern ({err}). Fix: write "
+            "placeholders as {name} and literal braces as {{ and }}.") from err
+    out = []
+    for literal, field, spec, conversion in parsed:
+        if field is not None and (not field.isidentifier() or spec or conversion):
+            raise errors.InvalidArgumentError(
+                f"{rule}: the {side} {pattern!r} has the placeholder {{{field}"
+                f"{'!' + conversion if conversion else ''}{':' + spec if spec else ''}}}; "
+                "placeholders are plain names. Fix: write e.g. {i} or {layer}.")
+        out.append((literal, field))
+    return out
+
+
+def _regex(fields: list) -> re.Pattern:
+    parts, seen = ["^"], set()
+    for literal, field in fields:
+        parts.append(re.escape(literal))
+        if field is not None:
+            parts.append(f"(?P={field})" if field in seen else f"(?P<{field}>{SEGMENT})")
+            seen.add(field)
+    return re.compile("".join(parts) + "$")
+
+
+def _replacement(fields: list) -> str:
+    """A `re.sub` replacement: literal text (backslashes escaped) and `\\g<name>` groups."""
+    return "".join(literal.replace("\\", "\\\\") + (f"\\g<{field}>" if field else "")
+                   for literal, field in fields)
+
+
+def _names(fields: list) -> set:
+    return {field for _, field in fields if field is not None}
+
+
+class Rule:
+    """One entry of a `RuleSet`: `source` (the name in the file) <-> `target` (the object
+    path), with `{name}` placeholders (one name segment each, the same names on both sides)
+    and an optional value transform applied at restore (its `inverse()` at export)."""
+
+    def __init__(self, source: str, target: str, transform: Callable | None = None):
+        shown = f"Rule({source!r}, {target!r})"
+        self.source, self.target, self.transform = source, target, transform
+        self._source_fields = _fields(source, "source", shown)
+        self._target_fields = _fields(target, "target", shown)
+        only_source = _names(self._source_fields) - _names(self._target_fields)
+        only_target = _names(self._target_fields) - _names(self._source_fields)
+        if only_source or only_target:
+            side, names = ("source", only_source) if only_source else ("target", only_target)
+            listed = ", ".join("{" + n + "}" for n in sorted(names))
+            raise errors.InvalidArgumentError(
+                f"{shown}: the placeholder(s) {listed} appear in the {side} only, so the "
+                "other side could not be filled in. Fix: use the same placeholders on both "
+                "sides.")
+        if transform is not None and not callable(transform):
+            raise errors.InvalidArgumentError(
+                f"{shown}: the transform must be a callable tensor -> tensor (e.g. "
+                f"objckpt.rules.Transpose()). Received: {transform!r}. Fix: pass a transform "
+                "or None.")
+        self.source_regex = _regex(self._source_fields)
+        self.target_regex = _regex(self._target_fields)
+
+    def regex_rule(self) -> tuple:
+        """The restore direction as today's `(regex, replacement, transform)` rule."""
+        return (self.source_regex.pattern, _replacement(self._target_fields), self.transform)
+
+    def source_name(self, path: str) -> str | None:
+        """The source name of an object path the target matches, else None."""
+        found = self.target_regex.match(path)
+        if found is None:
+            return None
+        groups = found.groupdict()
+        return "".join(literal + (groups[field] if field else "")
+                       for literal, field in self._source_fields)
+
+    def __repr__(self) -> str:
+        extra = f", {self.transform!r}" if self.transform is not None else ""
+        return f"Rule({self.source!r}, {self.target!r}{extra})"
+
+    def __eq__(self, other):
+        return isinstance(other, Rule) and (other.source, other.target, other.transform) == (
+            self.source, self.target, self.transform)
+
+    def __hash__(self):
+        return hash((self.source, self.target))
+
+
+class RuleSet(Sequence):
+    """An ordered sequence of `Rule`s that converts both ways.
+
+    Restore direction (`rules=` of restore, plan, migrate, restore_on_create,
+    load_ensemble): a source key is rewritten by the first rule whose source pattern matches
+    it, its value transformed. Export direction (`objckpt.export`): an object path is named
+    by the first rule whose target pattern matches it as restore would match it (the path, the
+    path with leading underscores stripped from each edge: `dense/_kernel` ~ `dense/kernel`,
+    or the variable's name: `conv/kernel` in Keras 3), its value put through the transform's
+    inverse.
+    """
+
+    def __init__(self, rules=()):
+        if isinstance(rules, Rule):
+            rules = [rules]
+        items = list(rules)
+        for index, rule in enumerate(items):
+            if not isinstance(rule, Rule):
+                raise errors.InvalidArgumentError(
+                    f"RuleSet item {index} must be an objckpt.rules.Rule. Received: {rule!r}. "
+                    "Regex rules convert one way only. Fix: write it as "
+                    "Rule('source.{name}.weight', 'target/{name}/kernel'), or pass regex "
+                    "rules to restore as a plain list.")
+        self._rules = tuple(items)
+
+    def __getitem__(self, index):
+        return self._rules[index]
+
+    def __len__(self) -> int:
+        return len(self._rules)
+
+    def regex_rules(self) -> list:
+        """The restore direction: `(regex, replacement, transform)` per rule, in order."""
+        return [rule.regex_rule() for rule in self._rules]
+
+    def export_name(self, path: str, *aliases: str):
+        """(source name, inverse transform, rule) for an object path; None when no rule's
+        target matches it. A target matches what restore would match: the object path (or
+        an alias: the path through the layers, the variable's name), with leading
+        underscores stripped from each edge (tried first) or as it is."""
+        forms = []
+        for form in (path, *aliases):  # stripped first: a placeholder takes `kernel`, not
+            forms += ["/".join(e.lstrip("_") or e for e in form.split("/")), form]  # `_kernel`
+        forms = list(dict.fromkeys(f for f in forms if f))
+        for index, rule in enumerate(self._rules):
+            for form in forms:
+                name = rule.source_name(form)
+                if name is not None:
+                    return name, inverse_of(rule.transform, f"rule {index} {rule!r}"), rule
+        return None
+
+    def __repr__(self) -> str:
+        return "RuleSet([" + ", ".join(map(repr, self._rules)) + "])"
