@@ -153,6 +153,15 @@ def make_bases(directory: str) -> None:
     module = build_module(0)
     objckpt.save(module, os.path.join(directory, "module", "ckpt"))
     save_values(os.path.join(originals, "module-0.npz"), values(module))
+    # The same values as a safetensors file (issue 31), written by the `safetensors` library
+    # under their object paths, as a Hugging Face style weights file is: restored by path.
+    import safetensors.numpy
+
+    os.makedirs(os.path.join(directory, "safetensors"))
+    safetensors.numpy.save_file(
+        values(module),  # host copies, C-contiguous, scalars 0-d
+        os.path.join(directory, "safetensors", "model.safetensors"), metadata={"format": "np"})
+    save_values(os.path.join(originals, "safetensors-0.npz"), values(module))
 
     net = Net(20)
     manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=net),
@@ -180,7 +189,7 @@ def make_bases(directory: str) -> None:
     images, targets = data(3)
     fit_model.fit(images, targets, epochs=2, batch_size=4, shuffle=False, verbose=0,
                   callbacks=[ckpt, Record()])
-    for kind in ("keras", "keras_tf", "module", "manager", "fit"):
+    for kind in ("keras", "keras_tf", "module", "manager", "fit", "safetensors"):
         info["bases"][kind] = sorted(
             int(name.split("-")[1].split(".")[0]) for name in os.listdir(originals)
             if name.startswith(kind + "-") and name.endswith(".npz"))
@@ -241,6 +250,7 @@ class Server:
         net = Net(5)
         self.targets = {"keras": keras_target, "keras_tf": keras_target, "fit": keras_target,
                         "module": Target(module), "manager": Target(net)}
+        self.targets["safetensors"] = self.targets["module"]
         self.images, self.targets_data = data(3)
 
     # -- helpers
@@ -261,7 +271,7 @@ class Server:
         op = job["op"]
         base = job["base"]
         target = self.targets[base]
-        prefix_base = base in ("keras", "keras_tf", "module")
+        prefix_base = base in ("keras", "keras_tf", "module", "safetensors")
         out = {"status": "ok"}
         target.reset()
         started = time.monotonic()

@@ -51,6 +51,7 @@ OBJECT_GRAPH_KEY = b"_CHECKPOINTABLE_OBJECT_GRAPH"
 MAGIC = 0xDB4775248B80FB57
 FOOTER_SIZE = 48
 STATE_FILE = "checkpoint"
+SAFETENSORS_FILE = "model.safetensors"
 
 # Outcome classes.
 OK, TYPED, UNTYPED, CRASH, HANG = "ok", "typed", "untyped", "crash", "hang"
@@ -586,15 +587,21 @@ BASES = {
                 "model"),
     "fit": ("callbacks.Checkpointing directory: 2-epoch fit, save every batch, max_to_keep=3",
             "dir", "model"),
+    # issue 31: one file, its tensors named by the module base's object paths
+    "safetensors": ("the module base's values written by the safetensors library",
+                    "file", None),
 }
 PREFIX_BASES = [k for k, v in BASES.items() if v[1] == "prefix"]
 DIR_BASES = [k for k, v in BASES.items() if v[1] == "dir"]
 
 
 def base_prefix(bases: str, kind: str) -> str:
-    """The prefix of a prefix base, or the directory of a directory base."""
+    """The prefix of a prefix base, the directory of a directory base, or the file of a
+    file base."""
     if BASES[kind][1] == "dir":
         return os.path.join(bases, kind)
+    if BASES[kind][1] == "file":
+        return os.path.join(bases, kind, SAFETENSORS_FILE)
     return os.path.join(bases, kind, "ckpt")
 
 
@@ -692,6 +699,7 @@ MUTATIONS: dict[str, Mutation] = {}
 PREFIX_OPS = ("restore", "read_tree", "verify", "plan", "diff", "migrate", "cli_inspect",
               "cli_verify")
 DIR_OPS = ("restore_dir", "verify", "read_tree", "cli_inspect", "resume")
+FILE_OPS = ("restore", "verify", "plan", "migrate", "cli_inspect", "cli_verify")
 TF_OP = "tf_read"  # plain TF, benchmark only
 
 
@@ -1447,6 +1455,229 @@ def _state_dir(ctx):
         f.write(state_text([f"ckpt-{ctx.newest}", "ckpt-99"]))
 
 
+# --- safetensors (issue 31) ---------------------------------------------------------------
+# A safetensors file: 8 bytes (header length N, little-endian), N bytes of JSON, the data.
+# The oracle is the `safetensors` library itself (the reference implementation): a case is
+# equivalent when it reads the file to the original's tensors, bit for bit. The format has no
+# checksums: damage to the data and swapped same-size offsets are undetectable.
+
+def safetensors_equivalent(path: str, original: str) -> bool:
+    """Whether the reference implementation reads `path` as exactly `original`'s tensors."""
+    if os.path.islink(path) or not os.path.isfile(path):
+        return False  # never opened: a FIFO would block
+    from safetensors.numpy import load
+
+    with open(path, "rb") as f, open(original, "rb") as g:
+        raw, reference = f.read(), load(g.read())
+    try:
+        found = load(raw)
+    except Exception:  # the reference implementation refuses it
+        return False
+    return found.keys() == reference.keys() and all(
+        found[k].dtype == reference[k].dtype and found[k].shape == reference[k].shape
+        and found[k].tobytes() == reference[k].tobytes() for k in found)
+
+
+def _st_parts(ctx) -> tuple[dict, bytes]:
+    """(the header as an ordered dict, the data buffer) of the case's file."""
+    with open(ctx.case.target, "rb") as f:
+        raw = f.read()
+    (length,) = struct.unpack("<Q", raw[:8])
+    return json.loads(raw[8:8 + length]), raw[8 + length:]
+
+
+def _st_write(ctx, header, data: bytes, *, length: int | None = None) -> None:
+    text = header if isinstance(header, bytes) else json.dumps(header).encode()
+    with open(ctx.case.target, "wb") as f:
+        f.write(struct.pack("<Q", len(text) if length is None else length) + text + data)
+
+
+def _st_entries(header: dict) -> list[str]:
+    return [k for k in header if k != "__metadata__"]
+
+
+def _st_edit(name, **kw):
+    """A crafted header: `edit(ctx, header, data)` changes them before they are written."""
+    def wrap(fn):
+        def apply(ctx):
+            header, data = _st_parts(ctx)
+            note = fn(ctx, header, data)
+            if note is not None and not isinstance(note, str):
+                header, data, note = note
+            if header is not None:
+                _st_write(ctx, header, data)
+            return note
+        mutation(name, "safetensors", ("safetensors",), FILE_OPS, **kw)(apply)
+        return fn
+    return wrap
+
+
+@mutation("safetensors.header_bytes", "safetensors", ("safetensors",), FILE_OPS, seeds=6)
+def _st_header_bytes(ctx):
+    """1-4 random bytes of the length and header overwritten."""
+    with open(ctx.case.target, "r+b") as f:
+        raw = bytearray(f.read())
+        end = 8 + struct.unpack("<Q", raw[:8])[0]
+        spots = [ctx.rng.randrange(end) for _ in range(ctx.rng.randint(1, 4))]
+        for spot in spots:
+            raw[spot] = ctx.rng.randrange(256)
+        f.seek(0)
+        f.write(raw)
+    return f"bytes {spots} of the header"
+
+
+@mutation("safetensors.data_bytes", "safetensors", ("safetensors",), FILE_OPS, seeds=2,
+          undetectable=True, verify_may_pass=True)
+def _st_data_bytes(ctx):
+    """Data bytes flipped: no checksum can tell (safetensors keeps none)."""
+    with open(ctx.case.target, "r+b") as f:
+        raw = bytearray(f.read())
+        start = 8 + struct.unpack("<Q", raw[:8])[0]
+        spot = ctx.rng.randrange(start, len(raw))
+        raw[spot] ^= 0xFF
+        f.seek(0)
+        f.write(raw)
+    return f"byte {spot}"
+
+
+@mutation("safetensors.truncated", "safetensors", ("safetensors",), FILE_OPS, seeds=3)
+def _st_truncated(ctx):
+    size = os.path.getsize(ctx.case.target)
+    keep = ctx.rng.randrange(size)
+    os.truncate(ctx.case.target, keep)
+    return f"{keep} of {size} bytes kept"
+
+
+@mutation("safetensors.length_huge", "safetensors", ("safetensors",), FILE_OPS)
+def _st_length_huge(ctx):
+    header, data = _st_parts(ctx)
+    _st_write(ctx, header, data, length=2 ** 63 + 5)
+
+
+@mutation("safetensors.length_past_end", "safetensors", ("safetensors",), FILE_OPS)
+def _st_length_past_end(ctx):
+    header, data = _st_parts(ctx)
+    _st_write(ctx, header, data, length=os.path.getsize(ctx.case.target))
+
+
+@mutation("safetensors.length_zero", "safetensors", ("safetensors",), FILE_OPS)
+def _st_length_zero(ctx):
+    header, data = _st_parts(ctx)
+    _st_write(ctx, header, data, length=0)
+
+
+@_st_edit("safetensors.overlap")
+def _st_overlap(ctx, header, data):
+    """The second entry's data starts where the first's does (same size kept)."""
+    names = sorted(_st_entries(header), key=lambda n: header[n]["data_offsets"][0])
+    first, second = names[0], names[1]
+    size = header[second]["data_offsets"][1] - header[second]["data_offsets"][0]
+    begin = header[first]["data_offsets"][0]
+    header[second]["data_offsets"] = [begin, begin + size]
+
+
+@_st_edit("safetensors.past_end")
+def _st_past_end(ctx, header, data):
+    last = max(_st_entries(header), key=lambda n: header[n]["data_offsets"][1])
+    header[last]["data_offsets"][1] += 4
+
+
+@_st_edit("safetensors.terabyte")
+def _st_terabyte(ctx, header, data):
+    """An entry claims 1 TB: a shape of 2^38 float32 and offsets to match."""
+    name = _st_entries(header)[0]
+    header[name].update(shape=[1 << 19, 1 << 19], dtype="F32",
+                        data_offsets=[0, 1 << 40])
+
+
+@_st_edit("safetensors.shape_overflow")
+def _st_shape_overflow(ctx, header, data):
+    """Dimensions whose product overflows 64 bits, offsets unchanged."""
+    header[_st_entries(header)[0]]["shape"] = [1 << 40, 1 << 40, 1 << 40]
+
+
+@_st_edit("safetensors.non_utf8")
+def _st_non_utf8(ctx, header, data):
+    text = json.dumps(header).encode()
+    name = _st_entries(header)[0].encode()
+    return text.replace(name, b"\xff\xfe" + name[2:], 1), data, "a name's first bytes 0xff 0xfe"
+
+
+@_st_edit("safetensors.not_object")
+def _st_not_object(ctx, header, data):
+    return json.dumps(list(header.items())).encode(), data, "the header a JSON array"
+
+
+@_st_edit("safetensors.duplicate_name")
+def _st_duplicate_name(ctx, header, data):
+    """Two entries of one name (the second one's JSON key renamed to the first's)."""
+    names = _st_entries(header)
+    text = json.dumps(header).encode()
+    return (text.replace(json.dumps(names[1]).encode(), json.dumps(names[0]).encode(), 1),
+            data, f"`{names[1]}` renamed `{names[0]}`")
+
+
+@_st_edit("safetensors.bad_dtype")
+def _st_bad_dtype(ctx, header, data):
+    header[_st_entries(header)[0]]["dtype"] = ctx.pick(["F31", "", "f32", "F8", "Q4"])
+
+
+@_st_edit("safetensors.negative_dim")
+def _st_negative_dim(ctx, header, data):
+    name = next(n for n in _st_entries(header) if header[n]["shape"])
+    header[name]["shape"][0] = -header[name]["shape"][0]
+
+
+@_st_edit("safetensors.float_dim")
+def _st_float_dim(ctx, header, data):
+    name = next(n for n in _st_entries(header) if header[n]["shape"])
+    header[name]["shape"][0] = float(header[name]["shape"][0])
+
+
+@_st_edit("safetensors.shape_size_mismatch")
+def _st_shape_size(ctx, header, data):
+    name = next(n for n in _st_entries(header) if header[n]["shape"])
+    header[name]["shape"][0] += 1
+
+
+@_st_edit("safetensors.trailing_bytes")
+def _st_trailing(ctx, header, data):
+    return header, data + b"\0" * 16, "16 bytes after the last tensor"
+
+
+@_st_edit("safetensors.deep_json")
+def _st_deep_json(ctx, header, data):
+    return (b'{"x": ' + b"[" * 200_000 + b"]" * 200_000 + b"}", data,
+            "200,000 nested arrays")
+
+
+@_st_edit("safetensors.swap_same_size", undetectable=True, verify_may_pass=True)
+def _st_swap(ctx, header, data):
+    """Two entries of one dtype and size trade offsets: consistent, and no checksum can tell."""
+    by_size: dict = {}
+    for name in _st_entries(header):
+        begin, end = header[name]["data_offsets"]
+        by_size.setdefault((header[name]["dtype"], end - begin), []).append(name)
+    pairs = [names for names in by_size.values() if len(names) > 1]
+    if not pairs:
+        raise NotApplicable("no two entries of one dtype and size")
+    a, b = pairs[0][:2]
+    header[a]["data_offsets"], header[b]["data_offsets"] = (header[b]["data_offsets"],
+                                                            header[a]["data_offsets"])
+    return f"`{a}` and `{b}` swapped"
+
+
+@mutation("safetensors.fifo", "safetensors", ("safetensors",), FILE_OPS)
+def _st_fifo(ctx):
+    _replace_with_fifo(ctx.case.target)
+
+
+@mutation("safetensors.devzero", "safetensors", ("safetensors",), FILE_OPS)
+def _st_devzero(ctx):
+    os.remove(ctx.case.target)
+    os.symlink("/dev/zero", ctx.case.target)
+
+
 # --- building cases ---------------------------------------------------------------------
 
 def _copy_base(src: str, dst: str) -> None:
@@ -1470,13 +1701,15 @@ def make_case(mutation_name: str, base: str, seed: int, bases: str, root: str) -
         _copy_base(original, target)
     else:
         _copy_base(original, os.path.join(root, base))
-        target = os.path.join(root, base, "ckpt")
+        target = os.path.join(root, base, os.path.basename(original))
     case = Case(m.name, m.group, base, seed, root, target, original,
                 undetectable=m.undetectable, judge_values=m.judge_values,
                 verify_may_pass=m.verify_may_pass)
     rng = random.Random(f"{m.name}/{base}/{seed}")
     case.note = m.apply(Ctx(case, rng)) or ""
-    if BASES[base][1] == "prefix":
+    if BASES[base][1] == "file":
+        case.equivalent = safetensors_equivalent(target, original)
+    elif BASES[base][1] == "prefix":
         case.equivalent = equivalent(target, original)
     else:
         case.intact_before = tuple(sorted(intact_numbers(target, original)))
@@ -1584,7 +1817,7 @@ def _verify_may_pass(case: Case) -> bool:
     """Whether an intact verdict is right: a prefix equivalent to its original; a directory
     whose state file parses and lists only intact checkpoints (stray files are no problem
     of the checkpoints themselves)."""
-    if BASES[case.base][1] == "prefix":
+    if BASES[case.base][1] != "dir":
         return bool(case.equivalent)
     return bool(case.listed) and all(n in case.intact_before for n in case.listed)
 
@@ -1795,7 +2028,8 @@ def plan_cases(*, seed: int = 0, count: int | None = None, bench: bool = False,
         else:
             bases = (m.bases[rotation % len(m.bases)],)
         for base in bases:
-            for s in range(m.seeds if (m.group == "damage" and not bench) else 1):
+            for s in range(m.seeds if (m.group in ("damage", "safetensors") and not bench)
+                           else 1):
                 ops = list(_ops_for(m, base))
                 if not bench and len(ops) > SUITE_OPS:
                     fixed = [o for o in ops if o in _ALWAYS]
@@ -1820,7 +2054,7 @@ def plan_cases(*, seed: int = 0, count: int | None = None, bench: bool = False,
 
 
 def _ops_for(m: Mutation, base: str) -> tuple:
-    allowed = PREFIX_OPS if BASES[base][1] == "prefix" else DIR_OPS
+    allowed = {"prefix": PREFIX_OPS, "dir": DIR_OPS, "file": FILE_OPS}[BASES[base][1]]
     ops = [o for o in m.ops if o in allowed and not (o == "resume" and base != "fit")]
     return tuple(ops) or (("restore_dir",) if BASES[base][1] == "dir" else ("restore",))
 

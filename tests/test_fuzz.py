@@ -25,7 +25,7 @@ import fuzzlib as F
 
 # Seconds one case may take before it counts as a hang (its worker is then replaced).
 TIMEOUT = float(os.environ.get("OBJCKPT_FUZZ_TIMEOUT", "10"))
-GROUPS = ("damage", "index", "graph", "files")
+GROUPS = ("damage", "index", "graph", "files", "safetensors")
 
 
 @pytest.fixture(scope="module")

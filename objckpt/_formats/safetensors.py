@@ -356,10 +356,10 @@ def _named(path: str) -> str | None:
             if os.path.isfile(os.path.join(path, name)):
                 return os.path.join(path, name)
         return None
+    if path.endswith((".safetensors", ".safetensors.index.json")) and os.path.lexists(path):
+        return path  # a FIFO or device by this name too: `read_header` says what it is
     if _bundle.regular_file_problem(path) is not None:
         return None
-    if path.endswith((".safetensors", ".safetensors.index.json")):
-        return path
     try:
         with open(path, "rb") as handle:
             head = handle.read(9)
