@@ -308,6 +308,11 @@ class Rule:
         """The restore direction as today's `(regex, replacement, transform)` rule."""
         return (self.source_regex.pattern, _replacement(self._target_fields), self.transform)
 
+    def __iter__(self):
+        """Unpacks as `regex_rule()`: code that takes `(regex, replacement, transform)` rules
+        takes a Rule as the rule of its restore direction."""
+        return iter(self.regex_rule())
+
     def source_name(self, path: str) -> str | None:
         """The source name of an object path the target matches, else None."""
         found = self.target_regex.match(path)

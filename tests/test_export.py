@@ -547,3 +547,23 @@ def test_a_folder_gets_model_safetensors(tmp_path):
     with pytest.raises(errors.InvalidArgumentError, match="is a directory") as err:
         objckpt.export(module, tmp_path / "x.safetensors")
     assert "Fix:" in str(err.value)
+
+
+def test_rule_sets_feed_restore_on_create_and_load_ensemble(tmp_path):
+    keras = keras_for(flavours.session_flavour())
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, name="classifier")])
+    rules = RuleSet([Rule("classifier.weight", "classifier/kernel", Transpose()),
+                     Rule("classifier.bias", "classifier/bias")])
+    path = objckpt.export(model, tmp_path / "m.safetensors", rules=rules)
+    arrays = safetensors_numpy.load_file(path)
+    source = path if READS_SAFETENSORS else _as_source(arrays)
+    expected = {0: model.weights[0].numpy(), 1: model.weights[1].numpy()}
+    later = keras.Sequential([keras.layers.Dense(3, name="classifier")])  # no variables yet
+    pending = objckpt.restore_on_create(later, source, rules=rules)
+    later.build((None, 4))
+    pending.assert_done()
+    assert_bits(expected, {i: v.numpy() for i, v in enumerate(later.weights)}, "deferred")
+    template = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, name="classifier")])
+    ensemble = objckpt.load_ensemble(template, [source, source], rules=rules)
+    for member in ensemble.members:
+        assert_bits(expected, {i: v.numpy() for i, v in enumerate(member.weights)}, "member")
