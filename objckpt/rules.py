@@ -51,6 +51,11 @@ class Transform:
     def inverse(self) -> Transform:
         raise NotImplementedError
 
+    def output_shape(self, shape: tuple) -> tuple:
+        """The shape `self` makes of a value of `shape` (known dimensions), without the
+        value: export sizes its files before it transforms a byte."""
+        raise NotImplementedError
+
 
 def _is_numpy(value) -> bool:
     import numpy as np
@@ -76,8 +81,7 @@ def _transpose(value, perm):
     return tf.transpose(value, perm=perm)
 
 
-def _check_rank(what: Transform, value, rank: int) -> None:
-    shape = _static_shape(value)
+def _check_rank(what: Transform, shape: tuple | None, rank: int) -> None:
     if shape is not None and len(shape) != rank:
         raise errors.InvalidArgumentError(
             f"{what!r} permutes {rank} axes but received a value of shape {shape} (rank "
@@ -106,8 +110,14 @@ class Transpose(Transform):
 
     def __call__(self, value):
         if self.perm is not None:
-            _check_rank(self, value, len(self.perm))
+            _check_rank(self, _static_shape(value), len(self.perm))
         return _transpose(value, self.perm)
+
+    def output_shape(self, shape: tuple) -> tuple:
+        if self.perm is None:
+            return tuple(reversed(shape))
+        _check_rank(self, tuple(shape), len(self.perm))
+        return tuple(shape[axis] for axis in self.perm)
 
     def inverse(self) -> Transpose:
         if self.perm is None:
@@ -141,8 +151,12 @@ class ConvKernel(Transform):
         return tuple(self.source.index(letter) for letter in self.target)
 
     def __call__(self, value):
-        _check_rank(self, value, len(self.source))
+        _check_rank(self, _static_shape(value), len(self.source))
         return _transpose(value, self.perm)
+
+    def output_shape(self, shape: tuple) -> tuple:
+        _check_rank(self, tuple(shape), len(self.source))
+        return tuple(shape[axis] for axis in self.perm)
 
     def inverse(self) -> ConvKernel:
         return ConvKernel(self.target, self.source)
@@ -171,8 +185,7 @@ class Reshape(Transform):
         object.__setattr__(self, "from_shape", _shape_tuple(self.from_shape, "from_shape"))
         object.__setattr__(self, "to_shape", _shape_tuple(self.to_shape, "to_shape"))
 
-    def __call__(self, value):
-        shape = _static_shape(value)
+    def _check(self, shape: tuple | None) -> None:
         if shape is not None and (len(shape) != len(self.from_shape) or any(
                 want != -1 and got is not None and got != want
                 for want, got in zip(self.from_shape, shape))):
@@ -180,6 +193,30 @@ class Reshape(Transform):
                 f"{self!r} expects a value of shape {self.from_shape} (-1: any) but received "
                 f"one of shape {shape}. Fix: attach it to the rule whose entries have that "
                 "shape, or correct from_shape.")
+
+    def output_shape(self, shape: tuple) -> tuple:
+        shape = tuple(shape)
+        self._check(shape)
+        size = 1
+        for dim in shape:
+            size *= dim
+        known = 1
+        for dim in self.to_shape:
+            known *= dim if dim != -1 else 1
+        if -1 in self.to_shape:
+            if known == 0 or size % known:
+                raise errors.InvalidArgumentError(
+                    f"{self!r} cannot reshape a value of shape {shape} ({size} elements) to "
+                    f"{self.to_shape}. Fix: correct to_shape.")
+            return tuple(size // known if dim == -1 else dim for dim in self.to_shape)
+        if known != size:
+            raise errors.InvalidArgumentError(
+                f"{self!r} cannot reshape a value of shape {shape} ({size} elements) to "
+                f"{self.to_shape} ({known} elements). Fix: correct the shapes.")
+        return self.to_shape
+
+    def __call__(self, value):
+        self._check(_static_shape(value))
         if _is_numpy(value):
             return value.reshape(self.to_shape)
         import tensorflow as tf
@@ -208,6 +245,11 @@ class Chain(Transform):
 
     def inverse(self) -> Chain:
         return Chain(*(inverse_of(t, "Chain") for t in reversed(self.transforms)))
+
+    def output_shape(self, shape: tuple) -> tuple:
+        for transform in self.transforms:
+            shape = transform.output_shape(shape)  # AttributeError: not one of ours
+        return tuple(shape)
 
     def __eq__(self, other):
         return isinstance(other, Chain) and other.transforms == self.transforms

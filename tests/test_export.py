@@ -372,6 +372,8 @@ def test_each_transform_inverts_exactly(transform, shape):
         assert bits(back.numpy()) == bits(value)
         assert bits(transform.inverse()(transform(value))) == bits(value)  # NumPy too
         np.testing.assert_array_equal(np.asarray(transform(value)), out.numpy())
+    assert transform.output_shape(shape) == tuple(out.shape)  # export sizes files by it
+    assert transform.inverse().output_shape(tuple(out.shape)) == shape
     # traced as the plan traces it: the output shape is known from the input spec
     traced = tf.function(transform, autograph=False).get_concrete_function(
         tf.TensorSpec(shape, tf.float32))
@@ -567,3 +569,34 @@ def test_rule_sets_feed_restore_on_create_and_load_ensemble(tmp_path):
     ensemble = objckpt.load_ensemble(template, [source, source], rules=rules)
     for member in ensemble.members:
         assert_bits(expected, {i: v.numpy() for i, v in enumerate(member.weights)}, "member")
+
+
+class _Flip:
+    """A user's transform: exact, with an inverse, without output_shape."""
+
+    def __call__(self, value):
+        return tf.reverse(value, axis=[0])
+
+    def inverse(self):
+        return self
+
+
+def test_a_users_transform_with_an_inverse_exports(tmp_path):
+    module = tf.Module()
+    module.w = tf.Variable(tf.reshape(tf.range(6.0), (3, 2)))
+    rules = RuleSet([Rule("weight", "w", _Flip())])
+    arrays = safetensors_numpy.load_file(
+        objckpt.export(module, tmp_path / "m.safetensors", rules=rules))
+    np.testing.assert_array_equal(arrays["weight"], module.w.numpy()[::-1])
+    fresh = tf.Module()
+    fresh.w = tf.Variable(tf.zeros((3, 2)))
+    objckpt.restore(fresh, _as_source(arrays), rules=rules)
+    assert bits(fresh.w.numpy()) == bits(module.w.numpy())
+
+
+def test_reshape_output_shape_checks_the_element_count():
+    assert Reshape((-1,), (2, -1)).output_shape((6,)) == (2, 3)
+    with pytest.raises(errors.InvalidArgumentError, match="cannot reshape"):
+        Reshape((-1,), (4, -1)).output_shape((6,))
+    with pytest.raises(errors.InvalidArgumentError, match=r"\(8 elements\)"):
+        Reshape((-1,), (2, 4)).output_shape((6,))

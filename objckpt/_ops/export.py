@@ -13,6 +13,7 @@ renamed, the index last.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -46,6 +47,8 @@ DTYPES = {
 RANK = {name: rank for rank, name in enumerate(
     ["BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "I16", "U16", "F16", "BF16", "I32", "U32",
      "F32", "F64", "I64", "U64"])}
+ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2,
+            "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "F64": 8, "I64": 8, "U64": 8}
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 
@@ -117,8 +120,75 @@ def _rule_set(rules):
         "transform).")
 
 
+@dataclasses.dataclass
+class _Tensor:
+    """One tensor to write: its value is transformed (by `inverse`) when it is written."""
+
+    name: str
+    shown: str  # the variable's path, for messages
+    value: object  # the variable's value (a tf.Tensor sharing its buffer)
+    inverse: object  # the rule's inverse transform, or None
+    rule: object
+    dtype: str  # TF's dtype name (transforms keep it)
+    shape: tuple  # after the transform
+
+    @property
+    def nbytes(self) -> int:
+        count = 1
+        for dim in self.shape:
+            count *= dim
+        return count * ITEMSIZE[DTYPES[self.dtype]]
+
+    def array(self, path: str) -> np.ndarray:
+        value = self.value
+        if self.inverse is not None:
+            value = _transformed(self.inverse, value, self.shown, self.rule, path)
+        array = np.asarray(value.numpy() if hasattr(value, "numpy") else value)
+        if array.dtype.byteorder == ">":
+            array = array.astype(array.dtype.newbyteorder("<"))
+        if tuple(array.shape) != self.shape or array.dtype.name != self.dtype:
+            raise errors.InvalidArgumentError(
+                f"{self.rule!r}: the inverse transform of `{self.shown}` returned a "
+                f"{array.dtype.name}{tuple(array.shape)} value; its output_shape said "
+                f"{self.dtype}{self.shape}. Nothing was written to `{_render.safe(path)}`. "
+                "Fix: make the transform's output_shape agree with what it returns.",
+                source=path)
+        return array if array.flags.c_contiguous else array.copy()  # 0-d stays 0-d
+
+
+def _transformed(inverse, value, shown: str, rule, path: str):
+    try:
+        return inverse(value)
+    except Exception as err:  # a user's transform may raise anything (TF's errors)
+        raise errors.InvalidArgumentError(
+            f"{rule!r}: the inverse transform fails on `{shown}` of shape "
+            f"{tuple(value.shape)}: {_render.first_line(err)}. Nothing was written to "
+            f"`{_render.safe(path)}`. Fix: attach the transform to the rule whose variables "
+            "have the shape it expects.", source=path) from err
+
+
+def _tensor(name, shown, value, inverse, rule, dtype, path) -> _Tensor:
+    """The tensor to write; its shape from the transform's `output_shape` (objckpt.rules'
+    transforms), so the value is transformed only when written, one tensor at a time.
+    Other transforms are applied now."""
+    shape = tuple(int(d) for d in value.shape)
+    if inverse is not None:
+        try:
+            shape = tuple(inverse.output_shape(shape))
+        except (AttributeError, NotImplementedError):  # not one of ours: transform it now
+            value, inverse = _transformed(inverse, value, shown, rule, path), None
+            shape = tuple(int(d) for d in value.shape)
+        except errors.ObjckptError as err:
+            raise errors.InvalidArgumentError(
+                f"{rule!r}: the inverse transform fails on `{shown}` of shape "
+                f"{tuple(value.shape)}: {_render.first_line(err)}. Nothing was written to "
+                f"`{_render.safe(path)}`. Fix: attach the transform to the rule whose "
+                "variables have the shape it expects.", source=path) from err
+    return _Tensor(name, shown, value, inverse, rule, dtype, shape)
+
+
 def _entries(obj, snap, rule_set, strict: bool, optimizer_state, path: str) -> dict:
-    """{name: value} in object-path order, renamed and transformed by the rules.
+    """{name: _Tensor} in object-path order, renamed and transformed by the rules.
 
     A variable's default name is its path through the layers where it has one (a trained
     Keras 3 model's canonical path may run through its optimizer), else its object path."""
@@ -167,16 +237,7 @@ def _entries(obj, snap, rule_set, strict: bool, optimizer_state, path: str) -> d
                 "(a placeholder for what differs), or put the more specific rule "
                 "first.", source=path)
         origin[name] = (shown, rule)
-        if inverse is not None:
-            try:
-                value = inverse(value)
-            except Exception as err:  # a user's transform may raise anything (TF's errors)
-                raise errors.InvalidArgumentError(
-                    f"{rule!r}: the inverse transform fails on `{shown}` of shape "
-                    f"{tuple(value.shape)}: {_render.first_line(err)}. Nothing was "
-                    f"written. Fix: attach the transform to the rule whose variables "
-                    "have the shape it expects.", source=path) from err
-        out[name] = value
+        out[name] = _tensor(name, shown, value, inverse, rule, dtype, path)
     if strict and unmatched:
         listed = [f"`{_render.safe(k)}`" for k in unmatched]
         raise errors.StructureMismatchError(
@@ -188,27 +249,20 @@ def _entries(obj, snap, rule_set, strict: bool, optimizer_state, path: str) -> d
     return out
 
 
-def _array(value) -> np.ndarray:
-    array = np.asarray(value.numpy() if hasattr(value, "numpy") else value)
-    if array.dtype.byteorder == ">":
-        array = array.astype(array.dtype.newbyteorder("<"))
-    return array if array.flags.c_contiguous else array.copy()  # 0-d stays 0-d
-
-
-def _file_bytes(arrays: dict, metadata: dict) -> tuple[bytes, list]:
-    """(header bytes, arrays in data order), as the reference writer lays them out: the
+def _header(tensors: dict, metadata: dict) -> tuple[bytes, list]:
+    """(header bytes, tensors in data order), as the reference writer lays them out: the
     tensors sorted by dtype (`RANK`, widest first) then name, the header listing them in
     that order after `__metadata__`, compact JSON padded with spaces to 8 bytes."""
-    order = sorted(arrays, key=lambda n: (-RANK[DTYPES[arrays[n].dtype.name]], n))
+    order = sorted(tensors, key=lambda n: (-RANK[DTYPES[tensors[n].dtype]], n))
     header, start = {"__metadata__": metadata}, 0
     for name in order:
-        array = arrays[name]
-        header[name] = {"dtype": DTYPES[array.dtype.name], "shape": list(array.shape),
-                        "data_offsets": [start, start + array.nbytes]}
-        start += array.nbytes
+        tensor = tensors[name]
+        header[name] = {"dtype": DTYPES[tensor.dtype], "shape": list(tensor.shape),
+                        "data_offsets": [start, start + tensor.nbytes]}
+        start += tensor.nbytes
     text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     text += b" " * ((8 - len(text) % 8) % 8)
-    return len(text).to_bytes(8, "little") + text, [arrays[n] for n in order]
+    return len(text).to_bytes(8, "little") + text, [tensors[n] for n in order]
 
 
 def _shards(arrays: dict, limit: int | None) -> list[dict]:
@@ -230,11 +284,14 @@ def _temp(path: str) -> str:
     return os.path.join(directory, f".{name}.tmp-{uuid.uuid4().hex[:12]}")
 
 
-def _write_file(path: str, arrays: dict, metadata: dict) -> None:
-    header, ordered = _file_bytes(arrays, metadata)
+def _write_file(path: str, tensors: dict, metadata: dict, shown: str) -> None:
+    """One safetensors file; each tensor transformed, written and let go in turn (peak
+    memory near the largest tensor, not the model)."""
+    header, ordered = _header(tensors, metadata)
     with open(path, "wb") as f:
         f.write(header)
-        for array in ordered:
+        for tensor in ordered:
+            array = tensor.array(shown)
             if array.size:
                 f.write(array.reshape(-1).view(np.uint8))
 
@@ -253,7 +310,7 @@ def _remove(path: str) -> None:
         os.remove(path)
 
 
-def _write(directory: str, stem: str, shards: list[dict], metadata: dict) -> str:
+def _write(directory: str, stem: str, shards: list[dict], metadata: dict, shown: str) -> str:
     """Writes the files under temporary names, then renames them: the old index is removed
     first (it never describes new shards), stale shards next, the new index last."""
     single = len(shards) == 1
@@ -267,7 +324,7 @@ def _write(directory: str, stem: str, shards: list[dict], metadata: dict) -> str
     index_temp = None
     try:
         for temp, arrays in zip(temps, shards):
-            _write_file(temp, arrays, metadata)
+            _write_file(temp, arrays, metadata, shown)
         if not single:
             weight_map = {name: file for file, arrays in zip(names, shards) for name in arrays}
             index = {"metadata": {"total_size": sum(a.nbytes for s in shards
@@ -358,11 +415,10 @@ def export(obj, path, *, rules=None, strict: bool = True, optimizer_state="auto"
             f"Nothing to export to `{_render.safe(path)}`: {_checks.describe_obj(obj)} has no "
             "variables to write. Fix: build the model (call it on a batch, or "
             "model.build(shape)) before exporting it.", source=path)
-    arrays = {name: _array(value) for name, value in values.items()}
     try:
         if directory:
             os.makedirs(directory, exist_ok=True)
-        return _write(directory, stem, _shards(arrays, limit), header_metadata)
+        return _write(directory, stem, _shards(values, limit), header_metadata, path)
     except OSError as err:
         raise errors.CheckpointWriteError(
             f"Cannot write safetensors to `{_render.safe(path)}`: {_render.first_line(err)}. "
