@@ -209,6 +209,47 @@ def test_restore_on_create_ensemble_and_migrate(tmp_path):
     assert back.encoder.bias.numpy().tobytes() == files[1][1]["encoder/bias"].tobytes()
 
 
+def _diff_pair(tmp_path):
+    """(a TF checkpoint of a tf.Module, a safetensors file of the same values under its
+    object paths, {path: (spec dtype, shape, bytes)})."""
+    module = tf.Module()
+    module.f32 = tf.Variable(np.arange(6, dtype=np.float32).reshape(2, 3))
+    module.bf16 = tf.Variable(tf.constant([1.5, -2.0, float("nan")], tf.bfloat16))
+    module.counts = tf.Variable(np.array([-3, 2 ** 40], np.int64))
+    module.flags = tf.Variable([True, False])
+    prefix = objckpt.save(module, str(tmp_path / "ckpt" / "model"))
+    tensors = {path: (v.dtype.name, tuple(v.shape), v.numpy().tobytes())
+               for path, v in objckpt.tree(module).items()}
+    return prefix, _save(tmp_path / "same.safetensors", tensors), tensors
+
+
+def test_diff_against_a_tf_checkpoint(tmp_path):
+    prefix, same, tensors = _diff_pair(tmp_path)
+    from objckpt._inspect import diff as _diff
+
+    result = _diff.diff(same, prefix)
+    assert result.same and result.equal == 4, result
+    changed = dict(tensors)
+    dtype, shape, raw = changed["bf16"]
+    changed["bf16"] = (dtype, shape, raw[:2] + struct.pack("<H", 0x4000) + raw[4:])  # 2.0
+    other = _save(tmp_path / "other.safetensors", changed)
+    result = _diff.diff(other, prefix)
+    assert [(d.path, d.max_abs_diff, d.differing) for d in result.values] == [("bf16", 4.0, 1)]
+    assert result.equal == 3
+
+
+@pytest.mark.subprocess
+def test_cli_diff_without_tensorflow(tmp_path):
+    prefix, same, tensors = _diff_pair(tmp_path)
+    shown = run_cli("diff", same, prefix)
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    changed = dict(tensors)
+    changed["counts"] = ("int64", (2,), struct.pack("<2q", -3, 7))
+    other = _save(tmp_path / "other.safetensors", changed)
+    shown = run_cli("diff", other, prefix)
+    assert shown.returncode == 1 and "counts" in shown.stdout, shown.stdout + shown.stderr
+
+
 # --- crafted headers -------------------------------------------------------------------
 
 def _raw(header, data: bytes = b"", *, length: int | None = None) -> bytes:
@@ -359,7 +400,7 @@ def test_mutated_headers_give_typed_errors_or_exact_values(tmp_path):
 # --- the command line, without TensorFlow ------------------------------------------------
 
 @pytest.mark.subprocess
-def test_cli_inspect_and_verify_without_tensorflow(every_dtype, tmp_path):
+def test_cli_inspect_graph_and_verify_without_tensorflow(every_dtype, tmp_path):
     path, expected = every_dtype
     shown = run_cli("inspect", path)
     assert shown.returncode == 0, shown.stderr
@@ -371,6 +412,8 @@ def test_cli_inspect_and_verify_without_tensorflow(every_dtype, tmp_path):
     assert listed.returncode == 0, listed.stderr
     document = json.loads(listed.stdout)
     assert sorted(v["path"] for v in document["variables"]) == sorted(expected)
+    drawn = run_cli("graph", path)
+    assert drawn.returncode == 0 and "bf16" in drawn.stdout, drawn.stderr
     checked = run_cli("verify", path)
     assert checked.returncode == 0, checked.stderr
     assert f"OK: {path}: {len(expected)} tensors" in checked.stdout

@@ -45,8 +45,9 @@ from objckpt._base import paths as _paths
 from objckpt._base import render as _render
 from objckpt._bundle import index as _bundle
 
-__all__ = ["DTYPES", "INDEX_NAME", "MAX_HEADER", "MAX_RANK", "SINGLE_NAME", "Header", "Tensor",
-           "check", "listing", "read_header", "read_model", "recognise", "source_fields"]
+__all__ = ["DTYPES", "INDEX_NAME", "MAX_HEADER", "MAX_RANK", "SINGLE_NAME", "Header", "Model",
+           "Tensor", "check", "listing", "read_array", "read_header", "read_model", "recognise",
+           "source_fields"]
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -421,15 +422,33 @@ def read_model(path: str) -> Model | None:
 
 
 def _numpy(dtype: str):
-    """The NumPy dtype of a safetensors dtype that NumPy (or ml_dtypes) reads per element."""
+    """The NumPy dtype of a safetensors dtype that NumPy (or ml_dtypes) reads per element,
+    or None (the 4- and 6-bit floats; an ml_dtypes too old to know it)."""
     import numpy as np
 
     name = DTYPES[dtype][1]
     if name in _ML_DTYPES:
         import ml_dtypes
 
-        return np.dtype(getattr(ml_dtypes, name))
-    return np.dtype(name)
+        found = getattr(ml_dtypes, name, None)
+        return None if found is None else np.dtype(found)
+    return np.dtype(name) if name else None
+
+
+def read_array(model: Model, name: str):
+    """One tensor's values as a read-only NumPy array over the file's memory map (no copy):
+    of its dtype's NumPy or ml_dtypes type in its shape, or its raw bytes (uint8, flat) where
+    neither has the type. TF-free.
+
+    Raises:
+      CheckpointCorruptError: the file changed since its header was read.
+    """
+    tensor = model.tensors[name]
+    as_dtype = _numpy(tensor.dtype)
+    with _Mapped(model) as mapped:
+        if as_dtype is None:
+            return mapped.view(tensor, "u1", flat=True)
+        return mapped.view(tensor, as_dtype)
 
 
 class _Mapped:
@@ -446,17 +465,19 @@ class _Mapped:
     def __exit__(self, *exc):
         self.maps.clear()  # views that outlive this keep their map alive (NumPy holds it)
 
-    def view(self, tensor: Tensor, as_dtype):
-        """A read-only NumPy view of `tensor`'s bytes as `as_dtype`, in its shape."""
+    def view(self, tensor: Tensor, as_dtype, *, flat: bool = False):
+        """A read-only NumPy view of `tensor`'s bytes as `as_dtype`, in its shape (`flat`:
+        one dimension)."""
         import numpy as np
 
+        shape = (tensor.nbytes // np.dtype(as_dtype).itemsize,) if flat else tensor.shape
         if tensor.nbytes == 0:
-            return np.zeros(tensor.shape, as_dtype)
+            return np.zeros(shape, as_dtype)
         buffer = self.maps.get(tensor.file)
         if buffer is None:
             buffer = self.maps[tensor.file] = self._map(tensor.file)
         count = tensor.nbytes // np.dtype(as_dtype).itemsize
-        return np.frombuffer(buffer, as_dtype, count, tensor.begin).reshape(tensor.shape)
+        return np.frombuffer(buffer, as_dtype, count, tensor.begin).reshape(shape)
 
     def _map(self, path: str):
         try:
@@ -522,13 +543,14 @@ def listing(path: str) -> dict | None:
     """The file's tensors as variables for `_meta.read` (TF-free), or None.
 
     Each variable is (name, name, shape, dtype, name, ""): the dtype a TF DataType enum, or
-    for a dtype TF lacks a (0, ml_dtypes name, bytes per element) triple.
+    for a dtype TF lacks a (0, ml_dtypes name, bytes per element) triple. `read(name)` gives
+    a tensor's values (`read_array`), for `diff`.
     """
     model = read_model(path)
     if model is None:
         return None
     return {"prefix": model.path, "notes": model.notes, "index": None, "graph": None,
-            "description": model.description,
+            "description": model.description, "read": lambda name: read_array(model, name),
             "variables": [(name, name, t.shape, _listed_dtype(t.dtype), name, "")
                           for name, t in model.tensors.items()]}
 

@@ -1,7 +1,8 @@
 """Per-path differences between two checkpoints.
 
 `diff(a, b)` compares two checkpoints entry by entry: object-based ones by
-object path, name-based (TF1 `Saver`) ones by global variable name. Shapes
+object path, name-based (TF1 `Saver`) ones by global variable name, a safetensors
+file by its tensor names (an obj's object paths when it was written by them). Shapes
 and dtypes are compared from metadata first; values are then read one pair of
 tensors at a time and compared with NumPy in bounded chunks, so memory stays
 near the largest tensor, never the whole checkpoints.
@@ -126,11 +127,12 @@ class _Side:
 
 def _open(source, label: str, notes: list) -> _Side:
     meta = _meta.read(source)
-    if meta.index is None:  # a file of another format read without TF (Keras HDF5)
+    if meta.index is None and meta.read is None:  # another format read without TF (HDF5)
         raise errors.UnsupportedFormatError(
             f"diff compares TF checkpoints; {label} is {_render.safe_text(meta.description)}. "
-            "Fix: write it as a checkpoint first (objckpt.migrate(model, source, prefix), or "
-            "objckpt migrate SOURCE OUT --template MODULE:CALLABLE) and diff that.")
+            "(safetensors files are compared too.) Fix: write it as a checkpoint first "
+            "(objckpt.migrate(model, source, prefix), or objckpt migrate SOURCE OUT "
+            "--template MODULE:CALLABLE) and diff that.")
     notes.extend(f"{label}: {note}" for note in meta.notes)
     entries = {path: (v.shape, v.dtype, v.key) for path, v in meta.items()
                if path not in _BOOKKEEPING}
@@ -170,6 +172,11 @@ _INTEGERS = frozenset({"int8", "int16", "int32", "int64", "uint8", "uint16", "ui
 
 def _read(side: _Side, path: str, key: str):
     """The values of one tensor as a flat-able NumPy array (objects for strings)."""
+    if side.meta.index is None:  # a format that reads its own values (safetensors)
+        values = side.meta.read(key)
+        if side.meta[path].dtype.name == "bfloat16":  # widened, as a checkpoint's are
+            return (values.view("<u2").astype(np.uint32) << 16).view(np.float32)
+        return values
     index = side.meta.index
     entry = index.entries[key]
     name = _meta.dtype(entry.dtype).name

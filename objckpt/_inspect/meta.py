@@ -86,16 +86,20 @@ class Metadata(Mapping):
       graph: the decoded object graph (`_objgraph.Graph`), None when name-based.
     """
 
-    __slots__ = ("_items", "description", "graph", "index", "local", "notes", "prefix")
+    __slots__ = ("_items", "description", "graph", "index", "local", "notes", "prefix", "read")
 
     def __init__(self, items: dict, prefix: str, notes: tuple, index, graph,
-                 description: str = ""):
+                 description: str = "", read=None):
         self._items, self.notes = items, notes
         self.prefix, self.local = _remote.shown(prefix), prefix
         self.index, self.graph = index, graph
         # What the file is when it is no TF checkpoint ("Keras 3 weights file `w.weights.h5`"),
         # from the format's reader; "" for checkpoints.
         self.description = description
+        # `read(key)`: a tensor's values as NumPy, for a format that gives them without TF
+        # (safetensors), so `diff` compares it; None for the others (TF checkpoints are read
+        # from their index).
+        self.read = read
 
     def __getitem__(self, path: str) -> Variable:
         return self._items[path]
@@ -139,7 +143,8 @@ def read(source: str | os.PathLike) -> Metadata:
     return Metadata({v[0]: Variable(v[0], v[1], v[2], dtype(v[3]) if isinstance(v[3], int)
                                     else DType(*v[3]), v[4], v[5])
                      for v in found["variables"]}, found["prefix"], tuple(found["notes"]),
-                    found["index"], found["graph"], found.get("description", ""))
+                    found["index"], found["graph"], found.get("description", ""),
+                    found.get("read"))
 
 
 def _checkpoint(source: str) -> Metadata:
