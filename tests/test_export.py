@@ -600,3 +600,26 @@ def test_reshape_output_shape_checks_the_element_count():
         Reshape((-1,), (4, -1)).output_shape((6,))
     with pytest.raises(errors.InvalidArgumentError, match=r"\(8 elements\)"):
         Reshape((-1,), (2, 4)).output_shape((6,))
+
+
+def test_keras_hubs_loader_reads_a_sharded_export(tmp_path):
+    """keras-hub's own reader of Hugging Face folders (its `from_preset` importers use it)
+    finds every tensor of a sharded export through the index."""
+    pytest.importorskip("keras_hub")
+    from keras_hub.src.utils.transformers.safetensor_utils import SafetensorLoader
+
+    keras = keras_for("keras3")
+    model = _torch_like(keras)
+    index = objckpt.export(model, tmp_path / "hf", rules=TORCH_RULES, max_shard_size=300)
+    with open(index, encoding="utf-8") as f:
+        weight_map = json.load(f)["weight_map"]
+    assert len(set(weight_map.values())) >= 3
+    expected = _load_dir(index)
+    with SafetensorLoader(str(tmp_path / "hf")) as loader:
+        for name in weight_map:
+            assert bits(loader.get_tensor(name)) == bits(expected[name])
+        fresh = _torch_like(keras)
+        loader.port_weight(fresh.get_layer("classifier").kernel, "classifier.weight",
+                           hook_fn=lambda tensor, shape: np.transpose(tensor))
+    np.testing.assert_array_equal(fresh.get_layer("classifier").kernel.numpy(),
+                                  model.get_layer("classifier").kernel.numpy())
