@@ -250,6 +250,18 @@ def test_cli_diff_without_tensorflow(tmp_path):
     assert shown.returncode == 1 and "counts" in shown.stdout, shown.stdout + shown.stderr
 
 
+def test_bool_bytes_other_than_0_and_1_read_as_true(tmp_path):
+    """A BOOL byte of 2 or 255 (the format does not forbid them) is True, a proper one."""
+    path = tmp_path / "flags.safetensors"
+    path.write_bytes(_raw({"flags": _entry("BOOL", (4,), (0, 4))}, b"\x00\x01\x02\xff"))
+    module = tf.Module()
+    module.flags = tf.Variable([True, False, False, False])
+    objckpt.restore(module, str(path))
+    assert module.flags.numpy().view(np.uint8).tolist() == [0, 1, 1, 1]
+    read = _st.read_array(_st.read_model(str(path)), "flags")
+    assert read.view(np.uint8).tolist() == [0, 1, 1, 1]
+
+
 # --- crafted headers -------------------------------------------------------------------
 
 def _raw(header, data: bytes = b"", *, length: int | None = None) -> bytes:

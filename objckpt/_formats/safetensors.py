@@ -448,6 +448,8 @@ def read_array(model: Model, name: str):
     with _Mapped(model) as mapped:
         if as_dtype is None:
             return mapped.view(tensor, "u1", flat=True)
+        if tensor.dtype == "BOOL":  # any byte but 0 is True, as `source_fields` reads it
+            return mapped.view(tensor, "u1") != 0
         return mapped.view(tensor, as_dtype)
 
 
@@ -527,6 +529,8 @@ def source_fields(path: str) -> dict | None:
                 if numpy_name in _BITCAST:  # exact bits, whatever TF's NumPy types are
                     raw = mapped.view(tensor, _BITCAST[numpy_name])
                     out.append(tf.bitcast(tf.constant(raw), getattr(tf, tf_name)))
+                elif tensor.dtype == "BOOL":  # any byte but 0 is True (never a stray bit)
+                    out.append(tf.constant(mapped.view(tensor, "u1") != 0))
                 else:
                     out.append(tf.constant(mapped.view(tensor, _numpy(tensor.dtype))))
         return out
