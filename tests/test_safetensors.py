@@ -250,6 +250,23 @@ def test_cli_diff_without_tensorflow(tmp_path):
     assert shown.returncode == 1 and "counts" in shown.stdout, shown.stdout + shown.stderr
 
 
+def test_sub_byte_dtypes_listed_verified_and_sized_whole(tmp_path):
+    """6- and 4-bit floats: listed with fractional sizes, verified, not offered to TF; a
+    tensor whose bits do not fill whole bytes is refused."""
+    path = tmp_path / "small.safetensors"
+    path.write_bytes(_raw({"six": _entry("F6_E2M3", (4,), (0, 3)),
+                           "four": _entry("F4", (2, 3), (3, 6))}, bytes(range(6))))
+    listed = _meta.read(str(path))
+    assert (listed["six"].nbytes, listed["four"].nbytes) == (3, 3)
+    assert _verify.verify(str(path)).tensors == 2
+    fields = _st.source_fields(str(path))
+    assert fields["specs"] == {} and "F4, F6_E2M3" in fields["notes"][-1]
+    assert _st.read_array(_st.read_model(str(path)), "six").tolist() == [0, 1, 2]
+    path.write_bytes(_raw({"four": _entry("F4", (3,), (0, 2))}, bytes(2)))
+    with pytest.raises(errors.CheckpointCorruptError, match=r"1\.5 bytes, but its data_offsets"):
+        _st.read_header(str(path))
+
+
 def test_bool_bytes_other_than_0_and_1_read_as_true(tmp_path):
     """A BOOL byte of 2 or 255 (the format does not forbid them) is True, a proper one."""
     path = tmp_path / "flags.safetensors"
