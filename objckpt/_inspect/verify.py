@@ -119,7 +119,10 @@ def verify(source) -> VerifyReport:
         checked, and the state file itself; without a state file, every
         checkpoint in it, as `objckpt.save` writes them), or a SavedModel directory (its
         `saved_model.pb` against its checkpoint `variables/variables`, then
-        that checkpoint).
+        that checkpoint), or a file of another format: Keras HDF5 files and
+        safetensors files (a `.safetensors`, a `model.safetensors.index.json` and
+        its shards, or a folder holding either) have no checksums: their headers
+        are checked and every tensor read once (`VerifyReport.checked` says so).
 
     Returns:
       A `VerifyReport`; `.ok` is True when nothing is wrong, `.problems` lists
