@@ -1,0 +1,43 @@
+"""Rules that convert both ways, and layout transforms with exact inverses.
+
+A `Rule(source, target, transform)` names a source entry (as a file other than
+objckpt's writes it, e.g. a Hugging Face safetensors name) and the object path
+it feeds, with `{name}` placeholders that stand for one name segment on both
+sides (no `/` and no `.` inside). A `RuleSet` of them is accepted wherever
+`rules=` is (`restore`, `plan`, `migrate`, `restore_on_create`,
+`load_ensemble`): each rule becomes the anchored regex rule
+`(^source$, target, transform)`, so the usual rule semantics hold (the first
+rule that matches a source key rewrites it; keys no rule matches stay as they
+are). `objckpt.export` applies the same set the other way: each object path is
+renamed by the first rule whose target matches it and its value goes through
+the transform's inverse.
+
+Transforms (`Transpose`, `ConvKernel`, `Reshape`, `Chain`) are callables on a
+`tf.Tensor` (or a NumPy array) that move bytes without arithmetic, so a round
+trip through a transform and its `inverse()` is bit-exact.
+
+Example:
+    >>> rules = objckpt.rules.RuleSet([
+    ...     Rule("model.layers.{i}.mlp.up_proj.weight", "layers/{i}/up/kernel", Transpose()),
+    ...     Rule("model.layers.{i}.mlp.up_proj.bias", "layers/{i}/up/bias"),
+    ... ])
+    >>> objckpt.restore(model, "hf/model.safetensors", rules=rules)
+    >>> objckpt.export(model, "out/model.safetensors", rules=rules)
+
+Rule sets for Hugging Face checkpoints ship with the library:
+`objckpt.rules.huggingface("llama")`, or `huggingface("path/to/hf_dir")` which reads the
+folder's `config.json` (`model_type`, and the sizes a set needs) as data.
+
+Layout: `core` (the rules and transforms; it imports only `objckpt.errors`, and TensorFlow
+or NumPy only when a transform runs) and `huggingface` (the choice of a set), with one
+module per architecture (`hf_<name>`) that imports only `core`. The planning layer imports
+this package; this package imports nothing of objckpt above `errors`.
+"""
+
+from __future__ import annotations
+
+from objckpt.rules.core import Chain, ConvKernel, Reshape, Rule, RuleSet, Transform, Transpose
+from objckpt.rules.huggingface import huggingface, supported
+
+__all__ = ["Chain", "ConvKernel", "Reshape", "Rule", "RuleSet", "Transform", "Transpose",
+           "huggingface", "supported"]

@@ -1,0 +1,82 @@
+"""Rule sets mapping Hugging Face checkpoints to keras-hub backbones, both ways.
+
+Each supported architecture has a module `hf_<name>` with `MODEL_TYPES` (the `model_type`
+values of a Hugging Face `config.json` it covers) and `rules(config) -> RuleSet`, where
+`config` is that `config.json` as a dict (sizes such as the number of heads decide the
+reshapes). `huggingface(name_or_folder)` picks one by name or by the folder's `config.json`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+
+from objckpt import errors
+from objckpt.rules import core as _core
+
+__all__ = ["huggingface", "supported"]
+
+# model_type -> the module holding its rule set (filled as sets are added).
+_MODULES: dict[str, str] = {}
+_CONFIG_LIMIT = 1 << 20  # bytes of config.json read
+
+
+def supported() -> list[str]:
+    """The `model_type` names a rule set exists for."""
+    return sorted(_MODULES)
+
+
+def _read_config(folder: str) -> dict:
+    path = os.path.join(folder, "config.json")
+    try:
+        with open(path, "rb") as f:
+            data = f.read(_CONFIG_LIMIT + 1)
+    except OSError as err:
+        raise errors.InvalidArgumentError(
+            f"huggingface({folder!r}) reads the folder's `config.json` to choose a rule set; "
+            f"it cannot be read: {err}. Fix: pass the architecture's name, e.g. "
+            f"objckpt.rules.huggingface('llama', config={{...}}).", source=folder) from err
+    if len(data) > _CONFIG_LIMIT:
+        raise errors.InvalidArgumentError(
+            f"`{path}` is larger than {_CONFIG_LIMIT:,} bytes; expected a Hugging Face "
+            "config.json. Fix: pass the architecture's name and its config as a dict.",
+            source=path)
+    try:
+        config = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as err:
+        raise errors.InvalidArgumentError(
+            f"`{path}` is not JSON ({err}). Expected a Hugging Face config.json. Fix: pass "
+            "the architecture's name and its config as a dict.", source=path) from err
+    if not isinstance(config, dict):
+        raise errors.InvalidArgumentError(
+            f"`{path}` holds a {type(config).__name__}; expected a JSON object. Fix: pass "
+            "the architecture's name and its config as a dict.", source=path)
+    return config
+
+
+def huggingface(name_or_folder: str, *, config: dict | None = None) -> _core.RuleSet:
+    """The rule set between a Hugging Face checkpoint and its keras-hub backbone.
+
+    Args:
+      name_or_folder: a `model_type` (`"llama"`, `"gpt2"`, ...), or a folder holding a
+        Hugging Face `config.json` (its `model_type` chooses, its sizes configure).
+      config: the config as a dict, when a name is given (sizes the set needs).
+
+    Raises:
+      InvalidArgumentError: no rule set for that model type (the supported ones are named),
+        or a config that cannot be read.
+    """
+    name = str(name_or_folder)
+    if os.path.isdir(name):
+        config = _read_config(name)
+        model_type = str(config.get("model_type", ""))
+    else:
+        model_type = name
+    module = _MODULES.get(model_type.lower())
+    if module is None:
+        raise errors.InvalidArgumentError(
+            f"No Hugging Face rule set for model type {model_type!r}. Supported: "
+            f"{', '.join(supported()) or 'none yet'}. Fix: pass one of them, or write the "
+            "rules with objckpt.rules.Rule (objckpt.plan(model, source) proposes some).")
+    return importlib.import_module(module).rules(dict(config or {}))
