@@ -208,6 +208,8 @@ def _entries(obj, snap, rule_set, strict: bool, optimizer_state, path: str) -> d
         name, inverse, rule = own, None, None
         if rule_set is not None:
             found = rule_set.export_name(own, *aliases)
+            if found is None and strict and key in targets.rng:
+                continue  # a Keras SeedGenerator's state: no weight (restore leaves it as is)
             if found is None:
                 unmatched.append(own)
                 if strict:

@@ -18,7 +18,10 @@ from objckpt.rules import core as _core
 __all__ = ["huggingface", "supported"]
 
 # model_type -> the module holding its rule set (filled as sets are added).
-_MODULES: dict[str, str] = {}
+_MODULES: dict[str, str] = {
+    "bert": "objckpt.rules.hf_bert",
+    "vit": "objckpt.rules.hf_vit",
+}
 _CONFIG_LIMIT = 1 << 20  # bytes of config.json read
 
 

@@ -1,0 +1,97 @@
+"""Hugging Face ViT (`ViTModel`, `ViTForImageClassification`) <-> keras-hub's `ViTBackbone`.
+
+Names and layouts follow keras-hub's own importer (`convert_vit.py`): the patch projection
+is a torch `Conv2d` kernel (out, in, h, w) <-> a Keras `Conv2D` kernel (h, w, in, out); a
+`Linear` weight (out, in) is a Keras kernel (in, out); query/key/value (hidden, hidden) <->
+(hidden, heads, head_dim), their biases (hidden,) <-> (heads, head_dim), the attention output
+(hidden, hidden) <-> (heads, head_dim, hidden); the position embeddings (1, patches + 1,
+hidden) <-> (patches + 1, hidden). keras-hub names its encoder blocks from 1
+(`transformer_block_1`), so targets are object paths (`operations/2/encoder_layers/0/mha/
+query_dense/kernel`: the encoder is the backbone's third layer), which restore matches and
+export names.
+
+Restore accepts the names with or without the `vit.` prefix (`ViTForImageClassification`
+saves them under `vit.`, `ViTModel` bare); export writes `vit.`, the form keras-hub's
+importer reads. `ViTModel`'s pooler and the classifier have no backbone variable.
+"""
+
+from __future__ import annotations
+
+from objckpt.rules.core import Chain, ConvKernel, Reshape, Rule, RuleSet, Transpose
+
+__all__ = ["MODEL_TYPES", "rules"]
+
+MODEL_TYPES = ("vit",)
+PREFIXES = ("vit.", "")  # the first is what export writes
+EMBEDDING = "operations/1"  # ViTPatchingAndEmbedding
+ENCODER = "operations/2"  # ViTEncoder
+
+
+def _size(config: dict, key: str) -> int:
+    value = config.get(key)
+    if type(value) is not int or value <= 0:
+        from objckpt import errors
+
+        raise errors.InvalidArgumentError(
+            f"The ViT rule set needs `{key}` (a positive int) from the Hugging Face config; "
+            f"received {value!r}. Fix: pass the checkpoint's folder (its config.json), or "
+            f"config={{'hidden_size': ..., 'num_attention_heads': ...}}.")
+    return value
+
+
+def _layer_norm(source: str, target: str) -> list:
+    return [Rule(f"{source}.weight", f"{target}/gamma"), Rule(f"{source}.bias", f"{target}/beta")]
+
+
+def _bare(config: dict) -> list:
+    hidden = _size(config, "hidden_size")
+    heads = _size(config, "num_attention_heads")
+    if hidden % heads:
+        from objckpt import errors
+
+        raise errors.InvalidArgumentError(
+            f"The ViT rule set needs hidden_size divisible by num_attention_heads; received "
+            f"{hidden} and {heads}. Fix: pass the checkpoint's own config.json.")
+    head_dim = hidden // heads
+    into_heads = Chain(Transpose(), Reshape((hidden, hidden), (hidden, heads, head_dim)))
+    bias_heads = Reshape((hidden,), (heads, head_dim))
+    from_heads = Chain(Transpose(), Reshape((hidden, hidden), (heads, head_dim, hidden)))
+    source, target = "encoder.layer.{i}", f"{ENCODER}/encoder_layers/{{i}}"
+    out = [
+        Rule("embeddings.patch_embeddings.projection.weight",
+             f"{EMBEDDING}/patch_embedding/kernel", ConvKernel("OIHW", "HWIO")),
+        Rule("embeddings.patch_embeddings.projection.bias", f"{EMBEDDING}/patch_embedding/bias"),
+        Rule("embeddings.cls_token", f"{EMBEDDING}/class_token"),
+        Rule("embeddings.position_embeddings", f"{EMBEDDING}/position_embedding/embeddings",
+             Reshape((1, -1, hidden), (-1, hidden))),
+    ]
+    for name in ("query", "key", "value"):
+        out += [Rule(f"{source}.attention.attention.{name}.weight",
+                     f"{target}/mha/{name}_dense/kernel", into_heads),
+                Rule(f"{source}.attention.attention.{name}.bias",
+                     f"{target}/mha/{name}_dense/bias", bias_heads)]
+    out += [
+        Rule(f"{source}.attention.output.dense.weight", f"{target}/mha/output_dense/kernel",
+             from_heads),
+        Rule(f"{source}.attention.output.dense.bias", f"{target}/mha/output_dense/bias"),
+        *_layer_norm(f"{source}.layernorm_before", f"{target}/layer_norm_1"),
+        *_layer_norm(f"{source}.layernorm_after", f"{target}/layer_norm_2"),
+        Rule(f"{source}.intermediate.dense.weight", f"{target}/mlp/dense_1/kernel", Transpose()),
+        Rule(f"{source}.intermediate.dense.bias", f"{target}/mlp/dense_1/bias"),
+        Rule(f"{source}.output.dense.weight", f"{target}/mlp/dense_2/kernel", Transpose()),
+        Rule(f"{source}.output.dense.bias", f"{target}/mlp/dense_2/bias"),
+        *_layer_norm("layernorm", f"{ENCODER}/layer_norm"),
+    ]
+    return out
+
+
+def rules(config: dict) -> RuleSet:
+    """The ViT rule set for a Hugging Face config (`hidden_size`, `num_attention_heads`).
+
+    Example:
+      >>> rules = objckpt.rules.huggingface("vit", config=hf_config)
+      >>> objckpt.restore(keras_hub.models.ViTBackbone(...), "vit_dir", rules=rules)
+    """
+    bare = _bare(config)
+    return RuleSet([Rule(prefix + rule.source, rule.target, rule.transform)
+                    for prefix in PREFIXES for rule in bare])
