@@ -20,6 +20,11 @@ __all__ = ["huggingface", "supported"]
 # model_type -> the module holding its rule set (filled as sets are added).
 _MODULES: dict[str, str] = {
     "bert": "objckpt.rules.hf_bert",
+    "gemma": "objckpt.rules.hf_gemma",
+    "gemma2": "objckpt.rules.hf_gemma",
+    "gpt2": "objckpt.rules.hf_gpt2",
+    "llama": "objckpt.rules.hf_llama",
+    "mistral": "objckpt.rules.hf_mistral",
     "vit": "objckpt.rules.hf_vit",
 }
 _CONFIG_LIMIT = 1 << 20  # bytes of config.json read

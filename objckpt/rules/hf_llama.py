@@ -1,0 +1,84 @@
+"""Hugging Face Llama (`LlamaForCausalLM` / `LlamaModel`) <-> keras-hub's `Llama3Backbone`.
+
+Names and layouts follow keras-hub's own importer (`convert_llama3.py`): a torch `Linear`
+weight (out, in) is a Keras kernel (in, out); the attention projections are split by head,
+q/k/v (heads * head_dim, hidden) <-> (hidden, heads, head_dim) and o (hidden, heads *
+head_dim) <-> (heads, head_dim, hidden). Targets are the backbone's variable names
+(`transformer_layer_0/self_attention/query/kernel`), which restore matches and export
+names. `lm_head.weight` feeds the untied output embedding (`tie_word_embeddings` false,
+transformers' default for Llama); with tied embeddings `model.embed_tokens.weight` is both.
+"""
+
+from __future__ import annotations
+
+from objckpt.rules.core import Chain, Reshape, Rule, RuleSet, Transpose
+
+__all__ = ["MODEL_TYPES", "rules"]
+
+MODEL_TYPES = ("llama",)
+
+
+def _size(config: dict, key: str, model: str, default=None) -> int:
+    value = config.get(key, default)
+    if type(value) is not int or value <= 0:
+        from objckpt import errors
+
+        raise errors.InvalidArgumentError(
+            f"The {model} rule set needs `{key}` (a positive int) from the Hugging Face "
+            f"config; received {value!r}. Fix: pass the checkpoint's folder (its "
+            f"config.json), or config={{'{key}': ..., ...}}.")
+    return value
+
+
+def attention_rules(layer: str, attention: str, config: dict, model: str, *,
+                    head_dim: int | None = None) -> list:
+    """q/k/v/o of Hugging Face's `self_attn` <-> a keras-hub `CachedAttention`-style
+    layer whose q/k/v kernels are (hidden, heads, head_dim) and o (heads, head_dim,
+    hidden)."""
+    hidden = _size(config, "hidden_size", model)
+    heads = _size(config, "num_attention_heads", model)
+    kv_heads = _size(config, "num_key_value_heads", model, heads)
+    head_dim = head_dim or hidden // heads
+    source = "model.layers.{i}.self_attn"
+    target = f"{layer}/{attention}"
+
+    def into_heads(n):  # (n * head_dim, hidden) -> (hidden, n, head_dim)
+        return Chain(Transpose(), Reshape((hidden, n * head_dim), (hidden, n, head_dim)))
+
+    return [
+        Rule(f"{source}.q_proj.weight", f"{target}/query/kernel", into_heads(heads)),
+        Rule(f"{source}.k_proj.weight", f"{target}/key/kernel", into_heads(kv_heads)),
+        Rule(f"{source}.v_proj.weight", f"{target}/value/kernel", into_heads(kv_heads)),
+        Rule(f"{source}.o_proj.weight", f"{target}/attention_output/kernel",
+             Chain(Transpose(), Reshape((heads * head_dim, hidden), (heads, head_dim, hidden)))),
+    ]
+
+
+def decoder_rules(config: dict, model: str, *, head_dim: int | None = None,
+                  lm_head: bool) -> RuleSet:
+    """The Llama-style decoder shared by keras-hub's Llama3 and Mistral backbones."""
+    layer = "transformer_layer_{i}"
+    out = [Rule("model.embed_tokens.weight", "token_embedding/embeddings")]
+    if lm_head:
+        out.append(Rule("lm_head.weight", "token_embedding/reverse_embeddings", Transpose()))
+    out += [
+        Rule("model.norm.weight", "sequence_output_layernorm/scale"),
+        Rule("model.layers.{i}.input_layernorm.weight",
+             f"{layer}/self_attention_layernorm/scale"),
+        Rule("model.layers.{i}.post_attention_layernorm.weight",
+             f"{layer}/feedforward_layernorm/scale"),
+        *attention_rules(layer, "self_attention", config, model, head_dim=head_dim),
+        Rule("model.layers.{i}.mlp.gate_proj.weight",
+             f"{layer}/feedforward_gate_dense/kernel", Transpose()),
+        Rule("model.layers.{i}.mlp.up_proj.weight",
+             f"{layer}/feedforward_intermediate_dense/kernel", Transpose()),
+        Rule("model.layers.{i}.mlp.down_proj.weight",
+             f"{layer}/feedforward_output_dense/kernel", Transpose()),
+    ]
+    return RuleSet(out)
+
+
+def rules(config: dict) -> RuleSet:
+    """The Llama rule set for a Hugging Face config (sizes decide the head reshapes)."""
+    tied = bool(config.get("tie_word_embeddings", False))
+    return decoder_rules(config, "Llama", lm_head=not tied)
