@@ -30,6 +30,7 @@ from objckpt._planning import checks as _checks
 from objckpt._planning import match as _match
 from objckpt._planning import targets as _targets
 from objckpt._planning import tree as _tree
+from objckpt.rules import core as _rules_core
 
 __all__ = ["export"]
 
@@ -141,6 +142,8 @@ class _Tensor:
 
     def array(self, path: str) -> np.ndarray:
         value = self.value
+        if isinstance(self.inverse, _Concat):
+            return self.inverse(value)
         if self.inverse is not None:
             value = _transformed(self.inverse, value, self.shown, self.rule, path)
         array = np.asarray(value.numpy() if hasattr(value, "numpy") else value)
@@ -229,8 +232,8 @@ def _entries(obj, snap, rule_set, strict: bool, optimizer_state, path: str) -> d
                 f"`{shown}` would be written as `__metadata__`, the name safetensors "
                 "reserves for its metadata. Fix: map it to another name with a "
                 "rule.", source=path)
-        if name in origin:
-            both = [(origin[name]), (shown, rule)]
+        if name in origin and not _shares_source(origin[name][0][1], rule):
+            both = [(origin[name][0]), (shown, rule)]
             said = " and ".join(f"`{p}`" + (f" (by {r!r})" if r is not None else
                                             " (its own path)") for p, r in both)
             raise errors.InvalidArgumentError(
@@ -238,8 +241,8 @@ def _entries(obj, snap, rule_set, strict: bool, optimizer_state, path: str) -> d
                 "A name holds one tensor. Fix: make the rules' source names distinct "
                 "(a placeholder for what differs), or put the more specific rule "
                 "first.", source=path)
-        origin[name] = (shown, rule)
-        out[name] = _tensor(name, shown, value, inverse, rule, dtype, path)
+        origin.setdefault(name, []).append((shown, rule))
+        out.setdefault(name, []).append(_tensor(name, shown, value, inverse, rule, dtype, path))
     if strict and unmatched:
         listed = [f"`{_render.safe(k)}`" for k in unmatched]
         raise errors.StructureMismatchError(
@@ -248,7 +251,126 @@ def _entries(obj, snap, rule_set, strict: bool, optimizer_state, path: str) -> d
             f"{', ...' if len(listed) > 8 else ''}. Nothing was written. Fix: add rules for "
             "them, or pass strict=False to write them under their object paths.",
             problems=[f"{k}: matches no rule" for k in unmatched], source=path)
-    return out
+    return {name: _one(parts, path) for name, parts in out.items()}
+
+
+def _shares_source(first, rule) -> bool:
+    """Whether two rules name one tensor on purpose: objckpt.rules.Rules with the same
+    source pattern (a Split's parts, or tied weights)."""
+    return first is not None and rule is not None and first.source == rule.source
+
+
+def _listed(parts) -> str:
+    return ", ".join(f"`{p.shown}` (by {p.rule!r})" for p in parts)
+
+
+def _one(parts: list, path: str) -> _Tensor:
+    """The tensor written under one name: a variable's; the parts of a Split concatenated
+    in index order; or tied variables' one value, checked equal."""
+    splits = [_rules_core.split_of(part.rule.transform if part.rule is not None else None)[0]
+              for part in parts]
+    name = _render.safe(parts[0].name)
+    if splits[0] is not None or any(s is not None for s in splits):
+        if not all(s is not None and s.same_cut(splits[0]) for s in splits):
+            raise errors.InvalidArgumentError(
+                f"The variables written as `{name}` come from rules that do not cut it the "
+                f"same way: {_listed(parts)}. Nothing was written to `{_render.safe(path)}`. "
+                "Fix: give every rule of one source pattern a Split with the same axis and "
+                "parts (or sizes), each with its own index; or none, for tied weights.",
+                source=path)
+        return _fused(parts, splits, path)
+    if len(parts) > 1:
+        _check_tied(parts, path)
+    return parts[0]
+
+
+def _fused(parts: list, splits: list, path: str) -> _Tensor:
+    split, name = splits[0], _render.safe(parts[0].name)
+    by_index: dict = {}
+    for part, cut in zip(parts, splits):
+        by_index.setdefault(cut.index, []).append(part)
+    missing = [i for i in range(split.count) if i not in by_index]
+    extra = {i: ps for i, ps in by_index.items() if len(ps) > 1}
+    if missing or extra:
+        said = []
+        if missing:
+            said.append(f"no variable gives part(s) {missing} of {split.count}")
+        for index, ps in sorted(extra.items()):
+            said.append(f"part {index} comes from {len(ps)} variables: {_listed(ps)}")
+        raise errors.InvalidArgumentError(
+            f"Cannot write `{name}` from its parts ({split!r}, index aside): "
+            f"{'; '.join(said)}. Found: {_listed(parts)}. Nothing was written to "
+            f"`{_render.safe(path)}`. Fix: give each index 0..{split.count - 1} exactly one "
+            "rule (and variable), or pass strict=False with rules that leave the part "
+            "out.", source=path)
+    ordered = [by_index[i][0] for i in range(split.count)]
+    shape0, dtype = ordered[0].shape, ordered[0].dtype
+    rank = len(shape0)
+    problem = ""
+    if not -rank <= split.axis < rank:
+        problem = f"axis {split.axis} is not an axis of a part of shape {shape0}"
+    else:
+        axis = split.axis % rank
+        for index, part in enumerate(ordered):
+            want = split.sizes[index] if split.sizes is not None else shape0[axis]
+            other = tuple(d for a, d in enumerate(part.shape) if a != axis)
+            if part.dtype != dtype or len(part.shape) != rank or other != tuple(
+                    d for a, d in enumerate(shape0) if a != axis) or part.shape[axis] != want:
+                problem = (f"part {index} `{part.shown}` is {part.dtype}{part.shape}, but "
+                           f"part 0 `{ordered[0].shown}` is {dtype}{shape0} and the Split "
+                           f"wants {want} along axis {split.axis}")
+                break
+    if problem:
+        raise errors.InvalidArgumentError(
+            f"Cannot concatenate the parts of `{name}` ({split!r}, index aside): {problem}. "
+            f"Nothing was written to `{_render.safe(path)}`. Fix: attach the rules to "
+            "variables of matching shapes and dtype, or correct the Split.", source=path)
+    shape = tuple(sum(p.shape[axis] for p in ordered) if a == axis else d
+                  for a, d in enumerate(shape0))
+    shown = ", ".join(p.shown for p in ordered)
+    return _Tensor(ordered[0].name, shown, None, _Concat(tuple(ordered), axis, path),
+                   ordered[0].rule, dtype, shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Concat:
+    """The inverse of a Split group: each part through its own inverse, then concatenated
+    (only when written, as every tensor)."""
+
+    parts: tuple
+    axis: int
+    path: str
+
+    def __call__(self, _):
+        return np.concatenate([part.array(self.path) for part in self.parts], axis=self.axis)
+
+
+def _differing(a: np.ndarray, b: np.ndarray) -> int:
+    """How many values of two arrays of one dtype and shape differ in their bytes."""
+    rows = max(a.size, 1)
+    return int(np.sum(np.any(a.reshape(-1).view(np.uint8).reshape(rows, -1)
+                             != b.reshape(-1).view(np.uint8).reshape(rows, -1), axis=1)))
+
+
+def _check_tied(parts: list, path: str) -> None:
+    """Tied weights: every variable, through its rule's inverse, must give the same bytes."""
+    first = parts[0].array(path)
+    for part in parts[1:]:
+        array = part.array(path)
+        if array.dtype != first.dtype or array.shape != first.shape or (
+                array.tobytes() != first.tobytes()):
+            how = (f"{array.dtype.name}{tuple(array.shape)} vs "
+                   f"{first.dtype.name}{tuple(first.shape)}"
+                   if array.dtype != first.dtype or array.shape != first.shape else
+                   f"{_differing(array, first)} of {array.size} value(s) differ")
+            raise errors.InvalidArgumentError(
+                f"`{parts[0].shown}` (by {parts[0].rule!r}) and `{part.shown}` (by "
+                f"{part.rule!r}) are tied by their rules (both written as "
+                f"`{_render.safe(parts[0].name)}`), but their values differ after the "
+                f"inverse transforms ({how}). Nothing was written to "
+                f"`{_render.safe(path)}`. Fix: tie the weights in the obj (or copy one into "
+                "the other) before exporting, or give them different source names.",
+                source=path)
 
 
 def _header(tensors: dict, metadata: dict) -> tuple[bytes, list]:

@@ -193,6 +193,10 @@ class _Work:
     notes: list = dataclasses.field(default_factory=list)
     fresh: list = dataclasses.field(default_factory=list)  # (slot path, role): start fresh
     moved: bool = False  # optimizer state is being placed
+    # Keys that rules sharing a source pattern fan out to several targets (`Rule.also`):
+    # key -> [(rewritten key, rule)]; a fanned-out key a target misses stays unmatched.
+    fanned: dict = dataclasses.field(default_factory=dict)
+    forced: set = dataclasses.field(default_factory=set)  # unmatched although it feeds some
 
     def canon(self, full: str) -> str:
         """The key a tensor is stored under (a network alias names the same tensor)."""
@@ -222,6 +226,7 @@ def _claim(work: _Work) -> None:
     network_tensors = {work.canon(full) for key, full in view.items()
                        if not is_optimizer_key(key)}
     rewritten = rewrite_view(view, work.rules, keep=lambda key: key in targets.paths)
+    fanning = {r.index for lead in work.rules for r in lead.also}  # later rules of a group
     work.skipped.extend(rewritten.skipped)
     work.unused_rules = rewritten.unused
     work.shadowed_rules = rewritten.shadowed
@@ -241,6 +246,8 @@ def _claim(work: _Work) -> None:
         if is_optimizer:  # placed by the variable it belongs to, below; by path only after
             work.optimizer_left.append((key, new))
             continue
+        if rule is not None and (rule.also or rule.index in fanning):
+            work.fanned.setdefault(key, []).append((new, rule))
         strategy, found = candidates(new, targets, new != key)
         if len(found) > 1:
             work.ambiguous.append((full, tuple(found)))
@@ -251,6 +258,26 @@ def _claim(work: _Work) -> None:
         else:
             work.unmatched.append(key)
             work.rewritten[key] = (new, rule)
+
+
+def _fan_out_note(work: _Work) -> None:
+    """A note per source key that feeds several variables, naming each target and rule; a
+    part no variable takes keeps the key unmatched (a strict restore refuses it)."""
+    for key, pairs in work.fanned.items():
+        lines, missed = [], False
+        for new, rule in pairs:
+            target = next((t for t, (k, _, r) in work.chosen.items()
+                           if k == key and r is rule), None)
+            if target is None:
+                missed = True
+                lines.append(f"`{_render.safe(new)}` by {rule}: matches no variable")
+            else:
+                lines.append(f"`{_render.safe(target)}` by {rule}")
+        work.notes.append(
+            f"source entry `{_render.safe(work.view[key])}` feeds {len(pairs)} variables "
+            f"through rules that share its source pattern: {'; '.join(lines)}")
+        if missed:
+            work.forced.add(key)
 
 
 def _choose(work: _Work) -> None:
@@ -387,11 +414,12 @@ def _result(work: _Work) -> Plan:
             mismatched.append(problem)
         else:
             matches.append(match)
+    _fan_out_note(work)
     used = {work.canon(view[entry[0]]) for entry in chosen.values()}
     seen, unmatched = set(), []
-    for key in work.unmatched:  # one tensor listed once; not at all when fed under another key
-        tensor = work.canon(view[key])
-        if tensor not in used and tensor not in seen:
+    for key in [*work.unmatched, *sorted(work.forced)]:  # one tensor listed once; not at all
+        tensor = work.canon(view[key])  # when fed under another key (unless a part missed)
+        if (tensor not in used or key in work.forced) and tensor not in seen:
             seen.add(tensor)
             unmatched.append(key)
     unmatched_variables = tuple(p for p in targets.paths if p not in chosen

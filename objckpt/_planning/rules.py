@@ -3,7 +3,9 @@
 Each source key is rewritten by the first rule whose regex matches it (`re.sub(regex,
 replacement, key, count=1)`), once: rules never chain, so a later rule never sees what an
 earlier one made of a key. A replacement of None drops the entry; keys no rule matches stay
-as they are. A rule that rewrote no key is reported: "shadowed" when the keys it matches
+as they are, except that `objckpt.rules.Rule`s sharing a source pattern all apply to a key
+the first of them matches (one tensor feeding several variables: a Split's parts, tied
+weights). A rule that rewrote no key is reported: "shadowed" when the keys it matches
 (as stored, or as an earlier rule rewrote them) were all taken by another rule that matched
 first, else "matched no key".
 """
@@ -22,8 +24,8 @@ from objckpt import rules as _layout
 from objckpt._base import render as _render
 from objckpt._planning import sources as _sources
 
-__all__ = ["Rewritten", "Rule", "parse_rules", "rewrite", "rewrite_view", "warn_unused",
-           "why_shadowed"]
+__all__ = ["Rewritten", "Rule", "parse_rules", "rewrite", "rewrite_all", "rewrite_view",
+           "warn_unused", "why_shadowed"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +35,9 @@ class Rule:
     replacement: str | None
     transform: Callable | None
     label: str | None = None  # how the user wrote it: an objckpt.rules.Rule's repr
+    # The later objckpt.rules.Rules with the same source pattern: a key this rule rewrites
+    # feeds their targets too (a Split's parts, or tied weights). Only such rules fan out.
+    also: tuple = ()
 
     def __str__(self) -> str:
         if self.label is not None:
@@ -90,7 +95,33 @@ def parse_rules(rules) -> tuple[Rule, ...]:
                 "count=1). Fix: correct the pattern (re.escape(text) matches text "
                 "literally).") from err
         parsed.append(Rule(index, regex, replacement, transform, label))
+    return _fan_out(parsed, rules)
+
+
+def _fan_out(parsed: list, given) -> tuple:
+    """Gives the first of the objckpt.rules.Rules that share a source pattern the others
+    (`Rule.also`): one source tensor feeds each of their targets."""
+    items = list(given) if not isinstance(given, (list, tuple)) else given
+    groups: dict = {}
+    for rule, item in zip(parsed, items):
+        if isinstance(item, _layout.Rule) and rule.replacement is not None:
+            groups.setdefault(item.source, []).append(rule.index)
+    for indexes in groups.values():
+        if len(indexes) > 1:
+            lead = indexes[0]
+            parsed[lead] = dataclasses.replace(
+                parsed[lead], also=tuple(parsed[i] for i in indexes[1:]))
     return tuple(parsed)
+
+
+def rewrite_all(key: str, rules: tuple[Rule, ...]) -> list:
+    """[(rewritten key or None, rule)]: `rewrite`'s one pair, then one per rule that shares
+    the firing rule's source pattern (`Rule.also`), in rule order."""
+    new, rule = rewrite(key, rules)
+    if rule is None or new is None or not rule.also:
+        return [(new, rule)]
+    return [(new, rule), *((rule.regex.sub(other.replacement, key, count=1), other)
+                           for other in rule.also)]
 
 
 def rewrite(key: str, rules: tuple[Rule, ...]):
@@ -135,14 +166,15 @@ def rewrite_view(view: dict, rules: tuple[Rule, ...], *, keep=None,
             if note_bookkeeping:
                 skipped.append(f"{full}: checkpoint bookkeeping")
             continue
-        new, rule = rewrite(key, rules)
+        pairs = rewrite_all(key, rules)
+        new, rule = pairs[0]
         if rule is not None:
-            fired.add(rule.index)
+            fired.update(r.index for _, r in pairs)
             taken.append((key, new, rule))
         if new is None:
             skipped.append(f"{full}: dropped by {rule}")
             continue
-        entries.append((key, full, new, rule))
+        entries.extend((key, full, n, r) for n, r in pairs)
     unused, shadowed_rules = [], []
     for rule in rules:
         if rule.index not in fired:

@@ -12,7 +12,12 @@ are). `objckpt.export` applies the same set the other way: each object path is
 renamed by the first rule whose target matches it and its value goes through
 the transform's inverse.
 
-Transforms (`Transpose`, `ConvKernel`, `Reshape`, `Chain`) are callables on a
+Several rules with the same source pattern feed one tensor to several variables: each
+with a `Split(axis, parts=..., index=k)` first takes its part (GPT-2's fused `c_attn` ->
+query, key, value; export concatenates them back), and without a Split the weights are
+tied (the tensor feeds each target; export writes it once, checking they agree).
+
+Transforms (`Transpose`, `ConvKernel`, `Reshape`, `Split`, `Chain`) are callables on a
 `tf.Tensor` (or a NumPy array) that move bytes without arithmetic, so a round
 trip through a transform and its `inverse()` is bit-exact.
 
@@ -36,8 +41,17 @@ this package; this package imports nothing of objckpt above `errors`.
 
 from __future__ import annotations
 
-from objckpt.rules.core import Chain, ConvKernel, Reshape, Rule, RuleSet, Transform, Transpose
+from objckpt.rules.core import (
+    Chain,
+    ConvKernel,
+    Reshape,
+    Rule,
+    RuleSet,
+    Split,
+    Transform,
+    Transpose,
+)
 from objckpt.rules.huggingface import huggingface, supported
 
-__all__ = ["Chain", "ConvKernel", "Reshape", "Rule", "RuleSet", "Transform", "Transpose",
-           "huggingface", "supported"]
+__all__ = ["Chain", "ConvKernel", "Reshape", "Rule", "RuleSet", "Split", "Transform",
+           "Transpose", "huggingface", "supported"]

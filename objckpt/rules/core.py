@@ -9,7 +9,8 @@ from collections.abc import Callable, Sequence
 
 from objckpt import errors
 
-__all__ = ["Chain", "ConvKernel", "Reshape", "Rule", "RuleSet", "Transform", "Transpose"]
+__all__ = ["Chain", "ConvKernel", "Reshape", "Rule", "RuleSet", "Split", "Transform",
+           "Transpose", "split_of"]
 
 # What one `{name}` placeholder matches: one name segment of a dotted or a `/`-joined name.
 SEGMENT = r"[^/.]+"
@@ -202,6 +203,144 @@ class Reshape(Transform):
         return Reshape(self.to_shape, self.from_shape)
 
 
+def _split_arguments(axis, parts, sizes, index) -> tuple:
+    """(axis, parts, sizes) validated; InvalidArgumentError naming what is wrong."""
+    shown = f"Split(axis={axis!r}, parts={parts!r}, sizes={sizes!r}, index={index!r})"
+    if type(axis) is not int:
+        raise errors.InvalidArgumentError(
+            f"{shown}: axis must be an int (negative counts from the end). Fix: pass e.g. "
+            "Split(axis=-1, parts=3, index=0).")
+    if (parts is None) == (sizes is None):
+        raise errors.InvalidArgumentError(
+            f"{shown}: give exactly one of parts (equal parts) and sizes (the size of each "
+            "part). Fix: pass e.g. Split(axis=-1, parts=3, index=0) or "
+            "Split(axis=0, sizes=(64, 16, 16), index=1).")
+    if parts is not None:
+        if type(parts) is not int or parts < 1:
+            raise errors.InvalidArgumentError(
+                f"{shown}: parts must be an int >= 1. Fix: pass the number of equal parts, "
+                "e.g. parts=3 for a fused query/key/value.")
+        count = parts
+    else:
+        sizes = tuple(sizes) if isinstance(sizes, (list, tuple)) else None
+        if not sizes or not all(type(n) is int and n >= 0 for n in sizes):
+            raise errors.InvalidArgumentError(
+                f"{shown}: sizes must be a non-empty tuple of ints >= 0. Fix: pass e.g. "
+                "sizes=(64, 16, 16).")
+        count = len(sizes)
+    if type(index) is not int or not 0 <= index < count:
+        raise errors.InvalidArgumentError(
+            f"{shown}: index must be an int in 0..{count - 1} (the part this rule takes). "
+            f"Fix: pass index=0 .. index={count - 1}.")
+    return axis, parts, sizes
+
+
+@dataclasses.dataclass(frozen=True)
+class Split(Transform):
+    """Part `index` of a value cut along `axis` into `parts` equal parts or parts of the
+    given `sizes`, e.g. `Split(axis=-1, parts=3, index=1)`: the key of GPT-2's fused
+    `c_attn` weight (h, 3h).
+
+    Several `Rule`s with the same source pattern, each with its own `index` (a `Split`
+    alone, or first in a `Chain`), feed one source tensor to several variables at restore.
+    A Split on its own has no inverse: `objckpt.export` undoes it by putting each variable
+    of such a group through the inverse of the rest of its chain and concatenating them
+    along `axis`, in index order, under the one source name.
+    """
+
+    axis: int
+    parts: int | None = None
+    sizes: tuple | None = None
+    index: int = 0
+
+    def __post_init__(self):
+        _, _, sizes = _split_arguments(self.axis, self.parts, self.sizes, self.index)
+        object.__setattr__(self, "sizes", sizes)
+
+    @property
+    def count(self) -> int:
+        """How many parts the value is cut into."""
+        return self.parts if self.parts is not None else len(self.sizes)
+
+    def same_cut(self, other) -> bool:
+        """Whether `other` is a Split of the same value the same way (its index aside)."""
+        return isinstance(other, Split) and (other.axis, other.parts, other.sizes) == (
+            self.axis, self.parts, self.sizes)
+
+    def _bounds(self, shape: tuple | None) -> tuple:
+        """(axis as a non-negative int, start, stop) of part `index` in a value of `shape`."""
+        if shape is None:
+            raise errors.InvalidArgumentError(
+                f"{self!r} needs a value of known rank. Fix: attach it to a rule whose "
+                "entries have a known shape.")
+        rank = len(shape)
+        if not -rank <= self.axis < rank:
+            raise errors.InvalidArgumentError(
+                f"{self!r} cuts along axis {self.axis}, but received a value of shape "
+                f"{tuple(shape)} (rank {rank}). Fix: pass an axis in {-rank}..{rank - 1}.")
+        axis = self.axis % rank
+        dim = shape[axis]
+        if self.parts is not None:
+            if dim is not None and dim % self.parts:
+                raise errors.InvalidArgumentError(
+                    f"{self!r} cuts axis {self.axis} into {self.parts} equal parts, but that "
+                    f"axis of shape {tuple(shape)} has {dim}, not a multiple of "
+                    f"{self.parts}. Fix: give sizes=... for unequal parts, or attach the "
+                    "rule to the entry it was written for.")
+            size = None if dim is None else dim // self.parts
+            sizes = (size,) * self.parts
+        else:
+            sizes = self.sizes
+            if dim is not None and sum(sizes) != dim:
+                raise errors.InvalidArgumentError(
+                    f"{self!r} cuts axis {self.axis} into sizes {sizes} ({sum(sizes)} in "
+                    f"all), but that axis of shape {tuple(shape)} has {dim}. Fix: give "
+                    "sizes that add up to the axis, or attach the rule to the entry it was "
+                    "written for.")
+        if sizes[0] is None:
+            return axis, None, None
+        start = sum(sizes[: self.index])
+        return axis, start, start + sizes[self.index]
+
+    def __call__(self, value):
+        shape = _static_shape(value)
+        axis, start, stop = self._bounds(shape)
+        if start is None:  # an unknown dimension (traced): cut by the runtime size
+            import tensorflow as tf
+
+            dim = tf.shape(value)[axis] // self.parts
+            start, stop = dim * self.index, dim * (self.index + 1)
+        cut = tuple(slice(start, stop) if a == axis else slice(None)
+                    for a in range(len(shape)))
+        if _is_numpy(value):
+            return value[cut].copy()  # C-contiguous, as TF's
+        return value[cut]
+
+    def output_shape(self, shape: tuple) -> tuple:
+        shape = tuple(shape)
+        axis, start, stop = self._bounds(shape)
+        return tuple(stop - start if a == axis else d for a, d in enumerate(shape))
+
+    def inverse(self) -> Transform:
+        raise errors.InvalidArgumentError(
+            f"{self!r} keeps one part of a tensor, so it has no inverse on its own. Fix: "
+            "give every part a Rule with the same source pattern (index=0.."
+            f"{self.count - 1}); objckpt.export concatenates those variables back into one "
+            "tensor.")
+
+
+def split_of(transform) -> tuple:
+    """(the Split a transform starts with, the rest of it or None), or (None, transform)
+    when it starts with none: a `Split`, or a `Chain` whose first transform is one."""
+    if isinstance(transform, Split):
+        return transform, None
+    if isinstance(transform, Chain) and isinstance(transform.transforms[0], Split):
+        rest = transform.transforms[1:]
+        return transform.transforms[0], (Chain(*rest) if len(rest) > 1 else
+                                         rest[0] if rest else None)
+    return None, transform
+
+
 class Chain(Transform):
     """Applies transforms in order (`Chain(a, b)(x) == b(a(x))`); its inverse applies their
     inverses in the reverse order."""
@@ -361,6 +500,12 @@ class RuleSet(Sequence):
     path with leading underscores stripped from each edge: `dense/_kernel` ~ `dense/kernel`,
     or the variable's name: `conv/kernel` in Keras 3), its value put through the transform's
     inverse.
+
+    Several rules with the same source pattern feed one source tensor to several
+    variables. With a `Split` first in each transform, each takes its part at restore and
+    export concatenates the parts back in index order. Without one the weights are tied:
+    the tensor feeds every target (each through its own transform) at restore, and export
+    writes it once, after checking that every variable gives the same bytes.
     """
 
     def __init__(self, rules=()):
@@ -399,7 +544,10 @@ class RuleSet(Sequence):
             for form in forms:
                 name = rule.source_name(form)
                 if name is not None:
-                    return name, inverse_of(rule.transform, f"rule {index} {rule!r}"), rule
+                    # A rule that takes one part of a tensor (Split first): the inverse of
+                    # the rest; export concatenates the parts (see `split_of`).
+                    _, rest = split_of(rule.transform)
+                    return name, inverse_of(rest, f"rule {index} {rule!r}"), rule
         return None
 
     def __repr__(self) -> str:
