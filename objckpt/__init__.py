@@ -71,7 +71,7 @@ _LAZY = {
     "clone": "_ops.clone",
     "Match": "_planning.match",
     "Plan": "_planning.match",
-    "plan": "_planning.match",
+    "plan": "_planning.propose",
     "PendingRestore": "_ops.deferred",
     "restore_on_create": "_ops.deferred",
     "migrate": "_ops.migrate",
@@ -112,7 +112,7 @@ if TYPE_CHECKING:
     from objckpt._ops.twins import Twins as Twins
     from objckpt._planning.match import Match as Match
     from objckpt._planning.match import Plan as Plan
-    from objckpt._planning.match import plan as plan
+    from objckpt._planning.propose import plan as plan
     from objckpt._planning.tree import CheckpointTree as CheckpointTree
     from objckpt._planning.tree import Entry as Entry
     from objckpt._planning.tree import VariableTree as VariableTree

@@ -25,6 +25,7 @@ from objckpt._planning.match import (
     optimizer_slots_in,
     recorded_owners,
 )
+from objckpt._planning.propose import proposal_fix
 from objckpt._planning.sources import Source
 from objckpt._planning.targets import is_default_name, is_optimizer_key
 
@@ -37,7 +38,7 @@ def describe_obj(obj) -> str:
 
 
 def refuse(obj, variables, source, the_plan: Plan, strict: bool,
-            action: str = "restore"):
+            action: str = "restore", propose: bool = False):
     """Raises the error that says why `the_plan` cannot be applied (restored or migrated)."""
     nothing = "Nothing was restored" if action == "restore" else "Nothing was written"
     # Names come from the source (untrusted): shown through `safe`, messages through `safe_text`.
@@ -61,6 +62,10 @@ def refuse(obj, variables, source, the_plan: Plan, strict: bool,
         lines += [line for line, optimizer in missing if optimizer]
         lines += [line for line, optimizer in extra if optimizer]
     fixes = _fixes(the_plan, source, strict, variables)
+    if propose and strict and not (the_plan.mismatched or the_plan.ambiguous):
+        proposal = proposal_fix(source, variables, the_plan)  # "" when nothing pairs up
+        if proposal:
+            fixes.insert(0, proposal)
     if not lines:
         lines = [f"no entry of the source matches a variable of the obj "
                  f"({len(variables)} variables, {len(source.specs)} source entries)"]
@@ -205,7 +210,7 @@ def checked_plan(obj, variables, src: Source, *, rules=(), strict: bool = True,
                          optimizer_state=optimizer_state)
     if (the_plan.mismatched or the_plan.ambiguous or not the_plan.matches
             or (strict and (the_plan.unmatched_variables or the_plan.unmatched_source))):
-        refuse(obj, variables, src, the_plan, strict, action=action)
+        refuse(obj, variables, src, the_plan, strict, action=action, propose=not rules)
     return the_plan
 
 

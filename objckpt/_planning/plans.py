@@ -75,6 +75,9 @@ class Plan:
         fix it.
       at: the source subtree used, or None for its root.
       notes: anything else worth knowing.
+      proposed: where no rule fits (`objckpt.plan` without rules, entries and variables
+        left over), an `objckpt.rules.RuleSet` proposed from names and shapes, shown as
+        Python by `describe()`: a suggestion to review, never applied on its own; else None.
     """
 
     source: str
@@ -91,6 +94,7 @@ class Plan:
     # (path, role) of the obj's optimizer slots that start as a fresh optimizer's: their
     # variable is restored, but the source's optimizer held no state for it.
     fresh: tuple[tuple[str, str], ...] = ()
+    proposed: object = None  # objckpt.rules.RuleSet | None
     _source: Source | None = dataclasses.field(default=None, repr=False, compare=False)
     # object path -> (path people know, note), unescaped (see `Targets.display`)
     _labels: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
@@ -163,6 +167,10 @@ class Plan:
                 lines.append(f"{title} ({counted.get(title, len(items))}):")
                 lines.extend(f"  - {item}" for item in items)
         lines.extend(text(note) for note in self.notes)
+        if self.proposed is not None:
+            lines.append(f"proposed rules ({len(self.proposed)}; from names and shapes, never "
+                         "applied on their own: review them, then pass rules=plan.proposed):")
+            lines.extend("  " + line for line in _proposal_lines(self.proposed))
         counts = ", ".join(f"{k} {v}" for k, v in self.strategies().items())
         lines.append(("complete" if self.complete else "INCOMPLETE")
                      + (f": {counts}" if counts else ""))
@@ -182,6 +190,22 @@ class Plan:
     def detached(self) -> Plan:
         """This plan without its source (it keeps no source tensors alive)."""
         return dataclasses.replace(self, _source=None)
+
+
+def _proposal_lines(proposed) -> list[str]:
+    """A proposed rule set as Python lines a user can paste (names escaped as `repr`)."""
+    used: set = set()
+    for rule in proposed:
+        stack = [rule.transform]
+        while stack:
+            transform = stack.pop()
+            if transform is not None:
+                used.add(type(transform).__name__)
+                stack.extend(getattr(transform, "transforms", ()))
+    lines = ["from objckpt.rules import " + ", ".join(["Rule", "RuleSet", *sorted(used)]),
+             "rules = RuleSet(["]
+    lines += [f"    {_render.safe_text(repr(rule))}," for rule in proposed]
+    return [*lines, "])"]
 
 
 class _Problem(str):

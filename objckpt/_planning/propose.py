@@ -1,0 +1,317 @@
+"""Rule sets proposed from names and shapes, where no rule set fits a source.
+
+When a source's keys name none of the obj's variables (a safetensors file written by torch,
+a checkpoint of another codebase), `plan` pairs the entries left over with the variables
+left over: by their names' tokens (`layers.0.weight` ~ `layer_0/kernel`: the words, the
+numbers, the weight's role) and by shape (equal; a torch `Linear` or conv weight transposed
+to a Keras kernel; or reshaped to the same number of elements). A pair is taken only when
+each is the other's single best candidate, never guessed between equals. Pairs that differ
+only by their numbers become one rule with a `{i}` placeholder. The result is a
+`objckpt.rules.RuleSet` on `Plan.proposed`, shown as Python in the plan's text: a
+suggestion the user reviews. Nothing applies it: a restore without rules still fails, and
+its error says a proposal is available.
+
+Cost: linear in the entries and variables, plus the pairs of an entry and a variable with the
+same number of elements, which is bounded (`_PAIR_LIMIT`; beyond it nothing is proposed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from objckpt import errors
+from objckpt._base import api as _api
+from objckpt._base import render as _render
+from objckpt._planning import tree as _tree
+from objckpt._planning.match import Plan
+from objckpt._planning.match import plan as _plan_of
+from objckpt._planning.sources import Source, open_source
+from objckpt._planning.targets import is_default_name, is_optimizer_key, strip
+from objckpt.rules.core import Chain, ConvKernel, Reshape, Rule, RuleSet, Transpose
+
+__all__ = ["plan", "proposal_fix", "propose"]
+
+_PAIR_LIMIT = 1_000_000  # (entry, variable) pairs of equal element counts scored at most
+_WORD = re.compile(r"[A-Za-z]+|[0-9]+")
+_NUMBER = re.compile(r"(?<![0-9])[0-9]+(?![0-9])")
+# Words that name the same thing in torch / Hugging Face names and Keras names.
+_SYNONYMS = {
+    "layers": "layer", "h": "layer", "blocks": "layer", "block": "layer",
+    "embed": "embed", "embedding": "embed", "embeddings": "embed", "emb": "embed",
+    "wte": "embed", "tok": "embed", "token": "embed",
+    "ln": "norm", "layernorm": "norm", "normalization": "norm", "bn": "norm",
+    "batchnorm": "norm", "rmsnorm": "norm",
+    "linear": "dense", "fc": "dense", "lin": "dense",
+    "attn": "attention", "self": "attention", "mha": "attention",
+    "ffn": "mlp", "feedforward": "mlp", "ff": "mlp",
+    "lm": "head", "classifier": "head", "out": "head", "output": "head",
+}
+# A weight's role: the last part of its name, grouped by what it means.
+_ROLES = {
+    "weight": "w", "kernel": "w", "gamma": "w", "scale": "w", "embeddings": "w",
+    "embedding": "w", "w": "w",
+    "bias": "b", "beta": "b", "offset": "b", "b": "b",
+    "running_mean": "mean", "moving_mean": "mean",
+    "running_var": "var", "moving_variance": "var",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Name:
+    words: frozenset  # the words before the role, synonyms folded
+    numbers: tuple  # the numbers, in order
+    role: str  # the role group, or the last part itself
+    last: str  # the last part, lowercased
+
+
+def _parsed(name: str) -> _Name:
+    parts = [p for p in re.split(r"[/.]", name) if p]
+    last = parts[-1].lower() if parts else ""
+    words, numbers = set(), []
+    for part in parts[:-1]:
+        for token in _WORD.findall(part):
+            if token.isdigit():
+                numbers.append(int(token))
+            else:
+                token = token.lower()
+                words.add(_SYNONYMS.get(token, token))
+    numbers += [int(t) for t in _WORD.findall(last) if t.isdigit()]
+    return _Name(frozenset(words), tuple(numbers), _ROLES.get(last, last), last)
+
+
+def _score(key: _Name, var: _Name) -> int:
+    """How well a source name fits a variable's name: 0 when it does not."""
+    if key.role != var.role:
+        return 0
+    shared = len(key.words & var.words)
+    numbered = bool(key.numbers) and key.numbers == var.numbers
+    if key.numbers and var.numbers and not numbered:
+        return 0
+    if not shared and not numbered:
+        return 0
+    return 4 * shared + 3 * numbered + (key.last == var.last)
+
+
+def _size(shape) -> int:
+    size = 1
+    for dim in shape:
+        size *= dim
+    return size
+
+
+def _fit(shape: tuple, target: tuple, torch_layout: bool):
+    """(fits, transform, exactness) turning a value of `shape` into one of `target`."""
+    reverse = tuple(reversed(shape))
+    if torch_layout and len(shape) >= 2:
+        if len(shape) == 2 and reverse == target:
+            return True, Transpose(), 2
+        layouts = {3: ("OIW", "WIO"), 4: ("OIHW", "HWIO"), 5: ("OIDHW", "DHWIO")}
+        if len(shape) in layouts and len(shape) == len(target):
+            conv = ConvKernel(*layouts[len(shape)])
+            if conv.output_shape(shape) == target:
+                return True, conv, 2
+    if shape == target:
+        return True, None, 2
+    if _size(shape) != _size(target):
+        return False, None, 0
+    if len(shape) == 2 and reverse == target:
+        return True, Transpose(), 1
+    if torch_layout and len(shape) == 2:
+        return True, Chain(Transpose(), Reshape(reverse, target)), 1
+    return True, Reshape(shape, target), 1
+
+
+def _target_names(paths, variables) -> dict:
+    """{object path: the name a rule targets}: the variable's name where it is its own and
+    says something, else the object path with leading underscores stripped."""
+    names = {}
+    for path, variable in variables.items():
+        name = str(getattr(variable, "name", "") or "").removesuffix(":0")
+        names.setdefault(name, []).append(path)
+    out = {}
+    for path in paths:
+        name = str(getattr(variables[path], "name", "") or "").removesuffix(":0")
+        good = name and len(names.get(name, ())) == 1 and not is_default_name(name)
+        out[path] = name if good else strip(path)
+    return out
+
+
+def _pairs(keys: list, paths: list, specs: dict, variables: dict, shown: dict) -> dict:
+    """{source key: (object path, transform)}: each the other's single best candidate."""
+    by_size: dict = {}
+    for path in paths:
+        by_size.setdefault(_size(tuple(variables[path].shape)), []).append(path)
+    if sum(len(by_size.get(_size(specs[k][0]), ())) for k in keys) > _PAIR_LIMIT:
+        return {}
+    parsed_paths = {path: _parsed(shown[path]) for path in paths}
+    best_key: dict = {}  # key -> (score, [(path, transform)])
+    best_path: dict = {}  # path -> (score, [key])
+    for key in keys:
+        shape = tuple(specs[key][0])
+        name = _parsed(key)
+        for path in by_size.get(_size(shape), ()):
+            var = parsed_paths[path]
+            score = _score(name, var)
+            if not score:
+                continue
+            target = tuple(variables[path].shape)
+            fits, transform, exact = _fit(shape, target, name.last == "weight"
+                                          and var.last == "kernel")
+            if not fits:
+                continue
+            score = 4 * score + exact
+            for best, what, item in ((best_key, key, (path, transform)),
+                                     (best_path, path, key)):
+                old = best.get(what)
+                if old is None or score > old[0]:
+                    best[what] = (score, [item])
+                elif score == old[0]:
+                    old[1].append(item)
+    out = {}
+    for key, (_, found) in best_key.items():
+        if len(found) == 1:
+            path, transform = found[0]
+            if best_path[path][1] == [key]:
+                out[key] = (path, transform)
+    return out
+
+
+def _escape(text: str) -> str:
+    return text.replace("{", "{{").replace("}", "}}")
+
+
+def _pattern(text: str, numbers: tuple) -> str:
+    """`text` with each of its numbers a placeholder ({i}, {j}, ...), braces escaped."""
+    out, last, index = [], 0, 0
+    for found in _NUMBER.finditer(text):
+        out.append(_escape(text[last:found.start()]) + "{" + "ijklmn"[index] + "}")
+        last, index = found.end(), index + 1
+    return "".join(out) + _escape(text[last:])
+
+
+def _literal(key: str, target: str, transform) -> Rule:
+    return Rule(_escape(key), _escape(target), transform)
+
+
+def _rewritten(rules: list, key: str):
+    for rule in rules:
+        regex, replacement, _ = rule.regex_rule()
+        if re.match(regex, key):
+            return rule, re.sub(regex, replacement, key, count=1)
+    return None, None
+
+
+def _names_of(variables: dict) -> dict:
+    """{object path: the forms a rule's target may meet it by, in export or restore}."""
+    out = {}
+    for path, variable in variables.items():
+        name = str(getattr(variable, "name", "") or "").removesuffix(":0")
+        out[path] = {path, strip(path), name, strip(name)} - {""}
+    return out
+
+
+def _too_broad(rule: Rule, members: list, pairs: dict, target_of: dict,
+               forms: dict) -> bool:
+    """Whether a rule with placeholders names a variable other than its pairs' (or one of
+    them by another key) in the export direction: then its pairs get one rule each."""
+    wanted = {pairs[key][0]: key for key in members}
+    for path, names in forms.items():
+        for form in names:
+            name = rule.source_name(form)
+            if name is not None and wanted.get(path) != name:
+                return True
+    return False
+
+
+def _rules(pairs: dict, keys: list, target_of: dict, variables: dict) -> list:
+    """Rules for the pairs: one rule with placeholders for the pairs that differ only by
+    their numbers (where it rewrites every key as its pair wants and takes no other key),
+    else one rule per pair."""
+    groups: dict = {}
+    for key, (path, transform) in pairs.items():
+        target = target_of[path]
+        numbers = tuple(_NUMBER.findall(key))
+        generic = numbers and numbers == tuple(_NUMBER.findall(target)) and len(numbers) <= 6
+        group = (_pattern(key, numbers), _pattern(target, numbers), repr(transform)) \
+            if generic else (key, target, repr(transform), "literal")
+        groups.setdefault(group, []).append(key)
+    literal = {g for g, members in groups.items() if len(members) < 2 or len(g) == 4}
+    generic = [g for g in groups if g not in literal]
+    if len(generic) * len(variables) > _PAIR_LIMIT:
+        literal |= set(generic)
+    else:
+        forms = _names_of(variables)
+        literal |= {g for g in generic if _too_broad(
+            Rule(g[0], g[1]), groups[g], pairs, target_of, forms)}
+    for _ in range(len(groups) + 1):
+        rules, owner = [], {}
+        for group, members in groups.items():
+            if group in literal:
+                for key in members:
+                    path, transform = pairs[key]
+                    rules.append(_literal(key, target_of[path], transform))
+                    owner[rules[-1]] = group
+            else:
+                rules.append(Rule(group[0], group[1], pairs[members[0]][1]))
+                owner[rules[-1]] = group
+        wrong = set()
+        for key in keys:
+            rule, result = _rewritten(rules, key)
+            want = target_of[pairs[key][0]] if key in pairs else None
+            if rule is not None and result != want:
+                wrong.add(owner[rule])
+        if not wrong:
+            return rules
+        literal |= wrong
+    return []
+
+
+def propose(source: Source, variables: dict, the_plan: Plan) -> RuleSet | None:
+    """A rule set pairing the plan's leftover network entries with its leftover network
+    variables by names and shapes, or None when nothing pairs up."""
+    keys = [k for k in the_plan.unmatched_source if not is_optimizer_key(k)
+            and k in source.specs]
+    paths = [p for p in the_plan.unmatched_variables if not is_optimizer_key(p)
+             and p in variables]
+    if not keys or not paths:
+        return None
+    target_of = _target_names(paths, variables)
+    pairs = _pairs(keys, paths, source.specs, variables, target_of)
+    if not pairs:
+        return None
+    rules = _rules(pairs, keys, target_of, variables)
+    return RuleSet(rules) if rules else None
+
+
+def proposal_fix(source: Source, variables: dict, the_plan: Plan) -> str:
+    """The fix a refused restore states when a rule set can be proposed, else ""."""
+    proposed = propose(source, variables, the_plan)
+    if proposed is None:
+        return ""
+    return (f"objckpt.plan(obj, source).proposed holds a rule set proposed from names and "
+            f"shapes ({_render.count(len(proposed), 'rule')}): print the plan to review it "
+            "as Python, then pass it as rules= (it is never applied on its own)")
+
+
+def plan(obj, source, *, rules=None, at: str | None = None, strict: bool = True,
+         optimizer_state="auto") -> Plan:
+    obj, source = _api.obj_first("plan", obj, source)
+    obj_plan = _plan_of(obj, source, rules=rules, at=at, strict=strict,
+                        optimizer_state=optimizer_state)
+    if rules or not (obj_plan.unmatched_source and obj_plan.unmatched_variables):
+        return obj_plan
+    try:
+        proposed = propose(open_source(source), _tree.tree(obj), obj_plan)
+    except errors.ObjckptError:  # the plan stands without a proposal
+        return obj_plan
+    if proposed is None:
+        return obj_plan
+    return dataclasses.replace(obj_plan, proposed=proposed)
+
+
+plan.__doc__ = (_plan_of.__doc__ or "") + """
+    Where no rule fits (`rules` not given, entries and variables left over), the plan's
+    `proposed` holds a `objckpt.rules.RuleSet` proposed from names and shapes, shown as Python
+    in its text: review it, then pass `rules=plan.proposed`. It is never applied on its own.
+"""
