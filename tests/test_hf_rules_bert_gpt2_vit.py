@@ -196,7 +196,8 @@ def test_export_is_read_by_keras_hubs_own_importer(tmp_path, name):
     folder = _folder(tmp_path / name, config)
     objckpt.export(original, folder, rules=huggingface(name, config=config))
     written = load_file(f"{folder}/model.safetensors")  # the safetensors library reads it
-    assert len(written) == len(original.weights)  # every weight once; no SeedGenerator state
+    fused = 4 * LAYERS if name == "gpt2" else 0  # query/key/value kernels and biases -> c_attn
+    assert len(written) == len(original.weights) - fused  # no SeedGenerator state
     assert all("/" not in key for key in written)
     cls = {"bert": keras_hub.models.BertBackbone, "gpt2": keras_hub.models.GPT2Backbone,
            "vit": keras_hub.models.ViTBackbone}[name]
@@ -308,4 +309,51 @@ def test_keras_hubs_vit_importer_reads_bare_names(tmp_path):
     folder = _folder(tmp_path / "vit", VIT)
     objckpt.export(original, folder, rules=huggingface("vit", config=VIT))
     _rename(folder, lambda k: k[len("vit."):])
+    type(original).from_preset(folder)
+
+
+def _keras_hub_export(backbone, folder: str) -> None:
+    """keras-hub's own exporter to a Hugging Face folder (GPT-2 is the one of the three it
+    has: keras_hub/src/utils/transformers/export/gpt2.py)."""
+    pytest.importorskip("keras_hub")
+    from keras_hub.src.utils.transformers.export.hf_exporter import export_backbone
+
+    export_backbone(backbone, folder)
+
+
+@pytest.mark.skipif(not HAS_GPT2, reason="no GPT-2 rule set (objckpt.rules.Split)")
+@pytest.mark.parametrize("intermediate", [4 * HIDDEN, 2 * HIDDEN])
+def test_keras_hubs_gpt2_export_restores_through_the_set(tmp_path, intermediate):
+    """keras-hub's exporter (`transformer.`-prefixed names, fused c_attn) -> objckpt.restore
+    with the set chosen by the folder's config.json -> the original's weights and outputs;
+    and objckpt's export of the same backbone holds the same tensors, byte for byte (names
+    bare). An MLP width other than 4 * n_embd restores too (keras-hub's importer cannot
+    read it back: see the xfail below)."""
+    from safetensors.numpy import load_file
+
+    config = {**GPT2, "n_inner": intermediate}
+    original = _backbone("gpt2", config)
+    _randomize(original, 6)
+    folder = str(tmp_path / "keras_hub")
+    _keras_hub_export(original, folder)
+    fresh = _backbone("gpt2", config)
+    report = objckpt.restore(fresh, folder, rules=huggingface(folder))
+    assert len(report.restored) == len(original.weights) and not report.unexpected
+    assert _weights(fresh) == _weights(original)
+    _assert_same_outputs(fresh, original, "gpt2", config)
+    theirs = load_file(f"{folder}/model.safetensors")
+    ours = load_file(objckpt.export(original, tmp_path / "ours.safetensors",
+                                    rules=huggingface(folder)))
+    assert {"transformer." + k for k in ours} == set(theirs)
+    assert all(bits(ours[k]) == bits(theirs["transformer." + k]) for k in ours)
+
+
+@pytest.mark.skipif(not HAS_GPT2, reason="no GPT-2 rule set (objckpt.rules.Split)")
+@pytest.mark.xfail(strict=True, reason="keras-hub 0.32's GPT-2 importer sizes the MLP as 4 * "
+                   "n_embd, ignoring the n_inner its own exporter writes: 'cannot reshape "
+                   "array of size 512 into shape (16,64)'")
+def test_keras_hubs_gpt2_importer_reads_its_own_export_of_another_mlp_width(tmp_path):
+    original = _backbone("gpt2", {**GPT2, "n_inner": 2 * HIDDEN})
+    folder = str(tmp_path / "keras_hub")
+    _keras_hub_export(original, folder)
     type(original).from_preset(folder)
