@@ -100,6 +100,14 @@ def test_attention_reshapes_follow_the_config():
     assert keras_o.shape == (4, 8, 16) and keras_o[1, 6, 9] == torch_o[9, 1 * 8 + 6]
 
 
+def test_the_name_chooses_gemma2_without_a_model_type_in_the_config():
+    config = {k: v for k, v in GEMMA2.items() if k != "model_type"}
+    targets = {rule.target for rule in huggingface("gemma2", config=config)}
+    assert "decoder_block_{i}/post_ffw_norm/scale" in targets
+    assert "decoder_block_{i}/post_ffw_norm/scale" not in {
+        rule.target for rule in huggingface("gemma", config=config)}
+
+
 @pytest.mark.parametrize("missing", ["hidden_size", "num_attention_heads"])
 @pytest.mark.parametrize("name", ["llama", "mistral", "gemma"])
 def test_a_config_without_sizes_is_refused(name, missing):
@@ -250,6 +258,27 @@ def test_round_trip_is_exact(tmp_path, case):
     fresh = _backbone(case, seed=7)
     assert _values(fresh) != _values(model)
     objckpt.restore(fresh, written, rules=rules)
+    assert _values(fresh) == _values(model)
+
+
+def test_a_tied_llama_export_with_lm_head_needs_strict_false(tmp_path):
+    """keras-hub's Llama export with include_lm_head=True repeats a tied embedding as
+    `lm_head.weight`; the tied set has no variable for it: strict restore names it and
+    changes nothing, strict=False restores everything else exactly."""
+    _keras_hub()
+    from keras_hub.src.utils.transformers.export.hf_exporter import export_backbone
+
+    model = _backbone("llama-tied", seed=9)
+    folder = str(tmp_path / "hf")
+    export_backbone(model, folder, include_lm_head=True)
+    fresh = _backbone("llama-tied", seed=10)
+    before = _values(fresh)
+    with pytest.raises(errors.StructureMismatchError, match=r"(?s)lm_head\.weight.*Fix: pass "
+                       r"strict=False"):
+        objckpt.restore(fresh, folder, rules=huggingface(folder))
+    assert _values(fresh) == before
+    report = objckpt.restore(fresh, folder, rules=huggingface(folder), strict=False)
+    assert tuple(report.unexpected) == ("lm_head.weight",)
     assert _values(fresh) == _values(model)
 
 

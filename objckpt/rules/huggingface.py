@@ -87,4 +87,6 @@ def huggingface(name_or_folder: str, *, config: dict | None = None) -> _core.Rul
             f"No Hugging Face rule set for model type {model_type!r}. Supported: "
             f"{', '.join(supported()) or 'none yet'}. Fix: pass one of them, or write the "
             "rules with objckpt.rules.Rule (objckpt.plan(model, source) proposes some).")
-    return importlib.import_module(module).rules(dict(config or {}))
+    config = dict(config or {})
+    config.setdefault("model_type", model_type.lower())  # a module may cover several types
+    return importlib.import_module(module).rules(config)
