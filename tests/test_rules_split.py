@@ -291,3 +291,39 @@ def test_export_refuses_tied_weights_that_differ(tmp_path):
     assert "`emb/embeddings`" in text and "`lm_head/kernel`" in text and "tied" in text
     assert f"4 of {H * VOCAB} value(s) differ" in text and "Fix:" in text
     assert not os.path.exists(tmp_path / "m.safetensors")
+
+
+@pytest.mark.parametrize("flavour", flavours.KERAS_FLAVOURS)
+def test_restore_on_create_and_migrate_fan_out_too(flavour, tmp_path):
+    keras = keras_for(flavour)
+    arrays = _arrays(3)
+    source = objckpt.Snapshot({k: tf.constant(v) for k, v in arrays.items()})
+
+    class Lazy(keras.Model):  # variables created at its first call
+        def __init__(self):
+            super().__init__()
+            self.emb = keras.layers.Embedding(VOCAB, H, name="emb")
+            self.query, self.key, self.value = (keras.layers.Dense(H, name=n)
+                                                for n in ("query", "key", "value"))
+            self.lm_head = keras.layers.Dense(VOCAB, use_bias=False, name="lm_head")
+
+        def call(self, tokens):
+            x = self.emb(tokens)
+            return self.lm_head(self.query(x) + self.key(x) + self.value(x))
+
+    model = Lazy()
+    pending = objckpt.restore_on_create(model, source, rules=GPT2_LIKE)
+    model(np.zeros((1, 3), "int32"))
+    pending.assert_done()
+    weight = arrays["h.attn.c_attn.weight"]
+    np.testing.assert_array_equal(model.value.kernel.numpy(), weight[:, 2 * H:])
+    np.testing.assert_array_equal(model.key.bias.numpy(), arrays["h.attn.c_attn.bias"][H:2 * H])
+    np.testing.assert_array_equal(model.lm_head.kernel.numpy(), arrays["wte.weight"].T)
+    # migrate writes each variable its part; a plain restore of that checkpoint is exact.
+    fresh = _model(flavour)
+    prefix = objckpt.migrate(fresh, source, str(tmp_path / "ckpt"), rules=GPT2_LIKE)
+    objckpt.restore(fresh, prefix)
+    got = _variables(fresh, flavour)
+    np.testing.assert_array_equal(got["query/kernel"], weight[:, :H])
+    np.testing.assert_array_equal(got["lm_head/kernel"], arrays["wte.weight"].T)
+    np.testing.assert_array_equal(got["emb/embeddings"], arrays["wte.weight"])
