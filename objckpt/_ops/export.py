@@ -301,8 +301,8 @@ def _fused(parts: list, splits: list, path: str) -> _Tensor:
             f"Cannot write `{name}` from its parts ({split!r}, index aside): "
             f"{'; '.join(said)}. Found: {_listed(parts)}. Nothing was written to "
             f"`{_render.safe(path)}`. Fix: give each index 0..{split.count - 1} exactly one "
-            "rule (and variable), or pass strict=False with rules that leave the part "
-            "out.", source=path)
+            "rule whose target is a variable of the obj (the parts must all be there to "
+            "make the one tensor).", source=path)
     ordered = [by_index[i][0] for i in range(split.count)]
     shape0, dtype = ordered[0].shape, ordered[0].dtype
     rank = len(shape0)

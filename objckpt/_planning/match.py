@@ -260,24 +260,35 @@ def _claim(work: _Work) -> None:
             work.rewritten[key] = (new, rule)
 
 
+_FANNED_LISTED = 4  # source entries named in the note of those that feed several variables
+
+
 def _fan_out_note(work: _Work) -> None:
-    """A note per source key that feeds several variables, naming each target and rule; a
-    part no variable takes keeps the key unmatched (a strict restore refuses it)."""
+    """Notes the source keys that feed several variables (each target is a row of the plan,
+    with its rule); a part that matches no variable is named with its rule and keeps the key
+    unmatched (a strict restore refuses it)."""
+    fed = []
     for key, pairs in work.fanned.items():
-        lines, missed = [], False
+        shown, targets = _render.safe(work.view[key]), []
         for new, rule in pairs:
             target = next((t for t, (k, _, r) in work.chosen.items()
                            if k == key and r is rule), None)
             if target is None:
-                missed = True
-                lines.append(f"`{_render.safe(new)}` by {rule}: matches no variable")
+                work.forced.add(key)
+                work.notes.append(
+                    f"source entry `{shown}` feeds several variables by rules that share its "
+                    f"source pattern, but its part for `{_render.safe(new)}` ({rule}) matches "
+                    "no variable of the obj")
             else:
-                lines.append(f"`{_render.safe(target)}` by {rule}")
+                targets.append(work.targets.label(target))
+        fed.append(f"`{shown}` -> {', '.join(targets) or 'none'}")
+    if fed:
+        more = len(fed) - _FANNED_LISTED
         work.notes.append(
-            f"source entry `{_render.safe(work.view[key])}` feeds {len(pairs)} variables "
-            f"through rules that share its source pattern: {'; '.join(lines)}")
-        if missed:
-            work.forced.add(key)
+            f"{len(fed):,} source {'entry feeds' if len(fed) == 1 else 'entries feed'} "
+            "several variables each, by rules "
+            f"that share a source pattern (a Split's parts, or tied weights): "
+            f"{'; '.join(fed[:_FANNED_LISTED])}" + (f"; and {more} more" if more > 0 else ""))
 
 
 def _choose(work: _Work) -> None:
