@@ -5,7 +5,7 @@ Usage:
                            [--note TEXT] [--repeats N] [--only a|b]
                            [--section all|foundation|twins|migrate|ensemble|checkpointing|
                                       completeness|untrusted|cli|formats|distribute|io|
-                                      wide|remote] ...
+                                      wide|remote|safetensors] ...
                            [--steps N] [--batch N] [--migrate-tensors N] [--io-sizes MiB,MiB]
                            [--wide-sizes N,N,N] [--remote-size-mib MiB] [--merge]
   python benchmarks/run.py --render results.json --markdown docs/benchmarks.md
@@ -206,7 +206,8 @@ def main(argv=None) -> int:
     parser.add_argument("--section", action="append",
                         choices=["all", "foundation", "twins", "migrate", "ensemble",
                                  "checkpointing", "completeness", "untrusted", "cli",
-                                 "formats", "distribute", "io", "wide", "remote"],
+                                 "formats", "distribute", "io", "wide", "remote",
+                                 "safetensors"],
                         help="run this section (repeatable; default all)")
     parser.add_argument("--migrate-tensors", type=int, default=16,
                         help="float32 4096x4096 tensors in the migrate source (16: ~1.07 GB)")
@@ -216,6 +217,9 @@ def main(argv=None) -> int:
                         help="section wide: root children of the wide checkpoints")
     parser.add_argument("--remote-size-mib", "--size-mib", type=int, default=512,
                         help="section remote: the model's size in MiB (16 for a smoke run)")
+    parser.add_argument("--safetensors-layers", type=int, default=2,
+                        help="section safetensors: decoder layers of the Llama backbone "
+                        "(2: a ~215 MB file)")
     parser.add_argument("--merge", action="store_true",
                         help="with --json: keep the existing file's sections this run did "
                         "not run (and its command), adding this run's")
@@ -449,6 +453,18 @@ def run(args, argv, earlier: dict | None = None) -> dict:
         for reason in skipped:
             print(f"\n[remote] skipped: {reason}")
             out.setdefault("skipped", []).append(f"remote: {reason}")
+    if wanted("safetensors") and args.only != "b":
+        import bench_safetensors
+
+        result, skipped = bench_safetensors.bench_safetensors(max(1, min(args.repeats, 3)),
+                                                              args.safetensors_layers)
+        if result is None:
+            print(f"\n[safetensors] skipped: {skipped}")
+            out.setdefault("skipped", []).append(f"safetensors: {skipped}")
+        else:
+            show("safetensors", "[safetensors: a Hugging Face folder into a keras-hub "
+                 f"backbone] {result['model']}", result, "safetensors",
+                 printer=bench_safetensors.print_result)
     return out
 
 

@@ -1,0 +1,225 @@
+"""Restoring a Hugging Face safetensors folder into a keras-hub backbone (issue 31).
+
+The folder is what `objckpt.export` writes for a keras-hub `Llama3Backbone` of a small but wide
+config (hidden 1024, 8 heads, 2 layers, vocabulary 32,000, tied embeddings: ~213 MB of
+float32 in one `model.safetensors`) with `objckpt.rules.huggingface("llama")`, beside its
+`config.json` as transformers writes it. Into a fresh backbone of the same config:
+
+- `objckpt.restore(backbone, folder, rules=huggingface(folder))`: the header checked, the
+  plan made and checked, every tensor read through mmap, transformed (torch layouts to Keras
+  ones: Transpose, Reshape) and assigned;
+- keras-hub's own importer, `keras_hub.models.Backbone.from_preset(folder)` (it builds the
+  backbone too: the time of building one alone is shown beside it);
+- the limit: `safetensors.numpy.load_file(file)` and `variable.assign` of each tensor, put
+  through the same transforms in NumPy, the name -> variable map made beforehand (no plan,
+  no checks).
+
+Every operation runs once to warm up, then `repeats` interleaved rounds (the order reversed
+every other round); figures are medians in seconds, ratio spans the per-round ratios. Each
+restore's values are checked bit for bit against the exported model before anything is
+timed.
+
+Run alone: `python benchmarks/bench_safetensors.py [--layers 2] [--repeats 3]`; or
+`python benchmarks/run.py --section safetensors`. Needs keras-hub and safetensors (Keras 3
+only); without them it says what is missing and measures nothing.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import numpy as np
+
+import objckpt
+
+TARGET_LIMIT = "<= 1.1x"
+TARGET_KERAS_HUB = ">= 1x"
+HIDDEN, HEADS, INTERMEDIATE, VOCAB = 1024, 8, 2048, 32000
+
+
+def _config(layers: int) -> dict:
+    return {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": VOCAB,
+        "hidden_size": HIDDEN, "intermediate_size": INTERMEDIATE, "num_hidden_layers": layers,
+        "num_attention_heads": HEADS, "num_key_value_heads": HEADS,
+        "head_dim": HIDDEN // HEADS, "hidden_act": "silu", "max_position_embeddings": 2048,
+        "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "rope_scaling": None,
+        "tie_word_embeddings": True, "torch_dtype": "float32",
+    }
+
+
+def _backbone(keras_hub, layers: int):
+    return keras_hub.models.Llama3Backbone(
+        vocabulary_size=VOCAB, num_layers=layers, num_query_heads=HEADS,
+        num_key_value_heads=HEADS, hidden_dim=HIDDEN, intermediate_dim=INTERMEDIATE,
+        tie_word_embeddings=True)
+
+
+def _values(model) -> list:
+    return [np.asarray(v.numpy()) for v in model.weights]
+
+
+def _same(model, values: list) -> bool:
+    return all(np.array_equal(np.asarray(v.numpy()), w) for v, w in zip(model.weights, values))
+
+
+def _scramble(model, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    for variable in model.weights:
+        variable.assign(rng.standard_normal(variable.shape, dtype=np.float32))
+
+
+def bench_safetensors(repeats: int = 3, layers: int = 2):
+    """The result (seconds, ratios) or (None, why it was not measured)."""
+    try:
+        import keras_hub
+        import safetensors.numpy as safetensors_numpy
+    except ImportError as err:
+        return None, f"needs keras-hub and safetensors (Keras 3): {err}"
+    from objckpt.rules import huggingface
+
+    workdir = tempfile.mkdtemp(prefix="objckpt-bench-safetensors-")
+    folder = os.path.join(workdir, "hf")
+    os.makedirs(folder)
+    config = _config(layers)
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(config, f)
+    source = _backbone(keras_hub, layers)
+    _scramble(source, 0)
+    exported = _values(source)
+    rules = huggingface(folder)
+    objckpt.export(source, folder, rules=rules)
+    del source
+    gc.collect()
+    files = sorted(n for n in os.listdir(folder) if n.endswith(".safetensors"))
+    nbytes = sum(os.path.getsize(os.path.join(folder, n)) for n in files)
+    path = os.path.join(folder, files[0])
+
+    target = _backbone(keras_hub, layers)
+    variables = objckpt.tree(target)
+    the_plan = objckpt.plan(target, folder, rules=huggingface(folder))
+    assert the_plan.complete, the_plan.describe()
+    mapping = [(m.source, variables[m.target], m.transform) for m in the_plan.matches]
+
+    def restore():
+        objckpt.restore(target, folder, rules=huggingface(folder))
+
+    def limit():
+        tensors = safetensors_numpy.load_file(path)
+        for name, variable, transform in mapping:
+            value = tensors[name]
+            variable.assign(transform(value) if transform is not None else value)
+
+    loaded = []
+
+    def from_preset():
+        loaded.clear()
+        gc.collect()
+        loaded.append(keras_hub.models.Backbone.from_preset(folder))
+
+    def build():
+        loaded.clear()
+        gc.collect()
+        loaded.append(_backbone(keras_hub, layers))
+
+    notes = []
+    checks = {"objckpt.restore(backbone, folder, rules=huggingface(folder))": restore,
+              "safetensors.numpy.load_file + assign (the limit)": limit}
+    for name, fn in checks.items():
+        _scramble(target, 1)
+        fn()
+        if not _same(target, exported):
+            raise AssertionError(f"{name} did not restore the exported values")
+    operations = dict(checks)
+    try:
+        from_preset()
+        if not _same(loaded[0], exported):
+            notes.append("keras-hub's from_preset loaded other values than the exported ones")
+        operations["keras_hub Backbone.from_preset(folder)"] = from_preset
+        operations["Llama3Backbone(...) built alone (part of from_preset)"] = build
+    except Exception as err:  # keras-hub's importer: recorded, not raised
+        notes.append(f"keras-hub's from_preset(folder) failed: {type(err).__name__}: "
+                     f"{str(err).splitlines()[0] if str(err) else ''}")
+    loaded.clear()
+
+    times = {name: [] for name in operations}
+    names = list(operations)
+    for name in names:  # warm up: traced functions, page cache
+        operations[name]()
+    for round_ in range(repeats):
+        for name in (names if round_ % 2 == 0 else names[::-1]):
+            gc.collect()
+            start = time.perf_counter()
+            operations[name]()
+            times[name].append(time.perf_counter() - start)
+    loaded.clear()
+    seconds = {name: statistics.median(t) for name, t in times.items()}
+    spread = {name: (min(t), max(t)) for name, t in times.items()}
+    ours, the_limit = names[0], names[1]
+
+    def span(base, name):
+        per_round = [b / o for b, o in zip(times[base], times[name])]
+        return (min(per_round), max(per_round))
+
+    ratio = seconds[ours] / seconds[the_limit]
+    rows = [("objckpt.restore time / (load_file + assign)", ratio, TARGET_LIMIT,
+             ratio <= 1.1, span(ours, the_limit))]
+    preset = "keras_hub Backbone.from_preset(folder)"
+    if preset in seconds:
+        ratio = seconds[preset] / seconds[ours]
+        rows.append(("keras-hub from_preset time / objckpt.restore time", ratio,
+                     TARGET_KERAS_HUB, ratio >= 1, span(preset, ours)))
+        built = "Llama3Backbone(...) built alone (part of from_preset)"
+        per_round = [(p - b) / o for p, b, o in zip(times[preset], times[built], times[ours])]
+        rows.append(("keras-hub from_preset less building the backbone / objckpt.restore "
+                     "(per round)", statistics.median(per_round), "", None,
+                     (min(per_round), max(per_round))))
+    params = sum(int(np.prod(v.shape)) for v in target.weights)
+    return {"model": f"Llama3Backbone, hidden {HIDDEN}, {layers} layers, vocabulary {VOCAB}, "
+                     f"tied: {params / 1e6:.1f}M float32 parameters in {len(variables)} "
+                     f"variables; {len(files)} safetensors file of {nbytes / 1e6:.0f} MB",
+            "bytes": nbytes, "s": seconds, "spread": spread, "ratios": rows,
+            "notes": notes}, None
+
+
+def print_result(result: dict, title: str | None = None) -> None:
+    if title is not None:
+        print(f"\n[safetensors: {title}] {result['model']}")
+    for name, value in result.get("s", {}).items():
+        lo, hi = result.get("spread", {}).get(name, (value, value))
+        print(f"  {name:58s} {value:8.3f} s  ({lo:.3f} .. {hi:.3f})")
+    for what, value, target, ok, *_ in result.get("ratios", []):
+        mark = "" if ok is None else ("  met" if ok else "  NOT MET")
+        print(f"  {what:70s} {value:6.2f}x {target or ''}{mark}")
+    for note in result.get("notes", []):
+        print(f"  - {note}")
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args(argv)
+    result, skipped = bench_safetensors(args.repeats, args.layers)
+    if result is None:
+        print(f"skipped: {skipped}")
+        return 0
+    print_result(result, "Hugging Face folder into a keras-hub backbone")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
