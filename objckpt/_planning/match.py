@@ -268,11 +268,12 @@ def _fan_out_note(work: _Work) -> None:
     with its rule); a part that matches no variable is named with its rule and keeps the key
     unmatched (a strict restore refuses it)."""
     fed = []
+    taken = {(k, r.index): t for t, (k, _, r) in work.chosen.items()
+             if r is not None and k in work.fanned}
     for key, pairs in work.fanned.items():
         shown, targets = _render.safe(work.view[key]), []
         for new, rule in pairs:
-            target = next((t for t, (k, _, r) in work.chosen.items()
-                           if k == key and r is rule), None)
+            target = taken.get((key, rule.index))
             if target is None:
                 work.forced.add(key)
                 work.notes.append(
