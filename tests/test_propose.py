@@ -202,3 +202,20 @@ def test_too_many_pairs_of_one_size_propose_nothing(tmp_path, monkeypatch):
     monkeypatch.setattr(propose, "_PAIR_LIMIT", 1)  # 1 key x 2 biases of 6 elements
     assert objckpt.plan(net, path).proposed is None
     assert os.path.exists(path)
+
+
+def test_a_placeholder_rule_that_would_take_an_unpaired_entry_becomes_one_rule_each(tmp_path):
+    net = _Net()
+    rng = np.random.default_rng(5)
+    # blocks.2 has no attn_2 to feed: `blocks.{i}.attn.bias` would rewrite it to a path the
+    # obj lacks, so each pair gets its own rule and blocks.2 stays unmatched.
+    tensors = {f"blocks.{i}.attn.bias": rng.standard_normal((6,)).astype(np.float32)
+               for i in range(3)}
+    path = str(tmp_path / "m.safetensors")
+    safetensors_numpy.save_file(tensors, path)
+    the_plan = objckpt.plan(net, path)
+    assert list(the_plan.proposed) == [Rule("blocks.0.attn.bias", "attn_0/bias"),
+                                       Rule("blocks.1.attn.bias", "attn_1/bias")]
+    report = objckpt.restore(net, path, rules=the_plan.proposed, strict=False)
+    assert sorted(report.unexpected) == ["blocks.2.attn.bias"]
+    assert bits(net.attn_1.bias.numpy()) == bits(tensors["blocks.1.attn.bias"])

@@ -194,14 +194,6 @@ def _literal(key: str, target: str, transform) -> Rule:
     return Rule(_escape(key), _escape(target), transform)
 
 
-def _rewritten(rules: list, key: str):
-    for rule in rules:
-        regex, replacement, _ = rule.regex_rule()
-        if re.match(regex, key):
-            return rule, re.sub(regex, replacement, key, count=1)
-    return None, None
-
-
 def _names_of(variables: dict) -> dict:
     """{object path: the forms a rule's target may meet it by, in export or restore}."""
     out = {}
@@ -245,22 +237,33 @@ def _rules(pairs: dict, keys: list, target_of: dict, variables: dict) -> list:
         literal |= {g for g in generic if _too_broad(
             Rule(g[0], g[1]), groups[g], pairs, target_of, forms)}
     for _ in range(len(groups) + 1):
-        rules, owner = [], {}
+        rules, exact, generic = [], {}, []
         for group, members in groups.items():
             if group in literal:
                 for key in members:
                     path, transform = pairs[key]
+                    exact[key] = len(rules)
                     rules.append(_literal(key, target_of[path], transform))
-                    owner[rules[-1]] = group
             else:
+                generic.append((len(rules), group))
                 rules.append(Rule(group[0], group[1], pairs[members[0]][1]))
-                owner[rules[-1]] = group
+        if len(generic) * len(keys) > _PAIR_LIMIT:
+            literal |= {group for _, group in generic}
+            continue
+        # Each key as restore rewrites it: by the first rule that matches (a literal rule
+        # matches its own key only, so only the rules with placeholders are scanned).
         wrong = set()
         for key in keys:
-            rule, result = _rewritten(rules, key)
-            want = target_of[pairs[key][0]] if key in pairs else None
-            if rule is not None and result != want:
-                wrong.add(owner[rule])
+            limit = exact.get(key, len(rules))
+            for index, group in generic:
+                if index > limit:
+                    break
+                rule = rules[index]
+                if rule.source_regex.match(key):
+                    want = target_of[pairs[key][0]] if key in pairs else None
+                    if rule.source_regex.sub(rule.regex_rule()[1], key, count=1) != want:
+                        wrong.add(group)
+                    break
         if not wrong:
             return rules
         literal |= wrong
