@@ -333,3 +333,18 @@ def test_restore_on_create_and_migrate_fan_out_too(flavour, tmp_path):
     np.testing.assert_array_equal(got["query/kernel"], weight[:, :H])
     np.testing.assert_array_equal(got["lm_head/kernel"], arrays["wte.weight"].T)
     np.testing.assert_array_equal(got["emb/embeddings"], arrays["wte.weight"])
+
+
+def test_a_rule_set_of_alternatives_never_reports_the_spellings_a_file_lacks(recwarn):
+    from objckpt._planning import rules as _planning_rules
+
+    rules = [objckpt.rules.Rule("bert.{n}.weight", "{n}/kernel"),
+             objckpt.rules.Rule("{n}.weight", "{n}/kernel")]
+    view = {"dense.weight": "dense.weight"}
+    loud = _planning_rules.rewrite_view(view, _planning_rules.parse_rules(
+        objckpt.rules.RuleSet(rules)))
+    quiet = _planning_rules.rewrite_view(view, _planning_rules.parse_rules(
+        objckpt.rules.RuleSet(rules, alternatives=True)))
+    assert [e[2] for e in loud.entries] == [e[2] for e in quiet.entries] == ["dense/kernel"]
+    assert len(loud.unused) == 1 and "bert.{n}.weight" in loud.unused[0]
+    assert quiet.unused == []

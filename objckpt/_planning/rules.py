@@ -38,6 +38,9 @@ class Rule:
     # The later objckpt.rules.Rules with the same source pattern: a key this rule rewrites
     # feeds their targets too (a Split's parts, or tied weights). Only such rules fan out.
     also: tuple = ()
+    # From a RuleSet of alternatives (a shipped Hugging Face set lists every spelling a file
+    # may use): matching no key is expected, never reported.
+    optional: bool = False
 
     def __str__(self) -> str:
         if self.label is not None:
@@ -94,7 +97,8 @@ def parse_rules(rules) -> tuple[Rule, ...]:
                 "are (regex, replacement) pairs applied with re.sub(regex, replacement, key, "
                 "count=1). Fix: correct the pattern (re.escape(text) matches text "
                 "literally).") from err
-        parsed.append(Rule(index, regex, replacement, transform, label))
+        parsed.append(Rule(index, regex, replacement, transform, label,
+                           optional=bool(getattr(rules, "alternatives", False))))
     return _fan_out(parsed, rules)
 
 
@@ -177,7 +181,7 @@ def rewrite_view(view: dict, rules: tuple[Rule, ...], *, keep=None,
         entries.extend((key, full, n, r) for n, r in pairs)
     unused, shadowed_rules = [], []
     for rule in rules:
-        if rule.index not in fired:
+        if rule.index not in fired and not rule.optional:
             why = why_shadowed(rule, taken)
             if why:
                 shadowed_rules.append(why)

@@ -508,7 +508,11 @@ class RuleSet(Sequence):
     writes it once, after checking that every variable gives the same bytes.
     """
 
-    def __init__(self, rules=()):
+    def __init__(self, rules=(), *, alternatives: bool = False):
+        """alternatives: the rules list several spellings of what one file may hold (the
+        shipped Hugging Face sets: names with or without a model prefix, `weight` or
+        `gamma`); a rule that matches no key is then expected, not reported."""
+        self.alternatives = bool(alternatives)
         if isinstance(rules, Rule):
             rules = [rules]
         items = list(rules)

@@ -74,4 +74,4 @@ def rules(config: dict) -> RuleSet:
         Rule(f"{source}.mlp.up_proj.weight", f"{layer}/ffw_gating_2/kernel", Transpose()),
         Rule(f"{source}.mlp.down_proj.weight", f"{layer}/ffw_linear/kernel", Transpose()),
     ]
-    return RuleSet(out)
+    return RuleSet(out, alternatives=True)

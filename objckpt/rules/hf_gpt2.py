@@ -89,4 +89,4 @@ def rules(config: dict) -> RuleSet:
     """
     bare = _bare(config)
     return RuleSet([Rule(prefix + rule.source, rule.target, rule.transform)
-                    for prefix in PREFIXES for rule in bare])
+                    for prefix in PREFIXES for rule in bare], alternatives=True)

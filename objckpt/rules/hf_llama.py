@@ -75,7 +75,7 @@ def decoder_rules(config: dict, model: str, *, head_dim: int | None = None,
         Rule("model.layers.{i}.mlp.down_proj.weight",
              f"{layer}/feedforward_output_dense/kernel", Transpose()),
     ]
-    return RuleSet(out)
+    return RuleSet(out, alternatives=True)
 
 
 def rules(config: dict) -> RuleSet:
