@@ -219,3 +219,54 @@ def test_a_placeholder_rule_that_would_take_an_unpaired_entry_becomes_one_rule_e
     report = objckpt.restore(net, path, rules=the_plan.proposed, strict=False)
     assert sorted(report.unexpected) == ["blocks.2.attn.bias"]
     assert bits(net.attn_1.bias.numpy()) == bits(tensors["blocks.1.attn.bias"])
+
+
+def test_a_llama_folder_without_its_set_gets_what_the_docs_say(tmp_path):
+    """docs/huggingface.md: on a Hugging Face Llama folder without its rule set, the proposal
+    feeds the embedding, the MLP and the attention projections as the shipped set does
+    (values compared with a restore through `objckpt.rules.huggingface`), leaves
+    input_layernorm, the final norm and lm_head unpaired, and pairs post_attention_layernorm
+    with keras-hub's self_attention_layernorm (the words agree, the meaning does not)."""
+    import json
+
+    keras_hub = pytest.importorskip("keras_hub")
+    from objckpt.rules import huggingface
+
+    config = {"model_type": "llama", "vocab_size": 64, "hidden_size": 16,
+              "intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "head_dim": 4, "tie_word_embeddings": False}
+
+    def backbone(seed):
+        model = keras_hub.models.Llama3Backbone(
+            vocabulary_size=64, num_layers=2, num_query_heads=4, num_key_value_heads=2,
+            hidden_dim=16, intermediate_dim=32, tie_word_embeddings=False)
+        rng = np.random.default_rng(seed)
+        for variable in model.weights:
+            variable.assign(rng.standard_normal(variable.shape).astype(np.float32))
+        return model
+
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    objckpt.export(backbone(0), str(folder), rules=huggingface(str(folder)))
+    shipped, proposed_into = backbone(1), backbone(2)
+    objckpt.restore(shipped, str(folder), rules=huggingface(str(folder)))
+
+    the_plan = objckpt.plan(proposed_into, str(folder))
+    sources = {rule.source for rule in the_plan.proposed}
+    assert "model.layers.{i}.self_attn.q_proj.weight" in sources
+    assert not any("input_layernorm" in s or s in ("lm_head.weight", "model.norm.weight")
+                   for s in sources)
+    assert [r.target for r in the_plan.proposed if "post_attention" in r.source] == [
+        "transformer_layer_{i}/self_attention_layernorm/scale"]
+    report = objckpt.restore(proposed_into, str(folder), rules=the_plan.proposed, strict=False)
+    assert len(report.restored) == 17
+    want = {v.name.removesuffix(":0"): v for v in objckpt.tree(shipped).values()}
+    got = {v.name.removesuffix(":0"): v for v in objckpt.tree(proposed_into).values()}
+    fed = objckpt.plan(proposed_into, str(folder), rules=the_plan.proposed, strict=False)
+    names = {objckpt.tree(proposed_into)[m.target].name.removesuffix(":0")
+             for m in fed.matches}
+    assert len(names) == 17
+    for name in names:
+        same = bits(got[name].numpy()) == bits(want[name].numpy())
+        assert same == ("self_attention_layernorm" not in name), name

@@ -45,7 +45,9 @@ _SYNONYMS = {
     "linear": "dense", "fc": "dense", "lin": "dense",
     "attn": "attention", "self": "attention", "mha": "attention",
     "ffn": "mlp", "feedforward": "mlp", "ff": "mlp",
-    "lm": "head", "classifier": "head", "out": "head", "output": "head",
+    "lm": "head", "classifier": "head",
+    "q": "query", "k": "key", "v": "value", "o": "output", "out": "output",
+    "up": "intermediate", "down": "output", "wi": "intermediate", "wo": "output",
 }
 # A weight's role: the last part of its name, grouped by what it means.
 _ROLES = {
