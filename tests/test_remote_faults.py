@@ -379,7 +379,8 @@ def test_503_429_and_dropped_connections_are_retried_on_save_and_restore(
     assert len(saved_failures) == 6
 
     proxy.reset()
-    # The data object (8 KiB) is downloaded in 1 KiB ranged parts, several at a time.
+    # S3: the data object (8 KiB) is downloaded in 1 KiB ranged parts, several at a time;
+    # GCS: by gcsfs's own (concurrent) get_file.
     monkeypatch.setattr(_remote, "PART_BYTES", 1024)
     proxy.drop_next(2, method="GET", path=data)
     proxy.fail_next(2, 429, method="GET", path=r"ckpt-1\.index")
@@ -388,7 +389,8 @@ def test_503_429_and_dropped_connections_are_retried_on_save_and_restore(
     objckpt.restore(fresh, run, at="model")
     assert proxy.failed == 6, proxy.log
     ranged = [e for e in proxy.log if e[0] == "GET" and re.search(data, e[1])]
-    assert len([e for e in ranged if e[2] in ("200", "206")]) >= 8, ranged
+    assert len([e for e in ranged if e[2] in ("200", "206")]) >= (
+        8 if server.kind == "s3" else 1), ranged
     assert values(fresh) == values(net)
     assert sleeps.delays  # the clients backed off (on the fake clock) and tried again
 
