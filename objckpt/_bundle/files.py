@@ -409,21 +409,9 @@ def _resolve(source: str | os.PathLike, *,
         if not _exists(os.path.join(source, STATE_FILE)) and not os.path.islink(
                 os.path.join(source, STATE_FILE)):
             return _newest_on_disk(source, shown, tf_reader)
-        prefixes, notes = state_prefixes(source, tf_reader=tf_reader)
-        for prefix in prefixes:
-            problem = check_intact(prefix, tf_reader=tf_reader)
-            if problem is None:
-                return prefix, tuple(notes)
-            notes.append(f"skipped `{_render.safe(prefix)}`: {problem}")
-        found = intact_prefixes(source, tf_reader=tf_reader)
-        fix = ("\nIntact checkpoints found in the directory, which its state file does not "
-               "name: " + ", ".join(f"`{_render.safe(p)}`" for p in found) + ". Fix: pass one of "
-               f"them as the prefix to restore from it, or fix the state file "
-               f"`{os.path.join(source, STATE_FILE)}` so that it names them."
-               if found else "\nFix: restore from another copy, or write a new checkpoint.")
-        raise errors.CheckpointCorruptError(
-            f"Directory `{shown}` has no intact checkpoint that its state file names; "
-            "expected at least one, found:\n  " + "\n  ".join(notes) + fix, source=source)
+        return _newest_listed(source, shown, tf_reader, "state file",
+                              f", or fix the state file `{os.path.join(source, STATE_FILE)}` "
+                              "so that it names them")
     if _exists(source + ".index"):
         problem = regular_file_problem(source + ".index")
         if problem is not None:
@@ -462,6 +450,15 @@ def _resolve_remote(source: str, shown: str, tf_reader: bool) -> tuple[str, tupl
             "directory to use its newest checkpoint.", source=source)
     if not _exists(os.path.join(source, STATE_FILE)):
         return _newest_on_disk(source, shown, tf_reader)
+    return _newest_listed(source, shown, tf_reader, "state object")
+
+
+def _newest_listed(source: str, shown: str, tf_reader: bool, what: str,
+                   repair: str = "") -> tuple[str, tuple[str, ...]]:
+    """The newest intact checkpoint a directory's state file (`what`: "state file", or a
+    remote "state object") names; CheckpointCorruptError when it names none intact (the
+    message lists what was skipped, the intact ones found beside it, and `repair`: how to
+    fix the state file, where that is a fix)."""
     prefixes, notes = state_prefixes(source, tf_reader=tf_reader)
     for prefix in prefixes:
         problem = check_intact(prefix, tf_reader=tf_reader)
@@ -469,13 +466,13 @@ def _resolve_remote(source: str, shown: str, tf_reader: bool) -> tuple[str, tupl
             return prefix, tuple(notes)
         notes.append(f"skipped `{_render.safe(prefix)}`: {problem}")
     found = intact_prefixes(source, tf_reader=tf_reader)
-    fix = ("\nIntact checkpoints found in the directory, which its state object does not "
-           "name: " + ", ".join(f"`{_render.safe(p)}`" for p in found) + ". Fix: pass one of "
-           "them as the prefix to restore from it." if found
+    fix = (f"\nIntact checkpoints found in the directory, which its {what} does not name: "
+           + ", ".join(f"`{_render.safe(p)}`" for p in found) + ". Fix: pass one of them as "
+           f"the prefix to restore from it{repair}." if found
            else "\nFix: restore from another copy, or write a new checkpoint.")
     raise errors.CheckpointCorruptError(
-        f"Directory `{shown}` has no intact checkpoint that its state object names; expected "
-        "at least one, found:\n  " + "\n  ".join(notes) + fix, source=source)
+        f"Directory `{shown}` has no intact checkpoint that its {what} names; expected at "
+        "least one, found:\n  " + "\n  ".join(notes) + fix, source=source)
 
 
 # --- writing -------------------------------------------------------------------------

@@ -157,12 +157,6 @@ def client(url: str):
     return fs, strip_protocol(url)
 
 
-def _transient(err: BaseException) -> bool:
-    return not isinstance(err, (FileNotFoundError, PermissionError, FileExistsError,
-                                IsADirectoryError, NotADirectoryError, ValueError,
-                                TypeError, errors.ObjckptError))
-
-
 def _call(what: str, url: str, function, *args, **kwargs):
     """Runs a client call; a failure that is not "no such object" becomes `Unreachable`
     naming the URL (the clients already retried transient errors with backoff)."""
@@ -374,13 +368,6 @@ def remove(url: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         _call("Deleting", url, fs.rm_file, path)
     fs.invalidate_cache(path)
-
-
-def makedirs(url: str) -> None:
-    """Object stores have no folders: nothing to create (local file URLs: created)."""
-    fs, path = client(url)
-    if getattr(fs, "protocol", None) in ("file", ("file", "local")):
-        fs.makedirs(path, exist_ok=True)
 
 
 # --- transfers -------------------------------------------------------------------------------
