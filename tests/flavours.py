@@ -244,3 +244,19 @@ def _new_mirrored(replicas: int) -> tf.distribute.MirroredStrategy:
     devices = [device.name for device in tf.config.list_logical_devices("CPU")][:replicas]
     assert len(devices) == replicas, f"{replicas} logical CPUs wanted, found {devices}"
     return tf.distribute.MirroredStrategy(devices)
+
+
+def dense_bn(seed: int = 0, *, train: bool = True):
+    """Dense + BatchNorm + Dense in this session's Keras (Keras 3; tf_keras under
+    TF_USE_LEGACY_KERAS=1), compiled with Adam; one training step (optimizer slots)."""
+    keras = keras_for(session_flavour())
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, name="d"),
+                              keras.layers.BatchNormalization(name="bn"),
+                              keras.layers.Dense(2, name="o")], name="net")
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    if train:
+        rng = np.random.default_rng(seed)
+        model.train_on_batch(rng.normal(size=(4, 3)).astype("float32"),
+                             rng.normal(size=(4, 2)).astype("float32"))
+    return model

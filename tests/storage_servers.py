@@ -103,6 +103,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import socket
@@ -110,7 +111,9 @@ import subprocess
 import threading
 import time
 import urllib.request
+import uuid
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import pytest
 
@@ -704,3 +707,57 @@ def s3_proxy_fixture(s3_server) -> Iterator[FaultProxy]:
     """A FaultProxy in front of the module's s3_server, its env in force for the test."""
     with FaultProxy(s3_server) as proxy, use_env(proxy.env):
         yield proxy
+
+
+# --- what the remote test modules share ------------------------------------------------------
+
+
+class Store(NamedTuple):
+    """One emulator for a module: its URL scheme, the server and the module's bucket."""
+
+    scheme: str  # "gs" or "s3"
+    server: object  # GcsServer or S3Server
+    bucket: str
+
+    def folder(self) -> str:
+        """A fresh URL folder in the bucket."""
+        return f"{self.scheme}://{self.bucket}/{uuid.uuid4().hex[:10]}"
+
+
+def store_fixture(bucket: str):
+    """A module-scoped `store` fixture over both emulators (assign it as `store` in a test
+    module): the bucket made, the client settings pointing at the emulator for the module."""
+
+    @pytest.fixture(scope="module", params=["gs", "s3"], name="store")
+    def store(request) -> Iterator[Store]:
+        server = request.getfixturevalue("gcs_server" if request.param == "gs" else "s3_server")
+        server.make_bucket(bucket)
+        with use_env(server.env):
+            yield Store(request.param, server, bucket)
+
+    return store
+
+
+@pytest.fixture(autouse=True, name="_quiet_gcsfs")
+def quiet_gcsfs_fixture():
+    """gcsfs asks the Storage Control API for each bucket's layout, finds no Google
+    credentials here and warns, then goes on as plain GCS: its warnings are silenced."""
+    logger = logging.getLogger("gcsfs")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    yield
+    logger.setLevel(level)
+
+
+@pytest.fixture(name="proxy")
+def proxy_fixture(server) -> Iterator[FaultProxy]:
+    """A FaultProxy in front of the module's `server` fixture, the clients pointed at it for
+    the test."""
+    with FaultProxy(server) as proxy, use_env(proxy.env):
+        yield proxy
+
+
+@pytest.fixture(name="sleeps")
+def sleeps_fixture(monkeypatch) -> FakeSleeps:
+    """The clients' retry back-off on a fake clock (no test waits for it)."""
+    return FakeSleeps().install(monkeypatch)

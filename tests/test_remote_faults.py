@@ -10,7 +10,6 @@ keeps what it keeps on disk; and the bytes uploaded are the bytes TF writes.
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import signal
@@ -22,11 +21,14 @@ from urllib.parse import unquote
 import numpy as np
 import pytest
 import tensorflow as tf
-from storage_servers import (  # noqa: F401  (the fixtures gcs_server, s3_server)
+from storage_servers import (  # noqa: F401  (fixtures: gcs_server, s3_server, proxy, sleeps, _quiet_gcsfs)
     FakeSleeps,
     FaultProxy,
     gcs_server_fixture,
+    proxy_fixture,
+    quiet_gcsfs_fixture,
     s3_server_fixture,
+    sleeps_fixture,
     use_env,
 )
 
@@ -85,15 +87,6 @@ def values(obj) -> dict:
 
 # --- the servers -----------------------------------------------------------------------------
 
-@pytest.fixture(autouse=True)
-def _quiet_gcsfs():
-    # gcsfs asks the Storage Control API for each bucket's layout and warns that it cannot.
-    logger = logging.getLogger("gcsfs")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    yield
-    logger.setLevel(level)
-
 
 @pytest.fixture(scope="module", params=["gcs", "s3"])
 def server(request):
@@ -104,17 +97,6 @@ def server(request):
     return server
 
 
-@pytest.fixture
-def proxy(server):
-    """A FaultProxy in front of `server`, the clients pointed at it for the test."""
-    with FaultProxy(server) as proxy, use_env(proxy.env):
-        yield proxy
-
-
-@pytest.fixture
-def sleeps(monkeypatch):
-    """The clients' retry back-off on a fake clock (no test waits for it)."""
-    return FakeSleeps().install(monkeypatch)
 
 
 @pytest.fixture

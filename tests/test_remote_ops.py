@@ -11,7 +11,6 @@ endpoint are typed errors naming the URL.
 
 import os
 import uuid
-from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -21,6 +20,7 @@ from storage_servers import (  # noqa: F401
     FaultProxy,
     gcs_server_fixture,
     s3_server_fixture,
+    store_fixture,
     use_env,
 )
 
@@ -29,45 +29,14 @@ from objckpt import errors
 from objckpt._bundle import remote as _remote
 from objckpt._bundle import state as _ckptstate
 
-from flavours import keras_for, session_flavour
+from flavours import dense_bn, keras_for, session_flavour
 from support import assert_bits, build_optimizer, values
 
 BUCKET = "objckpt-ops"
 STAGED = "objckpt-staged-"  # the local copies' folder names: never in a message
 
 
-class Store(NamedTuple):
-    scheme: str  # "gs" or "s3"
-    server: object  # storage_servers.GcsServer or S3Server
-
-    def folder(self) -> str:
-        """A fresh URL folder in the bucket."""
-        return f"{self.scheme}://{BUCKET}/{uuid.uuid4().hex[:10]}"
-
-
-@pytest.fixture(scope="module", params=["gs", "s3"])
-def store(request) -> Store:
-    """The scheme's emulator, the client settings pointing at it for the module."""
-    server = request.getfixturevalue("gcs_server" if request.param == "gs" else "s3_server")
-    server.make_bucket(BUCKET)
-    with use_env(server.env):
-        yield Store(request.param, server)
-
-
-def dense_bn(seed: int = 0, *, train: bool = True):
-    """Dense + BatchNorm + Dense in this session's Keras (Keras 3; tf_keras under
-    TF_USE_LEGACY_KERAS=1), compiled with Adam; one training step (optimizer slots)."""
-    keras = keras_for(session_flavour())
-    keras.utils.set_random_seed(seed)
-    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, name="d"),
-                              keras.layers.BatchNormalization(name="bn"),
-                              keras.layers.Dense(2, name="o")], name="net")
-    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
-    if train:
-        rng = np.random.default_rng(seed)
-        model.train_on_batch(rng.normal(size=(4, 3)).astype("float32"),
-                             rng.normal(size=(4, 2)).astype("float32"))
-    return model
+store = store_fixture(BUCKET)
 
 
 class Net(tf.Module):

@@ -7,35 +7,27 @@ from __future__ import annotations
 
 import errno
 import json
-import logging
 import os
 
 import pytest
-from storage_servers import (  # noqa: F401  (the fixtures gcs_server, s3_server)
+from storage_servers import (  # noqa: F401  (fixtures: gcs_server, s3_server, proxy, sleeps, _quiet_gcsfs)
     FakeSleeps,
     FaultProxy,
     GcsServer,
     S3Server,
     gcs_binary,
     gcs_server_fixture,
+    proxy_fixture,
+    quiet_gcsfs_fixture,
     s3_available,
     s3_server_fixture,
+    sleeps_fixture,
     use_env,
 )
 
 BUCKET = "ckpts"
 MiB = 2**20
 
-
-@pytest.fixture(autouse=True)
-def _quiet_gcsfs():
-    # gcsfs's ExtendedGcsFileSystem asks the Storage Control API for the bucket's layout,
-    # finds no Google credentials here and warns once per bucket, then goes on as plain GCS.
-    logger = logging.getLogger("gcsfs")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    yield
-    logger.setLevel(level)
 
 
 @pytest.fixture(scope="module", params=["gcs", "s3"])
@@ -46,17 +38,6 @@ def server(request):
     return server
 
 
-@pytest.fixture
-def proxy(server):
-    """A FaultProxy in front of `server`, the clients pointed at it for the test."""
-    with FaultProxy(server) as proxy, use_env(proxy.env):
-        yield proxy
-
-
-@pytest.fixture
-def sleeps(monkeypatch):
-    """The clients' retry back-off on a fake clock (no test waits for it)."""
-    return FakeSleeps().install(monkeypatch)
 
 
 def new_fs(kind):
