@@ -20,10 +20,10 @@ nox.options.reuse_existing_virtualenvs = True
 
 
 # keras-hub backbones are tested in the keras3 session (tests/test_keras_hub.py). Its
-# tensorflow-text requirement pins an older TensorFlow and the backbones do not use it, so
-# keras-hub goes in without its dependencies, then those the backbones import.
-KERAS_HUB = (("--no-deps", "keras-hub"),
-             ("regex", "rich", "kagglehub", "tokenizers", "sentencepiece"))
+# tensorflow-text requirement pins another TensorFlow and the backbones do not use it, so
+# keras-hub goes in without its dependencies after the `hf` extra (those the backbones
+# import), as docs/huggingface.md tells users to install it.
+KERAS_HUB = (("--no-deps", "keras-hub"),)
 
 
 # The Python blocks of README.md and docs/*.md run in the keras3 session (each block in fresh
@@ -75,7 +75,7 @@ def keras3(session):
     side = os.path.join(session.virtualenv.location, "notebook-site")
     session.run("python", "-m", "pip", "install", "--quiet", "--upgrade", "--no-deps",
                 "--target", side, "tf_keras")
-    _run_tests(session, "tensorflow", extras="test,notebooks,remote-test",
+    _run_tests(session, "tensorflow", extras="test,notebooks,remote-test,hf",
                also=(*KERAS_HUB, MARKDOWN_DOCS),
                env={"TF_USE_LEGACY_KERAS": "0", "OBJCKPT_NOTEBOOK_PATH": side}, docs=True)
 

@@ -59,8 +59,8 @@ Commands:
       picture (written under DIR, default a new temporary folder).
 
 Every PREFIX, DIRECTORY, SOURCE, A, B and OUT may be a URL of object storage:
-gs://bucket/run/ckpt (pip install objckpt[gcs]), s3://bucket/run
-(objckpt[s3]), or any other fsspec URL whose client is installed. Endpoints
+gs://bucket/run/ckpt (python3 -m pip install ".[gcs]" from a checkout),
+s3://bucket/run (".[s3]"), or any other fsspec URL whose client is installed. Endpoints
 and credentials come from each client's standard settings
 (STORAGE_EMULATOR_HOST; AWS_ENDPOINT_URL and the AWS credential variables).
 A remote checkpoint is downloaded into a private local copy, removed after.

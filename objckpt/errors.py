@@ -331,7 +331,8 @@ class GraphvizNotFoundError(UsageError, FileNotFoundError):
 
 class MissingDependencyError(UsageError, ImportError):
     """A path needs an optional package that is not installed: the storage client of a
-    remote URL (`pip install objckpt[gcs]` for gs://, `objckpt[s3]` for s3://)."""
+    remote URL (`python3 -m pip install ".[gcs]"` from a checkout for gs://, `".[s3]"` for
+    s3://)."""
 
 
 class IncompatibleTensorFlowError(UsageError, ImportError):

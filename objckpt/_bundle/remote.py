@@ -1,8 +1,8 @@
 """Checkpoints in object storage: `gs://`, `s3://` and any other fsspec URL (no TF import).
 
 Every path objckpt takes may be a URL. Its client is a well-kept fsspec library installed
-as an extra (`pip install objckpt[gcs]`: gcsfs; `objckpt[s3]`: s3fs), imported only when
-such a URL is used; endpoints and credentials come from each client's standard settings
+as an extra (`python3 -m pip install ".[gcs]"` from a checkout: gcsfs; `".[s3]"`: s3fs),
+imported only when such a URL is used; endpoints and credentials come from each client's standard settings
 (`STORAGE_EMULATOR_HOST` for GCS; `AWS_ENDPOINT_URL` and the AWS credential variables for
 S3), so the same code runs against the emulators and the clouds.
 
@@ -124,8 +124,9 @@ _SETTINGS = ("STORAGE_EMULATOR_HOST", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3",
 def _missing_client(url: str, err: BaseException) -> errors.MissingDependencyError:
     name = scheme(url)
     package, extra = _EXTRAS.get(name, (None, None))
-    how = (f"`pip install objckpt[{extra}]` (it installs {package})" if extra else
-           f"`pip install {package}`" if package else
+    how = (f"`python3 -m pip install \".[{extra}]\"` in objckpt's checkout (it installs "
+           f"{package}), or `python3 -m pip install {package}`" if extra else
+           f"`python3 -m pip install {package}`" if package else
            f"install the fsspec implementation for `{name}://`")
     return errors.MissingDependencyError(
         f"Reading or writing `{_render.safe(url)}` needs the storage client for `{name}://`, "

@@ -1,0 +1,92 @@
+"""What a new user meets following README.md and docs/ on a fresh machine: install lines that
+work from a checkout, the extras they name, and docs that say what the code does."""
+
+import glob
+import os
+import re
+
+import pytest
+
+from support import ROOT
+
+PAGES = ["README.md", *sorted(os.path.relpath(p, ROOT)
+                              for p in glob.glob(os.path.join(ROOT, "docs", "*.md")))]
+SOURCES = sorted(glob.glob(os.path.join(ROOT, "objckpt", "**", "*.py"), recursive=True))
+
+
+def _read(path) -> str:
+    with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+        return f.read()
+
+
+def _extras() -> dict:
+    """pyproject.toml's [project.optional-dependencies]: name -> the requirement strings."""
+    text = _read("pyproject.toml")
+    section = re.search(r"^\[project\.optional-dependencies\]\n(.*?)^\[", text, re.M | re.S)
+    assert section, "pyproject.toml has no [project.optional-dependencies]"
+    body = re.sub(r"#[^\n]*", "", section.group(1))
+    return {name: re.findall(r'"([^"]+)"', items)
+            for name, items in re.findall(r"^([\w-]+)\s*=\s*\[(.*?)\]", body, re.M | re.S)}
+
+
+def _install_lines(text: str) -> list[str]:
+    """Every `pip install ...` command in text, up to the end of its line or its quote."""
+    found = re.finditer(r"(?:python3 -m )?pip install[^\n`#]*", text)
+    return [m.group(0).strip() for m in found]
+
+
+def _objckpt_targets(line: str) -> list[str]:
+    """The checkout targets a pip line installs: `.` or `".[a,b]"` (quoted or not)."""
+    return re.findall(r"""(?<![\w/-])["']?\.(?:\[[^\]]*\])?["']?(?=\s|$|\\)""", line)
+
+
+def test_the_extras_parser_reads_pyproject():
+    extras = _extras()
+    assert {"test", "tf_keras", "gcs", "s3", "hf", "remote-test", "notebooks"} <= set(extras)
+    assert extras["gcs"] == ["gcsfs>=2024.2.0"]
+
+
+@pytest.mark.parametrize("path", PAGES + [os.path.relpath(p, ROOT) for p in SOURCES])
+def test_every_install_line_works_from_a_checkout(path):
+    """The package is not on PyPI: `pip install objckpt[gcs]` fails with "No matching
+    distribution". Every line that installs objckpt installs the checkout (`python3 -m pip
+    install ".[gcs]"`), and names only extras pyproject.toml defines."""
+    text = _read(path).replace('\\"', '"')  # in Python strings: the text they hold
+    assert "objckpt[" not in text, f"{path} installs objckpt from PyPI, where it is not"
+    extras = _extras()
+    for line in _install_lines(text):
+        for target in _objckpt_targets(line):
+            assert "python3 -m pip install" in line, (path, line)
+            named = re.search(r"\[([^\]]*)\]", target)
+            if named and "{" not in target:  # an f-string's: its message is tested
+                assert target[0] in "\"'" and target[-1] == target[0], (
+                    f"{path}: {line!r}: quote `.[extra]` (shells expand brackets)")
+                for extra in named.group(1).split(","):
+                    assert extra.strip() in extras, (path, line, extra)
+
+
+def test_the_install_line_check_catches_what_failed():
+    """The checks above fail on the lines a new user met."""
+    assert _objckpt_targets('python3 -m pip install ".[gcs]"') == ['".[gcs]"']
+    assert _objckpt_targets("python3 -m pip install . && objckpt demo") == ["."]
+    assert _objckpt_targets("python3 -m pip install nox") == []
+    assert _install_lines("`pip install objckpt[gcs]` (gcsfs)") == ["pip install objckpt[gcs]"]
+
+
+def test_the_hugging_face_path_says_what_it_needs_and_ci_installs_it_so():
+    """docs/huggingface.md's blocks import keras_hub and safetensors: the page says how to
+    install them (the `hf` extra, then keras-hub without its dependencies), and the keras3
+    test session, which runs those blocks, installs them the same way."""
+    extras = _extras()
+    assert "safetensors>=0.4" in extras["hf"]
+    page = _read("docs/huggingface.md")
+    first_block = page.index("```python")
+    said = page[:first_block]
+    assert 'python3 -m pip install ".[hf]"' in said
+    assert "python3 -m pip install --no-deps keras-hub" in said
+    assert "import keras_hub" in page and "import safetensors" in page
+    nox = _read("noxfile.py")
+    session = nox[nox.index("def keras3"):nox.index("def tf_keras")]
+    assert re.search(r'extras="[^"]*\bhf\b', session), session
+    assert '("--no-deps", "keras-hub")' in nox
+    assert 'python3 -m pip install ".[hf]"' in _read("README.md")
