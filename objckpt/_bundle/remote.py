@@ -2,9 +2,9 @@
 
 Every path objckpt takes may be a URL. Its client is a well-kept fsspec library installed
 as an extra (`python3 -m pip install ".[gcs]"` from a checkout: gcsfs; `".[s3]"`: s3fs),
-imported only when such a URL is used; endpoints and credentials come from each client's standard settings
-(`STORAGE_EMULATOR_HOST` for GCS; `AWS_ENDPOINT_URL` and the AWS credential variables for
-S3), so the same code runs against the emulators and the clouds.
+imported only when such a URL is used; endpoints and credentials come from each client's
+standard settings (`STORAGE_EMULATOR_HOST` for GCS; `AWS_ENDPOINT_URL` and the AWS credential
+variables for S3), so the same code runs against the emulators and the clouds.
 
 How the bundle format meets object storage:
 
