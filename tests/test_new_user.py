@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-from support import ROOT
+from flavours import KERAS_FLAVOURS, _data, build_functional, keras_for
+from support import ROOT, assert_bits, values
 
 PAGES = ["README.md", *sorted(os.path.relpath(p, ROOT)
                               for p in glob.glob(os.path.join(ROOT, "docs", "*.md")))]
@@ -90,3 +91,83 @@ def test_the_hugging_face_path_says_what_it_needs_and_ci_installs_it_so():
     assert re.search(r'extras="[^"]*\bhf\b', session), session
     assert '("--no-deps", "keras-hub")' in nox
     assert 'python3 -m pip install ".[hf]"' in _read("README.md")
+
+
+# --- the line Checkpointing prints on resuming -------------------------------------------
+
+def _fit(keras, model, callbacks, epochs):
+    """fit on 8 samples in batches of 2: 4 batches an epoch, in order."""
+    _images, tokens, targets = _data()
+    return model.fit([_images, tokens], targets, epochs=epochs, batch_size=2, shuffle=False,
+                     verbose=0, callbacks=callbacks)
+
+
+def _stop_after(keras, batches):
+    class Stop(keras.callbacks.Callback):
+        seen = 0
+
+        def on_train_batch_end(self, batch, logs=None):
+            Stop.seen += 1
+            if Stop.seen == batches:
+                raise RuntimeError("interrupted on purpose")
+
+    return Stop()
+
+
+def _fresh(keras):
+    keras.utils.set_random_seed(0)
+    return build_functional(keras, train=False)
+
+
+@pytest.mark.parametrize("flavour", KERAS_FLAVOURS)
+def test_a_checkpoint_saved_after_an_epochs_last_batch_resumes_with_the_next_epoch(
+        tmp_path, flavour, capsys):
+    """save_freq=4 with epochs of 4 batches saves after each epoch's last batch: resuming
+    says the epoch is done and training continues with the next one (not "with batch 5 of
+    that epoch"), and training does continue there, bit for bit."""
+    from objckpt.callbacks import Checkpointing
+
+    keras = keras_for(flavour)
+    model = _fresh(keras)
+    _fit(keras, model, [], epochs=3)
+    expected = values(model)
+    model = _fresh(keras)
+    with pytest.raises(RuntimeError, match="interrupted on purpose"):
+        _fit(keras, model, [Checkpointing(tmp_path, save_freq=4), _stop_after(keras, 6)], 3)
+    capsys.readouterr()
+    model = _fresh(keras)
+    _fit(keras, model, [Checkpointing(tmp_path, save_freq=4)], epochs=3)
+    printed = [line for line in capsys.readouterr().out.splitlines()
+               if line.startswith("Checkpointing")]
+    assert printed == [
+        f"Checkpointing: resumed from {tmp_path}/ckpt-1 (epoch 1 of 3 done, step 4); "
+        "training continues with epoch 2."]
+    assert_bits(expected, values(model))
+    # fit(epochs=1) from the same checkpoint: that epoch was its last, nothing to train.
+    model = _fresh(keras)
+    _fit(keras, model, [Checkpointing(tmp_path / "one", save_freq=4)], epochs=1)
+    capsys.readouterr()
+    trained = values(model)
+    _fit(keras, model, [Checkpointing(tmp_path / "one", save_freq=4)], epochs=1)
+    printed = [line for line in capsys.readouterr().out.splitlines()
+               if line.startswith("Checkpointing")]
+    assert printed == [
+        f"Checkpointing: training already finished: {tmp_path}/one/ckpt-1 holds 1 epoch(s) "
+        "(step 4) and fit(epochs=1) counts all epochs, these included, so this fit trains no "
+        "more. To train further, pass a larger epochs= to fit; to start over, give "
+        "Checkpointing a new directory."]
+    assert_bits(trained, values(model))
+
+
+def test_the_resume_line_without_the_epochs_length_keeps_the_batch():
+    """fit on a dataset of unknown length does not say how many batches an epoch has: the
+    line then names the batch, as before."""
+    from objckpt._training.fitckpt import resume_line
+
+    assert resume_line("p", 3, 10, 40, 6) == (
+        "Checkpointing: resumed from p (epoch 4 of 6 at batch 10, step 40); training "
+        "continues with batch 11 of that epoch.")
+    assert resume_line("p", 3, 10, 40, 6, 10) == (
+        "Checkpointing: resumed from p (epoch 4 of 6 done, step 40); training continues "
+        "with epoch 5.")
+    assert resume_line("p", 3, 4, 34, 6, 10).endswith("continues with batch 5 of that epoch.")

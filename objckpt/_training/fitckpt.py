@@ -63,8 +63,9 @@ class FitCheckpointer:
         self.epoch, self.step, self.batch = counters["epoch"], counters["step"], counters["batch"]
         self._skip_until = self.batch
         if self.callback.verbose:
+            params = self.callback.params or {}
             print(resume_line(latest.prefix, self.epoch, self.batch, self.step,
-                              (self.callback.params or {}).get("epochs")), flush=True)
+                              params.get("epochs"), params.get("steps")), flush=True)
         _compat.set_fit_start_epoch(model, self.epoch)
         # Skipped from the resumed epoch's start (epoch_begin): a callback may make a new
         # train function when training begins (FreezeSchedule does), after this one.
@@ -182,14 +183,19 @@ def monitor_missing(monitor: str, logs, save_freq, mid_epoch: bool) -> str:
     return f"{head} Fix: monitor a key that fit logs."
 
 
-def resume_line(prefix: str, epoch: int, batch: int, step: int, epochs) -> str:
+def resume_line(prefix: str, epoch: int, batch: int, step: int, epochs, steps=None) -> str:
     """The line Checkpointing prints on resuming: from where, and what fit does next.
 
     Args:
       prefix: the checkpoint restored.
       epoch, batch, step: its counters (epochs done, batches done in the next, global step).
       epochs: fit's `epochs` (None when unknown).
+      steps: fit's batches per epoch (None when unknown). A checkpoint saved after an
+        epoch's last batch (save_freq=N where N divides it) holds that epoch done: fit
+        goes on with the next epoch, not with a batch past the last.
     """
+    if isinstance(steps, int) and steps > 0 and batch >= steps:
+        epoch, batch = epoch + 1, 0  # every batch of that epoch trained: it is done
     if isinstance(epochs, int) and epoch >= epochs:
         return (f"Checkpointing: training already finished: {prefix} holds {epoch} epoch(s) "
                 f"(step {step}) and fit(epochs={epochs}) counts all epochs, these included, so "
