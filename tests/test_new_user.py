@@ -2,9 +2,12 @@
 work from a checkout, the extras they name, and docs that say what the code does."""
 
 import glob
+import json
 import os
 import re
+import struct
 
+import numpy as np
 import pytest
 
 from flavours import KERAS_FLAVOURS, _data, build_functional, keras_for
@@ -171,3 +174,72 @@ def test_the_resume_line_without_the_epochs_length_keeps_the_batch():
         "Checkpointing: resumed from p (epoch 4 of 6 done, step 40); training continues "
         "with epoch 5.")
     assert resume_line("p", 3, 4, 34, 6, 10).endswith("continues with batch 5 of that epoch.")
+
+
+# --- export writes weights only ---------------------------------------------------------
+
+def _written_names(path) -> list:
+    """The tensor names of a safetensors file, read from its header."""
+    with open(path, "rb") as f:
+        size = struct.unpack("<Q", f.read(8))[0]
+        return [k for k in json.loads(f.read(size)) if k != "__metadata__"]
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_export_of_a_keras_hub_bert_writes_no_random_generator_state(tmp_path, strict):
+    """A keras-hub BERT holds SeedGenerator states (its dropout layers'): export with the
+    Hugging Face set writes the weights only, with strict=False too (transformers took
+    the states for unexpected weights and called the file corrupted), and says what it
+    left out."""
+    keras_hub = pytest.importorskip("keras_hub")
+    import objckpt
+
+    config = {"architectures": ["BertModel"], "model_type": "bert", "vocab_size": 64,
+              "hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
+              "intermediate_size": 32, "max_position_embeddings": 32,
+              "type_vocab_size": 2, "hidden_act": "gelu", "layer_norm_eps": 1e-12}
+    backbone = keras_hub.models.BertBackbone(
+        vocabulary_size=64, num_layers=2, num_heads=2, hidden_dim=16, intermediate_dim=32,
+        max_sequence_length=32)
+    seeds = {p for p, v in objckpt.tree(backbone).items() if "seed_generator" in p}
+    assert len(seeds) >= 5  # the states the report named: there are some to leave out
+    written = objckpt.export(backbone, tmp_path / "bert", strict=strict,
+                             rules=objckpt.rules.huggingface("bert", config=config))
+    names = _written_names(written)
+    assert len(names) == len(backbone.weights)  # every weight, nothing else
+    assert not [n for n in names if "seed" in n or "/" in n]
+    assert set(written.left_out) == seeds
+    assert all("random-generator state" in why for why in written.left_out.values())
+
+
+@pytest.mark.parametrize("flavour", ["keras3", "module"])
+def test_export_without_rules_leaves_random_generator_state_out(tmp_path, flavour):
+    """Without rules too: a Keras 3 Dropout's SeedGenerator and a tf.Module's
+    tf.random.Generator are not written; the weights restore bit for bit."""
+    import tensorflow as tf
+
+    import objckpt
+
+    if flavour == "keras3":
+        keras = keras_for("keras3")
+        obj = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3),
+                                keras.layers.Dropout(0.5), keras.layers.Dense(2)])
+        weights = {p for p, v in objckpt.tree(obj).items() if "seed_generator" not in p}
+    else:
+        obj = tf.Module()
+        obj.w = tf.Variable(np.arange(6, dtype="float32").reshape(2, 3))
+        obj.generator = tf.random.Generator.from_seed(1)
+        weights = {"w"}
+    randoms = set(objckpt.tree(obj)) - weights
+    assert len(randoms) == 1
+    written = objckpt.export(obj, tmp_path / "m.safetensors")
+    assert set(_written_names(written)) == weights
+    assert written.left_out == {
+        p: "random-generator state (a Keras SeedGenerator's or tf.random.Generator's), not "
+           "a weight" for p in randoms}
+    assert written == str(tmp_path / "m.safetensors")  # still the path, as a str
+    before = values(obj)
+    for variable in obj.trainable_variables:
+        variable.assign(tf.zeros_like(variable))
+    objckpt.restore(obj, written, strict=False)
+    assert_bits({p: before[p] for p in weights}, {p: values(obj)[p] for p in weights})

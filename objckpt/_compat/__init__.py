@@ -47,7 +47,7 @@ _WHERE = {
     "graph": ("CollectionNode", "OBJECT_GRAPH_KEY", "TrackableObjectGraph",
         "check_complete", "children", "children_with_collections",
         "keras_collection_children", "keras_layers", "live_object_graph",
-        "network_variable_paths", "rng_state_variables",
+        "network_variable_paths", "random_state_variables", "rng_state_variables",
         "variable_edges", "variable_holders", "variable_paths", "walk"),
     "kernels": ("FusedOps", "called_cond", "fused_call", "local_replica_count",
         "packed_pairs_call", "polyak_apply", "polyak_coefficients", "polyak_update",

@@ -38,6 +38,7 @@ __all__ = [
     "keras_layers",
     "live_object_graph",
     "network_variable_paths",
+    "random_state_variables",
     "rng_state_variables",
     "variable_edges",
     "variable_holders",
@@ -370,6 +371,21 @@ def rng_state_variables(obj) -> list:
                 variable = as_variable(getattr(generator, "state", None))
                 if variable is not None:
                     out.append(variable)
+    return out
+
+
+def random_state_variables(obj) -> list:
+    """The state variables of every random generator obj reaches: Keras 3 `SeedGenerator`s
+    (its layers' and any other) and `tf.random.Generator`s. Random-generator state, not a
+    weight (what export leaves out)."""
+    out = rng_state_variables(obj)
+    for _, _, child, first in walk(obj, skip_optimizers=True, collections=True):
+        generator = type(child).__name__ == "SeedGenerator" and \
+            type(child).__module__.startswith("keras")
+        if first and (generator or isinstance(child, tf.random.Generator)):
+            variable = as_variable(getattr(child, "state", None))
+            if variable is not None:
+                out.append(variable)
     return out
 
 

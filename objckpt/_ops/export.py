@@ -21,7 +21,7 @@ import uuid
 
 import numpy as np
 
-from objckpt import errors
+from objckpt import _compat, errors
 from objckpt import rules as _layout
 from objckpt._base import render as _render
 from objckpt._bundle import remote as _remote
@@ -32,7 +32,7 @@ from objckpt._planning import targets as _targets
 from objckpt._planning import tree as _tree
 from objckpt.rules import core as _rules_core
 
-__all__ = ["export"]
+__all__ = ["Exported", "export"]
 
 SUFFIX = ".safetensors"
 INDEX_SUFFIX = ".safetensors.index.json"
@@ -190,13 +190,40 @@ def _tensor(name, shown, value, inverse, rule, dtype, path) -> _Tensor:
     return _Tensor(name, shown, value, inverse, rule, dtype, shape)
 
 
-def _entries(obj, snap, rule_set, strict: bool, optimizer_state, path: str) -> dict:
-    """{name: _Tensor} in object-path order, renamed and transformed by the rules.
+class Exported(str):
+    """The path `objckpt.export` wrote (a str), and what it left out.
+
+    Attributes:
+      left_out: {object path: why} for each variable of the obj not written: random-generator
+        state (Keras `SeedGenerator`s, `tf.random.Generator`s) always, optimizer state
+        unless `optimizer_state=True`. Neither is a weight.
+    """
+
+    left_out: dict
+
+    def __new__(cls, path: str, left_out: dict):
+        self = super().__new__(cls, path)
+        self.left_out = dict(left_out)
+        return self
+
+
+_RANDOM = ("random-generator state (a Keras SeedGenerator's or tf.random.Generator's), not a "
+           "weight")
+_OPTIMIZER = "optimizer state (written with optimizer_state=True)"
+
+
+def _entries(obj, snap, rule_set, strict: bool, optimizer_state, path: str,
+             left_out: dict) -> dict:
+    """{name: _Tensor} in object-path order, renamed and transformed by the rules; what is
+    no weight (random-generator state; optimizer state unless asked for) goes to `left_out`.
 
     A variable's default name is its path through the layers where it has one (a trained
     Keras 3 model's canonical path may run through its optimizer), else its object path."""
     keep_optimizer = _match.optimizer_mode(optimizer_state) is True
-    targets = _targets.index_targets(obj, snap.origin() or _tree.tree(obj))
+    variables = snap.origin() or _tree.tree(obj)
+    targets = _targets.index_targets(obj, variables)
+    random = {id(v) for v in _compat.random_state_variables(obj)} | {
+        id(variables[p]) for p in targets.rng if p in variables}
     root = getattr(obj, "name", None)
     root = root if isinstance(root, str) else ""
     out, origin, unmatched = {}, {}, []
@@ -206,13 +233,15 @@ def _entries(obj, snap, rule_set, strict: bool, optimizer_state, path: str) -> d
         relative = (variable_name[len(root) + 1:] if root and
                     variable_name.startswith(root + "/") else "")
         aliases = (key, relative, variable_name)
+        if key in variables and id(variables[key]) in random:
+            left_out[own] = _RANDOM  # whatever strict is: readers take it for a weight
+            continue
         if key in targets.optimizer_paths and not keep_optimizer:
+            left_out[own] = _OPTIMIZER
             continue
         name, inverse, rule = own, None, None
         if rule_set is not None:
             found = rule_set.export_name(own, *aliases)
-            if found is None and strict and key in targets.rng:
-                continue  # a Keras SeedGenerator's state: no weight (restore leaves it as is)
             if found is None:
                 unmatched.append(own)
                 if strict:
@@ -507,8 +536,17 @@ def export(obj, path, *, rules=None, strict: bool = True, optimizer_state="auto"
         fits (no index), as Hugging Face does.
       metadata: str -> str pairs added to the header's `__metadata__`.
 
+    Random-generator state (Keras `SeedGenerator`s, e.g. of Dropout layers, and
+    `tf.random.Generator`s) is never written, whatever `strict` is: it is no weight, and
+    readers of the file (transformers among them) take every tensor for one. Every weight is
+    written as it is: export cannot tell which variables a restore filled, so one that a
+    restore with strict=False left at its initial value (listed in that report's `missing`,
+    e.g. the pooler of a backbone read from a folder without one) is written too. Check the
+    restore's report before exporting.
+
     Returns:
-      The path of the file written, or of the index when sharded.
+      The path of the file written, or of the index when sharded: an `Exported` (a str)
+      whose `left_out` maps each variable not written to why.
 
     Raises:
       InvalidArgumentError: a bad argument, two variables mapped to one name, a transform
@@ -533,7 +571,8 @@ def export(obj, path, *, rules=None, strict: bool = True, optimizer_state="auto"
             "received a Snapshot. Fix: restore the Snapshot into the obj, then export "
             "the obj.", source=path)
     snap = _snapshot.snapshot(obj)
-    values = _entries(obj, snap, rule_set, strict, optimizer_state, path)
+    left_out: dict = {}
+    values = _entries(obj, snap, rule_set, strict, optimizer_state, path, left_out)
     if not values:
         raise errors.UnbuiltModelError(
             f"Nothing to export to `{_render.safe(path)}`: {_checks.describe_obj(obj)} has no "
@@ -542,7 +581,8 @@ def export(obj, path, *, rules=None, strict: bool = True, optimizer_state="auto"
     try:
         if directory:
             os.makedirs(directory, exist_ok=True)
-        return _write(directory, stem, _shards(values, limit), header_metadata, path)
+        return Exported(_write(directory, stem, _shards(values, limit), header_metadata, path),
+                        left_out)
     except OSError as err:
         raise errors.CheckpointWriteError(
             f"Cannot write safetensors to `{_render.safe(path)}`: {_render.first_line(err)}. "
