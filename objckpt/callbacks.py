@@ -259,8 +259,9 @@ class Checkpointing(_FlavourFreeCallback):
     written, then the signal takes its course.
 
     Args:
-      directory: a local directory of checkpoints (created if missing); one
-        writer at a time (others get `DirectoryLockedError`).
+      directory: a directory of checkpoints (created if missing): a local path, or a
+        `gs://` or `s3://` URL (docs/storage.md); one writer at a time (others get
+        `DirectoryLockedError`).
       max_to_keep: keep the newest this many checkpoints (>= 1; None: keep all).
       keep_best: also keep this many best checkpoints by `monitor`; the best
         set is read back from the checkpoints on restart.

@@ -243,3 +243,58 @@ def test_export_without_rules_leaves_random_generator_state_out(tmp_path, flavou
         variable.assign(tf.zeros_like(variable))
     objckpt.restore(obj, written, strict=False)
     assert_bits({p: before[p] for p in weights}, {p: values(obj)[p] for p in weights})
+
+
+# --- docs that say what the code does ---------------------------------------------------
+
+@pytest.mark.subprocess
+def test_verify_imports_tensorflow_for_tf_checkpoints_only_and_the_docs_say_so(tmp_path):
+    """`verify` reads a TF checkpoint's tensors through TF's reader (TensorFlow is imported)
+    and a safetensors file without it: no page calls `verify` TF-free without saying that."""
+    import subprocess
+    import sys
+
+    import tensorflow as tf
+
+    import objckpt
+
+    module = tf.Module()
+    module.w = tf.Variable([1.0, 2.0])
+    prefix = objckpt.save(module, str(tmp_path / "ckpt"))
+    objckpt.export(module, str(tmp_path / "m.safetensors"))
+    from support import python_env
+
+    for source, imports in ((prefix, True), (str(tmp_path / "m.safetensors"), False)):
+        code = ("import sys, objckpt; assert objckpt.verify(sys.argv[1]).ok; "
+                "print('tensorflow' in sys.modules)")
+        out = subprocess.run([sys.executable, "-c", code, source], env=python_env(),
+                             capture_output=True, text=True, timeout=300)
+        assert out.stdout.split()[-1] == str(imports), (source, out.stderr[-2000:])
+    claim = re.compile(r"verify`?[^.;|]*(TF-free|without TensorFlow)|"
+                       r"(TF-free|without TensorFlow)[^.;|]*`verify")
+    for page in ("README.md", "docs/formats.md", "docs/storage.md"):
+        for paragraph in re.split(r"\n\s*\n|\n(?=\|)", _read(page)):  # table rows apart
+            paragraph = " ".join(paragraph.split())
+            if claim.search(paragraph):
+                assert re.search(r"imports|but for `verify`|all TF-free", paragraph), (
+                    page, paragraph)
+
+
+def test_directories_may_be_urls_in_every_docstring_and_page():
+    """Checkpointing and CheckpointManager take gs:// and s3:// directories (docs/storage.md):
+    no docstring or page says a directory must be local."""
+    from objckpt import callbacks
+    from objckpt._training import manager
+
+    for doc in (callbacks.Checkpointing.__doc__, manager.CheckpointManager.__doc__):
+        assert "a local directory" not in doc
+        assert "gs://" in doc and "s3://" in doc
+    assert "must be local" not in _read("docs/guarantees.md")
+
+
+def test_readme_resume_training_names_save_freq():
+    """Checkpoints within an epoch need save_freq; README's "Resume training" says so."""
+    readme = _read("README.md")
+    section = readme[readme.index("## Resume training"):]
+    section = section[:section.index("\n## ", 3)]
+    assert "save_freq=N" in section

@@ -578,7 +578,7 @@ class CheckpointDirectory:
     checkpoints kept, the numbering, and what to do on a failed write.
 
     Args:
-      directory: a local directory; created if missing.
+      directory: a local path or a `gs://` / `s3://` URL; created if missing.
       obj: the trackable to save and restore.
       max_to_keep: how many of the newest checkpoints to keep (>= 1; None: all).
       keep_best: how many of the best checkpoints by metric to keep as well.

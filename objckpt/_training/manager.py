@@ -63,7 +63,8 @@ class CheckpointManager:
 
     Args:
       obj: the trackable to save and restore (built: it must have its variables).
-      directory: a local directory of checkpoints (created if missing).
+      directory: a directory of checkpoints (created if missing): a local path, or a
+        `gs://` or `s3://` URL (docs/storage.md).
       max_to_keep: keep the newest this many checkpoints (>= 1; None: keep all).
       keep_best: also keep this many best checkpoints by `monitor` (their metric
         is read back from the checkpoints on restart).
