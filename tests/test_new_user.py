@@ -1,6 +1,7 @@
 """What a new user meets following README.md and docs/ on a fresh machine: install lines that
 work from a checkout, the extras they name, and docs that say what the code does."""
 
+import ast
 import glob
 import json
 import os
@@ -298,3 +299,99 @@ def test_readme_resume_training_names_save_freq():
     section = readme[readme.index("## Resume training"):]
     section = section[:section.index("\n## ", 3)]
     assert "save_freq=N" in section
+
+
+# --- messages that show the mistake ------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tf1_prefix(tmp_path_factory):
+    """A TF1 Saver checkpoint of `legacy_net/{hidden,output}_layer/{weights,biases}`,
+    trained one Adam step (so `beta1_power` and the slots sort before the weights)."""
+    import tensorflow as tf
+
+    folder = tmp_path_factory.mktemp("tf1")
+    with tf.Graph().as_default():
+        x = tf.constant(np.ones((2, 4), "float32"))
+        with tf.compat.v1.variable_scope("legacy_net"):
+            with tf.compat.v1.variable_scope("hidden_layer"):
+                w = tf.compat.v1.get_variable("weights", initializer=np.ones((4, 3), "float32"))
+                b = tf.compat.v1.get_variable("biases", initializer=np.zeros(3, "float32"))
+            with tf.compat.v1.variable_scope("output_layer"):
+                w2 = tf.compat.v1.get_variable("weights", initializer=np.ones((3, 2), "float32"))
+                b2 = tf.compat.v1.get_variable("biases", initializer=np.zeros(2, "float32"))
+        loss = tf.reduce_sum(tf.matmul(tf.matmul(x, w) + b, w2) + b2)
+        step = tf.compat.v1.train.AdamOptimizer(0.1).minimize(loss)
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            session.run(step)
+            return tf.compat.v1.train.Saver().save(session, str(folder / "model.ckpt"))
+
+
+def _net():
+    keras = keras_for("keras3")
+
+    class Net(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.fc_in = keras.layers.Dense(3)
+            self.fc_out = keras.layers.Dense(2)
+
+        def call(self, x):
+            return self.fc_out(self.fc_in(x))
+
+    net = Net()
+    net(np.ones((1, 4), "float32"))
+    return net
+
+
+def _refusal(obj, source, **kwargs) -> str:
+    import objckpt
+    from objckpt import errors
+
+    with pytest.raises(errors.StructureMismatchError) as caught:
+        objckpt.restore(obj, source, **kwargs)
+    return str(caught.value)
+
+
+def test_a_mismatch_shows_each_key_as_the_rules_rewrote_it(tf1_prefix):
+    """A rule that rewrites `legacy_net/hidden_layer/weights` to `fc_in/weights` (where the
+    obj has `fc_in/kernel`): the message and the plan show the rewritten key, the mistake,
+    beside the original; keys no rule rewrote show as they are."""
+    import objckpt
+
+    net = _net()
+    rules = [(r"^legacy_net/hidden_layer/", "fc_in/")]
+    message = _refusal(net, tf1_prefix, rules=rules, optimizer_state=False)
+    assert ("  - `legacy_net/hidden_layer/weights` -> `fc_in/weights`: in the source but not "
+            "in the obj") in message.splitlines()
+    assert ("  - `legacy_net/output_layer/weights`: in the source but not in the obj"
+            in message.splitlines())
+    described = objckpt.plan(net, tf1_prefix, rules=rules, optimizer_state=False).describe()
+    assert "  - legacy_net/hidden_layer/biases -> fc_in/biases" in described.splitlines()
+    assert "  - legacy_net/output_layer/biases" in described.splitlines()
+
+
+def test_the_tf1_fix_gives_an_example_rule_in_the_spelling_of_the_interface(tf1_prefix):
+    """The name-based Fix line names a network variable (not `beta1_power`) and gives an
+    example rule built from the checkpoint's own keys, which does what it says; the command
+    line says the same with its flags (`--rules FILE` holding the JSON), never
+    `objckpt.plan(obj, source, --rules FILE)`."""
+    import objckpt
+    from objckpt._cli import terminal
+
+    net = _net()
+    message = _refusal(net, tf1_prefix, optimizer_state=False)
+    fix = message[message.index("\nFix: "):]
+    assert "beta1_power" not in fix
+    assert "its keys are global variable names such as `legacy_net/hidden_layer/biases`" in fix
+    example = re.search(r"e\.g\. rules=\[(\(.*?\))\]", fix)
+    assert example, fix
+    regex, replacement = ast.literal_eval(example.group(1))
+    the_plan = objckpt.plan(net, tf1_prefix, rules=[(regex, replacement)], strict=False,
+                            optimizer_state=False)
+    assert [(m.source, m.target) for m in the_plan.matches] == [
+        ("legacy_net/hidden_layer/biases", "fc_in/bias")]
+    cli = terminal.cli_words(message)
+    assert '--rules FILE holding [["^legacy_net/hidden_layer/biases$", "fc_in/bias"]]' in cli
+    assert "objckpt migrate SOURCE OUT --template MODULE:CALLABLE --rules FILE --dry-run" in cli
+    assert "objckpt.plan(" not in cli and "rules=" not in cli

@@ -35,8 +35,8 @@ _WORDS = ((re.compile(r"format='dot'"), "--format dot"),
           (re.compile(r"\bat=(['\"])([^'\"]*)\1"), r"--at \2"),
           (re.compile(r"\bdepth=N\b"), "--depth N"),
           (re.compile(r"\bempty=True"), "--empty"),
-          (re.compile(r"objckpt\.plan\(source, obj, rules=\.\.\.\)"),
-           "objckpt migrate --dry-run --rules FILE"),
+          (re.compile(r"objckpt\.plan\((?:source, obj|obj, source), rules=\.\.\.\)"),
+           "objckpt migrate SOURCE OUT --template MODULE:CALLABLE --rules FILE --dry-run"),
           (re.compile(r"\brules=\.\.\."), "--rules FILE"))
 _RULES = re.compile(r"\brules=\[")
 

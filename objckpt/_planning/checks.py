@@ -96,7 +96,7 @@ def _extra_lines(the_plan: Plan, source: Source) -> list[tuple[str, bool]]:
         name = source.names.get(key, "")
         note = f" [{_render.safe(name.removesuffix(':0'))}]" if name and shared[name] == 1 \
             and name.removesuffix(":0") != key and not is_default_name(name) else ""
-        lines.append((f"`{_render.safe(key)}`{note}: in the source but not in the obj",
+        lines.append((f"{the_plan.source_label(key)}{note}: in the source but not in the obj",
                       is_optimizer_key(key)))
     return lines
 
@@ -124,8 +124,9 @@ def _fixes(the_plan: Plan, source: Source, strict: bool, variables) -> list[str]
     at = _at_fix(the_plan, source, network_extra, network_missing)
     if at:
         fixes.append(at)
-    if network_extra and network_missing:
-        example = _example_rule(network_extra, network_missing, the_plan, source, variables)
+    example = (_example_rule(network_extra, network_missing, the_plan, source, variables)
+               if network_extra and network_missing else "")
+    if example and source.kind != "name":
         fixes.append("add rules that map source keys onto the obj's object paths, e.g. "
                      f"rules=[{example}] "
                      "(rules are tried in order; the first that matches a key rewrites it, "
@@ -134,11 +135,15 @@ def _fixes(the_plan: Plan, source: Source, strict: bool, variables) -> list[str]
             any(is_optimizer_key(p) for p in the_plan.unmatched_variables):
         fixes.append("pass optimizer_state=False to restore the network without optimizer "
                      "state (the optimizer's entries are then ignored on both sides)")
-    if source.kind == "name":
+    if source.kind == "name":  # a network variable's name, not `beta1_power`, as the example
+        such = network_extra[0] if network_extra else next(
+            (k for k in source.specs if not is_optimizer_key(k)), next(iter(source.specs), ""))
         fixes.insert(0, "the source is name-based (TF1 Saver): its keys are global variable "
-                        "names such as `" + _render.safe(next(iter(source.specs), "scope/w"))
-                        + "`; map them onto the obj with rules and check the result with "
-                        "objckpt.plan(obj, source, rules=...)")
+                        f"names such as `{_render.safe(such or 'scope/w')}`; map them onto the "
+                        "obj's object paths with rules" + (
+                            f", e.g. rules=[{example}] (rules are tried in order; the first "
+                            "that matches a key rewrites it, once)" if example else "")
+                        + ", and check the result with objckpt.plan(obj, source, rules=...)")
     return fixes
 
 

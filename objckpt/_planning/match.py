@@ -440,10 +440,13 @@ def _result(work: _Work) -> Plan:
     unused = tuple(work.unused_rules)
     warn_unused(work.unused_rules, source.description, stacklevel=5,
                 shadowed=work.shadowed_rules)
+    rewritten = {view[k]: work.rewritten[k][0] for k in unmatched if k in work.rewritten
+                 and work.rewritten[k][1] is not None and work.rewritten[k][0] != k}
     return Plan(source.description, tuple(matches), unmatched_variables,
                 tuple(view[k] for k in unmatched), tuple(work.ambiguous), tuple(mismatched),
                 tuple(work.skipped), unused, notes=tuple(work.notes),
-                shadowed_rules=tuple(work.shadowed_rules), fresh=tuple(work.fresh))
+                shadowed_rules=tuple(work.shadowed_rules), fresh=tuple(work.fresh),
+                _rewritten=rewritten)
 
 
 def plan(obj, source, *, rules: Sequence | None = None, at: str | None = None,

@@ -100,6 +100,14 @@ class Plan:
     _labels: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
     # {optimizer slot path: (path of its variable, role)} in the obj
     _slot_owners: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    # {unmatched source key: the key a rule rewrote it to}, for keys a rule changed
+    _rewritten: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
+
+    def source_label(self, key: str) -> str:
+        """An unmatched source key as messages show it, with what the rules made of it:
+        `legacy/w` -> `fc/w` (the rewritten key is what matched nothing)."""
+        new = self._rewritten.get(key)
+        return f"`{_render.safe(key)}`" + (f" -> `{_render.safe(new)}`" if new else "")
 
     def slot_of(self, target: str) -> tuple[str, str] | None:
         """(object path of the variable, role) when `target` is one of its optimizer slots."""
@@ -153,7 +161,9 @@ class Plan:
                          f"{safe(m.source)}{rule}")
         sections = [
             ("variables with no source", [self._row(p) for p in self.unmatched_variables]),
-            ("source entries matching nothing", [safe(k) for k in self.unmatched_source]),
+            ("source entries matching nothing",
+             [safe(k) + (f" -> {safe(self._rewritten[k])}" if k in self._rewritten else "")
+              for k in self.unmatched_source]),
             ("ambiguous (not guessed)",
              [f"{safe(what)}: {' | '.join(map(safe, c))}" for what, c in self.ambiguous]),
             ("shape or dtype mismatches", [text(m) for m in self.mismatched]),
