@@ -363,6 +363,31 @@ def test_a_scheme_without_any_client_names_the_package():
     assert "az://container/run/ckpt" in str(caught.value)
 
 
+def test_a_save_to_a_bucket_that_does_not_exist_says_so(store):
+    """objckpt.save, CheckpointManager and Checkpointing's directory on a bucket nobody
+    made: the error names the bucket, says it does not exist and how to make it (it said
+    "Expected the storage to accept the upload"); nothing is written anywhere."""
+    bucket = f"objckpt-absent-{uuid.uuid4().hex[:8]}"
+    create = {"gs": f"gcloud storage buckets create gs://{bucket}",
+              "s3": f"aws s3 mb s3://{bucket}"}[store.scheme]
+    url = f"{store.scheme}://{bucket}/run"
+
+    def save_once():
+        with objckpt.CheckpointManager(Net(1), f"{url}/managed", verbose=0) as manager:
+            manager.save(1)
+
+    for operation in (lambda: objckpt.save(Net(1), f"{url}/ckpt"), save_once):
+        with pytest.raises(errors.CheckpointWriteError) as caught:
+            operation()
+        message = str(caught.value)
+        assert f"the bucket `{bucket}` does not exist" in message, message
+        assert f"Fix: create the bucket (`{create}`" in message
+        assert "Expected the storage to accept" not in message
+        assert STAGED not in message
+    fs, _ = _remote.client(url)
+    assert not fs.exists(bucket)
+
+
 def test_an_unreachable_endpoint_is_a_typed_error_naming_the_url(store, saved, monkeypatch):
     FakeSleeps().install(monkeypatch)  # the clients' back-off on a fake clock
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")

@@ -160,14 +160,47 @@ def client(url: str):
 
 def _call(what: str, url: str, function, *args, **kwargs):
     """Runs a client call; a failure that is not "no such object" becomes `Unreachable`
-    naming the URL (the clients already retried transient errors with backoff)."""
+    naming the URL (the clients already retried transient errors with backoff). A write
+    that finds no bucket says so."""
     try:
         return function(*args, **kwargs)
-    except (FileNotFoundError, FileExistsError, PreconditionFailed, errors.ObjckptError):
+    except FileNotFoundError as err:
+        if what in _WRITES and _no_bucket(url):
+            raise _bucket_error(url) from err
+        raise
+    except (FileExistsError, PreconditionFailed, errors.ObjckptError):
         raise
     except Exception as err:
         raise Unreachable(f"{what} `{_render.safe(url)}` failed: "
                           f"{type(err).__name__}: {_render.first_line(err)}") from err
+
+
+_WRITES = ("Writing", "Uploading to")
+_CREATE = {"gs": "gcloud storage buckets create gs://{0}", "gcs": "gcloud storage buckets "
+           "create gs://{0}", "s3": "aws s3 mb s3://{0}", "s3a": "aws s3 mb s3://{0}"}
+
+
+def _no_bucket(url: str) -> bool:
+    """Whether the bucket of `url` is known not to exist (False when that cannot be told:
+    no permission to look, unreachable)."""
+    fs, path = client(url)
+    try:
+        return not fs.exists(path.split("/", 1)[0])
+    except Exception:  # the client's errors: nothing known
+        return False
+
+
+def _bucket_error(url: str) -> errors.CheckpointWriteError:
+    name = scheme(url)
+    bucket = client(url)[1].split("/", 1)[0]
+    create = _CREATE.get(name)
+    how = (f"`{create.format(_render.safe(bucket))}`" if create else "the store's own tools")
+    return errors.CheckpointWriteError(
+        f"Cannot write `{_render.safe(url)}`: the bucket `{_render.safe(bucket)}` does not "
+        f"exist. Expected an existing bucket this process can write objects in (objckpt "
+        f"makes folders in a bucket, never the bucket). Nothing was written. Fix: create the "
+        f"bucket ({how}; with an emulator, through its API), or correct the URL.",
+        prefix=url)
 
 
 # --- reading ---------------------------------------------------------------------------------
