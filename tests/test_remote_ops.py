@@ -9,6 +9,7 @@ reports name the URL, never the local staged copy; a missing client and an unrea
 endpoint are typed errors naming the URL.
 """
 
+import logging
 import os
 import uuid
 
@@ -386,6 +387,35 @@ def test_a_save_to_a_bucket_that_does_not_exist_says_so(store):
         assert STAGED not in message
     fs, _ = _remote.client(url)
     assert not fs.exists(bucket)
+
+
+def test_objckpt_asks_an_emulator_for_no_google_credentials(store, monkeypatch, caplog):
+    """With STORAGE_EMULATOR_HOST set, objckpt's own calls neither look for Google
+    credentials (google-auth's default chain, which ends at the GCE metadata server) nor
+    ask for each bucket's layout (gcsfs's "Could not determine bucket type" warnings)."""
+    if store.scheme != "gs":
+        pytest.skip("GCS's client only: S3's is pointed at moto by the AWS settings")
+    import google.auth
+
+    asked = []
+
+    def default(*args, **kwargs):
+        asked.append(args)
+        raise google.auth.exceptions.DefaultCredentialsError("not here")
+
+    monkeypatch.setattr(google.auth, "default", default)
+    # A setting no client was made for yet: the next gs:// URL makes a new client.
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", f"/nonexistent-{uuid.uuid4().hex}")
+    caplog.set_level(logging.WARNING, logger="gcsfs")
+    url = f"{store.folder()}/ckpt"
+    objckpt.save(Net(3), url)
+    fresh = Net(4)
+    objckpt.restore(fresh, url)
+    assert_bits(values(Net(3)), values(fresh))
+    assert asked == []
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("gcsfs")] == []
+    fs, _ = _remote.client(url)
+    assert fs.credentials.token == "anon"
 
 
 def test_an_unreachable_endpoint_is_a_typed_error_naming_the_url(store, saved, monkeypatch):

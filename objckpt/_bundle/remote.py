@@ -134,6 +134,21 @@ def _missing_client(url: str, err: BaseException) -> errors.MissingDependencyErr
         f"{how}.", source=url)
 
 
+def _emulated(name: str):
+    """(client class, options) for a GCS emulator (STORAGE_EMULATOR_HOST set), else None.
+
+    An emulator takes no credentials, so, as google-cloud-storage does there, the client is
+    anonymous (gcsfs's token="anon"): no search for Google credentials, no probe of the GCE
+    metadata server. It is gcsfs's plain client: the one gcsfs picks by default also asks
+    the Storage Control API for each bucket's layout, which an emulator lacks (a warning
+    per call, each retried)."""
+    if name not in ("gs", "gcs") or not os.environ.get("STORAGE_EMULATOR_HOST"):
+        return None
+    from gcsfs.core import GCSFileSystem
+
+    return GCSFileSystem, {"token": "anon"}
+
+
 def client(url: str):
     """(the fsspec file system for `url`, the path within it). Created once per protocol and
     settings (the standard environment variables of each client)."""
@@ -148,8 +163,8 @@ def client(url: str):
         fs = _CLIENTS.get(key)
         if fs is None:
             try:
-                cls = fsspec.get_filesystem_class(name)
-                fs = cls(skip_instance_cache=True)
+                cls, options = _emulated(name) or (fsspec.get_filesystem_class(name), {})
+                fs = cls(skip_instance_cache=True, **options)
             except (ImportError, ValueError) as err:
                 if isinstance(err, ValueError) and "Protocol not known" not in str(err):
                     raise
