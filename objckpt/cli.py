@@ -8,14 +8,19 @@ Commands:
       its newest intact checkpoint. Name-based (TF1 Saver) checkpoints are
       listed by variable name.
 
-  objckpt diff A B [--format text|json] [--rtol R] [--atol T]
+  objckpt diff A B [--format text|json] [--rtol R] [--atol T] [--rules FILE]
       Per-path differences between two checkpoints (prefixes or directories):
       paths only in A (-) or only in B (+), shape or dtype (!), values (~).
       Object-based checkpoints are compared by object path (shown through
       the layers, with the saved variable name), name-based (TF1 Saver) ones
       by variable name. Values must be bit-identical (NaNs at the same
       positions are equal) unless a tolerance is given:
-      |a - b| <= atol + rtol * |b|.
+      |a - b| <= atol + rtol * |b|; with one, dtypes that differ by a
+      lossless cast (bfloat16 and float32, float32 and float64, integer
+      widening) are compared by value after it. --rules FILE (JSON, as for
+      migrate) rewrites A's keys before they are compared with B's paths (also
+      with leading underscores stripped): a TF1 checkpoint against its
+      migrated form, a Hugging Face folder against an export of it.
 
   objckpt migrate SOURCE OUT --template MODULE:CALLABLE [--rules FILE]
                   [--at NAME] [--optimizer-state auto|true|false] [--no-strict]
@@ -110,6 +115,10 @@ def _parse(argv):
                       help="relative tolerance (default 0: bit-exact)")
     diff.add_argument("--atol", type=_tolerance, default=0.0, metavar="T",
                       help="absolute tolerance (default 0: bit-exact)")
+    diff.add_argument("--rules", metavar="FILE",
+                      help="JSON list of [regex, replacement] pairs rewriting A's keys before "
+                           "they are compared with B's paths, as migrate's --rules rewrite a "
+                           "source's keys; replacement null leaves the entry out")
     migrate = commands.add_parser("migrate", help="write a checkpoint laid out for a model")
     migrate.add_argument("source", metavar="SOURCE", help="checkpoint prefix or directory")
     migrate.add_argument("out", metavar="OUT", help="prefix to write")
@@ -213,6 +222,9 @@ def diff_json(result) -> dict:
         "notes": list(result.notes),
         "names": {path: {"network_path": shown, "name": name}
                   for path, (shown, name) in result.names.items()},
+        "cast": [{"path": d.path, "a": d.a, "b": d.b} for d in result.cast],
+        "rewritten": dict(result.rewritten),
+        "paired": dict(result.paired),
     }
 
 
@@ -226,7 +238,13 @@ def diff_text(result) -> str:
 
     def shown(path: str) -> str:  # the network path and saved name, matched by `path`
         network, name = result.names.get(path, (path, ""))
-        return safe(network) + _render.saved_name(network, name)
+        key = result.paired.get(path)  # with rules: the A key compared with B's path
+        return safe(network) + _render.saved_name(network, name) + (
+            f" (A: {safe(key)})" if key is not None else "")
+
+    def shown_a(key: str) -> str:  # an A key, and what the rules made of it
+        new = result.rewritten.get(key, key)
+        return shown(key) + (f" -> {safe(new)}" if new != key else "")
 
     lines = [f"A: {safe(result.a)}", f"B: {safe(result.b)}"]
     for d in result.values:
@@ -236,7 +254,7 @@ def diff_text(result) -> str:
         else:
             lines.append(f"~ {shown(d.path)}: max |a-b| {d.max_abs_diff:.6g} at {of}")
     lines.extend(f"! {shown(d.path)}: {d.a} vs {d.b}" for d in result.shape_or_dtype)
-    lines.extend(f"- {shown(path)} (only in A)" for path in result.only_in_a)
+    lines.extend(f"- {shown_a(path)} (only in A)" for path in result.only_in_a)
     lines.extend(f"+ {shown(path)} (only in B)" for path in result.only_in_b)
     lines.extend(f"note: {_render.safe_text(note)}" for note in result.notes)
     tolerance = ("bit-exact" if result.rtol == 0 and result.atol == 0
@@ -247,6 +265,8 @@ def diff_text(result) -> str:
                  (len(result.shape_or_dtype), "in shape or dtype"),
                  (len(result.only_in_a), "only in A"), (len(result.only_in_b), "only in B")]
         summary += ": " + ", ".join(f"{n:,} {what}" for n, what in parts if n)
+    if result.cast:
+        tolerance += f"; {len(result.cast):,} compared after a lossless cast"
     lines.append(f"{summary} ({tolerance})")
     return "\n".join(lines)
 
@@ -254,7 +274,8 @@ def diff_text(result) -> str:
 def _diff(args) -> int:
     from objckpt._inspect import diff as _diff
 
-    result = _diff.diff(args.a, args.b, rtol=args.rtol, atol=args.atol)
+    rules = load_rules(args.rules) if args.rules else None
+    result = _diff.diff(args.a, args.b, rtol=args.rtol, atol=args.atol, rules=rules)
     if args.format == "json":
         print(json.dumps(diff_json(result), indent=2))
     else:

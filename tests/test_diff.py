@@ -317,3 +317,104 @@ def test_diff_from_the_command_line(tmp_path):
     assert f"objckpt diff: No checkpoint at prefix `{tmp_path / 'nope'}`" in missing.stderr
     usage = _run("diff", a)
     assert usage.returncode == 2
+
+
+# --- keys as rules rewrite them; values across a lossless cast -------------------------
+
+def _migrated_pair(tmp_path, scale=1.0):
+    """A TF1 Saver checkpoint (`legacy/hidden/weights`, `legacy/hidden/biases`) and an
+    object-based one of the same values laid out as `fc_in/_kernel`, `fc_in/bias`."""
+    w = np.arange(6, dtype=np.float32).reshape(2, 3)
+    bias = np.array([0.5, -1.0, 2.0], np.float32)
+    (tmp_path / "tf1").mkdir(parents=True, exist_ok=True)
+    a = _saver_checkpoint(tmp_path / "tf1" / "model.ckpt", legacy__hidden__weights=w,
+                          legacy__hidden__biases=bias)
+    module = tf.Module()
+    module.fc_in = tf.Module()
+    module.fc_in._kernel = tf.Variable(w * scale)
+    module.fc_in.bias = tf.Variable(bias)
+    b = tf.train.Checkpoint(root=module).write(str(tmp_path / "migrated" / "ckpt"))
+    return a, b
+
+
+RULES = [(r"^legacy/hidden/weights$", "fc_in/kernel"), (r"^legacy/hidden/biases$", "fc_in/bias")]
+
+
+def test_rules_compare_a_tf1_checkpoint_with_its_migrated_form(tmp_path, capsys):
+    """Without rules nothing lines up; with the migration's rules A's keys are compared as
+    rewritten (`fc_in/kernel` meets `fc_in/_kernel`, as restore matches them)."""
+    a, b = _migrated_pair(tmp_path)
+    plain = _diff.diff(a, b)
+    assert plain.equal == 0 and plain.differ == 4
+    result = _diff.diff(a, b, rules=RULES)
+    assert result.same and result.equal == 2
+    assert result.rewritten == {"legacy/hidden/weights": "fc_in/kernel",
+                                "legacy/hidden/biases": "fc_in/bias"}
+    changed = _diff.diff(*_migrated_pair(tmp_path / "changed", scale=2.0), rules=RULES)
+    assert changed.values == (("fc_in/_kernel", 5.0, 5, 6),)
+    assert changed.paired == {"fc_in/_kernel": "legacy/hidden/weights"}
+    rules_file = tmp_path / "rules.json"
+    rules_file.write_text(json.dumps([list(r) for r in RULES]))
+    status, out, _ = _cli(capsys, *_migrated_pair(tmp_path / "cli", scale=2.0), "--rules",
+                          rules_file)
+    assert status == 1
+    assert "~ fc_in/_kernel (A: legacy/hidden/weights): max |a-b| 5 at 5 of 6 values" in out
+    assert "1 equal, 1 differ: 1 in value (bit-exact)" in out
+
+
+def test_a_wrong_rule_shows_the_key_it_made(tmp_path, capsys):
+    """A rule that rewrites `legacy/hidden/weights` to `fc_in/weights`: the line names the
+    rewritten key beside the original; a rule with None leaves entries out, saying so."""
+    a, b = _migrated_pair(tmp_path)
+    result = _diff.diff(a, b, rules=[(r"^legacy/hidden/", "fc_in/")])
+    assert result.only_in_a == ("legacy/hidden/biases", "legacy/hidden/weights")
+    assert result.only_in_b == ("fc_in/_kernel", "fc_in/bias") and result.equal == 0
+    assert result.rewritten["legacy/hidden/weights"] == "fc_in/weights"
+    rules_file = tmp_path / "rules.json"
+    rules_file.write_text(json.dumps([["^legacy/hidden/", "fc_in/"]]))
+    _, out, _ = _cli(capsys, a, b, "--rules", rules_file)
+    assert "- legacy/hidden/weights -> fc_in/weights (only in A)" in out.splitlines()
+    dropped = _diff.diff(a, b, rules=[("weights$", None), (r"^legacy/hidden/biases$",
+                                                            "fc_in/bias")])
+    assert dropped.only_in_a == () and dropped.only_in_b == ("fc_in/_kernel",)
+    assert "rules left out 1 of A's entries (replacement None)" in dropped.notes
+    with pytest.raises(errors.InvalidArgumentError, match=r"rule 0: '\(' is not a valid"):
+        _diff.diff(a, b, rules=[("(", "x")])
+
+
+def test_a_tolerance_compares_values_across_a_lossless_cast(tmp_path, capsys):
+    """A float32 checkpoint against its bfloat16 copy: bit-exact, every tensor is a dtype
+    difference; with --atol the values are compared after the (lossless) bfloat16 ->
+    float32 cast, and a lossy pair (float16 against bfloat16: neither holds the other)
+    stays a dtype difference."""
+    values = np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4)
+    a = _write(tmp_path / "a", w=values, n=np.arange(3, dtype=np.int32),
+               x=np.zeros(2, np.float16))
+    b = _write(tmp_path / "b", w=tf.cast(values, tf.bfloat16), n=np.arange(3, dtype=np.int64),
+               x=tf.zeros(2, tf.bfloat16))
+    exact = _diff.diff(a, b)
+    assert [d.path for d in exact.shape_or_dtype] == ["w", "n", "x"] and exact.cast == ()
+    loose = _diff.diff(a, b, atol=0.01)
+    assert [d.path for d in loose.cast] == ["w", "n"] and loose.equal == 2
+    assert loose.shape_or_dtype == (("x", "float16 (2,)", "bfloat16 (2,)"),)
+    tight = _diff.diff(a, b, atol=1e-6)  # bfloat16 keeps 8 bits of mantissa
+    assert [d.path for d in tight.values] == ["w"] and tight.values[0].max_abs_diff < 0.01
+    status, out, _ = _cli(capsys, a, b, "--atol", "0.01")
+    assert status == 1  # x still differs in dtype
+    assert "1 equal" not in out and out.splitlines()[-1] == (
+        "2 equal, 1 differ: 1 in shape or dtype (rtol 0, atol 0.01; 2 compared after a "
+        "lossless cast)")
+
+
+def test_safetensors_metadata_every_writer_puts_there_is_no_note(tmp_path, capsys):
+    """`format` = `pt` is in every Hugging Face file: no note on stderr or in the result;
+    other metadata still is one."""
+    module = tf.Module()
+    module.w = tf.Variable(np.ones(3, np.float32))
+    a = objckpt.export(module, tmp_path / "a.safetensors")
+    b = objckpt.export(module, tmp_path / "b.safetensors", metadata={"origin": "run 7"})
+    result = _diff.diff(a, b)
+    assert result.same
+    assert result.notes == ("B: metadata `origin` = `run 7`",)
+    status, out, err = _cli(capsys, a, a)
+    assert status == 0 and "note" not in out + err and "format" not in out + err

@@ -339,7 +339,13 @@ def _index(path: str) -> tuple[list[str], dict, dict]:
     return list(shards.values()), where, metadata
 
 
+# `__metadata__` items every writer puts there (`format`: the framework whose names the
+# file uses): no news to the user, not shown as notes.
+_ROUTINE = {("format", value) for value in ("pt", "tf", "flax", "np", "mlx", "jax")}
+
+
 def _metadata_notes(metadata: dict, what: str) -> tuple:
+    metadata = {k: v for k, v in metadata.items() if (k, v) not in _ROUTINE}
     notes = [f"{what} `{_render.safe(str(k)[:80])}` = `{_render.safe(str(v)[:200])}`"
              for k, v in list(metadata.items())[:_MAX_NOTES]]
     if len(metadata) > _MAX_NOTES:

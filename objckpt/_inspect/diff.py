@@ -30,6 +30,7 @@ from objckpt._bundle import files as _files
 from objckpt._bundle import index as _bundle
 from objckpt._bundle import objgraph as _objgraph
 from objckpt._inspect import meta as _meta
+from objckpt._inspect import pairing as _pairing
 
 __all__ = ["Diff", "ShapeDiff", "ValueDiff", "diff"]
 
@@ -83,6 +84,13 @@ class Diff:
         (A's where both have one): how `objckpt diff` shows them, e.g.
         `optimizer/_trainable_variables/0` -> (`_functional/_operations/1/_kernel`,
         `sequential/encoder/kernel`) for a trained Keras 3 model.
+      cast: `ShapeDiff(path, a_desc, b_desc)` per path whose dtypes differ by a
+        lossless cast (bfloat16 and float32, say), compared by value after the cast
+        because a tolerance was given (without one they are `shape_or_dtype`).
+      rewritten: with rules, {A key: the key the rules made of it (None: left out)} for
+        each key a rule changed.
+      paired: with rules, {B path: A key} for the paths above compared with an A key
+        of another name (the paths shown are B's).
     """
 
     a: str
@@ -96,10 +104,14 @@ class Diff:
     rtol: float = 0.0
     atol: float = 0.0
     names: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    cast: tuple[ShapeDiff, ...] = ()
+    rewritten: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    paired: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     @property
     def same(self) -> bool:
-        """True when both sides have the same paths, shapes, dtypes and values."""
+        """True when both sides have the same paths (A's as the rules rewrote them), shapes,
+        dtypes (but for lossless casts, with a tolerance) and values."""
         return not (self.only_in_a or self.only_in_b or self.shape_or_dtype or self.values)
 
     @property
@@ -289,7 +301,7 @@ def _nesting_hint(a: _Side, b: _Side) -> str | None:
 
 
 def diff(a: str | os.PathLike, b: str | os.PathLike, *, rtol: float = 0.0,
-         atol: float = 0.0) -> Diff:
+         atol: float = 0.0, rules=None) -> Diff:
     """Compares two checkpoints path by path: presence, shape, dtype, values.
 
     Object-based checkpoints are compared by object path; name-based (TF1
@@ -302,7 +314,17 @@ def diff(a: str | os.PathLike, b: str | os.PathLike, *, rtol: float = 0.0,
     as equal; otherwise a value differs when `|a - b| > atol + rtol * |b|`
     (NumPy's `isclose`, B the reference). Integers and floats of any width
     (float16, bfloat16 included) are compared numerically, booleans and
-    strings for equality only.
+    strings for equality only. With a tolerance, two tensors whose dtypes
+    differ by a lossless cast (bfloat16 or float16 and float32, float32 and
+    float64, integer widening) are compared by value after it (listed in
+    `Diff.cast`); without one, that is a dtype difference.
+
+    With `rules`, A's keys are rewritten as restore rewrites a source's keys
+    (the first rule whose regex matches, once; None leaves the entry out), then
+    compared with B's paths: equal, or equal with leading underscores stripped
+    from each edge. A TF1 checkpoint and its migrated form, or a Hugging Face
+    folder and an export without rules, compare path by path that way. Rule
+    transforms are not applied: a layout that differs shows as a shape.
 
     TensorFlow is not imported: tensors are read straight from the data
     shards' byte ranges the index validated (each crc32c checked) into NumPy,
@@ -314,6 +336,8 @@ def diff(a: str | os.PathLike, b: str | os.PathLike, *, rtol: float = 0.0,
         directories of managed checkpoints (the newest intact one is used).
       rtol: relative tolerance, >= 0.
       atol: absolute tolerance, >= 0.
+      rules: None, or (regex, replacement) pairs (`objckpt.rules.Rule`s too)
+        rewriting A's keys.
 
     Returns:
       A `Diff`; `Diff.same` is True when nothing differs.
@@ -329,6 +353,7 @@ def diff(a: str | os.PathLike, b: str | os.PathLike, *, rtol: float = 0.0,
       (False, ['model/encoder/w'])
     """
     rtol, atol = _tolerance(rtol, "rtol"), _tolerance(atol, "atol")
+    parsed = _pairing.parse_rules(rules)
     notes: list[str] = []
     side_a = _open(a, "A", notes)
     side_b = _open(b, "B", notes)
@@ -338,29 +363,46 @@ def diff(a: str | os.PathLike, b: str | os.PathLike, *, rtol: float = 0.0,
             f"{named.label} (`{_render.safe(named.prefix)}`) is name-based (TF1 Saver) and "
             f"{other.label} is object-based: keys are compared as they are (global variable "
             "names against object paths), so they rarely line up. To compare by structure, "
-            "migrate the name-based one onto your model first (objckpt.migrate with rules) and "
-            "diff the result.")
+            "pass rules that rewrite A's keys into B's (rules=[...]), or migrate the "
+            "name-based one onto your model first (objckpt.migrate with rules) and diff the "
+            "result.")
     elif side_a.name_based:
         notes.append("A and B are name-based (TF1 Saver): compared by global variable name.")
-    only_in_a, shape_or_dtype, values, equal = [], [], [], 0
-    for path, (shape, dtype, key) in side_a.entries.items():
-        other = side_b.entries.get(path)
-        if other is None:
-            only_in_a.append(path)
-            continue
+    pairs = _pairing.pair(side_a.entries, side_b.entries, parsed)
+    notes.extend(_rule_notes(pairs, parsed))
+    shape_or_dtype, values, equal, cast, paired = [], [], 0, [], {}
+    tolerant = rtol > 0 or atol > 0
+    for key_a, path in pairs.matched:
+        shape, dtype, key = side_a.entries[key_a]
+        other = side_b.entries[path]
+        if key_a != path:
+            paired[path] = key_a
+        x = y = None
         if (shape, dtype) != other[:2]:
-            shape_or_dtype.append(
-                ShapeDiff(path, _describe(shape, dtype), _describe(*other[:2])))
-            continue
-        largest, count = _compare(_read(side_a, path, key), _read(side_b, path, other[2]),
-                                  dtype, rtol, atol)
+            if not (tolerant and shape == other[0]
+                    and _pairing.lossless(dtype.name, other[1].name)):
+                shape_or_dtype.append(
+                    ShapeDiff(path, _describe(shape, dtype), _describe(*other[:2])))
+                continue
+            cast.append(ShapeDiff(path, _describe(shape, dtype), _describe(*other[:2])))
+            x, y = _pairing.common(_read(side_a, key_a, key), _read(side_b, path, other[2]))
+        largest, count = _compare(
+            _read(side_a, key_a, key) if x is None else x,
+            _read(side_b, path, other[2]) if y is None else y, dtype, rtol, atol)
         if count:
             size = math.prod(shape)
             values.append(ValueDiff(path, largest, count, size))
         else:
             equal += 1
-    only_in_b = [path for path in side_b.entries if path not in side_a.entries]
-    compared = len(side_a.entries) - len(only_in_a)
+    if cast:
+        kinds = sorted({f"{d.a.split()[0]} in A, {d.b.split()[0]} in B" for d in cast})
+        notes.append(f"{len(cast):,} path(s) differ in dtype by a lossless cast ("
+                     f"{'; '.join(kinds)}): their values were compared after it, as a "
+                     "tolerance was given.")
+    only_in_a = pairs.only_in_a
+    matched_b = {path for _, path in pairs.matched}
+    only_in_b = [path for path in side_b.entries if path not in matched_b]
+    compared = len(pairs.matched)
     if (not compared and side_a.entries and side_b.entries
             and not (side_a.name_based or side_b.name_based)):
         hint = _nesting_hint(side_a, side_b)
@@ -368,9 +410,25 @@ def diff(a: str | os.PathLike, b: str | os.PathLike, *, rtol: float = 0.0,
             notes.append(hint)
     shown = [*only_in_a, *only_in_b, *(d.path for d in shape_or_dtype),
              *(d.path for d in values)]
+    listed = {*shown, *(d.path for d in cast)}
     return Diff(side_a.prefix, side_b.prefix, tuple(only_in_a), tuple(only_in_b),
                 tuple(shape_or_dtype), tuple(values), equal, tuple(notes), rtol, atol,
-                _names(shown, side_a, side_b))
+                _names(shown, side_a, side_b), tuple(cast), pairs.rewritten,
+                {p: k for p, k in paired.items() if p in listed})
+
+
+def _rule_notes(pairs: _pairing.Pairs, rules) -> list[str]:
+    """What the rules did that the lines do not show."""
+    notes = []
+    if pairs.dropped:
+        notes.append(f"rules left out {len(pairs.dropped):,} of A's entries (replacement None)")
+    for key, path in pairs.taken[:3]:
+        notes.append(f"A's `{_render.safe(key)}` became `{_render.safe(path)}`, which another "
+                     "key of A matched first: listed as only in A")
+    if any(rule.transform for rule in rules):
+        notes.append("rule transforms are not applied by diff: a layout the transform changes "
+                     "shows as a shape difference")
+    return notes
 
 
 def _names(paths, *sides: _Side) -> dict:
