@@ -163,7 +163,8 @@ def client(url: str):
         fs = _CLIENTS.get(key)
         if fs is None:
             try:
-                cls, options = _emulated(name) or (fsspec.get_filesystem_class(name), {})
+                cls = fsspec.get_filesystem_class(name)
+                cls, options = _emulated(name) or (cls, {})
                 fs = cls(skip_instance_cache=True, **options)
             except (ImportError, ValueError) as err:
                 if isinstance(err, ValueError) and "Protocol not known" not in str(err):
