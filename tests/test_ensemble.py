@@ -172,7 +172,10 @@ def test_batched_and_loop_give_the_same_numbers(flavour):
     variable = next(v for v in variable.values() if len(v.shape) == 2)
     variable.assign(tf.zeros_like(variable))
     changed = ensemble(x).numpy()
-    np.testing.assert_array_equal(changed[[0, 1, 3]], batched[[0, 1, 3]])
+    # The unchanged members, to float rounding: a batched kernel is not promised to give
+    # the same bits from one call to the next (docs/guarantees.md); a change that leaked
+    # from member 2 (zeroed) would be far larger.
+    np.testing.assert_allclose(changed[[0, 1, 3]], batched[[0, 1, 3]], rtol=1e-6, atol=1e-6)
     assert not np.allclose(changed[2], batched[2])
 
 

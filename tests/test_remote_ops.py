@@ -222,8 +222,13 @@ def test_load_ensemble_of_remote_checkpoints(store, saved):
         assert_bits(saved["weights"][n], weights(member), f"member from ckpt-{n}")
     x = np.ones((2, 3), np.float32)
     outputs = np.asarray(ensemble(x))
-    np.testing.assert_array_equal(outputs[0], outputs[2])
-    assert not np.array_equal(outputs[0], outputs[1])
+    # Members 0 and 2 hold the same weights; batched, they run at different positions of
+    # one batched matmul, which CPU kernels (oneDNN) may block differently by position: the
+    # same to float rounding, not always to the bit (docs/guarantees.md).
+    np.testing.assert_allclose(outputs[0], outputs[2], rtol=1e-6, atol=1e-6)
+    for k, member in enumerate(ensemble.members):
+        np.testing.assert_allclose(outputs[k], member(x), rtol=1e-6, atol=1e-6)
+    assert not np.allclose(outputs[0], outputs[1], rtol=1e-3, atol=1e-3)
 
 
 def _tf1_checkpoint(directory: str) -> tuple[str, dict]:
