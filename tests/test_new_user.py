@@ -395,3 +395,17 @@ def test_the_tf1_fix_gives_an_example_rule_in_the_spelling_of_the_interface(tf1_
     assert '--rules FILE holding [["^legacy_net/hidden_layer/biases$", "fc_in/bias"]]' in cli
     assert "objckpt migrate SOURCE OUT --template MODULE:CALLABLE --rules FILE --dry-run" in cli
     assert "objckpt.plan(" not in cli and "rules=" not in cli
+
+
+def test_a_name_based_checkpoint_read_as_a_tree_gives_a_rule_from_its_own_scope(tf1_prefix):
+    """read_tree of a TF1 checkpoint: the error's examples are weights (not `beta1_power`
+    or Adam slots, which sort first) and its rule strips the checkpoint's own scope."""
+    import objckpt
+    from objckpt import errors
+
+    with pytest.raises(errors.NotObjectBasedError) as caught:
+        objckpt.read_tree(tf1_prefix)
+    message = str(caught.value)
+    assert "(`legacy_net/hidden_layer/biases`, `legacy_net/hidden_layer/weights`, " in message
+    assert "e.g. rules=[('^legacy_net/', '')] strips the scope `legacy_net/`." in message
+    assert "beta1_power" not in message and "model_001" not in message

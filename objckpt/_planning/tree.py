@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import re
 import weakref
 from collections.abc import Iterator, Mapping
 
@@ -123,6 +124,9 @@ class VariableTree(FrozenMapping):
 
 # obj -> VariableTree, reused while obj's variable fingerprint is unchanged.
 _TREE_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# A TF1 Saver's optimizer bookkeeping: counters and slot variables, not weights.
+_TF1_BOOKKEEPING = re.compile(r"(^|/)(beta[12]_power|global_step)$|"
+                              r"/(Adam|Adam_1|Momentum|RMSProp|RMSProp_1|Adagrad)$")
 
 
 def tree(obj) -> VariableTree:
@@ -267,13 +271,20 @@ def read_tree_at(prefix: str) -> CheckpointTree:
     reader, index = _files.open_checked(prefix)
     entries = index.entries
     if _compat.OBJECT_GRAPH_KEY not in entries:
-        sample = ", ".join(f"`{_render.safe(k)}`" for k in sorted(entries)[:3])
+        # Weights, not optimizer bookkeeping (`beta1_power`, `global_step`, slots), as examples.
+        weights = sorted(k for k in entries if not _TF1_BOOKKEEPING.search(k)) or sorted(entries)
+        sample = ", ".join(f"`{_render.safe(k)}`" for k in weights[:3])
+        scope = weights[0].split("/", 1)[0] + "/" if "/" in weights[0] else ""
+        example = (f"rules=[({'^' + re.escape(scope)!r}, '')] strips the scope "
+                   f"`{_render.safe(scope)}`" if scope else
+                   f"rules=[({'^' + re.escape(weights[0]) + '$'!r}, 'layer/kernel')]")
         raise errors.NotObjectBasedError(
             f"Checkpoint `{prefix}` is name-based (written by tf.compat.v1.train.Saver): its "
             f"{len(entries)} entries are keyed by global variable name ({sample}) and it has no "
             "object graph, so it cannot be matched by object structure. Expected: an object-based "
             "checkpoint. Fix: map its names onto your model with objckpt.plan(...) and "
-            "objckpt.migrate(...) using rules, e.g. rules=[('^model_001/', '')].", source=prefix)
+            f"objckpt.migrate(...) using rules, e.g. {_render.safe_text(example)}.",
+            source=prefix)
     try:
         graph_bytes = reader.get_tensor(_compat.OBJECT_GRAPH_KEY)
         graph = _compat.TrackableObjectGraph()
