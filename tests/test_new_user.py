@@ -366,6 +366,16 @@ def test_a_mismatch_shows_each_key_as_the_rules_rewrote_it(tf1_prefix):
             "in the obj") in message.splitlines()
     assert ("  - `legacy_net/output_layer/weights`: in the source but not in the obj"
             in message.splitlines())
+    # The Fix names the variable beside the rewritten key, with a rule that works put first.
+    near = re.search(r"Fix: a rule rewrote `legacy_net/hidden_layer/biases` to `fc_in/biases`, "
+                     r"which the obj lacks; `fc_in/bias` beside it has its shape: name it with a "
+                     r"rule before yours, e\.g\. rules=\[(\(.*?\))\] followed by your rules",
+                     message)
+    assert near, message
+    fixed = [ast.literal_eval(near.group(1)), *rules]
+    matched = objckpt.plan(net, tf1_prefix, rules=fixed, strict=False, optimizer_state=False)
+    assert ("legacy_net/hidden_layer/biases", "fc_in/bias") in [
+        (m.source, m.target) for m in matched.matches]
     described = objckpt.plan(net, tf1_prefix, rules=rules, optimizer_state=False).describe()
     assert "  - legacy_net/hidden_layer/biases -> fc_in/biases" in described.splitlines()
     assert "  - legacy_net/output_layer/biases" in described.splitlines()

@@ -144,7 +144,36 @@ def _fixes(the_plan: Plan, source: Source, strict: bool, variables) -> list[str]
                             f", e.g. rules=[{example}] (rules are tried in order; the first "
                             "that matches a key rewrites it, once)" if example else "")
                         + ", and check the result with objckpt.plan(obj, source, rules=...)")
+    near = _near_miss(the_plan, source, network_extra, network_missing, variables)
+    if near:
+        fixes.insert(0, near)
     return fixes
+
+
+def _near_miss(the_plan: Plan, source: Source, extra: list, missing: list,
+               variables) -> str:
+    """When a rule rewrote a key next to a missing variable of the key's shape
+    (`fc_in/weights` beside `fc_in/_kernel`): the rule naming that variable, to put first."""
+    def plain(path: str) -> str:
+        return "/".join(edge.lstrip("_") or edge for edge in path.split("/"))
+
+    near: dict = {}
+    for path in missing:
+        if path in variables:
+            shown = plain(the_plan.display(path)[0])
+            near.setdefault((shown.rpartition("/")[0], tuple(variables[path].shape)), shown)
+    for key in extra:
+        new, spec = the_plan.rewritten_key(key), source.specs.get(key)
+        if new is None or spec is None:
+            continue
+        target = near.get((plain(new).rpartition("/")[0], tuple(spec[0])))
+        if target is not None:
+            safe = _render.safe
+            return (f"a rule rewrote `{safe(key)}` to `{safe(new)}`, which the obj lacks; "
+                    f"`{safe(target)}` beside it has its shape: name it with a rule before "
+                    f"yours, e.g. rules=[({safe(repr('^' + re.escape(key) + '$'))}, "
+                    f"{safe(repr(target))})] followed by your rules")
+    return ""
 
 
 def _at_fix(the_plan: Plan, source: Source, extra: list, missing: list) -> str:

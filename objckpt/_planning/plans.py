@@ -103,6 +103,11 @@ class Plan:
     # {unmatched source key: the key a rule rewrote it to}, for keys a rule changed
     _rewritten: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
+    def rewritten_key(self, key: str) -> str | None:
+        """The key a rule rewrote the unmatched source entry `key` to; None when no rule
+        changed it."""
+        return self._rewritten.get(key)
+
     def source_label(self, key: str) -> str:
         """An unmatched source key as messages show it, with what the rules made of it:
         `legacy/w` -> `fc/w` (the rewritten key is what matched nothing)."""
