@@ -1,10 +1,9 @@
 """Why a plan cannot be applied: the one error restore, migrate and load_ensemble raise.
 
-The plan-and-check stage of the one restore pipeline (`_pipeline.Pipeline.plan`).
-
-`checked_plan` plans and refuses (nothing assigned, nothing written) when anything is
-mismatched, ambiguous or, with strict, left over; `refuse` writes the message: every problem,
-network first, and the fixes that apply.
+The check stage of the one restore pipeline (`_pipeline.Pipeline.check` refuses, nothing
+assigned, nothing written, when anything is mismatched, ambiguous or, with strict, left
+over); `refuse` writes the message: every problem, network first, and the fixes that apply.
+`ready_optimizers` is the plan stage's first step: optimizers not built yet, built.
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ from objckpt._planning.propose import proposal_fix
 from objckpt._planning.sources import Source
 from objckpt._planning.targets import is_default_name, is_optimizer_key
 
-__all__ = ["checked_plan", "creation_scope", "describe_obj", "ready_optimizers", "refuse"]
+__all__ = ["creation_scope", "describe_obj", "ready_optimizers", "refuse"]
 
 
 def describe_obj(obj) -> str:
@@ -197,21 +196,6 @@ def _example_rule(extra: list, missing: list, the_plan: Plan, source: Source,
             key, path = candidate, found
             break
     return _render.safe(repr(("^" + re.escape(key) + "$", shown[path])))
-
-
-def checked_plan(obj, variables, src: Source, *, rules=(), strict: bool = True,
-                 at: str | None = None, optimizer_state="auto",
-                 action: str = "restore") -> Plan:
-    """The plan restore (or `action`: "migrate") follows, or the error it raises for it
-    (nothing assigned, nothing written)."""
-    if not variables:
-        refuse(obj, variables, src, Plan(src.description, ()), strict, action=action)
-    the_plan = make_plan(src, obj, variables, rules=rules, at=at,
-                         optimizer_state=optimizer_state)
-    if (the_plan.mismatched or the_plan.ambiguous or not the_plan.matches
-            or (strict and (the_plan.unmatched_variables or the_plan.unmatched_source))):
-        refuse(obj, variables, src, the_plan, strict, action=action, propose=not rules)
-    return the_plan
 
 
 def ready_optimizers(obj, variables, source: Source, *, rules=(), at=None,
