@@ -235,6 +235,5 @@ def plan(obj, source, *, rules=None, at: str | None = None, strict: bool = True,
       >>> print(p.describe())
     """
     obj, source = _api.obj_first("plan", obj, source)
-    strict = _match.check_strict(strict)
     return _pipeline.Pipeline("objckpt.plan", obj, source, rules=rules, at=at, strict=strict,
                               optimizer_state=optimizer_state, action="plan").dry_run()

@@ -108,7 +108,7 @@ def save(obj_or_snapshot, prefix: str | os.PathLike, *, blocking: bool = True,
         origin = _tree.tree(obj_or_snapshot)
         _snapshot.check_cross_replica(origin, "save")
         # On every worker of a multi-worker strategy: SyncOnRead reads are collectives.
-        snap = _snapshot.Snapshot._of_tree(origin, origin.fused.read_all())
+        snap = _snapshot.of_tree(origin, origin.fused.read_all())
     prefix = os.fspath(prefix)
     _files.check_prefix(prefix)  # never `<dir>.index` beside an existing directory
     if not snap:

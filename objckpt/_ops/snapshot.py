@@ -13,7 +13,7 @@ from objckpt._base import render as _render
 from objckpt._planning import sources as _sources
 from objckpt._planning import tree as _tree
 
-__all__ = ["Snapshot", "check_cross_replica", "snapshot"]
+__all__ = ["Snapshot", "check_cross_replica", "of_tree", "snapshot"]
 
 
 class Snapshot(_tree.FrozenMapping):
@@ -110,6 +110,11 @@ def snapshot(obj) -> Snapshot:
         # tf.train.Checkpoint): the Snapshot does, for what saving it needs to know.
         snap._keep = variables
     return snap
+
+
+def of_tree(variables: _tree.VariableTree, values: list) -> Snapshot:
+    """A Snapshot of `values`, read from the live tree `variables` (its origin)."""
+    return Snapshot._of_tree(variables, values)
 
 
 def check_cross_replica(variables, operation: str) -> None:

@@ -281,6 +281,7 @@ class Pipeline:
         """Stages 1-3 as `restore` runs them, nothing assigned (`objckpt.plan`, the CLI's
         `migrate --dry-run`): the plan restore would apply, with its notes."""
         try:
+            self.strict = _match.check_strict(self.strict)
             variables = _tree.tree(self.obj)
             if not variables:
                 raise errors.UnbuiltModelError(
