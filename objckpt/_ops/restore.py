@@ -172,11 +172,18 @@ def restore(obj, source, *, rules=None, strict: bool = True, at: str | None = No
     done = pipe.restore(variables)
     if done.plan is None:  # the whole tree, from a Snapshot of it
         return RestoreReport(tuple(done.variables), source=done.description)
+    if done.memo is not None and "report" in done.memo:  # a cached plan: its report
+        return done.memo["report"]
     the_plan = done.plan
-    return RestoreReport(tuple(m.target for m in the_plan.matches),
-                         the_plan.unmatched_variables, the_plan.unmatched_source,
-                         done.description, the_plan.at, the_plan.notes, the_plan,
-                         the_plan.skipped)
+    report = RestoreReport(tuple(m.target for m in the_plan.matches),
+                           the_plan.unmatched_variables, the_plan.unmatched_source,
+                           done.description, the_plan.at, the_plan.notes, the_plan,
+                           the_plan.skipped)
+    if done.memo is not None:
+        # Kept without the source (its tensors and origin tree stay the caller's), and
+        # returned as is on every hit: the report is the same for every snapshot of it.
+        report = done.memo["report"] = dataclasses.replace(report, plan=the_plan.detached())
+    return report
 
 
 def plan(obj, source, *, rules=None, at: str | None = None, strict: bool = True,

@@ -42,14 +42,12 @@ import dataclasses
 import weakref
 
 from objckpt import _compat, errors
-from objckpt._base import render as _render
 from objckpt._bundle import remote as _remote
 from objckpt._planning import agree as _agree
 from objckpt._planning import assign as _assign
 from objckpt._planning import checks as _checks
 from objckpt._planning import fetch as _fetch
 from objckpt._planning import match as _match
-from objckpt._planning import propose as _propose
 from objckpt._planning import rules as _rules
 from objckpt._planning import sources as _sources
 from objckpt._planning import tree as _tree
@@ -67,12 +65,15 @@ _PLAN_CACHE_SIZE = 8
 class Restored:
     """What `Pipeline.restore` did: its route ("fast", "cached", "streamed", "fetched"),
     the source opened (None on the Snapshot routes), the plan applied (None: the whole
-    tree, from a Snapshot of it) and its description."""
+    tree, from a Snapshot of it), its description, and, for a plan cached for Snapshots of
+    one tree, the dict kept with it (the caller keeps there what it made of the plan, its
+    report, returned as is on every hit)."""
 
     route: str
     plan: _match.Plan | None
     description: str
     variables: object
+    memo: dict | None = None
 
 
 class Pipeline:
@@ -168,7 +169,7 @@ class Pipeline:
         obj = self.obj if obj is None else obj
         rules = self.rules if rules is None else rules
         if self.action == "plan":
-            return self._noted(variables, src, the_plan)
+            return _checks.noted(self, variables, src, the_plan)
         if not variables:
             _checks.refuse(obj, variables, src, the_plan, self.strict, action=self.action)
         if (the_plan.mismatched or the_plan.ambiguous or not the_plan.matches
@@ -298,8 +299,8 @@ class Pipeline:
 
     def restore(self, variables) -> Restored:
         """Every stage, in order, for `objckpt.restore`, on the route the source allows."""
-        cached = self._cached_plan(variables)
-        route = "fast" if self._is_own_snapshot(variables) else (
+        cached = _cached_plan(self, variables)
+        route = "fast" if _is_own_snapshot(self, variables) else (
             "cached" if cached is not None else "fetched")
         src = the_plan = values = None
 
@@ -333,81 +334,56 @@ class Pipeline:
             return Restored(route, None, "Snapshot", variables)
         self.refresh(lambda: [variables[m.target] for m in the_plan.matches], key=variables,
                      merged=src is not None and not src.keyed_by_path)
-        if route != "cached":
-            self._cache_plan(variables, src, the_plan)
-        return Restored(route, the_plan, the_plan.source, variables)
+        memo = cached[2] if route == "cached" else _cache_plan(self, variables, src, the_plan)
+        return Restored(route, the_plan, the_plan.source, variables, memo)
 
-    # --- the Snapshot routes -----------------------------------------------------------
 
-    def _is_own_snapshot(self, variables) -> bool:
-        """A Snapshot taken from this very tree, its structure unchanged: the paths, shapes
-        and dtypes are the ones just read, so there is nothing to open, plan or check."""
-        origin = getattr(self.source, "origin", None)
-        return (callable(origin) and callable(getattr(self.source, "as_dict", None))
-                and self.at is None and not self.rules
-                and self.optimizer_state in (None, "auto") and origin() is variables)
+# --- the Snapshot routes: a Snapshot of this tree, or of a tree planned into it before ---
 
-    def _cache_key(self):
-        """The key a checked plan of this restore is cached under, or None (not cached):
-        only Snapshots taken from a live tree, without rules: the origin tree's identity
-        stands for its paths, shapes and dtypes, as the target tree's does for its own."""
-        origin = getattr(self.source, "origin", None)
-        if not callable(origin) or self.rules or origin() is None:
-            return None
-        return (id(origin()), bool(self.strict), self.at,
-                _match.optimizer_mode(self.optimizer_state))
 
-    def _cached_plan(self, variables):
-        """(source keys, detached plan) cached for a Snapshot of a tree planned into this
-        tree before (the same paths, shapes and dtypes on both sides: each tree is
-        immutable, so the same checked plan), or None."""
-        key = self._cache_key()
-        cached = variables.plans.get(key) if key is not None else None
-        if cached is None or cached[0]() is not self.source.origin():
-            return None
-        return cached[1:]
+def _is_own_snapshot(pipe, variables) -> bool:
+    """A Snapshot taken from this very tree, its structure unchanged: the paths, shapes
+    and dtypes are the ones just read, so there is nothing to open, plan or check."""
+    origin = getattr(pipe.source, "origin", None)
+    return (callable(origin) and callable(getattr(pipe.source, "as_dict", None))
+            and pipe.at is None and not pipe.rules
+            and pipe.optimizer_state in (None, "auto") and origin() is variables)
 
-    def _cache_plan(self, variables, src, the_plan) -> None:
-        key = self._cache_key()
-        if key is None:
-            return
-        # Kept without the source (its tensors and origin tree stay the caller's).
-        if len(variables.plans) >= _PLAN_CACHE_SIZE:
-            variables.plans.pop(next(iter(variables.plans)))
-        aliases = src.aliases
-        variables.plans[key] = (
-            weakref.ref(self.source.origin()),
-            tuple(aliases.get(m.source, m.source) for m in the_plan.matches),
-            the_plan.detached())
 
-    # --- the dry run's notes -----------------------------------------------------------
+def _cache_key(pipe):
+    """The key a checked plan of this restore is cached under, or None (not cached):
+    only Snapshots taken from a live tree, without rules: the origin tree's identity
+    stands for its paths, shapes and dtypes, as the target tree's does for its own."""
+    origin = getattr(pipe.source, "origin", None)
+    if not callable(origin) or pipe.rules or origin() is None:
+        return None
+    return (id(origin()), bool(pipe.strict), pipe.at,
+            _match.optimizer_mode(pipe.optimizer_state))
 
-    def _noted(self, variables, src, the_plan: _match.Plan) -> _match.Plan:
-        """The plan with what restore would do noted, and rules proposed where none fit."""
-        notes = list(the_plan.notes)
-        if self.built:
-            notes.append(
-                f"the obj's optimizer ({', '.join(self.built)}) was not built yet: built now, "
-                "as objckpt.restore builds it first (and Keras's first training step would), "
-                "so this plan moves the source's optimizer state into it by owner, as "
-                "restore does")
-        left = len(the_plan.unmatched_variables) + len(the_plan.unmatched_source)
-        if left and not (the_plan.ambiguous or the_plan.mismatched):
-            what = (f"{_render.count(len(the_plan.unmatched_variables), 'variable')} without "
-                    f"a value and {len(the_plan.unmatched_source)} source "
-                    f"{'entry' if len(the_plan.unmatched_source) == 1 else 'entries'} "
-                    "without a variable")
-            notes.append(
-                f"strict=True: objckpt.restore would refuse this plan ({what}); strict=False "
-                "skips them and lists them in its report" if self.strict else
-                f"strict=False: objckpt.restore would skip and list {what}")
-        the_plan = dataclasses.replace(the_plan, notes=tuple(notes))
-        if self.rules or not (the_plan.unmatched_source and the_plan.unmatched_variables):
-            return the_plan
-        try:
-            proposed = _propose.propose(src, variables, the_plan)
-        except errors.ObjckptError:  # the plan stands without a proposal
-            return the_plan
-        if proposed is None:
-            return the_plan
-        return dataclasses.replace(the_plan, proposed=proposed)
+
+def _cached_plan(pipe, variables):
+    """(source keys, detached plan) cached for a Snapshot of a tree planned into this
+    tree before (the same paths, shapes and dtypes on both sides: each tree is
+    immutable, so the same checked plan), or None."""
+    key = _cache_key(pipe)
+    cached = variables.plans.get(key) if key is not None else None
+    if cached is None or cached[0]() is not pipe.source.origin():
+        return None
+    return cached[1:]
+
+
+def _cache_plan(pipe, variables, src, the_plan) -> dict | None:
+    """Keeps the checked plan of a Snapshot's restore for the next Snapshot of its tree;
+    returns the dict kept with it (None: not cached)."""
+    key = _cache_key(pipe)
+    if key is None:
+        return None
+    # Kept without the source (its tensors and origin tree stay the caller's).
+    if len(variables.plans) >= _PLAN_CACHE_SIZE:
+        variables.plans.pop(next(iter(variables.plans)))
+    aliases = src.aliases
+    variables.plans[key] = (
+        weakref.ref(pipe.source.origin()),
+        tuple(aliases.get(m.source, m.source) for m in the_plan.matches),
+        the_plan.detached(), {})
+    return variables.plans[key][3]
