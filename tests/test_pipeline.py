@@ -286,3 +286,65 @@ def test_plan_shows_the_optimizer_state_restore_moves_into_a_fresh_compiled_mode
     assert {m.target for m in planned.matches} == set(restored.restored)
     network = len(objckpt._compat.network_variable_paths(trained))
     assert len(planned.matches) >= network + 8  # and Adam's two moments of the four weights
+
+
+# --- one rule: does this value fit this variable ------------------------------------------
+
+
+def test_misfit_is_the_one_rule_of_shape_and_dtype():
+    from objckpt._compat import fit
+
+    variable = tf.Variable(tf.zeros((3, 4)))
+    assert fit.misfit(tf.ones((3, 4)), variable) == ""
+    assert fit.misfit(tf.ones((3, 5)), variable) == "shape"
+    assert fit.misfit(tf.ones((4, 3)), variable) == "shape"  # never reshaped
+    assert fit.misfit(tf.ones((3, 4), tf.float64), variable) == "dtype"
+    assert fit.misfit(((3, 4), tf.float16), variable) == "dtype"  # from metadata
+    assert fit.misfit(((None, 4), tf.float32), variable) == ""  # traced, checked when read
+    relaxed = tf.Variable(tf.zeros((2,)), shape=tf.TensorShape([None]))
+    assert fit.misfit(tf.ones((7,)), relaxed) == ""
+    assert fit.fits(tf.ones((3, 4)), variable) and not fit.fits(tf.ones((3,)), variable)
+    with tf.distribute.MirroredStrategy(["/cpu:0"]).scope():
+        mirrored = tf.Variable(tf.zeros((3, 4)))
+    assert isinstance(mirrored, tf.distribute.DistributedValues)
+    assert fit.misfit(tf.ones((3, 4)), mirrored) == ""
+    assert fit.misfit(tf.ones((3, 4), tf.int32), mirrored) == "dtype"
+
+
+def test_every_check_of_a_value_against_a_variable_follows_the_one_rule(tmp_path,
+                                                                       monkeypatch):
+    """plan's check (metadata), restore's fetch, restore_on_create's check of an existing
+    variable and twins' structure check all ask `_compat.fit`: changing its dtype policy
+    (here: float64 accepted into float32) changes what each of them reports."""
+    from objckpt._compat import fit
+    from objckpt._ops import twins as _twins
+
+    wide = _Net()
+    wide.w = tf.Variable(tf.ones((3, 4), tf.float64))
+    prefix = objckpt.save(wide, str(tmp_path / "wide"))
+    past = _Net()
+    past.w = tf.Variable(tf.ones((3, 4), tf.float64))
+
+    def refused():
+        found = []
+        found.append(bool(objckpt.plan(_Net(), prefix).mismatched))
+        for read in (lambda obj: objckpt.restore(obj, prefix),
+                     lambda obj: objckpt.restore_on_create(obj, prefix)):
+            try:
+                read(_Net())
+            except errors.StructureMismatchError:
+                found.append(True)
+            except (TypeError, ValueError, tf.errors.OpError):  # TF itself refused to assign
+                found.append(False)
+            else:
+                found.append(False)
+        try:
+            _twins._check_same_structure(_Net(), objckpt.tree(_Net()), objckpt.tree(past))
+            found.append(False)
+        except errors.StructureMismatchError:
+            found.append(True)
+        return found
+
+    assert refused() == [True, True, True, True]
+    monkeypatch.setattr(fit, "_dtype_fits", lambda dtype, wanted: True)
+    assert refused() == [False, False, False, False]

@@ -109,10 +109,11 @@ def load_ensemble(template, sources: Sequence, *, rules=None, at: str | None = N
     """Loads N independent members of one architecture from N sources.
 
     Each member is an `objckpt.clone` of the template (its own variables; the
-    template is not changed) restored from its source with `objckpt.restore`.
-    Every source is opened and planned before any member is filled, so a bad
-    source is reported (naming the member and the source) before any work on
-    the others.
+    template is not changed) filled from its source through the stages
+    `objckpt.restore` runs (one pipeline: the same plan, checks and messages).
+    Every source is opened, planned and read before any member is filled, so a
+    bad source is reported (naming the member and the source) before any work
+    on the others.
 
     Args:
       template: a built obj of the architecture: a Keras model of any flavour
@@ -133,7 +134,7 @@ def load_ensemble(template, sources: Sequence, *, rules=None, at: str | None = N
         a template without an optimizer (an uncompiled model, a tf.Module: an ensemble
         that evaluates) skips the sources' optimizer state and lists it; a compiled
         template's members each get their optimizer state by owner (each member
-        restored on its own, its optimizer built first when the template's is compiled
+        planned on its own, its optimizer built first when the template's is compiled
         but not built). True: the same, but a template without an optimizer is an
         error. False: optimizer state in the sources and in the template is left alone.
 
