@@ -13,6 +13,13 @@ from the source only when its variable appears, checked, and assigned eagerly
 optimizers) are no attachments: the optimizer's slot creation is watched instead, and each
 value lands as its slot is created, before the update that first uses it (as TF's own
 deferred slot restore does).
+
+It is the one restore pipeline (`_planning/pipeline.py`) with a "not yet created" state:
+the source is opened and its entries planned by path (`Pipeline.plan_paths`; existing
+variables no key names by path through `Pipeline.plan`, as `restore` plans them), and every
+value, at the call or when its variable appears, goes through the pipeline's fetch, check
+(`_compat.misfit`, the one rule), assign and refresh stages. `_CreationWatch` holds the
+hooks that wait; `PendingRestore` what has landed and what still waits.
 """
 
 from __future__ import annotations
