@@ -348,3 +348,48 @@ def test_every_check_of_a_value_against_a_variable_follows_the_one_rule(tmp_path
     assert refused() == [True, True, True, True]
     monkeypatch.setattr(fit, "_dtype_fits", lambda dtype, wanted: True)
     assert refused() == [False, False, False, False]
+
+
+# route -> stages of objckpt.restore on it: a Snapshot of the obj itself and one of a tree
+# planned into it before have nothing to open, plan or check (their tensors are in memory,
+# their plan known); a large local checkpoint is streamed (its checksums checked at fetch).
+ROUTES = {
+    "fast": ("fetch", "agree", "assign", "refresh"),
+    "cached": ("fetch", "agree", "assign", "refresh"),
+    "streamed": ("open", "plan", "check", "fetch", "agree", "assign", "refresh"),
+    "fetched": ("open", "plan", "check", "fetch", "agree", "assign", "refresh"),
+}
+
+
+def test_every_route_of_restore_passes_its_stages_in_order(flavour, saved, monkeypatch):
+    from objckpt._bundle import fastio as _fastio
+
+    routes = []
+    real = _pipeline.Pipeline.restore
+
+    def restore(self, variables):
+        done = real(self, variables)
+        routes.append(done.route)
+        return done
+
+    monkeypatch.setattr(_pipeline.Pipeline, "restore", restore)
+    obj, other = _build(flavour), _build(flavour, seed=1)
+    seen = {}
+    for route, source in (("fetched", saved[0]), ("fast", lambda: objckpt.snapshot(obj)),
+                          ("planned", lambda: objckpt.snapshot(other)),
+                          ("cached", lambda: objckpt.snapshot(other)),
+                          ("streamed", saved[0])):
+        if route == "streamed":
+            monkeypatch.setattr(_fastio, "STREAM_BYTES", 0)
+        source = source() if callable(source) else source
+        trace = _traced(monkeypatch)
+        objckpt.restore(obj, source)
+        seen[routes[-1] if route != "planned" else "planned"] = tuple(s for _, s in trace)
+    if flavour == "module":  # a tf.Module's tree is walked anew each time: no Snapshot route
+        assert routes == ["fetched", "fetched", "fetched", "fetched", "streamed"]
+    else:
+        assert routes == ["fetched", "fast", "fetched", "cached", "streamed"]
+    for route, stages in ROUTES.items():
+        if route in routes:
+            assert seen[route] == stages, (route, seen[route])
+    assert _values(obj) == saved[2]
