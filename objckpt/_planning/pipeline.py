@@ -25,9 +25,10 @@ stages come in one order, each in its own module:
 this very tree (nothing to open, plan or check: the whole tree assigned fused), a Snapshot
 of a tree planned into this one before (the cached plan), a large local TF checkpoint
 (streamed: checked now, read into the variables at the assign stage), or any other source
-(values fetched whole). `Pipeline.dry_run` runs stages 1-3 for `objckpt.plan`;
-`Pipeline.read` runs 1-3 and 5 for migrate. `restore_on_create` runs stages 1-5 for the
-variables that exist and stages 4, 6 and 7 for each variable when it is created (the same
+(values fetched whole). `Pipeline.dry_run` runs stages 1-3 for `objckpt.plan`. migrate
+runs 1-3 and 5, then fetches a group of values at a time while it writes them.
+load_ensemble runs 1-5 for every member before any exists. `restore_on_create` runs 1-5
+for the variables that exist and 4, 6 and 7 for each variable when it is created (the same
 pipeline, in a "not yet created" state: `Pipeline.plan_paths`).
 
 Nothing before stage 6 assigns a variable or writes a file (building an optimizer that
@@ -269,14 +270,6 @@ class Pipeline:
         return errors.about(err, source=self.source, obj=self.obj)
 
     # --- the operations' orders --------------------------------------------------------
-
-    def read(self, variables):
-        """Stages 1-3 and 5 (migrate): `(variables, source, plan)`, agreed."""
-        with self.decided(lambda: variables):
-            src = self.open()
-            variables, the_plan = self.plan(variables, src)
-            the_plan = self.check(variables, src, the_plan)
-        return variables, src, the_plan
 
     def dry_run(self) -> _match.Plan:
         """Stages 1-3 as `restore` runs them, nothing assigned (`objckpt.plan`, the CLI's
