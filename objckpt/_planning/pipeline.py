@@ -292,9 +292,9 @@ class Pipeline:
 
     def restore(self, variables) -> Restored:
         """Every stage, in order, for `objckpt.restore`, on the route the source allows."""
-        cached = _cached_plan(self, variables)
-        route = "fast" if _is_own_snapshot(self, variables) else (
-            "cached" if cached is not None else "fetched")
+        fast = _is_own_snapshot(self, variables)
+        cached = None if fast else _cached_plan(self, variables)
+        route = "fast" if fast else "cached" if cached is not None else "fetched"
         src = the_plan = values = None
 
         def failed(err):
