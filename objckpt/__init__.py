@@ -61,17 +61,17 @@ _LAZY = {
     "VariableTree": "_planning.tree",
     "read_tree": "_planning.tree",
     "tree": "_planning.tree",
-    "RestoreReport": "_ops.snapshot",
-    "SaveHandle": "_ops.snapshot",
+    "RestoreReport": "_ops.restore",
+    "SaveHandle": "_ops.save",
     "Snapshot": "_ops.snapshot",
-    "restore": "_ops.snapshot",
-    "save": "_ops.snapshot",
+    "restore": "_ops.restore",
+    "save": "_ops.save",
     "snapshot": "_ops.snapshot",
     "Twins": "_ops.twins",
     "clone": "_ops.clone",
     "Match": "_planning.match",
     "Plan": "_planning.match",
-    "plan": "_planning.propose",
+    "plan": "_ops.restore",
     "PendingRestore": "_ops.deferred",
     "restore_on_create": "_ops.deferred",
     "migrate": "_ops.migrate",
@@ -104,15 +104,15 @@ if TYPE_CHECKING:
     from objckpt._ops.export import export as export
     from objckpt._ops.freeze import Freezer as Freezer
     from objckpt._ops.migrate import migrate as migrate
-    from objckpt._ops.snapshot import RestoreReport as RestoreReport
+    from objckpt._ops.restore import RestoreReport as RestoreReport
+    from objckpt._ops.restore import plan as plan
+    from objckpt._ops.restore import restore as restore
+    from objckpt._ops.save import save as save
     from objckpt._ops.snapshot import Snapshot as Snapshot
-    from objckpt._ops.snapshot import restore as restore
-    from objckpt._ops.snapshot import save as save
     from objckpt._ops.snapshot import snapshot as snapshot
     from objckpt._ops.twins import Twins as Twins
     from objckpt._planning.match import Match as Match
     from objckpt._planning.match import Plan as Plan
-    from objckpt._planning.propose import plan as plan
     from objckpt._planning.tree import CheckpointTree as CheckpointTree
     from objckpt._planning.tree import Entry as Entry
     from objckpt._planning.tree import VariableTree as VariableTree

@@ -475,9 +475,9 @@ class BestSnapshot(_FlavourFreeCallback):
 
     def on_train_end(self, logs=None):
         if self.restore_at_end and self.snapshot is not None:
-            from objckpt._ops import snapshot as _snapshot
+            from objckpt._ops import restore as _restore
 
-            _snapshot.restore(self.model, self.snapshot)
+            _restore.restore(self.model, self.snapshot)
             self.restored = True
             if self.verbose and (self._cluster is None or self._cluster.chief):
                 print(self.rollback_line(), flush=True)  # several workers: the chief says it

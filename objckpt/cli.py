@@ -336,23 +336,17 @@ def load_template(spec: str):
 
 def _migrate(args) -> int:
     from objckpt._ops import migrate as _migrate
-    from objckpt._planning import match as _match
 
     rules = load_rules(args.rules) if args.rules else []
     obj = load_template(args.template)
     optimizer_state = {"auto": "auto", "true": True, "false": False}[args.optimizer_state]
     if args.dry_run:
-        from objckpt._planning import checks as _checks
-        from objckpt._planning import sources as _sources
-        from objckpt._planning import tree as _tree
+        from objckpt._ops import restore as _restore
 
-        # As migrate would: the template's optimizer built first where it is not yet. The
-        # source is opened once (a URL's checkpoint is downloaded once).
-        source = _sources.open_source(args.source)
-        _checks.ready_optimizers(obj, _tree.tree(obj), source, rules=rules, at=args.at,
-                                 optimizer_state=optimizer_state)
-        plan = _match.plan(obj, source, rules=rules, at=args.at,
-                           optimizer_state=optimizer_state)
+        # The plan migrate would follow (the pipeline's open, plan and check stages: the
+        # template's optimizer built first where it is not yet).
+        plan = _restore.plan(obj, args.source, rules=rules, at=args.at,
+                             optimizer_state=optimizer_state)
         print(_terminal.cli_words(plan.describe()))
         usable = plan.complete if args.strict else not (plan.mismatched or plan.ambiguous
                                                         or not plan.matches)

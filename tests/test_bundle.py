@@ -291,7 +291,7 @@ def test_saveables_of_several_tensors_and_variant_tensors(tmp_path):
 def test_values_read_that_disagree_with_the_metadata_change_nothing(good, monkeypatch):
     """Invariant 1: every value is checked under the path it will be assigned to, after it is
     read and before any assignment, even when the metadata the plan checked said otherwise."""
-    from objckpt._ops import snapshot as _snapshot
+    from objckpt._planning import fetch as _fetch
     from objckpt._planning import sources as _sources
 
     real = _sources._restore_v2
@@ -304,7 +304,7 @@ def test_values_read_that_disagree_with_the_metadata_change_nothing(good, monkey
     monkeypatch.setattr(_sources, "_restore_v2", lying)
     # The path that reads every value before assigning (a restore in place from files
     # checks the index entries against the variables instead: tests/test_parallel_io.py).
-    monkeypatch.setattr(_snapshot, "_streamed", lambda *args: None)
+    monkeypatch.setattr(_fetch, "streamed", lambda *args: None)
     target = Net()
     before = [v.numpy() for v in target.variables]
     with pytest.raises(errors.CheckpointCorruptError, match=r"read as \w+\(9,\) but the obj"):

@@ -243,12 +243,12 @@ def test_ensemble_members_must_share_one_architecture_and_not_variables():
 
 @pytest.mark.parametrize("flavour", FLAVOURS)
 def test_sources_of_one_structure_are_planned_once(flavour, tmp_path, monkeypatch):
-    from objckpt._planning import checks as _checks
+    from objckpt._planning import match as _match
 
     planned = []
-    checked_plan = _checks.checked_plan
-    monkeypatch.setattr(_checks, "checked_plan",
-                        lambda *a, **k: planned.append(a[2].description) or checked_plan(*a, **k))
+    make_plan = _match.make_plan
+    monkeypatch.setattr(_match, "make_plan",
+                        lambda *a, **k: planned.append(a[0].description) or make_plan(*a, **k))
     # Four runs of the same code (Keras names their layers and variables differently in
     # each run: mlp_3/dense_7/kernel) saved as prefixes, one of them as a Snapshot.
     nets = [mlp(flavour, seed) for seed in range(4)]

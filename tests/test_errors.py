@@ -17,7 +17,7 @@ import tensorflow as tf
 import objckpt
 from objckpt import _compat, errors
 from objckpt._bundle import lock as _dirlock
-from objckpt._ops import snapshot as _snapshot
+from objckpt._planning import agree as _agree
 
 from flavours import FLAVOURS, keras_for
 
@@ -285,9 +285,9 @@ def _agreed(monkeypatch, failure) -> tuple[errors.ObjckptError, str]:
         return [sent["row"]]
 
     monkeypatch.setattr(_compat, "gather_failures", gather)
-    _snapshot.agree_across_workers({}, failure, "objckpt.restore")  # the failing worker
+    _agree.agree_across_workers({}, failure, "objckpt.restore")  # the failing worker
     with pytest.raises(errors.ObjckptError) as info:
-        _snapshot.agree_across_workers({}, None, "objckpt.restore")
+        _agree.agree_across_workers({}, None, "objckpt.restore")
     return info.value, sent["row"][2]
 
 
@@ -338,7 +338,7 @@ def test_agreed_error_is_bounded_and_rendered_safely(monkeypatch):
         tuple(f"`{evil}/{i}`: shape (3,) in the source but (2,) in the obj" + "é" * 400
               for i in range(5000)), source="/ckpt/" + "層" * 5000, obj=evil)
     agreed, sent = _agreed(monkeypatch, failure)
-    assert len(sent.encode()) <= _snapshot._AGREED_BYTES
+    assert len(sent.encode()) <= _agree.AGREED_BYTES
     json.loads(sent)  # whole, not cut by the row
     assert type(agreed) is errors.StructureMismatchError
     assert 0 < len(agreed.problems) < 5000

@@ -426,7 +426,7 @@ class Loader:
         key, variable, _ = job
         entry = self._entry(key)
         dtype = tf.as_dtype(entry.dtype)
-        if tuple(entry.shape) != tuple(variable.shape) or dtype != variable.dtype.base_dtype:
+        if _compat.misfit((tuple(entry.shape), dtype), variable):
             raise self._corrupt(key, f"holds {dtype.name}{tuple(entry.shape)} where its "
                                      f"metadata promised {variable.dtype.base_dtype.name}"
                                      f"{tuple(variable.shape)}")

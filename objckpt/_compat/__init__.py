@@ -16,6 +16,7 @@ in TF internals or a new Keras flavour is handled in this package alone (`lint-i
 - `h5names`: the layer and weight names Keras's HDF5 `save_weights` gives a live obj;
 - `derived`: state Keras layers derive from variables, refreshed after objckpt writes;
 - `freezing`: whether the graph a Freezer is traced into is XLA-compiled;
+- `fit`: whether a value fits a variable (shape, dtype): the one rule of every check;
 - `hooks`: TF-free Keras conventions (method overrides, default-hook marks).
 
 Names load on first use: `_compat.mark_default_hook` imports only the TF-free `hooks`
@@ -61,6 +62,7 @@ _WHERE = {
     "derived": ("delegated_copies", "derived_hooks", "layer_hooks", "lora_factors",
         "owned_positions", "refresh_derived_state", "refresh_hooks", "saving_as_loaded"),
     "freezing": ("in_xla_context",),
+    "fit": ("fits", "misfit"),
     "hooks": ("KERAS_CACHED_ATTRS", "WEIGHT_DECAY_METHOD", "mark_default_hook",
         "override_methods", "past_autograph", "restore_methods", "weight_decay_method"),
 }

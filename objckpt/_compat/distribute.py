@@ -236,7 +236,7 @@ def restore_components(variable, value) -> bool:
 # --- agreement across the workers of a MultiWorkerMirroredStrategy ----------------------
 
 # One row per replica: [failed, kind, task index, message length, message bytes...]; the
-# message carries the error's attributes too (`_snapshot.agree_across_workers`).
+# message carries the error's attributes too (`_agree.agree_across_workers`).
 _ROW = 4 + 8192
 
 

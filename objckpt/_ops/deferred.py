@@ -13,6 +13,13 @@ from the source only when its variable appears, checked, and assigned eagerly
 optimizers) are no attachments: the optimizer's slot creation is watched instead, and each
 value lands as its slot is created, before the update that first uses it (as TF's own
 deferred slot restore does).
+
+It is the one restore pipeline (`_planning/pipeline.py`) with a "not yet created" state:
+the source is opened and its entries planned by path (`Pipeline.plan_paths`; existing
+variables no key names by path through `Pipeline.plan`, as `restore` plans them), and every
+value, at the call or when its variable appears, goes through the pipeline's fetch, check
+(`_compat.misfit`, the one rule), assign and refresh stages. `_CreationWatch` holds the
+hooks that wait; `PendingRestore` what has landed and what still waits.
 """
 
 from __future__ import annotations
@@ -20,8 +27,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import warnings
-
-import tensorflow as tf
 
 from objckpt import _compat, errors
 from objckpt._base import paths as _paths
@@ -44,7 +49,181 @@ class _Entry:
     transform: object = None
 
 
-class PendingRestore:
+class _CreationWatch:
+    """The hooks of a `PendingRestore` (its subclass) on obj, and how far each waiting
+    entry got along its path. The subclass provides `_entries`, `_failed`, `done`,
+    `_source`, `_obj` and `_apply_all`."""
+
+    def poll(self, scope=None, edge=None) -> None:
+        """Assigns every pending value whose variable now exists; hooks the rest.
+
+        Each entry remembers how far along its path it got (the object it
+        waits at), so a poll costs one child lookup per entry it looks at.
+        With `scope` (ids of a layer being built and its sublayers, or of the
+        object something was just attached to), entries waiting at an unbuilt
+        Keras layer outside it are skipped: nothing appears under an unbuilt
+        layer before its own build, whose wrapper looks then. Entries waiting
+        at built objects are always looked at (a layer built inside a built
+        tf_keras model adds `layer_with_weights-N` edges to the model).
+        """
+        ready, cache = [], {}
+        for path, entry in list(self._entries.items()):
+            if path in self._failed:  # raised once at creation; listed by assert_done
+                continue
+            slot = _paths.split_slot(path)
+            if slot is not None:  # lands when its optimizer creates the slot (_slot_created)
+                if path not in self._slot_waiting:
+                    variable = self._watch_slot(path, slot, cache)
+                    if variable is not None:
+                        ready.append((entry, variable))
+                continue
+            node, depth = self._progress.get(path, (self._obj, 0))
+            if _compat.as_variable(node) is not None and depth < len(path.split("/")):
+                continue  # a path through a variable (a slot's): nothing attaches under it
+            if scope is not None and id(node) not in scope and _compat.is_unbuilt(node):
+                continue  # nothing appears under an unbuilt layer before its own build
+            if edge is not None and (id(node) not in scope or _edge_name(path, depth) != edge):
+                continue  # something else was attached: this entry waits on
+            node, depth, missing = _walk(node, depth, path, self._attached, cache)
+            self._progress[path] = (node, depth)
+            variable = _compat.as_variable(node) if not missing else None
+            if variable is not None:
+                ready.append((entry, variable))
+            elif missing:
+                self._hook(node, missing[0])
+            elif _compat.is_sharded(node):
+                self._failed[path] = f"it was created as a {type(node).__name__}"
+                _compat.check_not_sharded(node, path)
+        self._apply_all([(entry, variable, None) for entry, variable in ready])
+        if self.done:
+            self._unwrap()
+    def _note_layers(self, node) -> None:
+        """node (built or attached just now) and its sublayers may be new to obj."""
+        self._new_layers.extend(_compat.keras_layers(node))
+    def _hook(self, node, edge: str) -> None:
+        if not self._source.keyed_by_path:
+            return  # its keys are no paths to wait on: Keras builds are watched instead
+        if _compat.as_variable(node) is not None:
+            # Nothing is attached under a variable (a slot's path runs through one); and a
+            # SyncOnRead variable answers attribute probes with a cross-replica reduction.
+            return
+        key = (id(node), edge)
+        if key in self._hooked:
+            return
+        self._hooked.add(key)
+        name = _paths.unescape(edge)
+
+        def attached(child):  # TF attaches `child` as node.<name>: look again from it
+            self._hooked.discard(key)
+            self._note_layers(child)
+            self._attached[key] = child
+            try:
+                self.poll(scope={id(node)}, edge=name.lstrip("_") or name)
+            finally:
+                self._attached.pop(key, None)
+
+        # The edge as written, and with a leading underscore added or removed
+        # (`w` in the source reaches `self._w`).
+        for variant in dict.fromkeys((name, "_" + name, name.lstrip("_") or name)):
+            _compat.defer_on_attach(node, variant, attached)
+        if id(node) not in self._layers_seen:
+            self._layers_seen.add(id(node))
+            for layer in _compat.keras_layers(node):
+                self._wrap_build(layer)
+    def _wrap_build(self, layer) -> None:
+        if id(layer) in self._wrapped_ids:
+            return
+        self._wrapped_ids.add(id(layer))
+        original = layer.build  # Keras 3 keeps its own build wrapper in the instance dict
+        pending = self
+
+        @functools.wraps(original)  # Keras 3 reads build's signature to pass shapes
+        def build(*args, **kwargs):
+            result = original(*args, **kwargs)
+            if not pending.done:
+                layers = _compat.keras_layers(layer)
+                pending._new_layers.extend(layers)  # a build may create layers: see _note_layers
+                pending.poll(scope={id(each) for each in layers})
+            if not pending.done and not pending._source.keyed_by_path:
+                pending._apply_all(pending.planned())
+            return result
+
+        self._wrapped.append((layer, _compat.override_methods(layer, {"build": build})))
+    def _lands_later(self, path: str) -> bool:
+        """Whether an entry the plan leaves out still lands by its path: state of an optimizer
+        of obj that creates it lazily (Keras 2 / tf_keras legacy, TF1): a slot (when the
+        optimizer creates it) or a variable attached to the optimizer by name (`iter`,
+        `beta1_power`: TF's attach hook)."""
+        if not self._source.keyed_by_path:
+            return False
+        slot = _paths.split_slot(path)
+        owner = slot[1] if slot is not None else path.rpartition("/")[0]
+        node, _, missing = _walk(self._obj, 0, owner)
+        return bool(owner) and not missing and _compat.has_slot_variables(node)
+    def _watch_slot(self, path: str, slot: tuple, cache):
+        """An optimizer slot's entry (`<variable>/.OPTIMIZER_SLOT/<optimizer>/<slot>`; Keras 2
+        / tf_keras legacy optimizers, TF1 optimizers): nothing is attached under a variable,
+        so the optimizer is watched: its slot creation calls `_slot_created`, which lands the
+        value before the slot's first use, as TF's own deferred slot restore does. Returns
+        the slot variable when it exists already."""
+        variable_path, optimizer_path, name = slot
+        optimizer, _, missing = _walk(self._obj, 0, optimizer_path, self._attached, cache)
+        if missing:
+            self._hook(optimizer, missing[0])  # the optimizer is attached later (compile)
+            return None
+        if id(optimizer) not in self._slot_hooked:
+            undo = _compat.on_slot_created(
+                optimizer, functools.partial(self._slot_created, optimizer))
+            if not undo:
+                self._failed[path] = (
+                    f"`{optimizer_path}` is a {type(optimizer).__name__}, which keeps no slot "
+                    "variables (fix: map the entry to its optimizer state with rules=[...])")
+                return None
+            self._slot_hooked.add(id(optimizer))
+            self._wrapped.extend(undo)
+        self._slot_waiting.add(path)
+        self._slot_index.clear()  # rebuilt on the next slot creation
+        variable, _, missing = _walk(self._obj, 0, variable_path, self._attached, cache)
+        if missing or _compat.as_variable(variable) is None:
+            return None
+        existing = _compat.existing_slot(optimizer, variable, _paths.unescape(name))
+        if existing is not None:
+            self._slot_waiting.discard(path)
+        return existing
+    def _slot_created(self, optimizer, slot_name, variable, slot_variable) -> None:
+        """`optimizer` just created `slot_variable` (its slot `slot_name` of `variable`):
+        the waiting entry for it lands now, eagerly, before the slot's first use."""
+        owner = _compat.slot_owner(variable)
+        key = (id(optimizer), slot_name, id(owner))
+        if key not in self._slot_index:  # variables created since: index the waiting again
+            self._slot_index.clear()
+            cache: dict = {}
+            for path in self._slot_waiting:
+                if path not in self._entries or path in self._failed:
+                    continue
+                variable_path, optimizer_path, name = _paths.split_slot(path)
+                node, _, missing = _walk(self._obj, 0, optimizer_path, None, cache)
+                held, _, missing_variable = _walk(self._obj, 0, variable_path, None, cache)
+                if missing or missing_variable or _compat.as_variable(held) is None:
+                    continue
+                self._slot_index[(id(node), _paths.unescape(name),
+                                  id(_compat.slot_owner(held)))] = path
+        path = self._slot_index.pop(key, None)
+        if path is None or path not in self._entries:
+            return
+        self._slot_waiting.discard(path)
+        self._apply_all([(self._entries[path], slot_variable, None)])
+        if self.done:
+            self._unwrap()
+    def _unwrap(self) -> None:
+        self._slot_hooked = set()
+        for layer, undo in self._wrapped:
+            _compat.restore_methods(layer, undo)  # one wrapped on top of ours stays
+        self._wrapped = []
+        self._wrapped_ids = set()
+
+
+class PendingRestore(_CreationWatch):
     """The state of a `restore_on_create`: what has landed and what still waits.
 
     Attributes:
@@ -58,7 +237,10 @@ class PendingRestore:
         wait for variables that were never created.
     """
 
-    def __init__(self, obj, source: _sources.Source, entries: list[_Entry], skipped, at):
+    def __init__(self, obj, source: _sources.Source, entries: list[_Entry], skipped, at,
+                 pipe=None):
+        self._pipe = pipe if pipe is not None else _pipeline.Pipeline(
+            "objckpt.restore_on_create", obj, source, at=at)
         self._obj = obj
         self._source = source
         self._entries = {e.path: e for e in entries}
@@ -155,51 +337,6 @@ class PendingRestore:
         return (f"PendingRestore({len(self._applied)} applied, {len(self.pending)} pending, "
                 f"from {self._source.description})")
 
-    # --- mechanics ---------------------------------------------------------------
-
-    def poll(self, scope=None, edge=None) -> None:
-        """Assigns every pending value whose variable now exists; hooks the rest.
-
-        Each entry remembers how far along its path it got (the object it
-        waits at), so a poll costs one child lookup per entry it looks at.
-        With `scope` (ids of a layer being built and its sublayers, or of the
-        object something was just attached to), entries waiting at an unbuilt
-        Keras layer outside it are skipped: nothing appears under an unbuilt
-        layer before its own build, whose wrapper looks then. Entries waiting
-        at built objects are always looked at (a layer built inside a built
-        tf_keras model adds `layer_with_weights-N` edges to the model).
-        """
-        ready, cache = [], {}
-        for path, entry in list(self._entries.items()):
-            if path in self._failed:  # raised once at creation; listed by assert_done
-                continue
-            slot = _paths.split_slot(path)
-            if slot is not None:  # lands when its optimizer creates the slot (_slot_created)
-                if path not in self._slot_waiting:
-                    variable = self._watch_slot(path, slot, cache)
-                    if variable is not None:
-                        ready.append((entry, variable))
-                continue
-            node, depth = self._progress.get(path, (self._obj, 0))
-            if _compat.as_variable(node) is not None and depth < len(path.split("/")):
-                continue  # a path through a variable (a slot's): nothing attaches under it
-            if scope is not None and id(node) not in scope and _compat.is_unbuilt(node):
-                continue  # nothing appears under an unbuilt layer before its own build
-            if edge is not None and (id(node) not in scope or _edge_name(path, depth) != edge):
-                continue  # something else was attached: this entry waits on
-            node, depth, missing = _walk(node, depth, path, self._attached, cache)
-            self._progress[path] = (node, depth)
-            variable = _compat.as_variable(node) if not missing else None
-            if variable is not None:
-                ready.append((entry, variable))
-            elif missing:
-                self._hook(node, missing[0])
-            elif _compat.is_sharded(node):
-                self._failed[path] = f"it was created as a {type(node).__name__}"
-                _compat.check_not_sharded(node, path)
-        self._apply_all([(entry, variable, None) for entry, variable in ready])
-        if self.done:
-            self._unwrap()
 
     def planned(self) -> list:
         """(entry, variable, value) for variables that exist but no key names by path.
@@ -216,7 +353,8 @@ class PendingRestore:
             return []
         with warnings.catch_warnings():  # the rules were reported once, at the start
             warnings.simplefilter("ignore")
-            the_plan = _match.make_plan(src, obj, variables, rules=self._rules, at=self.at)
+            # (obj's optimizers are readied once, at the start: `_optimizer_entries`)
+            _, the_plan = self._pipe.plan(variables, src, rules=self._rules, ready=False)
         entries = {e.source: e for e in self._entries.values()}
         chosen = [m for m in the_plan.matches if m.source in entries and
                   m.source not in self._used and id(variables[m.target]) not in self._fed]
@@ -230,12 +368,14 @@ class PendingRestore:
                 + "\nFix: build obj with the source's shapes, or map entries with rules.",
                 tuple(problems)))
         out = []
-        for match in chosen:
+        fresh = [_Entry(m.target, m.source, m.transform) for m in chosen]
+        values = self._values(fresh)
+        wrong = {id(v) for v, _, _ in self._pipe.misfits(
+            [(variables[e.path], value) for e, value in zip(fresh, values)])}
+        for match, entry, value in zip(chosen, fresh, values):
             variable = variables[match.target]
-            entry = _Entry(match.target, match.source, match.transform)
-            value = self._value(entry)
-            problem = self._problem(entry, variable, value)
-            if problem:
+            if id(variable) in wrong:
+                problem = _problem(variable, value)
                 raise self._about(errors.StructureMismatchError(
                     f"restore_on_create: {the_plan.label(match.target)} (from "
                     f"`{_render.safe(match.source)}`): {problem}. Nothing more was restored. Fix: "
@@ -257,31 +397,26 @@ class PendingRestore:
         self._skipped += tuple(left_out)
         return [(entry, variable, value) for _, entry, variable, value in out]
 
-    def _value(self, entry: _Entry):
-        """The entry's value, read (and transformed) eagerly, outside any tf.function."""
-        with tf.init_scope():
-            value = self._source.fetch([entry.source])[0]
-            return entry.transform(value) if entry.transform is not None else value
-
-    def _problem(self, entry: _Entry, variable, value) -> str:
-        shape, dtype = tuple(value.shape), value.dtype
-        if not variable.shape.is_compatible_with(shape) or variable.dtype.base_dtype != dtype:
-            return (f"{dtype.name}{shape} in the source but "
-                    f"{variable.dtype.base_dtype.name}{tuple(variable.shape)} in the obj")
-        return ""
+    def _values(self, entries) -> list:
+        """The entries' values, read (and transformed) eagerly, outside any tf.function (the
+        pipeline's fetch stage)."""
+        return self._pipe.fetch_entries(self._source,
+                                        [(entry.source, entry.transform) for entry in entries])
 
     def _apply_all(self, ready) -> None:
         """Assigns (entry, variable, value-or-None) triples, all or nothing: every value is
         read and checked first; one that does not fit fails them all (each is listed by
         `assert_done`) and nothing of the batch is assigned."""
-        checked, bad = [], []
-        for entry, variable, value in ready:
-            if value is None:
-                value = self._value(entry)
-            problem = self._problem(entry, variable, value)
-            checked.append((entry, variable, value))
-            if problem:
-                bad.append((entry, variable, value, problem))
+        if not ready:
+            return
+        unread = [entry for entry, _, value in ready if value is None]
+        read = iter(self._values(unread))
+        checked = [(entry, variable, next(read) if value is None else value)
+                   for entry, variable, value in ready]
+        wrong = {id(v) for v, _, _ in self._pipe.misfits([(v, value)
+                                                          for _, v, value in checked])}
+        bad = [(entry, variable, value, _problem(variable, value))
+               for entry, variable, value in checked if id(variable) in wrong]
         if bad:
             for entry, _, _, problem in bad:
                 self._failed[entry.path] = problem
@@ -299,21 +434,17 @@ class PendingRestore:
                 "unassigned, and so were the others created with them. Fix: build the model "
                 "with the source's shapes, or drop the entry with a rule (regex, None).",
                 tuple(f"`{safe(e.path)}`: {p}" for e, _, _, p in bad)))
-        for entry, variable, value in checked:
-            # Each replica as tf.train.Checkpoint restores it, also when the variable was
-            # created inside `strategy.run` (a replica context, where a distributed
-            # variable's own assign writes one replica, or a SUM variable's value in full).
-            if not _compat.restore_components(variable, value):
-                with tf.init_scope():  # eagerly, even while a tf.function is being traced
-                    variable.assign(value, read_value=False)
+        # Each replica as tf.train.Checkpoint restores it, also when the variable was
+        # created inside `strategy.run`, eagerly even while a tf.function is being traced.
+        self._pipe.assign_pairs([(variable, value) for _, variable, value in checked])
+        for entry, variable, _ in checked:
             self._fed.add(id(variable))
             self._used.add(entry.source)
             del self._entries[entry.path]
             self._failed.pop(entry.path, None)
             self._applied.append(entry.path)
-        _compat.refresh_derived_state(self._obj, [v for _, v, _ in checked],
-                                      hooks=self._derived_hooks(), eager=True,
-                                      merged=not self._source.keyed_by_path)
+        self._pipe.refresh([v for _, v, _ in checked], hooks=self._derived_hooks(),
+                           eager=True, merged=not self._source.keyed_by_path)
         self._drop_twins(checked)
 
     def _derived_hooks(self) -> tuple:
@@ -330,9 +461,6 @@ class PendingRestore:
         walked = {id(hook.layer()) for hook in hooks}
         return hooks + tuple(h for i, h in self._more_hooks.items() if i not in walked)
 
-    def _note_layers(self, node) -> None:
-        """node (built or attached just now) and its sublayers may be new to obj."""
-        self._new_layers.extend(_compat.keras_layers(node))
 
     def _drop_twins(self, landed) -> None:
         """Marks landed the entries of a value that just landed by another path of the same
@@ -355,173 +483,11 @@ class PendingRestore:
                 self._used.add(entry.source)
                 self._applied.append(path)
 
-    def _hook(self, node, edge: str) -> None:
-        if not self._source.keyed_by_path:
-            return  # its keys are no paths to wait on: Keras builds are watched instead
-        if _compat.as_variable(node) is not None:
-            # Nothing is attached under a variable (a slot's path runs through one); and a
-            # SyncOnRead variable answers attribute probes with a cross-replica reduction.
-            return
-        key = (id(node), edge)
-        if key in self._hooked:
-            return
-        self._hooked.add(key)
-        name = _paths.unescape(edge)
 
-        def attached(child):  # TF attaches `child` as node.<name>: look again from it
-            self._hooked.discard(key)
-            self._note_layers(child)
-            self._attached[key] = child
-            try:
-                self.poll(scope={id(node)}, edge=name.lstrip("_") or name)
-            finally:
-                self._attached.pop(key, None)
-
-        # The edge as written, and with a leading underscore added or removed
-        # (`w` in the source reaches `self._w`).
-        for variant in dict.fromkeys((name, "_" + name, name.lstrip("_") or name)):
-            _compat.defer_on_attach(node, variant, attached)
-        if id(node) not in self._layers_seen:
-            self._layers_seen.add(id(node))
-            for layer in _compat.keras_layers(node):
-                self._wrap_build(layer)
-
-    def _wrap_build(self, layer) -> None:
-        if id(layer) in self._wrapped_ids:
-            return
-        self._wrapped_ids.add(id(layer))
-        original = layer.build  # Keras 3 keeps its own build wrapper in the instance dict
-        pending = self
-
-        @functools.wraps(original)  # Keras 3 reads build's signature to pass shapes
-        def build(*args, **kwargs):
-            result = original(*args, **kwargs)
-            if not pending.done:
-                layers = _compat.keras_layers(layer)
-                pending._new_layers.extend(layers)  # a build may create layers: see _note_layers
-                pending.poll(scope={id(each) for each in layers})
-            if not pending.done and not pending._source.keyed_by_path:
-                pending._apply_all(pending.planned())
-            return result
-
-        self._wrapped.append((layer, _compat.override_methods(layer, {"build": build})))
-
-    def _lands_later(self, path: str) -> bool:
-        """Whether an entry the plan leaves out still lands by its path: state of an optimizer
-        of obj that creates it lazily (Keras 2 / tf_keras legacy, TF1): a slot (when the
-        optimizer creates it) or a variable attached to the optimizer by name (`iter`,
-        `beta1_power`: TF's attach hook)."""
-        if not self._source.keyed_by_path:
-            return False
-        slot = _paths.split_slot(path)
-        owner = slot[1] if slot is not None else path.rpartition("/")[0]
-        node, _, missing = _walk(self._obj, 0, owner)
-        return bool(owner) and not missing and _compat.has_slot_variables(node)
-
-    def _watch_slot(self, path: str, slot: tuple, cache):
-        """An optimizer slot's entry (`<variable>/.OPTIMIZER_SLOT/<optimizer>/<slot>`; Keras 2
-        / tf_keras legacy optimizers, TF1 optimizers): nothing is attached under a variable,
-        so the optimizer is watched: its slot creation calls `_slot_created`, which lands the
-        value before the slot's first use, as TF's own deferred slot restore does. Returns
-        the slot variable when it exists already."""
-        variable_path, optimizer_path, name = slot
-        optimizer, _, missing = _walk(self._obj, 0, optimizer_path, self._attached, cache)
-        if missing:
-            self._hook(optimizer, missing[0])  # the optimizer is attached later (compile)
-            return None
-        if id(optimizer) not in self._slot_hooked:
-            undo = _compat.on_slot_created(
-                optimizer, functools.partial(self._slot_created, optimizer))
-            if not undo:
-                self._failed[path] = (
-                    f"`{optimizer_path}` is a {type(optimizer).__name__}, which keeps no slot "
-                    "variables (fix: map the entry to its optimizer state with rules=[...])")
-                return None
-            self._slot_hooked.add(id(optimizer))
-            self._wrapped.extend(undo)
-        self._slot_waiting.add(path)
-        self._slot_index.clear()  # rebuilt on the next slot creation
-        variable, _, missing = _walk(self._obj, 0, variable_path, self._attached, cache)
-        if missing or _compat.as_variable(variable) is None:
-            return None
-        existing = _compat.existing_slot(optimizer, variable, _paths.unescape(name))
-        if existing is not None:
-            self._slot_waiting.discard(path)
-        return existing
-
-    def _slot_created(self, optimizer, slot_name, variable, slot_variable) -> None:
-        """`optimizer` just created `slot_variable` (its slot `slot_name` of `variable`):
-        the waiting entry for it lands now, eagerly, before the slot's first use."""
-        owner = _compat.slot_owner(variable)
-        key = (id(optimizer), slot_name, id(owner))
-        if key not in self._slot_index:  # variables created since: index the waiting again
-            self._slot_index.clear()
-            cache: dict = {}
-            for path in self._slot_waiting:
-                if path not in self._entries or path in self._failed:
-                    continue
-                variable_path, optimizer_path, name = _paths.split_slot(path)
-                node, _, missing = _walk(self._obj, 0, optimizer_path, None, cache)
-                held, _, missing_variable = _walk(self._obj, 0, variable_path, None, cache)
-                if missing or missing_variable or _compat.as_variable(held) is None:
-                    continue
-                self._slot_index[(id(node), _paths.unescape(name),
-                                  id(_compat.slot_owner(held)))] = path
-        path = self._slot_index.pop(key, None)
-        if path is None or path not in self._entries:
-            return
-        self._slot_waiting.discard(path)
-        self._apply_all([(self._entries[path], slot_variable, None)])
-        if self.done:
-            self._unwrap()
-
-    def _unwrap(self) -> None:
-        self._slot_hooked = set()
-        for layer, undo in self._wrapped:
-            _compat.restore_methods(layer, undo)  # one wrapped on top of ours stays
-        self._wrapped = []
-        self._wrapped_ids = set()
-
-
-def _child(node, edge: str, attached=None, cache=None):
-    """The child of node at an (escaped) edge; leading underscores optional."""
-    if attached and (id(node), edge) in attached:
-        return attached[(id(node), edge)]
-    index = cache.get(id(node)) if cache is not None else None
-    if index is None:
-        children = _compat.children_with_collections(node)
-        stripped: dict = {}
-        for child_name, child in children.items():
-            stripped.setdefault(child_name.lstrip("_") or child_name, []).append(child)
-        index = (children, stripped)
-        if cache is not None:
-            cache[id(node)] = index
-    children, stripped = index
-    name = _paths.unescape(edge)
-    if name in children:
-        return children[name]
-    found = stripped.get(name.lstrip("_") or name, ())
-    return found[0] if len(found) == 1 else None
-
-
-def _edge_name(path: str, depth: int) -> str:
-    edges = path.split("/")
-    name = _paths.unescape(edges[depth]) if depth < len(edges) else ""
-    return name.lstrip("_") or name
-
-
-def _walk(node, depth: int, path: str, attached=None, cache=None):
-    """Follows path's edges from `depth` on, starting at node.
-
-    Returns (deepest object reached, its depth, edges still missing).
-    """
-    edges = path.split("/")
-    for i in range(depth, len(edges)):
-        child = _child(node, edges[i], attached, cache)
-        if child is None:
-            return node, i, edges[i:]
-        node = child
-    return node, len(edges), []
+def _problem(variable, value) -> str:
+    """What `_compat.misfit` found, worded: the source's value against the variable."""
+    return (f"{value.dtype.name}{tuple(value.shape)} in the source but "
+            f"{variable.dtype.base_dtype.name}{tuple(variable.shape)} in the obj")
 
 
 def _agreeing(obj):
@@ -538,14 +504,14 @@ def _agreeing(obj):
         return {}
 
 
-def _optimizer_entries(obj, src, entries, skipped, at, rules, optimizer_state):
+def _optimizer_entries(pipe, obj, src, entries, skipped):
     """(entries that wait, {path: why} of those that wait optionally), after
     `optimizer_state`: optimizer entries are skipped (and listed in `skipped`) with False;
     with "auto" when obj has no optimizer they wait without counting as pending (they land
     if the model is compiled later); True without an optimizer is an error. An optimizer of
     obj that is not built yet is built now when obj is (as Keras's first training step
     builds it), so its state lands."""
-    mode = _match.optimizer_mode(optimizer_state)
+    mode = _match.optimizer_mode(pipe.optimizer_state)
     of_optimizer = _match.optimizer_entries(src, {e.source for e in entries})
     state = [e for e in entries if is_optimizer_key(e.path) and e.source in of_optimizer]
     if not state:
@@ -566,9 +532,8 @@ def _optimizer_entries(obj, src, entries, skipped, at, rules, optimizer_state):
         return entries, {e.path: f"{e.source}: optimizer state; the obj has no optimizer to "
                                  "put it in (compile the model to move it: it lands then)"
                          for e in state}
-    if not _compat.is_unbuilt(obj):
-        _checks.ready_optimizers(obj, _tree.tree(obj), src, rules=rules, at=at,
-                                 optimizer_state=mode, models_only=True)
+    if not _compat.is_unbuilt(obj):  # the plan stage readies them, as restore's does
+        pipe.ready(_tree.tree(obj), src, models_only=True)
     return entries, {}
 
 
@@ -651,45 +616,35 @@ def restore_on_create(obj, source, *, rules=None, at: str | None = None, strict:
                               strict=strict, optimizer_state=optimizer_state)
     with pipe.decided(lambda: _agreeing(obj)):
         src = pipe.open()
-        parsed = _rules.parse_rules(rules)
-        view = _match.view_at(src, at)
-        rewritten = _rules.rewrite_view(view, parsed, note_bookkeeping=False)
-        entries, skipped, seen = [], rewritten.skipped, {}
-        for _, full, new, rule in rewritten.entries:
-            if new in seen:
-                raise errors.StructureMismatchError(
-                    f"restore_on_create: source entries `{seen[new]}` and `{full}` both map to "
-                    f"`{new}`; nothing is guessed. Fix: drop one with a rule (regex, None).")
-            seen[new] = full
-            entries.append(_Entry(new, full, rule.transform if rule is not None else None))
-        _rules.warn_unused(rewritten.unused, src.description, stacklevel=2,
-                           shadowed=rewritten.shadowed)
-        entries, optional = _optimizer_entries(obj, src, entries, skipped, at, rules,
-                                               optimizer_state)
-        pending = PendingRestore(obj, src, entries, skipped, at)
+        # Planned by path: each entry's object path, whether its variable exists yet or not.
+        planned, skipped = pipe.plan_paths(src)
+        entries = [_Entry(path, key, transform) for path, key, transform in planned]
+        entries, optional = _optimizer_entries(pipe, obj, src, entries, skipped)
+        pending = PendingRestore(obj, src, entries, skipped, at, pipe)
         pending._given = errors.describe_source(source)  # a str: holds no Snapshot
         pending.strict = strict
         pending._optional = optional
         # Existing variables: every value read and checked before any is assigned.
-        ready = []
+        existing = []
         for entry in entries:
             node, _, missing = _walk(obj, 0, entry.path)
             variable = _compat.as_variable(node) if not missing else None
             if variable is None and not missing:
                 _compat.check_not_sharded(node, entry.path)
             if variable is not None:
-                value = pending._value(entry)
-                problem = pending._problem(entry, variable, value)
-                if problem:
-                    raise errors.StructureMismatchError(
-                        f"restore_on_create: `{_render.safe(entry.path)}` exists as "
-                        f"{variable.dtype.base_dtype.name}{tuple(variable.shape)} but the source "
-                        f"holds {value.dtype.name}{tuple(value.shape)} (entry "
-                        f"`{_render.safe(entry.source)}`"
-                        f"{', transformed' if entry.transform else ''}). Nothing was restored. "
-                        "Fix: build obj with the source's shapes, or drop the entry with a rule.")
-                ready.append((entry, variable, value))
-        pending._rules = parsed
+                existing.append((entry, variable))
+        values = pending._values([entry for entry, _ in existing])
+        ready = [(entry, variable, value) for (entry, variable), value in zip(existing, values)]
+        for variable, value, _ in pipe.misfits([(v, value) for _, v, value in ready])[:1]:
+            entry = next(e for e, v, _ in ready if v is variable)
+            raise errors.StructureMismatchError(
+                f"restore_on_create: `{_render.safe(entry.path)}` exists as "
+                f"{variable.dtype.base_dtype.name}{tuple(variable.shape)} but the source "
+                f"holds {value.dtype.name}{tuple(value.shape)} (entry "
+                f"`{_render.safe(entry.source)}`"
+                f"{', transformed' if entry.transform else ''}). Nothing was restored. "
+                "Fix: build obj with the source's shapes, or drop the entry with a rule.")
+        pending._rules = _rules.parse_rules(rules)
         if not src.keyed_by_path or not _compat.is_unbuilt(obj):
             # Existing variables that no key names by path: through the plan. Their values are
             # read and checked with the others' before anything is assigned.
@@ -701,3 +656,44 @@ def restore_on_create(obj, source, *, rules=None, at: str | None = None, strict:
         pending._wrap_build(layer)
     pending.poll()
     return pending
+
+
+def _child(node, edge: str, attached=None, cache=None):
+    """The child of node at an (escaped) edge; leading underscores optional."""
+    if attached and (id(node), edge) in attached:
+        return attached[(id(node), edge)]
+    index = cache.get(id(node)) if cache is not None else None
+    if index is None:
+        children = _compat.children_with_collections(node)
+        stripped: dict = {}
+        for child_name, child in children.items():
+            stripped.setdefault(child_name.lstrip("_") or child_name, []).append(child)
+        index = (children, stripped)
+        if cache is not None:
+            cache[id(node)] = index
+    children, stripped = index
+    name = _paths.unescape(edge)
+    if name in children:
+        return children[name]
+    found = stripped.get(name.lstrip("_") or name, ())
+    return found[0] if len(found) == 1 else None
+
+
+def _edge_name(path: str, depth: int) -> str:
+    edges = path.split("/")
+    name = _paths.unescape(edges[depth]) if depth < len(edges) else ""
+    return name.lstrip("_") or name
+
+
+def _walk(node, depth: int, path: str, attached=None, cache=None):
+    """Follows path's edges from `depth` on, starting at node.
+
+    Returns (deepest object reached, its depth, edges still missing).
+    """
+    edges = path.split("/")
+    for i in range(depth, len(edges)):
+        child = _child(node, edges[i], attached, cache)
+        if child is None:
+            return node, i, edges[i:]
+        node = child
+    return node, len(edges), []

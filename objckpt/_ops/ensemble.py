@@ -32,8 +32,6 @@ import tensorflow as tf
 
 from objckpt import _compat, errors
 from objckpt._ops import clone as _clone
-from objckpt._ops import snapshot as _snapshot
-from objckpt._planning import checks as _checks
 from objckpt._planning import match as _match
 from objckpt._planning import pipeline as _pipeline
 from objckpt._planning import rules as _rules
@@ -111,10 +109,11 @@ def load_ensemble(template, sources: Sequence, *, rules=None, at: str | None = N
     """Loads N independent members of one architecture from N sources.
 
     Each member is an `objckpt.clone` of the template (its own variables; the
-    template is not changed) restored from its source with `objckpt.restore`.
-    Every source is opened and planned before any member is filled, so a bad
-    source is reported (naming the member and the source) before any work on
-    the others.
+    template is not changed) filled from its source through the stages
+    `objckpt.restore` runs (one pipeline: the same plan, checks and messages).
+    Every source is opened, planned and read before any member is filled, so a
+    bad source is reported (naming the member and the source) before any work
+    on the others.
 
     Args:
       template: a built obj of the architecture: a Keras model of any flavour
@@ -135,7 +134,7 @@ def load_ensemble(template, sources: Sequence, *, rules=None, at: str | None = N
         a template without an optimizer (an uncompiled model, a tf.Module: an ensemble
         that evaluates) skips the sources' optimizer state and lists it; a compiled
         template's members each get their optimizer state by owner (each member
-        restored on its own, its optimizer built first when the template's is compiled
+        planned on its own, its optimizer built first when the template's is compiled
         but not built). True: the same, but a template without an optimizer is an
         error. False: optimizer state in the sources and in the template is left alone.
 
@@ -181,35 +180,20 @@ def load_ensemble(template, sources: Sequence, *, rules=None, at: str | None = N
     pipe = _pipeline.Pipeline("objckpt.load_ensemble", template, sources, at=at,
                               strict=strict, optimizer_state=optimizer_state)
     variables = _tree.tree(template)
-    k = 0  # the member whose source failed, for its error
+    failing = [0]  # the member whose source failed, for its error
 
     def about(err):  # a member's error names its source as given, and the template
-        return _about_member(err, sources[k], template)
+        return _about_member(err, sources[failing[0]], template)
 
     def then(err):  # any error: the other workers must not wait for this one
         if not isinstance(err, errors.ObjckptError):
             return err
+        k = failing[0]
         return _with_context(err, f"member {k} (source {_describe_source(sources[k])})")
 
     if mode is True or (mode == "auto" and _compat.optimizers_of(template)):
-        # Moving optimizer state may build the optimizer's slots: each member is restored
-        # on its own (its own pipeline), once every source is open on every worker.
-        with pipe.decided(lambda: _tree.tree(template), about=about, then=then):
-            opened = []
-            for k, source in enumerate(sources):  # noqa: B007 (`k` names the failing member)
-                opened.append(pipe.open(source))
-        members = []
-        for k, (source, member_rule) in enumerate(zip(opened, member_rules)):
-            member = _clone.clone(template, copy_values=False)
-            try:
-                _snapshot.restore(member, source, rules=member_rule, at=at, strict=strict,
-                                  optimizer_state=optimizer_state)
-            except errors.ObjckptError as err:
-                _about_member(err, sources[k], template, opened=source, member=member)
-                raise _with_context(
-                    err, f"member {k} (source {_describe_source(sources[k])})") from err
-            members.append(member)
-        return Ensemble(members)
+        return Ensemble(_load_with_optimizers(pipe, template, sources, member_rules, failing,
+                                              about, then))
     # Clones share the template's paths, so every source is opened, then planned against
     # the template (once per distinct source structure) and read before any member
     # exists, and the workers agree once; each member's variables are then created with
@@ -218,9 +202,9 @@ def load_ensemble(template, sources: Sequence, *, rules=None, at: str | None = N
     loaded = []
     with pipe.decided(lambda: variables, about=about, then=then):
         opened = []
-        for k, source in enumerate(sources):  # noqa: B007 (`k` names the failing member)
+        for failing[0], source in enumerate(sources):
             opened.append(pipe.open(source))
-        for k, (source, member_rule) in enumerate(zip(opened, member_rules)):  # noqa: B007
+        for failing[0], (source, member_rule) in enumerate(zip(opened, member_rules)):
             the_plan = _plan_for(pipe, variables, source, member_rule, plans)
             values = pipe.fetch(the_plan, variables)
             loaded.append({id(variables[m.target]): v
@@ -230,24 +214,54 @@ def load_ensemble(template, sources: Sequence, *, rules=None, at: str | None = N
     for value_of in loaded:
         given = dict(value_of)  # clone_with_values takes the values it creates from
         member, copies = _clone.clone_with_values(template, value_of)
-        for key, value in given.items():
-            # Assigned: what was not created from its value (a wrapper), and SyncOnRead
-            # variables under a strategy, which TF creates with the value on every replica
-            # but restores as a checkpoint's aggregate (a SUM variable's replicas get
-            # value / replicas), as objckpt.restore does.
-            if key in value_of or copies[key].synchronization == tf.VariableSynchronization.ON_READ:
-                copies[key].assign(value, read_value=False)
+        # Assigned: what was not created from its value (a wrapper), and SyncOnRead
+        # variables under a strategy, which TF creates with the value on every replica
+        # but restores as a checkpoint's aggregate (a SUM variable's replicas get
+        # value / replicas), as objckpt.restore does.
+        pipe.assign_pairs([(copies[key], value) for key, value in given.items()
+                           if key in value_of or copies[key].synchronization
+                           == tf.VariableSynchronization.ON_READ])
         # Tensors cached from variables (Normalization's mean) come from the template's:
         # computed from this member's values; LoRA factors the source lacks are zeroed.
-        _compat.refresh_derived_state(member, [copies[key] for key in given])
+        pipe.refresh([copies[key] for key in given], obj=member)
         members.append(member)
         trees.append({path: copies[id(v)] for path, v in network})
     return Ensemble._of_clones(members, trees)
 
 
+def _load_with_optimizers(pipe, template, sources, member_rules, failing, about,
+                          then) -> list:
+    """Members whose optimizer state moves by owner into their own optimizers (built first
+    where the template's is compiled but not built): every source is opened on every worker
+    (one agreement) before the members exist (creating them is a collective), then each
+    member is planned, checked and fetched (a second agreement) before any is assigned."""
+    def about_member(err):  # names the source as given and the template, not the clone
+        k = failing[0]
+        return _about_member(err, sources[k], template, opened=opened[k], member=members[k])
+
+    opened = []
+    with pipe.decided(lambda: _tree.tree(template), about=about, then=then):
+        for failing[0], source in enumerate(sources):
+            opened.append(pipe.open(source))
+    members = [_clone.clone(template, copy_values=False) for _ in sources]
+    staged = []
+    with pipe.decided(lambda: _tree.tree(template), about=about_member, then=then):
+        for failing[0], (member, source, rules) in enumerate(
+                zip(members, opened, member_rules)):
+            variables = _tree.tree(member)
+            variables, the_plan = pipe.plan(variables, source, obj=member, rules=rules)
+            the_plan = pipe.check(variables, source, the_plan, obj=member, rules=rules)
+            staged.append((member, variables, source, the_plan,
+                           pipe.fetch(the_plan, variables)))
+    for member, variables, source, the_plan, values in staged:
+        pipe.assign(variables, the_plan, values, obj=member)
+        pipe.refresh([variables[m.target] for m in the_plan.matches], obj=member,
+                     key=variables, merged=not source.keyed_by_path)
+    return members
+
+
 def _plan_for(pipe, variables, source, rules, plans: dict):
     """The checked plan of source into the template, reused for equal structures."""
-
     key = None
     if source.structure is not None:
         key = (source.structure(), tuple(tuple(rule) for rule in rules))
@@ -258,9 +272,8 @@ def _plan_for(pipe, variables, source, rules, plans: dict):
     cached = plans.get(key) if key is not None else None
     if cached is not None:
         return dataclasses.replace(cached, source=source.description, _source=source)
-    the_plan = _checks.checked_plan(pipe.obj, variables, source, rules=rules,
-                                    strict=pipe.strict, at=pipe.at,
-                                    optimizer_state=pipe.optimizer_state)
+    variables, the_plan = pipe.plan(variables, source, rules=rules)
+    the_plan = pipe.check(variables, source, the_plan, rules=rules)
     if key is not None:
         plans[key] = the_plan
     return the_plan

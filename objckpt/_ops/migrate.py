@@ -149,6 +149,7 @@ def migrate(obj, source, prefix, *, rules=None, at: str | None = None, strict: b
         _files.check_prefix(prefix)  # an existing directory: refused before any work
         src = pipe.open()
         variables, the_plan = pipe.plan(variables, src)
+        the_plan = pipe.check(variables, src, the_plan)
     # The values are fetched while the checkpoint is written, a group at a time.
     fed = {m.target: m for m in the_plan.matches}
     paths = list(variables)

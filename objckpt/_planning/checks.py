@@ -1,15 +1,15 @@
 """Why a plan cannot be applied: the one error restore, migrate and load_ensemble raise.
 
-The plan-and-check stage of the one restore pipeline (`_pipeline.Pipeline.plan`).
-
-`checked_plan` plans and refuses (nothing assigned, nothing written) when anything is
-mismatched, ambiguous or, with strict, left over; `refuse` writes the message: every problem,
-network first, and the fixes that apply.
+The check stage of the one restore pipeline (`_pipeline.Pipeline.check` refuses, nothing
+assigned, nothing written, when anything is mismatched, ambiguous or, with strict, left
+over); `refuse` writes the message: every problem, network first, and the fixes that apply.
+`ready_optimizers` is the plan stage's first step: optimizers not built yet, built.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import contextlib
 import re
 
@@ -25,11 +25,11 @@ from objckpt._planning.match import (
     optimizer_slots_in,
     recorded_owners,
 )
-from objckpt._planning.propose import proposal_fix
+from objckpt._planning.propose import propose, proposal_fix
 from objckpt._planning.sources import Source
 from objckpt._planning.targets import is_default_name, is_optimizer_key
 
-__all__ = ["checked_plan", "creation_scope", "describe_obj", "ready_optimizers", "refuse"]
+__all__ = ["creation_scope", "describe_obj", "noted", "ready_optimizers", "refuse"]
 
 
 def describe_obj(obj) -> str:
@@ -233,19 +233,37 @@ def _example_rule(extra: list, missing: list, the_plan: Plan, source: Source,
     return _render.safe(repr(("^" + re.escape(key) + "$", shown[path])))
 
 
-def checked_plan(obj, variables, src: Source, *, rules=(), strict: bool = True,
-                 at: str | None = None, optimizer_state="auto",
-                 action: str = "restore") -> Plan:
-    """The plan restore (or `action`: "migrate") follows, or the error it raises for it
-    (nothing assigned, nothing written)."""
-    if not variables:
-        refuse(obj, variables, src, Plan(src.description, ()), strict, action=action)
-    the_plan = make_plan(src, obj, variables, rules=rules, at=at,
-                         optimizer_state=optimizer_state)
-    if (the_plan.mismatched or the_plan.ambiguous or not the_plan.matches
-            or (strict and (the_plan.unmatched_variables or the_plan.unmatched_source))):
-        refuse(obj, variables, src, the_plan, strict, action=action, propose=not rules)
-    return the_plan
+def noted(pipe, variables, src: Source, the_plan: Plan) -> Plan:
+    """The check stage of a dry run (`objckpt.plan`): `the_plan` with what restore would
+    do with it noted (an optimizer `pipe`'s plan stage built, entries it would refuse or
+    skip), and rules proposed where none fit; nothing raised."""
+    notes = list(the_plan.notes)
+    if pipe.built:
+        notes.append(
+            f"the obj's optimizer ({', '.join(pipe.built)}) was not built yet: built now, "
+            "as objckpt.restore builds it first (and Keras's first training step would), "
+            "so this plan moves the source's optimizer state into it by owner, as "
+            "restore does")
+    left = len(the_plan.unmatched_variables) + len(the_plan.unmatched_source)
+    if left and not (the_plan.ambiguous or the_plan.mismatched):
+        what = (f"{_render.count(len(the_plan.unmatched_variables), 'variable')} without "
+                f"a value and {len(the_plan.unmatched_source)} source "
+                f"{'entry' if len(the_plan.unmatched_source) == 1 else 'entries'} "
+                "without a variable")
+        notes.append(
+            f"strict=True: objckpt.restore would refuse this plan ({what}); strict=False "
+            "skips them and lists them in its report" if pipe.strict else
+            f"strict=False: objckpt.restore would skip and list {what}")
+    the_plan = dataclasses.replace(the_plan, notes=tuple(notes))
+    if pipe.rules or not (the_plan.unmatched_source and the_plan.unmatched_variables):
+        return the_plan
+    try:
+        proposed = propose(src, variables, the_plan)
+    except errors.ObjckptError:  # the plan stands without a proposal
+        return the_plan
+    if proposed is None:
+        return the_plan
+    return dataclasses.replace(the_plan, proposed=proposed)
 
 
 def ready_optimizers(obj, variables, source: Source, *, rules=(), at=None,

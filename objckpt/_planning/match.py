@@ -42,23 +42,20 @@ two variables for one source, are reported as ambiguous.
 
 Imports flow `_sources`, `_rules`, `_targets`, `_optstate`, `_plans` (`Plan`, `Match`, the
 check of a matched pair), `_strategies` (keras name, structure, export order) -> here ->
-`_checks` (the error for a plan that cannot be applied) -> `_snapshot` (which applies plans).
+`_checks` (the error for a plan that cannot be applied) -> `_pipeline` (the stages that apply plans).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 
 from objckpt import _compat, errors
-from objckpt._base import api as _api
 from objckpt._base import paths as _paths
 from objckpt._base import render as _render
-from objckpt._planning import tree as _tree
 from objckpt._planning.optstate import place_optimizer_state
 from objckpt._planning.plans import Match, Plan, check_match, labelled
 from objckpt._planning.rules import parse_rules, rewrite_view, warn_unused
-from objckpt._planning.sources import Source, open_source
+from objckpt._planning.sources import Source
 from objckpt._planning.strategies import match_structure
 from objckpt._planning.targets import Targets, candidates, index_targets, is_optimizer_key
 
@@ -447,97 +444,6 @@ def _result(work: _Work) -> Plan:
                 tuple(work.skipped), unused, notes=tuple(work.notes),
                 shadowed_rules=tuple(work.shadowed_rules), fresh=tuple(work.fresh),
                 _rewritten=rewritten)
-
-
-def plan(obj, source, *, rules: Sequence | None = None, at: str | None = None,
-         strict: bool = True, optimizer_state="auto") -> Plan:
-    """Plans a restore of obj from source without changing anything.
-
-    The arguments are those of `objckpt.restore`, with the same meaning. The old order
-    `plan(source, obj)` still works until objckpt 0.2, with a `DeprecationWarning`.
-
-    Args:
-      obj: the trackable that would receive the values; it must be built.
-      source: a `Snapshot`, an object-based prefix or directory, or a
-        name-based (TF1 `Saver`) prefix.
-      rules: None or ordered `(regex, replacement)` or `(regex, replacement,
-        transform)` rewrites of source keys. Each source key is rewritten by
-        the FIRST rule whose regex matches it, `re.sub(regex, replacement,
-        key, count=1)`, once: rules never chain, so a later rule never sees
-        what an earlier one made of a key. A replacement of None drops the
-        entry; keys no rule matches stay as they are. The rewritten key then
-        matches a variable by object path, by object path with leading
-        underscores stripped (`hidden/kernel` ~ `hidden/_kernel`), or by
-        variable name; such rows say strategy "rule". To chain, write one
-        rule whose regex does the whole rewrite (`("^model_001/dense/",
-        "hidden/")`, not `("^model_001/", "")` then `("^dense/", "hidden/")`),
-        or several rules that each match the full original key. A rule that
-        rewrote no key warns and is listed: in `shadowed_rules` when other
-        rules took every key it matches (naming them), else in
-        `unused_rules`. A transform (tensor -> tensor, e.g. `tf.transpose`)
-        changes the values of the entries its rule rewrote.
-      at: plan from this subtree of the source (e.g. "model").
-      strict: as for `objckpt.restore`: the plan is the same either way; when the plan
-        has variables without a value or entries without a variable, its notes say
-        whether `objckpt.restore` with this `strict` would refuse it (True) or skip and
-        list them (False).
-      optimizer_state: "auto" (default): like True when obj has an
-        optimizer, else optimizer entries are skipped and listed. True:
-        optimizer slots (Keras 3 `momentum`/`velocity`, Keras 2/tf_keras
-        `m`, `v`; TF1 `Adam`/`Adam_1`, `adam_m`/`adam_v`, `Momentum`,
-        `RMSProp`, `Adagrad`, `Ftrl`, ...) and step counters (`iterations`,
-        `global_step`) move into obj's optimizer variables by the variable
-        they belong to, never by position; obj must have an optimizer. False:
-        optimizer entries are ignored on both sides. `plan` changes nothing:
-        an optimizer not built yet, which `restore` builds first, has no slots
-        here, and the plan's notes say so.
-
-    Returns:
-      A frozen `Plan`; `print(plan.describe())` shows it as a table.
-
-    Example:
-      >>> p = objckpt.plan(model, "old/model.ckpt", rules=[("^model_001/", "")])
-      >>> print(p.describe())
-    """
-    obj, source = _api.obj_first("plan", obj, source)
-    try:
-        return _plan(obj, source, rules=rules, at=at, strict=strict,
-                     optimizer_state=optimizer_state)
-    except errors.ObjckptError as err:
-        errors.about(err, source=source, obj=obj)  # as objckpt.restore sets them
-        raise
-
-
-def _plan(obj, source, *, rules, at, strict, optimizer_state) -> Plan:
-    strict = check_strict(strict)
-    variables = _tree.tree(obj)
-    if not variables:
-        raise errors.UnbuiltModelError(
-            f"Cannot plan a restore into {type(obj).__name__}: it has no variables yet. Fix: "
-            "build it first, or use objckpt.restore_on_create(obj, source) to apply values as "
-            "variables are created.")
-    src = open_source(source)
-    result = make_plan(src, obj, variables, rules=rules, at=at,
-                       optimizer_state=optimizer_state)
-    if optimizer_mode(optimizer_state) is not False and optimizer_slots_in(src):
-        unbuilt = _compat.unbuilt_optimizers(obj)
-        if unbuilt:
-            names = ", ".join(type(o).__name__ for o, _ in unbuilt)
-            result = dataclasses.replace(result, notes=(*result.notes, (
-                f"the obj's optimizer ({names}) is not built yet, so it has no slots here: "
-                "objckpt.restore builds it first, as Keras's first training step would, and "
-                "moves the source's optimizer state into it by owner")))
-    left = len(result.unmatched_variables) + len(result.unmatched_source)
-    if left and not (result.ambiguous or result.mismatched):
-        what = (f"{_render.count(len(result.unmatched_variables), 'variable')} without a "
-                f"value and {len(result.unmatched_source)} source "
-                f"{'entry' if len(result.unmatched_source) == 1 else 'entries'} "
-                "without a variable")
-        result = dataclasses.replace(result, notes=(*result.notes, (
-            f"strict=True: objckpt.restore would refuse this plan ({what}); strict=False "
-            "skips them and lists them in its report" if strict else
-            f"strict=False: objckpt.restore would skip and list {what}")))
-    return result
 
 
 def check_strict(strict) -> bool:

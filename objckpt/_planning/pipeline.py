@@ -1,21 +1,37 @@
 """The one restore pipeline: every operation that reads a source into variables.
 
-`objckpt.restore`, `objckpt.migrate`, `objckpt.load_ensemble` and
-`objckpt.restore_on_create` each run the same stages through a `Pipeline`:
+`objckpt.restore`, `objckpt.plan` (and the CLI's `migrate --dry-run`), `objckpt.migrate`,
+`objckpt.load_ensemble` and `objckpt.restore_on_create` each run one `Pipeline`, whose
+stages come in one order, each in its own module:
 
-1. open the source (`Pipeline.open`: a prefix, a directory, a Snapshot, any format);
-2. plan it onto the obj and check the plan (`Pipeline.plan`: rules, at, strict,
-   optimizer_state; an optimizer not built yet is built first, `_checks.ready_optimizers`;
-   a plan that cannot be applied raises the one error, `_checks.refuse`);
-3. fetch the values and check them against their variables (`Pipeline.fetch`);
-4. agree across the workers of a MultiWorkerMirroredStrategy, exactly once per decision
-   point (`Pipeline.decided`: the stages above run inside it; a failure on any worker is
-   raised on every worker, before anything changes);
-5. the operation's own step, after the agreement: assign (restore), write the migrated
-   checkpoint (migrate), create the members (load_ensemble), assign what exists and watch
-   what is created later (restore_on_create).
+1. open the source (`Pipeline.open`, `_sources.open_source`: a prefix, a directory, a
+   Snapshot, any format);
+2. plan it onto the obj (`Pipeline.plan`: rules, at, optimizer_state; an optimizer not
+   built yet is built first, as Keras's first training step builds it,
+   `_checks.ready_optimizers`, so `objckpt.plan` shows what `objckpt.restore` does;
+   `_match.make_plan`);
+3. check the plan (`Pipeline.check`, `_checks`: a plan that cannot be applied raises the
+   one error; `objckpt.plan` lists the same problems and notes instead);
+4. fetch the values and check each against its variable (`Pipeline.fetch`, `_fetch`, with
+   the one rule `_compat.misfit`);
+5. agree across the workers of a MultiWorkerMirroredStrategy, exactly once per decision
+   point (`Pipeline.decided`, `_agree`: the stages above run inside it; a failure on any
+   worker is raised on every worker, before anything changes);
+6. assign (`Pipeline.assign`, `_assign`; migrate writes its checkpoint instead, and
+   load_ensemble creates its members from the values);
+7. refresh the state Keras layers derive from variables (`Pipeline.refresh`).
 
-Nothing before step 5 assigns a variable or writes a file (building an optimizer that
+`Pipeline.restore` runs them for `objckpt.restore` and chooses its route: a Snapshot of
+this very tree (nothing to open, plan or check: the whole tree assigned fused), a Snapshot
+of a tree planned into this one before (the cached plan), a large local TF checkpoint
+(streamed: checked now, read into the variables at the assign stage), or any other source
+(values fetched whole). `Pipeline.dry_run` runs stages 1-3 for `objckpt.plan`. migrate
+runs 1-3 and 5, then fetches a group of values at a time while it writes them.
+load_ensemble runs 1-5 for every member before any exists. `restore_on_create` runs 1-5
+for the variables that exist and 4, 6 and 7 for each variable when it is created (the same
+pipeline, in a "not yet created" state: `Pipeline.plan_paths`).
+
+Nothing before stage 6 assigns a variable or writes a file (building an optimizer that
 holds no state yet is the one change, as the next training step would make it anyway), so
 a failure in any stage leaves every variable as it was.
 """
@@ -23,23 +39,49 @@ a failure in any stage leaves every variable as it was.
 from __future__ import annotations
 
 import contextlib
-import json
-
-import tensorflow as tf
+import dataclasses
+import weakref
 
 from objckpt import _compat, errors
-from objckpt._base import render as _render
 from objckpt._bundle import remote as _remote
+from objckpt._planning import agree as _agree
+from objckpt._planning import assign as _assign
 from objckpt._planning import checks as _checks
+from objckpt._planning import fetch as _fetch
 from objckpt._planning import match as _match
+from objckpt._planning import rules as _rules
 from objckpt._planning import sources as _sources
+from objckpt._planning import tree as _tree
 
-__all__ = ["AGREED_BYTES", "Pipeline", "agree_across_workers", "fetch_values"]
+__all__ = ["STAGES", "Pipeline", "Restored"]
+
+# The stages, in the order an operation that runs them all passes through them.
+STAGES = ("open", "plan", "check", "fetch", "agree", "assign", "refresh")
+
+# Plans kept per target tree, for Snapshots of this many other trees.
+_PLAN_CACHE_SIZE = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class Restored:
+    """What `Pipeline.restore` did: its route ("fast", "cached", "streamed", "fetched"),
+    the source opened (None on the Snapshot routes), the plan applied (None: the whole
+    tree, from a Snapshot of it), its description, and, for a plan cached for Snapshots of
+    one tree, the dict kept with it (the caller keeps there what it made of the plan, its
+    report, returned as is on every hit)."""
+
+    route: str
+    plan: _match.Plan | None
+    description: str
+    variables: object
+    memo: dict | None = None
 
 
 class Pipeline:
     """One read of `source` into `obj` by `operation` (e.g. "objckpt.restore"), with the
-    calling convention's options (`rules`, `at`, `strict`, `optimizer_state`)."""
+    calling convention's options (`rules`, `at`, `strict`, `optimizer_state`). `action` is
+    the verb of a refusal ("Cannot restore/migrate ..."); "plan": a dry run, whose check
+    stage notes problems instead of raising."""
 
     def __init__(self, operation: str, obj, source, *, rules=(), at: str | None = None,
                  strict: bool = True, optimizer_state="auto", action: str = "restore"):
@@ -50,38 +92,119 @@ class Pipeline:
         self.at = at
         self.strict = strict
         self.optimizer_state = optimizer_state
-        self.action = action  # the verb of the refusal: "Cannot restore/migrate ..."
+        self.action = action
+        self.built: tuple[str, ...] = ()  # optimizers the plan stage built (their types)
+        self._loader = None  # the streamed route's loader, between fetch and assign
 
     def __repr__(self) -> str:
         return f"Pipeline({self.operation})"
 
+    def _enter(self, stage: str) -> None:
+        """Called as each stage starts (tests instrument it)."""
+
+    # --- the stages ------------------------------------------------------------------
+
     def open(self, source=None) -> _sources.Source:
         """Stage 1: the source (this pipeline's, or one member's) opened as a plan source."""
+        self._enter("open")
         return _sources.open_source(self.source if source is None else source)
 
-    def plan(self, variables, src: _sources.Source, *, obj=None, rules=None):
+    def plan(self, variables, src: _sources.Source, *, obj=None, rules=None,
+             ready: bool = True):
         """Stage 2: `(variables, plan)`: obj's optimizers that hold no state yet built when
-        the source has state for them (the tree walked again then), and the checked plan;
-        a plan that cannot be applied raises `_checks.refuse`'s error."""
+        the source has state for them (`ready`; the tree walked again then), and the plan,
+        not checked yet."""
+        self._enter("plan")
         obj = self.obj if obj is None else obj
         rules = self.rules if rules is None else rules
-        variables = _checks.ready_optimizers(obj, variables, src, rules=rules, at=self.at,
-                                             optimizer_state=self.optimizer_state)
-        return variables, _checks.checked_plan(
-            obj, variables, src, rules=rules, strict=self.strict, at=self.at,
-            optimizer_state=self.optimizer_state, action=self.action)
+        if not variables:  # an obj not built yet: nothing to plan (the check refuses it)
+            return variables, _match.Plan(src.description, ())
+        if ready:
+            variables = self.ready(variables, src, obj=obj, rules=rules)
+        return variables, _match.make_plan(src, obj, variables, rules=rules, at=self.at,
+                                           optimizer_state=self.optimizer_state)
+
+    def ready(self, variables, src: _sources.Source, *, obj=None, rules=None,
+              models_only: bool = False):
+        """The plan stage's first step: obj's optimizers that hold no state yet built as
+        Keras's first training step builds them, when the source has state for them
+        (`_checks.ready_optimizers`; `models_only`: only Keras models' own); obj's tree,
+        walked again when one was built."""
+        obj = self.obj if obj is None else obj
+        rules = self.rules if rules is None else rules
+        unbuilt = (_compat.unbuilt_optimizers(obj) if variables
+                   and _match.optimizer_mode(self.optimizer_state) is not False else ())
+        ready = _checks.ready_optimizers(obj, variables, src, rules=rules, at=self.at,
+                                         optimizer_state=self.optimizer_state,
+                                         models_only=models_only)
+        if ready is not variables:
+            self.built = tuple(type(o).__name__ for o, _ in unbuilt)
+        return ready
+
+    def plan_paths(self, src: _sources.Source):
+        """Stage 2 for variables that may not exist yet (`restore_on_create`): the
+        source's entries under `at`, rewritten by the rules into the object paths they
+        will land at: `(entries, skipped)`, entries as `(path, source key, transform)`."""
+        self._enter("plan")
+        parsed = _rules.parse_rules(self.rules)
+        view = _match.view_at(src, self.at)
+        rewritten = _rules.rewrite_view(view, parsed, note_bookkeeping=False)
+        entries, seen = [], {}
+        for _, full, new, rule in rewritten.entries:
+            if new in seen:
+                raise errors.StructureMismatchError(
+                    f"restore_on_create: source entries `{seen[new]}` and `{full}` both map "
+                    f"to `{new}`; nothing is guessed. Fix: drop one with a rule (regex, None).")
+            seen[new] = full
+            entries.append((new, full, rule.transform if rule is not None else None))
+        _rules.warn_unused(rewritten.unused, src.description, stacklevel=3,
+                           shadowed=rewritten.shadowed)
+        return entries, list(rewritten.skipped)
+
+    def check(self, variables, src: _sources.Source, the_plan: _match.Plan, *, obj=None,
+              rules=None) -> _match.Plan:
+        """Stage 3: the plan, or the one error for a plan that cannot be applied (nothing
+        assigned, nothing written). A dry run (`action="plan"`) raises nothing: the plan
+        comes back with notes on what restore would do, and rules proposed where none fit."""
+        self._enter("check")
+        obj = self.obj if obj is None else obj
+        rules = self.rules if rules is None else rules
+        if self.action == "plan":
+            return _checks.noted(self, variables, src, the_plan)
+        if not variables:
+            _checks.refuse(obj, variables, src, the_plan, self.strict, action=self.action)
+        if (the_plan.mismatched or the_plan.ambiguous or not the_plan.matches
+                or (self.strict and (the_plan.unmatched_variables
+                                     or the_plan.unmatched_source))):
+            _checks.refuse(obj, variables, src, the_plan, self.strict, action=self.action,
+                           propose=not rules)
+        return the_plan
+
+    def misfits(self, pairs) -> list:
+        """Stage 3 for values read before their plan was known (`restore_on_create`): the
+        `(variable, value, what does not fit)` of every pair that does not fit
+        (`_compat.misfit`, the one rule)."""
+        if not pairs:
+            return []
+        self._enter("check")
+        return [(variable, value, wrong) for variable, value in pairs
+                for wrong in (_compat.misfit(value, variable),) if wrong]
 
     def fetch(self, the_plan: _match.Plan, variables, matches=None) -> list:
-        """Stage 3: the plan's values, read, transformed and checked (`fetch_values`)."""
-        return fetch_values(the_plan, variables, matches)
+        """Stage 4: the plan's values, read, transformed and checked (`_fetch`)."""
+        self._enter("fetch")
+        return _fetch.fetch_values(the_plan, variables, matches)
 
-    def about(self, err):
-        """A failure's `source` and `obj`, where unset: this pipeline's."""
-        return errors.about(err, source=self.source, obj=self.obj)
+    def fetch_entries(self, src: _sources.Source, entries) -> list:
+        """Stage 4 for `(source key, transform)` pairs, read eagerly (`restore_on_create`)."""
+        if not entries:
+            return []
+        self._enter("fetch")
+        return _fetch.fetch_entries(src, entries)
 
     @contextlib.contextmanager
     def decided(self, variables, *, about=None, then=None):
-        """Stage 4, around the stages before it: the one agreement of a decision point.
+        """Stage 5, around the stages before it: the one agreement of a decision point.
 
         Runs the block; on any failure `about(err)` (default: `self.about`) names the
         source and obj (a remote source by its URL, not its local staged copy), the
@@ -96,202 +219,164 @@ class Pipeline:
         except Exception as err:
             _remote.unstage(err)  # a remote source's staged copy: its URL named instead
             (about or self.about)(err)
-            self._agree(variables, err)
+            self.agree(variables, err)
             raised = err if then is None else then(err)
             if raised is err:
                 raise
             raise raised from err
-        self._agree(variables, None)
+        self.agree(variables, None)
 
-    def _agree(self, variables, failure) -> None:
+    def agree(self, variables, failure) -> None:
+        """Stage 5: this worker's `failure` (None: its stages passed) agreed with every
+        other worker's (`_agree.agree_across_workers`)."""
+        self._enter("agree")
         tree = variables()
         if tree is not None:
-            agree_across_workers(tree, failure, self.operation)
+            _agree.agree_across_workers(tree, failure, self.operation)
+
+    def assign(self, variables, the_plan: _match.Plan | None, values, *, obj=None) -> None:
+        """Stage 6: the values into the plan's variables (None: the whole tree, fused), or
+        the streamed loader's tensors; slots the source holds no state for start fresh."""
+        self._enter("assign")
+        loader, self._loader = self._loader, None
+        if loader is not None:
+            try:
+                loader.assign()
+            finally:
+                loader.close()
+        else:
+            _assign.assign_plan(variables, the_plan, values)
+        _assign.start_fresh(self.obj if obj is None else obj, variables, the_plan)
+
+    def assign_pairs(self, pairs) -> None:
+        """Stage 6 for `(variable, value)` pairs, eagerly, each replica as
+        `tf.train.Checkpoint` restores it (`restore_on_create`, load_ensemble's replicas)."""
+        self._enter("assign")
+        _assign.assign_pairs(pairs)
+
+    def refresh(self, written=None, *, obj=None, **options) -> None:
+        """Stage 7: state Keras layers derive from the `written` variables (None: all of
+        obj's) computed again, as Keras's own loader leaves it (Normalization's cached
+        mean; a weights file's merged kernel: zero LoRA factors)."""
+        self._enter("refresh")
+        obj = self.obj if obj is None else obj
+        if written is None:
+            _compat.refresh_derived_state(obj, **options)
+        else:
+            _compat.refresh_derived_state(obj, written, **options)
+
+    def about(self, err):
+        """A failure's `source` and `obj`, where unset: this pipeline's."""
+        return errors.about(err, source=self.source, obj=self.obj)
+
+    # --- the operations' orders --------------------------------------------------------
+
+    def dry_run(self) -> _match.Plan:
+        """Stages 1-3 as `restore` runs them, nothing assigned (`objckpt.plan`, the CLI's
+        `migrate --dry-run`): the plan restore would apply, with its notes."""
+        try:
+            self.strict = _match.check_strict(self.strict)
+            variables = _tree.tree(self.obj)
+            if not variables:
+                raise errors.UnbuiltModelError(
+                    f"Cannot plan a restore into {type(self.obj).__name__}: it has no "
+                    "variables yet. Fix: build it first, or use "
+                    "objckpt.restore_on_create(obj, source) to apply values as variables are "
+                    "created.")
+            src = self.open()
+            variables, the_plan = self.plan(variables, src)
+            return self.check(variables, src, the_plan)
+        except errors.ObjckptError as err:
+            self.about(err)  # as objckpt.restore sets them
+            raise
+
+    def restore(self, variables) -> Restored:
+        """Every stage, in order, for `objckpt.restore`, on the route the source allows."""
+        fast = _is_own_snapshot(self, variables)
+        cached = None if fast else _cached_plan(self, variables)
+        route = "fast" if fast else "cached" if cached is not None else "fetched"
+        src = the_plan = values = None
+
+        def failed(err):
+            loader, self._loader = self._loader, None
+            if loader is not None:
+                loader.close()
+            self.about(err)
+
+        with self.decided(lambda: variables, about=failed):
+            if route == "fetched":
+                src = self.open()
+                variables, the_plan = self.plan(variables, src)
+                the_plan = self.check(variables, src, the_plan)
+                self._loader = _fetch.streamed(src, the_plan, variables)
+                if self._loader is not None:
+                    route = "streamed"  # every checksum checked, nothing read into memory
+                    self._enter("fetch")
+                    self._loader.verify()
+                else:
+                    values = self.fetch(the_plan, variables)
+            else:  # a Snapshot: its tensors in memory, planned already (or the tree's own)
+                self._enter("fetch")
+                the_plan = cached[1] if cached is not None else None
+                items = self.source.as_dict()
+                values = (list(items.values()) if the_plan is None
+                          else [items[key] for key in cached[0]])
+        self.assign(variables, the_plan, values)
+        if the_plan is None:
+            self.refresh(key=variables)
+            return Restored(route, None, "Snapshot", variables)
+        self.refresh(lambda: [variables[m.target] for m in the_plan.matches], key=variables,
+                     merged=src is not None and not src.keyed_by_path)
+        memo = cached[2] if route == "cached" else _cache_plan(self, variables, src, the_plan)
+        return Restored(route, the_plan, the_plan.source, variables, memo)
 
 
-def fetch_values(the_plan: _match.Plan, variables, matches=None) -> list:
-    """Reads the source values of a plan's matches, transforms applied, and checks them.
-
-    A transform's output shape is known from tracing only as far as the
-    transform lets TF infer it; every value is checked against its variable
-    again here, before anything is assigned or written.
-    """
-    matches = the_plan.matches if matches is None else matches
-    values = the_plan.fetch([m.source for m in matches])
-    out, problems, corrupt = [], [], []
-    for match, value in zip(matches, values):
-        if match.transform is not None:
-            value = match.transform(value)
-        variable = variables[match.target]
-        if (not value.shape.is_fully_defined() and variable.shape.is_fully_defined()
-                and value.shape.is_compatible_with(variable.shape)):
-            # read in a tf.function being traced: the shape is checked when it runs
-            value = tf.ensure_shape(value, variable.shape)
-        fits = value.shape == variable.shape or (  # a variable of relaxed shape (tf_keras
-            not variable.shape.is_fully_defined()  # lookups' idf_weights): any value it takes
-            and variable.shape.is_compatible_with(value.shape))
-        if (not fits or value.dtype != variable.dtype.base_dtype):
-            got = (f"{value.dtype.name}{tuple(value.shape)} but the obj has "
-                   f"{variable.dtype.base_dtype.name}{tuple(variable.shape)}")
-            if match.transform is not None:
-                problems.append(f"{the_plan.label(match.target)}: the transform of "
-                                f"`{_render.safe(match.source)}` gave {got}")
-            else:  # the plan checked the metadata: the data disagrees with it
-                corrupt.append(f"{the_plan.label(match.target)}: `{_render.safe(match.source)}`"
-                               f" read as {got}")
-        out.append(value)
-    if corrupt:
-        raise errors.CheckpointCorruptError(
-            f"{the_plan.source}: {len(corrupt)} value(s) read do not have the shape or dtype "
-            "its metadata promised (an inconsistent or crafted checkpoint); nothing was "
-            "changed or written:\n" + "\n".join(_render.listed(corrupt))
-            + "\nFix: restore from another checkpoint, or write this one again.")
-    if problems:
-        raise errors.StructureMismatchError(
-            f"{len(problems)} transformed value(s) from {the_plan.source} do not fit; nothing "
-            "was changed or written:\n" + "\n".join(_render.listed(problems))
-            + "\nFix: make the rule's transform return the variable's shape and dtype.",
-            tuple(problems))
-    return out
+# --- the Snapshot routes: a Snapshot of this tree, or of a tree planned into it before ---
 
 
-# The error a restore raises on a worker of a MultiWorkerMirroredStrategy whose own checks
-# passed when another worker's failed: the type of that worker's error, any objckpt error
-# (its index here, the same on every worker), `ObjckptError` for any other error.
-_AGREED_ERRORS = tuple(getattr(errors, name) for name in errors.__all__)
-# What a failing worker sends of its error (JSON, ASCII): at most this many bytes, within
-# `_compat.gather_failures`'s row; each text field and problem line is cut to its own bound.
-AGREED_BYTES = 8000
-_AGREED_MESSAGE = 1500  # bytes of the message
-_AGREED_FIELD = 400  # bytes of the source, obj, fix, an extra
-_AGREED_PROBLEM = 240  # bytes of one problem line
-_AGREED_PROBLEMS = 40  # problem lines at most (then "... N more")
-_AGREED_EXTRAS = ("holder", "variable_type", "found")  # old attributes some errors have
+def _is_own_snapshot(pipe, variables) -> bool:
+    """A Snapshot taken from this very tree, its structure unchanged: the paths, shapes
+    and dtypes are the ones just read, so there is nothing to open, plan or check."""
+    origin = getattr(pipe.source, "origin", None)
+    return (callable(origin) and callable(getattr(pipe.source, "as_dict", None))
+            and pipe.at is None and not pipe.rules
+            and pipe.optimizer_state in (None, "auto") and origin() is variables)
 
 
-def _agreed_kind(failure) -> int:
-    """1 + the index in `_AGREED_ERRORS` of `failure`'s type (its nearest listed base)."""
-    for cls in type(failure).__mro__:
-        if cls in _AGREED_ERRORS:
-            return 1 + _AGREED_ERRORS.index(cls)
-    return 1 + _AGREED_ERRORS.index(errors.ObjckptError)
-
-
-def _cut(text, limit: int = _AGREED_FIELD):
-    """`text` cut to at most `limit` bytes as JSON writes it (escaped non-ASCII included)."""
-    if text is None:
+def _cache_key(pipe):
+    """The key a checked plan of this restore is cached under, or None (not cached):
+    only Snapshots taken from a live tree, without rules: the origin tree's identity
+    stands for its paths, shapes and dtypes, as the target tree's does for its own."""
+    origin = getattr(pipe.source, "origin", None)
+    if not callable(origin) or pipe.rules or origin() is None:
         return None
-    text, keep = str(text), limit
-    while len(json.dumps(text[:keep])) - 2 > limit - 3:
-        keep = keep * 3 // 4
-    return text if keep >= len(text) else text[:keep] + "..."
+    return (id(origin()), bool(pipe.strict), pipe.at,
+            _match.optimizer_mode(pipe.optimizer_state))
 
 
-def _failure_record(failure) -> str:
-    """What a failing worker sends of its error: type and message (one line), and for an
-    objckpt error its problems, source, obj, fix and extras, as JSON of at most
-    `AGREED_BYTES` (problem lines dropped from the end first, then the message cut)."""
-    text = (str(failure.args[0]) if isinstance(failure, errors.ObjckptError)
-            and failure.args else str(failure))  # a TF error's args[0] is its node
-    record = {"message": _cut(f"{type(failure).__name__}: {' '.join(text.split())}",
-                              _AGREED_MESSAGE)}
-    problems = []
-    if isinstance(failure, errors.ObjckptError):
-        problems = [_cut(p, _AGREED_PROBLEM) for p in failure.problems]
-        if len(problems) > _AGREED_PROBLEMS:
-            problems[_AGREED_PROBLEMS - 1:] = [
-                f"... {len(problems) - _AGREED_PROBLEMS + 1} more"]
-        record.update(source=_cut(failure.source), obj=_cut(failure.obj),
-                      fix=_cut(failure.fix))
-        extras = {}
-        for name in _AGREED_EXTRAS:
-            value = getattr(failure, name, None)
-            if isinstance(value, str) and value:
-                extras[name] = _cut(value)
-            elif isinstance(value, tuple) and value:
-                extras[name] = [_cut(v, _AGREED_PROBLEM) for v in value[:_AGREED_PROBLEMS]]
-        if extras:
-            record["extras"] = extras
-    while True:
-        record["problems"] = problems
-        encoded = json.dumps(record, separators=(",", ":"))  # ASCII: one byte a character
-        if len(encoded) <= AGREED_BYTES:
-            return encoded
-        if problems:
-            problems = problems[:-1]
-        elif "extras" in record:
-            del record["extras"]
-        else:  # (escaped non-ASCII text takes up to 6 bytes a character)
-            for name in ("message", "source", "obj", "fix"):
-                if record.get(name) is not None:
-                    record[name] = _cut(record[name], max(len(record[name]) // 2, 20))
+def _cached_plan(pipe, variables):
+    """(source keys, detached plan) cached for a Snapshot of a tree planned into this
+    tree before (the same paths, shapes and dtypes on both sides: each tree is
+    immutable, so the same checked plan), or None."""
+    key = _cache_key(pipe)
+    cached = variables.plans.get(key) if key is not None else None
+    if cached is None or cached[0]() is not pipe.source.origin():
+        return None
+    return cached[1:]
 
 
-def _agreed_fields(text: str) -> dict:
-    """The fields `_failure_record` sent, rendered safely (they come from another process);
-    a plain message for anything else."""
-    try:
-        record = json.loads(text)
-        if not isinstance(record, dict) or not isinstance(record.get("message"), str):
-            raise ValueError(text)
-    except ValueError:
-        return {"message": _render.safe_text(text), "problems": ()}
-
-    def shown(value):
-        return _render.safe_text(value) if isinstance(value, str) else None
-
-    extras = record.get("extras") if isinstance(record.get("extras"), dict) else {}
-    return {
-        "message": _render.safe_text(record["message"]),
-        "problems": tuple(_render.safe_text(p) for p in record.get("problems") or ()
-                          if isinstance(p, str)),
-        "source": shown(record.get("source")), "obj": shown(record.get("obj")),
-        "fix": shown(record.get("fix")),
-        "extras": {name: (shown(value) if isinstance(value, str) else
-                          tuple(_render.safe_text(v) for v in value if isinstance(v, str)))
-                   for name, value in extras.items()
-                   if name in _AGREED_EXTRAS and isinstance(value, (str, list))},
-    }
-
-
-def agree_across_workers(variables, failure, operation: str = "objckpt.restore") -> None:
-    """A restore (or `operation`) lands on every worker of a MultiWorkerMirroredStrategy or
-    on none: each worker calls this once, before assigning or creating anything, with its
-    own failure (None: its checks passed). One small all-gather tells every worker which
-    failed, with what; a worker that passed raises then, naming the failing worker's task,
-    error type and message. No collective under any other strategy.
-
-    The error raised there has the failing worker's objckpt type (`ObjckptError` for any
-    other error) and carries its `problems`, `source`, `obj` and `fix` (and `holder`,
-    `variable_type`, `found` where it had them), each bounded in size and rendered safely;
-    its message ends with the fix on this worker.
-
-    Inside a `tf.function` it runs eagerly at trace time: every worker traces the same
-    function, so the collectives match.
-    """
-    kind = 0
-    message = ""
-    if failure is not None:
-        kind = _agreed_kind(failure)
-        message = _failure_record(failure)
-    failures = _compat.gather_failures(variables.values(), kind, message)
-    if failure is not None or not failures:
-        return
-    task, found_kind, text = failures[0]
-    raised = (_AGREED_ERRORS[found_kind - 1] if 0 < found_kind <= len(_AGREED_ERRORS)
-              else errors.ObjckptError)
-    fields = _agreed_fields(text)
-    others = (f" (and {len(failures) - 1} other worker(s): "
-              + ", ".join(t for t, _, _ in failures[1:]) + ")" if len(failures) > 1 else "")
-    err = raised(
-        f"{operation} failed on worker {task}{others} of this MultiWorkerMirroredStrategy, "
-        f"so it did nothing on this worker either: it succeeds on every worker or on none, "
-        f"and every variable here keeps its value. That worker's error: "
-        f"{fields['message']}. Fix: the cause on worker {task} (its error, raised "
-        "there, says which path and what was expected); every worker must be able to read "
-        "the same source (put checkpoints on storage the workers share) and run the same "
-        "rules.", problems=fields["problems"], source=fields.get("source"),
-        obj=fields.get("obj"), fix=fields.get("fix"))
-    for name, value in fields.get("extras", {}).items():
-        setattr(err, name, value)
-    raise err
+def _cache_plan(pipe, variables, src, the_plan) -> dict | None:
+    """Keeps the checked plan of a Snapshot's restore for the next Snapshot of its tree;
+    returns the dict kept with it (None: not cached)."""
+    key = _cache_key(pipe)
+    if key is None:
+        return None
+    # Kept without the source (its tensors and origin tree stay the caller's).
+    if len(variables.plans) >= _PLAN_CACHE_SIZE:
+        variables.plans.pop(next(iter(variables.plans)))
+    aliases = src.aliases
+    variables.plans[key] = (
+        weakref.ref(pipe.source.origin()),
+        tuple(aliases.get(m.source, m.source) for m in the_plan.matches),
+        the_plan.detached(), {})
+    return variables.plans[key][3]

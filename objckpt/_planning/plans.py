@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
-from objckpt import errors
+from objckpt import _compat, errors
 from objckpt._base import render as _render
 from objckpt._planning.sources import Source
 from objckpt._planning.targets import Targets, label
@@ -256,11 +256,12 @@ def check_match(match: Match, source: Source, variable, shown: dict | None = Non
     origin = ""
     if match.source not in (match.target, target_shown) or match.transform is not None:
         origin = f" (source entry `{key}`{', transformed' if match.transform else ''})"
-    if not variable.shape.is_compatible_with(shape):
+    wrong = _compat.misfit((shape, dtype), variable)
+    if wrong == "shape":
         return match, _problem(match.target, f"shape {tuple(shape)} in the source but "
                                f"{tuple(variable.shape)} in the obj", origin,
                                match.transform is not None)
-    if variable.dtype.base_dtype != dtype:
+    if wrong == "dtype":
         return match, _problem(match.target, f"dtype {dtype.name} in the source but "
                                f"{variable.dtype.base_dtype.name} in the obj", origin,
                                match.transform is not None)

@@ -20,13 +20,9 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from objckpt import errors
-from objckpt._base import api as _api
 from objckpt._base import render as _render
-from objckpt._planning import tree as _tree
 from objckpt._planning.match import Plan
-from objckpt._planning.match import plan as _plan_of
-from objckpt._planning.sources import Source, open_source
+from objckpt._planning.sources import Source
 from objckpt._planning.targets import is_default_name, is_optimizer_key, strip
 from objckpt.rules.core import Chain, ConvKernel, Reshape, Rule, RuleSet, Transpose
 
@@ -297,26 +293,3 @@ def proposal_fix(source: Source, variables: dict, the_plan: Plan) -> str:
     return (f"objckpt.plan(obj, source).proposed holds a rule set proposed from names and "
             f"shapes ({_render.count(len(proposed), 'rule')}): print the plan to review it "
             "as Python, then pass it as rules= (it is never applied on its own)")
-
-
-def plan(obj, source, *, rules=None, at: str | None = None, strict: bool = True,
-         optimizer_state="auto") -> Plan:
-    obj, source = _api.obj_first("plan", obj, source)
-    obj_plan = _plan_of(obj, source, rules=rules, at=at, strict=strict,
-                        optimizer_state=optimizer_state)
-    if rules or not (obj_plan.unmatched_source and obj_plan.unmatched_variables):
-        return obj_plan
-    try:
-        proposed = propose(open_source(source), _tree.tree(obj), obj_plan)
-    except errors.ObjckptError:  # the plan stands without a proposal
-        return obj_plan
-    if proposed is None:
-        return obj_plan
-    return dataclasses.replace(obj_plan, proposed=proposed)
-
-
-plan.__doc__ = (_plan_of.__doc__ or "") + """
-    Where no rule fits (`rules` not given, entries and variables left over), the plan's
-    `proposed` holds a `objckpt.rules.RuleSet` proposed from names and shapes, shown as Python
-    in its text: review it, then pass `rules=plan.proposed`. It is never applied on its own.
-"""

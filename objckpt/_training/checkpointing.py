@@ -66,7 +66,7 @@ from objckpt._bundle import lock as _dirlock
 from objckpt._bundle import objgraph as _objgraph
 from objckpt._bundle import remote as _remote
 from objckpt._bundle import state as _ckptstate
-from objckpt._ops import snapshot as _snapshot
+from objckpt._ops import restore as _restore
 from objckpt._planning import checks as _checks
 from objckpt._planning import tree as _tree
 from objckpt._training import asyncwrite as _asyncwrite
@@ -502,7 +502,7 @@ class MultiWorker:
         """Every worker restores; all raise when any one fails."""
         err = None
         try:
-            _snapshot.restore(self.owner.root, kept.prefix)
+            _restore.restore(self.owner.root, kept.prefix)
         except Exception as caught:
             err = caught
         self.cluster.raise_for(self.cluster.failed(err), err, f"to restore `{kept.prefix}`",
@@ -753,7 +753,7 @@ class CheckpointDirectory:
             with _checks.creation_scope(_tree.tree(obj).values()):  # slots mirrored too
                 _compat.build_optimizer(optimizer, variables)
         if self._workers is None:
-            _snapshot.restore(self.root, kept.prefix)
+            _restore.restore(self.root, kept.prefix)
         else:
             self._workers.restore(kept)
         return {name: int(v.numpy()) for name, v in self.counters.items()}

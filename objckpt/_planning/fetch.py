@@ -1,0 +1,96 @@
+"""The fetch stage of the one restore pipeline: a plan's values read and checked.
+
+Every value is read (a rule's transform applied) and checked against the variable it will
+be assigned to (`_compat.misfit`, the one rule) before anything is assigned or written. A
+large local TF checkpoint is not read into memory at all: `streamed` gives a loader that
+checks every checksum now and reads each tensor into its variable at the assign stage.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from objckpt import _compat, errors
+from objckpt._base import render as _render
+from objckpt._planning import match as _match
+
+__all__ = ["fetch_entries", "fetch_values", "streamed"]
+
+
+def fetch_values(the_plan: _match.Plan, variables, matches=None) -> list:
+    """Reads the source values of a plan's matches, transforms applied, and checks them.
+
+    A transform's output shape is known from tracing only as far as the
+    transform lets TF infer it; every value is checked against its variable
+    again here, before anything is assigned or written.
+    """
+    matches = the_plan.matches if matches is None else matches
+    values = the_plan.fetch([m.source for m in matches])
+    out, problems, corrupt = [], [], []
+    for match, value in zip(matches, values):
+        if match.transform is not None:
+            value = match.transform(value)
+        variable = variables[match.target]
+        if (not value.shape.is_fully_defined() and variable.shape.is_fully_defined()
+                and value.shape.is_compatible_with(variable.shape)):
+            # read in a tf.function being traced: the shape is checked when it runs
+            value = tf.ensure_shape(value, variable.shape)
+        if _compat.misfit(value, variable):
+            got = (f"{value.dtype.name}{tuple(value.shape)} but the obj has "
+                   f"{variable.dtype.base_dtype.name}{tuple(variable.shape)}")
+            if match.transform is not None:
+                problems.append(f"{the_plan.label(match.target)}: the transform of "
+                                f"`{_render.safe(match.source)}` gave {got}")
+            else:  # the plan checked the metadata: the data disagrees with it
+                corrupt.append(f"{the_plan.label(match.target)}: `{_render.safe(match.source)}`"
+                               f" read as {got}")
+        out.append(value)
+    if corrupt:
+        raise errors.CheckpointCorruptError(
+            f"{the_plan.source}: {len(corrupt)} value(s) read do not have the shape or dtype "
+            "its metadata promised (an inconsistent or crafted checkpoint); nothing was "
+            "changed or written:\n" + "\n".join(_render.listed(corrupt))
+            + "\nFix: restore from another checkpoint, or write this one again.")
+    if problems:
+        raise errors.StructureMismatchError(
+            f"{len(problems)} transformed value(s) from {the_plan.source} do not fit; nothing "
+            "was changed or written:\n" + "\n".join(_render.listed(problems))
+            + "\nFix: make the rule's transform return the variable's shape and dtype.",
+            tuple(problems))
+    return out
+
+
+def fetch_entries(src, entries) -> list:
+    """The values of `(source key, transform or None)` pairs, read (and transformed)
+    eagerly, outside any tf.function being traced (a variable created while one is)."""
+    with tf.init_scope():
+        values = src.fetch([key for key, _ in entries]) if entries else []
+        return [value if transform is None else transform(value)
+                for (_, transform), value in zip(entries, values)]
+
+
+def streamed(src, the_plan: _match.Plan, variables):
+    """A `_fastio.Loader` restoring the plan from a local TF checkpoint one tensor at a
+    time after checking every checksum, or None (then values are fetched as a whole):
+    inside a `tf.function`, with a rule's transform, for distributed variables, and below
+    `_fastio.STREAM_BYTES` (where reading everything at once and one fused assign is faster
+    and holding a second copy costs little)."""
+    if (src is None or src.bundle_keys is None or not src.prefix or "://" in src.prefix
+            or not tf.executing_eagerly() or not the_plan.matches):
+        return None
+    targets = [variables[m.target] for m in the_plan.matches]
+    if any(m.transform is not None for m in the_plan.matches) or any(
+            _compat.replica_parts(v) is not None or not v.shape.is_fully_defined()
+            or _compat.is_distributed_variable(type(v)) for v in targets):
+        return None
+    from objckpt._bundle import fastio as _fastio
+
+    total = sum(v.shape.num_elements() * v.dtype.size for v in targets)
+    if total < _fastio.STREAM_BYTES:
+        return None
+    keys = src.bundle_keys([m.source for m in the_plan.matches])
+    label_of = {key: the_plan.label(m.target) for key, m in zip(keys, the_plan.matches)}
+    return _fastio.Loader(
+        src.prefix, [(key, v, label_of[key]) for key, v in zip(keys, targets)],
+        lambda variable, value: variable.assign(value, read_value=False),
+        lambda key: f"for {label_of.get(key, key)}")
