@@ -90,14 +90,15 @@ class Freezer:
                 f"Freezer needs a trackable model (a Keras model of any flavour or a "
                 f"tf.Module). Received: {type(model).__name__}. Fix: pass the model whose "
                 "variables to freeze.")
-        self._mask = FrozenMask(model)  # which variables are frozen, eagerly and when run
-        self._guard = GuardedApply(self._mask)  # an optimizer's update that honours it
+        self._selection = FrozenMask(model)  # which variables are frozen, eagerly and when run
+        self._mask = self._selection.mask  # the bool TF variable a traced step reads
+        self._guard = GuardedApply(self._selection)  # an optimizer's update that honours it
         self._routes = OptimizerRoutes(self._guard)  # optimizers routed through the guard
         self._fit = None  # a FitHold once the frozen set holds under model.fit
         self.model = model
-        self.paths = self._mask.paths
-        self.names = self._mask.names
-        self._variables = self._mask.variables
+        self.paths = self._selection.paths
+        self.names = self._selection.names
+        self._variables = self._selection.variables
 
     def __repr__(self) -> str:
         return f"Freezer({len(self.frozen)} of {len(self.paths)} variables frozen)"
@@ -117,12 +118,12 @@ class Freezer:
     @property
     def frozen(self) -> tuple[str, ...]:
         """The object paths frozen now, in tree order."""
-        return self._mask.frozen_paths()
+        return self._selection.frozen_paths()
 
     def _set(self, frozen: np.ndarray) -> None:
         if frozen.any() and FitHold.applies(self.model):
             self.attach()  # raises, changing nothing, where fit cannot honour it
-        self._mask.assign(frozen)
+        self._selection.assign(frozen)
 
     def freeze(self, *patterns) -> tuple[str, ...]:
         """Freezes the variables whose object path matches one of the patterns.
@@ -147,26 +148,27 @@ class Freezer:
             cannot hold them (the message names the fix:
             `freezer.apply_gradients` in that `train_step`). Nothing changes.
         """
-        self._set(self._mask.frozen | self._mask.select(patterns, "freeze"))
+        self._set(self._selection.frozen | self._selection.select(patterns, "freeze"))
         return self.frozen
 
     def unfreeze(self, *patterns) -> tuple[str, ...]:
         """Unfreezes the variables matching one of the patterns (all with none); layers
         and variables of the model as in `freeze`."""
-        self._set(self._mask.frozen & ~self._mask.select(patterns, "unfreeze"))
+        self._set(self._selection.frozen & ~self._selection.select(patterns, "unfreeze"))
         return self.frozen
 
     def set_frozen(self, patterns) -> tuple[str, ...]:
         """Freezes exactly the variables matching `patterns` (None or () for none): a
         pattern, layer or variable, or a list of them (as `freeze` takes them); under
         `model.fit` as `freeze`."""
-        if patterns is None or (not isinstance(patterns, str) and not self._mask.is_object(patterns)
+        selection = self._selection
+        if patterns is None or (not isinstance(patterns, str) and not selection.is_object(patterns)
                                 and not list(patterns)):
-            self._set(self._mask.none())
+            self._set(selection.none())
         else:
-            if isinstance(patterns, str) or self._mask.is_object(patterns):
+            if isinstance(patterns, str) or selection.is_object(patterns):
                 patterns = (patterns,)
-            self._set(self._mask.select(tuple(patterns), "freeze"))
+            self._set(selection.select(tuple(patterns), "freeze"))
         return self.frozen
 
     def matching(self, *patterns) -> tuple[str, ...]:
@@ -175,7 +177,7 @@ class Freezer:
 
         Raises InvalidArgumentError for a bad pattern or one that matches nothing.
         """
-        chosen = self._mask.select(patterns, "freeze")
+        chosen = self._selection.select(patterns, "freeze")
         return tuple(p for p, c in zip(self.paths, chosen) if c)
 
     # --- applying ------------------------------------------------------------------
