@@ -333,6 +333,7 @@ class CheckpointDirectory:
         return True, err
 
     def failed(self, err: errors.CheckpointWriteError) -> None:
+        """Counts a failed write; raises it (on_error="raise") or warns and goes on."""
         self.failures += 1
         if self.on_error == "raise":
             raise err
