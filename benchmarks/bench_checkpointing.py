@@ -57,8 +57,9 @@ def bench_save_and_resume(keras, builder, repeats: int) -> dict:
     """Sync save vs CheckpointManager.save; resume vs tf.train.Checkpoint.restore."""
     model = _model(keras, builder)
     work = tempfile.mkdtemp(prefix="objckpt-bench-ckpt-")
-    ours = _checkpointing.CheckpointDirectory(os.path.join(work, "ours"), model, max_to_keep=2,
-                                              fingerprint=lambda: _compat.fingerprint(model))
+    ours = _checkpointing.CheckpointDirectory(
+        os.path.join(work, "ours"), model, retention=_checkpointing.RetentionPolicy(max_to_keep=2),
+        fingerprint=lambda: _compat.fingerprint(model))
     ours.open()
     tf_root = tf.train.Checkpoint(model=model, **ours.counters, monitor_value=ours.metric)
     manager = tf.train.CheckpointManager(tf_root, os.path.join(work, "tf"), max_to_keep=2)
@@ -70,7 +71,8 @@ def bench_save_and_resume(keras, builder, repeats: int) -> dict:
 
     def resume():
         resumed = _checkpointing.CheckpointDirectory(
-            ours.directory, model, max_to_keep=2, fingerprint=lambda: _compat.fingerprint(model))
+            ours.directory, model, retention=_checkpointing.RetentionPolicy(max_to_keep=2),
+            fingerprint=lambda: _compat.fingerprint(model))
         kept = resumed.open()
         resumed.restore(kept)
         resumed.close()

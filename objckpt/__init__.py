@@ -29,6 +29,7 @@ __all__ = [
     "PendingRestore",
     "Plan",
     "RestoreReport",
+    "RetentionPolicy",
     "SaveHandle",
     "Snapshot",
     "Twins",
@@ -56,6 +57,7 @@ __all__ = [
 # name -> private module that defines it; loaded (with TensorFlow) on first use.
 _LAZY = {
     "CheckpointManager": "_training.manager",
+    "RetentionPolicy": "_training.retention",
     "CheckpointTree": "_planning.tree",
     "Entry": "_planning.tree",
     "VariableTree": "_planning.tree",
@@ -119,6 +121,7 @@ if TYPE_CHECKING:
     from objckpt._planning.tree import read_tree as read_tree
     from objckpt._planning.tree import tree as tree
     from objckpt._training.manager import CheckpointManager as CheckpointManager
+    from objckpt._training.retention import RetentionPolicy as RetentionPolicy
 
 
 def __getattr__(name: str):

@@ -10,10 +10,12 @@ from __future__ import annotations
 from objckpt import errors
 from objckpt._base import api as _api
 from objckpt._base import options as _options
+from objckpt._training import retention as _retention
 
 __all__ = ["BestSnapshot", "Checkpointing", "FreezeSchedule", "TwinSync"]
 
 _BASES: dict = {}
+_DEFAULT = _retention.DEFAULT  # a retention keyword not passed
 
 
 def _with_keras_base(cls, model):
@@ -262,6 +264,10 @@ class Checkpointing(_FlavourFreeCallback):
       directory: a directory of checkpoints (created if missing): a local path, or a
         `gs://` or `s3://` URL (docs/storage.md); one writer at a time (others get
         `DirectoryLockedError`).
+      retention: an `objckpt.RetentionPolicy`: which checkpoints stay and which saves are
+        skipped, given once. The keywords below, up to `min_interval_seconds` (and
+        `mode`), are shortcuts that build one; passing both is an `InvalidArgumentError`.
+        Neither: `RetentionPolicy()` (the newest 5).
       max_to_keep: keep the newest this many checkpoints (>= 1; None: keep all).
       keep_best: also keep this many best checkpoints by `monitor`; the best
         set is read back from the checkpoints on restart.
@@ -323,39 +329,60 @@ class Checkpointing(_FlavourFreeCallback):
         never written, see `manager.superseded`).
       manager: the `CheckpointDirectory` (its `kept` and `best()` list the
         checkpoints kept; `skipped` counts the saves skipped as too soon).
-      rules: the retention rules beyond max_to_keep and keep_best, by keyword.
+      retention: the `RetentionPolicy` (built from the keywords when they were given).
+      max_to_keep, keep_best, mode, rules: the policy's fields, read-only (`rules`: those
+        beyond max_to_keep, keep_best and mode, by keyword).
 
     Example:
       >>> ckpt = objckpt.callbacks.Checkpointing("/tmp/run", keep_best=2)
       >>> model.fit(x, y, epochs=10, validation_data=(vx, vy), callbacks=[ckpt])
+      >>> policy = objckpt.RetentionPolicy(max_to_keep=3, keep_every_n_steps=1000)
+      >>> ckpt = objckpt.callbacks.Checkpointing("/tmp/run", retention=policy)
     """
 
-    def __init__(self, directory, *, max_to_keep: int | None = 5, keep_best: int = 0,
-                 monitor: str = "val_loss", mode: str = "min", save_freq="epoch",
-                 keep_every_n_steps: int | None = None, keep_every_n_hours: float | None = None,
-                 keep=None, checkpoint_interval: int | None = None,
-                 min_interval_seconds: float | None = None, async_save: bool = False,
+    def __init__(self, directory, *, retention: _retention.RetentionPolicy | None = None,
+                 max_to_keep: int | None = _DEFAULT, keep_best: int = _DEFAULT,
+                 monitor: str = "val_loss", mode: str = _DEFAULT, save_freq="epoch",
+                 keep_every_n_steps: int | None = _DEFAULT,
+                 keep_every_n_hours: float | None = _DEFAULT, keep=_DEFAULT,
+                 checkpoint_interval: int | None = _DEFAULT,
+                 min_interval_seconds: float | None = _DEFAULT, async_save: bool = False,
                  on_error: str = "raise", verbose: int = 1, durable: bool | None = None):
         super().__init__()
-        self.rules = dict(keep_every_n_steps=keep_every_n_steps,
-                          keep_every_n_hours=keep_every_n_hours, keep=keep,
-                          checkpoint_interval=checkpoint_interval,
-                          min_interval_seconds=min_interval_seconds)
-        self.directory = _options.checkpoint_directory(
-            "Checkpointing", directory, max_to_keep=max_to_keep, keep_best=keep_best,
-            monitor=monitor, mode=mode, async_save=async_save, on_error=on_error,
-            verbose=verbose, durable=durable, **self.rules)
+        self.directory = _options.directory_path("Checkpointing", directory)
+        self.retention = _retention.RetentionPolicy.of("Checkpointing", retention, dict(
+            max_to_keep=max_to_keep, keep_best=keep_best, mode=mode,
+            keep_every_n_steps=keep_every_n_steps, keep_every_n_hours=keep_every_n_hours,
+            keep=keep, checkpoint_interval=checkpoint_interval,
+            min_interval_seconds=min_interval_seconds))
+        _options.writer_options(monitor=monitor, async_save=async_save, on_error=on_error,
+                                verbose=verbose, durable=durable)
         self.durable = durable
         if save_freq != "epoch":
             _options.check_count("save_freq", save_freq, 1, '"epoch" or save every N batches')
-        self.max_to_keep, self.keep_best, self.monitor, self.mode = (
-            max_to_keep, keep_best, monitor, mode)
+        self.monitor = monitor
         self.save_freq, self.async_save, self.on_error = save_freq, async_save, on_error
         self.verbose = int(verbose)
         self.manager = None
         self.resumed_from = None
         self.saved: list[str] = []
         self._fit = None  # an objckpt._training.fitckpt.FitCheckpointer, from the first fit on
+
+    @property
+    def max_to_keep(self) -> int | None:
+        return self.retention.max_to_keep
+
+    @property
+    def keep_best(self) -> int:
+        return self.retention.keep_best
+
+    @property
+    def mode(self) -> str:
+        return self.retention.mode
+
+    @property
+    def rules(self) -> dict:
+        return {name: getattr(self.retention, name) for name in _retention.KEYWORDS[3:]}
 
     def _implements_train_batch_hooks(self):
         return True

@@ -97,7 +97,7 @@ def test_lint_imports_names_a_bad_import(tmp_path):
     result = _lint_imports(tmp_path)
     out = result.stdout
     assert result.returncode == 1, out + result.stderr
-    assert "Contracts: 8 kept, 6 broken." in out, out
+    assert f"Contracts: {len(CONFIG['contracts']) - 6} kept, 6 broken." in out, out
     assert "sub-packages import only the packages below them BROKEN" in out
     assert "objckpt._inspect.graph -> objckpt._ops.freeze" in out
     # graph reaching freeze also reaches TensorFlow through it

@@ -14,7 +14,9 @@ import tensorflow as tf
 
 import objckpt
 from objckpt import clone
-from objckpt._ops import clone as _clone_module
+from objckpt._ops.clone import pykinds as _clone_pykinds
+from objckpt._ops.clone import table as _clone_table
+from objckpt._ops.clone import walker as _clone_walker
 from objckpt.errors import CloneError
 
 from flavours import CASES, KERAS_FLAVOURS, _data, build, case_id, keras_for, module_step
@@ -491,13 +493,13 @@ def mutable_state(root):
     module-level functions, strategies, graphs, dtypes, EagerTensors) are leaves;
     immutable tuples are traversed but not recorded.
     """
-    cloner = _clone_module._Cloner(True, "root")
+    cloner = _clone_walker.Walker(True, "root", table=_clone_table.COPIERS)
     seen, found = set(), {}
     stack = [(root, "root")]
     while stack:
         x, path = stack.pop()
         cls = type(x)
-        if cls in _clone_module._ATOMIC_TYPES or id(x) in seen:
+        if cls in _clone_walker.ATOMIC_TYPES or id(x) in seen:
             continue
         seen.add(id(x))
         handler = cloner.handlers.get(cls) or cloner.classify(cls)
@@ -506,7 +508,7 @@ def mutable_state(root):
         if name in _LEAF_HANDLERS or name == "<lambda>":
             continue
         if name == "copy_function":
-            if x.__closure__ is None or _clone_module._is_global(x):
+            if x.__closure__ is None or _clone_pykinds.is_global(x):
                 continue
             found[id(x)] = path
             for cell, var in zip(x.__closure__, x.__code__.co_freevars):
@@ -540,7 +542,7 @@ def mutable_state(root):
             stack.append((x._python_function, f"{path}._python_function"))
         elif name == "copy_proxy":
             stack.append((x.__wrapped__, f"{path}.__wrapped__"))
-            for k, v in _clone_module._proxy_own_dict(x).items():
+            for k, v in _clone_pykinds.proxy_own_dict(x).items():
                 stack.append((v, f"{path}.{k}"))
         elif name == "copy_ndarray":
             pass
@@ -549,7 +551,7 @@ def mutable_state(root):
             if isinstance(own, dict):
                 for k, v in own.items():
                     stack.append((v, f"{path}.{k}"))
-            for slot, descriptor in _clone_module._slot_descriptors(cls):
+            for slot, descriptor in _clone_pykinds.slot_descriptors(cls):
                 with contextlib.suppress(AttributeError):
                     stack.append((descriptor.__get__(x, cls), f"{path}.{slot}"))
             if isinstance(x, (list, set)):

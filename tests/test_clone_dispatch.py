@@ -1,5 +1,6 @@
-"""The cloner's type dispatch is a table: every handled kind has an entry, order decides
-overlaps, and an unknown kind is a CloneError naming its path."""
+"""The cloner's type dispatch is a table of copiers by type: every handled kind has an
+entry, order decides overlaps, an entry registered first takes precedence, and an unknown
+kind is a CloneError naming its path."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ import tensorflow as tf
 
 import objckpt
 from objckpt import errors
-from objckpt._ops import clone as _clone
+from objckpt._ops.clone import table as _table
+from objckpt._ops.clone import walker as _walker
 
 Point = collections.namedtuple("Point", "x y")
 
@@ -85,16 +87,17 @@ def examples():
     return _examples()
 
 
-def test_every_table_entry_names_a_cloner_method_and_has_an_example(examples):
-    names = [name for _, name in _clone._DISPATCH]
-    assert len(names) == len(set(names))  # one entry per handler
-    assert all(callable(getattr(_clone._Cloner, name, None)) for name in names)
+def test_every_table_entry_names_a_copier_and_has_an_example(examples):
+    copiers = _table.COPIERS.copiers()
+    names = [copier.__name__ for copier in copiers]
+    assert len(names) == len(set(names))  # one entry per copier
+    assert all(callable(copier) for copier in copiers)
+    assert _table.COPIERS.fallback.__name__ == "copy_unknown"
     assert set(examples) == {*names, "copy_unknown"}  # the fallback is not in the table
 
 
 def test_each_kind_is_dispatched_to_its_handler(examples):
-    cloner = _clone._Cloner(True, "root")
-    got = {name: [cloner.classify(type(x)).__name__ for x in xs]
+    got = {name: [_table.COPIERS.copier_for(type(x)).__name__ for x in xs]
            for name, xs in examples.items()}
     assert got == {name: [name] * len(xs) for name, xs in examples.items()}
 
@@ -131,3 +134,28 @@ def test_an_uncopyable_kind_raises_clone_error_naming_its_path():
                        "resource") as info:
         objckpt.clone(obj)
     assert info.value.path.endswith("log") and info.value.object_type is io.StringIO
+
+
+def test_a_copier_registered_first_takes_a_type_over_and_the_walk_uses_it():
+    class Counter:  # a plain object: copied generically by the shipped table
+        def __init__(self, n):
+            self.n = n
+
+    calls = []
+
+    def copy_counter(walker, x, path):
+        calls.append(_walker.path_str(path))
+        return walker.remember(x, Counter(x.n + 100))
+
+    table = _table.CopierTable(_table.COPIERS.entries, fallback=_table.COPIERS.fallback)
+    assert table.copier_for(Counter).__name__ == "copy_generic"
+    table.register(_table.exactly(Counter), copy_counter, first=True)
+    assert table.copier_for(Counter) is copy_counter  # the answer kept before is dropped
+    assert _table.COPIERS.copier_for(Counter).__name__ == "copy_generic"  # a copy's entries
+    counter = Counter(1)
+    obj = {"a": counter, "b": [counter], "v": tf.Variable(2.0)}
+    walker = _walker.Walker(True, "obj", table=table)
+    copy = walker.run(obj)
+    assert copy["a"].n == 101 and copy["b"][0] is copy["a"]  # shared once, copied once
+    assert calls == ["obj['a']"] and copy["v"] is not obj["v"]
+    assert float(copy["v"].numpy()) == 2.0

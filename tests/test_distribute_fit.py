@@ -351,7 +351,8 @@ def test_a_worker_that_is_not_the_chief_follows_the_chief_and_writes_nothing(tmp
     files = chief_wrote(tmp_path)
     # The chief says: no error, resume from ckpt-2, the next number is 3. No one failed.
     cluster = Scripted(False, [0, 2, 3], [0])
-    module, manager, latest = directory_of(tmp_path, cluster, max_to_keep=2, keep_best=1)
+    module, manager, latest = directory_of(
+        tmp_path, cluster, retention=_checkpointing.RetentionPolicy(max_to_keep=2, keep_best=1))
     assert cluster.sent == [[0, 0, 0], [0]]
     assert latest.prefix == str(tmp_path / "ckpt-2") and not manager.commits.lock.held
     assert [k.number for k in manager.kept] == [1, 2]

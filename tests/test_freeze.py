@@ -38,7 +38,7 @@ def layout(request, monkeypatch):
     called: many variables: the plain or the frozen update in one function call.
     """
     if request.param == "called":
-        monkeypatch.setattr(objckpt._ops.freeze, "_FEW", 0)
+        monkeypatch.setattr(objckpt._ops.freeze.guard, "FEW", 0)
     return request.param
 
 

@@ -20,21 +20,21 @@ def kept(*metrics):
 
 def test_keeps_the_newest_max_to_keep_by_position_oldest_first():
     policy = RetentionPolicy(max_to_keep=3)
-    assert policy.keep(kept(*[None] * 7)) == {5, 6, 7}
-    assert policy.keep(kept(None, None)) == {1, 2}
-    assert policy.keep([]) == set()
+    assert policy.kept_numbers(kept(*[None] * 7)) == {5, 6, 7}
+    assert policy.kept_numbers(kept(None, None)) == {1, 2}
+    assert policy.kept_numbers([]) == set()
     # "newest" is the end of the list as given (the order the state file lists them)
     checkpoints = kept(None, None, None)
-    assert RetentionPolicy(max_to_keep=1).keep(checkpoints[::-1]) == {1}
+    assert RetentionPolicy(max_to_keep=1).kept_numbers(checkpoints[::-1]) == {1}
 
 
 def test_keeps_the_best_keep_best_beside_the_newest():
     checkpoints = kept(0.5, 0.1, 0.9, 0.3, 0.8, 0.7)
-    assert RetentionPolicy(max_to_keep=2, keep_best=2, mode="min").keep(checkpoints) == {
+    assert RetentionPolicy(max_to_keep=2, keep_best=2, mode="min").kept_numbers(checkpoints) == {
         2, 4, 5, 6}
-    assert RetentionPolicy(max_to_keep=2, keep_best=2, mode="max").keep(checkpoints) == {
+    assert RetentionPolicy(max_to_keep=2, keep_best=2, mode="max").kept_numbers(checkpoints) == {
         3, 5, 6}  # ckpt-5 is both among the best and the newest
-    assert RetentionPolicy(max_to_keep=1, keep_best=0).keep(checkpoints) == {6}
+    assert RetentionPolicy(max_to_keep=1, keep_best=0).kept_numbers(checkpoints) == {6}
 
 
 def test_best_ranks_by_metric_ties_by_the_older_and_never_a_nan():
@@ -42,7 +42,8 @@ def test_best_ranks_by_metric_ties_by_the_older_and_never_a_nan():
     policy = RetentionPolicy(keep_best=3, mode="min")
     assert [k.number for k in policy.best(checkpoints)] == [6, 3, 1, 4]
     assert [k.number for k in RetentionPolicy(mode="max").best(checkpoints)] == [1, 4, 3, 6]
-    assert RetentionPolicy(max_to_keep=1, keep_best=5).keep(kept(None, None, None)) == {3}
+    assert RetentionPolicy(max_to_keep=1, keep_best=5).kept_numbers(
+        kept(None, None, None)) == {3}
 
 
 def test_split_returns_kept_and_dropped_in_the_given_order():
@@ -56,7 +57,7 @@ def test_split_returns_kept_and_dropped_in_the_given_order():
 def test_reads_metrics_only_when_ranking_by_them():
     assert not RetentionPolicy(max_to_keep=3).reads_metrics
     assert RetentionPolicy(max_to_keep=3, keep_best=1).reads_metrics
-    assert repr(RetentionPolicy(4, 2, "max")) == (
+    assert repr(RetentionPolicy(max_to_keep=4, keep_best=2, mode="max")) == (
         "RetentionPolicy(max_to_keep=4, keep_best=2, mode='max')")
     assert repr(kept(0.5)[0]) == "Kept(ckpt-1, metric=0.5)"
 
@@ -104,16 +105,16 @@ def tf_sweep(checkpoints, max_to_keep, hours, last_preserved):
 def test_keep_every_n_steps_keeps_multiples_of_the_step_forever():
     checkpoints = saves(12)  # steps 100..1200
     policy = RetentionPolicy(max_to_keep=2, keep_every_n_steps=500)
-    assert policy.keep(checkpoints) == {5, 10, 11, 12}
+    assert policy.kept_numbers(checkpoints) == {5, 10, 11, 12}
     checkpoints[4].step = None  # unknown step (written by something else): never kept for it
-    assert policy.keep(checkpoints) == {10, 11, 12}
+    assert policy.kept_numbers(checkpoints) == {10, 11, 12}
     assert policy.reads_steps and not policy.reads_metrics
 
 
 def test_max_to_keep_none_keeps_everything():
-    assert RetentionPolicy(max_to_keep=None).keep(saves(7)) == set(range(1, 8))
+    assert RetentionPolicy(max_to_keep=None).kept_numbers(saves(7)) == set(range(1, 8))
     assert RetentionPolicy(max_to_keep=None, keep_every_n_hours=0.1).decide(
-        saves(7), 0.0).preserved == frozenset()  # nothing leaves the window: TF's no-op
+        saves(7), last_preserved=0.0).preserved == frozenset()  # nothing leaves: TF's no-op
 
 
 @pytest.mark.parametrize("max_to_keep,hours,every", [(3, 6, 600.0), (1, 1, 700.0),
@@ -126,7 +127,7 @@ def test_keep_every_n_hours_is_tf_checkpoint_manager_s_sweep(max_to_keep, hours,
     for n in range(1, len(checkpoints) + 1):  # one save at a time, as a directory decides
         decision = policy.decide([k for k in checkpoints[:n]
                                   if k.number in preserved or k.number > n - 1 - max_to_keep
-                                  or k.number == n], last, preserved)
+                                  or k.number == n], last_preserved=last, preserved=preserved)
         last, preserved = decision.last_preserved, decision.preserved
     expected, tf_last = tf_sweep(checkpoints, max_to_keep, hours, start)
     assert {k.number for k in decision.kept} == expected
@@ -139,13 +140,14 @@ def test_keep_every_n_hours_exact_numbers_and_nan_preserves_nothing():
     checkpoints = saves(80)
     policy = RetentionPolicy(max_to_keep=3, keep_every_n_hours=6)
     opened = checkpoints[0].timestamp - 600.0
-    decision = policy.decide(checkpoints, opened)
+    decision = policy.decide(checkpoints, last_preserved=opened)
     assert decision.preserved == {36, 72}
     assert decision.last_preserved == checkpoints[71].timestamp
     assert {k.number for k in decision.kept} == {36, 72, 78, 79, 80}
     assert [k.number for k in decision.dropped] == [n for n in range(1, 78) if n not in (36, 72)]
     # deciding again changes nothing (each checkpoint is judged once: lp only grows)
-    assert policy.decide(decision.kept, decision.last_preserved, decision.preserved) == (
+    assert policy.decide(decision.kept, last_preserved=decision.last_preserved,
+                         preserved=decision.preserved) == (
         Decision(decision.kept, [], decision.last_preserved, decision.preserved))
     assert policy.decide(checkpoints).preserved == frozenset()  # NaN: never opened
 
@@ -158,7 +160,7 @@ def test_keep_predicate_is_asked_only_about_checkpoints_no_other_rule_keeps():
         return kept.step in (300, 700)
 
     policy = RetentionPolicy(max_to_keep=2, keep_every_n_steps=400, keep=keep)
-    assert policy.keep(saves(10)) == {3, 4, 7, 8, 9, 10}
+    assert policy.kept_numbers(saves(10)) == {3, 4, 7, 8, 9, 10}
     assert asked == [1, 2, 3, 5, 6, 7]
     assert policy.reads_metrics and policy.reads_steps
 
@@ -166,7 +168,7 @@ def test_keep_predicate_is_asked_only_about_checkpoints_no_other_rule_keeps():
 def test_a_raising_predicate_is_a_typed_error_naming_the_checkpoint():
     policy = RetentionPolicy(max_to_keep=1, keep=lambda kept: 1 / (kept.number - 2))
     with pytest.raises(errors.InvalidArgumentError) as info:
-        policy.keep(saves(3))
+        policy.kept_numbers(saves(3))
     message = str(info.value)
     assert message.startswith("The keep= predicate raised ZeroDivisionError (division by zero) "
                               "for checkpoint `/run/ckpt-2` (Kept(ckpt-2, metric=nan, "
@@ -182,22 +184,23 @@ def test_rules_combine_a_checkpoint_stays_when_any_rule_keeps_it():
         k.metric = metric + k.number / 1000  # ckpt-2 is the best (1.002)
     policy = RetentionPolicy(max_to_keep=2, keep_best=1, keep_every_n_steps=1000,
                              keep_every_n_hours=1.5, keep=lambda k: k.number == 13)
-    decision = policy.decide(checkpoints, checkpoints[0].timestamp - 600)
+    decision = policy.decide(checkpoints, last_preserved=checkpoints[0].timestamp - 600)
     assert decision.preserved == {9, 18, 27}  # 90 min = 9 saves after opening, then 9 apart
     assert {k.number for k in decision.kept} == {2, 9, 10, 13, 18, 20, 27, 29, 30}
-    alone = [RetentionPolicy(max_to_keep=2).keep(checkpoints),
-             RetentionPolicy(max_to_keep=2, keep_best=1).keep(checkpoints),
-             RetentionPolicy(max_to_keep=2, keep_every_n_steps=1000).keep(checkpoints),
-             RetentionPolicy(max_to_keep=2, keep_every_n_hours=1.5).keep(
-                 checkpoints, checkpoints[0].timestamp - 600),
-             RetentionPolicy(max_to_keep=2, keep=lambda k: k.number == 13).keep(checkpoints)]
+    alone = [RetentionPolicy(max_to_keep=2).kept_numbers(checkpoints),
+             RetentionPolicy(max_to_keep=2, keep_best=1).kept_numbers(checkpoints),
+             RetentionPolicy(max_to_keep=2, keep_every_n_steps=1000).kept_numbers(checkpoints),
+             RetentionPolicy(max_to_keep=2, keep_every_n_hours=1.5).kept_numbers(
+                 checkpoints, last_preserved=checkpoints[0].timestamp - 600),
+             RetentionPolicy(max_to_keep=2, keep=lambda k: k.number == 13).kept_numbers(
+                 checkpoints)]
     assert set().union(*alone) == {k.number for k in decision.kept}
 
 
 def test_preserved_after_restart_from_the_last_preserved_timestamp_alone():
     checkpoints = saves(80)
     policy = RetentionPolicy(max_to_keep=3, keep_every_n_hours=6)
-    decision = policy.decide(checkpoints, checkpoints[0].timestamp - 600)
+    decision = policy.decide(checkpoints, last_preserved=checkpoints[0].timestamp - 600)
     assert policy.preserved_after_restart(decision.kept, decision.last_preserved) == {36, 72}
     # one saved less than 6 h before the last preserved cannot have been preserved
     kept = [checkpoints[n - 1] for n in (36, 50, 72, 78, 79, 80)]

@@ -246,6 +246,65 @@ def test_each_rule_argument_is_checked_by_both(make, kwargs, message, tmp_path):
     assert not directory.exists()
 
 
+@pytest.mark.parametrize("kwargs,message", BAD, ids=[next(iter(k)) + str(i)
+                                                     for i, (k, _) in enumerate(BAD)])
+def test_the_policy_checks_each_field_itself_with_the_same_message(kwargs, message):
+    with pytest.raises(errors.InvalidArgumentError) as info:
+        objckpt.RetentionPolicy(**kwargs)
+    assert message in str(info.value)
+
+
+def test_a_policy_is_a_frozen_keyword_only_value_equal_to_its_keywords(tmp_path):
+    import dataclasses
+
+    policy = objckpt.RetentionPolicy(max_to_keep=3, keep_best=1, mode="max",
+                                     keep_every_n_steps=10)
+    assert objckpt.RetentionPolicy is _retention.RetentionPolicy
+    assert "RetentionPolicy" in objckpt.__all__
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        policy.max_to_keep = 4
+    with pytest.raises(TypeError):
+        objckpt.RetentionPolicy(3)  # keyword-only
+    assert dataclasses.replace(policy, max_to_keep=None).max_to_keep is None
+    with pytest.raises(errors.InvalidArgumentError, match="Received: max_to_keep=0"):
+        dataclasses.replace(policy, max_to_keep=0)  # checked again
+    assert objckpt.RetentionPolicy() == objckpt.RetentionPolicy(max_to_keep=5, keep_best=0)
+    # The keywords are shortcuts that build the same policy; none given: the defaults.
+    by_keywords = Checkpointing(tmp_path, max_to_keep=3, keep_best=1, mode="max",
+                                keep_every_n_steps=10)
+    by_policy = Checkpointing(tmp_path, retention=policy)
+    assert by_keywords.retention == by_policy.retention == policy
+    assert (by_policy.max_to_keep, by_policy.keep_best, by_policy.mode) == (3, 1, "max")
+    assert by_policy.rules["keep_every_n_steps"] == 10
+    assert Checkpointing(tmp_path).retention == objckpt.RetentionPolicy()
+    with objckpt.CheckpointManager(Tiny(), tmp_path / "run", retention=policy,
+                                   verbose=0) as manager:
+        assert manager.retention is policy
+        assert manager._directory.retention is policy
+
+
+@pytest.mark.parametrize("make", ["Checkpointing", "CheckpointManager"])
+def test_a_policy_and_a_keyword_together_are_refused_naming_both(make, tmp_path):
+    directory = tmp_path / "never"
+    policy = objckpt.RetentionPolicy(max_to_keep=3)
+    for kwargs, message in [
+            (dict(retention=policy, max_to_keep=3),
+             f"{make} takes the retention rules once: as retention= or as keywords, not both. "
+             "Received: retention=RetentionPolicy(max_to_keep=3, keep_best=0, mode='min') "
+             "and max_to_keep=3. Fix: put max_to_keep in the RetentionPolicy"),
+            (dict(retention=policy, keep=None, mode="min"), "and mode='min', keep=None."),
+            (dict(retention={"max_to_keep": 3}),
+             f"{make}: retention must be an objckpt.RetentionPolicy. Received: "
+             "retention={'max_to_keep': 3}. Fix: pass retention=objckpt.RetentionPolicy(")]:
+        with pytest.raises(errors.InvalidArgumentError) as info:
+            if make == "Checkpointing":
+                Checkpointing(directory, **kwargs)
+            else:
+                objckpt.CheckpointManager(Tiny(), directory, **kwargs)
+        assert message in str(info.value)
+    assert not directory.exists()
+
+
 # --- several workers: the rules on time use the chief's clock (the agreements played here) ----
 
 
@@ -266,7 +325,8 @@ class Scripted(_checkpointing.Cluster):
 
 def opened(path, cluster, **kwargs):
     obj = Tiny()
-    directory = _checkpointing.CheckpointDirectory(path, obj, **kwargs)
+    directory = _checkpointing.CheckpointDirectory(
+        path, obj, retention=_retention.RetentionPolicy(**kwargs))
     original = _checkpointing.Cluster.of
     _checkpointing.Cluster.of = staticmethod(lambda variables: cluster)
     try:

@@ -364,7 +364,8 @@ def module_checkpoints(directory) -> dict:
     CheckpointDirectory; returns the files."""
     module = tf.Module()
     module.v = tf.Variable([0.0, 0.0])
-    manager = _checkpointing.CheckpointDirectory(directory, module, max_to_keep=3)
+    manager = _checkpointing.CheckpointDirectory(
+        directory, module, retention=_checkpointing.RetentionPolicy(max_to_keep=3))
     manager.open()
     for value in (1.0, 2.0, 3.0):
         module.v.assign([value, value])

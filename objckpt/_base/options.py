@@ -1,4 +1,5 @@
-"""Argument checks shared by `callbacks.Checkpointing` and `CheckpointManager` (no TF import).
+"""Argument checks shared by `callbacks.Checkpointing`, `CheckpointManager` and their
+`RetentionPolicy` (no TF import).
 
 Both are created before anything heavy runs (a callback before `fit`), so the
 checks live here, below TensorFlow, and give the same messages for both.
@@ -11,7 +12,7 @@ import os
 
 from objckpt import errors
 
-__all__ = ["check_choice", "check_count", "check_number", "checkpoint_directory"]
+__all__ = ["check_choice", "check_count", "check_number", "directory_path", "writer_options"]
 
 
 def check_choice(name, value, choices):
@@ -42,46 +43,31 @@ def check_number(name, value, what):
             f"Fix: pass a finite number > 0, e.g. {name}=6, or None to turn it off.")
 
 
-def checkpoint_directory(who: str, directory, *, max_to_keep, keep_best, monitor, mode,
-                         async_save, on_error, verbose, durable=None, keep_every_n_steps=None,
-                         keep_every_n_hours=None, keep=None, checkpoint_interval=None,
-                         min_interval_seconds=None) -> str:
-    """Checks the arguments of a managed checkpoint directory; returns the directory as a str.
-
-    Args:
-      who: the class, for the messages ("Checkpointing", "CheckpointManager").
-      directory, max_to_keep, keep_best, monitor, mode, async_save, on_error, verbose,
-        durable, keep_every_n_steps, keep_every_n_hours, keep, checkpoint_interval,
-        min_interval_seconds: as `callbacks.Checkpointing` documents them.
+def directory_path(who: str, directory) -> str:
+    """Checks the directory of a managed checkpoint directory; returns it as a str.
 
     Raises:
-      InvalidArgumentError: naming the argument, what it must be and what was received.
+      InvalidArgumentError: not a path or URL string.
     """
     if not isinstance(directory, (str, os.PathLike)):
         raise errors.InvalidArgumentError(
             f"{who} needs a directory: a local path or a URL such as gs://bucket/run or "
             f"s3://bucket/run. Received: directory={directory!r}. Fix: pass a path or a URL "
             "string.")
-    if max_to_keep is not None:
-        check_count("max_to_keep", max_to_keep, 1, "the newest checkpoints to keep; None: all")
-    for name, value, what in (
-            ("keep_every_n_steps", keep_every_n_steps,
-             "keep forever each checkpoint whose step is a multiple of it; None: off"),
-            ("checkpoint_interval", checkpoint_interval,
-             "skip a save less than this many steps after the last one; None: off")):
-        if value is not None:
-            check_count(name, value, 1, what)
-    check_number("keep_every_n_hours", keep_every_n_hours,
-                 "preserve a checkpoint leaving the newest max_to_keep every this many hours")
-    check_number("min_interval_seconds", min_interval_seconds,
-                 "skip a save less than this many seconds after the last one")
-    if keep is not None and not callable(keep):
-        raise errors.InvalidArgumentError(
-            f"keep must be None or a callable (Kept) -> bool that returns True for each "
-            f"checkpoint to keep forever. Received: keep={keep!r}. Fix: pass a function, "
-            "e.g. keep=lambda kept: kept.step % 10_000 == 0.")
-    check_count("keep_best", keep_best, 0, "the best checkpoints to keep as well")
-    check_choice("mode", mode, ("min", "max"))
+    return os.fspath(directory)
+
+
+def writer_options(*, monitor, async_save, on_error, verbose, durable=None) -> None:
+    """Checks the options of a managed directory's writer beside its retention policy (which
+    `RetentionPolicy` checks itself).
+
+    Args:
+      monitor, async_save, on_error, verbose, durable: as `callbacks.Checkpointing`
+        documents them.
+
+    Raises:
+      InvalidArgumentError: naming the argument, what it must be and what was received.
+    """
     check_choice("on_error", on_error, ("raise", "warn"))
     if not isinstance(monitor, str) or not monitor:
         raise errors.InvalidArgumentError(
@@ -97,4 +83,3 @@ def checkpoint_directory(who: str, directory, *, max_to_keep, keep_best, monitor
             f"durable must be True, False or None (the library default). Received: "
             f"durable={durable!r}. Fix: pass durable=True to fsync each checkpoint before "
             "it is committed.")
-    return os.fspath(directory)

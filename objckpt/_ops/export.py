@@ -22,7 +22,7 @@ import uuid
 import numpy as np
 
 from objckpt import _compat, errors
-from objckpt import rules as _layout
+from objckpt import rules as _ruleset
 from objckpt._base import render as _render
 from objckpt._bundle import remote as _remote
 from objckpt._ops import snapshot as _snapshot
@@ -110,10 +110,10 @@ def _layout_of(path: str) -> tuple[str, str]:
 def _rule_set(rules):
     if rules is None or (isinstance(rules, (list, tuple)) and not rules):
         return None
-    if isinstance(rules, _layout.RuleSet):
+    if isinstance(rules, _ruleset.RuleSet):
         return rules
-    if isinstance(rules, (list, tuple)) and all(isinstance(r, _layout.Rule) for r in rules):
-        return _layout.RuleSet(rules)
+    if isinstance(rules, (list, tuple)) and all(isinstance(r, _ruleset.Rule) for r in rules):
+        return _ruleset.RuleSet(rules)
     raise errors.InvalidArgumentError(
         f"export needs rules that convert both ways: an objckpt.rules.RuleSet (or a list of "
         f"objckpt.rules.Rule). Received: rules={rules!r}; regex rules rewrite source keys "

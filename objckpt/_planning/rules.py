@@ -20,16 +20,16 @@ import warnings
 from collections.abc import Callable
 
 from objckpt import errors
-from objckpt import rules as _layout
+from objckpt import rules as _ruleset
 from objckpt._base import render as _render
 from objckpt._planning import sources as _sources
 
-__all__ = ["Rewritten", "Rule", "parse_rules", "rewrite", "rewrite_all", "rewrite_view",
+__all__ = ["ParsedRule", "Rewritten", "parse_rules", "rewrite", "rewrite_all", "rewrite_view",
            "warn_unused", "why_shadowed"]
 
 
 @dataclasses.dataclass(frozen=True)
-class Rule:
+class ParsedRule:
     index: int
     regex: re.Pattern
     replacement: str | None
@@ -49,13 +49,13 @@ class Rule:
         return f"rule {self.index} ({self.regex.pattern!r} -> {self.replacement!r}{extra})"
 
 
-def parse_rules(rules) -> tuple[Rule, ...]:
+def parse_rules(rules) -> tuple[ParsedRule, ...]:
     """Validates rules: a sequence of (regex, replacement) or (regex, replacement, transform),
     or of `objckpt.rules.Rule`s (an `objckpt.rules.RuleSet`), each made the anchored regex
     rule of its restore direction."""
     if rules is None:
         return ()
-    if isinstance(rules, _layout.Rule):
+    if isinstance(rules, _ruleset.Rule):
         raise errors.InvalidArgumentError(
             f"rules must be a sequence of rules. Received: rules={rules!r}, a single rule. "
             "Fix: wrap it, e.g. rules=objckpt.rules.RuleSet([rule]).")
@@ -67,11 +67,11 @@ def parse_rules(rules) -> tuple[Rule, ...]:
             "a single rule. Fix: wrap it in a list, e.g. rules=[('^model_001/', '')].")
     parsed = []
     for index, rule in enumerate(rules):
-        if isinstance(rule, Rule):  # parsed already (restore_on_create plans again later)
+        if isinstance(rule, ParsedRule):  # parsed already (restore_on_create plans again later)
             parsed.append(dataclasses.replace(rule, index=index))
             continue
         label = None
-        if isinstance(rule, _layout.Rule):
+        if isinstance(rule, _ruleset.Rule):
             label, rule = repr(rule), rule.regex_rule()
         if not isinstance(rule, (tuple, list)) or len(rule) not in (2, 3):
             raise errors.InvalidArgumentError(
@@ -97,18 +97,18 @@ def parse_rules(rules) -> tuple[Rule, ...]:
                 "are (regex, replacement) pairs applied with re.sub(regex, replacement, key, "
                 "count=1). Fix: correct the pattern (re.escape(text) matches text "
                 "literally).") from err
-        parsed.append(Rule(index, regex, replacement, transform, label,
-                           optional=bool(getattr(rules, "alternatives", False))))
+        parsed.append(ParsedRule(index, regex, replacement, transform, label,
+                                 optional=bool(getattr(rules, "alternatives", False))))
     return _fan_out(parsed, rules)
 
 
 def _fan_out(parsed: list, given) -> tuple:
     """Gives the first of the objckpt.rules.Rules that share a source pattern the others
-    (`Rule.also`): one source tensor feeds each of their targets."""
+    (`ParsedRule.also`): one source tensor feeds each of their targets."""
     items = list(given) if not isinstance(given, (list, tuple)) else given
     groups: dict = {}
     for rule, item in zip(parsed, items):
-        if isinstance(item, _layout.Rule) and rule.replacement is not None:
+        if isinstance(item, _ruleset.Rule) and rule.replacement is not None:
             groups.setdefault(item.source, []).append(rule.index)
     for indexes in groups.values():
         if len(indexes) > 1:
@@ -118,9 +118,9 @@ def _fan_out(parsed: list, given) -> tuple:
     return tuple(parsed)
 
 
-def rewrite_all(key: str, rules: tuple[Rule, ...]) -> list:
+def rewrite_all(key: str, rules: tuple[ParsedRule, ...]) -> list:
     """[(rewritten key or None, rule)]: `rewrite`'s one pair, then one per rule that shares
-    the firing rule's source pattern (`Rule.also`), in rule order."""
+    the firing rule's source pattern (`ParsedRule.also`), in rule order."""
     new, rule = rewrite(key, rules)
     if rule is None or new is None or not rule.also:
         return [(new, rule)]
@@ -128,7 +128,7 @@ def rewrite_all(key: str, rules: tuple[Rule, ...]) -> list:
                            for other in rule.also)]
 
 
-def rewrite(key: str, rules: tuple[Rule, ...]):
+def rewrite(key: str, rules: tuple[ParsedRule, ...]):
     """Returns (rewritten key or None when dropped, the rule that fired or None)."""
     for rule in rules:
         if rule.regex.search(key):
@@ -154,7 +154,7 @@ class Rewritten:
     shadowed: list = dataclasses.field(default_factory=list)  # why each shadowed rule never applied
 
 
-def rewrite_view(view: dict, rules: tuple[Rule, ...], *, keep=None,
+def rewrite_view(view: dict, rules: tuple[ParsedRule, ...], *, keep=None,
                  note_bookkeeping: bool = True) -> Rewritten:
     """Rewrites every key of a source view ({key within `at`: full key}) by the rules.
 
@@ -190,7 +190,7 @@ def rewrite_view(view: dict, rules: tuple[Rule, ...], *, keep=None,
     return Rewritten(entries, skipped, unused, shadowed_rules)
 
 
-def why_shadowed(rule: Rule, taken) -> str:
+def why_shadowed(rule: ParsedRule, taken) -> str:
     """Why a rule that rewrote no key never applied, or "" when it matches no key at all.
 
     `taken` holds (key, rewritten key or None, rule that fired) for every key a rule

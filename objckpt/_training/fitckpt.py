@@ -40,10 +40,9 @@ class FitCheckpointer:
             self.manager.release()  # an earlier fit of ours that raised
         if self.manager is None or self.manager.root.model is not model:
             self.manager = _checkpointing.CheckpointDirectory(
-                cb.directory, model, max_to_keep=cb.max_to_keep, keep_best=cb.keep_best,
-                mode=cb.mode, async_save=cb.async_save, on_error=cb.on_error,
-                durable=getattr(cb, "durable", None),
-                fingerprint=lambda: _compat.fingerprint(model), **getattr(cb, "rules", {}))
+                cb.directory, model, retention=cb.retention, async_save=cb.async_save,
+                on_error=cb.on_error, durable=getattr(cb, "durable", None),
+                fingerprint=lambda: _compat.fingerprint(model))
         cb.manager, cb.saved, cb.resumed_from = self.manager, [], None
         _compat.unskip_fit_batches(model)
         latest = self.manager.open()

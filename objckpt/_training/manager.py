@@ -17,8 +17,11 @@ import numpy as np
 from objckpt import _compat, errors
 from objckpt._base import options as _options
 from objckpt._training import checkpointing as _checkpointing
+from objckpt._training import retention as _retention
 
 __all__ = ["CheckpointManager"]
+
+DEFAULT = _retention.DEFAULT  # a retention keyword not passed
 
 
 class CheckpointManager:
@@ -65,6 +68,10 @@ class CheckpointManager:
       obj: the trackable to save and restore (built: it must have its variables).
       directory: a directory of checkpoints (created if missing): a local path, or a
         `gs://` or `s3://` URL (docs/storage.md).
+      retention: an `objckpt.RetentionPolicy`: which checkpoints stay and which saves are
+        skipped, given once. The keywords below, up to `min_interval_seconds` (and
+        `mode`), are shortcuts that build one; passing both is an `InvalidArgumentError`.
+        Neither: `RetentionPolicy()` (the newest 5).
       max_to_keep: keep the newest this many checkpoints (>= 1; None: keep all).
       keep_best: also keep this many best checkpoints by `monitor` (their metric
         is read back from the checkpoints on restart).
@@ -119,25 +126,26 @@ class CheckpointManager:
     """
 
     @errors.about_arguments(source="directory", obj="obj")
-    def __init__(self, obj, directory, *, max_to_keep: int | None = 5, keep_best: int = 0,
-                 monitor: str = "val_loss", mode: str = "min",
-                 keep_every_n_steps: int | None = None, keep_every_n_hours: float | None = None,
-                 keep=None, checkpoint_interval: int | None = None,
-                 min_interval_seconds: float | None = None, async_save: bool = False,
+    def __init__(self, obj, directory, *, retention: _retention.RetentionPolicy | None = None,
+                 max_to_keep: int | None = DEFAULT, keep_best: int = DEFAULT,
+                 monitor: str = "val_loss", mode: str = DEFAULT,
+                 keep_every_n_steps: int | None = DEFAULT,
+                 keep_every_n_hours: float | None = DEFAULT, keep=DEFAULT,
+                 checkpoint_interval: int | None = DEFAULT,
+                 min_interval_seconds: float | None = DEFAULT, async_save: bool = False,
                  on_error: str = "raise", verbose: int = 1, durable: bool | None = None):
-        rules = dict(keep_every_n_steps=keep_every_n_steps,
-                     keep_every_n_hours=keep_every_n_hours, keep=keep,
-                     checkpoint_interval=checkpoint_interval,
-                     min_interval_seconds=min_interval_seconds)
-        directory = _options.checkpoint_directory(
-            "CheckpointManager", directory, max_to_keep=max_to_keep, keep_best=keep_best,
-            monitor=monitor, mode=mode, async_save=async_save, on_error=on_error,
-            verbose=verbose, durable=durable, **rules)
+        directory = _options.directory_path("CheckpointManager", directory)
+        retention = _retention.RetentionPolicy.of("CheckpointManager", retention, dict(
+            max_to_keep=max_to_keep, keep_best=keep_best, mode=mode,
+            keep_every_n_steps=keep_every_n_steps, keep_every_n_hours=keep_every_n_hours,
+            keep=keep, checkpoint_interval=checkpoint_interval,
+            min_interval_seconds=min_interval_seconds))
+        _options.writer_options(monitor=monitor, async_save=async_save, on_error=on_error,
+                                verbose=verbose, durable=durable)
         self.obj, self.monitor, self.verbose = obj, monitor, int(verbose)
         self._directory = _checkpointing.CheckpointDirectory(
-            directory, obj, max_to_keep=max_to_keep, keep_best=keep_best, mode=mode,
-            async_save=async_save, on_error=on_error, durable=durable,
-            fingerprint=lambda: _compat.fingerprint(obj), **rules)
+            directory, obj, retention=retention, async_save=async_save, on_error=on_error,
+            durable=durable, fingerprint=lambda: _compat.fingerprint(obj))
         self._directory.open()
 
     @property
@@ -158,6 +166,11 @@ class CheckpointManager:
         (the step saved with it; after a restart read back only when a rule needs it,
         else None)."""
         return list(self._directory.kept)
+
+    @property
+    def retention(self) -> _retention.RetentionPolicy:
+        """The `RetentionPolicy` in use (built from the keywords when they were given)."""
+        return self._directory.retention
 
     @property
     def skipped(self) -> int:

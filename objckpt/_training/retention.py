@@ -24,15 +24,17 @@ replace it (`retention.now = fake`) instead of sleeping.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from objckpt import errors
+from objckpt._base import options as _options
 from objckpt._base import render as _render
 
-__all__ = ["Decision", "Kept", "RetentionPolicy", "now"]
+__all__ = ["DEFAULT", "KEYWORDS", "Decision", "Kept", "RetentionPolicy", "now"]
 
 now = time.time  # the clock of managed directories (seconds since the epoch); tests patch it
 
@@ -76,8 +78,33 @@ class Decision(NamedTuple):
     preserved: frozenset[int]
 
 
+# The keywords `CheckpointManager` and `callbacks.Checkpointing` take as shortcuts for a
+# `RetentionPolicy`, in its order.
+KEYWORDS = ("max_to_keep", "keep_best", "mode", "keep_every_n_steps", "keep_every_n_hours",
+            "keep", "checkpoint_interval", "min_interval_seconds")
+
+
+class _Default:
+    """A retention keyword not passed (its value comes from `retention=`, else the policy's
+    default)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<RetentionPolicy's default>"
+
+
+DEFAULT = _Default()
+
+
+@dataclasses.dataclass(frozen=True, init=False, repr=False)
 class RetentionPolicy:
-    """Keeps a checkpoint when any of its rules keeps it (see the module's docstring).
+    """Which checkpoints of a directory stay, and which saves come too soon: one validated
+    option object (see docs/retention.md and the module's docstring).
+
+    A checkpoint stays when ANY rule keeps it. Pass it once, as `retention=`, to
+    `objckpt.CheckpointManager` or `objckpt.callbacks.Checkpointing` (their keywords of the
+    same names are shortcuts that build one).
 
     Args:
       max_to_keep: how many of the newest checkpoints to keep (>= 1; None: all of them).
@@ -90,29 +117,105 @@ class RetentionPolicy:
         must answer from the `Kept` alone (the same answer every time).
       checkpoint_interval: a save less than this many steps after the last one is skipped.
       min_interval_seconds: a save less than this many seconds after the last one is skipped.
+
+    Raises:
+      InvalidArgumentError: a field out of range, naming it, what it must be, what was
+        received and the fix.
+
+    Example:
+      >>> policy = objckpt.RetentionPolicy(max_to_keep=3, keep_every_n_steps=10_000)
+      >>> manager = objckpt.CheckpointManager(model, "/tmp/run", retention=policy)
     """
 
-    def __init__(self, max_to_keep: int | None = 5, keep_best: int = 0, mode: str = "min", *,
+    max_to_keep: int | None = 5
+    keep_best: int = 0
+    mode: str = "min"
+    keep_every_n_steps: int | None = None
+    keep_every_n_hours: float | None = None
+    keep: Callable[[Kept], bool] | None = None
+    checkpoint_interval: int | None = None
+    min_interval_seconds: float | None = None
+
+    def __init__(self, *, max_to_keep: int | None = 5, keep_best: int = 0, mode: str = "min",
                  keep_every_n_steps: int | None = None, keep_every_n_hours: float | None = None,
-                 keep=None, checkpoint_interval: int | None = None,
+                 keep: Callable[[Kept], bool] | None = None,
+                 checkpoint_interval: int | None = None,
                  min_interval_seconds: float | None = None):
-        self.max_to_keep, self.keep_best, self.mode = max_to_keep, keep_best, mode
-        self.keep_every_n_steps, self.keep_every_n_hours = keep_every_n_steps, keep_every_n_hours
-        self.predicate = keep
-        self.checkpoint_interval, self.min_interval_seconds = (
-            checkpoint_interval, min_interval_seconds)
+        # Keyword-only (a dataclass's own __init__ is keyword-only from Python 3.10 on).
+        for name, value in (("max_to_keep", max_to_keep), ("keep_best", keep_best),
+                            ("mode", mode), ("keep_every_n_steps", keep_every_n_steps),
+                            ("keep_every_n_hours", keep_every_n_hours), ("keep", keep),
+                            ("checkpoint_interval", checkpoint_interval),
+                            ("min_interval_seconds", min_interval_seconds)):
+            object.__setattr__(self, name, value)
+        self.__post_init__()
+
+    def __post_init__(self) -> None:
+        if self.max_to_keep is not None:
+            _options.check_count("max_to_keep", self.max_to_keep, 1,
+                                 "the newest checkpoints to keep; None: all")
+        for name, what in (
+                ("keep_every_n_steps",
+                 "keep forever each checkpoint whose step is a multiple of it; None: off"),
+                ("checkpoint_interval",
+                 "skip a save less than this many steps after the last one; None: off")):
+            if getattr(self, name) is not None:
+                _options.check_count(name, getattr(self, name), 1, what)
+        _options.check_number(
+            "keep_every_n_hours", self.keep_every_n_hours,
+            "preserve a checkpoint leaving the newest max_to_keep every this many hours")
+        _options.check_number("min_interval_seconds", self.min_interval_seconds,
+                              "skip a save less than this many seconds after the last one")
+        if self.keep is not None and not callable(self.keep):
+            raise errors.InvalidArgumentError(
+                f"keep must be None or a callable (Kept) -> bool that returns True for each "
+                f"checkpoint to keep forever. Received: keep={self.keep!r}. Fix: pass a "
+                "function, e.g. keep=lambda kept: kept.step % 10_000 == 0.")
+        _options.check_count("keep_best", self.keep_best, 0,
+                             "the best checkpoints to keep as well")
+        _options.check_choice("mode", self.mode, ("min", "max"))
+
+    @classmethod
+    def of(cls, who: str, retention, keywords: dict) -> RetentionPolicy:
+        """The policy of a class that takes `retention=` and the keywords as shortcuts.
+
+        Args:
+          who: the class, for the messages ("Checkpointing", "CheckpointManager").
+          retention: what was passed as `retention=` (None: not passed).
+          keywords: {keyword: value} of `KEYWORDS` as passed (`DEFAULT`: not passed).
+
+        Raises:
+          InvalidArgumentError: `retention` is not a RetentionPolicy, or comes with one of
+            the keywords, or a keyword is out of range (as `RetentionPolicy` checks it).
+        """
+        given = {name: value for name, value in keywords.items() if value is not DEFAULT}
+        if retention is None:
+            return cls(**given)
+        if not isinstance(retention, cls):
+            raise errors.InvalidArgumentError(
+                f"{who}: retention must be an objckpt.RetentionPolicy. Received: "
+                f"retention={retention!r}. Fix: pass retention=objckpt.RetentionPolicy("
+                "max_to_keep=..., ...), or the retention keywords alone.")
+        if given:
+            shown = ", ".join(f"{name}={value!r}" for name, value in given.items())
+            raise errors.InvalidArgumentError(
+                f"{who} takes the retention rules once: as retention= or as keywords, not "
+                f"both. Received: retention={retention!r} and {shown}. Fix: put "
+                f"{', '.join(given)} in the RetentionPolicy (e.g. "
+                f"dataclasses.replace(policy, {shown})), or pass the keywords alone.")
+        return retention
 
     @property
     def reads_metrics(self) -> bool:
         """Whether the policy needs each checkpoint's metric (so a resumed directory reads
         them back): it ranks by metric, or a predicate sees them."""
-        return self.keep_best > 0 or self.predicate is not None
+        return self.keep_best > 0 or self.keep is not None
 
     @property
     def reads_steps(self) -> bool:
         """Whether the policy needs each checkpoint's step (read back on resume)."""
         return (self.keep_every_n_steps is not None or self.checkpoint_interval is not None
-                or self.predicate is not None)
+                or self.keep is not None)
 
     @property
     def uses_time(self) -> bool:
@@ -132,7 +235,7 @@ class RetentionPolicy:
         return sorted((k for k in checkpoints if not math.isnan(k.metric)),
                       key=lambda k: (sign * k.metric, k.number))
 
-    def decide(self, checkpoints: Sequence[Kept], last_preserved: float = math.nan,
+    def decide(self, checkpoints: Sequence[Kept], *, last_preserved: float = math.nan,
                preserved=frozenset()) -> Decision:
         """Which of `checkpoints` (oldest first, the newest last) stay.
 
@@ -161,21 +264,22 @@ class RetentionPolicy:
         if self.keep_every_n_steps is not None:
             keep.update(k.number for k in checkpoints
                         if k.step is not None and k.step % self.keep_every_n_steps == 0)
-        if self.predicate is not None:
+        if self.keep is not None:
             keep.update(k.number for k in older if k.number not in keep and self.asks(k))
         return Decision([k for k in checkpoints if k.number in keep],
                         [k for k in checkpoints if k.number not in keep],
                         last_preserved, frozenset(preserved))
 
-    def keep(self, checkpoints: Sequence[Kept], last_preserved: float = math.nan,
-             preserved=frozenset()) -> set[int]:
+    def kept_numbers(self, checkpoints: Sequence[Kept], *, last_preserved: float = math.nan,
+                     preserved=frozenset()) -> set[int]:
         """The numbers of `checkpoints` (oldest first) that stay (see `decide`)."""
-        return {k.number for k in self.decide(checkpoints, last_preserved, preserved).kept}
+        return {k.number for k in self.decide(checkpoints, last_preserved=last_preserved,
+                                              preserved=preserved).kept}
 
-    def split(self, checkpoints: Sequence[Kept], last_preserved: float = math.nan,
+    def split(self, checkpoints: Sequence[Kept], *, last_preserved: float = math.nan,
               preserved=frozenset()) -> tuple[list[Kept], list[Kept]]:
         """(the checkpoints kept, those dropped), each in the order given (see `decide`)."""
-        decision = self.decide(checkpoints, last_preserved, preserved)
+        decision = self.decide(checkpoints, last_preserved=last_preserved, preserved=preserved)
         return decision.kept, decision.dropped
 
     def asks(self, kept: Kept) -> bool:
@@ -184,10 +288,10 @@ class RetentionPolicy:
         Raises:
           InvalidArgumentError: the predicate raised; the message names the checkpoint.
         """
-        if self.predicate is None:
+        if self.keep is None:
             return False
         try:
-            return bool(self.predicate(kept))
+            return bool(self.keep(kept))
         except Exception as err:
             raise errors.InvalidArgumentError(
                 f"The keep= predicate raised {type(err).__name__} "
@@ -231,10 +335,7 @@ class RetentionPolicy:
         return None
 
     def __repr__(self) -> str:
-        extra = "".join(f", {name}={getattr(self, attr)!r}" for name, attr in (
-            ("keep_every_n_steps", "keep_every_n_steps"),
-            ("keep_every_n_hours", "keep_every_n_hours"), ("keep", "predicate"),
-            ("checkpoint_interval", "checkpoint_interval"),
-            ("min_interval_seconds", "min_interval_seconds")) if getattr(self, attr) is not None)
+        extra = "".join(f", {name}={getattr(self, name)!r}" for name in KEYWORDS[3:]
+                        if getattr(self, name) is not None)
         return (f"RetentionPolicy(max_to_keep={self.max_to_keep}, keep_best={self.keep_best}, "
                 f"mode={self.mode!r}{extra})")
