@@ -35,7 +35,8 @@ from objckpt._base import render as _render
 from objckpt._bundle import index as _bundle
 
 __all__ = ["Attribute", "Graph", "Node", "Reference", "SlotReference", "crc32c",
-           "masked_crc32c", "name_graph", "read_bytes", "read_object_graph", "read_strings"]
+           "decode_object_graph", "masked_crc32c", "name_graph", "read_bytes",
+           "read_object_graph", "read_strings", "value_entry"]
 
 _KEY = _bundle.OBJECT_GRAPH_KEY
 
@@ -219,6 +220,17 @@ def read_object_graph(prefix_or_index, *, check: bool = True) -> Graph | None:
     if _KEY not in index.entries:
         return None
     (data,) = read_strings(index, _KEY)
+    return decode_object_graph(index, data, check=check)
+
+
+def decode_object_graph(index, data: bytes, *, check: bool = True) -> Graph:
+    """The `Graph` of the object graph entry's bytes `data` (`read_strings`) of a validated
+    `_bundle.Index`, checked as `read_object_graph` checks it.
+
+    Raises:
+      CheckpointCorruptError: the bytes do not decode, or (`check`) the graph does not fit
+        the index.
+    """
     try:
         graph = _parse_graph(data, 0, len(data))
     except _bundle.WireError as err:
@@ -229,6 +241,26 @@ def read_object_graph(prefix_or_index, *, check: bool = True) -> Graph | None:
     if check:
         _bundle.check_graph(graph, index.entries, index.prefix)
     return graph
+
+
+def value_entry(index, node_id: int, attribute):
+    """The index entry of a variable's value (a `VARIABLE_VALUE` attribute of node `node_id`
+    of a graph `_bundle.check_graph` passed): the one place its absence is worded.
+
+    Raises:
+      CheckpointCorruptError: the index holds it only under a longer key (which
+        `check_graph` lets through for saveables of several tensors, never for a variable).
+    """
+    key = attribute.checkpoint_key
+    entry = index.entries.get(key)
+    if entry is None:
+        raise errors.CheckpointCorruptError(
+            f"Checkpoint `{_render.safe(index.prefix)}`: the object graph lists "
+            f"`{_render.safe(_paths.path_of_key(key))}` (key `{_render.safe(key)}`, node "
+            f"{node_id}) but the index has no such tensor. The checkpoint is inconsistent: "
+            "nothing was read into any variable. Fix: restore from another checkpoint, or write "
+            "this one again.", source=index.prefix)
+    return entry
 
 
 def read_bytes(index, key: str, *, verify: bool = True) -> bytes:

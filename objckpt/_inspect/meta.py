@@ -174,15 +174,8 @@ def _variables(graph, index) -> dict:
             if attribute.name != _paths.VARIABLE_VALUE:
                 continue
             key = attribute.checkpoint_key
-            entry = index.entries.get(key)
+            entry = _objgraph.value_entry(index, node_id, attribute)
             path = _paths.path_of_key(key)
-            if entry is None:  # check_graph found it saved under a longer key only
-                raise errors.CheckpointCorruptError(
-                    f"Checkpoint `{_render.safe(index.prefix)}`: the object graph lists "
-                    f"`{_render.safe(path)}` (key `{_render.safe(key)}`, node {node_id}) but "
-                    "the index has no such tensor. The "
-                    "checkpoint is inconsistent: nothing was read into any variable. Fix: restore "
-                    "from another checkpoint, or write this one again.", source=index.prefix)
             items[path] = Variable(path, shown.get(node_id, path), entry.shape,
                                    dtype(entry.dtype), key, attribute.full_name)
     return items

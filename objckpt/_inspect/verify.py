@@ -27,6 +27,10 @@ from objckpt._formats import registry as _formats
 __all__ = ["Problem", "VerifyReport", "tensor_problems", "verify"]
 
 
+# What `verify` says of a tensor that cannot be read, before the reader's own words.
+_TENSOR = "tensor unreadable or checksum mismatch: "
+
+
 @dataclasses.dataclass(frozen=True)
 class Problem:
     """One thing wrong with a checkpoint.
@@ -41,6 +45,12 @@ class Problem:
     prefix: str
     where: str
     message: str
+
+    @property
+    def reason(self) -> str:
+        """What is wrong in the words a restore refusing the checkpoint uses (its error
+        message holds them): the message without the lead `verify` gives a tensor's."""
+        return self.message[len(_TENSOR):] if self.message.startswith(_TENSOR) else self.message
 
     def __str__(self) -> str:
         # One line whatever the checkpoint's names hold: names through `safe`, the message
@@ -277,8 +287,7 @@ def _verify_prefix(prefix: str):
                                      dtypes=[tf.variant])
         except tf.errors.OpError as err:
             bad[key] = _render.first_line(err)
-    problems.extend(Problem(prefix, paths.get(key, key),
-                            f"tensor unreadable or checksum mismatch: {bad[key]}")
+    problems.extend(Problem(prefix, paths.get(key, key), _TENSOR + bad[key])
                     for key in keys if key in bad)
     intact = [k for k in keys if k not in bad]
     nbytes = 0
@@ -322,61 +331,40 @@ def _verify_remote(prefix: str):
 def _check_graph(prefix: str, index, shapes):
     """Problems of the object graph against the index, and {checkpoint key: object path}.
 
-    The graph is decoded by `_objgraph` (as `inspect`, `diff` and `graph` decode it), its
-    checksum checked, and checked here problem by problem rather than refused at the first.
+    The graph is decoded by `_objgraph` and checked by `_bundle.graph_problems`, the one
+    reader and the checks restore, `read_tree` and `inspect` make (which refuse at the
+    first problem, worded as here); every problem is listed. Then what only `verify` asks:
+    every node reachable from the root, every tensor of the index owned by the graph.
     """
     from objckpt import _compat
     from objckpt._bundle import objgraph as _objgraph
 
+    if _compat.OBJECT_GRAPH_KEY in index.beyond:  # past the end of a truncated shard
+        return [Problem(prefix, _compat.OBJECT_GRAPH_KEY,
+                        _TENSOR + index.beyond[_compat.OBJECT_GRAPH_KEY])], {}
     try:
         graph = _objgraph.read_object_graph(index, check=False)
-    except errors.ObjckptError as err:  # damaged bytes or encoding: one problem
-        damage = str(err).split(" Nothing was read")[0].split(" Fix:")[0]
-        return [Problem(prefix, _compat.OBJECT_GRAPH_KEY,
-                        f"the object graph cannot be read: {_render.first_line(damage)}")], {}
-    problems = []
+    except errors.ObjckptError as err:  # damaged bytes or encoding: one problem, as restore
+        damage = str(err).split(" Nothing was read")[0].split(" Fix:")[0]  # words it
+        return [Problem(prefix, _compat.OBJECT_GRAPH_KEY, _render.first_line(damage))], {}
+    problems = [Problem(prefix, where or _compat.OBJECT_GRAPH_KEY, problem)
+                for _, where, problem in _bundle.graph_problems(graph, shapes)]
     count = len(graph.nodes)
     if count == 0:
-        return [Problem(prefix, _compat.OBJECT_GRAPH_KEY, "the object graph has no nodes")], {}
-    for kind, problem in _bundle.graph_problems(graph, shapes):
-        if kind in ("duplicate", "shared"):  # the rest is reported below, per node and path
-            problems.append(Problem(prefix, _compat.OBJECT_GRAPH_KEY, problem))
+        return problems, {}
     order = [0] + [node for _, _, node in _paths.graph_walk(graph, slots=True)]
     reachable = set(order)
-    for current in order:
-        node = graph.nodes[current]
-        refs = [(c.node_id, f"child `{c.local_name}`") for c in node.children]
-        for slot in node.slot_variables:
-            refs.append((slot.slot_variable_node_id, f"slot `{slot.slot_name}`"))
-            if not 0 <= slot.original_variable_node_id < count:
-                problems.append(Problem(prefix, f"node {current}",
-                                        f"slot `{slot.slot_name}` is for node "
-                                        f"{slot.original_variable_node_id}, which does not exist "
-                                        f"(the graph has {count} nodes)"))
-        for target, what in refs:
-            if not 0 <= target < count:
-                problems.append(Problem(prefix, f"node {current}",
-                                        f"{what} points at node {target}, which does not exist "
-                                        f"(the graph has {count} nodes)"))
     unreachable = [i for i in range(count) if i not in reachable]
     if unreachable:
         problems.append(Problem(prefix, "", f"{len(unreachable)} object graph node(s) are not "
                                             f"reachable from the root: {unreachable[:10]}"))
     referenced: dict[str, str] = {}
-    ordered = sorted(shapes)
-    for node_id, node in enumerate(graph.nodes):
+    for node in graph.nodes:
         for attribute in node.attributes:
-            key = attribute.checkpoint_key
-            path = _paths.path_of_key(key)
-            referenced[key] = path
-            if key not in shapes and not _bundle.saved_under(key, ordered):
-                problems.append(Problem(prefix, path, f"the object graph lists key `{key}` (node "
-                                                      f"{node_id}) but the index has no such "
-                                                      "tensor"))
-    registered = any(node.registered for node in graph.nodes)
-    if not registered:
+            referenced[attribute.checkpoint_key] = _paths.path_of_key(attribute.checkpoint_key)
+    if not any(node.registered for node in graph.nodes):
         prefixes = sorted(referenced)  # a saveable's tensors: its key plus a suffix
-        for key in ordered:
+        for key in sorted(shapes):
             at = bisect.bisect_right(prefixes, key) - 1
             if key != _compat.OBJECT_GRAPH_KEY and key not in referenced and not (
                     at >= 0 and key.startswith(prefixes[at])):

@@ -110,7 +110,7 @@ def _first_unreadable(prefix: str, keys: list[str], dtypes: list) -> str | None:
 def _object_source(prefix: str, notes) -> Source:
     entries = _tree.read_tree_at(prefix)
     specs = {path: (entry.shape, entry.dtype) for path, entry in entries.items()}
-    aliases = _tree.network_aliases(entries.object_graph)
+    aliases = _tree.network_aliases(entries.graph)
     for alias, full in aliases.items():
         specs.setdefault(alias, specs[full])
 
@@ -119,8 +119,8 @@ def _object_source(prefix: str, notes) -> Source:
         # also reaches another variable by it: metadata and values must never disagree.
         return entries[path] if path in entries else entries[aliases[path]]
 
-    index = _tree.GraphIndex(entries.object_graph)
-    top_names = _tree.top_level_names(entries.object_graph)
+    index = _tree.GraphIndex(entries.graph)
+    top_names = _tree.top_level_names(entries.graph)
     views: dict = {}  # node id -> its view: names leading to one node share it
 
     def subtree(at):
@@ -130,8 +130,8 @@ def _object_source(prefix: str, notes) -> Source:
         if node is None:
             return {}
         if node not in views:
-            view = _tree.subtree_paths_from(entries.object_graph, node)
-            network = _tree.subtree_paths_from(entries.object_graph, node,
+            view = _tree.subtree_paths_from(entries.graph, node)
+            network = _tree.subtree_paths_from(entries.graph, node,
                                                skip_optimizers=True)
             for path, full in network.items():
                 view.setdefault(path, full)
@@ -141,13 +141,10 @@ def _object_source(prefix: str, notes) -> Source:
     def structure():
         # The graph without the variables' saved names (`mlp_3/dense/kernel`), which
         # differ between runs of the same code and only place optimizer slots.
-        graph = type(entries.object_graph)()
-        graph.CopyFrom(entries.object_graph)
-        for node in graph.nodes:
-            for attribute in node.attributes:
-                attribute.full_name = ""
-        return ("object", graph.SerializeToString(deterministic=True),
-                tuple(specs.items()), tuple(notes))
+        graph = tuple(node._replace(attributes=tuple(a._replace(full_name="")
+                                                     for a in node.attributes))
+                      for node in entries.graph.nodes)
+        return ("object", graph, tuple(specs.items()), tuple(notes))
 
     return Source(
         f"checkpoint `{_remote.shown(prefix)}`", "object", specs,
@@ -157,7 +154,7 @@ def _object_source(prefix: str, notes) -> Source:
         subtree,
         top_names, prefix, tuple(notes),
         {path: e.name for path, e in entries.items() if e.name}, aliases, structure,
-        lambda: keras3_slot_owners(entries.object_graph),
+        lambda: keras3_slot_owners(entries.graph),
         bundle_keys=lambda paths: [entry(p).key for p in paths],
         holding=lambda wanted: index.holding(top_names, wanted, specs))
 

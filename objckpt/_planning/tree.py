@@ -20,7 +20,7 @@ from objckpt import _compat, errors
 from objckpt._base import paths as _paths
 from objckpt._base import render as _render
 from objckpt._bundle import files as _files
-from objckpt._bundle import index as _bundle
+from objckpt._bundle import objgraph as _objgraph
 from objckpt._bundle import remote as _remote
 
 __all__ = ["CheckpointTree", "Entry", "VariableTree", "read_tree", "tree"]
@@ -216,15 +216,27 @@ class CheckpointTree(FrozenMapping):
 
     Attributes:
       prefix: the checkpoint prefix it was read from.
-      object_graph: the `TrackableObjectGraph` proto stored in the checkpoint.
+      graph: the object graph as `_objgraph` decodes and checks it (the proto's shape, in
+        frozen tuples), what objckpt itself reads.
+      object_graph: the `TrackableObjectGraph` proto stored in the checkpoint (decoded by
+        TF's protobuf from the same bytes on first use).
     """
 
-    __slots__ = ("object_graph", "prefix")
+    __slots__ = ("_graph_bytes", "_proto", "graph", "prefix")
 
-    def __init__(self, items: dict, prefix: str, object_graph):
+    def __init__(self, items: dict, prefix: str, graph, graph_bytes: bytes = b""):
         super().__init__(items)
         self.prefix = prefix
-        self.object_graph = object_graph
+        self.graph = graph
+        self._graph_bytes, self._proto = graph_bytes, None
+
+    @property
+    def object_graph(self):
+        if self._proto is None:
+            proto = _compat.TrackableObjectGraph()
+            proto.ParseFromString(self._graph_bytes)
+            self._proto = proto
+        return self._proto
 
     @property
     def nbytes(self) -> int:
@@ -264,7 +276,11 @@ def read_tree(source: str | os.PathLike) -> CheckpointTree:
 
 
 def read_tree_at(prefix: str) -> CheckpointTree:
-    reader, index = _files.open_checked(prefix)
+    """`read_tree` of a resolved local prefix: the index validated (and opened by TF's
+    reader, which checks its blocks), the object graph decoded and checked by `_objgraph`,
+    the one reader of object graphs (`inspect`, `verify` and restore's), so each refuses a
+    damaged checkpoint with the same words."""
+    _, index = _files.open_checked(prefix)
     entries = index.entries
     if _compat.OBJECT_GRAPH_KEY not in entries:
         sample = ", ".join(f"`{_render.safe(k)}`" for k in sorted(entries)[:3])
@@ -274,40 +290,17 @@ def read_tree_at(prefix: str) -> CheckpointTree:
             "object graph, so it cannot be matched by object structure. Expected: an object-based "
             "checkpoint. Fix: map its names onto your model with objckpt.plan(...) and "
             "objckpt.migrate(...) using rules, e.g. rules=[('^model_001/', '')].", source=prefix)
-    try:
-        graph_bytes = reader.get_tensor(_compat.OBJECT_GRAPH_KEY)
-        graph = _compat.TrackableObjectGraph()
-        graph.ParseFromString(graph_bytes)
-    except Exception as err:  # DataLossError, DecodeError: both mean damage
-        raise errors.CheckpointCorruptError(
-            f"Checkpoint `{prefix}` has a damaged object graph (`{_compat.OBJECT_GRAPH_KEY}`): "
-            f"{_render.first_line(err)}. Fix: restore from another checkpoint, or write this one "
-            "again.", source=prefix) from err
-    # Node ids, child names and slots here; checkpoint keys in the loop below (one pass).
-    _bundle.check_graph(graph, entries, prefix, attributes=False)
-    items, owner, sorted_keys = {}, {_compat.OBJECT_GRAPH_KEY: -1}, None
+    (data,) = _objgraph.read_strings(index, _compat.OBJECT_GRAPH_KEY)
+    graph = _objgraph.decode_object_graph(index, data)
+    items = {}
     for node_id, node in enumerate(graph.nodes):
         for attribute in node.attributes:
-            key = attribute.checkpoint_key
-            entry = entries.get(key)
-            if entry is None and attribute.name != _paths.VARIABLE_VALUE:
-                if sorted_keys is None:
-                    sorted_keys = sorted(entries)
-                if _bundle.saved_under(key, sorted_keys):  # a saveable of several tensors
-                    continue
-            if entry is None or owner.setdefault(key, node_id) != node_id:
-                path = _render.safe(_paths.path_of_key(key))
-                problem = ("the index has no such tensor" if entry is None else
-                           "another node of the graph names the same key")
-                raise errors.CheckpointCorruptError(
-                    f"Checkpoint `{prefix}`: the object graph lists `{path}` (key "
-                    f"`{_render.safe(key)}`, node {node_id}) but {problem}. The checkpoint is "
-                    "inconsistent: nothing was read into any variable. Fix: restore from another "
-                    "checkpoint, or write this one again.", source=prefix)
             if attribute.name == _paths.VARIABLE_VALUE:
+                entry = _objgraph.value_entry(index, node_id, attribute)
+                key = attribute.checkpoint_key
                 items[_paths.path_of_key(key)] = Entry(
                     entry.shape, tf.as_dtype(entry.dtype), key, attribute.full_name)
-    return CheckpointTree(items, prefix, graph)
+    return CheckpointTree(items, prefix, graph, data)
 
 
 def build_object_graph(paths: list[str], names: list[str], aliases: dict | None = None):
