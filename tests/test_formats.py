@@ -140,13 +140,11 @@ def test_a_file_in_no_format_is_refused_alike_by_every_entry_point(tmp_path, cap
         with pytest.raises(errors.UnsupportedFormatError) as info:
             call()
         assert expected in str(info.value), name
-        # `read_tree` words it in `_files.resolve_prefix`, which does not list safetensors
-        # yet (issue 31 follow-up: _bundle/files.py was being changed for issue 30).
-        tail = "; this one is none of them." if name == "read_tree" else (
-            ", safetensors `.safetensors` and `model.safetensors.index.json`; this one is none "
-            "of them.")
+        # One message, its list of files generated from the registry: every format named.
+        assert str(info.value).endswith(str(_formats.unsupported(path))), name
         assert "Files objckpt also reads: Keras 3 `.weights.h5`, `.keras` and sharded " \
-               "`.weights.json`, Keras 2 HDF5 `.h5`" + tail in str(
+               "`.weights.json`, Keras 2 HDF5 `.h5`, safetensors `.safetensors` and " \
+               "`model.safetensors.index.json`; this one is none of them." in str(
                    info.value), name
         assert info.value.source == path, name
     assert module.w.numpy().tobytes() == before

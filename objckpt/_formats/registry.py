@@ -20,9 +20,9 @@ is asked then. `FORMATS` is tried in order; the TF checkpoint (an object-based o
 name-based bundle, given as a prefix or a managed directory) comes last and claims every path
 that is no regular file. Its roles are implemented above this module (`_meta`, `_sources`,
 `_verify` own the bundle's listing, source and checks), so the callers pass them to
-`dispatch`. A path no format claims is an `UnsupportedFormatError`, worded here
-(`unsupported`); `_files.resolve_prefix` (met by `read_tree` and the training directories,
-which read TF checkpoints only) words it the same, as tests/test_formats.py checks.
+`dispatch`. A path no format claims is an `UnsupportedFormatError` (`unsupported`), its
+list of the files objckpt reads generated from `FORMATS`; every door (`read_tree` included)
+dispatches here first, as tests/test_formats.py checks.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from typing import NamedTuple
 
 from objckpt import errors
 from objckpt._base import render as _render
+from objckpt._bundle import files as _files
 from objckpt._bundle import remote as _remote
 from objckpt._formats import kerash5 as _kerash5
 from objckpt._formats import legacyh5 as _legacyh5
@@ -158,14 +159,9 @@ def unregister(name: str) -> None:
 
 
 def unsupported(path: str) -> errors.UnsupportedFormatError:
-    """The error for a file no format claims (the one place it is worded)."""
-    shown = _render.safe(path)
-    files = ", ".join(f.files for f in FORMATS if f.files)
-    return errors.UnsupportedFormatError(
-        f"`{shown}` is a file, not a checkpoint prefix: expected `{shown}.index` and "
-        f"`{shown}.data-*` beside it. Fix: pass the prefix (the path without `.index` or "
-        f"`.data-*`). Files objckpt also reads: {files}; this one is none of them.",
-        source=path)
+    """The error for a file no format claims: the files objckpt reads listed from the
+    registry (in `_files.not_a_prefix`'s words), so a format registered is named."""
+    return _files.not_a_prefix(path, ", ".join(f.files for f in FORMATS if f.files))
 
 
 def _is_object(url: str) -> bool:

@@ -22,6 +22,7 @@ from objckpt._base import render as _render
 from objckpt._bundle import files as _files
 from objckpt._bundle import objgraph as _objgraph
 from objckpt._bundle import remote as _remote
+from objckpt._formats import registry as _formats
 
 __all__ = ["CheckpointTree", "Entry", "VariableTree", "read_tree", "tree"]
 
@@ -217,9 +218,9 @@ class CheckpointTree(FrozenMapping):
     Attributes:
       prefix: the checkpoint prefix it was read from.
       graph: the object graph as `_objgraph` decodes and checks it (the proto's shape, in
-        frozen tuples), what objckpt itself reads.
+        frozen tuples), what objckpt itself reads; None for another format.
       object_graph: the `TrackableObjectGraph` proto stored in the checkpoint (decoded by
-        TF's protobuf from the same bytes on first use).
+        TF's protobuf from the same bytes on first use); None for another format.
     """
 
     __slots__ = ("_graph_bytes", "_proto", "graph", "prefix")
@@ -232,7 +233,7 @@ class CheckpointTree(FrozenMapping):
 
     @property
     def object_graph(self):
-        if self._proto is None:
+        if self._proto is None and self.graph is not None:
             proto = _compat.TrackableObjectGraph()
             proto.ParseFromString(self._graph_bytes)
             self._proto = proto
@@ -248,29 +249,42 @@ class CheckpointTree(FrozenMapping):
 
 @errors.about_arguments(source="source")
 def read_tree(source: str | os.PathLike) -> CheckpointTree:
-    """Reads object path -> (shape, dtype, key) from a checkpoint's metadata.
+    """Reads object path -> (shape, dtype, key) from a source's metadata.
 
-    Only the index and the object graph proto are read; no tensor data.
+    Only metadata is read (a checkpoint's index and object graph proto, a file's headers);
+    no tensor data. Every kind of source `restore` reads is read, through the same format
+    registry (`_formats`).
 
     Args:
       source: a checkpoint prefix (`prefix.index` may be given too) or a
         directory of managed checkpoints (its newest intact one is read); local,
-        or a URL (`gs://`, `s3://`: read from a private local copy).
+        or a URL (`gs://`, `s3://`: read from a private local copy); or a file or
+        folder of another format `restore` reads (safetensors, Keras HDF5 and `.keras`
+        files, SavedModel folders), keyed by the keys that file holds.
 
     Returns:
-      A `CheckpointTree`, ordered like `tree(obj)` of the obj that wrote it.
+      A `CheckpointTree`, ordered like `tree(obj)` of the obj that wrote it (another
+      format: in the file's order, `object_graph` None).
 
     Raises:
       CheckpointNotFoundError: nothing at `source`.
       CheckpointCorruptError: the index or object graph cannot be read.
       NotObjectBasedError: a name-based (TF1 `Saver`) checkpoint.
+      UnsupportedFormatError: a file in no format objckpt reads.
     """
+    found = _formats.dispatch("open", source, _checkpoint_tree)
+    if isinstance(found, CheckpointTree):
+        return found
+    names = found.get("names") or {}
+    return CheckpointTree({key: Entry(tuple(shape), dtype, key, names.get(key, ""))
+                           for key, (shape, dtype) in found["specs"].items()},
+                          found.get("prefix") or os.fspath(source), None)
+
+
+def _checkpoint_tree(source: str) -> CheckpointTree:
+    """`read_tree` of a TF checkpoint (a prefix or directory, local or remote)."""
     prefix, _ = _files.resolve_prefix(source)
-    try:
-        found = read_tree_at(prefix)
-    except errors.ObjckptError as err:
-        _remote.unstage(err)  # a URL's staged copy: the URL named instead
-        raise
+    found = read_tree_at(prefix)
     found.prefix = _remote.shown(prefix)  # a URL as given, not its local staged copy
     return found
 
