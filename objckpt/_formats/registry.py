@@ -39,10 +39,11 @@ from objckpt._bundle import remote as _remote
 from objckpt._formats import kerash5 as _kerash5
 from objckpt._formats import legacyh5 as _legacyh5
 from objckpt._formats import safetensors as _safetensors
+from objckpt._formats import safetensors_write as _safetensors_write
 from objckpt._formats import savedmodel as _savedmodel
 
 __all__ = ["CHECKPOINT", "FORMATS", "Checked", "Format", "dispatch", "find", "register",
-           "unregister", "unsupported"]
+           "unregister", "unsupported", "writer"]
 
 ROLES = ("list", "open", "verify")
 
@@ -79,6 +80,9 @@ class Format:
     list: Callable | None = None
     open: Callable | None = None
     verify: Callable | None = None
+    # `write(path, tensors, **options) -> str`: {name: tensor to write} written in this
+    # format (`safetensors_write`); None where objckpt does not write it.
+    write: Callable | None = None
 
 
 # HDF5 keeps no checksums: what an intact report of an HDF5 file says was checked.
@@ -141,9 +145,24 @@ FORMATS: list[Format] = [
            _h5_checked(_legacyh5.check)),
     Format("safetensors", "safetensors file", "safetensors `.safetensors` and "
            "`model.safetensors.index.json`", _safetensors.recognise, _safetensors.listing,
-           _safetensors.source_fields, _safetensors_checked),
+           _safetensors.source_fields, _safetensors_checked, _safetensors_write.write),
     CHECKPOINT,
 ]
+
+
+def writer(name: str) -> Callable:
+    """The write role of the format named `name` (what `objckpt.export` writes with).
+
+    Raises:
+      UnsupportedFormatError: no registered format of that name writes.
+    """
+    found = next((f.write for f in FORMATS if f.name == name and f.write is not None), None)
+    if found is None:
+        writable = ", ".join(f.name for f in FORMATS if f.write is not None)
+        raise errors.UnsupportedFormatError(
+            f"objckpt writes no format named {name!r}. Expected one of: {writable}. Fix: "
+            "pick one of those, or register a format with a write role.")
+    return found
 
 
 def register(fmt: Format, *, before: str = CHECKPOINT.name) -> None:
