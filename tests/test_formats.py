@@ -74,10 +74,14 @@ def _module() -> tf.Module:
 def test_the_registry_lists_every_format_with_its_roles():
     names = [f.name for f in _formats.FORMATS]
     assert names == ["savedmodel", "keras3", "keras2-h5", "safetensors", "tf-checkpoint"]
-    for fmt in _formats.FORMATS[:-1]:  # the TF checkpoint's roles belong to their callers
+    for fmt in _formats.FORMATS:  # the TF checkpoint too: every role in its format module
         assert all(callable(getattr(fmt, role)) for role in _formats.ROLES), fmt.name
     assert _formats.FORMATS[-1] is _formats.CHECKPOINT
-    assert [getattr(_formats.CHECKPOINT, role) for role in _formats.ROLES] == [None] * 3
+    from objckpt._formats import checkpoint as _checkpoint
+
+    assert (_formats.CHECKPOINT.list, _formats.CHECKPOINT.open, _formats.CHECKPOINT.write) == (
+        _checkpoint.listing, _checkpoint.source_fields, _checkpoint.write)
+    assert [f.name for f in _formats.FORMATS if f.write] == ["safetensors", "tf-checkpoint"]
 
 
 def test_each_path_is_recognised_by_its_format(tmp_path):

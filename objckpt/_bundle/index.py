@@ -803,7 +803,14 @@ def graph_problems(graph, keys, *, attributes: bool = True):
 def path_chars(graph) -> int:
     """The characters of the canonical object paths of all the nodes a walk from the root
     reaches (`_paths.graph_paths`), counted without spelling them (linear in the graph),
-    stopping once past `_paths.MAX_PATH_CHARS`."""
+    stopping once past `_paths.MAX_PATH_CHARS`; or, where that bound cannot be reached, an
+    upper bound of them found without walking."""
+    # Without a walk first: no path is longer than every edge name escaped (at most twice
+    # its length) and joined, so a graph of everyday size cannot come near the bound.
+    edges = [child.local_name for node in graph.nodes for child in node.children]
+    longest = 2 * sum(map(len, edges)) + len(edges)
+    if longest * len(graph.nodes) <= _paths.MAX_PATH_CHARS:
+        return longest * len(graph.nodes)  # an upper bound, below the limit
     lengths, total = {0: 0}, 0
     for parent, name, node in _paths.graph_walk(graph):
         above = lengths[parent]

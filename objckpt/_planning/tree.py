@@ -18,10 +18,9 @@ import tensorflow as tf
 
 from objckpt import _compat, errors
 from objckpt._base import paths as _paths
-from objckpt._base import render as _render
 from objckpt._bundle import files as _files
-from objckpt._bundle import objgraph as _objgraph
 from objckpt._bundle import remote as _remote
+from objckpt._formats import checkpoint as _checkpoint
 from objckpt._formats import registry as _formats
 
 __all__ = ["CheckpointTree", "Entry", "VariableTree", "read_tree", "tree"]
@@ -272,9 +271,13 @@ def read_tree(source: str | os.PathLike) -> CheckpointTree:
       NotObjectBasedError: a name-based (TF1 `Saver`) checkpoint.
       UnsupportedFormatError: a file in no format objckpt reads.
     """
-    found = _formats.dispatch("open", source, _checkpoint_tree)
-    if isinstance(found, CheckpointTree):
-        return found
+    if _formats.find(source) is _formats.CHECKPOINT:  # its object graph kept (`graph`)
+        try:
+            return _checkpoint_tree(os.fspath(source))
+        except errors.ObjckptError as err:
+            _remote.unstage(err)  # a URL's staged copy: the URL named instead
+            raise
+    found = _formats.dispatch("open", source)
     names = found.get("names") or {}
     return CheckpointTree({key: Entry(tuple(shape), dtype, key, names.get(key, ""))
                            for key, (shape, dtype) in found["specs"].items()},
@@ -290,31 +293,13 @@ def _checkpoint_tree(source: str) -> CheckpointTree:
 
 
 def read_tree_at(prefix: str) -> CheckpointTree:
-    """`read_tree` of a resolved local prefix: the index validated (and opened by TF's
-    reader, which checks its blocks), the object graph decoded and checked by `_objgraph`,
-    the one reader of object graphs (`inspect`, `verify` and restore's), so each refuses a
-    damaged checkpoint with the same words."""
-    _, index = _files.open_checked(prefix)
-    entries = index.entries
-    if _compat.OBJECT_GRAPH_KEY not in entries:
-        sample = ", ".join(f"`{_render.safe(k)}`" for k in sorted(entries)[:3])
-        raise errors.NotObjectBasedError(
-            f"Checkpoint `{prefix}` is name-based (written by tf.compat.v1.train.Saver): its "
-            f"{len(entries)} entries are keyed by global variable name ({sample}) and it has no "
-            "object graph, so it cannot be matched by object structure. Expected: an object-based "
-            "checkpoint. Fix: map its names onto your model with objckpt.plan(...) and "
-            "objckpt.migrate(...) using rules, e.g. rules=[('^model_001/', '')].", source=prefix)
-    (data,) = _objgraph.read_strings(index, _compat.OBJECT_GRAPH_KEY)
-    graph = _objgraph.decode_object_graph(index, data)
-    items = {}
-    for node_id, node in enumerate(graph.nodes):
-        for attribute in node.attributes:
-            if attribute.name == _paths.VARIABLE_VALUE:
-                entry = _objgraph.value_entry(index, node_id, attribute)
-                key = attribute.checkpoint_key
-                items[_paths.path_of_key(key)] = Entry(
-                    entry.shape, tf.as_dtype(entry.dtype), key, attribute.full_name)
-    return CheckpointTree(items, prefix, graph, data)
+    """`read_tree` of a resolved local prefix, read by the TF checkpoint format
+    (`_formats.checkpoint.read_at`: the index validated and opened by TF's reader, the
+    object graph decoded and checked by `_objgraph`, the one reader of object graphs)."""
+    found = _checkpoint.read_at(prefix)
+    items = {path: Entry(entry.shape, tf.as_dtype(entry.dtype), key, name)
+             for path, (entry, key, name) in found.items.items()}
+    return CheckpointTree(items, prefix, found.graph, found.graph_bytes)
 
 
 def build_object_graph(paths: list[str], names: list[str], aliases: dict | None = None):
@@ -376,155 +361,10 @@ def build_object_graph(paths: list[str], names: list[str], aliases: dict | None 
     return graph
 
 
-def network_aliases(graph) -> dict[str, str]:
-    """{network path: canonical path} for variables whose canonical path runs elsewhere.
-
-    A Keras 3 model that was trained has its weights' canonical paths under
-    `optimizer/_trainable_variables/N`; their paths through the layers (what
-    an untrained copy of the model has) are found by a walk that skips
-    optimizer nodes.
-    """
-    return {path: full for path, full in subtree_paths(graph, "", skip_optimizers=True).items()
-            if path != full}
-
-
-def subtree_paths(graph, at: str, skip_optimizers: bool = False, index=None) -> dict[str, str]:
-    """Maps object path within the `at` subtree -> full object path, from a graph proto.
-
-    Paths are what `tree(child)` would give for the live child at `at`: a
-    breadth-first walk from that node, so a variable whose canonical path
-    goes through a sibling (e.g. a Keras 3 optimizer's `_trainable_variables`)
-    is still found under the subtree. Slot variables belong to the subtree
-    when both their variable and their optimizer do. `index`: a `GraphIndex`
-    of the same graph, shared by many calls (each then finds `at` in time linear
-    in its depth, not in the width of the nodes on the way).
-    """
-    node_id = (index or GraphIndex(graph)).node_at(at)
-    if node_id is None:
-        return {}
-    return subtree_paths_from(graph, node_id, skip_optimizers)
-
-
-def subtree_paths_from(graph, node_id: int, skip_optimizers: bool = False) -> dict[str, str]:
-    """`subtree_paths` of the subtree rooted at node `node_id`: linear in its size."""
-    skip = _paths.OptimizerEdges(graph) if skip_optimizers else None
-    paths = _paths.graph_paths(graph, node_id, skip)
-    order = list(paths)
-    result = {}
-
-    def add(node, path):
-        for attribute in graph.nodes[node].attributes:
-            if attribute.name == _paths.VARIABLE_VALUE:
-                result[path] = _paths.path_of_key(attribute.checkpoint_key)
-
-    for current in order:
-        add(current, paths[current])
-    for current in order:
-        for slot in graph.nodes[current].slot_variables:
-            if slot.original_variable_node_id in paths:
-                add(slot.slot_variable_node_id,
-                    f"{paths[slot.original_variable_node_id]}/{_paths.OPTIMIZER_SLOT}/"
-                    f"{paths[current]}/{slot.slot_name}")
-    return result
-
-
-_NO_CHILDREN: dict = {}  # shared by every leaf of a GraphIndex (never written)
-
-
-class GraphIndex:
-    """A graph proto's child edges by name, node by node, each node's built on first use.
-
-    A lookup of one edge is then O(1) however many children the node has (a root with
-    200,000 children, as a crafted or very wide checkpoint has): finding many subtrees
-    costs the sum of their depths, not depth times width.
-    """
-
-    __slots__ = ("_children", "graph")
-
-    def __init__(self, graph):
-        self.graph = graph
-        self._children: dict[int, dict[str, int]] = {}
-
-    def children(self, node_id: int) -> dict[str, int]:
-        """{edge name (unescaped): child node id} of one node; the first edge of a name."""
-        found = self._children.get(node_id)
-        if found is None:
-            children = self.graph.nodes[node_id].children
-            if not children:
-                return _NO_CHILDREN
-            found = {}
-            for child in children:
-                found.setdefault(child.local_name, child.node_id)
-            self._children[node_id] = found
-        return found
-
-    def node_at(self, at: str) -> int | None:
-        """The node an object path (`/`-joined escaped edge names) leads to, or None."""
-        node_id = 0
-        for component in filter(None, at.split("/")):
-            node_id = self.children(node_id).get(_paths.unescape(component))
-            if node_id is None:
-                return None
-        return node_id
-
-    def value_path(self, node_id: int) -> str | None:
-        """The path of the checkpoint key a node's value is stored under (its last
-        VARIABLE_VALUE attribute, as `subtree_paths` takes it), or None."""
-        found = None
-        for attribute in self.graph.nodes[node_id].attributes:
-            if attribute.name == _paths.VARIABLE_VALUE:
-                found = _paths.path_of_key(attribute.checkpoint_key)
-        return found
-
-    def holding(self, names, wanted: dict, specs: dict) -> list[str]:
-        """The top-level `names` whose subtree may hold every path of `wanted`.
-
-        wanted: {object path: (shape tuple, dtype)}; specs: {full path: (shape, dtype)}.
-        A necessary condition of `subtree_paths(graph, name)` holding each path with that
-        shape and dtype (its paths are edges from the subtree's node; child names are
-        unique, `_bundle.check_graph`): each path's edges lead from the name's node to a
-        node whose value has that shape and dtype. Slot paths are not checked. Each pair
-        (wanted prefix, node) is checked once, so the cost is linear in the graph's nodes
-        and edges whatever nodes the names share.
-        """
-        leaf = object()
-        trie: dict = {}
-        for path, spec in wanted.items():
-            if _paths.split_slot(path) is not None:
-                continue
-            node = trie
-            for component in path.split("/"):
-                node = node.setdefault(_paths.unescape(component), {})
-            node[leaf] = spec
-        memo: dict = {}
-
-        def holds(branch: dict, node_id: int) -> bool:
-            key = (id(branch), node_id)
-            found = memo.get(key)
-            if found is None:
-                found = True
-                spec = branch.get(leaf)
-                if spec is not None:
-                    full = self.value_path(node_id)
-                    have = specs.get(full) if full is not None else None
-                    found = have is not None and (tuple(have[0]), have[1]) == spec
-                if found:
-                    kids = self.children(node_id)
-                    for name, below in branch.items():
-                        if name is leaf:
-                            continue
-                        child = kids.get(name)
-                        if child is None or not holds(below, child):
-                            found = False
-                            break
-                memo[key] = found
-            return found
-
-        top = self.children(0)
-        return [name for name in names
-                if (node := top.get(_paths.unescape(name))) is not None and holds(trie, node)]
-
-
-def top_level_names(graph) -> list[str]:
-    """The escaped names of the root's children in a graph proto."""
-    return [_paths.escape(child.local_name) for child in graph.nodes[0].children]
+# A checkpoint's graph read for planning: its subtrees, network paths and edges by name
+# (`_formats.checkpoint`, the TF checkpoint format, which opens it as a source).
+network_aliases = _checkpoint.network_aliases
+subtree_paths = _checkpoint.subtree_paths
+subtree_paths_from = _checkpoint.subtree_paths_from
+GraphIndex = _checkpoint.GraphIndex
+top_level_names = _checkpoint.top_level_names
