@@ -196,3 +196,41 @@ def test_verify_decodes_the_object_graph_in_python_alone(tmp_path, monkeypatch):
     # A registered saver writes tensors under keys of its own: no stray tensor then.
     report = objckpt.verify(registered)
     assert report.ok and report.tensors == 2, report.describe()
+
+
+def test_the_worked_example_in_docs_layout_adds_a_format_to_every_door(tmp_path):
+    """docs/layout.md's "Adding a format": its module and its registry line, as written
+    there, make a format every door reads (diff too: its listing gives `read`) and the
+    unsupported-format message names."""
+    import pathlib
+    import re
+    import types
+
+    text = (pathlib.Path(__file__).parent.parent / "docs" / "layout.md").read_text()
+    module_code, registry_line = re.findall(r"```python\n(.*?)```",
+                                            text.split("## Adding a format")[1], re.S)
+    rawf32 = types.ModuleType("rawf32")
+    exec(compile(module_code, "docs/layout.md", "exec"), rawf32.__dict__)
+    fmt = eval(registry_line.strip().rstrip(","),  # the line as the docs write it
+               {"Format": _formats.Format, "Checked": _formats.Checked, "_rawf32": rawf32})
+    path = str(tmp_path / "w.f32")
+    _VALUES.tofile(path)
+    other = str(tmp_path / "other.f32")
+    (_VALUES * 2).tofile(other)
+    _formats.register(fmt)
+    try:
+        assert "raw float32 `.f32`" in str(_formats.unsupported(str(tmp_path / "x.bin")))
+        tree = objckpt.read_tree(path)
+        assert [(k, e.shape, e.dtype) for k, e in tree.items()] == [("w", (2,), tf.float32)]
+        assert list(_meta.read(path)) == ["w"] and "w" in objckpt.graph(path).dot
+        report = objckpt.verify(path)
+        assert (report.ok, report.tensors, report.nbytes) == (True, 2, 8)
+        module = _module()
+        objckpt.restore(module, path)
+        assert module.w.numpy().tobytes() == _VALUES.tobytes()
+        assert _diff.diff(path, path).same
+        assert [(d.path, d.differing) for d in _diff.diff(path, other).values] == [("w", 2)]
+    finally:
+        _formats.unregister("raw-f32")
+    with pytest.raises(errors.UnsupportedFormatError):
+        objckpt.read_tree(path)

@@ -23,8 +23,6 @@ from __future__ import annotations
 import os
 from typing import NamedTuple
 
-import numpy as np
-
 from objckpt import errors
 from objckpt._base import paths as _paths
 from objckpt._base import render as _render
@@ -168,7 +166,9 @@ class _Values:
     def __init__(self, prefix: str, index):
         self.prefix, self.index, self.reader = prefix, index, None
 
-    def read(self, key: str) -> np.ndarray:
+    def read(self, key: str):
+        import numpy as np  # only when values are compared: `inspect` never imports it
+
         entry = self.index.entries[key]
         if entry.slices or entry.dtype == 21:  # partitioned, variant: TF's reader
             return self._with_tf(key)
