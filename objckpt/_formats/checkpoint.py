@@ -255,8 +255,10 @@ def _object_fields(prefix: str, notes) -> dict:
     def structure():
         # The graph without the variables' saved names (`mlp_3/dense/kernel`), which
         # differ between runs of the same code and only place optimizer slots.
-        nodes = tuple(node._replace(attributes=tuple(a._replace(full_name="")
-                                                     for a in node.attributes))
+        nodes = tuple(_objgraph.Node(node.children,
+                                     tuple(_objgraph.Attribute(a.name, "", a.checkpoint_key)
+                                           for a in node.attributes),
+                                     node.slot_variables, node.registered)
                       for node in graph.nodes)
         return ("object", nodes, tuple(specs.items()), tuple(notes))
 
