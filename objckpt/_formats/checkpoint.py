@@ -63,12 +63,14 @@ class Read(NamedTuple):
       graph_bytes: its serialized bytes (TF's proto parses them, for `read_tree`).
       items: {object path: (index entry, checkpoint key, saved name)} of its variables, in
         node order.
+      nodes: {object path: the id of the node holding the variable}.
     """
 
     index: object
     graph: object
     graph_bytes: bytes
     items: dict
+    nodes: dict
 
 
 def name_based(prefix: str, index) -> errors.NotObjectBasedError:
@@ -83,72 +85,72 @@ def name_based(prefix: str, index) -> errors.NotObjectBasedError:
         "objckpt.migrate(...) using rules, e.g. rules=[('^model_001/', '')].", source=prefix)
 
 
-def read_at(prefix: str, *, tf_reader: bool = True) -> Read:
-    """Reads a resolved local prefix's metadata: the index validated (`tf_reader`: also
-    opened by TF's reader, which checks its blocks' checksums), the object graph decoded
-    and checked.
+def _index(prefix: str, tf_reader: bool):
+    """The validated index (`tf_reader`: also opened by TF's reader, which checks its
+    blocks' checksums)."""
+    if tf_reader:
+        return _files.open_checked(prefix)[1]
+    try:
+        return _bundle.read_index(prefix)
+    except FileNotFoundError as err:  # removed since it was resolved
+        raise errors.CheckpointNotFoundError(
+            f"No checkpoint at prefix `{_render.safe(prefix)}`: `{_render.safe(prefix)}"
+            ".index` does not exist. Fix: check the path, or pass the directory to use its "
+            "newest checkpoint.", source=prefix) from err
+
+
+def read_at(prefix: str, *, tf_reader: bool = True, index=None) -> Read:
+    """Reads a resolved local prefix's metadata: the index validated (unless given), the
+    object graph decoded and checked.
 
     Raises:
       CheckpointNotFoundError: no `prefix.index`.
       CheckpointCorruptError: the index or the object graph is damaged.
       NotObjectBasedError: a name-based checkpoint.
     """
-    if tf_reader:
-        _, index = _files.open_checked(prefix)
-    else:
-        try:
-            index = _bundle.read_index(prefix)
-        except FileNotFoundError as err:  # removed since it was resolved
-            raise errors.CheckpointNotFoundError(
-                f"No checkpoint at prefix `{_render.safe(prefix)}`: `{_render.safe(prefix)}"
-                ".index` does not exist. Fix: check the path, or pass the directory to use its "
-                "newest checkpoint.", source=prefix) from err
+    index = _index(prefix, tf_reader) if index is None else index
     if OBJECT_GRAPH_KEY not in index.entries:
         raise name_based(prefix, index)
     (data,) = _objgraph.read_strings(index, OBJECT_GRAPH_KEY)
     graph = _objgraph.decode_object_graph(index, data)
-    items = {}
+    items, nodes = {}, {}
     for node_id, node in enumerate(graph.nodes):
         for attribute in node.attributes:
             if attribute.name == _paths.VARIABLE_VALUE:
                 key = attribute.checkpoint_key
-                items[_paths.path_of_key(key)] = (_objgraph.value_entry(index, node_id, attribute),
-                                                  key, attribute.full_name)
-    return Read(index, graph, data, items)
+                path = _paths.path_of_key(key)
+                items[path] = (_objgraph.value_entry(index, node_id, attribute), key,
+                               attribute.full_name)
+                nodes[path] = node_id
+    return Read(index, graph, data, items, nodes)
 
 
 # --- list: the variables from metadata, TF-free ----------------------------------------------
 
 def listing(path: str) -> dict:
     """The `list` role: a prefix's or directory's variables, TF-free, ordered by the paths
-    people recognise (`network_paths`: optimizers last); a name-based checkpoint's by name.
-    `read(key)` gives a tensor's values as NumPy (`read_values`)."""
+    people recognise (`network_paths`: a walk taking optimizers last, then the nodes it does
+    not reach); a name-based checkpoint's by name. `read(key)` gives a tensor's values as
+    NumPy (`_Values`)."""
     prefix, notes = _files.resolve_prefix(path, tf_reader=False)
-    try:
-        found = read_at(prefix, tf_reader=False)
-    except errors.NotObjectBasedError:
-        index = _bundle.read_index(prefix)
+    index = _index(prefix, tf_reader=False)
+    if OBJECT_GRAPH_KEY not in index.entries:
+        graph = None
         variables = [(name, name, entry.shape, entry.dtype, name, name)
                      for name, entry in index.entries.items()]
-        graph = None
     else:
-        index, graph = found.index, found.graph
+        found = read_at(prefix, index=index)
+        graph = found.graph
         shown = network_paths(graph)
-        order = {node: n for n, node in enumerate(shown)}
-        rows = []
-        for path_, (entry, key, name) in found.items.items():
-            rows.append((path_, entry, key, name))
-        node_of = {}
-        for node_id, node in enumerate(graph.nodes):
-            for attribute in node.attributes:
-                if attribute.name == _paths.VARIABLE_VALUE:
-                    node_of[_paths.path_of_key(attribute.checkpoint_key)] = node_id
-        rows.sort(key=lambda row: (order.get(node_of[row[0]], len(order)), node_of[row[0]]))
-        variables = [(p, shown.get(node_of[p], p), entry.shape, entry.dtype, key, name)
-                     for p, entry, key, name in rows]
-    reader = _Values(prefix, index)
+        rank = {node: n for n, node in enumerate(
+            [*shown, *(n for n in range(len(graph.nodes)) if n not in shown)])}
+        variables = []
+        for path_ in sorted(found.items, key=lambda p: rank[found.nodes[p]]):
+            entry, key, name = found.items[path_]
+            variables.append((path_, shown.get(found.nodes[path_], path_), entry.shape,
+                              entry.dtype, key, name))
     return {"prefix": prefix, "notes": notes, "index": index, "graph": graph,
-            "variables": variables, "read": reader.read}
+            "variables": variables, "read": _Values(prefix, index).read}
 
 
 class _Values:
@@ -194,9 +196,6 @@ class _Values:
                 f"{_render.first_line(err)}. Expected: a tensor as its index describes. Its "
                 "data file is damaged or truncated. Fix: write the checkpoint again, or compare "
                 "another one.", source=_remote.shown(self.prefix)) from err
-
-    def close(self) -> None:
-        self.reader = None
 
 
 def network_paths(graph) -> dict[int, str]:
