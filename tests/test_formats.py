@@ -1,6 +1,7 @@
-"""The format registry (`objckpt._formats.registry`): every format listed once with its four roles,
-every dispatcher (inspect, verify, plan/restore, graph, diff) asking it, and a file in no
-format refused with the same UnsupportedFormatError by every entry point."""
+"""The format registry (`objckpt._formats.registry`): every format listed once with its
+roles (the TF checkpoint too), every dispatcher (inspect, verify, plan/restore, read_tree,
+graph, diff) asking it, a format added as docs/layout.md shows, and a file in no format
+refused with the same UnsupportedFormatError by every entry point."""
 
 from __future__ import annotations
 
