@@ -291,17 +291,17 @@ def test_saveables_of_several_tensors_and_variant_tensors(tmp_path):
 def test_values_read_that_disagree_with_the_metadata_change_nothing(good, monkeypatch):
     """Invariant 1: every value is checked under the path it will be assigned to, after it is
     read and before any assignment, even when the metadata the plan checked said otherwise."""
+    from objckpt._formats import checkpoint as _checkpoint
     from objckpt._planning import fetch as _fetch
-    from objckpt._planning import sources as _sources
 
-    real = _sources._restore_v2
+    real = _checkpoint._restore_v2
 
     def lying(prefix, keys, dtypes, shapes=None):
         values = list(real(prefix, keys, dtypes, shapes))
         values[-1] = tf.zeros([9], values[-1].dtype)  # the last one read: after the others
         return values
 
-    monkeypatch.setattr(_sources, "_restore_v2", lying)
+    monkeypatch.setattr(_checkpoint, "_restore_v2", lying)
     # The path that reads every value before assigning (a restore in place from files
     # checks the index entries against the variables instead: tests/test_parallel_io.py).
     monkeypatch.setattr(_fetch, "streamed", lambda *args: None)

@@ -240,10 +240,10 @@ _MALFORMED = {
         (1, 2, _message((1, 0, 7), (2, 2, b"w")))))), "-> node 7, outside 0..1"),
     "negative child": (_message((1, 2, _message((1, 2, _message((1, 0, -1), (2, 2, b"v")))))),
                        "-> node -1, outside 0..0"),
-    "no nodes": (b"", "it has no nodes"),
+    "no nodes": (b"", "the object graph has no nodes"),
     "missing key": (_message((1, 2, _message((2, 2, _message((1, 2, b"VARIABLE_VALUE"),
                                                              (3, 2, b"w")))))),
-                    "names checkpoint key `w`, which the index lacks"),
+                    "the object graph lists key `w` (node 0) but the index has no such tensor"),
 }
 
 

@@ -1,6 +1,7 @@
-"""The format registry (`objckpt._formats.registry`): every format listed once with its four roles,
-every dispatcher (inspect, verify, plan/restore, graph, diff) asking it, and a file in no
-format refused with the same UnsupportedFormatError by every entry point."""
+"""The format registry (`objckpt._formats.registry`): every format listed once with its
+roles (the TF checkpoint too), every dispatcher (inspect, verify, plan/restore, read_tree,
+graph, diff) asking it, a format added as docs/layout.md shows, and a file in no format
+refused with the same UnsupportedFormatError by every entry point."""
 
 from __future__ import annotations
 
@@ -74,10 +75,14 @@ def _module() -> tf.Module:
 def test_the_registry_lists_every_format_with_its_roles():
     names = [f.name for f in _formats.FORMATS]
     assert names == ["savedmodel", "keras3", "keras2-h5", "safetensors", "tf-checkpoint"]
-    for fmt in _formats.FORMATS[:-1]:  # the TF checkpoint's roles belong to their callers
+    for fmt in _formats.FORMATS:  # the TF checkpoint too: every role in its format module
         assert all(callable(getattr(fmt, role)) for role in _formats.ROLES), fmt.name
     assert _formats.FORMATS[-1] is _formats.CHECKPOINT
-    assert [getattr(_formats.CHECKPOINT, role) for role in _formats.ROLES] == [None] * 3
+    from objckpt._formats import checkpoint as _checkpoint
+
+    assert (_formats.CHECKPOINT.list, _formats.CHECKPOINT.open, _formats.CHECKPOINT.write) == (
+        _checkpoint.listing, _checkpoint.source_fields, _checkpoint.write)
+    assert [f.name for f in _formats.FORMATS if f.write] == ["safetensors", "tf-checkpoint"]
 
 
 def test_each_path_is_recognised_by_its_format(tmp_path):
@@ -140,13 +145,11 @@ def test_a_file_in_no_format_is_refused_alike_by_every_entry_point(tmp_path, cap
         with pytest.raises(errors.UnsupportedFormatError) as info:
             call()
         assert expected in str(info.value), name
-        # `read_tree` words it in `_files.resolve_prefix`, which does not list safetensors
-        # yet (issue 31 follow-up: _bundle/files.py was being changed for issue 30).
-        tail = "; this one is none of them." if name == "read_tree" else (
-            ", safetensors `.safetensors` and `model.safetensors.index.json`; this one is none "
-            "of them.")
+        # One message, its list of files generated from the registry: every format named.
+        assert str(info.value).endswith(str(_formats.unsupported(path))), name
         assert "Files objckpt also reads: Keras 3 `.weights.h5`, `.keras` and sharded " \
-               "`.weights.json`, Keras 2 HDF5 `.h5`" + tail in str(
+               "`.weights.json`, Keras 2 HDF5 `.h5`, safetensors `.safetensors` and " \
+               "`model.safetensors.index.json`; this one is none of them." in str(
                    info.value), name
         assert info.value.source == path, name
     assert module.w.numpy().tobytes() == before
@@ -194,3 +197,41 @@ def test_verify_decodes_the_object_graph_in_python_alone(tmp_path, monkeypatch):
     # A registered saver writes tensors under keys of its own: no stray tensor then.
     report = objckpt.verify(registered)
     assert report.ok and report.tensors == 2, report.describe()
+
+
+def test_the_worked_example_in_docs_layout_adds_a_format_to_every_door(tmp_path):
+    """docs/layout.md's "Adding a format": its module and its registry line, as written
+    there, make a format every door reads (diff too: its listing gives `read`) and the
+    unsupported-format message names."""
+    import pathlib
+    import re
+    import types
+
+    text = (pathlib.Path(__file__).parent.parent / "docs" / "layout.md").read_text()
+    module_code, registry_line = re.findall(r"```python\n(.*?)```",
+                                            text.split("## Adding a format")[1], re.S)
+    rawf32 = types.ModuleType("rawf32")
+    exec(compile(module_code, "docs/layout.md", "exec"), rawf32.__dict__)
+    fmt = eval(registry_line.strip().rstrip(","),  # the line as the docs write it
+               {"Format": _formats.Format, "Checked": _formats.Checked, "_rawf32": rawf32})
+    path = str(tmp_path / "w.f32")
+    _VALUES.tofile(path)
+    other = str(tmp_path / "other.f32")
+    (_VALUES * 2).tofile(other)
+    _formats.register(fmt)
+    try:
+        assert "raw float32 `.f32`" in str(_formats.unsupported(str(tmp_path / "x.bin")))
+        tree = objckpt.read_tree(path)
+        assert [(k, e.shape, e.dtype) for k, e in tree.items()] == [("w", (2,), tf.float32)]
+        assert list(_meta.read(path)) == ["w"] and "w" in objckpt.graph(path).dot
+        report = objckpt.verify(path)
+        assert (report.ok, report.tensors, report.nbytes) == (True, 2, 8)
+        module = _module()
+        objckpt.restore(module, path)
+        assert module.w.numpy().tobytes() == _VALUES.tobytes()
+        assert _diff.diff(path, path).same
+        assert [(d.path, d.differing) for d in _diff.diff(path, other).values] == [("w", 2)]
+    finally:
+        _formats.unregister("raw-f32")
+    with pytest.raises(errors.UnsupportedFormatError):
+        objckpt.read_tree(path)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import os
+import re
 
 import pytest
 
@@ -156,3 +157,133 @@ def test_codec_rewrites_tf_index_byte_for_byte(bases):
         assert F.encode_strings([bundle.graph_bytes()]) == (
             bundle.tensor_bytes(F.OBJECT_GRAPH_KEY), entry.crc32c)
         assert F.tensor_summary(bundle)  # every checksum verifies
+
+
+# --- one validation: what `verify` passes, restore reads; what restore calls damaged, verify
+# fails with the same words. In this process: the cases are consistent files or files whose
+# damage the index and graph checks refuse before TF reads them (no crash, no hang).
+
+AGREEMENT_GROUPS = ("damage", "index", "graph", "safetensors")
+
+
+@pytest.fixture(scope="module")
+def small_bases(tmp_path_factory):
+    """The module base (a prefix) and the safetensors base (its values by object path),
+    written in this process in well under a second."""
+    import flavours
+    import safetensors.numpy
+    from support import values
+
+    import objckpt
+
+    directory = str(tmp_path_factory.mktemp("agreement-bases"))
+    ckpt = flavours.build_module()
+    objckpt.save(ckpt, os.path.join(directory, "module", "ckpt"))
+    os.makedirs(os.path.join(directory, "safetensors"))
+    safetensors.numpy.save_file(values(ckpt), os.path.join(directory, "safetensors",
+                                                           F.SAFETENSORS_FILE))
+    return directory
+
+
+def _verify_and_restore(path: str):
+    """(the verify report, the error restore raised or None) of one file."""
+    import flavours
+
+    import objckpt
+    from objckpt import errors
+
+    report = objckpt.verify(path)
+    try:
+        objckpt.restore(flavours.build_module(train=False), path)
+    except errors.ObjckptError as err:
+        return report, err
+    return report, None
+
+
+def _disagreement(report, err) -> str | None:
+    """Why verify and restore disagree on a file, or None."""
+    from objckpt import errors
+
+    if report.ok:
+        # Readable: restore reads it, unless the obj does not fit what it holds.
+        if err is None or isinstance(err, errors.StructureMismatchError):
+            return None
+        return f"verify passed, restore raised {type(err).__name__}: {err}"
+    if err is None:
+        return f"verify failed, restore read it: {report.describe()}"
+    if isinstance(err, errors.CheckpointCorruptError) and not any(
+            p.reason in str(err) for p in report.problems):
+        return (f"different reasons: verify: {[p.reason for p in report.problems]}; "
+                f"restore: {err}")
+    return None
+
+
+def test_verify_and_restore_agree_on_every_fuzzed_file(small_bases, tmp_path):
+    """Over every mutation of the module and safetensors bases (one seed each): a file
+    passes both verify and restore (a mismatch with the obj aside) or fails both, and a
+    restore that calls it damaged says so in the words of one of verify's problems."""
+    cases = [(name, base) for name, m in F.MUTATIONS.items()
+             if m.group in AGREEMENT_GROUPS and not m.bench_only
+             for base in ("module", "safetensors") if base in m.bases]
+    assert len(cases) >= 90, len(cases)
+    disagreements, failed = [], 0
+    for n, (name, base) in enumerate(cases):
+        case = F.make_case(name, base, 0, small_bases, str(tmp_path / f"case-{n}"))
+        report, err = _verify_and_restore(case.target)
+        failed += not report.ok
+        why = _disagreement(report, err)
+        if why is not None:
+            disagreements.append(f"{name} on {base}: {why[:600]}")
+    assert not disagreements, "\n".join(disagreements)
+    assert failed >= len(cases) // 2, failed  # most mutations are damage both refuse
+
+
+def _craft(small_bases, tmp_path, mutation: str) -> str:
+    return F.make_case(mutation, "module", 0, small_bases, str(tmp_path / "case")).target
+
+
+def test_a_big_endian_bundle_header_fails_verify_as_restore_refuses_it(small_bases,
+                                                                       tmp_path):
+    """TF would read a big-endian bundle byte-swapped; objckpt's readers take the bytes as
+    little-endian: verify and restore both refuse it, naming the header."""
+    from objckpt import errors
+
+    path = _craft(small_bases, tmp_path, "index.endianness_big")
+    report, err = _verify_and_restore(path)
+    reason = ("the header says its data is big-endian; objckpt reads the little-endian "
+              "checkpoints TF writes on every common platform")
+    assert [(p.where, reason in p.message) for p in report.problems] == [
+        (path + ".index", True)]
+    assert isinstance(err, errors.CheckpointCorruptError) and reason in str(err)
+    assert report.problems[0].reason in str(err)
+
+
+def test_a_deep_object_graph_chain_fails_verify_as_restore_refuses_it(small_bases, tmp_path,
+                                                                      monkeypatch):
+    """A chain of nodes whose object paths add up past the bound every reader of paths keeps
+    (a few MB of graph would spell gigabytes of paths): verify reports it as the problem
+    restore, plan and read_tree refuse; under the bound, all of them read it."""
+    import objckpt
+    from objckpt import errors
+    from objckpt._base import paths as _paths
+
+    path = _craft(small_bases, tmp_path, "graph.deep_chain")  # 5,000 nodes under the root
+    report, err = _verify_and_restore(path)
+    assert report.ok and err is None  # 5,000 deep: about 25 million characters of paths
+    monkeypatch.setattr(_paths, "MAX_PATH_CHARS", 1_000_000)
+    report, err = _verify_and_restore(path)
+    reason = ("its object paths add up to more than 1,000,000 characters (nodes chained "
+              "thousands of edges deep)")
+    assert [(p.where, reason in p.message) for p in report.problems] == [
+        ("_CHECKPOINTABLE_OBJECT_GRAPH", True)]
+    assert isinstance(err, errors.CheckpointCorruptError)
+    assert report.problems[0].reason in str(err)
+    for read in (objckpt.read_tree, lambda p: objckpt.plan(_untrained_module(), p)):
+        with pytest.raises(errors.CheckpointCorruptError, match=re.escape(reason)):
+            read(path)
+
+
+def _untrained_module():
+    import flavours
+
+    return flavours.build_module(train=False)

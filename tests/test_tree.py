@@ -102,6 +102,32 @@ def test_read_tree_of_directory_uses_newest(tmp_path):
     assert set(entries) == {"v", "w", "save_counter"}  # TF's own bookkeeping is kept
 
 
+def test_read_tree_reads_safetensors_files_and_folders_as_restore_does(tmp_path):
+    """read_tree takes the sources restore takes: a safetensors file and the folder holding
+    it, keyed by the names the file holds, with the shapes and dtypes restore checks."""
+    import safetensors.numpy
+
+    module = tf.Module()
+    module.dense = tf.Module()
+    module.dense.kernel = tf.Variable(tf.zeros((3, 4)))
+    module.dense.bias = tf.Variable(tf.zeros((4,), tf.float16))
+    values = {"dense/kernel": np.arange(12, dtype=np.float32).reshape(3, 4),
+              "dense/bias": np.ones(4, np.float16)}
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    path = str(folder / "model.safetensors")
+    safetensors.numpy.save_file(values, path)
+    for source in (path, str(folder)):
+        entries = objckpt.read_tree(source)
+        assert sorted(entries) == ["dense/bias", "dense/kernel"], source
+        assert [(entries[k].shape, entries[k].dtype, entries[k].key) for k in sorted(entries)] == [
+            ((4,), tf.float16, "dense/bias"), ((3, 4), tf.float32, "dense/kernel")], source
+        assert entries.object_graph is None and entries.graph is None
+        assert entries.nbytes == 4 * 2 + 12 * 4
+    objckpt.restore(module, str(folder))  # what read_tree listed is what restore reads
+    np.testing.assert_array_equal(module.dense.kernel.numpy(), values["dense/kernel"])
+
+
 def test_name_based_checkpoint_is_refused_with_a_pointer(tmp_path):
     prefix = write_name_based(tmp_path / "tf1")
     with pytest.raises(errors.NotObjectBasedError) as info:

@@ -19,6 +19,7 @@ import objckpt
 from objckpt import _compat, errors
 from objckpt._base import paths as _paths
 from objckpt._bundle import files as _files
+from objckpt._formats import checkpoint as _checkpoint
 from objckpt._planning import match as _match
 from objckpt._planning import tree as _tree
 
@@ -77,7 +78,7 @@ class _Budget:
                 assert self.walked <= walked, "graph walks beyond a linear bound"
                 yield edge
 
-        monkeypatch.setattr(_tree, "subtree_paths_from", counted_subtree)
+        monkeypatch.setattr(_checkpoint, "subtree_paths_from", counted_subtree)
         monkeypatch.setattr(_paths, "graph_walk", counted_walk)
 
 

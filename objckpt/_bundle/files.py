@@ -28,9 +28,9 @@ from objckpt._bundle import state as _ckptstate
 
 __all__ = ["DATA_SUFFIX", "STATE_FILE", "check_intact", "check_prefix", "commit",
            "data_files_problem", "data_shards", "directory_prefixes", "inside",
-           "intact_prefixes", "listdir", "nearby_prefixes", "open_checked", "open_reader",
-           "regular_file_problem", "remove", "rename", "resolve_prefix", "state_candidates",
-           "state_prefixes", "temp_prefix", "write_tensors"]
+           "intact_prefixes", "listdir", "nearby_prefixes", "not_a_prefix", "open_checked",
+           "open_reader", "regular_file_problem", "remove", "rename", "resolve_prefix",
+           "state_candidates", "state_prefixes", "temp_prefix", "write_tensors"]
 
 STATE_FILE = _ckptstate.STATE_FILE  # the state file itself is `_ckptstate`'s
 DATA_SUFFIX = ".data-00000-of-00001"
@@ -420,18 +420,26 @@ def _resolve(source: str | os.PathLike, *,
                 f"`{shown}.index` to be a regular file (not opened). Fix: pass another "
                 "checkpoint, or replace the file with the checkpoint's real index.", source=source)
         return source, ()
-    if os.path.isfile(source):
-        raise errors.UnsupportedFormatError(
-            f"`{shown}` is a file, not a checkpoint prefix: expected `{shown}.index` and "
-            f"`{shown}.data-*` beside it. Fix: pass the prefix (the path without `.index` or "
-            "`.data-*`). Files objckpt also reads: Keras 3 `.weights.h5`, `.keras` and sharded "
-            "`.weights.json`, Keras 2 HDF5 `.h5`; this one is none of them.", source=source)
+    if os.path.isfile(source):  # the format registry words it first for every public door
+        raise not_a_prefix(source)
     found = nearby_prefixes(os.path.dirname(source))
     hint = (f" Checkpoints found there: {', '.join(map(_render.safe, found))}." if found
             else "")
     raise errors.CheckpointNotFoundError(
         f"No checkpoint at prefix `{shown}`: expected `{shown}.index`, found nothing.{hint} "
         "Fix: check the path, or pass the directory to use its newest checkpoint.", source=source)
+
+
+def not_a_prefix(path: str, others: str = "") -> errors.UnsupportedFormatError:
+    """The error for a regular file where a checkpoint prefix was expected: the words of
+    the format registry's "unsupported format" message, which passes `others`, the files
+    of the other formats it reads (generated from its list)."""
+    shown = _render.safe(path)
+    also = f" Files objckpt also reads: {others}; this one is none of them." if others else ""
+    return errors.UnsupportedFormatError(
+        f"`{shown}` is a file, not a checkpoint prefix: expected `{shown}.index` and "
+        f"`{shown}.data-*` beside it. Fix: pass the prefix (the path without `.index` or "
+        f"`.data-*`).{also}", source=path)
 
 
 def _resolve_remote(source: str, shown: str, tf_reader: bool) -> tuple[str, tuple[str, ...]]:

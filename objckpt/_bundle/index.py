@@ -11,9 +11,12 @@ is checked here first, TF-free (no `import tensorflow`): the footer and block ha
 the file, blocks parse, keys are UTF-8 and strictly increasing, entry protos parse (strictly:
 nothing TF's parser would refuse is accepted), dtypes are ones TF saves, shapes are
 non-negative with element counts that fit, every entry's bytes lie within its data shard and
-match its shape, and the object graph entry is a scalar string. `check_graph` does the same
-for a parsed object graph proto (node ids in range, no duplicate child names, checkpoint keys
-present and unique, slot references valid).
+match its shape, the object graph entry is a scalar string, and the header declares
+little-endian data (objckpt's readers take bytes as TF writes them on every common platform;
+TF would byte-swap a big-endian bundle). `graph_problems` does the same for a parsed object
+graph (node ids in range, no duplicate child names, checkpoint keys present and unique, slot
+references valid, object paths of a bounded total length): `check_graph` raises the first,
+as every reader does, and `objckpt.verify` lists them all in the same words.
 
 Anything wrong raises `CheckpointCorruptError` naming the file, the entry and the problem.
 Block checksums are not recomputed here: TF verifies them when it reads a block, and a block
@@ -29,11 +32,13 @@ import stat
 import struct
 
 from objckpt import errors
+from objckpt._base import paths as _paths
 from objckpt._base import render as _render
 from objckpt._bundle import remote as _remote
 
 __all__ = ["OBJECT_GRAPH_KEY", "Entry", "Index", "WireError", "check_graph", "corrupt",
            "dtype_size", "expect_wire", "fields", "graph_problems", "int32", "open_file",
+           "path_chars",
            "read_index", "regular_file_problem", "saved_under", "shard_name", "singular",
            "stat_problem", "varint"]
 
@@ -443,6 +448,10 @@ def _parse_header(buf, start: int, end: int) -> int:
             num_shards = _int32(value)
         elif value > 1:
             raise _Bad(f"the header names endianness {value} (0 or 1 expected)")
+        elif value == 1:  # TF would read it byte-swapped; objckpt's readers take bytes as
+            # they are (little-endian), so its values would mean something else
+            raise _Bad("the header says its data is big-endian; objckpt reads the "
+                       "little-endian checkpoints TF writes on every common platform")
     if not 1 <= num_shards <= _MAX_SHARDS:
         raise _Bad(f"the header says {num_shards} data shards (1 to {_MAX_SHARDS} expected)")
     return num_shards
@@ -709,9 +718,10 @@ def _corrupt(path: str, key, problem: str) -> errors.CheckpointCorruptError:
 # --- the object graph ----------------------------------------------------------------------
 
 def check_graph(graph, keys, prefix: str, *, attributes: bool = True) -> None:
-    """Raises CheckpointCorruptError on the first of `graph_problems`; `attributes=False`
-    leaves the checkpoint keys to the caller (who reads them anyway)."""
-    for _, problem in graph_problems(graph, keys, attributes=attributes):
+    """Raises CheckpointCorruptError on the first of `graph_problems` (what `verify` lists
+    as problems, worded alike); `attributes=False` leaves the checkpoint keys to the caller
+    (who reads them anyway)."""
+    for _, _, problem in graph_problems(graph, keys, attributes=attributes):
         raise errors.CheckpointCorruptError(
             f"Checkpoint `{_render.safe(prefix)}` has an inconsistent object graph: {problem}. "
             "Nothing was read into any variable. Fix: restore from another checkpoint, or write "
@@ -729,44 +739,86 @@ def saved_under(key: str, keys) -> bool:
 
 
 def graph_problems(graph, keys, *, attributes: bool = True):
-    """(kind, problem) for what is wrong in a parsed `TrackableObjectGraph` given the index's
-    `keys`: kind is "empty", "child" (id out of range), "duplicate" (two children of one
-    name), "key" (a checkpoint key the index lacks), "shared" (a key named by two nodes) or
-    "slot" (a slot reference out of range). Node ids are never resolved by Python's negative
-    indexing: -2 is out of range.
+    """(kind, where, problem) for what is wrong in a parsed `TrackableObjectGraph` given the
+    index's `keys`: the checks every reader of a checkpoint makes (`check_graph` raises the
+    first, `objckpt.verify` lists them all), so that what `verify` passes they all read.
+
+    kind is "empty", "child" (id out of range), "duplicate" (two children of one name),
+    "key" (a checkpoint key the index lacks), "shared" (a key named by two nodes), "slot" (a
+    slot reference out of range) or "paths" (the object paths of all nodes together longer
+    than `_paths.MAX_PATH_CHARS`: a chain thousands of edges deep, which every reader that
+    names nodes by path refuses); `where` is the node (`node 3`) or, for a key, its object
+    path. Node ids are never resolved by Python's negative indexing: -2 is out of range.
     """
     nodes = graph.nodes
     count = len(nodes)
     if not count:
-        yield "empty", "it has no nodes"
+        yield "empty", "", "the object graph has no nodes"
         return
     owner_of_key: dict = {}
+    sorted_keys = None
     for node_id, node in enumerate(nodes):
+        where = f"node {node_id}"
         children = node.children
         if children:
             names = set()
             for child in children:
                 local = child.local_name
                 if not 0 <= child.node_id < count:
-                    yield "child", (f"node {node_id} has child `{_render.safe(local)}` -> node "
-                                    f"{child.node_id}, outside 0..{count - 1}")
+                    yield "child", where, (f"node {node_id} has child `{_render.safe(local)}` "
+                                           f"-> node {child.node_id}, outside 0..{count - 1}")
                 if local in names:
-                    yield "duplicate", (f"node {node_id} has two children named "
-                                        f"`{_render.safe(local)}`")
+                    yield "duplicate", where, (f"node {node_id} has two children named "
+                                               f"`{_render.safe(local)}`")
                 names.add(local)
         for attribute in (node.attributes if attributes else ()):
             key = attribute.checkpoint_key
-            if key == OBJECT_GRAPH_KEY or not (key in keys or saved_under(key, keys)):
-                yield "key", (f"node {node_id} names checkpoint key `{_render.safe(key)}`, "
-                              "which the index lacks")
+            if key != OBJECT_GRAPH_KEY and key not in keys:
+                if sorted_keys is None:
+                    sorted_keys = sorted(keys)
+                present = saved_under(key, sorted_keys)
+            else:
+                present = key != OBJECT_GRAPH_KEY
+            if not present:
+                yield "key", _paths.path_of_key(key), (
+                    f"the object graph lists key `{_render.safe(key)}` (node {node_id}) but "
+                    "the index has no such tensor")
             elif owner_of_key.setdefault(key, node_id) != node_id:
-                yield "shared", (f"checkpoint key `{_render.safe(key)}` is named by two nodes "
-                                 f"({owner_of_key[key]} and {node_id})")
+                yield "shared", _paths.path_of_key(key), (
+                    f"the object graph lists key `{_render.safe(key)}` (node {node_id}) but "
+                    f"another node of the graph (node {owner_of_key[key]}) names the same key")
         for slot in node.slot_variables:
             for ref in (slot.original_variable_node_id, slot.slot_variable_node_id):
                 if not 0 <= ref < count:
-                    yield "slot", (f"node {node_id} has slot `{_render.safe(slot.slot_name)}` "
-                                   f"referring to node {ref}, outside 0..{count - 1}")
+                    yield "slot", where, (f"node {node_id} has slot "
+                                          f"`{_render.safe(slot.slot_name)}` referring to node "
+                                          f"{ref}, outside 0..{count - 1}")
+    chars = path_chars(graph)
+    if chars > _paths.MAX_PATH_CHARS:
+        yield "paths", "", (f"its object paths add up to more than {_paths.MAX_PATH_CHARS:,} "
+                            "characters (nodes chained thousands of edges deep): no model is "
+                            "built that way, so the checkpoint is crafted or damaged")
+
+
+def path_chars(graph) -> int:
+    """The characters of the canonical object paths of all the nodes a walk from the root
+    reaches (`_paths.graph_paths`), counted without spelling them (linear in the graph),
+    stopping once past `_paths.MAX_PATH_CHARS`; or, where that bound cannot be reached, an
+    upper bound of them found without walking."""
+    # Without a walk first: no path is longer than every edge name escaped (at most twice
+    # its length) and joined, so a graph of everyday size cannot come near the bound.
+    edges = [child.local_name for node in graph.nodes for child in node.children]
+    longest = 2 * sum(map(len, edges)) + len(edges)
+    if longest * len(graph.nodes) <= _paths.MAX_PATH_CHARS:
+        return longest * len(graph.nodes)  # an upper bound, below the limit
+    lengths, total = {0: 0}, 0
+    for parent, name, node in _paths.graph_walk(graph):
+        above = lengths[parent]
+        lengths[node] = length = above + bool(above) + len(_paths.escape(name))
+        total += length
+        if total > _paths.MAX_PATH_CHARS:
+            break
+    return total
 
 
 # The strict wire decoding and file access above, for the object graph reader

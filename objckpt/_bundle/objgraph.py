@@ -25,6 +25,7 @@ Node ids are checked by `_bundle.check_graph`, as for TF's parsed proto.
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from typing import NamedTuple
@@ -35,7 +36,8 @@ from objckpt._base import render as _render
 from objckpt._bundle import index as _bundle
 
 __all__ = ["Attribute", "Graph", "Node", "Reference", "SlotReference", "crc32c",
-           "masked_crc32c", "name_graph", "read_bytes", "read_object_graph", "read_strings"]
+           "decode_object_graph", "masked_crc32c", "name_graph", "read_bytes",
+           "read_object_graph", "read_strings", "value_entry"]
 
 _KEY = _bundle.OBJECT_GRAPH_KEY
 
@@ -219,16 +221,52 @@ def read_object_graph(prefix_or_index, *, check: bool = True) -> Graph | None:
     if _KEY not in index.entries:
         return None
     (data,) = read_strings(index, _KEY)
-    try:
+    return decode_object_graph(index, data, check=check)
+
+
+def decode_object_graph(index, data: bytes, *, check: bool = True) -> Graph:
+    """The `Graph` of the object graph entry's bytes `data` (`read_strings`) of a validated
+    `_bundle.Index`, checked as `read_object_graph` checks it.
+
+    Raises:
+      CheckpointCorruptError: the bytes do not decode, or (`check`) the graph does not fit
+        the index.
+    """
+    collecting = gc.isenabled()
+    gc.disable()  # millions of small tuples, none of them cyclic: no collection pass
+    try:  # (each would walk every tuple made so far: twice the decoding time)
         graph = _parse_graph(data, 0, len(data))
     except _bundle.WireError as err:
         raise errors.CheckpointCorruptError(
             f"Checkpoint `{_render.safe(index.prefix)}` has a damaged object graph (`{_KEY}`): "
             f"{err}. Nothing was read into any variable. Fix: restore from another checkpoint, or "
             "write this one again.", source=index.prefix) from None
+    finally:
+        if collecting:
+            gc.enable()
     if check:
         _bundle.check_graph(graph, index.entries, index.prefix)
     return graph
+
+
+def value_entry(index, node_id: int, attribute):
+    """The index entry of a variable's value (a `VARIABLE_VALUE` attribute of node `node_id`
+    of a graph `_bundle.check_graph` passed): the one place its absence is worded.
+
+    Raises:
+      CheckpointCorruptError: the index holds it only under a longer key (which
+        `check_graph` lets through for saveables of several tensors, never for a variable).
+    """
+    key = attribute.checkpoint_key
+    entry = index.entries.get(key)
+    if entry is None:
+        raise errors.CheckpointCorruptError(
+            f"Checkpoint `{_render.safe(index.prefix)}`: the object graph lists "
+            f"`{_render.safe(_paths.path_of_key(key))}` (key `{_render.safe(key)}`, node "
+            f"{node_id}) but the index has no such tensor. The checkpoint is inconsistent: "
+            "nothing was read into any variable. Fix: restore from another checkpoint, or write "
+            "this one again.", source=index.prefix)
+    return entry
 
 
 def read_bytes(index, key: str, *, verify: bool = True) -> bytes:
@@ -340,7 +378,49 @@ def _parse_node(data: bytes, start: int, end: int) -> Node:
 
 def _record(data: bytes, span: tuple, what: str, wires: tuple) -> list:
     """The fields 1..len(wires) of a small message: int32 (wire 0) or UTF-8 (wire 2), the
-    proto3 default (0, "") when absent; each at most once; unknown fields skipped."""
+    proto3 default (0, "") when absent; each at most once; unknown fields skipped.
+
+    The encoding TF writes (one-byte tags of known fields, each once, with their expected
+    wire types) is read inline; anything else by the strict general decoder
+    (`_record_general`), which words what is wrong: the same values, either way."""
+    start, end = span
+    values: list = [0 if wire == 0 else "" for wire in wires]
+    pos, seen, count = start, 0, len(wires)
+    while pos < end:
+        tag = data[pos]
+        number = tag >> 3
+        if tag >= 0x80 or not 0 < number <= count or seen & (1 << number) or (
+                tag & 7) != wires[number - 1] or pos + 1 >= end:
+            return _record_general(data, span, what, wires)
+        seen |= 1 << number
+        value = data[pos + 1]
+        pos += 2
+        if value >= 0x80:  # a varint of several bytes
+            shift, value = 7, value & 0x7F
+            while True:
+                if pos >= end or shift >= 63:
+                    return _record_general(data, span, what, wires)
+                byte = data[pos]
+                pos += 1
+                value |= (byte & 0x7F) << shift
+                if byte < 0x80:
+                    break
+                shift += 7
+        if tag & 7 == 0:
+            values[number - 1] = value if value < 1 << 31 else _bundle.int32(value)
+            continue
+        if value > end - pos:
+            return _record_general(data, span, what, wires)
+        try:
+            values[number - 1] = data[pos:pos + value].decode("utf-8")
+        except UnicodeDecodeError:
+            return _record_general(data, span, what, wires)
+        pos += value
+    return values
+
+
+def _record_general(data: bytes, span: tuple, what: str, wires: tuple) -> list:
+    """`_record` by the strict wire decoder (`_bundle.fields`)."""
     values: list = [0 if wire == 0 else "" for wire in wires]
     seen: set = set()
     for number, wire, value in _bundle.fields(data, *span):

@@ -1,5 +1,5 @@
-"""The formats objckpt reads, in one registry: each recognised, listed, opened and verified
-through the same four roles.
+"""The formats objckpt reads and writes, in one registry: each recognised, listed, opened,
+verified and written through the same roles.
 
 A `Format` is what one on-disk format provides:
 
@@ -8,21 +8,23 @@ A `Format` is what one on-disk format provides:
   surely this format and no format reads it (a SavedModel in text form);
 - `list(path)`: its variables from metadata, TF-free (what `objckpt inspect`, `diff` and
   `graph` read through `_meta.read`): a dict `prefix`, `notes`, `index` and `graph` (None
-  where the format has none), `description` and `variables`, a list of (path, shown, shape,
-  DataType enum, key, name);
+  where the format has none), `description`, `variables`, a list of (path, shown, shape,
+  DataType enum, key, name), and `read(key)`, a tensor's values as NumPy (what `diff`
+  compares; None where the format gives none without TF);
 - `open(path)`: the fields of a planning `_sources.Source` (a dict; TF imported lazily, for
   tensors only);
-- `verify(path)`: a `Checked`: every value read once, problems listed.
+- `verify(path)`: a `Checked`: every value read once, problems listed;
+- `write(path, tensors, **options)`: tensors written in the format (None: not written).
 
 Each role returns None when `path`, which `recognise` let through, turns out not to be the
 format's after all (a Keras 2 HDF5 file is an HDF5 file, but no Keras 3 one); the next format
-is asked then. `FORMATS` is tried in order; the TF checkpoint (an object-based or TF1
-name-based bundle, given as a prefix or a managed directory) comes last and claims every path
-that is no regular file. Its roles are implemented above this module (`_meta`, `_sources`,
-`_verify` own the bundle's listing, source and checks), so the callers pass them to
-`dispatch`. A path no format claims is an `UnsupportedFormatError`, worded here
-(`unsupported`); `_files.resolve_prefix` (met by `read_tree` and the training directories,
-which read TF checkpoints only) words it the same, as tests/test_formats.py checks.
+is asked then. `FORMATS` is tried in order; the TF checkpoint (`checkpoint`: an object-based
+or TF1 name-based bundle, given as a prefix or a managed directory) comes last and claims
+every path that is no regular file. A path no format claims is an `UnsupportedFormatError`
+(`unsupported`), its list of the files objckpt reads generated from `FORMATS`; every door
+(`read_tree`, `plan`, `restore`, `verify`, `inspect`, `diff`, `graph`) dispatches here, as
+tests/test_formats.py checks. Adding a format is one module and one line in `FORMATS` (or a
+`register` call): docs/layout.md shows one.
 """
 
 from __future__ import annotations
@@ -34,14 +36,18 @@ from typing import NamedTuple
 
 from objckpt import errors
 from objckpt._base import render as _render
+from objckpt._bundle import files as _files
 from objckpt._bundle import remote as _remote
+from objckpt._formats import checkpoint as _checkpoint
+from objckpt._formats import checkpoint_verify as _checkpoint_verify
 from objckpt._formats import kerash5 as _kerash5
 from objckpt._formats import legacyh5 as _legacyh5
 from objckpt._formats import safetensors as _safetensors
+from objckpt._formats import safetensors_write as _safetensors_write
 from objckpt._formats import savedmodel as _savedmodel
 
 __all__ = ["CHECKPOINT", "FORMATS", "Checked", "Format", "dispatch", "find", "register",
-           "unregister", "unsupported"]
+           "unregister", "unsupported", "writer"]
 
 ROLES = ("list", "open", "verify")
 
@@ -53,9 +59,9 @@ class Checked(NamedTuple):
       tensors, nbytes: values read intact, and their bytes.
       problems: (file, where, message) per problem.
       notes: remarks that are not problems.
-      checked: what an intact report says was checked ("" when `prefixes` are TF checkpoints
-        still to check, whose checks say it).
-      prefixes: TF checkpoints still to check (a SavedModel's `variables/variables`).
+      checked: what an intact report says was checked.
+      prefixes: the TF checkpoints checked (a directory's, a SavedModel's
+        `variables/variables`); empty for a file checked whole.
     """
 
     tensors: int
@@ -68,8 +74,7 @@ class Checked(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class Format:
-    """One on-disk format (see the module docstring). A role that is None is implemented by
-    the caller of `dispatch` (the TF checkpoint's)."""
+    """One on-disk format (see the module docstring); a role that is None is not offered."""
 
     name: str
     what: str  # for people: "Keras 3 weights file"
@@ -78,6 +83,9 @@ class Format:
     list: Callable | None = None
     open: Callable | None = None
     verify: Callable | None = None
+    # `write(path, tensors, **options) -> str`: {name: tensor to write} written in this
+    # format (`safetensors_write`); None where objckpt does not write it.
+    write: Callable | None = None
 
 
 # HDF5 keeps no checksums: what an intact report of an HDF5 file says was checked.
@@ -99,9 +107,10 @@ def _h5_checked(check: Callable) -> Callable:
 
 
 def _savedmodel_checked(path: str) -> Checked:
+    """A SavedModel's `saved_model.pb` against its checkpoint, then that checkpoint."""
     directory, problems, prefixes = _savedmodel.check(path)
-    return Checked(0, 0, tuple((directory, _savedmodel.PB, p) for p in problems), (), "",
-                   tuple(prefixes))
+    return Checked(*_checkpoint_verify.check_prefixes(
+        prefixes, [(directory, _savedmodel.PB, p) for p in problems]))
 
 
 # safetensors keeps no checksums either.
@@ -117,16 +126,13 @@ def _safetensors_checked(path: str) -> Checked | None:
     return Checked(count, nbytes, tuple(problems), tuple(notes), _SAFETENSORS_CHECKED)
 
 
-def _checkpoint_recognise(path: str) -> bool:
-    """A TF checkpoint: a prefix (its `.index` beside it, or given), a directory, a URL, or a
-    path where nothing is (the checkpoint's resolver then says what it expected)."""
-    if path.endswith(".index") or "://" in path or os.path.isdir(path):
-        return True
-    return os.path.lexists(path + ".index") or not os.path.isfile(path)
+def _checkpoint_checked(path: str) -> Checked:
+    return Checked(*_checkpoint_verify.verify(path))
 
 
 CHECKPOINT = Format("tf-checkpoint", "TF checkpoint (object-based or TF1 name-based; a prefix "
-                    "or a managed directory)", "", _checkpoint_recognise)
+                    "or a managed directory)", "", _checkpoint.recognise, _checkpoint.listing,
+                    _checkpoint.source_fields, _checkpoint_checked, _checkpoint.write)
 
 # Tried in order; the TF checkpoint last, as it claims every path that is no regular file.
 FORMATS: list[Format] = [
@@ -140,9 +146,24 @@ FORMATS: list[Format] = [
            _h5_checked(_legacyh5.check)),
     Format("safetensors", "safetensors file", "safetensors `.safetensors` and "
            "`model.safetensors.index.json`", _safetensors.recognise, _safetensors.listing,
-           _safetensors.source_fields, _safetensors_checked),
+           _safetensors.source_fields, _safetensors_checked, _safetensors_write.write),
     CHECKPOINT,
 ]
+
+
+def writer(name: str) -> Callable:
+    """The write role of the format named `name` (what `objckpt.export` writes with).
+
+    Raises:
+      UnsupportedFormatError: no registered format of that name writes.
+    """
+    found = next((f.write for f in FORMATS if f.name == name and f.write is not None), None)
+    if found is None:
+        writable = ", ".join(f.name for f in FORMATS if f.write is not None)
+        raise errors.UnsupportedFormatError(
+            f"objckpt writes no format named {name!r}. Expected one of: {writable}. Fix: "
+            "pick one of those, or register a format with a write role.")
+    return found
 
 
 def register(fmt: Format, *, before: str = CHECKPOINT.name) -> None:
@@ -158,14 +179,9 @@ def unregister(name: str) -> None:
 
 
 def unsupported(path: str) -> errors.UnsupportedFormatError:
-    """The error for a file no format claims (the one place it is worded)."""
-    shown = _render.safe(path)
-    files = ", ".join(f.files for f in FORMATS if f.files)
-    return errors.UnsupportedFormatError(
-        f"`{shown}` is a file, not a checkpoint prefix: expected `{shown}.index` and "
-        f"`{shown}.data-*` beside it. Fix: pass the prefix (the path without `.index` or "
-        f"`.data-*`). Files objckpt also reads: {files}; this one is none of them.",
-        source=path)
+    """The error for a file no format claims: the files objckpt reads listed from the
+    registry (in `_files.not_a_prefix`'s words), so a format registered is named."""
+    return _files.not_a_prefix(path, ", ".join(f.files for f in FORMATS if f.files))
 
 
 def _is_object(url: str) -> bool:
@@ -200,10 +216,10 @@ def find(path: str | os.PathLike) -> Format:
     raise unsupported(path)
 
 
-def dispatch(role: str, path: str | os.PathLike, checkpoint: Callable):
+def dispatch(role: str, path: str | os.PathLike):
     """`role` ("list", "open" or "verify") of the format of `path`: the first format that
-    recognises it and whose role answers (not None). `checkpoint` is the TF checkpoint's
-    role, implemented by the caller; it always answers (or raises).
+    recognises it and whose role answers (not None); the TF checkpoint's always answers
+    (or raises).
 
     A URL (`gs://`, `s3://`) is read from a local staged copy; its errors name the URL.
 
@@ -214,9 +230,9 @@ def dispatch(role: str, path: str | os.PathLike, checkpoint: Callable):
         raise ValueError(f"unknown format role {role!r}; expected one of {ROLES}")
     path = os.fspath(path)
     for fmt in list(FORMATS):
-        if not fmt.recognise(path):
+        action = getattr(fmt, role)
+        if action is None or not fmt.recognise(path):
             continue
-        action = getattr(fmt, role) or checkpoint
         try:
             found = action(path)
         except errors.ObjckptError as err:
@@ -229,4 +245,3 @@ def dispatch(role: str, path: str | os.PathLike, checkpoint: Callable):
         if found is not None:
             return found
     raise unsupported(path)
-

@@ -549,6 +549,17 @@ def source_fields(path: str) -> dict | None:
                 (name, t.shape, t.dtype) for name, t in model.tensors.items()))}
 
 
+def _compared(model: Model, name: str):
+    """`read_array`, a bfloat16 tensor widened to float32 (as a TF checkpoint's is read), so
+    `diff` compares both alike."""
+    values = read_array(model, name)
+    if model.tensors[name].dtype == "BF16":
+        import numpy as np
+
+        return (values.view("<u2").astype(np.uint32) << 16).view(np.float32)
+    return values
+
+
 def listing(path: str) -> dict | None:
     """The file's tensors as variables for `_meta.read` (TF-free), or None.
 
@@ -560,7 +571,7 @@ def listing(path: str) -> dict | None:
     if model is None:
         return None
     return {"prefix": model.path, "notes": model.notes, "index": None, "graph": None,
-            "description": model.description, "read": lambda name: read_array(model, name),
+            "description": model.description, "read": lambda name: _compared(model, name),
             "variables": [(name, name, t.shape, _listed_dtype(t.dtype), name, "")
                           for name, t in model.tensors.items()]}
 

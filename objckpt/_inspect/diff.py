@@ -7,11 +7,12 @@ and dtypes are compared from metadata first; values are then read one pair of
 tensors at a time and compared with NumPy in bounded chunks, so memory stays
 near the largest tensor, never the whole checkpoints.
 
-No TensorFlow: the index and object graph are read by `_meta`, and each tensor
-straight from its data shard's byte range (validated against the index, its
-crc32c checked) into NumPy; string tensors are decoded from TF's framing. Only
-a partitioned (sliced) variable of a TF1 checkpoint or a variant tensor is read
-with TF's reader (TF is imported then).
+No TensorFlow: each side is read through the format registry (`_meta`), values by
+its format's `read` role: a TF checkpoint's tensor straight from its data shard's
+byte range (validated against the index, its crc32c checked) into NumPy, string
+tensors decoded from TF's framing (only a partitioned variable of a TF1 checkpoint
+or a variant tensor is read with TF's reader, which is imported then), a
+safetensors tensor from the file's memory map.
 """
 
 from __future__ import annotations
@@ -26,9 +27,7 @@ import numpy as np
 from objckpt import errors
 from objckpt._base import paths as _paths
 from objckpt._base import render as _render
-from objckpt._bundle import files as _files
 from objckpt._bundle import index as _bundle
-from objckpt._bundle import objgraph as _objgraph
 from objckpt._inspect import meta as _meta
 from objckpt._inspect import pairing as _pairing
 
@@ -126,7 +125,6 @@ class _Side:
     label: str  # "A" or "B"
     meta: _meta.Metadata
     entries: dict  # path or name -> (shape, _meta.DType, checkpoint key)
-    reader: object = None  # TF's reader, opened only for what NumPy cannot read
 
     @property
     def prefix(self) -> str:
@@ -138,8 +136,8 @@ class _Side:
 
 
 def _open(source, label: str, notes: list) -> _Side:
-    meta = _meta.read(source)
-    if meta.index is None and meta.read is None:  # another format read without TF (HDF5)
+    meta = _meta.read(source)  # any format, through the registry
+    if meta.read is None:  # a format whose values are not read without TF (HDF5)
         raise errors.UnsupportedFormatError(
             f"diff compares TF checkpoints; {label} is {_render.safe_text(meta.description)}. "
             "(safetensors files are compared too.) Fix: write it as a checkpoint first "
@@ -169,13 +167,6 @@ def _describe(shape, dtype) -> str:
     return f"{dtype.name} {_render.shape(shape)}"
 
 
-# NumPy's reading of each stored dtype (little-endian, as TF writes them); bfloat16 is read
-# as its 16 bits and widened to float32, float8 through ml_dtypes (installed with TF).
-_NUMPY = {"float32": "<f4", "float64": "<f8", "int32": "<i4", "uint8": "u1", "int16": "<i2",
-          "int8": "i1", "complex64": "<c8", "int64": "<i8", "bool": "?", "qint8": "i1",
-          "quint8": "u1", "qint32": "<i4", "bfloat16": "<u2", "qint16": "<i2",
-          "quint16": "<u2", "uint16": "<u2", "complex128": "<c16", "float16": "<f2",
-          "uint32": "<u4", "uint64": "<u8", "float8_e5m2": "u1", "float8_e4m3fn": "u1"}
 _FLOATS = frozenset({"float16", "float32", "float64", "bfloat16", "float8_e5m2",
                      "float8_e4m3fn"})
 _INTEGERS = frozenset({"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
@@ -183,50 +174,16 @@ _INTEGERS = frozenset({"int8", "int16", "int32", "int64", "uint8", "uint16", "ui
 
 
 def _read(side: _Side, path: str, key: str):
-    """The values of one tensor as a flat-able NumPy array (objects for strings)."""
-    if side.meta.index is None:  # a format that reads its own values (safetensors)
-        values = side.meta.read(key)
-        if side.meta[path].dtype.name == "bfloat16":  # widened, as a checkpoint's are
-            return (values.view("<u2").astype(np.uint32) << 16).view(np.float32)
-        return values
-    index = side.meta.index
-    entry = index.entries[key]
-    name = _meta.dtype(entry.dtype).name
+    """The values of one tensor as a flat-able NumPy array (objects for strings), read by
+    its format's `read` (bfloat16 widened to float32)."""
     try:
-        if entry.slices or name == "variant":
-            return _read_with_tf(side, key)
-        if name == "string":
-            return np.array(_objgraph.read_strings(index, key) or [], dtype=object)
-        values = np.frombuffer(_objgraph.read_bytes(index, key), _NUMPY[name])
+        return side.meta.read(key)
     except errors.CheckpointCorruptError as err:
         safe = _render.safe
         raise errors.CheckpointCorruptError(
             f"Checkpoint {side.label} `{safe(side.prefix)}`: the value of `{safe(path)}` (key "
             f"`{safe(key)}`) cannot be read: {err}\nFix: compare against another copy of the "
             "checkpoint, or write it again.", source=side.prefix) from err
-    if name == "bfloat16":
-        return (values.astype(np.uint32) << 16).view(np.float32)
-    if name.startswith("float8"):
-        import ml_dtypes
-
-        return values.view(getattr(ml_dtypes, name))
-    return values
-
-
-def _read_with_tf(side: _Side, key: str):
-    """A tensor NumPy cannot take from the bytes: a TF1 partitioned variable (its slices are
-    assembled by TF's reader) or a variant."""
-    import tensorflow as tf
-
-    if side.reader is None:
-        side.reader = _files.open_reader(side.meta.local)
-    try:
-        return side.reader.get_tensor(key)
-    except (tf.errors.OpError, ValueError) as err:
-        raise errors.CheckpointCorruptError(
-            f"{_render.first_line(err)}. Expected: a tensor as its index describes. Its data "
-            "file is damaged or truncated. Fix: write the checkpoint again, or compare "
-            "another one.", source=side.prefix) from err
 
 
 def _bits_differ(x: np.ndarray, y: np.ndarray) -> np.ndarray:

@@ -23,13 +23,10 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import NamedTuple
 
-from objckpt import errors
-from objckpt._base import paths as _paths
 from objckpt._base import render as _render
-from objckpt._bundle import files as _files
 from objckpt._bundle import index as _bundle
-from objckpt._bundle import objgraph as _objgraph
 from objckpt._bundle import remote as _remote
+from objckpt._formats import checkpoint as _checkpoint
 from objckpt._formats import registry as _formats
 
 __all__ = ["DType", "Metadata", "Variable", "dtype", "read"]
@@ -97,8 +94,7 @@ class Metadata(Mapping):
         # from the format's reader; "" for checkpoints.
         self.description = description
         # `read(key)`: a tensor's values as NumPy, for a format that gives them without TF
-        # (safetensors), so `diff` compares it; None for the others (TF checkpoints are read
-        # from their index).
+        # (TF checkpoints, safetensors), so `diff` compares it; None for the others.
         self.read = read
 
     def __getitem__(self, path: str) -> Variable:
@@ -123,21 +119,21 @@ class Metadata(Mapping):
 
 
 def read(source: str | os.PathLike) -> Metadata:
-    """Reads a checkpoint's variables from its index and object graph, without TF.
+    """Reads a source's variables from its metadata, without TF, through the format
+    registry (a TF checkpoint's index and object graph, a file's headers).
 
     Args:
       source: a checkpoint prefix (`prefix.index` may be given too) or a directory of
         managed checkpoints (its newest intact one, checked without TF); local, or a URL
-        (`gs://`, `s3://`: the checkpoint is downloaded into a private local copy first).
+        (`gs://`, `s3://`: the checkpoint is downloaded into a private local copy first);
+        or a file or folder of another format (`_formats`).
 
     Raises:
       CheckpointNotFoundError: nothing at `source`.
       CheckpointCorruptError: the index or the object graph is damaged.
       UnsupportedFormatError: a file in no format objckpt reads (`_formats`).
     """
-    found = _formats.dispatch("list", source, _checkpoint)
-    if isinstance(found, Metadata):
-        return found
+    found = _formats.dispatch("list", source)
     # A format's dtype is TF's DataType enum, or (0, name, bytes per element) for one TF
     # lacks (safetensors' F8_E8M0, 4-bit floats: fractional sizes).
     return Metadata({v[0]: Variable(v[0], v[1], v[2], dtype(v[3]) if isinstance(v[3], int)
@@ -147,50 +143,5 @@ def read(source: str | os.PathLike) -> Metadata:
                     found.get("read"))
 
 
-def _checkpoint(source: str) -> Metadata:
-    """The TF checkpoint format's `list` role (see `_formats`): a prefix or directory."""
-    prefix, notes = _files.resolve_prefix(source, tf_reader=False)
-    try:
-        index = _bundle.read_index(prefix)
-    except FileNotFoundError as err:  # removed since it was resolved
-        raise errors.CheckpointNotFoundError(
-            f"No checkpoint at prefix `{_render.safe(prefix)}`: `{_render.safe(prefix)}.index` "
-            "does not exist. Fix: check the "
-            "path, or pass the directory to use its newest checkpoint.", source=prefix) from err
-    graph = _objgraph.read_object_graph(index)
-    if graph is None:
-        items = {name: Variable(name, name, entry.shape, dtype(entry.dtype), name, name)
-                 for name, entry in index.entries.items()}
-    else:
-        items = _variables(graph, index)
-    return Metadata(items, prefix, notes, index, graph)
-
-
-def _variables(graph, index) -> dict:
-    shown = network_paths(graph)
-    items = {}
-    for node_id in [*shown, *(n for n in range(len(graph.nodes)) if n not in shown)]:
-        for attribute in graph.nodes[node_id].attributes:
-            if attribute.name != _paths.VARIABLE_VALUE:
-                continue
-            key = attribute.checkpoint_key
-            entry = index.entries.get(key)
-            path = _paths.path_of_key(key)
-            if entry is None:  # check_graph found it saved under a longer key only
-                raise errors.CheckpointCorruptError(
-                    f"Checkpoint `{_render.safe(index.prefix)}`: the object graph lists "
-                    f"`{_render.safe(path)}` (key `{_render.safe(key)}`, node {node_id}) but "
-                    "the index has no such tensor. The "
-                    "checkpoint is inconsistent: nothing was read into any variable. Fix: restore "
-                    "from another checkpoint, or write this one again.", source=index.prefix)
-            items[path] = Variable(path, shown.get(node_id, path), entry.shape,
-                                   dtype(entry.dtype), key, attribute.full_name)
-    return items
-
-
-def network_paths(graph) -> dict[int, str]:
-    """node id -> the path people recognise, for every node a walk from the root reaches:
-    breadth-first with optimizer edges taken last, then slot variables as
-    `<variable>/.OPTIMIZER_SLOT/<optimizer>/<slot>` of those paths."""
-    return _paths.walked_paths(
-        graph, defer=_paths.OptimizerEdges(graph))
+# node id -> the path people recognise (the TF checkpoint format's, `_formats.checkpoint`).
+network_paths = _checkpoint.network_paths

@@ -1,30 +1,32 @@
-"""Checking a checkpoint on disk without loading a model.
+"""Checking a source on disk without loading a model.
 
-`verify(source)` reads every tensor of a checkpoint once (TF checks each
-one's CRC32C as it reads it), one tensor at a time, and checks the object
-graph against the index: every node an edge or slot reference names exists,
-every tensor the graph lists is in the index, every tensor in the index
-belongs to the graph, and every object is reachable from the root. A
-directory means every checkpoint its TF `checkpoint` state file names, or,
-without a state file, every checkpoint in it.
-Nothing is restored and no model is built. A URL (`gs://`, `s3://`) is listed remotely
-and each checkpoint downloaded into a private local copy, checked as on disk.
+`verify(source)` asks the source's format (`_formats`) to check it. A TF checkpoint
+(`_formats.checkpoint_verify`) has every tensor read once (TF checks each one's CRC32C as
+it reads it), one tensor at a time, and its object graph checked against the index by the
+checks every reader makes, each problem listed in the words a restore refusing it uses:
+every node an edge or slot reference names exists, every tensor the graph lists is in the
+index, and, asked by `verify` alone, every tensor in the index belongs to the graph and
+every object is reachable from the root. A directory means every checkpoint its TF
+`checkpoint` state file names, or, without a state file, every checkpoint in it. Nothing
+is restored and no model is built. A URL (`gs://`, `s3://`) is listed remotely and each
+checkpoint downloaded into a private local copy, checked as on disk.
 """
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import os
 
 from objckpt import errors
-from objckpt._base import paths as _paths
 from objckpt._base import render as _render
-from objckpt._bundle import index as _bundle
-from objckpt._bundle import remote as _remote
+from objckpt._formats import checkpoint_verify as _checkpoint_verify
 from objckpt._formats import registry as _formats
 
 __all__ = ["Problem", "VerifyReport", "tensor_problems", "verify"]
+
+
+# What `verify` says of a tensor that cannot be read, before the reader's own words.
+_TENSOR = _checkpoint_verify.TENSOR
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +43,12 @@ class Problem:
     prefix: str
     where: str
     message: str
+
+    @property
+    def reason(self) -> str:
+        """What is wrong in the words a restore refusing the checkpoint uses (its error
+        message holds them): the message without the lead `verify` gives a tensor's."""
+        return self.message[len(_TENSOR):] if self.message.startswith(_TENSOR) else self.message
 
     def __str__(self) -> str:
         # One line whatever the checkpoint's names hold: names through `safe`, the message
@@ -93,20 +101,8 @@ class VerifyReport:
         return "\n".join(lines)
 
 
-def tensor_problems(reader, keys, *, stop_at_first: bool = False):
-    """Reads each key's tensor once (TF checks its CRC32C); yields (key, error line) per failure.
-
-    One tensor at a time, so memory stays near the largest tensor. Shared by
-    `verify` and `migrate`'s read-back check.
-    """
-
-    for key in keys:
-        try:
-            reader.get_tensor(key)
-        except Exception as err:  # DataLossError, OutOfRangeError, ...: damage
-            yield key, _render.first_line(err)
-            if stop_at_first:
-                return
+# Shared with `migrate`'s read-back check (`_formats.checkpoint_verify`).
+tensor_problems = _checkpoint_verify.tensor_problems
 
 
 @errors.about_arguments(source="source")
@@ -137,249 +133,7 @@ def verify(source) -> VerifyReport:
       >>> report.ok, [str(p) for p in report.problems]
     """
     source = os.fspath(source)
-    found = _formats.dispatch("verify", source, _checkpoints)
-    problems = [Problem(*problem) for problem in found.problems]
-    if found.checked:  # a file of another format, checked whole (HDF5: every dataset read)
-        return VerifyReport(source, (source,), found.tensors, found.nbytes, tuple(problems),
-                            tuple(found.notes), found.checked)
-    prefixes = list(found.prefixes)
-    total, nbytes, notes, graphs = 0, 0, list(found.notes), 0
-    for prefix in prefixes:
-        count, size, bad, remarks, graph = _verify_prefix(prefix)
-        total += count
-        nbytes += size
-        problems.extend(bad)
-        notes.extend(remarks)
-        graphs += graph
-    # Say "object graph consistent" only of graphs that were checked (a TF1 Saver checkpoint
-    # has none: its note says so).
-    checked = ("passed their checksums; object graph consistent" if graphs == len(prefixes)
-               else "passed their checksums (name-based: no object graph)" if not graphs
-               else f"passed their checksums; object graph consistent in the {graphs} "
-                    f"object-based checkpoint{'s' * (graphs != 1)}")
-    return VerifyReport(source, tuple(prefixes), total, nbytes, tuple(problems), tuple(notes),
-                        checked)
-
-
-def _checkpoints(source: str) -> _formats.Checked:
-    """The TF checkpoint format's `verify` role (see `_formats`): the checkpoints to check
-    (`_verify_prefix`) and the problems of a directory's state file."""
-    prefixes, problems = _prefixes(source)
-    return _formats.Checked(0, 0, tuple((p.prefix, p.where, p.message) for p in problems), (),
-                            "", tuple(prefixes))
-
-
-def _prefixes(source: str) -> tuple[list[str], list[Problem]]:
-    from objckpt._bundle import files as _files
-
-    if _remote.is_remote(source):
-        return _remote_prefixes(source)
-    if source.endswith(".index") and os.path.isfile(source):
-        source = source[: -len(".index")]
-    if not os.path.isdir(source):
-        _files.resolve_prefix(source)  # raises CheckpointNotFoundError with its hints
-        return [source], []
-    return _directory_prefixes(source, os.path.lexists(os.path.join(source, _files.STATE_FILE)))
-
-
-def _remote_prefixes(source: str) -> tuple[list[str], list[Problem]]:
-    """`_prefixes` of a URL: a prefix (its index object exists), else a directory (objects
-    under it), else the resolver's "not found" error."""
-    from objckpt._bundle import files as _files
-
-    try:
-        if source.endswith(".index") and _remote.exists(source):
-            source = source[: -len(".index")]
-        source = source.rstrip("/")
-        if _remote.exists(source + ".index"):
-            return [source], []
-        names = _files.listdir(source)
-    except OSError as err:
-        if isinstance(err, errors.ObjckptError):
-            raise
-        raise _unreachable(source, err) from err
-    if not names:
-        _files.resolve_prefix(source)  # raises CheckpointNotFoundError with its hints
-    return _directory_prefixes(source, _files.STATE_FILE in names)
-
-
-def _unreachable(url: str, err: BaseException) -> errors.CheckpointNotFoundError:
-    return errors.CheckpointNotFoundError(
-        f"Remote checkpoint `{_render.safe(url)}` could not be verified: its storage did not "
-        f"answer ({_render.first_line(err)}). Expected the storage to answer (the client "
-        "retried transient errors). Fix: check the URL, the network and the credentials (the "
-        "client's standard settings, e.g. STORAGE_EMULATOR_HOST or AWS_ENDPOINT_URL), then "
-        "verify again.", source=url)
-
-
-def _directory_prefixes(source: str, has_state: bool) -> tuple[list[str], list[Problem]]:
-    """The checkpoints of a directory to check, and the problems of its state file."""
-    from objckpt._bundle import files as _files
-
-    state = os.path.join(source, _files.STATE_FILE)
-    if not has_state:  # checkpoints written by objckpt.save: every one there
-        found, _ = _files.directory_prefixes(source)
-        if not found:
-            _files.resolve_prefix(source)  # raises CheckpointNotFoundError, saying what it expected
-        return list(reversed(found)), []
-    try:
-        names, outside = _files.state_prefixes(source)
-    except errors.CheckpointCorruptError as err:
-        found = _files.nearby_prefixes(source, limit=1000)
-        if not found:
-            raise
-        return found, [Problem(state, "", str(err).splitlines()[0])]
-    # A name outside the directory is not followed (restore would not either): a problem of
-    # the state file.
-    return list(reversed(names)), [Problem(state, "", note) for note in outside]
-
-
-def _verify_prefix(prefix: str):
-    """(tensors read intact, their bytes, problems, notes, whether an object graph was
-    checked) for one prefix."""
-    from objckpt import _compat
-    from objckpt._bundle import files as _files
-
-    if _remote.is_remote(prefix):
-        return _verify_remote(prefix)
-    problems: list[Problem] = []
-    if not os.path.exists(prefix + ".index"):
-        return 0, 0, [Problem(prefix, prefix + ".index", "the index file is missing")], [], False
-    missing = _files.data_files_problem(prefix)
-    if missing:
-        return 0, 0, [Problem(prefix, "", missing)], [
-            f"{prefix}: tensors and object graph not read (data files incomplete)"], False
-    try:
-        reader, index = _files.open_checked(prefix, data=False)
-        shapes = reader.get_variable_to_shape_map()
-        dtypes = reader.get_variable_to_dtype_map()
-    except errors.CheckpointCorruptError as err:
-        return 0, 0, [*problems, Problem(prefix, prefix + ".index", str(err))], [], False
-    import tensorflow as tf
-
-    notes = []
-    paths = {}
-    if _compat.OBJECT_GRAPH_KEY in shapes:
-        graph_problems, paths = _check_graph(prefix, index, shapes)
-        problems.extend(graph_problems)
-    else:
-        notes.append(f"{prefix}: name-based (TF1 Saver) checkpoint: no object graph to check; "
-                     "tensors checked by variable name")
-
-    keys = [k for k in sorted(shapes) if k != _compat.OBJECT_GRAPH_KEY]
-    bad = dict(index.beyond)  # past the end of a truncated shard: not read at all
-    variant = {k for k in keys if dtypes[k] == tf.variant}  # not convertible to NumPy
-    bad.update(tensor_problems(reader, [k for k in keys if k not in bad and k not in variant]))
-    for key in sorted(variant - set(bad)):
-        try:  # the op checks the checksum as the reader would
-            with tf.device("/cpu:0"):
-                tf.raw_ops.RestoreV2(prefix=prefix, tensor_names=[key], shape_and_slices=[""],
-                                     dtypes=[tf.variant])
-        except tf.errors.OpError as err:
-            bad[key] = _render.first_line(err)
-    problems.extend(Problem(prefix, paths.get(key, key),
-                            f"tensor unreadable or checksum mismatch: {bad[key]}")
-                    for key in keys if key in bad)
-    intact = [k for k in keys if k not in bad]
-    nbytes = 0
-    for key in intact:
-        count = 1
-        for dim in shapes[key]:
-            count *= dim
-        nbytes += count * tf.as_dtype(dtypes[key]).size
-    return len(intact), nbytes, problems, notes, _compat.OBJECT_GRAPH_KEY in shapes
-
-
-def _verify_remote(prefix: str):
-    """`_verify_prefix` of a URL: its objects listed and sized remotely, then downloaded
-    into a private local copy (removed after), which is checked as on disk; the problems
-    and notes name the URL."""
-    from objckpt._bundle import files as _files
-
-    try:
-        if not _remote.exists(prefix + ".index"):
-            return 0, 0, [Problem(prefix, prefix + ".index", "the index object is missing")], \
-                [], False
-        missing = _files.data_files_problem(prefix)
-        if missing:
-            return 0, 0, [Problem(prefix, "", missing)], [
-                f"{prefix}: tensors and object graph not read (data objects incomplete)"], False
-        shards = [(path, _remote.size(path)) for path, _, _ in _files.data_shards(prefix)]
-        local = _remote.stage(prefix, shards)
-    except FileNotFoundError as err:  # deleted while it was listed
-        return 0, 0, [Problem(prefix, "", f"an object vanished while it was read "
-                                          f"({_render.first_line(err)})")], [], False
-    except OSError as err:
-        if isinstance(err, errors.ObjckptError):
-            raise
-        raise _unreachable(prefix, err) from err
-    count, size, problems, notes, graph = _verify_prefix(local)
-    problems = [Problem(prefix, _remote.unstaged(p.where), _remote.unstaged(p.message))
-                for p in problems]
-    return count, size, problems, [_remote.unstaged(note) for note in notes], graph
-
-
-def _check_graph(prefix: str, index, shapes):
-    """Problems of the object graph against the index, and {checkpoint key: object path}.
-
-    The graph is decoded by `_objgraph` (as `inspect`, `diff` and `graph` decode it), its
-    checksum checked, and checked here problem by problem rather than refused at the first.
-    """
-    from objckpt import _compat
-    from objckpt._bundle import objgraph as _objgraph
-
-    try:
-        graph = _objgraph.read_object_graph(index, check=False)
-    except errors.ObjckptError as err:  # damaged bytes or encoding: one problem
-        damage = str(err).split(" Nothing was read")[0].split(" Fix:")[0]
-        return [Problem(prefix, _compat.OBJECT_GRAPH_KEY,
-                        f"the object graph cannot be read: {_render.first_line(damage)}")], {}
-    problems = []
-    count = len(graph.nodes)
-    if count == 0:
-        return [Problem(prefix, _compat.OBJECT_GRAPH_KEY, "the object graph has no nodes")], {}
-    for kind, problem in _bundle.graph_problems(graph, shapes):
-        if kind in ("duplicate", "shared"):  # the rest is reported below, per node and path
-            problems.append(Problem(prefix, _compat.OBJECT_GRAPH_KEY, problem))
-    order = [0] + [node for _, _, node in _paths.graph_walk(graph, slots=True)]
-    reachable = set(order)
-    for current in order:
-        node = graph.nodes[current]
-        refs = [(c.node_id, f"child `{c.local_name}`") for c in node.children]
-        for slot in node.slot_variables:
-            refs.append((slot.slot_variable_node_id, f"slot `{slot.slot_name}`"))
-            if not 0 <= slot.original_variable_node_id < count:
-                problems.append(Problem(prefix, f"node {current}",
-                                        f"slot `{slot.slot_name}` is for node "
-                                        f"{slot.original_variable_node_id}, which does not exist "
-                                        f"(the graph has {count} nodes)"))
-        for target, what in refs:
-            if not 0 <= target < count:
-                problems.append(Problem(prefix, f"node {current}",
-                                        f"{what} points at node {target}, which does not exist "
-                                        f"(the graph has {count} nodes)"))
-    unreachable = [i for i in range(count) if i not in reachable]
-    if unreachable:
-        problems.append(Problem(prefix, "", f"{len(unreachable)} object graph node(s) are not "
-                                            f"reachable from the root: {unreachable[:10]}"))
-    referenced: dict[str, str] = {}
-    ordered = sorted(shapes)
-    for node_id, node in enumerate(graph.nodes):
-        for attribute in node.attributes:
-            key = attribute.checkpoint_key
-            path = _paths.path_of_key(key)
-            referenced[key] = path
-            if key not in shapes and not _bundle.saved_under(key, ordered):
-                problems.append(Problem(prefix, path, f"the object graph lists key `{key}` (node "
-                                                      f"{node_id}) but the index has no such "
-                                                      "tensor"))
-    registered = any(node.registered for node in graph.nodes)
-    if not registered:
-        prefixes = sorted(referenced)  # a saveable's tensors: its key plus a suffix
-        for key in ordered:
-            at = bisect.bisect_right(prefixes, key) - 1
-            if key != _compat.OBJECT_GRAPH_KEY and key not in referenced and not (
-                    at >= 0 and key.startswith(prefixes[at])):
-                problems.append(Problem(prefix, key, "tensor in the index that no object of the "
-                                                     "object graph refers to"))
-    return problems, referenced
+    found = _formats.dispatch("verify", source)
+    return VerifyReport(source, tuple(found.prefixes) or (source,), found.tensors,
+                        found.nbytes, tuple(Problem(*problem) for problem in found.problems),
+                        tuple(found.notes), found.checked)

@@ -1,8 +1,10 @@
 """Sources: what values come from, opened for planning without reading tensor data.
 
-A source is a `Snapshot`, an object-based checkpoint prefix or directory, or a TF1 name-based
-checkpoint; each is opened into a `Source`: its keys with shapes and dtypes, a reader, the
-subtree under an `at`, the names it saved, and the owners of its optimizer entries.
+A source is a `Snapshot`, or a path in a registered format (`_formats`: an object-based or
+TF1 name-based checkpoint prefix or directory, safetensors, Keras HDF5 and `.keras` files,
+SavedModel folders); each is opened into a `Source`: its keys with shapes and dtypes, a
+reader, the subtree under an `at`, the names it saved, and the owners of its optimizer
+entries. Paths are opened by their format's `open` role, through the registry alone.
 """
 
 from __future__ import annotations
@@ -11,15 +13,10 @@ import dataclasses
 import os
 from collections.abc import Callable
 
-import tensorflow as tf
-
 from objckpt import _compat, errors
 from objckpt._base import paths as _paths
-from objckpt._base import render as _render
-from objckpt._bundle import files as _files
-from objckpt._bundle import remote as _remote
+from objckpt._formats import checkpoint as _checkpoint
 from objckpt._formats import registry as _formats
-from objckpt._planning import tree as _tree
 
 __all__ = ["BOOKKEEPING", "Source", "keras3_slot_owners", "open_source", "snapshot_source"]
 
@@ -78,145 +75,8 @@ def _top_names(keys) -> list[str]:
     return list(dict.fromkeys(k.split("/", 1)[0] for k in keys if "/" in k))
 
 
-def _restore_v2(prefix: str, keys: list[str], dtypes: list, shapes: list | None = None) -> list:
-    if not keys:
-        return []
-    from objckpt._bundle import fastio as _fastio
-
-    try:
-        return _fastio.read_tensors(prefix, keys, dtypes, shapes)
-    except tf.errors.OpError as err:
-        damaged = _first_unreadable(prefix, keys, dtypes)
-        where = (f" The first entry that fails is `{_render.safe(damaged)}`." if damaged
-                 else "")
-        raise errors.CheckpointCorruptError(
-            f"Checkpoint `{_render.safe(prefix)}` could not be read: its data is damaged, "
-            f"truncated or missing.{where} Received from TF: {_render.first_line(err)}. "
-            "Nothing was changed. Fix: use another checkpoint.", source=prefix) from err
-
-
-def _first_unreadable(prefix: str, keys: list[str], dtypes: list) -> str | None:
-    """The first key TF cannot read alone (after a read of them all failed), or None."""
-    from objckpt._bundle import fastio as _fastio
-
-    for key, dtype in zip(keys, dtypes):
-        try:
-            _fastio.read_tensors(prefix, [key], [dtype])
-        except tf.errors.OpError:
-            return key
-    return None
-
-
-def _object_source(prefix: str, notes) -> Source:
-    entries = _tree.read_tree_at(prefix)
-    specs = {path: (entry.shape, entry.dtype) for path, entry in entries.items()}
-    aliases = _tree.network_aliases(entries.object_graph)
-    for alias, full in aliases.items():
-        specs.setdefault(alias, specs[full])
-
-    def entry(path):
-        # A path that is a key of its own is that entry (as in `specs`), even when the graph
-        # also reaches another variable by it: metadata and values must never disagree.
-        return entries[path] if path in entries else entries[aliases[path]]
-
-    index = _tree.GraphIndex(entries.object_graph)
-    top_names = _tree.top_level_names(entries.object_graph)
-    views: dict = {}  # node id -> its view: names leading to one node share it
-
-    def subtree(at):
-        # As at the root: a variable whose path within `at` runs through an optimizer
-        # (a trained Keras 3 model) is also found by its path through the layers.
-        node = index.node_at(at)
-        if node is None:
-            return {}
-        if node not in views:
-            view = _tree.subtree_paths_from(entries.object_graph, node)
-            network = _tree.subtree_paths_from(entries.object_graph, node,
-                                               skip_optimizers=True)
-            for path, full in network.items():
-                view.setdefault(path, full)
-            views[node] = view
-        return dict(views[node])
-
-    def structure():
-        # The graph without the variables' saved names (`mlp_3/dense/kernel`), which
-        # differ between runs of the same code and only place optimizer slots.
-        graph = type(entries.object_graph)()
-        graph.CopyFrom(entries.object_graph)
-        for node in graph.nodes:
-            for attribute in node.attributes:
-                attribute.full_name = ""
-        return ("object", graph.SerializeToString(deterministic=True),
-                tuple(specs.items()), tuple(notes))
-
-    return Source(
-        f"checkpoint `{_remote.shown(prefix)}`", "object", specs,
-        lambda paths: _restore_v2(prefix, [entry(p).key for p in paths],
-                                  [entry(p).dtype for p in paths],
-                                  [entry(p).shape for p in paths]),
-        subtree,
-        top_names, prefix, tuple(notes),
-        {path: e.name for path, e in entries.items() if e.name}, aliases, structure,
-        lambda: keras3_slot_owners(entries.object_graph),
-        bundle_keys=lambda paths: [entry(p).key for p in paths],
-        holding=lambda wanted: index.holding(top_names, wanted, specs))
-
-
-def keras3_slot_owners(graph) -> dict:
-    """{slot path: (owner path, role)} for Keras 3 optimizers in a graph proto.
-
-    A Keras 3 optimizer keeps its per-variable state in `_variables`, named
-    `<owner path, / as _>_<role>`, one per role in the order of
-    `_trainable_variables` (whose edges lead to the variables trained). The
-    k-th variable of a role belongs to the k-th trained variable; a role
-    whose count differs from the trained count is left without owners.
-    """
-    key_of, name_of = {}, {}
-    for node_id, node in enumerate(graph.nodes):
-        for attribute in node.attributes:
-            if attribute.name == _paths.VARIABLE_VALUE:
-                key_of[node_id] = _paths.path_of_key(attribute.checkpoint_key)
-                name_of[node_id] = attribute.full_name
-    out: dict = {}
-    for node in graph.nodes:
-        kids = {child.local_name: child.node_id for child in node.children}
-        if "_variables" not in kids or "_trainable_variables" not in kids:
-            continue
-        state, trained = (_list_nodes(graph, kids[name])
-                          for name in ("_variables", "_trainable_variables"))
-        by_role: dict = {}
-        for node_id in state:
-            name = name_of.get(node_id, "").split(":", 1)[0]
-            role = next((r for r in _compat.KERAS3_ROLES if name.endswith("_" + r)), None)
-            if role is not None and node_id in key_of:
-                by_role.setdefault(role, []).append(key_of[node_id])
-        for role, keys in by_role.items():
-            if len(keys) == len(trained) and all(t in key_of for t in trained):
-                for key, owner in zip(keys, trained):
-                    out[key] = (key_of[owner], role)
-    return out
-
-
-def _list_nodes(graph, node_id: int) -> list[int]:
-    """Node ids of a list node's children, by index (`0`, `1`, ...)."""
-    children = [(c.local_name, c.node_id) for c in graph.nodes[node_id].children]
-    if not all(name.isdigit() for name, _ in children):
-        return []
-    return [node for _, node in sorted(children, key=lambda item: int(item[0]))]
-
-
-def _name_source(prefix: str, notes) -> Source:
-    reader = _files.open_reader(prefix)
-    shapes = reader.get_variable_to_shape_map()
-    dtypes = reader.get_variable_to_dtype_map()
-    specs = {name: (tuple(shapes[name]), tf.as_dtype(dtypes[name])) for name in sorted(shapes)}
-    return Source(
-        f"name-based checkpoint `{_remote.shown(prefix)}`", "name", specs,
-        lambda names: _restore_v2(prefix, list(names), [specs[n][1] for n in names],
-                                  [specs[n][0] for n in names]),
-        lambda at: _paths.prefix_subtree(specs, at), _top_names(specs), prefix, tuple(notes),
-        structure=lambda: ("name", tuple(specs.items()), tuple(notes)),
-        bundle_keys=list)
+# The TF checkpoint's reading lives with its format (`_formats.checkpoint`).
+keras3_slot_owners = _checkpoint.keras3_slot_owners
 
 
 def snapshot_source(items: dict, aliases: dict | None = None, owners=None) -> Source:
@@ -252,23 +112,15 @@ def open_source(source) -> Source:
             "A source must be an objckpt.Snapshot, a checkpoint prefix or a directory of "
             f"checkpoints. Received: source of type {type(source).__name__}. Fix: pass "
             "objckpt.snapshot(obj) or a path.")
-    found = _formats.dispatch("open", source, _checkpoint_source)
+    found = _formats.dispatch("open", source)
     if isinstance(found, Source):
         return found
-    # Another format's fields (`_formats`: they know nothing of `Source`). Their subtrees
-    # are key prefixes (`_paths.prefix_subtree` over their specs' keys), so the names that
-    # may hold the obj are found in one pass, as for a Snapshot.
+    # A format's fields (`_formats`: they know nothing of `Source`). Unless a format says
+    # otherwise (the TF checkpoint's are keyed by object path, its subtrees found through its
+    # graph), keys reach variables through the plan's strategies, and subtrees are key
+    # prefixes (`_paths.prefix_subtree` over the specs' keys), so the names that may hold the
+    # obj are found in one pass, as for a Snapshot.
     specs, top = found["specs"], found["top_level_names"]
     return Source(**{"keyed_by_path": False,
                      "holding": lambda wanted: _paths.prefix_holding(specs, top, wanted),
                      **found})
-
-
-def _checkpoint_source(path: str) -> Source:
-    """The TF checkpoint format's `open` role (see `_formats`): a prefix or directory,
-    object-based or name-based."""
-    prefix, notes = _files.resolve_prefix(path)
-    try:
-        return _object_source(prefix, notes)
-    except errors.NotObjectBasedError:
-        return _name_source(prefix, notes)

@@ -19,10 +19,10 @@ import tensorflow as tf
 
 from objckpt import _compat, errors
 from objckpt._base import paths as _paths
-from objckpt._base import render as _render
 from objckpt._bundle import files as _files
-from objckpt._bundle import index as _bundle
 from objckpt._bundle import remote as _remote
+from objckpt._formats import checkpoint as _checkpoint
+from objckpt._formats import registry as _formats
 
 __all__ = ["CheckpointTree", "Entry", "VariableTree", "read_tree", "tree"]
 
@@ -124,9 +124,6 @@ class VariableTree(FrozenMapping):
 
 # obj -> VariableTree, reused while obj's variable fingerprint is unchanged.
 _TREE_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-# A TF1 Saver's optimizer bookkeeping: counters and slot variables, not weights.
-_TF1_BOOKKEEPING = re.compile(r"(^|/)(beta[12]_power|global_step)$|"
-                              r"/(Adam|Adam_1|Momentum|RMSProp|RMSProp_1|Adagrad)$")
 
 
 def tree(obj) -> VariableTree:
@@ -220,15 +217,27 @@ class CheckpointTree(FrozenMapping):
 
     Attributes:
       prefix: the checkpoint prefix it was read from.
-      object_graph: the `TrackableObjectGraph` proto stored in the checkpoint.
+      graph: the object graph as `_objgraph` decodes and checks it (the proto's shape, in
+        frozen tuples), what objckpt itself reads; None for another format.
+      object_graph: the `TrackableObjectGraph` proto stored in the checkpoint (decoded by
+        TF's protobuf from the same bytes on first use); None for another format.
     """
 
-    __slots__ = ("object_graph", "prefix")
+    __slots__ = ("_graph_bytes", "_proto", "graph", "prefix")
 
-    def __init__(self, items: dict, prefix: str, object_graph):
+    def __init__(self, items: dict, prefix: str, graph, graph_bytes: bytes = b""):
         super().__init__(items)
         self.prefix = prefix
-        self.object_graph = object_graph
+        self.graph = graph
+        self._graph_bytes, self._proto = graph_bytes, None
+
+    @property
+    def object_graph(self):
+        if self._proto is None and self.graph is not None:
+            proto = _compat.TrackableObjectGraph()
+            proto.ParseFromString(self._graph_bytes)
+            self._proto = proto
+        return self._proto
 
     @property
     def nbytes(self) -> int:
@@ -240,85 +249,58 @@ class CheckpointTree(FrozenMapping):
 
 @errors.about_arguments(source="source")
 def read_tree(source: str | os.PathLike) -> CheckpointTree:
-    """Reads object path -> (shape, dtype, key) from a checkpoint's metadata.
+    """Reads object path -> (shape, dtype, key) from a source's metadata.
 
-    Only the index and the object graph proto are read; no tensor data.
+    Only metadata is read (a checkpoint's index and object graph proto, a file's headers);
+    no tensor data. Every kind of source `restore` reads is read, through the same format
+    registry (`_formats`).
 
     Args:
       source: a checkpoint prefix (`prefix.index` may be given too) or a
         directory of managed checkpoints (its newest intact one is read); local,
-        or a URL (`gs://`, `s3://`: read from a private local copy).
+        or a URL (`gs://`, `s3://`: read from a private local copy); or a file or
+        folder of another format `restore` reads (safetensors, Keras HDF5 and `.keras`
+        files, SavedModel folders), keyed by the keys that file holds.
 
     Returns:
-      A `CheckpointTree`, ordered like `tree(obj)` of the obj that wrote it.
+      A `CheckpointTree`, ordered like `tree(obj)` of the obj that wrote it (another
+      format: in the file's order, `object_graph` None).
 
     Raises:
       CheckpointNotFoundError: nothing at `source`.
       CheckpointCorruptError: the index or object graph cannot be read.
       NotObjectBasedError: a name-based (TF1 `Saver`) checkpoint.
+      UnsupportedFormatError: a file in no format objckpt reads.
     """
+    if _formats.find(source) is _formats.CHECKPOINT:  # its object graph kept (`graph`)
+        try:
+            return _checkpoint_tree(os.fspath(source))
+        except errors.ObjckptError as err:
+            _remote.unstage(err)  # a URL's staged copy: the URL named instead
+            raise
+    found = _formats.dispatch("open", source)
+    names = found.get("names") or {}
+    return CheckpointTree({key: Entry(tuple(shape), dtype, key, names.get(key, ""))
+                           for key, (shape, dtype) in found["specs"].items()},
+                          found.get("prefix") or os.fspath(source), None)
+
+
+def _checkpoint_tree(source: str) -> CheckpointTree:
+    """`read_tree` of a TF checkpoint (a prefix or directory, local or remote)."""
     prefix, _ = _files.resolve_prefix(source)
-    try:
-        found = read_tree_at(prefix)
-    except errors.ObjckptError as err:
-        _remote.unstage(err)  # a URL's staged copy: the URL named instead
-        raise
+    found = read_tree_at(prefix)
     found.prefix = _remote.shown(prefix)  # a URL as given, not its local staged copy
     return found
 
 
 def read_tree_at(prefix: str) -> CheckpointTree:
-    reader, index = _files.open_checked(prefix)
-    entries = index.entries
-    if _compat.OBJECT_GRAPH_KEY not in entries:
-        # Weights, not optimizer bookkeeping (`beta1_power`, `global_step`, slots), as examples.
-        weights = sorted(k for k in entries if not _TF1_BOOKKEEPING.search(k)) or sorted(entries)
-        sample = ", ".join(f"`{_render.safe(k)}`" for k in weights[:3])
-        scope = weights[0].split("/", 1)[0] + "/" if "/" in weights[0] else ""
-        example = (f"rules=[({'^' + re.escape(scope)!r}, '')] strips the scope "
-                   f"`{_render.safe(scope)}`" if scope else
-                   f"rules=[({'^' + re.escape(weights[0]) + '$'!r}, 'layer/kernel')]")
-        raise errors.NotObjectBasedError(
-            f"Checkpoint `{prefix}` is name-based (written by tf.compat.v1.train.Saver): its "
-            f"{len(entries)} entries are keyed by global variable name ({sample}) and it has no "
-            "object graph, so it cannot be matched by object structure. Expected: an object-based "
-            "checkpoint. Fix: map its names onto your model with objckpt.plan(...) and "
-            f"objckpt.migrate(...) using rules, e.g. {_render.safe_text(example)}.",
-            source=prefix)
-    try:
-        graph_bytes = reader.get_tensor(_compat.OBJECT_GRAPH_KEY)
-        graph = _compat.TrackableObjectGraph()
-        graph.ParseFromString(graph_bytes)
-    except Exception as err:  # DataLossError, DecodeError: both mean damage
-        raise errors.CheckpointCorruptError(
-            f"Checkpoint `{prefix}` has a damaged object graph (`{_compat.OBJECT_GRAPH_KEY}`): "
-            f"{_render.first_line(err)}. Fix: restore from another checkpoint, or write this one "
-            "again.", source=prefix) from err
-    # Node ids, child names and slots here; checkpoint keys in the loop below (one pass).
-    _bundle.check_graph(graph, entries, prefix, attributes=False)
-    items, owner, sorted_keys = {}, {_compat.OBJECT_GRAPH_KEY: -1}, None
-    for node_id, node in enumerate(graph.nodes):
-        for attribute in node.attributes:
-            key = attribute.checkpoint_key
-            entry = entries.get(key)
-            if entry is None and attribute.name != _paths.VARIABLE_VALUE:
-                if sorted_keys is None:
-                    sorted_keys = sorted(entries)
-                if _bundle.saved_under(key, sorted_keys):  # a saveable of several tensors
-                    continue
-            if entry is None or owner.setdefault(key, node_id) != node_id:
-                path = _render.safe(_paths.path_of_key(key))
-                problem = ("the index has no such tensor" if entry is None else
-                           "another node of the graph names the same key")
-                raise errors.CheckpointCorruptError(
-                    f"Checkpoint `{prefix}`: the object graph lists `{path}` (key "
-                    f"`{_render.safe(key)}`, node {node_id}) but {problem}. The checkpoint is "
-                    "inconsistent: nothing was read into any variable. Fix: restore from another "
-                    "checkpoint, or write this one again.", source=prefix)
-            if attribute.name == _paths.VARIABLE_VALUE:
-                items[_paths.path_of_key(key)] = Entry(
-                    entry.shape, tf.as_dtype(entry.dtype), key, attribute.full_name)
-    return CheckpointTree(items, prefix, graph)
+    """`read_tree` of a resolved local prefix, read by the TF checkpoint format
+    (`_formats.checkpoint.read_at`: the index validated and opened by TF's reader, the
+    object graph decoded and checked by `_objgraph`, the one reader of object graphs)."""
+    found = _checkpoint.read_at(prefix)
+    items = {path: Entry(entry.shape, tf.as_dtype(entry.dtype), key, name)
+             for path, (entry, key, name) in found.items.items()}
+    return CheckpointTree(items, prefix, found.graph, found.graph_bytes)
 
 
 def build_object_graph(paths: list[str], names: list[str], aliases: dict | None = None):
@@ -380,155 +362,10 @@ def build_object_graph(paths: list[str], names: list[str], aliases: dict | None 
     return graph
 
 
-def network_aliases(graph) -> dict[str, str]:
-    """{network path: canonical path} for variables whose canonical path runs elsewhere.
-
-    A Keras 3 model that was trained has its weights' canonical paths under
-    `optimizer/_trainable_variables/N`; their paths through the layers (what
-    an untrained copy of the model has) are found by a walk that skips
-    optimizer nodes.
-    """
-    return {path: full for path, full in subtree_paths(graph, "", skip_optimizers=True).items()
-            if path != full}
-
-
-def subtree_paths(graph, at: str, skip_optimizers: bool = False, index=None) -> dict[str, str]:
-    """Maps object path within the `at` subtree -> full object path, from a graph proto.
-
-    Paths are what `tree(child)` would give for the live child at `at`: a
-    breadth-first walk from that node, so a variable whose canonical path
-    goes through a sibling (e.g. a Keras 3 optimizer's `_trainable_variables`)
-    is still found under the subtree. Slot variables belong to the subtree
-    when both their variable and their optimizer do. `index`: a `GraphIndex`
-    of the same graph, shared by many calls (each then finds `at` in time linear
-    in its depth, not in the width of the nodes on the way).
-    """
-    node_id = (index or GraphIndex(graph)).node_at(at)
-    if node_id is None:
-        return {}
-    return subtree_paths_from(graph, node_id, skip_optimizers)
-
-
-def subtree_paths_from(graph, node_id: int, skip_optimizers: bool = False) -> dict[str, str]:
-    """`subtree_paths` of the subtree rooted at node `node_id`: linear in its size."""
-    skip = _paths.OptimizerEdges(graph) if skip_optimizers else None
-    paths = _paths.graph_paths(graph, node_id, skip)
-    order = list(paths)
-    result = {}
-
-    def add(node, path):
-        for attribute in graph.nodes[node].attributes:
-            if attribute.name == _paths.VARIABLE_VALUE:
-                result[path] = _paths.path_of_key(attribute.checkpoint_key)
-
-    for current in order:
-        add(current, paths[current])
-    for current in order:
-        for slot in graph.nodes[current].slot_variables:
-            if slot.original_variable_node_id in paths:
-                add(slot.slot_variable_node_id,
-                    f"{paths[slot.original_variable_node_id]}/{_paths.OPTIMIZER_SLOT}/"
-                    f"{paths[current]}/{slot.slot_name}")
-    return result
-
-
-_NO_CHILDREN: dict = {}  # shared by every leaf of a GraphIndex (never written)
-
-
-class GraphIndex:
-    """A graph proto's child edges by name, node by node, each node's built on first use.
-
-    A lookup of one edge is then O(1) however many children the node has (a root with
-    200,000 children, as a crafted or very wide checkpoint has): finding many subtrees
-    costs the sum of their depths, not depth times width.
-    """
-
-    __slots__ = ("_children", "graph")
-
-    def __init__(self, graph):
-        self.graph = graph
-        self._children: dict[int, dict[str, int]] = {}
-
-    def children(self, node_id: int) -> dict[str, int]:
-        """{edge name (unescaped): child node id} of one node; the first edge of a name."""
-        found = self._children.get(node_id)
-        if found is None:
-            children = self.graph.nodes[node_id].children
-            if not children:
-                return _NO_CHILDREN
-            found = {}
-            for child in children:
-                found.setdefault(child.local_name, child.node_id)
-            self._children[node_id] = found
-        return found
-
-    def node_at(self, at: str) -> int | None:
-        """The node an object path (`/`-joined escaped edge names) leads to, or None."""
-        node_id = 0
-        for component in filter(None, at.split("/")):
-            node_id = self.children(node_id).get(_paths.unescape(component))
-            if node_id is None:
-                return None
-        return node_id
-
-    def value_path(self, node_id: int) -> str | None:
-        """The path of the checkpoint key a node's value is stored under (its last
-        VARIABLE_VALUE attribute, as `subtree_paths` takes it), or None."""
-        found = None
-        for attribute in self.graph.nodes[node_id].attributes:
-            if attribute.name == _paths.VARIABLE_VALUE:
-                found = _paths.path_of_key(attribute.checkpoint_key)
-        return found
-
-    def holding(self, names, wanted: dict, specs: dict) -> list[str]:
-        """The top-level `names` whose subtree may hold every path of `wanted`.
-
-        wanted: {object path: (shape tuple, dtype)}; specs: {full path: (shape, dtype)}.
-        A necessary condition of `subtree_paths(graph, name)` holding each path with that
-        shape and dtype (its paths are edges from the subtree's node; child names are
-        unique, `_bundle.check_graph`): each path's edges lead from the name's node to a
-        node whose value has that shape and dtype. Slot paths are not checked. Each pair
-        (wanted prefix, node) is checked once, so the cost is linear in the graph's nodes
-        and edges whatever nodes the names share.
-        """
-        leaf = object()
-        trie: dict = {}
-        for path, spec in wanted.items():
-            if _paths.split_slot(path) is not None:
-                continue
-            node = trie
-            for component in path.split("/"):
-                node = node.setdefault(_paths.unescape(component), {})
-            node[leaf] = spec
-        memo: dict = {}
-
-        def holds(branch: dict, node_id: int) -> bool:
-            key = (id(branch), node_id)
-            found = memo.get(key)
-            if found is None:
-                found = True
-                spec = branch.get(leaf)
-                if spec is not None:
-                    full = self.value_path(node_id)
-                    have = specs.get(full) if full is not None else None
-                    found = have is not None and (tuple(have[0]), have[1]) == spec
-                if found:
-                    kids = self.children(node_id)
-                    for name, below in branch.items():
-                        if name is leaf:
-                            continue
-                        child = kids.get(name)
-                        if child is None or not holds(below, child):
-                            found = False
-                            break
-                memo[key] = found
-            return found
-
-        top = self.children(0)
-        return [name for name in names
-                if (node := top.get(_paths.unescape(name))) is not None and holds(trie, node)]
-
-
-def top_level_names(graph) -> list[str]:
-    """The escaped names of the root's children in a graph proto."""
-    return [_paths.escape(child.local_name) for child in graph.nodes[0].children]
+# A checkpoint's graph read for planning: its subtrees, network paths and edges by name
+# (`_formats.checkpoint`, the TF checkpoint format, which opens it as a source).
+network_aliases = _checkpoint.network_aliases
+subtree_paths = _checkpoint.subtree_paths
+subtree_paths_from = _checkpoint.subtree_paths_from
+GraphIndex = _checkpoint.GraphIndex
+top_level_names = _checkpoint.top_level_names
