@@ -19,7 +19,7 @@ nox.options.sessions = ["keras3", "tf_keras", "tf216", "keras2"]
 nox.options.reuse_existing_virtualenvs = True
 
 
-# keras-hub backbones are tested in the keras3 session (tests/test_keras_hub.py). Its
+# keras-hub backbones are tested in the keras3 session (tests/integration/test_keras_hub.py). Its
 # tensorflow-text requirement pins an older TensorFlow and the backbones do not use it, so
 # keras-hub goes in without its dependencies, then those the backbones import.
 KERAS_HUB = (("--no-deps", "keras-hub"),

@@ -22,7 +22,7 @@ that is no regular file. Its roles are implemented above this module (`_meta`, `
 `_verify` own the bundle's listing, source and checks), so the callers pass them to
 `dispatch`. A path no format claims is an `UnsupportedFormatError`, worded here
 (`unsupported`); `_files.resolve_prefix` (met by `read_tree` and the training directories,
-which read TF checkpoints only) words it the same, as tests/test_formats.py checks.
+which read TF checkpoints only) words it the same, as tests/_formats/test_registry.py checks.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The pure-Python index validator (`objckpt._bundle.index`): what it accepts equals what TF wrote,
 and every crafted file that crashes TF's C++ reader is refused with a typed error first.
 
-Crafted files are written by the independent codec in `tests/fuzzlib.py` (block checksums
+Crafted files are written by the independent codec in `tests/helpers/fuzzlib.py` (block checksums
 recomputed, so only structure can tell). Each refusal would otherwise abort or crash this
 process inside TF (`checkpoint_reader.cc: Check failed: entry.ParseFromString`,
 `tensor_shape.cc: size >= 0`, a segfault on a string entry of 2^32+1 elements): a test that
@@ -245,8 +245,8 @@ def test_inconsistent_object_graphs_are_refused_before_any_assignment(good, tmp_
 
 def test_special_files_are_refused_without_opening_them(good, tmp_path):
     # A FIFO as the index is tested in a child process with a time limit
-    # (tests/test_untrusted_dirs.py): opened by mistake, it blocks forever. A data shard that
-    # is a link to a device is read by nothing either.
+    # (tests/integration/test_untrusted_dirs.py): opened by mistake, it blocks forever. A data
+    # shard that is a link to a device is read by nothing either.
     device = str(tmp_path / "device")
     os.link(good + ".index", device + ".index")
     os.symlink("/dev/zero", device + ".data-00000-of-00001")
@@ -302,8 +302,8 @@ def test_values_read_that_disagree_with_the_metadata_change_nothing(good, monkey
         return values
 
     monkeypatch.setattr(_sources, "_restore_v2", lying)
-    # The path that reads every value before assigning (a restore in place from files
-    # checks the index entries against the variables instead: tests/test_parallel_io.py).
+    # The path that reads every value before assigning (a restore in place from files checks
+    # the index entries against the variables instead: tests/_bundle/test_fastio_parallel.py).
     monkeypatch.setattr(_snapshot, "_streamed", lambda *args: None)
     target = Net()
     before = [v.numpy() for v in target.variables]

@@ -1,9 +1,10 @@
 """Keras 2 / tf_keras HDF5 files (`save_weights("w.h5")`, `model.save("m.h5")`) as sources.
 
-The files are written by the real library in a subprocess (tests/legacy_writers/keras2_h5.py:
-tf_keras in the tf_keras session, Keras 2.12 in the keras2 session) and restored into the same
-architecture in tf_keras, Keras 2 and Keras 3 (beside tf_keras); Keras 3's own `.h5` saving
-writes this layout too (keras3 session). Damaged and hostile files are made with h5py here.
+The files are written by the real library in a subprocess
+(tests/helpers/legacy_writers/keras2_h5.py: tf_keras in the tf_keras session, Keras 2.12 in the
+keras2 session) and restored into the same architecture in tf_keras, Keras 2 and Keras 3
+(beside tf_keras); Keras 3's own `.h5` saving writes this layout too (keras3 session).
+Damaged and hostile files are made with h5py here.
 """
 
 import importlib.util
@@ -23,10 +24,9 @@ from objckpt._inspect import meta as _meta
 
 from flavours import keras_for, legacy_keras_env
 from legacy import legacy_keras_available
-from support import run_cli
+from support import HELPERS, run_cli
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-WRITER = os.path.join(HERE, "legacy_writers", "keras2_h5.py")
+WRITER = os.path.join(HELPERS, "legacy_writers", "keras2_h5.py")
 _spec = importlib.util.spec_from_file_location("keras2_h5_writer", WRITER)
 writer = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(writer)  # h5_net and moments only; its main() runs in a subprocess

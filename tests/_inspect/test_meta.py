@@ -20,7 +20,6 @@ from objckpt._inspect import meta as _meta
 from flavours import build, keras_for, session_flavour
 from support import run_cli
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _run = run_cli  # the command line with TensorFlow blocked (blocked=False: importable)
 
 

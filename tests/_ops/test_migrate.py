@@ -20,7 +20,7 @@ from legacy import (
     tf1_rewrite,
     tf1_rewrite_module,
 )
-from support import build_optimizer
+from support import HELPERS, ROOT, build_optimizer
 
 RULES = [("^model_001/", "")]
 
@@ -182,9 +182,7 @@ def _cli(tmp_path, *args):
     import subprocess
     import sys
 
-    here = os.path.dirname(os.path.abspath(__file__))
-    root = os.path.dirname(here)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, here, str(tmp_path)]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, HELPERS, str(tmp_path)]))
     return subprocess.run([sys.executable, "-m", "objckpt", *args], capture_output=True,
                           text=True, env=env, cwd=tmp_path, timeout=180)
 

@@ -21,7 +21,7 @@ from flavours import (
     train_more,
 )
 from support import assert_bits, perturb, values
-from test_tree import write_name_based
+from tests._planning.test_tree import write_name_based
 
 
 @pytest.fixture(params=CASES, ids=case_id)
@@ -450,7 +450,7 @@ def test_crash_between_renames_leaves_no_half_checkpoint(tmp_path, monkeypatch):
 
 
 def test_distributed_variables_snapshot_and_restore():
-    """A one-device MirroredStrategy (two replicas: tests/test_distribute_state.py)."""
+    """A one-device MirroredStrategy (two replicas: tests/distributed/test_distribute_state.py)."""
     strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
     with strategy.scope():
         module = tf.Module()

@@ -35,9 +35,7 @@ from flavours import (
     keras_for,
     session_flavour,
 )
-from support import assert_bits, values
-
-HERE = os.path.dirname(os.path.abspath(__file__))
+from support import HELPERS, ROOT, assert_bits, values
 
 
 def make(flavour, kind="functional"):
@@ -315,7 +313,7 @@ def test_second_process_on_the_directory_gets_a_lock_error(tmp_path):
             "from objckpt._bundle import lock as _dirlock; "
             "_dirlock.DirectoryLock(sys.argv[1]).acquire(); print('locked', flush=True); "
             "time.sleep(60)")
-    holder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path), os.path.dirname(HERE)],
+    holder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path), ROOT],
                               stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
@@ -339,7 +337,7 @@ def test_constructing_the_callbacks_does_not_import_tensorflow():
             "Checkpointing('/tmp/objckpt-unused', keep_best=1); BestSnapshot(); "
             "print('tensorflow' in sys.modules, 'keras' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         cwd=os.path.dirname(HERE), check=True).stdout.split()
+                         cwd=ROOT, check=True).stdout.split()
     assert out == ["False", "False"]
     assert not os.path.exists("/tmp/objckpt-unused")  # nothing is created before fit
 
@@ -414,7 +412,7 @@ class Server:
 
     def __init__(self, flavour, kind="functional"):
         self.process = subprocess.Popen(
-            [sys.executable, os.path.join(HERE, "ckpt_worker.py"), flavour, kind],
+            [sys.executable, os.path.join(HELPERS, "ckpt_worker.py"), flavour, kind],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
     def start(self, **job) -> int:

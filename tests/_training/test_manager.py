@@ -12,13 +12,6 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
-from test_checkpointing import (  # noqa: F401  (no_fault_hook: an autouse fixture)
-    Server,
-    final_values,
-    native,
-    no_fault_hook,
-    said,
-)
 
 import objckpt
 from objckpt import _compat, errors
@@ -34,6 +27,13 @@ from flavours import (
     session_flavour,
 )
 from support import assert_bits, values
+from tests._training.test_checkpointing import (  # noqa: F401  (no_fault_hook: an autouse fixture)
+    Server,
+    final_values,
+    native,
+    no_fault_hook,
+    said,
+)
 
 BATCHES = 4  # 8 samples, batches of 2
 

@@ -11,6 +11,8 @@ import pytest
 
 from objckpt._training.retention import Kept, RetentionPolicy
 
+from support import ROOT
+
 
 def kept(*metrics):
     """ckpt-1.. with these metrics (None: no metric), oldest first."""
@@ -64,11 +66,10 @@ def test_reads_metrics_only_when_ranking_by_them():
 @pytest.mark.subprocess
 @pytest.mark.parametrize("module", ["objckpt._training.retention", "objckpt._bundle.state"])
 def test_imports_no_tensorflow(module):
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     code = (f"import sys; import {module}; "
             "print(sorted(m for m in ('tensorflow', 'keras', 'tf_keras') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "PYTHONPATH": root})
+                          timeout=120, env={**os.environ, "PYTHONPATH": ROOT})
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]"
 

@@ -35,9 +35,8 @@ from objckpt._training import checkpointing as _checkpointing
 from objckpt.callbacks import BestSnapshot, Checkpointing, FreezeSchedule, TwinSync
 
 import flavours
-from support import free_ports
+from support import HELPERS, free_ports
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 FLAVOUR = flavours.session_flavour()
 MW_TIMEOUT = 120  # seconds for one run of two workers (each usually takes 10-25 s)
 KERAS3_MULTIWORKER_FIT = (
@@ -463,7 +462,7 @@ class Workers:
         for task in range(2):
             with open(self.base / f"log-{task}.txt", "w") as log:
                 self.processes.append(subprocess.Popen(
-                    [sys.executable, os.path.join(HERE, "mw_fit_worker.py"),
+                    [sys.executable, os.path.join(HELPERS, "mw_fit_worker.py"),
                      str(self.base / "job.json"), str(task)],
                     stdout=log, stderr=subprocess.STDOUT, env=env))
 

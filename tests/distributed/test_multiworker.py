@@ -1,7 +1,7 @@
 """Every capability under `tf.distribute.MultiWorkerMirroredStrategy`: two worker processes.
 
 Each flavour of this session (its Keras, and plain `tf.Module`s) is one launch of two
-workers (tests/mw_capabilities.py) on localhost: TF_CONFIG with 127.0.0.1 ports, CPU only,
+workers (tests/helpers/mw_capabilities.py) on localhost: TF_CONFIG with 127.0.0.1 ports, CPU only,
 one replica per worker. They run every scenario under the strategy in lockstep, then the
 same scenarios without a strategy (the single-device reference), and report per scenario.
 Here each scenario is one test: both workers succeeded, agree bit for bit with each other

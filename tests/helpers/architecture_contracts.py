@@ -6,7 +6,7 @@ import is TF's and Keras's private modules (`tensorflow.python`, `keras.src`, `t
 This contract reads the graph's import details (each import's line as written) to find them.
 
 Declared in pyproject.toml (`[tool.importlinter]`: `contract_types`); `lint-imports` runs from
-the repository root, which puts this folder's parent on the path (`tests.architecture_contracts`).
+the repository root, which puts the root on the path (`tests.helpers.architecture_contracts`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The fuzz worker: imports TF once, then runs one operation per JSON line on stdin.
 
-    python tests/fuzz_worker.py --make-bases DIR   # write the base checkpoints, then exit
-    python tests/fuzz_worker.py DIR                # serve jobs on the bases in DIR
+    python tests/helpers/fuzz_worker.py --make-bases DIR   # write the base checkpoints, then exit
+    python tests/helpers/fuzz_worker.py DIR                # serve jobs on the bases in DIR
 
 Serving, it first prints `{"ready": true, ...}`, then answers each job
 (`{"op", "base", "path", "at", "original", "scratch"}`) with one JSON line:
@@ -30,7 +30,7 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep ERROR/FATAL: crash reasons
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.dirname(HERE))  # the working tree's objckpt
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the working tree's objckpt
 if os.environ.get("FUZZ_OBJCKPT_PATH"):  # another copy of objckpt (e.g. a release)
     sys.path.insert(0, os.environ["FUZZ_OBJCKPT_PATH"])
 

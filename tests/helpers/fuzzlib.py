@@ -1,6 +1,6 @@
 """Fuzzing untrusted checkpoints (issue 17): a codec, mutations, a worker pool, outcomes.
 
-Shared by `tests/test_fuzz.py` (a bounded run in the suite) and
+Shared by `tests/integration/test_fuzz.py` (a bounded run in the suite) and
 `benchmarks/fuzz_checkpoints.py` (a long run that also scores plain TF).
 
 * **Codec** (`Bundle`): an independent, pure-Python reader and writer of TF's checkpoint
@@ -18,7 +18,7 @@ Shared by `tests/test_fuzz.py` (a bounded run in the suite) and
   mutation intends the crafted file to pass them.
 * **Mutations** (`MUTATIONS`): named generators with a fixed seed, grouped into classes:
   random damage, crafted index, crafted object graph, files and directories.
-* **Worker pool** (`Pool`): `tests/fuzz_worker.py` imports TF once and serves cases read as
+* **Worker pool** (`Pool`): `tests/helpers/fuzz_worker.py` imports TF once and serves cases read as
   JSON lines; a crash (signal, abort) or a hang (no answer within the timeout) is recorded
   and the worker replaced by a standby that is already warm.
 * **Outcomes** (`classify`): ok, typed, untyped, crash, hang, partial, silent,

@@ -1,6 +1,6 @@
 """Legacy checkpoints for migration tests: TF1 `Saver` (name-based) and Keras 2 (object-based).
 
-Both are written by a subprocess (tests/legacy_writers/) so that the writing TF/Keras is set
+Both are written by a subprocess (tests/helpers/legacy_writers/) so that the writing TF/Keras is set
 up exactly like the legacy code was (TF1 graph mode; TF_USE_LEGACY_KERAS=1) whatever the test
 process imports. A subprocess costs a TF import (~5 s): share what they write across a test
 session with `cached_tf1_checkpoint` / `cached_keras2_checkpoint` and `tmp_path_factory`.

@@ -1,6 +1,6 @@
 """One worker of a two-process `MultiWorkerMirroredStrategy` run over objckpt's capabilities.
 
-tests/test_multiworker.py starts two of these on localhost (TF_CONFIG with 127.0.0.1
+tests/distributed/test_multiworker.py starts two of these on localhost (TF_CONFIG with 127.0.0.1
 ports, CPU only, one replica per worker) and reads what they report:
 
     python mw_capabilities.py --flavour FLAVOUR --dir SHARED_DIR --out RESULTS.jsonl
@@ -998,7 +998,7 @@ def main(argv=None) -> None:
     faulthandler.dump_traceback_later(args.deadline, exit=True)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     sys.path.insert(0, HERE)
-    sys.path.insert(0, os.path.dirname(HERE))
+    sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
     started = time.monotonic()
 
     import tensorflow

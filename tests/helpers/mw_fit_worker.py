@@ -32,7 +32,7 @@ if job["flavour"] == "tf_keras":
     os.environ["TF_USE_LEGACY_KERAS"] = "1"
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402

@@ -1,4 +1,4 @@
-"""The training process that tests/test_remote_faults.py kills during an upload (issue 30).
+"""The training process that tests/integration/test_remote_faults.py kills during an upload.
 
   python remote_kill_worker.py URL OUT KILL_AT
 
@@ -16,13 +16,15 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import numpy as np
-from test_remote_faults import fit_data, small_model
 
 import objckpt
 from objckpt._training import checkpointing as _checkpointing
 from objckpt.callbacks import Checkpointing
+
+from tests.integration.test_remote_faults import fit_data, small_model
 
 
 def main(url: str, out: str, kill_at: str) -> None:

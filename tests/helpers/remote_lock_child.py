@@ -1,4 +1,4 @@
-"""Another writer's process for tests/test_remote_faults.py (issue 30), TF-free.
+"""Another writer's process for tests/integration/test_remote_faults.py (issue 30), TF-free.
 
   python remote_lock_child.py DIRECTORY NOW
 
@@ -11,7 +11,7 @@ reached through the standard settings in the environment.
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from objckpt._bundle import lock as _dirlock
 from objckpt._bundle import remote as _remote

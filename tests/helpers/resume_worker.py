@@ -1,4 +1,5 @@
-"""One side of the fresh-process resume test (tests/test_resume.py), run as its own process.
+"""One side of the fresh-process resume test (tests/integration/test_resume.py), run as its
+own process.
 
   python resume_worker.py train FLAVOUR KIND DIR   trains one epoch, saves DIR/ckpt with
       objckpt, trains one more epoch, writes DIR/uninterrupted.npz (every variable by path)

@@ -1,9 +1,9 @@
 """Storage emulators for the remote-directory tests (issue 30), and a proxy that injects faults.
 
 FINDINGS (probed with gcsfs 2026.10.1 / s3fs 2026.9.0 against fake-gcs-server (the wrapper
-0.1.1's binary) and moto 5.2.5). tests/test_storage_servers.py checks each behaviour observed
-here, so an upgrade that changes one fails there first; what was read from the clients'
-sources only is marked (source).
+0.1.1's binary) and moto 5.2.5). tests/integration/test_storage_servers.py checks each
+behaviour observed here, so an upgrade that changes one fails there first; what was read from
+the clients' sources only is marked (source).
 
 Using them. A test module imports the fixtures it uses by their function names and asks for
 them by their fixture names (no F811):

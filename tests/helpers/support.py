@@ -2,8 +2,8 @@
 variable, building an optimizer's slots, and the environment of a child Python process.
 
 flavours.py builds the models; this module checks them. Both are imported by name from
-tests/ (pyproject.toml's `pythonpath = ["tests"]`; a worker script run as a child process
-finds them beside itself).
+tests/helpers/ (pyproject.toml's `pythonpath = ["tests/helpers"]`; a worker script run as a
+child process finds them beside itself).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from collections.abc import Iterator, Mapping, ValuesView
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+HELPERS = os.path.dirname(os.path.abspath(__file__))  # tests/helpers/: helpers, worker scripts
+ROOT = os.path.dirname(os.path.dirname(HELPERS))
 
 
 def values(what) -> dict:
@@ -88,7 +88,7 @@ def python_env(*paths, environ=None, **extra) -> dict:
     """The environment (os.environ, or `environ`) of a child Python process that imports the
     working tree's objckpt, the helpers of tests/ and `paths`, with `extra` variables set."""
     environ = os.environ if environ is None else environ
-    path = [ROOT, HERE, *map(str, paths), os.environ.get("PYTHONPATH", "")]
+    path = [ROOT, HELPERS, *map(str, paths), os.environ.get("PYTHONPATH", "")]
     return dict(environ, PYTHONPATH=os.pathsep.join(p for p in path if p), **extra)
 
 

@@ -1,6 +1,6 @@
 """tf_keras checkpoints of code other people wrote, restored into Keras 3 in one call.
 
-The tf_keras side runs in a subprocess (tests/legacy_writers/tf_keras_models.py) with
+The tf_keras side runs in a subprocess (tests/helpers/legacy_writers/tf_keras_models.py) with
 TF_USE_LEGACY_KERAS=1, as the legacy code did. These tests need tf_keras and Keras 3 in one
 environment (the tf_keras nox session) and skip elsewhere.
 """
@@ -18,9 +18,9 @@ import objckpt
 
 from flavours import keras_for
 from legacy_models import ListNet, bias_free_mlp
+from support import HELPERS, ROOT
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-WRITER = os.path.join(HERE, "legacy_writers", "tf_keras_models.py")
+WRITER = os.path.join(HELPERS, "legacy_writers", "tf_keras_models.py")
 # The applications the issue names; small inputs (96x96) and random weights.
 APPLICATIONS = ("ResNet50", "MobileNetV2", "EfficientNetB0", "DenseNet121", "InceptionV3",
                 "NASNetMobile")
@@ -170,8 +170,8 @@ def test_structure_reads_renamed_roles_through_the_alias_table(keras3, applicati
 
 
 def test_role_alias_table_is_generated_and_current():
-    script = os.path.join(HERE, "make_role_aliases.py")
-    path = os.pathsep.join([os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")])
+    script = os.path.join(HELPERS, "make_role_aliases.py")
+    path = os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])
     env = dict(os.environ, TF_USE_LEGACY_KERAS="0", TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=path)
     result = subprocess.run([sys.executable, script, "--check"], env=env, capture_output=True,
                             text=True, check=False)

@@ -9,7 +9,8 @@ import re
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from support import ROOT
+
 PAGES = ["README.md", *sorted(
     os.path.join("docs", name) for name in os.listdir(os.path.join(ROOT, "docs"))
     if name.endswith(".md"))]

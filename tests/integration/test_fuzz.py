@@ -2,11 +2,11 @@
 
 Every file objckpt reads is untrusted (DESIGN invariant 2): no input may crash, hang or
 exhaust the process, raise anything but an `objckpt.errors` type, or half-restore
-(invariant 1). `tests/fuzzlib.py` mutates small base checkpoints written in this session's
+(invariant 1). `tests/helpers/fuzzlib.py` mutates small base checkpoints written in this session's
 flavour (random damage, crafted index entries and footers with valid block checksums,
 crafted object graphs with recomputed tensor checksums, FIFOs, symlinks, stray files and
 state files) and runs objckpt's operations on each in a persistent worker subprocess
-(`tests/fuzz_worker.py`), so that a crash or a hang is recorded, not fatal.
+(`tests/helpers/fuzz_worker.py`), so that a crash or a hang is recorded, not fatal.
 
 A few hundred cases in all; `benchmarks/fuzz_checkpoints.py` runs 10,000 and compares
 plain TF. Outcomes: ok, typed, untyped, crash, hang, partial, silent,

@@ -1,4 +1,4 @@
-"""The legacy checkpoints of tests/legacy.py are what they claim, proved without objckpt.
+"""The legacy checkpoints of tests/helpers/legacy.py are what they claim, proved without objckpt.
 
 TF1: a name-based Saver checkpoint whose values, assigned by hand by name, make the TF2
 rewrites (every Keras flavour and a tf.Module) compute the saved output. Keras 2: an

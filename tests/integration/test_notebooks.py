@@ -17,8 +17,8 @@ import sys
 import pytest
 
 from flavours import KERAS3_SESSION, requires_keras3_session
+from support import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COLAB = os.path.join(ROOT, "colab")
 NAMES = sorted(n for n in os.listdir(COLAB) if n.endswith(".ipynb"))
 SIDE = os.environ.get("OBJCKPT_NOTEBOOK_PATH", "")

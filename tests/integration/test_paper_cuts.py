@@ -199,7 +199,7 @@ def test_inspect_into_a_closed_pipe_exits_quietly(tmp_path):
 
 @requires_keras3_session
 def test_demo_runs_twice_into_one_folder(tmp_path):
-    # In this process (tests/test_demo.py runs it as a command): the second run used to end
+    # In this process (tests/_cli/test_demo.py runs it as a command): the second run used to end
     # in KeyError: 'val_loss' (its Checkpointing resumed a finished run: nothing trained).
     out = tmp_path / "demo"
     texts = []

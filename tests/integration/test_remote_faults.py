@@ -1,5 +1,5 @@
 """The hard guarantees of remote checkpoint directories (issue 30), against real servers:
-fake-gcs-server and moto (tests/storage_servers.py), each test run against both.
+fake-gcs-server and moto (tests/helpers/storage_servers.py), each test run against both.
 
 A training process SIGKILLed mid-upload resumes bit-exact and its orphans are tidied; the
 server stopped mid-upload is a typed error that `on_error="warn"` trains through; 503s, 429s
@@ -40,9 +40,10 @@ from objckpt._bundle import state as _ckptstate
 from objckpt._training import checkpointing as _checkpointing
 from objckpt._training import retention as _retention
 
+from support import HELPERS, ROOT
+
 BUCKET = "faults"
 OTHER_BUCKET = "faults-other"
-HERE = os.path.dirname(os.path.abspath(__file__))
 SCHEME = {"gcs": "gs", "s3": "s3"}
 
 
@@ -207,12 +208,12 @@ def test_sigkill_mid_upload_resumes_bit_exact_and_tidies_the_orphans(
     # The child saves every epoch. It is killed during its 3rd save: by itself once the
     # data is uploaded (fault_hook), or by this process while its index upload is in flight.
     env = {**os.environ, **proxy.env, "PYTHONPATH": os.pathsep.join(
-        [os.path.dirname(HERE), HERE, os.environ.get("PYTHONPATH", "")])}
+        [ROOT, HELPERS, os.environ.get("PYTHONPATH", "")])}
     child = []
     if kill == "index-in-flight":
         kill_in_flight(proxy, monkeypatch, child)
     child.append(subprocess.Popen(
-        [sys.executable, os.path.join(HERE, "remote_kill_worker.py"), run, str(tmp_path),
+        [sys.executable, os.path.join(HELPERS, "remote_kill_worker.py"), run, str(tmp_path),
          "3" if kill == "after-data" else "0"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
     _, stderr = child[0].communicate(timeout=300)
@@ -545,7 +546,7 @@ def test_another_process_takes_over_a_stalled_writers_lock_and_its_commit_stands
         # commits a state object of its own (listing ckpt-1 only).
         later = clock[0] + _dirlock.LEASE_SECONDS + 1
         env = {**os.environ, **proxy.env}
-        done = subprocess.run([sys.executable, os.path.join(HERE, "remote_lock_child.py"),
+        done = subprocess.run([sys.executable, os.path.join(HELPERS, "remote_lock_child.py"),
                                run, repr(later)], env=env, capture_output=True, timeout=120)
         assert done.returncode == 0, done.stderr.decode()[-3000:]
         assert done.stdout.decode().startswith("pid ")
@@ -653,7 +654,12 @@ def test_hostile_names_and_state_objects_are_never_followed_out_of_the_directory
 @pytest.mark.slow  # 144 saves and two restarts against each server
 def test_the_simulated_day_keeps_on_object_storage_what_it_keeps_on_disk(
         server, proxy, base, monkeypatch):
-    from test_retention_policies import DAY_KEPT, DAY_START, FakeClock, simulated_day
+    from tests._training.test_retention_policies import (
+        DAY_KEPT,
+        DAY_START,
+        FakeClock,
+        simulated_day,
+    )
 
     clock = FakeClock()
     monkeypatch.setattr(_retention, "now", clock)

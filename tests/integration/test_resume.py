@@ -21,7 +21,7 @@ import tensorflow as tf
 import objckpt
 
 from flavours import KERAS_FLAVOURS, KINDS, _data, build, keras_for
-from support import assert_bits, build_optimizer, run_cli, values
+from support import HELPERS, assert_bits, build_optimizer, run_cli, values
 
 CASES = [(f, k) for f in KERAS_FLAVOURS for k in KINDS]
 FIT = {"batch_size": 4, "epochs": 1, "shuffle": False, "verbose": 0}
@@ -245,7 +245,7 @@ def test_cli_migrate_moves_optimizer_state_by_default(tmp_path):
     module = tmp_path / "resume_template.py"
     module.write_text(
         "import sys\n"
-        f"sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
+        f"sys.path.insert(0, {HELPERS!r})\n"
         "from flavours import build\n"
         "def make():\n"
         "    return build('keras3', 'functional', train=False)\n")
@@ -427,7 +427,7 @@ def test_resume_in_a_fresh_process_is_bit_exact(tmp_path):
 
     flavour = session_flavour()
     keras_for(flavour)
-    worker = os.path.join(os.path.dirname(__file__), "resume_worker.py")
+    worker = os.path.join(HELPERS, "resume_worker.py")
     for mode in ("train", "resume"):
         result = subprocess.run([sys.executable, worker, mode, flavour, "functional",
                                  str(tmp_path)], capture_output=True, text=True, timeout=300,

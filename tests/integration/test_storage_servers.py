@@ -1,5 +1,5 @@
-"""The storage emulators and the FaultProxy (tests/storage_servers.py), and what gcsfs and s3fs
-do against them: the findings the remote storage layer (issue 30) is built on. No objckpt code
+"""The storage emulators and the FaultProxy (tests/helpers/storage_servers.py), and what gcsfs
+and s3fs do against them: the findings the remote storage layer is built on. No objckpt code
 here: each test speaks to the clients directly, so a client or emulator upgrade that changes
 one of these behaviours fails here, naming it."""
 

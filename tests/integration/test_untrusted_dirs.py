@@ -29,10 +29,7 @@ from objckpt._training import checkpointing as _checkpointing
 from objckpt.callbacks import Checkpointing
 
 from flavours import _data, build_functional, keras_for, session_flavour
-from support import assert_bits, values
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-
+from support import ROOT, assert_bits, values
 
 # --- helpers ---------------------------------------------------------------------------
 
@@ -353,7 +350,7 @@ _CHILD = """if True:
 def in_child(directory, code: str) -> dict:
     """Runs `code` (with `attempt`, `resume`, `restore`, `out` at hand, see `_CHILD`) in a
     child process limited to 5 GiB of data and 120 s; returns its `out`."""
-    done = subprocess.run([sys.executable, "-c", _CHILD, os.path.dirname(HERE), str(directory),
+    done = subprocess.run([sys.executable, "-c", _CHILD, ROOT, str(directory),
                            code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])

@@ -11,7 +11,8 @@ included) and out.npz with `x`, `y = model(x, training=False)`, `iterations`, an
 architecture lists its variables in the same order).
 
 Exits with status 3 when no Keras 2 is installed (no tf_keras and TF >= 2.16). Importing
-this module changes no environment variable: tests/test_legacyh5.py imports `h5_net` from it.
+this module changes no environment variable: tests/_formats/test_legacyh5.py imports `h5_net`
+from it.
 """
 
 import argparse
