@@ -1,4 +1,4 @@
-"""One calling convention across the public API (issue 28).
+"""One calling convention across the public API.
 
 The public callables are enumerated (`objckpt.__all__`, `objckpt.callbacks.__all__`, the
 public methods of the classes users make) and their signatures checked: everything that

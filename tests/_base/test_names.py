@@ -1,6 +1,6 @@
 """Names people know: errors and plans show each variable by its network path and its
 Keras/TF name, one line per network variable (its optimizer slots summarised on it), and
-only the fixes that apply, with examples in the user's own keys (issue 19, point 1)."""
+only the fixes that apply, with examples in the user's own keys."""
 
 from __future__ import annotations
 

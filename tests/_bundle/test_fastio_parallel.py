@@ -1,4 +1,4 @@
-"""Parallel checkpoint I/O (issue 20): parallel writes TF reads, parallel all-or-nothing
+"""Parallel checkpoint I/O: parallel writes TF reads, parallel all-or-nothing
 restores, durable (fsync) mode.
 
 Small models are written and read by `THREADS` threads (OBJCKPT_IO_THREADS) by making
@@ -74,7 +74,7 @@ def read_path(request, monkeypatch):
 @pytest.fixture
 def streamed(monkeypatch):
     """The streamed, in-place restore (the path of large models) for the tests of the
-    generic path; the whole-read path is the one restore took before issue 20."""
+    generic path; the whole-read path is the one restore took before parallel I/O."""
     return _read_path(monkeypatch, "in-place")
 
 

@@ -1,4 +1,4 @@
-"""Checkpoints in object storage (issue 30): gs:// and s3:// against real emulators.
+"""Checkpoints in object storage: gs:// and s3:// against real emulators.
 
 fake-gcs-server and moto in server mode are started by `storage_servers` (module scope) on
 free ports; objckpt reaches them through the clients' standard settings only

@@ -1,4 +1,4 @@
-"""objckpt's own writer of TF's bundle format (issue 20): byte for byte what SaveV2 writes,
+"""objckpt's own writer of TF's bundle format: byte for byte what SaveV2 writes,
 read by TF's readers, written by several threads."""
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ def test_demo_trains_restores_migrates_and_draws(tmp_path):
     assert step == 30 and f"Keras 3 optimizer iterations {step} (TF1 global_step {step})" \
         in text
     # Its tables name weights as people know them: under their layers with the Keras name
-    # beside them, Adam slots saying whose they are (issue 19).
+    # beside them, Adam slots saying whose they are.
     assert re.search(r"^\s+_kernel  \[mlp/hidden/kernel\]", text, re.M), text
     assert "_trainable_variables" not in text
     assert re.search(r"optimizer/_variables/2  \[m of `_functional/_operations/1/_kernel`\]",

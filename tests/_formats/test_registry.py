@@ -141,7 +141,7 @@ def test_a_file_in_no_format_is_refused_alike_by_every_entry_point(tmp_path, cap
             call()
         assert expected in str(info.value), name
         # `read_tree` words it in `_files.resolve_prefix`, which does not list safetensors
-        # yet (issue 31 follow-up: _bundle/files.py was being changed for issue 30).
+        # yet (left for later: _bundle/files.py was being changed for remote directories).
         tail = "; this one is none of them." if name == "read_tree" else (
             ", safetensors `.safetensors` and `model.safetensors.index.json`; this one is none "
             "of them.")

@@ -1,4 +1,4 @@
-"""safetensors as a source (issue 31): files written by the `safetensors` library (the
+"""safetensors as a source: files written by the `safetensors` library (the
 oracle) read back bit for bit, single and sharded; restores into every flavour by object
 path, by rules and through a transform; crafted headers refused before any byte is read;
 the command line's `inspect` and `verify` without TensorFlow."""

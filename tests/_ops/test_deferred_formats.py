@@ -1,4 +1,4 @@
-"""`restore_on_create` from the formats beside TF checkpoints (issue 21): a SavedModel, a
+"""`restore_on_create` from the formats beside TF checkpoints: a SavedModel, a
 Keras 3 `.weights.h5`, a Keras `.h5`. Their keys are no object paths, so values reach the
 variables through the plan: at once for variables that exist, and at the end of each Keras
 build for a model built later, before its first call uses them."""

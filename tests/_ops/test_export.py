@@ -1,4 +1,4 @@
-"""objckpt.export to safetensors and the invertible rules of objckpt.rules (issue 31).
+"""objckpt.export to safetensors and the invertible rules of objckpt.rules.
 
 The oracle is the `safetensors` library (a test dependency only; objckpt's writer is its
 own): every file export writes is read back by `safetensors.numpy.load_file` /
@@ -31,7 +31,7 @@ from support import assert_bits, bits
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 safetensors = pytest.importorskip("safetensors")
 
-# objckpt reads safetensors once the format is registered (issue 31's reader).
+# objckpt reads safetensors once the format is registered (`_formats/safetensors.py`).
 READS_SAFETENSORS = importlib.util.find_spec("objckpt._formats.safetensors") is not None
 
 

@@ -1,4 +1,4 @@
-"""Rule sets `objckpt.plan` proposes from names and shapes where no rule fits (issue 31).
+"""Rule sets `objckpt.plan` proposes from names and shapes where no rule fits.
 
 A safetensors file with torch names and layouts (`layers.0.weight` as (out, in)) of a small
 model: the plan proposes a RuleSet (placeholders for numbered layers, Transpose for torch

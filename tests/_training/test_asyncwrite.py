@@ -1,5 +1,5 @@
 """objckpt.save(..., blocking=False): a SaveHandle, the values at the call, call order,
-errors raised by result() (issue 20)."""
+errors raised by result()."""
 
 from __future__ import annotations
 

@@ -353,7 +353,7 @@ def test_arguments_are_validated():
     for kwargs, message in cases:
         with pytest.raises(errors.InvalidArgumentError, match=message):
             Checkpointing("/tmp/x", **kwargs)
-    assert Checkpointing("gs://bucket/run").directory == "gs://bucket/run"  # URLs: issue 30
+    assert Checkpointing("gs://bucket/run").directory == "gs://bucket/run"  # a remote URL
     with pytest.raises(errors.InvalidArgumentError, match="mode must be"):
         BestSnapshot(mode="best")
 

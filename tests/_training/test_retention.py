@@ -74,7 +74,7 @@ def test_imports_no_tensorflow(module):
     assert done.stdout.strip() == "[]"
 
 
-# --- the rules of issue 30: every N steps, every N hours, a predicate, intervals -------------
+# --- the rules: every N steps, every N hours, a predicate, intervals ---------------------------
 
 from objckpt import errors  # noqa: E402
 from objckpt._training.retention import Decision  # noqa: E402

@@ -1,4 +1,4 @@
-"""Retention policies of managed directories (issue 30), through `CheckpointManager` and
+"""Retention policies of managed directories, through `CheckpointManager` and
 `callbacks.Checkpointing`: keep every N steps, every N hours (TF's semantics), a predicate,
 the minimum intervals between saves, keep-all; a simulated day on a fake clock, restarts
 that change nothing, `model.fit` in each Keras flavour, and the argument checks.

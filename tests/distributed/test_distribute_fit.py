@@ -1,4 +1,4 @@
-"""The callbacks and CheckpointManager under tf.distribute (issue 18).
+"""The callbacks and CheckpointManager under tf.distribute.
 
 (a) MirroredStrategy with two replicas in this process (`flavours.mirrored()`, two logical
     CPUs): Checkpointing resumes an interrupted fit exactly as an uninterrupted one,

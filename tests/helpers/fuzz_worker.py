@@ -153,7 +153,7 @@ def make_bases(directory: str) -> None:
     module = build_module(0)
     objckpt.save(module, os.path.join(directory, "module", "ckpt"))
     save_values(os.path.join(originals, "module-0.npz"), values(module))
-    # The same values as a safetensors file (issue 31), written by the `safetensors` library
+    # The same values as a safetensors file, written by the `safetensors` library
     # under their object paths, as a Hugging Face style weights file is: restored by path.
     import safetensors.numpy
 

@@ -1,4 +1,4 @@
-"""Fuzzing untrusted checkpoints (issue 17): a codec, mutations, a worker pool, outcomes.
+"""Fuzzing untrusted checkpoints: a codec, mutations, a worker pool, outcomes.
 
 Shared by `tests/integration/test_fuzz.py` (a bounded run in the suite) and
 `benchmarks/fuzz_checkpoints.py` (a long run that also scores plain TF).
@@ -587,7 +587,7 @@ BASES = {
                 "model"),
     "fit": ("callbacks.Checkpointing directory: 2-epoch fit, save every batch, max_to_keep=3",
             "dir", "model"),
-    # issue 31: one file, its tensors named by the module base's object paths
+    # safetensors: one file, its tensors named by the module base's object paths
     "safetensors": ("the module base's values written by the safetensors library",
                     "file", None),
 }
@@ -649,7 +649,7 @@ class Mutation:
     seeds: int = 1  # random damage: seeds per base in the bounded test
     bench_only: bool = False
     suite_bases: tuple = ()  # bases of the bounded test (default: see plan_cases)
-    regression: str = ""  # the failure measured before issue 17 that it reproduces
+    regression: str = ""  # the failure it reproduces, measured before the hardening
 
 
 class Ctx:
@@ -1455,7 +1455,7 @@ def _state_dir(ctx):
         f.write(state_text([f"ckpt-{ctx.newest}", "ckpt-99"]))
 
 
-# --- safetensors (issue 31) ---------------------------------------------------------------
+# --- safetensors ---------------------------------------------------------------------------
 # A safetensors file: 8 bytes (header length N, little-endian), N bytes of JSON, the data.
 # The oracle is the `safetensors` library itself (the reference implementation): a case is
 # equivalent when it reads the file to the original's tensors, bit for bit. The format has no

@@ -1,4 +1,4 @@
-"""Another writer's process for tests/integration/test_remote_faults.py (issue 30), TF-free.
+"""Another writer's process for tests/integration/test_remote_faults.py, TF-free.
 
   python remote_lock_child.py DIRECTORY NOW
 

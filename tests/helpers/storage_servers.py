@@ -1,4 +1,4 @@
-"""Storage emulators for the remote-directory tests (issue 30), and a proxy that injects faults.
+"""Storage emulators for the remote-directory tests, and a proxy that injects faults.
 
 FINDINGS (probed with gcsfs 2026.10.1 / s3fs 2026.9.0 against fake-gcs-server (the wrapper
 0.1.1's binary) and moto 5.2.5). tests/integration/test_storage_servers.py checks each

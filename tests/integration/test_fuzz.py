@@ -1,4 +1,4 @@
-"""Untrusted checkpoints (issue 17): a bounded fuzz run and one regression per known case.
+"""Untrusted checkpoints: a bounded fuzz run and one regression per known case.
 
 Every file objckpt reads is untrusted (DESIGN invariant 2): no input may crash, hang or
 exhaust the process, raise anything but an `objckpt.errors` type, or half-restore
@@ -90,7 +90,7 @@ def test_fuzz(group, pool, bases, workdir):
     assert not bad, _report(rows, bad)
 
 
-# The cases measured before issue 17 (crash, untyped error, partial restore, hang), each
+# The cases measured before the hardening (crash, untyped error, partial restore, hang), each
 # with the error objckpt must raise instead: (id, mutation, base, operation, error type).
 CORRUPT = "CheckpointCorruptError"
 REGRESSIONS = [

@@ -1,4 +1,4 @@
-"""The hard guarantees of remote checkpoint directories (issue 30), against real servers:
+"""The hard guarantees of remote checkpoint directories, against real servers:
 fake-gcs-server and moto (tests/helpers/storage_servers.py), each test run against both.
 
 A training process SIGKILLed mid-upload resumes bit-exact and its orphans are tidied; the

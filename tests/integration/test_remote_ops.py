@@ -1,4 +1,4 @@
-"""Every Python operation that reads or writes checkpoints, on gs:// and s3:// URLs (issue 30).
+"""Every Python operation that reads or writes checkpoints, on gs:// and s3:// URLs.
 
 `restore` (a prefix; a directory with a state object; one without), `plan`, `read_tree`,
 `verify`, `restore_on_create`, `load_ensemble` and `migrate` (a remote TF1 name-based

@@ -1,4 +1,4 @@
-"""The everyday path (issue 27): train, save, build and compile the model again, restore with
+"""The everyday path: train, save, build and compile the model again, restore with
 the default options, train on; the next steps equal the uninterrupted run's, bit for bit.
 
 Every flavour, every target state a user meets (compiled with its optimizer not built yet,

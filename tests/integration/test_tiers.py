@@ -1,4 +1,4 @@
-"""The test tiers (issue 29): the markers pyproject.toml declares, the quick run's marker
+"""The test tiers: the markers pyproject.toml declares, the quick run's marker
 expression in noxfile.py, and conftest.py's guard that fails a quick-run test that starts a
 Python process without the `subprocess` mark."""
 

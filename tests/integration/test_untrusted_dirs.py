@@ -1,4 +1,4 @@
-"""Untrusted checkpoint directories (issue 17): every file is untrusted input, and no intact
+"""Untrusted checkpoint directories: every file is untrusted input, and no intact
 checkpoint is ever deleted unless provably superseded (DESIGN.md, invariants 2 and 10).
 
 Regression tests for what fuzzing found: stray files taken for data shards, state files that

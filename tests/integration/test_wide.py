@@ -1,4 +1,4 @@
-"""Wide object graphs (issue 29): cost linear in graph nodes and checkpoint entries.
+"""Wide object graphs: cost linear in graph nodes and checkpoint entries.
 
 A checkpoint whose root has many children (`tf.train.Checkpoint(model=m, **many)`, or a crafted
 file of 200,000 root children) used to restore in quadratic time: `at=` was found by computing

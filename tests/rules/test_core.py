@@ -1,4 +1,4 @@
-"""Split/fuse and tied weights as rules (issue 31, "Layout transforms as rules").
+"""Split/fuse and tied weights as rules: layout transforms in the two-way rules.
 
 Several `objckpt.rules.Rule`s with the same source pattern feed one source tensor to several
 variables: each with a `Split(axis, parts=..., index=k)` takes its part (GPT-2's fused

@@ -1,4 +1,4 @@
-"""Hugging Face rule sets for BERT, GPT-2 and ViT (issue 31), against keras-hub.
+"""Hugging Face rule sets for BERT, GPT-2 and ViT, against keras-hub.
 
 keras-hub's own Hugging Face importers (`XBackbone.from_preset(folder)`, which reads a local
 folder of `config.json` + `model.safetensors` through `convert_<model>.py`) and its GPT-2

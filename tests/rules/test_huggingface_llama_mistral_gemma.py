@@ -1,4 +1,4 @@
-"""Hugging Face rule sets for Llama, Mistral and Gemma (issue 31), against keras-hub.
+"""Hugging Face rule sets for Llama, Mistral and Gemma, against keras-hub.
 
 keras-hub's own Hugging Face importers (`XBackbone.from_preset(folder)`) and exporters
 (`export_backbone`) are the oracle: objckpt's export must be what the importer reads, and
