@@ -7,8 +7,6 @@ shows them as visible escapes (`\\n`, `\\x1b`, `\\u202e`); JSON output keeps the
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 import unicodedata
 
@@ -19,7 +17,7 @@ import objckpt
 from objckpt import cli, errors
 from objckpt._base import render as _render
 
-from support import python_env
+from support import cli_in_process, run_cli
 
 GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 
@@ -61,10 +59,7 @@ def hostile(tmp_path_factory) -> str:
     return tf.train.Checkpoint(root=_module(NAMES)).write(str(root / "ck"))
 
 
-def _cli(capsys, *argv):
-    status = cli.main(cli._parse(["objckpt", *map(str, argv)]))
-    out, err = capsys.readouterr()
-    return status, out, err
+_cli = cli_in_process
 
 
 # --- _render.safe / safe_text -------------------------------------------------------------
@@ -131,11 +126,9 @@ def test_inspect_json_keeps_the_names_as_data(hostile, capsys):
 
 @pytest.mark.subprocess
 def test_inspect_from_the_command_line_sends_no_control_characters(hostile):
-    env = python_env()
-    result = subprocess.run([sys.executable, "-m", "objckpt", "inspect", hostile],
-                            capture_output=True, env=env, timeout=120)
+    result = run_cli("inspect", hostile, blocked=False, timeout=120)
     assert result.returncode == 0, result.stderr
-    out = result.stdout.decode("utf-8")
+    out = result.stdout
     assert not _raw_controls(out)
     assert "evil\\x1b[31m\\nname" in out and PRINTABLE in out
     assert len(out.rstrip("\n").split("\n")) == len(NAMES) + 4

@@ -14,7 +14,7 @@ from objckpt import cli, errors
 from objckpt._inspect import diff as _diff
 
 from flavours import build, keras_for
-from support import run_cli
+from support import cli_in_process, run_cli
 
 
 def _run(*args):
@@ -42,9 +42,7 @@ def _saver_checkpoint(prefix, **variables) -> str:
 
 def _cli(capsys, *argv):
     """Runs `objckpt diff ...` in-process: (exit status, stdout, stderr)."""
-    status = cli.main(cli._parse(["objckpt", "diff", *map(str, argv)]))
-    out, err = capsys.readouterr()
-    return status, out, err
+    return cli_in_process(capsys, "diff", *argv)
 
 
 @pytest.mark.parametrize("flavour", ["module", "keras3"])

@@ -18,15 +18,12 @@ from objckpt._inspect import diff as _diff
 from objckpt._inspect import meta as _meta
 
 from flavours import build, keras_for, session_flavour
-from support import run_cli
+from support import cli_in_process, run_cli
 
 _run = run_cli  # the command line with TensorFlow blocked (blocked=False: importable)
 
 
-def _in_process(capsys, *argv):
-    status = cli.main(cli._parse(["objckpt", *map(str, argv)]))
-    out, err = capsys.readouterr()
-    return status, out, err
+_in_process = cli_in_process
 
 
 def _sharded(directory) -> str:

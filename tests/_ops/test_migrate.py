@@ -20,7 +20,7 @@ from legacy import (
     tf1_rewrite,
     tf1_rewrite_module,
 )
-from support import HELPERS, ROOT, build_optimizer
+from support import build_optimizer, run_cli
 
 RULES = [("^model_001/", "")]
 
@@ -179,12 +179,8 @@ def broken():
 
 
 def _cli(tmp_path, *args):
-    import subprocess
-    import sys
-
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, HELPERS, str(tmp_path)]))
-    return subprocess.run([sys.executable, "-m", "objckpt", *args], capture_output=True,
-                          text=True, env=env, cwd=tmp_path, timeout=180)
+    """`python -m objckpt ARGS` in tmp_path, where the templates module is."""
+    return run_cli(*args, blocked=False, paths=(tmp_path,), cwd=tmp_path, timeout=180)
 
 
 @pytest.mark.subprocess

@@ -96,14 +96,26 @@ _TF_BLOCKED = ("import sys; sys.modules.update(dict.fromkeys(('tensorflow', 'ker
                "'tf_keras'), None)); sys.argv[0] = 'objckpt'; from objckpt import cli; cli.run()")
 
 
-def run_cli(*args, blocked: bool = True, env=None,
+def run_cli(*args, blocked: bool = True, env=None, paths=(), cwd=None,
             timeout: float = 300) -> subprocess.CompletedProcess:
     """Runs `objckpt ARGS` as a fresh process from this checkout, with TensorFlow, Keras and
     tf_keras blocked from import (blocked=False: `python -m objckpt` as users run it, TF
-    importable); `env`: the environment to start from (python_env adds the paths)."""
+    importable); `env`: the environment to start from (python_env adds this checkout, the
+    helpers and `paths`); `cwd`: the folder it runs in."""
     command = ["-c", _TF_BLOCKED] if blocked else ["-m", "objckpt"]
     return subprocess.run([sys.executable, *command, *map(str, args)], capture_output=True,
-                          text=True, env=python_env(environ=env), timeout=timeout, check=False)
+                          text=True, env=python_env(*paths, environ=env), cwd=cwd,
+                          timeout=timeout, check=False)
+
+
+def cli_in_process(capsys, *argv) -> tuple[int, str, str]:
+    """Runs `objckpt ARGV` in this process (`cli.main`, TF as the test left it), with pytest's
+    `capsys`: (exit status, stdout, stderr)."""
+    from objckpt import cli
+
+    status = cli.main(cli._parse(["objckpt", *map(str, argv)]))
+    out, err = capsys.readouterr()
+    return status, out, err
 
 
 # --- multi-worker launches -----------------------------------------------------------------

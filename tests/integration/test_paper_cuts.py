@@ -1,4 +1,4 @@
-"""Issue 28's paper cuts, each as a user meets it: a prefix that is a directory, a directory
+"""Paper cuts, each as a user meets it: a prefix that is a directory, a directory
 written by `objckpt.save`, `objckpt inspect ... | head`, the demo run twice, `verify` on a TF1
 checkpoint, repeated advice in reports, `dir(objckpt)` and the notebooks' set-up."""
 
@@ -20,7 +20,7 @@ from objckpt._bundle import state as _ckptstate
 from objckpt._cli import demo as _demo
 
 from flavours import FLAVOURS, KERAS_FLAVOURS, build, keras_for, requires_keras3_session
-from support import ROOT, assert_bits, python_env, values
+from support import ROOT, assert_bits, python_env, run_cli, values
 
 
 def _shift(obj, by: float) -> None:
@@ -163,12 +163,10 @@ def test_cli_inspect_and_verify_take_the_directory(saved_run, request):
     if request.node.callspec.params["saved_run"] != "module":
         pytest.skip("the command line reads files only: one flavour's are enough")
     _, run, _ = saved_run
-    inspect = subprocess.run([sys.executable, "-m", "objckpt", "inspect", str(run)],
-                             capture_output=True, text=True, env=python_env(), timeout=120)
+    inspect = run_cli("inspect", run, blocked=False, timeout=120)
     assert inspect.returncode == 0, inspect.stderr
     assert inspect.stdout.startswith(f"checkpoint {run / 'ckpt-3'}:")
-    verify = subprocess.run([sys.executable, "-m", "objckpt", "verify", str(run)],
-                            capture_output=True, text=True, env=python_env(), timeout=120)
+    verify = run_cli("verify", run, blocked=False, timeout=120)
     assert verify.returncode == 0, verify.stderr
     assert verify.stdout.splitlines()[-1].startswith(
         f"OK: {run / 'ckpt'}, {run / 'ckpt-2'}, {run / 'ckpt-3'}:")
@@ -230,8 +228,7 @@ def test_demo_removes_only_its_own_files_and_states_its_time(tmp_path):
     with pytest.raises(errors.InvalidArgumentError, match=r"notes\.txt.*another --out"):
         _demo._start_afresh(str(run))
     assert sorted(os.listdir(run)) == ["ckpt-1.index", "notes.txt"]  # nothing removed
-    helped = subprocess.run([sys.executable, "-m", "objckpt", "--help"], capture_output=True,
-                            text=True, env=python_env(), timeout=120)
+    helped = run_cli("--help", blocked=False, timeout=120)
     assert f"({_demo.DURATION})" in helped.stdout and "one-minute" not in helped.stdout
 
 

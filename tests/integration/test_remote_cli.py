@@ -1,4 +1,4 @@
-"""The command line on gs:// and s3:// URLs (issue 30): `inspect`, `diff` (a remote checkpoint
+"""The command line on gs:// and s3:// URLs: `inspect`, `diff` (a remote checkpoint
 against a local one), `graph`, `verify` and `migrate`, against fake-gcs-server and moto
 (storage_servers.py, module scope). Output names the URL, never the local staged copy; the
 TF-free commands stay TF-free on URLs (a child process with TensorFlow blocked), and the
@@ -19,11 +19,10 @@ from storage_servers import (  # noqa: F401
 )
 
 import objckpt
-from objckpt import cli
 from objckpt._bundle import remote as _remote
 
 from flavours import dense_bn
-from support import run_cli
+from support import cli_in_process, run_cli
 
 BUCKET = "objckpt-cli"
 STAGED = "objckpt-staged-"  # the local copies' folder names: never in the output
@@ -52,8 +51,7 @@ def saved(store, tmp_path_factory):
 
 
 def _cli(capsys, *argv):
-    status = cli.main(cli._parse(["objckpt", *map(str, argv)]))
-    out, err = capsys.readouterr()
+    status, out, err = cli_in_process(capsys, *argv)
     assert STAGED not in out + err, out + err
     return status, out, err
 
