@@ -3,6 +3,7 @@
 A crafted object name can hold a newline (forging rows of a table), ANSI/OSC escape sequences
 (clearing the screen, retitling the terminal), NUL, C1 controls or bidi overrides. Text output
 shows them as visible escapes (`\\n`, `\\x1b`, `\\u202e`); JSON output keeps them as data.
+At the end, the other renderings of `objckpt._base.render`: sizes, shapes, counts, lists.
 """
 
 import json
@@ -264,3 +265,18 @@ def test_restore_report_and_errors_escape_names(hostile):
             os.path.join(os.path.dirname(hostile), "nested")), at="nothing")
     assert not _raw_controls(str(caught.value))
     assert "`x\\x1b[2J\\ny`" in str(caught.value)
+
+
+# --- sizes, shapes, counts and lists ---------------------------------------------------------
+
+def test_rendering():
+    assert [_render.size(n) for n in (0, 999, 1000, 1_500_000, 3e12)] == [
+        "0 B", "999 B", "1.0 KB", "1.5 MB", "3000.0 GB"]
+    assert [_render.shape(s) for s in ((), (3,), (2, 3))] == ["()", "(3,)", "(2, 3)"]
+    assert _render.count(1, "variable") == "1 variable"
+    assert _render.count(1234, "variable") == "1,234 variables"
+    assert _render.elements((2, 3, 4)) == 24 and _render.elements(()) == 1
+    assert _render.mb(12_345_678) == "12.3 MB"
+    assert _render.listed(["a", "b", "c"], limit=2) == ["  - a", "  - b", "  - ... and 1 more"]
+    assert _render.first_line(ValueError("first\nsecond")) == "first"
+    assert _render.first_line(ValueError("")) == "ValueError"

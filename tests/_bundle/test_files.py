@@ -1,108 +1,16 @@
-"""The low layers on their own: path grammar, text rendering, checkpoint files."""
+"""Checkpoint files (`objckpt._bundle.files`): the atomic write-and-commit, data shards by
+TF's names only, regular files checked without opening them, and the prefixes a state file
+may name."""
 
 from __future__ import annotations
 
 import os
-import types
 
 import pytest
 import tensorflow as tf
 
-from objckpt import errors
-from objckpt._base import paths as _paths
-from objckpt._base import render as _render
 from objckpt._bundle import files as _files
 from objckpt._bundle import state as _ckptstate
-
-
-@pytest.mark.parametrize("name", ["kernel", "a.b", "a/b", "..S", "./.", ".", "S", ""])
-def test_escape_round_trips_and_matches_tf(name):
-    from tensorflow.python.trackable import trackable_utils  # the oracle: TF's own escaping
-
-    assert _paths.escape(name) == trackable_utils.escape_local_name(name)
-    assert _paths.unescape(_paths.escape(name)) == name
-
-
-def test_slot_paths_split_and_join():
-    path = _paths.slot_path("dense/kernel", "optimizer", "m")
-    assert path == "dense/kernel/.OPTIMIZER_SLOT/optimizer/m"
-    assert _paths.split_slot(path) == ("dense/kernel", "optimizer", "m")
-    assert _paths.split_slot("dense/kernel") is None
-    assert _paths.path_of_key(_paths.checkpoint_key("a/b")) == "a/b"
-
-
-def _proto(edges: dict[int, list[tuple[str, int]]], count: int):
-    nodes = [types.SimpleNamespace(children=[types.SimpleNamespace(local_name=n, node_id=i)
-                                             for n, i in edges.get(k, [])])
-             for k in range(count)]
-    return types.SimpleNamespace(nodes=nodes)
-
-
-def test_graph_paths_are_breadth_first_shortest_and_escaped():
-    # 0 -> a(1) -> deep(3) -> x(4); 0 -> b.c(2) -> x(4) again: x's first path is via b.c
-    proto = _proto({0: [("a", 1), ("b.c", 2)], 1: [("deep", 3)], 2: [("x", 4)],
-                    3: [("x", 4)]}, 5)
-    assert _paths.graph_paths(proto) == {0: "", 1: "a", 2: "b..c", 3: "a/deep",
-                                         4: "b..c/x"}
-    assert _paths.graph_paths(proto, 1) == {1: "", 3: "deep", 4: "deep/x"}
-    pruned = _paths.graph_paths(proto, skip=lambda node, name: name == "b.c")
-    assert pruned == {0: "", 1: "a", 3: "a/deep", 4: "a/deep/x"}
-
-
-
-def test_graph_walk_defers_follows_slots_and_ignores_ids_outside_the_graph():
-    # 0 -> opt(1) -> vars(3) -> w(4); 0 -> layer(2) -> w(4): deferring `opt` gives w its
-    # path through the layer, as `objckpt.graph` draws a trained Keras 3 model.
-    proto = _proto({0: [("opt", 1), ("layer", 2), ("bad", 99), ("neg", -1)],
-                    1: [("vars", 3)], 2: [("w", 4)], 3: [("w", 4)]}, 6)
-    for node in proto.nodes:
-        node.slot_variables = []
-    proto.nodes[1].slot_variables = [types.SimpleNamespace(slot_name="m",
-                                                           slot_variable_node_id=5)]
-    plain = list(_paths.graph_walk(proto))
-    assert plain == [(0, "opt", 1), (0, "layer", 2), (1, "vars", 3), (2, "w", 4)]
-    deferred = list(_paths.graph_walk(proto, defer=lambda node, name: name == "opt"))
-    assert deferred == [(0, "layer", 2), (2, "w", 4), (0, "opt", 1), (1, "vars", 3)]
-    with_slots = list(_paths.graph_walk(proto, slots=True))
-    assert with_slots == [*plain[:3], (1, "m", 5), (2, "w", 4)]
-
-
-def test_rendering():
-    assert [_render.size(n) for n in (0, 999, 1000, 1_500_000, 3e12)] == [
-        "0 B", "999 B", "1.0 KB", "1.5 MB", "3000.0 GB"]
-    assert [_render.shape(s) for s in ((), (3,), (2, 3))] == ["()", "(3,)", "(2, 3)"]
-    assert _render.count(1, "variable") == "1 variable"
-    assert _render.count(1234, "variable") == "1,234 variables"
-    assert _render.elements((2, 3, 4)) == 24 and _render.elements(()) == 1
-    assert _render.mb(12_345_678) == "12.3 MB"
-    assert _render.listed(["a", "b", "c"], limit=2) == ["  - a", "  - b", "  - ... and 1 more"]
-    assert _render.first_line(ValueError("first\nsecond")) == "first"
-    assert _render.first_line(ValueError("")) == "ValueError"
-
-
-def test_state_file_written_here_is_read_by_tf_and_by_us(tmp_path):
-    for number in (1, 2, 3):
-        (tmp_path / f"ckpt-{number}.index").write_bytes(b"")
-    _ckptstate.write_state(str(tmp_path), ["ckpt-1", "ckpt-2", "ckpt-3"], 1700000000.5)
-    state = tf.train.get_checkpoint_state(str(tmp_path))
-    assert os.path.basename(state.model_checkpoint_path) == "ckpt-3"
-    assert [os.path.basename(p) for p in state.all_model_checkpoint_paths] == [
-        "ckpt-1", "ckpt-2", "ckpt-3"]
-    assert _ckptstate.read_state(str(tmp_path)).names == ["ckpt-1", "ckpt-2", "ckpt-3"]
-    assert _files.state_candidates(str(tmp_path)) == [
-        str(tmp_path / name) for name in ("ckpt-3", "ckpt-2", "ckpt-1")]
-    assert [n for n in os.listdir(tmp_path) if ".tmp-" in n] == []  # no debris
-
-
-def test_state_file_problems_are_typed(tmp_path):
-    with pytest.raises(errors.CheckpointNotFoundError, match="holds no managed checkpoints"):
-        _ckptstate.read_state(str(tmp_path))
-    (tmp_path / "checkpoint").write_text("model_checkpoint_path: ")
-    with pytest.raises(errors.CheckpointCorruptError, match="cannot be parsed"):
-        _ckptstate.read_state(str(tmp_path))
-    (tmp_path / "checkpoint").write_text("")
-    with pytest.raises(errors.CheckpointCorruptError, match="names no checkpoint"):
-        _ckptstate.read_state(str(tmp_path))
 
 
 def test_write_tensors_commits_atomically_and_calls_each_stage(tmp_path):
