@@ -1,4 +1,5 @@
-"""One worker of a two-worker MultiWorkerMirroredStrategy run, for tests/test_distribute_fit.py.
+"""One worker of a two-worker MultiWorkerMirroredStrategy run, for
+tests/distributed/test_distribute_fit.py.
 
 `python mw_fit_worker.py JOB TASK`: JOB is a JSON file, TASK this worker's index (0 is the
 chief). The job says: ports (one per worker, 127.0.0.1), flavour ("keras3", "tf_keras",
