@@ -56,15 +56,8 @@ NO_TEST_FILE = {
                             "behaviour of their own)",
     "objckpt/rules/hf_*.py": "each architecture's rule set is tested against keras-hub in "
                              "rules/test_huggingface_*.py",
-    "objckpt/_base/options.py": "the argument checks of checkpoint directories, tested through "
-                                "the callbacks and CheckpointManager that call them "
-                                "(_training/test_checkpointing.py, test_manager.py, "
-                                "test_retention_policies.py)",
     "objckpt/_base/roles.py": "a generated table: integration/test_cross_flavour.py checks it is "
                               "what helpers/make_role_aliases.py writes",
-    "objckpt/_bundle/lock.py": "the directory lock, tested with the writers that take it "
-                               "(_training/test_checkpointing.py, "
-                               "integration/test_remote_faults.py)",
     "objckpt/_bundle/objgraph.py": "the object graph read without TF, tested against TF's reader "
                                    "in _inspect/test_meta.py and _inspect/test_graph.py",
     "objckpt/_cli/terminal.py": "the command line's words, tested in _inspect/test_meta.py",
