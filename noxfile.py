@@ -19,7 +19,7 @@ nox.options.sessions = ["keras3", "tf_keras", "tf216", "keras2"]
 nox.options.reuse_existing_virtualenvs = True
 
 
-# keras-hub backbones are tested in the keras3 session (tests/test_keras_hub.py). Its
+# keras-hub backbones are tested in the keras3 session (tests/integration/test_keras_hub.py). Its
 # tensorflow-text requirement pins another TensorFlow and the backbones do not use it, so
 # keras-hub goes in without its dependencies after the `hf` extra (those the backbones
 # import), as docs/huggingface.md tells users to install it.

@@ -9,10 +9,10 @@ Usage:
 Base checkpoints are written in this environment's flavour (a Keras conv + BatchNorm +
 Dense model after one Adam step, saved by objckpt.save and by tf.train.Checkpoint; a
 tf.Module with TF1 Adam slots; a tf.train.CheckpointManager directory; a
-callbacks.Checkpointing directory). Every mutation of `tests/fuzzlib.py` is applied to
+callbacks.Checkpointing directory). Every mutation of `tests/helpers/fuzzlib.py` is applied to
 each base it fits (crafted ones once, random damage with seed after seed until --cases
 objckpt cases), and every operation runs in persistent worker subprocesses
-(`tests/fuzz_worker.py`; --jobs of them in parallel), a crash or a hang (no answer within
+(`tests/helpers/fuzz_worker.py`; --jobs of them in parallel), a crash or a hang (no answer within
 --timeout seconds) recorded and the worker replaced. For each mutated checkpoint plain
 TF's `tf.train.Checkpoint(...).read(prefix)` runs too (unless --no-tf), for comparison.
 
@@ -37,7 +37,7 @@ import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "helpers"))
 
 import fuzzlib as F  # noqa: E402
 

@@ -4,7 +4,7 @@ Usage:
   python benchmarks/stress_checkpointing.py [--kills 2000] [--flavour keras3]
                                             [--epochs 12] [--seed 0]
 
-A fork server (tests/ckpt_worker.py: one TensorFlow import) starts training
+A fork server (tests/helpers/ckpt_worker.py: one TensorFlow import) starts training
 workers that fit with `objckpt.callbacks.Checkpointing` (a save after every
 batch, sync and async alternating) into one directory; each is SIGKILLed at
 a random moment after it began training, and the next one resumes. After
@@ -31,14 +31,15 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "helpers"))
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-import test_checkpointing as t  # noqa: E402  (the Server and helpers of the fault tests)
 
 import objckpt  # noqa: E402
 from objckpt import _compat  # noqa: E402
+
+from tests._training import test_checkpointing as t  # noqa: E402  (the fault tests' helpers)
 
 
 def main(argv=None) -> int:

@@ -1,7 +1,7 @@
 """Writes the notebooks in colab/ from the cells below (outputs stripped).
 
 Run `python colab/make_notebooks.py` after editing a notebook's cells here;
-tests/test_notebooks.py checks that the committed notebooks are what this
+tests/integration/test_notebooks.py checks that the committed notebooks are what this
 script writes, and executes each one in a Jupyter kernel. Every notebook
 starts with an "Open in Colab" badge and a cell that installs objckpt in
 Colab (and does nothing elsewhere), and uses only objckpt's public API.

@@ -1,5 +1,5 @@
-"""Test-session set-up. The helpers beside this file (support.py, flavours.py, ...) are
-imported by name: pyproject.toml's [tool.pytest.ini_options] puts tests/ on sys.path."""
+"""Test-session set-up. The helpers in tests/helpers/ (support.py, flavours.py, ...) are
+imported by name: pyproject.toml's [tool.pytest.ini_options] puts that folder on sys.path."""
 
 import os
 import subprocess
@@ -8,7 +8,7 @@ import sys
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-pytest_plugins = ["pytester"]  # tests/test_tiers.py runs the tier guard below
+pytest_plugins = ["pytester"]  # tests/integration/test_tiers.py runs the tier guard below
 
 
 def _two_logical_cpus() -> None:
@@ -34,10 +34,10 @@ _two_logical_cpus()
 
 _LAUNCHED: list = []
 _PROCESS_MARKS = ("subprocess", "multiworker")
-# TF1 graph code and Keras 2 write their checkpoints in a process of their own; tests/legacy.py
-# runs each writer once per test process and caches what it wrote, a fixed cost the quick run
-# keeps (it tests migration): those launches are not counted.
-_WRITERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "legacy_writers")
+# TF1 graph code and Keras 2 write their checkpoints in a process of their own;
+# tests/helpers/legacy.py runs each writer once per test process and caches what it wrote, a
+# fixed cost the quick run keeps (it tests migration): those launches are not counted.
+_WRITERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers", "legacy_writers")
 
 
 def _is_python(args) -> bool:

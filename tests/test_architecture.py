@@ -3,8 +3,8 @@
 - `lint-imports` (import-linter, contracts in pyproject.toml `[tool.importlinter]`): imports
   flow down the sub-packages and down the modules inside each (function-body imports
   included), so there is no cycle; only `objckpt/_compat/` imports `tensorflow.python`,
-  `keras.src` or `tf_keras.src` (tests/architecture_contracts.py); the TF-free modules reach no
-  TensorFlow or Keras, through any chain. A deliberately bad import is shown to break them.
+  `keras.src` or `tf_keras.src` (tests/helpers/architecture_contracts.py); the TF-free modules
+  reach no TensorFlow or Keras, through any chain. A deliberately bad import is shown to break them.
 - What import-linter cannot see, checked here on the AST: no module uses another module's
   private name (`from objckpt._x.y import _z`, `y._z`); outside `_compat/`, `obj._name` (and
   `getattr(obj, "_name")`) is allowed only for names the same module defines (its own private
@@ -81,8 +81,9 @@ def test_lint_imports_names_a_bad_import(tmp_path):
     shutil.copytree(PACKAGE, tmp_path / "objckpt",
                     ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path)
-    (tmp_path / "tests").mkdir()
-    shutil.copy(ROOT / "tests" / "architecture_contracts.py", tmp_path / "tests")
+    (tmp_path / "tests" / "helpers").mkdir(parents=True)
+    shutil.copy(ROOT / "tests" / "helpers" / "architecture_contracts.py",
+                tmp_path / "tests" / "helpers")
     # up the sub-packages; up inside one; TF's private modules outside _compat; TF in a
     # TF-free module through another module
     _write(tmp_path / "objckpt/_inspect/graph.py",

@@ -1,6 +1,6 @@
 """TF's tensor bundle format, the checkpoint on disk: the index table read and validated in pure
 Python (`index`), the object graph decoded without TF (`objgraph`), the writer (`write`),
-parallel reads and writes with crc32c checks (`fastio`), files and object stores (`files`), the
-`checkpoint` state file (`state`) and the directory lock (`lock`). It may import `_base` and
-`_compat`; never the other formats, planning, operations or training.
+parallel reads and writes with crc32c checks (`fastio`), files and object stores (`files`,
+`remote`), the `checkpoint` state file (`state`) and the directory lock (`lock`). It may import
+`_base` and `_compat`; never the other formats, planning, operations or training.
 """

@@ -9,7 +9,7 @@ checksum brings a chunk into the cache, the write copies it from there): no buff
 (`tensorflow/core/util/tensor_bundle`): a `BundleHeaderProto` under the empty key and a
 `BundleEntryProto` per tensor (dtype, shape, shard 0, offset, size, masked crc32c), keys
 sorted, in LevelDB's table format as TF's TableBuilder writes it. Both files are byte for
-byte what `SaveV2` writes for the same tensors in the same order (tests/test_bundlewrite.py).
+byte what `SaveV2` writes for the same tensors in the same order (tests/_bundle/test_write.py).
 `_fastio.write_bundle` runs it: `plan`, then `write_item` on several threads, then `index`.
 
 String tensors are written as TF writes them: the varint64 length of each element, a

@@ -23,7 +23,7 @@ or TF1 name-based bundle, given as a prefix or a managed directory) comes last a
 every path that is no regular file. A path no format claims is an `UnsupportedFormatError`
 (`unsupported`), its list of the files objckpt reads generated from `FORMATS`; every door
 (`read_tree`, `plan`, `restore`, `verify`, `inspect`, `diff`, `graph`) dispatches here, as
-tests/test_formats.py checks. Adding a format is one module and one line in `FORMATS` (or a
+tests/_formats/test_registry.py checks. Adding a format is one module and one line in `FORMATS` (or a
 `register` call): docs/layout.md shows one.
 """
 

@@ -182,7 +182,7 @@ def _at_fix(the_plan: Plan, source: Source, extra: list, missing: list) -> str:
         return ""
     wanted, names, found = set(missing), set(source.top_level_names), set()
     # One pass over the keys (each split at its slashes), not one per top-level name: a
-    # source of 200,000 names and entries stays linear (issue 29).
+    # source of 200,000 names and entries stays linear.
     for key in extra:
         cut = key.find("/")
         while cut != -1:
@@ -202,7 +202,7 @@ def _example_rule(extra: list, missing: list, the_plan: Plan, source: Source,
     a prefix to strip when a key ends with a variable's path, else one key onto a variable
     of its shape, else the first onto the first."""
     shown = {path: the_plan.display(path)[0] for path in missing}
-    # Linear in the keys and paths (issue 29): each key's suffixes after a slash are looked
+    # Linear in the keys and paths: each key's suffixes after a slash are looked
     # up, the first (path, shown before path) winning, as a scan of every pair would pick.
     rank: dict = {}
     for i, path in enumerate(missing):

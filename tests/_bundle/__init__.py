@@ -1,0 +1,1 @@
+"""Tests of objckpt/_bundle/, one file per module (test_<module>.py)."""

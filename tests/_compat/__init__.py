@@ -1,0 +1,1 @@
+"""Tests of objckpt/_compat/, one file per module (test_<module>.py)."""

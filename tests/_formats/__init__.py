@@ -1,0 +1,1 @@
+"""Tests of objckpt/_formats/, one file per module (test_<module>.py)."""

@@ -1,0 +1,272 @@
+"""Rule sets `objckpt.plan` proposes from names and shapes where no rule fits.
+
+A safetensors file with torch names and layouts (`layers.0.weight` as (out, in)) of a small
+model: the plan proposes a RuleSet (placeholders for numbered layers, Transpose for torch
+Linear weights, Transpose + Reshape for an attention projection), shows it as Python, and the
+proposal, applied, restores every variable bit for bit (and exports the same names back). A
+restore without rules still fails, changes nothing, and its error points at the proposal.
+Nothing is proposed for an unrelated file, nor between equally good candidates.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import objckpt
+from objckpt import errors
+from objckpt.rules import Chain, Reshape, Rule, Transpose
+
+from flavours import KERAS_FLAVOURS, keras_for
+from support import assert_bits, bits, values
+
+safetensors_numpy = pytest.importorskip("safetensors.numpy")
+
+pytest.importorskip("objckpt._formats.safetensors")
+
+
+def _keras_model(keras):
+    inp = keras.Input((8,), dtype="int32")
+    x = keras.layers.Embedding(64, 16, name="embed")(inp)
+    x = keras.layers.Dense(32, name="layer_0")(x)
+    x = keras.layers.Dense(16, name="layer_1")(x)
+    x = keras.layers.LayerNormalization(name="norm")(x)
+    return keras.Model(inp, keras.layers.Dense(10, name="head")(x))
+
+
+def _torch_tensors(seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+
+    def t(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+
+    return {"embed.weight": t(64, 16), "layers.0.weight": t(32, 16), "layers.0.bias": t(32),
+            "layers.1.weight": t(16, 32), "layers.1.bias": t(16), "norm.weight": t(16),
+            "norm.bias": t(16), "head.weight": t(10, 16), "head.bias": t(10)}
+
+
+# torch name -> (Keras variable name, transposed)
+_KERAS_NAMES = {
+    "embed.weight": ("embed/embeddings", False),
+    "layers.0.weight": ("layer_0/kernel", True), "layers.0.bias": ("layer_0/bias", False),
+    "layers.1.weight": ("layer_1/kernel", True), "layers.1.bias": ("layer_1/bias", False),
+    "norm.weight": ("norm/gamma", False), "norm.bias": ("norm/beta", False),
+    "head.weight": ("head/kernel", True), "head.bias": ("head/bias", False)}
+
+
+def _by_name(model) -> dict:
+    return {v.name.removesuffix(":0"): v for v in objckpt.tree(model).values()}
+
+
+@pytest.mark.parametrize("flavour", KERAS_FLAVOURS)
+def test_a_torch_named_file_gets_a_proposal_that_restores_exactly(flavour, tmp_path):
+    keras = keras_for(flavour)
+    model = _keras_model(keras)
+    tensors = _torch_tensors()
+    path = str(tmp_path / "model.safetensors")
+    safetensors_numpy.save_file(tensors, path)
+
+    the_plan = objckpt.plan(model, path)
+    assert not the_plan.complete and not the_plan.matches
+    if flavour == "keras3":  # numbered layers share one rule
+        assert list(the_plan.proposed) == [
+            Rule("embed.weight", "embed/embeddings"),
+            Rule("head.bias", "head/bias"),
+            Rule("head.weight", "head/kernel", Transpose()),
+            Rule("layers.{i}.bias", "layer_{i}/bias"),
+            Rule("layers.{i}.weight", "layer_{i}/kernel", Transpose()),
+            Rule("norm.bias", "norm/beta"),
+            Rule("norm.weight", "norm/gamma"),
+        ]
+    else:  # `layer_{i}/bias` would also name `layer_with_weights-0/bias`: one rule each
+        assert sorted(the_plan.proposed, key=lambda rule: rule.source) == [
+            Rule(key, name, Transpose() if transposed else None)
+            for key, (name, transposed) in sorted(_KERAS_NAMES.items())]
+    text = the_plan.describe()
+    count = len(the_plan.proposed)
+    assert f"proposed rules ({count}; from names and shapes, never applied on their own" in text
+    assert "  from objckpt.rules import Rule, RuleSet, Transpose\n  rules = RuleSet([\n" in text
+    assert "      Rule('head.weight', 'head/kernel', Transpose(perm=None)),\n" in text
+
+    # Never applied on its own: a restore without rules fails, changes nothing, points at it.
+    before = values(model)
+    with pytest.raises(errors.StructureMismatchError) as raised:
+        objckpt.restore(model, path)
+    assert "Fix: objckpt.plan(obj, source).proposed holds a rule set proposed from names " \
+           f"and shapes ({count} rules)" in str(raised.value)
+    assert_bits(before, values(model))
+
+    report = objckpt.restore(model, path, rules=the_plan.proposed)
+    assert len(report.restored) == 9 and not report.missing and not report.unexpected
+    weights = _by_name(model)
+    for key, (name, transposed) in _KERAS_NAMES.items():
+        want = tensors[key].T if transposed else tensors[key]
+        assert bits(weights[name].numpy()) == bits(want), key
+
+    # The proposal converts both ways: exported with it, the torch names and bytes come back.
+    out = str(tmp_path / "out.safetensors")
+    objckpt.export(model, out, rules=the_plan.proposed)
+    back = safetensors_numpy.load_file(out)
+    assert sorted(back) == sorted(tensors)
+    for key, value in tensors.items():
+        assert bits(back[key]) == bits(value), key
+
+
+class _Block(tf.Module):
+    def __init__(self, rng, name=None):
+        super().__init__(name=name)
+        self.kernel = tf.Variable(rng.standard_normal((4, 2, 3)).astype(np.float32))
+        self.bias = tf.Variable(rng.standard_normal((6,)).astype(np.float32))
+
+
+class _Net(tf.Module):
+    def __init__(self, seed=1):
+        super().__init__()
+        rng = np.random.default_rng(seed)
+        self.attn_0 = _Block(rng)
+        self.attn_1 = _Block(rng)
+        self.out = tf.Variable(rng.standard_normal((6, 5)).astype(np.float32))
+
+
+def test_a_module_gets_transpose_and_reshape_proposed(tmp_path):
+    net = _Net()
+    rng = np.random.default_rng(7)
+    tensors = {f"blocks.{i}.attn.weight": rng.standard_normal((6, 4)).astype(np.float32)
+               for i in range(2)}
+    tensors.update({f"blocks.{i}.attn.bias": rng.standard_normal((6,)).astype(np.float32)
+                    for i in range(2)})
+    path = str(tmp_path / "m.safetensors")
+    safetensors_numpy.save_file(tensors, path)
+
+    the_plan = objckpt.plan(net, path, strict=False)
+    # `out` has no counterpart: left as it is, not guessed.
+    assert list(the_plan.proposed) == [  # in the source's order
+        Rule("blocks.{i}.attn.bias", "attn_{i}/bias"),
+        Rule("blocks.{i}.attn.weight", "attn_{i}/kernel",
+             Chain(Transpose(), Reshape((4, 6), (4, 2, 3)))),
+    ]
+    assert "from objckpt.rules import Rule, RuleSet, Chain, Reshape, Transpose" in \
+        the_plan.describe()
+    out_before = bits(net.out.numpy())
+    objckpt.restore(net, path, rules=the_plan.proposed, strict=False)
+    for i, block in enumerate((net.attn_0, net.attn_1)):
+        want = tensors[f"blocks.{i}.attn.weight"].T.reshape(4, 2, 3)
+        assert bits(block.kernel.numpy()) == bits(want)
+        assert bits(block.bias.numpy()) == bits(tensors[f"blocks.{i}.attn.bias"])
+    assert bits(net.out.numpy()) == out_before
+
+
+def test_nothing_is_proposed_for_an_unrelated_file(tmp_path):
+    net = _Net()
+    rng = np.random.default_rng(3)
+    tensors = {"encoder.running_stats": rng.standard_normal((7, 3)).astype(np.float32),
+               "vocab.table": rng.standard_normal((11,)).astype(np.float32)}
+    path = str(tmp_path / "other.safetensors")
+    safetensors_numpy.save_file(tensors, path)
+    the_plan = objckpt.plan(net, path)
+    assert the_plan.proposed is None
+    assert "proposed rules" not in the_plan.describe()
+    before = values(net)
+    with pytest.raises(errors.StructureMismatchError) as raised:
+        objckpt.restore(net, path)
+    assert ".proposed holds" not in str(raised.value)
+    assert_bits(before, values(net))
+
+
+def test_equal_candidates_are_not_guessed_and_rules_given_propose_nothing(tmp_path):
+    net = _Net()
+    rng = np.random.default_rng(4)
+    # `attn.bias` fits attn_0/bias and attn_1/bias equally: neither is proposed.
+    tensors = {"attn.bias": rng.standard_normal((6,)).astype(np.float32),
+               "blocks.1.attn.weight": rng.standard_normal((6, 4)).astype(np.float32)}
+    path = str(tmp_path / "m.safetensors")
+    safetensors_numpy.save_file(tensors, path)
+    the_plan = objckpt.plan(net, path)
+    assert [(r.source, r.target) for r in the_plan.proposed] == [
+        ("blocks.1.attn.weight", "attn_1/kernel")]  # one key: a literal rule
+    with pytest.warns(UserWarning):  # the rule matches no key
+        given = objckpt.plan(net, path, rules=[("^nothing$", "x")])
+    assert given.proposed is None
+
+
+def test_too_many_pairs_of_one_size_propose_nothing(tmp_path, monkeypatch):
+    from objckpt._planning import propose
+
+    net = _Net()
+    path = str(tmp_path / "m.safetensors")
+    safetensors_numpy.save_file({"blocks.0.attn.bias": np.zeros(6, np.float32)}, path)
+    assert objckpt.plan(net, path).proposed is not None
+    monkeypatch.setattr(propose, "_PAIR_LIMIT", 1)  # 1 key x 2 biases of 6 elements
+    assert objckpt.plan(net, path).proposed is None
+    assert os.path.exists(path)
+
+
+def test_a_placeholder_rule_that_would_take_an_unpaired_entry_becomes_one_rule_each(tmp_path):
+    net = _Net()
+    rng = np.random.default_rng(5)
+    # blocks.2 has no attn_2 to feed: `blocks.{i}.attn.bias` would rewrite it to a path the
+    # obj lacks, so each pair gets its own rule and blocks.2 stays unmatched.
+    tensors = {f"blocks.{i}.attn.bias": rng.standard_normal((6,)).astype(np.float32)
+               for i in range(3)}
+    path = str(tmp_path / "m.safetensors")
+    safetensors_numpy.save_file(tensors, path)
+    the_plan = objckpt.plan(net, path)
+    assert list(the_plan.proposed) == [Rule("blocks.0.attn.bias", "attn_0/bias"),
+                                       Rule("blocks.1.attn.bias", "attn_1/bias")]
+    report = objckpt.restore(net, path, rules=the_plan.proposed, strict=False)
+    assert sorted(report.unexpected) == ["blocks.2.attn.bias"]
+    assert bits(net.attn_1.bias.numpy()) == bits(tensors["blocks.1.attn.bias"])
+
+
+def test_a_llama_folder_without_its_set_gets_what_the_docs_say(tmp_path):
+    """docs/huggingface.md: on a Hugging Face Llama folder without its rule set, the proposal
+    feeds the embedding, the MLP and the attention projections as the shipped set does
+    (values compared with a restore through `objckpt.rules.huggingface`), leaves
+    input_layernorm, the final norm and lm_head unpaired, and pairs post_attention_layernorm
+    with keras-hub's self_attention_layernorm (the words agree, the meaning does not)."""
+    import json
+
+    keras_hub = pytest.importorskip("keras_hub")
+    from objckpt.rules import huggingface
+
+    config = {"model_type": "llama", "vocab_size": 64, "hidden_size": 16,
+              "intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "head_dim": 4, "tie_word_embeddings": False}
+
+    def backbone(seed):
+        model = keras_hub.models.Llama3Backbone(
+            vocabulary_size=64, num_layers=2, num_query_heads=4, num_key_value_heads=2,
+            hidden_dim=16, intermediate_dim=32, tie_word_embeddings=False)
+        rng = np.random.default_rng(seed)
+        for variable in model.weights:
+            variable.assign(rng.standard_normal(variable.shape).astype(np.float32))
+        return model
+
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    objckpt.export(backbone(0), str(folder), rules=huggingface(str(folder)))
+    shipped, proposed_into = backbone(1), backbone(2)
+    objckpt.restore(shipped, str(folder), rules=huggingface(str(folder)))
+
+    the_plan = objckpt.plan(proposed_into, str(folder))
+    sources = {rule.source for rule in the_plan.proposed}
+    assert "model.layers.{i}.self_attn.q_proj.weight" in sources
+    assert not any("input_layernorm" in s or s in ("lm_head.weight", "model.norm.weight")
+                   for s in sources)
+    assert [r.target for r in the_plan.proposed if "post_attention" in r.source] == [
+        "transformer_layer_{i}/self_attention_layernorm/scale"]
+    report = objckpt.restore(proposed_into, str(folder), rules=the_plan.proposed, strict=False)
+    assert len(report.restored) == 17
+    want = {v.name.removesuffix(":0"): v for v in objckpt.tree(shipped).values()}
+    got = {v.name.removesuffix(":0"): v for v in objckpt.tree(proposed_into).values()}
+    fed = objckpt.plan(proposed_into, str(folder), rules=the_plan.proposed, strict=False)
+    names = {objckpt.tree(proposed_into)[m.target].name.removesuffix(":0")
+             for m in fed.matches}
+    assert len(names) == 17
+    for name in names:
+        same = bits(got[name].numpy()) == bits(want[name].numpy())
+        assert same == ("self_attention_layernorm" not in name), name

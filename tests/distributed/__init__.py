@@ -1,0 +1,2 @@
+"""Tests under tf.distribute: MirroredStrategy in this process, MultiWorkerMirroredStrategy
+in worker processes."""

@@ -1,0 +1,1 @@
+"""Tests of objckpt/rules/, one file per module (test_<module>.py)."""
