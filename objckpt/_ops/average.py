@@ -1,0 +1,359 @@
+"""The weighted mean of N sources assigned into a live obj, matched like `restore`, streamed.
+
+Every source goes through the one restore pipeline (`_planning.pipeline`): opened, planned
+onto the obj (rules, at, strict, optimizer_state, every strategy) and checked from its
+metadata; then the plans are checked against each other (each weight fed by every source),
+all before anything is read into a variable. Values are then read one variable at a time:
+the sources' values of one variable are added into a float64 `averaging.Mean` one source at
+a time and the mean is assigned, so memory beyond the obj stays a few times the largest
+tensor whatever the number of sources.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import tensorflow as tf
+
+from objckpt import _compat, errors
+from objckpt._base import render as _render
+from objckpt._ops import averaging as _averaging
+from objckpt._planning import match as _match
+from objckpt._planning import pipeline as _pipeline
+from objckpt._planning import targets as _targets
+from objckpt._planning import tree as _tree
+
+__all__ = ["AverageReport", "average"]
+
+# Below this many bytes of averaged values, every mean is computed before the first
+# assignment (a second copy of a small model costs little); above, TF checkpoints' checksums
+# are all checked first, then each mean is assigned as soon as it is computed.
+HELD_BYTES = 16 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class AverageReport:
+    """What `objckpt.average` did.
+
+    Attributes:
+      averaged: object paths (of the obj) that received the weighted mean of the sources.
+      taken: object paths that are not weights (integer variables, counters, random-generator
+        state, optimizer state) and received the value of one source, `taken_from`.
+      skipped: paths left as the obj had them, each with why (`non_weights="keep"`, no source
+        has it with `strict=False`, the plan skipped it).
+      weights: the weights used, normalized to sum to 1, one per source.
+      sources: the sources, described.
+      taken_from: the index in `sources` of the source `taken` came from (None: "keep").
+      notes: anything worth knowing (BatchNorm statistics averaged, the plans' notes).
+    """
+
+    averaged: tuple[str, ...]
+    taken: tuple[str, ...] = ()
+    skipped: tuple[str, ...] = ()
+    weights: tuple[float, ...] = ()
+    sources: tuple[str, ...] = ()
+    taken_from: int | None = None
+    notes: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        text = _render.safe_text
+        weights = ", ".join(f"{w:.4g}" for w in self.weights)
+        lines = [f"averaged {len(self.averaged)} variables over {len(self.sources)} sources "
+                 f"(weights {weights})"]
+        if self.taken:
+            lines.append(f"taken from source {self.taken_from} ({len(self.taken)}): "
+                         + ", ".join(map(_render.safe, self.taken)))
+        if self.skipped:
+            lines.append(f"skipped ({len(self.skipped)}):")
+            lines.extend(_render.listed(map(text, _render.grouped(self.skipped)), limit=5))
+        lines.extend(map(text, self.notes))
+        return "\n".join(lines)
+
+
+@tf.autograph.experimental.do_not_convert
+@errors.about_arguments(obj="obj")
+def average(obj, sources, *, weights=None, rules=None, at: str | None = None,
+            strict: bool = True, optimizer_state="auto", non_weights: str = "last"
+            ) -> AverageReport:
+    """Assigns into obj the weighted mean of N sources, matched like `restore`.
+
+    Each source is any source `objckpt.restore` reads (a prefix, a directory, a Snapshot,
+    a `.keras` / `.weights.h5` file, safetensors, a `gs://` / `s3://` URL) and is matched
+    to obj's variables by the same plan (`objckpt.plan`: rules, at, strict,
+    optimizer_state, every strategy). Every source is opened, planned and checked from its
+    metadata, and the plans against each other, before any variable is assigned: a source
+    with another shape for a variable raises an error naming that source and the path, and
+    every variable keeps its value. Values are then streamed one variable at a time into a
+    float64 accumulator and rounded once into the variable's dtype (float16 and bfloat16
+    included), so memory beyond obj is a few times the largest tensor whatever N. Below
+    16 MiB of weights every mean is computed before the first assignment; above, every TF
+    checkpoint's checksums are checked first (a value of another format that fails to read
+    half way leaves the variables before it averaged).
+
+    Only weights are averaged: the floating-point variables of the network. What is not a
+    weight (integer variables, counters such as the optimizer's iterations, random-generator
+    state, and all optimizer state: slots, learning rate) is never averaged: by default it
+    is taken from the last source (the newest checkpoint of a run, listed last), as
+    `non_weights` says, and listed in the report's `taken`. BatchNorm moving statistics are
+    floating-point weights and are averaged; the report notes it (recompute them from data
+    for an average of different runs).
+
+    Args:
+      obj: the built trackable to assign into (any flavour).
+      sources: a list of N sources.
+      weights: N finite, non-negative numbers with a positive sum (divided by it); None:
+        equal weights.
+      rules: as `objckpt.restore`, applied to every source.
+      at: as `objckpt.restore`, for every source.
+      strict: as `objckpt.restore`. With False, a variable no source has keeps its value
+        (listed in `skipped`); a weight some sources have and others lack is an error.
+      optimizer_state: as `objckpt.restore` ("auto", True, False). False: obj's optimizer
+        keeps its state.
+      non_weights: "last" (default) or "first": the source non-weights are taken from;
+        "keep": they keep obj's values.
+
+    Returns:
+      A frozen `AverageReport` (averaged, taken, skipped, weights, sources, notes).
+
+    Raises:
+      StructureMismatchError: a source does not fit obj (names the source and the path),
+        or the sources disagree.
+      InvalidArgumentError: bad weights, non_weights or other arguments.
+      UnbuiltModelError: obj has no variables yet.
+      CheckpointNotFoundError, CheckpointCorruptError: a source cannot be used.
+
+    Example:
+      >>> objckpt.average(model, ["run/ckpt-8", "run/ckpt-9", "run/ckpt-10"])
+      >>> objckpt.average(model, [a, b], weights=[0.25, 0.75])
+    """
+    sources = _averaging.check_sources(sources, "objckpt.average")
+    shares = _averaging.normalized_weights(weights, len(sources))
+    non_weights = _averaging.check_non_weights(non_weights)
+    strict = _match.check_strict(strict)
+    _match.optimizer_mode(optimizer_state)
+    if _compat.replica_context_strategy() is not None:
+        raise errors.DistributedVariableError(
+            "objckpt.average was called inside `strategy.run` (a replica context), where "
+            "distributed variables show only this replica's component. Fix: call it outside "
+            "strategy.run.")
+    variables = _tree.tree(obj)
+    if not variables:
+        raise errors.UnbuiltModelError(
+            f"{type(obj).__name__} has no variables yet, so there is nothing to average into. "
+            "Fix: build it first (call it on a batch, or model.build(shape)).")
+    pipe = _pipeline.Pipeline("objckpt.average", obj, sources, rules=rules, at=at,
+                              strict=strict, optimizer_state=optimizer_state,
+                              action="average into")
+    k = [0]  # the source being opened or planned, for its error
+
+    def then(err):
+        if not isinstance(err, errors.ObjckptError) or k[0] is None:
+            return err
+        new = copy.copy(err)
+        label = _label(sources[k[0]])
+        new.args = (f"Source {k[0]} of {len(sources)} ({label}): "
+                    f"{err.args[0] if err.args else err}", *err.args[1:])
+        new.source = errors.describe_source(sources[k[0]])
+        return new
+
+    held = None
+    with pipe.decided(lambda: variables, then=then):
+        variables, plans = _planned(pipe, variables, sources, k)
+        k[0] = None  # the checks across sources name each source themselves
+        work = _Work.decide(obj, variables, plans, shares, non_weights)
+        if work.nbytes < HELD_BYTES:
+            held = work.compute_all(pipe, variables)
+        else:
+            work.verify(plans, variables, k)
+    if held is not None:
+        for target, value in held:
+            variables[target].assign(value, read_value=False)
+    else:
+        for target, value in work.each(pipe, variables):
+            variables[target].assign(value, read_value=False)
+            del value
+    work.start_fresh(obj, variables)
+    written = [*work.averaged_paths(), *work.taken_paths()]
+    _compat.refresh_derived_state(obj, lambda: [variables[p] for p in written], key=variables,
+                                  merged=not all(src.keyed_by_path for src, _ in plans))
+    return work.report(plans)
+
+
+def _planned(pipe, variables, sources, k) -> tuple:
+    """Stages 1 and 2 of the pipeline for every source: `(variables, [(source, plan)])`.
+
+    Each source opened and its plan checked (an error names the source by `k[0]`); the
+    obj's optimizers are built first where a source has their state. The one place this
+    module calls the pipeline's stages.
+    """
+    plans = []
+    for index, source in enumerate(sources):
+        k[0] = index
+        src = pipe.open(source)
+        variables, the_plan = pipe.plan(variables, src)
+        plans.append((src, the_plan))
+    return variables, plans
+
+
+def _label(source) -> str:
+    return f"`{errors.describe_source(source)}`"
+
+
+def _is_weight(path: str, variable, the_plan, optimizer_ids) -> bool:
+    """A floating-point variable of the network: not an optimizer's, not an integer."""
+    if not variable.dtype.base_dtype.is_floating:
+        return False
+    # By the path people know: a trained Keras 3 model's weight may sit canonically under
+    # its optimizer's list of the variables it trains, but is shown through its layer.
+    shown = the_plan.display(path)[0]
+    return not (the_plan.slot_of(path) is not None or id(variable) in optimizer_ids
+                or _targets.is_optimizer_key(shown) or _averaging.is_optimizer_path(shown))
+
+
+def _optimizer_ids(obj) -> set:
+    found = set()
+    for optimizer in _compat.optimizers_of(obj):
+        owned = getattr(optimizer, "variables", ())
+        try:
+            owned = owned() if callable(owned) else owned
+            found.update(id(v) for v in owned)
+        except (TypeError, ValueError, AttributeError):
+            continue
+    return found
+
+
+class _Work:
+    """What each variable of obj gets: the mean of its matches (`means`: target -> one match
+    per source), or one source's value (`taken`: target -> match), or nothing (`skipped`)."""
+
+    def __init__(self, means, taken, taken_from, skipped, shares, notes, fresh):
+        self.means, self.taken, self.taken_from = means, taken, taken_from
+        self.skipped, self.shares, self.notes, self.fresh = skipped, shares, notes, fresh
+        self.nbytes = 0
+
+    @classmethod
+    def decide(cls, obj, variables, plans, shares, non_weights) -> _Work:
+        """Sorts every variable, and checks the plans against each other."""
+        taken_from = (None if non_weights == "keep"
+                      else len(plans) - 1 if non_weights == "last" else 0)
+        by_target = [{m.target: m for m in the_plan.matches} for _, the_plan in plans]
+        first_plan = plans[0][1]
+        optimizer_ids = _optimizer_ids(obj)
+        means, taken, skipped, problems = {}, {}, [], []
+        for path, variable in variables.items():
+            fed = [k for k, matches in enumerate(by_target) if path in matches]
+            the_plan = plans[fed[0]][1] if fed else first_plan
+            if _is_weight(path, variable, the_plan, optimizer_ids):
+                if len(fed) == len(plans):
+                    means[path] = [matches[path] for matches in by_target]
+                elif fed:
+                    lacking = [k for k in range(len(plans)) if k not in fed]
+                    problems.append(
+                        f"{the_plan.label(path)}: fed by source(s) {_list(fed)} but not by "
+                        f"source(s) {_list(lacking)} "
+                        f"({', '.join(plans[k][0].description for k in lacking)[:300]})")
+                else:
+                    skipped.append(f"{path}: no source has it (strict=False): left as it was")
+            elif taken_from is None:
+                if fed:
+                    skipped.append(f"{path}: not a weight, non_weights='keep': left as it was")
+            elif path in by_target[taken_from]:
+                taken[path] = by_target[taken_from][path]
+            elif fed:
+                skipped.append(f"{path}: not a weight, and source {taken_from} (non_weights="
+                               f"{non_weights!r}) has none: left as it was")
+        if problems:
+            raise errors.StructureMismatchError(
+                f"The sources do not feed the same weights ({len(problems)} problem(s)); "
+                "nothing was changed:\n" + "\n".join(_render.listed(problems))
+                + "\nFix: average sources of one structure, pass rules that map every source "
+                "onto obj, or pass strict=True to see each source's own problems.",
+                tuple(problems))
+        notes = []
+        for k, (_, the_plan) in enumerate(plans):
+            notes.extend(f"source {k}: {note}" for note in the_plan.notes)
+            skipped.extend(f"source {k}: {item}" for item in the_plan.skipped)
+        if any(p.rsplit("/", 1)[-1].lstrip("_") in ("moving_mean", "moving_variance")
+               for p in means):
+            notes.append("BatchNorm moving statistics were averaged like the other weights: "
+                         "for an average of different runs, recompute them from data.")
+        fresh = plans[taken_from][1].fresh if taken_from is not None else ()
+        fresh = tuple(item for item in fresh if item[0] not in means)
+        work = cls(means, taken, taken_from, tuple(skipped), shares, tuple(notes), fresh)
+        work._plans = plans
+        work.nbytes = sum(variables[p].shape.num_elements() * variables[p].dtype.size
+                          for p in means if variables[p].shape.is_fully_defined())
+        return work
+
+    def verify(self, plans, variables, k) -> None:
+        """Checks every checksum of the local TF checkpoints among the sources first (their
+        values are read again as they are averaged): nothing assigned yet."""
+        from objckpt._bundle import fastio as _fastio
+
+        for index, (src, the_plan) in enumerate(plans):
+            if src.bundle_keys is None or not src.prefix or "://" in src.prefix:
+                continue
+            matches = [m for m in the_plan.matches
+                       if m.target in self.means or (index == self.taken_from
+                                                     and m.target in self.taken)]
+            if not matches:
+                continue
+            k[0] = index
+            keys = src.bundle_keys([m.source for m in matches])
+            loader = _fastio.Loader(src.prefix, [(key, variables[m.target], m.target)
+                                                 for key, m in zip(keys, matches)],
+                                    None, lambda key: f"for {key}")
+            try:
+                loader.verify()
+            finally:
+                loader.close()
+        k[0] = None
+
+    def _mean(self, pipe, variables, path):
+        variable = variables[path]
+        mean = None
+        for k, match in enumerate(self.means[path]):
+            if not self.shares[k]:
+                continue  # a weight of 0 adds nothing (its plan was checked)
+            _, the_plan = self._plans[k]
+            (value,) = pipe.fetch(the_plan, variables, [match])
+            if mean is None:
+                mean = _averaging.Mean(value.shape, self.shares)
+            mean.add(k, value.numpy())
+            del value
+        out = mean.result(variable.dtype.base_dtype.as_numpy_dtype)
+        return tf.convert_to_tensor(out, dtype=variable.dtype.base_dtype)
+
+    def each(self, pipe, variables):
+        """(path, value) for every variable that gets one, computed one at a time."""
+        for path in self.means:
+            yield path, self._mean(pipe, variables, path)
+        for path, match in self.taken.items():
+            (value,) = pipe.fetch(self._plans[self.taken_from][1], variables, [match])
+            yield path, value
+
+    def compute_all(self, pipe, variables) -> list:
+        return list(self.each(pipe, variables))
+
+    def start_fresh(self, obj, variables) -> None:
+        """The optimizer slots the taken source has no state for get a fresh optimizer's
+        value, as `objckpt.restore` gives them."""
+        for path, role in self.fresh:
+            variable = variables[path]
+            variable.assign(_compat.fresh_slot_value(obj, role, variable), read_value=False)
+
+    def averaged_paths(self):
+        return list(self.means)
+
+    def taken_paths(self):
+        return list(self.taken)
+
+    def report(self, plans) -> AverageReport:
+        return AverageReport(tuple(self.means), tuple(self.taken), self.skipped,
+                             tuple(self.shares), tuple(src.description for src, _ in plans),
+                             self.taken_from, self.notes)
+
+
+def _list(indices) -> str:
+    return ", ".join(str(i) for i in indices)

@@ -1,0 +1,397 @@
+"""Checkpoint averages without TensorFlow: weights, the streamed mean, and the writer.
+
+`objckpt.average` (`_ops.average`) and `average_checkpoints` (here, what `objckpt average`
+runs) share this module's pieces:
+
+- `normalized_weights`: N finite, non-negative weights with a positive sum, divided by it;
+- `Mean`: the weighted mean of one tensor over N sources, accumulated in float64 one source
+  at a time, in chunks (memory: the float64 accumulator, the value being added, a small
+  chunk), then rounded once into the target dtype;
+- `average_checkpoints`: N TF checkpoints of one structure averaged into a new checkpoint
+  laid out like the first (same keys, same object graph), read with the TF-free index and
+  object-graph readers and written one tensor at a time in TF's bundle format
+  (`_bundle.write`), so the command line's `objckpt average` runs without importing
+  TensorFlow.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import uuid
+from collections.abc import Sequence
+
+import numpy as np
+
+from objckpt import errors
+from objckpt._base import paths as _paths
+from objckpt._base import render as _render
+from objckpt._bundle import index as _bundle
+from objckpt._bundle import objgraph as _objgraph
+from objckpt._bundle import write as _bundlewrite
+from objckpt._inspect import meta as _meta
+
+__all__ = ["NON_WEIGHTS", "Mean", "average_checkpoints", "check_non_weights", "check_sources",
+           "is_optimizer_path", "normalized_weights"]
+
+# What happens to what is not a weight (integers, counters, random-generator state, optimizer
+# state): taken from the last source (default: the newest of a run, listed last), from the
+# first, or left as the obj has it ("keep": `objckpt.average` only).
+NON_WEIGHTS = ("last", "first", "keep")
+# Elements converted and added at a time (512 KiB of float64: stays in the cache).
+CHUNK = 1 << 16
+# DataType enums of floating-point tensors, which are averaged.
+_FLOATS = {1: "float32", 2: "float64", 14: "bfloat16", 19: "float16"}
+_STRING = 7
+
+
+def check_sources(sources, operation: str) -> list:
+    """`sources` as a list of at least one source; a lone path or a non-sequence is refused."""
+    if isinstance(sources, (str, bytes, os.PathLike)) or not isinstance(sources, Sequence):
+        raise errors.InvalidArgumentError(
+            f"{operation}: sources must be a list of sources (prefixes, directories, files, "
+            f"Snapshots). Received: {_render.safe_text(repr(sources))[:200]}. Fix: pass a list, "
+            f"e.g. {operation}(..., ['run/ckpt-8', 'run/ckpt-9']).")
+    sources = list(sources)
+    if not sources:
+        raise errors.InvalidArgumentError(
+            f"{operation}: sources is empty, so there is nothing to average. Fix: pass at least "
+            "one source, e.g. ['run/ckpt-8', 'run/ckpt-9'].")
+    return sources
+
+
+def normalized_weights(weights, count: int) -> tuple[float, ...]:
+    """The weights of `count` sources, divided by their sum: equal weights when None.
+
+    Raises:
+      InvalidArgumentError: not `count` weights, or one that is not a finite number >= 0, or
+        weights whose sum is 0.
+    """
+    if weights is None:
+        return (1.0 / count,) * count
+    if isinstance(weights, (str, bytes)) or not hasattr(weights, "__len__"):
+        raise errors.InvalidArgumentError(
+            f"weights must be a list of {count} numbers, one per source. Received: "
+            f"weights={_render.safe_text(repr(weights))[:200]}. Fix: pass e.g. "
+            f"weights={[1] * count}, or None for equal weights.")
+    weights = list(weights)
+    if len(weights) != count:
+        raise errors.InvalidArgumentError(
+            f"weights must have one number per source: {count} sources but {len(weights)} "
+            f"weights. Received: weights={_render.safe_text(repr(weights))[:200]}. Fix: pass "
+            f"{count} weights, or None for equal weights.")
+    values = []
+    for k, weight in enumerate(weights):
+        try:
+            value = float(weight) if not isinstance(weight, bool) else math.nan
+        except (TypeError, ValueError):
+            value = math.nan
+        if not math.isfinite(value) or value < 0:
+            raise errors.InvalidArgumentError(
+                f"weights[{k}] (of source {k}) must be a finite number >= 0. Received: "
+                f"{_render.safe_text(repr(weight))[:80]}. Fix: pass finite, non-negative "
+                "weights (they are divided by their sum).")
+        values.append(value)
+    total = math.fsum(values)
+    if not total > 0:
+        raise errors.InvalidArgumentError(
+            f"weights sum to 0, so no source has any weight. Received: weights={values}. Fix: "
+            "give at least one source a positive weight.")
+    return tuple(v / total for v in values)
+
+
+def check_non_weights(non_weights, *, keep: bool = True) -> str:
+    """Validates `non_weights`: "last", "first", or (with a live obj) "keep"."""
+    allowed = NON_WEIGHTS if keep else NON_WEIGHTS[:2]
+    if isinstance(non_weights, str) and non_weights in allowed:
+        return non_weights
+    raise errors.InvalidArgumentError(
+        f"non_weights must be one of {', '.join(map(repr, allowed))}. Received: "
+        f"non_weights={_render.safe_text(repr(non_weights))[:80]}. It says where integer "
+        "variables, counters, random-generator state and optimizer state come from, which are "
+        "never averaged: the last source (default), the first"
+        + (", or left as the obj has them." if keep else ".") + " Fix: pass one of them.")
+
+
+def is_optimizer_path(path: str) -> bool:
+    """Whether an object path (as people know it: through the network) is optimizer state:
+    a slot, or a variable below an edge named `optimizer` (Keras, `tf.train.Checkpoint`)."""
+    edges = path.split("/")
+    return (_paths.OPTIMIZER_SLOT in edges or "optimizer" in edges or "_optimizer" in edges)
+
+
+class Mean:
+    """The weighted mean of one tensor over N sources, streamed: `add(k, array)` for each
+    source in turn (any float dtype NumPy or ml_dtypes reads), then `result(dtype)`.
+
+    The accumulator is float64; each value is converted and added `CHUNK` elements at a
+    time, so memory is the accumulator, the value being added and one small chunk.
+    """
+
+    __slots__ = ("_acc", "_added", "_scratch", "shape", "weights")
+
+    def __init__(self, shape, weights):
+        self.shape = tuple(int(d) for d in shape)
+        self.weights = weights
+        self._acc = np.zeros(self.shape, np.float64)
+        self._scratch = np.empty(min(CHUNK, max(self._acc.size, 1)), np.float64)
+        self._added = 0
+
+    def add(self, k: int, array) -> None:
+        """Adds `weights[k] * array` (same shape) to the accumulator."""
+        array = np.asarray(array)
+        if tuple(array.shape) != self.shape:  # the callers check shapes from metadata first
+            raise ValueError(f"shape {tuple(array.shape)} added to a mean of {self.shape}")
+        weight = np.float64(self.weights[k])
+        flat, acc = array.reshape(-1), self._acc.reshape(-1)
+        for start in range(0, flat.size, CHUNK):
+            stop = min(flat.size, start + CHUNK)
+            part = self._scratch[:stop - start]
+            part[...] = flat[start:stop]  # converted exactly (every float fits float64)
+            part *= weight
+            acc[start:stop] += part
+        self._added += 1
+
+    def result(self, dtype):
+        """The mean rounded once into `dtype` (a NumPy or ml_dtypes dtype); the accumulator
+        is released."""
+        out = np.empty(self.shape, dtype)
+        flat, acc = out.reshape(-1), self._acc.reshape(-1)
+        for start in range(0, flat.size, CHUNK):
+            flat[start:start + CHUNK] = acc[start:start + CHUNK]
+        self._acc = self._scratch = None
+        return out
+
+
+# --- the writer ---------------------------------------------------------------------------
+
+def _numpy_dtype(enum: int):
+    name = _FLOATS.get(enum) or _meta.dtype(enum).name
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name).newbyteorder("<")
+
+
+def _crc32c():
+    """crc32c(buffer, crc=0) -> int: google-crc32c's (C, when installed), else objckpt's
+    own NumPy one (slower)."""
+    try:
+        import google_crc32c
+    except ImportError:
+        return lambda data, crc=0: _objgraph.crc32c(data, crc)
+
+    def crc32c(data, crc: int = 0) -> int:
+        if isinstance(data, np.ndarray):  # it takes read-only buffers only
+            data = data.view()
+            data.flags.writeable = False
+        return google_crc32c.extend(crc, data)
+
+    return crc32c
+
+
+class _Written:
+    """One entry of the output (what `_bundle.write.index` reads of an item)."""
+
+    __slots__ = ("crc", "dtype", "key", "offset", "shape", "size")
+
+    def __init__(self, key: str, dtype: int, shape, offset: int, size: int, crc: int):
+        self.key, self.dtype, self.shape = key.encode("utf-8"), dtype, list(shape)
+        self.offset, self.size, self.crc = offset, size, crc
+
+
+class _Reader:
+    """One source checkpoint, read without TF: metadata, then entries' checked bytes."""
+
+    def __init__(self, source, k: int, crc):
+        self.given, self.k, self._crc = source, k, crc
+        self.meta = _meta.read(source)
+        if self.meta.index is None or self.meta.graph is None:
+            what = self.meta.description or "a name-based (TF1 Saver) checkpoint"
+            raise errors.UnsupportedFormatError(
+                f"average_checkpoints: source {k} (`{_render.safe(str(source))}`) is {what}, "
+                "not an object-based TF checkpoint, which is all the writer reads. Fix: load "
+                "a model and call objckpt.average(model, sources) (it reads every format), "
+                "then objckpt.save(model, out).", source=str(source))
+        self.index = self.meta.index
+        # checkpoint key -> path people know (through the network)
+        self.shown = {v.key: v.shown for v in self.meta.values()}
+
+    @property
+    def label(self) -> str:
+        return f"source {self.k} (`{_render.safe(str(self.meta.prefix))}`)"
+
+    def entry(self, key: str):
+        return self.index.entries.get(key)
+
+    def data(self, key: str) -> bytes:
+        """The entry's bytes, their checksum checked (strings: as TF frames them)."""
+        entry = self.index.entries[key]
+        if entry.dtype == _STRING:
+            _objgraph.read_strings(self.index, key)  # checks lengths and checksum
+            return _objgraph.read_bytes(self.index, key, verify=False)
+        data = _objgraph.read_bytes(self.index, key, verify=False)
+        if _objgraph.masked_crc32c(self._crc(data)) != entry.crc32c:
+            path = _bundle.shard_name(self.index.prefix, entry.shard, self.index.num_shards)
+            raise _bundle.corrupt(path, key, "its bytes do not match their checksum (crc32c)")
+        return data
+
+
+def _plan_writer(readers: list, taken_from: int):
+    """[(key, "average" | "take")] for every entry of the first source; every problem among
+    the sources (a key missing, another shape or dtype) raised before anything is written."""
+    first = readers[0]
+    jobs, problems = [], []
+    for key, entry in first.index.entries.items():
+        if entry.slices:
+            raise errors.UnsupportedFormatError(
+                f"average_checkpoints: {first.label} holds a partitioned variable (`"
+                f"{_render.safe(key)}`), which the writer does not read. Fix: load a model and "
+                "use objckpt.average.", source=str(first.meta.prefix))
+        path = first.shown.get(key, _paths.path_of_key(key))
+        averaged = (entry.dtype in _FLOATS and key in first.shown
+                    and not is_optimizer_path(path))
+        # the object graph is the first source's (the output is laid out like it)
+        source = 0 if key == _bundle.OBJECT_GRAPH_KEY else taken_from
+        others = readers if averaged else [readers[source]]
+        for reader in others:
+            if reader is first:
+                continue
+            found = reader.entry(key)
+            if found is None:
+                problems.append(f"{reader.label} has no `{_render.safe(path)}` (key "
+                                f"`{_render.safe(key)}`)")
+            elif tuple(found.shape) != tuple(entry.shape) or (
+                    found.dtype != entry.dtype and not (averaged and found.dtype in _FLOATS)):
+                problems.append(
+                    f"{reader.label}: `{_render.safe(path)}` is "
+                    f"{_meta.dtype(found.dtype).name}{tuple(found.shape)} but "
+                    f"{_meta.dtype(entry.dtype).name}{tuple(entry.shape)} in "
+                    f"{first.label}")
+        jobs.append((key, "average" if averaged else "take", source))
+    if problems:
+        raise errors.StructureMismatchError(
+            f"average_checkpoints: the sources do not share one structure ({len(problems)} "
+            "problem(s)); nothing was written:\n" + "\n".join(_render.listed(problems))
+            + "\nFix: average checkpoints of one architecture; for renamed layers, load a model "
+            "and call objckpt.average(model, sources, rules=...).", tuple(problems))
+    return jobs
+
+
+def average_checkpoints(sources, out_prefix, *, weights=None, non_weights: str = "last") -> dict:
+    """Writes the weighted mean of N TF checkpoints as a checkpoint laid out like the first.
+
+    Needs no model and no TensorFlow: the sources (object-based TF checkpoints: prefixes,
+    directories (their newest intact checkpoint), `gs://`/`s3://` URLs) are read through
+    their index and object graph, and the output has the first source's keys and object
+    graph, so `tf.train.Checkpoint(...).read(out_prefix)` and `objckpt.restore` load it into
+    the model the first source came from. Each floating-point variable of the network
+    (float16, bfloat16, float32, float64) is the weighted mean of the sources' values,
+    computed in float64 and rounded once into the first source's dtype; everything else
+    (integer variables, counters such as `save_counter` and the optimizer's iterations,
+    random-generator state, strings, and all optimizer state) is copied from one source:
+    the last (`non_weights="last"`, default) or the first. Every source's metadata is
+    checked first (same keys, shapes and dtypes as the first, for what is averaged or
+    taken): nothing is written when one differs. Tensors are read (checksums checked) and
+    written one at a time: memory is a few times the largest tensor, whatever N.
+
+    The write is atomic: the data file and the index are written under temporary names and
+    renamed into place, the index last.
+
+    Args:
+      sources: a list of N checkpoint prefixes, directories or URLs of one structure.
+      out_prefix: the prefix to write (`out_prefix.index`, `out_prefix.data-00000-of-00001`).
+      weights: N finite, non-negative numbers with a positive sum (divided by it); None:
+        equal weights.
+      non_weights: "last" or "first": the source non-weights are copied from.
+
+    Returns:
+      A dict: `prefix` (written), `averaged` and `taken` (object paths), `weights`
+      (normalized), `sources` (each as read: a directory's resolved prefix).
+
+    Raises:
+      StructureMismatchError: the sources differ (names the source and the path).
+      InvalidArgumentError: bad weights or non_weights.
+      UnsupportedFormatError: a source is not an object-based TF checkpoint.
+      CheckpointNotFoundError, CheckpointCorruptError: a source cannot be read.
+
+    Example:
+      >>> objckpt.average_checkpoints(["run/ckpt-8", "run/ckpt-9", "run/ckpt-10"], "avg/ckpt")
+    """
+    sources = check_sources(sources, "average_checkpoints")
+    shares = normalized_weights(weights, len(sources))
+    non_weights = check_non_weights(non_weights, keep=False)
+    out_prefix = os.fspath(out_prefix)
+    if "://" in out_prefix:
+        raise errors.InvalidArgumentError(
+            f"average_checkpoints writes a local prefix; received the URL "
+            f"`{_render.safe(out_prefix)}`. Fix: write it locally, then copy the files.")
+    if os.path.isdir(out_prefix):
+        raise errors.InvalidArgumentError(
+            f"average_checkpoints: `{_render.safe(out_prefix)}` is a directory. Fix: pass a "
+            f"prefix inside it, e.g. `{_render.safe(os.path.join(out_prefix, 'ckpt'))}`.")
+    crc = _crc32c()
+    readers = [_Reader(source, k, crc) for k, source in enumerate(sources)]
+    taken_from = len(readers) - 1 if non_weights == "last" else 0
+    jobs = _plan_writer(readers, taken_from)
+    directory = os.path.dirname(os.path.abspath(out_prefix))
+    os.makedirs(directory, exist_ok=True)
+    tag = f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    data_path = f"{out_prefix}.data-00000-of-00001"
+    temp_data, temp_index = data_path + tag, f"{out_prefix}.index{tag}"
+    written, averaged, taken = [], [], []
+    first = readers[0]
+    try:
+        fd = os.open(temp_data, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            offset = 0
+            for key, how, k in jobs:
+                entry = first.entry(key)
+                if how == "average":
+                    data = _averaged(readers, key, entry, shares)
+                    averaged.append(first.shown[key])
+                    value = _objgraph.masked_crc32c(crc(data)) if len(data) else 0
+                else:
+                    source = readers[k]
+                    data = source.data(key)
+                    value = source.entry(key).crc32c
+                    if key in first.shown:
+                        taken.append(first.shown[key])
+                _write_all(fd, memoryview(data).cast("B"), offset)
+                written.append(_Written(key, entry.dtype, entry.shape, offset, len(data), value))
+                offset += len(data)
+                del data
+        finally:
+            os.close(fd)
+        with open(temp_index, "wb") as f:
+            f.write(_bundlewrite.index(written, lambda b: crc(b)))
+        os.replace(temp_data, data_path)
+        os.replace(temp_index, out_prefix + ".index")
+    finally:
+        for path in (temp_data, temp_index):
+            if os.path.exists(path):
+                os.remove(path)
+    return {"prefix": out_prefix, "averaged": tuple(averaged), "taken": tuple(taken),
+            "weights": shares, "sources": tuple(str(r.meta.prefix) for r in readers),
+            "taken_from": taken_from}
+
+
+def _averaged(readers: list, key: str, entry, shares) -> bytes:
+    mean = Mean(entry.shape, shares)
+    for k, reader in enumerate(readers):
+        if not shares[k]:
+            continue  # a weight of 0 adds nothing (its metadata was checked)
+        found = reader.entry(key)
+        array = np.frombuffer(reader.data(key), _numpy_dtype(found.dtype))
+        mean.add(k, array.reshape(entry.shape))
+        del array
+    return mean.result(_numpy_dtype(entry.dtype)).reshape(-1).view(np.uint8)
+
+
+def _write_all(fd: int, view, offset: int) -> None:
+    while len(view):
+        done = os.pwrite(fd, view, offset)
+        if done <= 0:
+            raise OSError(f"pwrite wrote {done} bytes")
+        view, offset = view[done:], offset + done
