@@ -10,8 +10,9 @@ from __future__ import annotations
 from objckpt import errors
 from objckpt._base import api as _api
 from objckpt._base import options as _options
+from objckpt._training.averaging import EMA, SWA
 
-__all__ = ["BestSnapshot", "Checkpointing", "FreezeSchedule", "TwinSync"]
+__all__ = ["EMA", "SWA", "BestSnapshot", "Checkpointing", "FreezeSchedule", "TwinSync"]
 
 _BASES: dict = {}
 

@@ -592,6 +592,8 @@ class CheckpointDirectory:
         default, `_fastio.DURABLE_DEFAULT`).
       fingerprint: a callable giving a cheap identity of obj's variables, for
         caching obj's tree between saves; None walks obj on every save.
+      extras: {name: trackable} saved and restored beside obj and the counters, as
+        `root.<name>` (the state callbacks keep for the model: `_training.companions`).
 
     Attributes:
       directory: the absolute path.
@@ -610,7 +612,7 @@ class CheckpointDirectory:
     def __init__(self, directory, obj, *, max_to_keep=5, keep_best=0, mode="min",
                  async_save=False, on_error="raise", fingerprint=None, durable=None,
                  keep_every_n_steps=None, keep_every_n_hours=None, keep=None,
-                 checkpoint_interval=None, min_interval_seconds=None):
+                 checkpoint_interval=None, min_interval_seconds=None, extras=None):
         directory = os.fspath(directory)
         self.directory = (directory.rstrip("/") if _remote.is_remote(directory)
                           else os.path.abspath(directory))
@@ -623,7 +625,9 @@ class CheckpointDirectory:
         self.counters = {name: tf.Variable(0, dtype=tf.int64, trainable=False, name=name)
                          for name in COUNTERS}
         self.metric = tf.Variable(math.nan, dtype=tf.float64, trainable=False, name=METRIC)
-        self.root = tf.train.Checkpoint(model=obj, **self.counters, **{METRIC: self.metric})
+        self.extras = dict(extras or {})
+        self.root = tf.train.Checkpoint(model=obj, **self.counters, **{METRIC: self.metric},
+                                        **self.extras)
         self.kept: list[Kept] = []
         self.notes: list[str] = []
         self.failures = self.skipped = 0
