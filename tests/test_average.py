@@ -10,6 +10,7 @@ import tensorflow as tf
 
 import objckpt
 from objckpt import errors
+from objckpt._bundle import index as _bundle
 from objckpt._ops import average as _average
 
 from flavours import CASES, build, case_id, keras_for, train_more
@@ -302,24 +303,30 @@ def test_streamed_path_checks_every_checksum_before_assigning(net_prefixes, tmp_
     prefixes, sources = net_prefixes
     monkeypatch.setattr(_average, "HELD_BYTES", 0)  # as for a large model: stream
     target = Net(9)
-    objckpt.average(target, prefixes, weights=[1, 2, 3])
-    ref = _reference([s["f32"] for s in sources], [1, 2, 3], np.float32)
-    assert _ulps(target.f32.numpy(), ref) <= 1
+    report = objckpt.average(target, prefixes, weights=[1, 2, 3])
+    got = _values(target)
+    for path in report.averaged:  # read in pieces from the files, every dtype
+        ref = _reference([s[path] for s in sources], [1, 2, 3], got[path].dtype)
+        assert _ulps(got[path], ref) <= 1, path
+    for path in report.taken:
+        assert np.array_equal(got[path], sources[-1][path]), path
     # A source whose last bytes changed: refused before the first variable is assigned.
     damaged = str(tmp_path / "damaged")
     for suffix in (".index", ".data-00000-of-00001"):
         with open(prefixes[2] + suffix, "rb") as f:
             data = bytearray(f.read())
-        if suffix != ".index":
-            entry = tf.train.load_checkpoint(prefixes[2])  # noqa: F841 (readable before)
-            data[-1] ^= 0xFF
+        if suffix != ".index":  # one bit of the last weight written: `f64`
+            entry = _bundle.read_index(prefixes[2]).entries["f64/.ATTRIBUTES/VARIABLE_VALUE"]
+            data[entry.offset + 3] ^= 0x10
         with open(damaged + suffix, "wb") as f:
             f.write(data)
     fresh = Net(9)
     before = _values(fresh)
     with pytest.raises(errors.CheckpointCorruptError) as info:
         objckpt.average(fresh, [prefixes[0], prefixes[1], damaged])
-    assert "damaged" in str(info.value)
+    message = str(info.value)
+    assert "Source 2 of 3" in message and "damaged" in message and "f64" in message
+    assert "checksum" in message
     after = _values(fresh)
     assert all(np.array_equal(before[p], after[p]) for p in before)
 
@@ -382,3 +389,15 @@ def test_writer_refuses_other_formats(tmp_path):
     net.save_weights(h5)
     with pytest.raises(errors.UnsupportedFormatError, match="objckpt.average"):
         objckpt.average_checkpoints([h5, h5], str(tmp_path / "out"))
+
+
+def test_writer_without_google_crc32c_checks_with_its_own(net_prefixes, tmp_path, monkeypatch):
+    import sys
+
+    prefixes, _ = net_prefixes
+    with_c = objckpt.average_checkpoints(prefixes, str(tmp_path / "c"))["prefix"]
+    monkeypatch.setitem(sys.modules, "google_crc32c", None)  # not installed
+    plain = objckpt.average_checkpoints(prefixes, str(tmp_path / "plain"))["prefix"]
+    for suffix in (".index", ".data-00000-of-00001"):
+        with open(with_c + suffix, "rb") as a, open(plain + suffix, "rb") as b:
+            assert a.read() == b.read()

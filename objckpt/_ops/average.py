@@ -165,14 +165,21 @@ def average(obj, sources, *, weights=None, rules=None, at: str | None = None,
         if work.nbytes < HELD_BYTES:
             held = work.compute_all(pipe, variables)
         else:
-            work.verify(plans, variables, k)
+            try:
+                work.verify(plans, variables, k)
+            except BaseException:
+                work.close()
+                raise
     if held is not None:
         for target, value in held:
             variables[target].assign(value, read_value=False)
     else:
-        for target, value in work.each(pipe, variables):
-            variables[target].assign(value, read_value=False)
-            del value
+        try:
+            for target, value in work.each(pipe, variables):
+                variables[target].assign(value, read_value=False)
+                del value
+        finally:
+            work.close()
     work.start_fresh(obj, variables)
     written = [*work.averaged_paths(), *work.taken_paths()]
     _compat.refresh_derived_state(obj, lambda: [variables[p] for p in written], key=variables,
@@ -231,6 +238,9 @@ class _Work:
         self.means, self.taken, self.taken_from = means, taken, taken_from
         self.skipped, self.shares, self.notes, self.fresh = skipped, shares, notes, fresh
         self.nbytes = 0
+        self.files: dict = {}  # source index -> averaging.BundleFile (checked)
+        self.keys: dict = {}  # (source index, target) -> checkpoint key in that file
+        self.workspace = _averaging.Workspace()
 
     @classmethod
     def decide(cls, obj, variables, plans, shares, non_weights) -> _Work:
@@ -288,42 +298,58 @@ class _Work:
 
     def verify(self, plans, variables, k) -> None:
         """Checks every checksum of the local TF checkpoints among the sources first (their
-        values are read again as they are averaged): nothing assigned yet."""
+        values are read again, unchecked, as they are averaged): nothing assigned yet."""
         from objckpt._bundle import fastio as _fastio
+        from objckpt._bundle import index as _bundle
 
+        crc = (_averaging.crc32c(fallback=False) or _fastio.native_crc32c()
+               or _averaging.crc32c())
         for index, (src, the_plan) in enumerate(plans):
             if src.bundle_keys is None or not src.prefix or "://" in src.prefix:
                 continue
-            matches = [m for m in the_plan.matches
-                       if m.target in self.means or (index == self.taken_from
-                                                     and m.target in self.taken)]
+            matches = [m for m in the_plan.matches if m.transform is None and (
+                m.target in self.means or (index == self.taken_from and m.target in self.taken))]
             if not matches:
                 continue
             k[0] = index
+            file = _averaging.BundleFile(_bundle.read_index(src.prefix),
+                                         f"source {index}", crc)
+            self.files[index] = file
             keys = src.bundle_keys([m.source for m in matches])
-            loader = _fastio.Loader(src.prefix, [(key, variables[m.target], m.target)
-                                                 for key, m in zip(keys, matches)],
-                                    None, lambda key: f"for {key}")
-            try:
-                loader.verify()
-            finally:
-                loader.close()
+            for key, match in zip(keys, matches):
+                variable, entry = variables[match.target], file.index.entries.get(key)
+                if entry is None or entry.dtype != variable.dtype.base_dtype.as_datatype_enum \
+                        or tuple(entry.shape) != tuple(variable.shape):
+                    raise errors.CheckpointCorruptError(
+                        f"Checkpoint `{_render.safe(src.prefix)}` changed while it was read: "
+                        f"entry `{_render.safe(key)}` for {the_plan.label(match.target)} is "
+                        "not what its metadata said. Nothing was changed. Fix: average "
+                        "checkpoints that are not being written.", source=src.prefix)
+                self.keys[(index, match.target)] = key
+            file.verify(self.keys[(index, m.target)] for m in matches)
         k[0] = None
+
+    def close(self) -> None:
+        for file in self.files.values():
+            file.close()
+
+    def _add(self, mean, k, pipe, variables, path, match) -> None:
+        key = self.keys.get((k, path))
+        if key is not None:  # checked in `verify`: read in pieces, not checked again
+            dtype = variables[path].dtype.base_dtype.as_numpy_dtype
+            for start, values in self.files[k].pieces(key, dtype, check=False):
+                mean.add(k, values, start)
+            return
+        (value,) = pipe.fetch(self._plans[k][1], variables, [match])
+        mean.add(k, value.numpy())
 
     def _mean(self, pipe, variables, path):
         variable = variables[path]
-        mean = None
+        mean = _averaging.Mean(variable.shape, self.shares, self.workspace)
         for k, match in enumerate(self.means[path]):
-            if not self.shares[k]:
-                continue  # a weight of 0 adds nothing (its plan was checked)
-            _, the_plan = self._plans[k]
-            (value,) = pipe.fetch(the_plan, variables, [match])
-            if mean is None:
-                mean = _averaging.Mean(value.shape, self.shares)
-            mean.add(k, value.numpy())
-            del value
-        out = mean.result(variable.dtype.base_dtype.as_numpy_dtype)
-        return tf.convert_to_tensor(out, dtype=variable.dtype.base_dtype)
+            if self.shares[k]:  # a weight of 0 adds nothing (its plan was checked)
+                self._add(mean, k, pipe, variables, path, match)
+        return mean.result(variable.dtype.base_dtype.as_numpy_dtype)
 
     def each(self, pipe, variables):
         """(path, value) for every variable that gets one, computed one at a time."""

@@ -31,15 +31,16 @@ from objckpt._bundle import objgraph as _objgraph
 from objckpt._bundle import write as _bundlewrite
 from objckpt._inspect import meta as _meta
 
-__all__ = ["NON_WEIGHTS", "Mean", "average_checkpoints", "check_non_weights", "check_sources",
-           "is_optimizer_path", "normalized_weights"]
+__all__ = ["NON_WEIGHTS", "BundleFile", "Mean", "Workspace", "average_checkpoints",
+           "check_non_weights", "check_sources", "crc32c", "is_optimizer_path",
+           "normalized_weights"]
 
 # What happens to what is not a weight (integers, counters, random-generator state, optimizer
 # state): taken from the last source (default: the newest of a run, listed last), from the
 # first, or left as the obj has it ("keep": `objckpt.average` only).
 NON_WEIGHTS = ("last", "first", "keep")
-# Elements converted and added at a time (512 KiB of float64: stays in the cache).
-CHUNK = 1 << 16
+# Elements converted and added at a time (128 KiB of float64: stays in the cache).
+CHUNK = 1 << 14
 # DataType enums of floating-point tensors, which are averaged.
 _FLOATS = {1: "float32", 2: "float64", 14: "bfloat16", 19: "float16"}
 _STRING = 7
@@ -120,47 +121,137 @@ def is_optimizer_path(path: str) -> bool:
     return (_paths.OPTIMIZER_SLOT in edges or "optimizer" in edges or "_optimizer" in edges)
 
 
-class Mean:
-    """The weighted mean of one tensor over N sources, streamed: `add(k, array)` for each
-    source in turn (any float dtype NumPy or ml_dtypes reads), then `result(dtype)`.
+class Workspace:
+    """Buffers reused from one tensor to the next (no fresh pages to fault in for each):
+    the float64 accumulator and a small scratch chunk."""
 
-    The accumulator is float64; each value is converted and added `CHUNK` elements at a
-    time, so memory is the accumulator, the value being added and one small chunk.
+    __slots__ = ("_acc", "scratch")
+
+    def __init__(self):
+        self._acc = np.empty(0, np.float64)
+        self.scratch = np.empty(CHUNK, np.float64)
+
+    def acc(self, size: int):
+        if self._acc.size < size:
+            self._acc = None  # the old one freed before the new one is made
+            self._acc = np.empty(size, np.float64)
+        return self._acc[:size]
+
+
+class Mean:
+    """The weighted mean of one tensor over N sources, streamed: `add(k, values, start)` for
+    each source in turn (any float dtype NumPy or ml_dtypes reads; a whole tensor, or flat
+    pieces of it at element offset `start`), then `result(dtype)`.
+
+    The accumulator is float64: the first source's values times its weight fill it, the
+    others' are converted and added `CHUNK` elements at a time, so memory is the
+    accumulator (in `workspace`, reused, when given), the values being added and one small
+    chunk.
     """
 
-    __slots__ = ("_acc", "_added", "_scratch", "shape", "weights")
+    __slots__ = ("_acc", "_first", "_scratch", "shape", "size", "weights")
 
-    def __init__(self, shape, weights):
+    def __init__(self, shape, weights, workspace: Workspace | None = None):
         self.shape = tuple(int(d) for d in shape)
+        self.size = int(np.prod(self.shape, dtype=np.int64))
         self.weights = weights
-        self._acc = np.zeros(self.shape, np.float64)
-        self._scratch = np.empty(min(CHUNK, max(self._acc.size, 1)), np.float64)
-        self._added = 0
+        workspace = workspace or Workspace()
+        self._acc, self._scratch = workspace.acc(self.size), workspace.scratch
+        self._first = None  # the source whose values filled the accumulator
 
-    def add(self, k: int, array) -> None:
-        """Adds `weights[k] * array` (same shape) to the accumulator."""
-        array = np.asarray(array)
-        if tuple(array.shape) != self.shape:  # the callers check shapes from metadata first
-            raise ValueError(f"shape {tuple(array.shape)} added to a mean of {self.shape}")
+    def add(self, k: int, values, start: int = 0) -> None:
+        """Adds `weights[k] * values` to the accumulator at flat offset `start`."""
+        flat = np.asarray(values).reshape(-1)
+        if start + flat.size > self.size:  # the callers check shapes from metadata first
+            raise ValueError(f"{flat.size} values at {start} added to a mean of {self.shape}")
         weight = np.float64(self.weights[k])
-        flat, acc = array.reshape(-1), self._acc.reshape(-1)
-        for start in range(0, flat.size, CHUNK):
-            stop = min(flat.size, start + CHUNK)
-            part = self._scratch[:stop - start]
-            part[...] = flat[start:stop]  # converted exactly (every float fits float64)
-            part *= weight
-            acc[start:stop] += part
-        self._added += 1
+        acc = self._acc[start:start + flat.size]
+        if self._first is None or self._first == k:
+            self._first = k  # (every element is converted exactly: floats fit float64)
+            np.multiply(flat, weight, out=acc, dtype=np.float64)
+            return
+        for at in range(0, flat.size, CHUNK):
+            stop = min(flat.size, at + CHUNK)
+            part = self._scratch[:stop - at]
+            np.multiply(flat[at:stop], weight, out=part, dtype=np.float64)
+            acc[at:stop] += part
 
     def result(self, dtype):
-        """The mean rounded once into `dtype` (a NumPy or ml_dtypes dtype); the accumulator
-        is released."""
+        """The mean rounded once into `dtype` (a NumPy or ml_dtypes dtype), a new array."""
         out = np.empty(self.shape, dtype)
-        flat, acc = out.reshape(-1), self._acc.reshape(-1)
-        for start in range(0, flat.size, CHUNK):
-            flat[start:start + CHUNK] = acc[start:start + CHUNK]
-        self._acc = self._scratch = None
+        flat = out.reshape(-1)
+        if self._first is None:
+            flat[...] = 0
+            return out
+        for start in range(0, self.size, CHUNK * 16):
+            flat[start:start + CHUNK * 16] = self._acc[start:start + CHUNK * 16]
         return out
+
+
+# Bytes read from a data file at a time, a multiple of every element size.
+READ_BYTES = 8 << 20
+
+
+class BundleFile:
+    """A local TF checkpoint's tensors read without TF, in pieces, through one small buffer:
+    `pieces(key)` gives (element offset, values) of an entry in order, its checksum checked
+    at the end (`check=False`: not, where it was checked before)."""
+
+    def __init__(self, index, label: str, crc):
+        self.index, self.label, self._crc = index, label, crc
+        self._fds: dict = {}
+        self._buffer = np.empty(READ_BYTES, np.uint8)
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+    def _path(self, entry) -> str:
+        return _bundle.shard_name(self.index.prefix, entry.shard, self.index.num_shards)
+
+    def _fd(self, entry) -> int:
+        fd = self._fds.get(entry.shard)
+        if fd is None:
+            fd = self._fds[entry.shard] = os.open(self._path(entry), os.O_RDONLY)
+        return fd
+
+    def corrupt(self, key: str, problem: str) -> errors.CheckpointCorruptError:
+        err = _bundle.corrupt(self._path(self.index.entries[key]), key, problem)
+        err.args = (f"{self.label}: {err.args[0]}", *err.args[1:])
+        return err
+
+    def pieces(self, key: str, dtype, check: bool = True):
+        """(element offset, flat values of `dtype`) of entry `key`, READ_BYTES at a time;
+        the values are a view of one buffer, valid until the next piece."""
+        entry = self.index.entries[key]
+        if entry.slices or entry.dtype == _STRING or key in self.index.beyond:
+            raise self.corrupt(key, "cannot be read here (a partitioned, string or truncated "
+                                    "entry)")
+        fd, item, crc, done = self._fd(entry), np.dtype(dtype).itemsize, 0, 0
+        step = READ_BYTES - READ_BYTES % item
+        while done < entry.size:
+            want = min(step, entry.size - done)
+            view = self._buffer[:want]
+            got = 0
+            while got < want:
+                n = os.preadv(fd, [memoryview(view[got:])], entry.offset + done + got)
+                if n <= 0:
+                    raise self.corrupt(key, "is cut short (the data file is shorter than its "
+                                            "index says)")
+                got += n
+            if check:
+                crc = self._crc(view, crc)
+            yield done // item, view.view(dtype)
+            done += want
+        if check and _objgraph.masked_crc32c(crc) != entry.crc32c:
+            raise self.corrupt(key, "its bytes do not match their checksum (crc32c)")
+
+    def verify(self, keys) -> None:
+        """Checks the checksums of these entries (reads every byte once)."""
+        for key in keys:
+            for _ in self.pieces(key, np.uint8):
+                pass
 
 
 # --- the writer ---------------------------------------------------------------------------
@@ -174,21 +265,25 @@ def _numpy_dtype(enum: int):
     return np.dtype(name).newbyteorder("<")
 
 
-def _crc32c():
-    """crc32c(buffer, crc=0) -> int: google-crc32c's (C, when installed), else objckpt's
-    own NumPy one (slower)."""
+def crc32c(fallback: bool = True):
+    """crc32c(buffer, crc=0) -> int: google-crc32c's (C, hardware accelerated, when
+    installed), else objckpt's own NumPy one (slower; None when not `fallback`)."""
     try:
         import google_crc32c
     except ImportError:
-        return lambda data, crc=0: _objgraph.crc32c(data, crc)
+        if not fallback:
+            return None
+        return lambda data, crc=0: _objgraph.crc32c(
+            memoryview(data.reshape(-1).view(np.uint8)) if isinstance(data, np.ndarray)
+            else data, crc)
 
-    def crc32c(data, crc: int = 0) -> int:
+    def checksum(data, crc: int = 0) -> int:
         if isinstance(data, np.ndarray):  # it takes read-only buffers only
             data = data.view()
             data.flags.writeable = False
         return google_crc32c.extend(crc, data)
 
-    return crc32c
+    return checksum
 
 
 class _Written:
@@ -217,6 +312,7 @@ class _Reader:
         self.index = self.meta.index
         # checkpoint key -> path people know (through the network)
         self.shown = {v.key: v.shown for v in self.meta.values()}
+        self.file = BundleFile(self.index, self.label, crc)
 
     @property
     def label(self) -> str:
@@ -225,17 +321,16 @@ class _Reader:
     def entry(self, key: str):
         return self.index.entries.get(key)
 
-    def data(self, key: str) -> bytes:
+    def data(self, key: str):
         """The entry's bytes, their checksum checked (strings: as TF frames them)."""
         entry = self.index.entries[key]
         if entry.dtype == _STRING:
             _objgraph.read_strings(self.index, key)  # checks lengths and checksum
             return _objgraph.read_bytes(self.index, key, verify=False)
-        data = _objgraph.read_bytes(self.index, key, verify=False)
-        if _objgraph.masked_crc32c(self._crc(data)) != entry.crc32c:
-            path = _bundle.shard_name(self.index.prefix, entry.shard, self.index.num_shards)
-            raise _bundle.corrupt(path, key, "its bytes do not match their checksum (crc32c)")
-        return data
+        out = np.empty(entry.size, np.uint8)
+        for start, piece in self.file.pieces(key, np.uint8):
+            out[start:start + piece.size] = piece
+        return out
 
 
 def _plan_writer(readers: list, taken_from: int):
@@ -331,7 +426,7 @@ def average_checkpoints(sources, out_prefix, *, weights=None, non_weights: str =
         raise errors.InvalidArgumentError(
             f"average_checkpoints: `{_render.safe(out_prefix)}` is a directory. Fix: pass a "
             f"prefix inside it, e.g. `{_render.safe(os.path.join(out_prefix, 'ckpt'))}`.")
-    crc = _crc32c()
+    crc = crc32c()
     readers = [_Reader(source, k, crc) for k, source in enumerate(sources)]
     taken_from = len(readers) - 1 if non_weights == "last" else 0
     jobs = _plan_writer(readers, taken_from)
@@ -341,7 +436,7 @@ def average_checkpoints(sources, out_prefix, *, weights=None, non_weights: str =
     data_path = f"{out_prefix}.data-00000-of-00001"
     temp_data, temp_index = data_path + tag, f"{out_prefix}.index{tag}"
     written, averaged, taken = [], [], []
-    first = readers[0]
+    first, workspace = readers[0], Workspace()
     try:
         fd = os.open(temp_data, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
@@ -349,7 +444,7 @@ def average_checkpoints(sources, out_prefix, *, weights=None, non_weights: str =
             for key, how, k in jobs:
                 entry = first.entry(key)
                 if how == "average":
-                    data = _averaged(readers, key, entry, shares)
+                    data = _averaged(readers, key, entry, shares, workspace)
                     averaged.append(first.shown[key])
                     value = _objgraph.masked_crc32c(crc(data)) if len(data) else 0
                 else:
@@ -369,6 +464,8 @@ def average_checkpoints(sources, out_prefix, *, weights=None, non_weights: str =
         os.replace(temp_data, data_path)
         os.replace(temp_index, out_prefix + ".index")
     finally:
+        for reader in readers:
+            reader.file.close()
         for path in (temp_data, temp_index):
             if os.path.exists(path):
                 os.remove(path)
@@ -377,15 +474,14 @@ def average_checkpoints(sources, out_prefix, *, weights=None, non_weights: str =
             "taken_from": taken_from}
 
 
-def _averaged(readers: list, key: str, entry, shares) -> bytes:
-    mean = Mean(entry.shape, shares)
+def _averaged(readers: list, key: str, entry, shares, workspace: Workspace):
+    mean = Mean(entry.shape, shares, workspace)
     for k, reader in enumerate(readers):
         if not shares[k]:
             continue  # a weight of 0 adds nothing (its metadata was checked)
         found = reader.entry(key)
-        array = np.frombuffer(reader.data(key), _numpy_dtype(found.dtype))
-        mean.add(k, array.reshape(entry.shape))
-        del array
+        for start, values in reader.file.pieces(key, _numpy_dtype(found.dtype)):
+            mean.add(k, values, start)
     return mean.result(_numpy_dtype(entry.dtype)).reshape(-1).view(np.uint8)
 
 
