@@ -62,8 +62,10 @@ class AverageReport:
         lines = [f"averaged {len(self.averaged)} variables over {len(self.sources)} sources "
                  f"(weights {weights})"]
         if self.taken:
+            shown = ", ".join(map(_render.safe, self.taken[:5]))
+            more = f", ... ({len(self.taken) - 5} more)" if len(self.taken) > 5 else ""
             lines.append(f"taken from source {self.taken_from} ({len(self.taken)}): "
-                         + ", ".join(map(_render.safe, self.taken)))
+                         f"{shown}{more}")
         if self.skipped:
             lines.append(f"skipped ({len(self.skipped)}):")
             lines.extend(_render.listed(map(text, _render.grouped(self.skipped)), limit=5))
