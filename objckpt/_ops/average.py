@@ -315,7 +315,7 @@ class _Work:
                 continue
             k[0] = index
             file = _averaging.BundleFile(_bundle.read_index(src.prefix),
-                                         f"source {index}", crc)
+                                         f"source {index}", crc, self.workspace.read_buffer())
             self.files[index] = file
             keys = src.bundle_keys([m.source for m in matches])
             for key, match in zip(keys, matches):

@@ -125,11 +125,18 @@ class Workspace:
     """Buffers reused from one tensor to the next (no fresh pages to fault in for each):
     the float64 accumulator and a small scratch chunk."""
 
-    __slots__ = ("_acc", "scratch")
+    __slots__ = ("_acc", "_read", "scratch")
 
     def __init__(self):
         self._acc = np.empty(0, np.float64)
         self.scratch = np.empty(CHUNK, np.float64)
+        self._read = None
+
+    def read_buffer(self):
+        """The one buffer every `BundleFile` of an average reads its pieces into."""
+        if self._read is None:
+            self._read = np.empty(READ_BYTES, np.uint8)
+        return self._read
 
     def acc(self, size: int):
         if self._acc.size < size:
@@ -195,12 +202,13 @@ READ_BYTES = 8 << 20
 class BundleFile:
     """A local TF checkpoint's tensors read without TF, in pieces, through one small buffer:
     `pieces(key)` gives (element offset, values) of an entry in order, its checksum checked
-    at the end (`check=False`: not, where it was checked before)."""
+    at the end (`check=False`: not, where it was checked before). `buffer` (READ_BYTES of
+    uint8) may be shared by the files of one average, read one at a time."""
 
-    def __init__(self, index, label: str, crc):
+    def __init__(self, index, label: str, crc, buffer=None):
         self.index, self.label, self._crc = index, label, crc
         self._fds: dict = {}
-        self._buffer = np.empty(READ_BYTES, np.uint8)
+        self._buffer = np.empty(READ_BYTES, np.uint8) if buffer is None else buffer
 
     def close(self) -> None:
         for fd in self._fds.values():
@@ -299,7 +307,7 @@ class _Written:
 class _Reader:
     """One source checkpoint, read without TF: metadata, then entries' checked bytes."""
 
-    def __init__(self, source, k: int, crc):
+    def __init__(self, source, k: int, crc, buffer):
         self.given, self.k, self._crc = source, k, crc
         self.meta = _meta.read(source)
         if self.meta.index is None or self.meta.graph is None:
@@ -312,7 +320,7 @@ class _Reader:
         self.index = self.meta.index
         # checkpoint key -> path people know (through the network)
         self.shown = {v.key: v.shown for v in self.meta.values()}
-        self.file = BundleFile(self.index, self.label, crc)
+        self.file = BundleFile(self.index, self.label, crc, buffer)
 
     @property
     def label(self) -> str:
@@ -427,7 +435,9 @@ def average_checkpoints(sources, out_prefix, *, weights=None, non_weights: str =
             f"average_checkpoints: `{_render.safe(out_prefix)}` is a directory. Fix: pass a "
             f"prefix inside it, e.g. `{_render.safe(os.path.join(out_prefix, 'ckpt'))}`.")
     crc = crc32c()
-    readers = [_Reader(source, k, crc) for k, source in enumerate(sources)]
+    workspace = Workspace()
+    readers = [_Reader(source, k, crc, workspace.read_buffer())
+               for k, source in enumerate(sources)]
     taken_from = len(readers) - 1 if non_weights == "last" else 0
     jobs = _plan_writer(readers, taken_from)
     directory = os.path.dirname(os.path.abspath(out_prefix))
@@ -436,7 +446,7 @@ def average_checkpoints(sources, out_prefix, *, weights=None, non_weights: str =
     data_path = f"{out_prefix}.data-00000-of-00001"
     temp_data, temp_index = data_path + tag, f"{out_prefix}.index{tag}"
     written, averaged, taken = [], [], []
-    first, workspace = readers[0], Workspace()
+    first = readers[0]
     try:
         fd = os.open(temp_data, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
