@@ -12,8 +12,10 @@ tensor whatever the number of sources.
 from __future__ import annotations
 
 import copy
+import ctypes
 import dataclasses
 
+import numpy as np
 import tensorflow as tf
 
 from objckpt import _compat, errors
@@ -351,7 +353,16 @@ class _Work:
         for k, match in enumerate(self.means[path]):
             if self.shares[k]:  # a weight of 0 adds nothing (its plan was checked)
                 self._add(mean, k, pipe, variables, path, match)
-        return mean.result(variable.dtype.base_dtype.as_numpy_dtype)
+        dtype = variable.dtype.base_dtype
+        if dtype.as_datatype_enum in _DIRECT and _compat.plain_cpu_variable(variable) \
+                and mean.size * dtype.size >= _DIRECT_BYTES:
+            # Written straight into a tensor TF allocated, which the variable then adopts
+            # (AssignVariableOp shares its input): no second copy of the mean.
+            value, out = _empty_tensor(dtype, variable.shape)
+            mean.result(dtype.as_numpy_dtype, out)
+            del out
+            return value
+        return mean.result(dtype.as_numpy_dtype)
 
     def each(self, pipe, variables):
         """(path, value) for every variable that gets one, computed one at a time."""
@@ -381,6 +392,38 @@ class _Work:
         return AverageReport(tuple(self.means), tuple(self.taken), self.skipped,
                              tuple(self.shares), tuple(src.description for src, _ in plans),
                              self.taken_from, self.notes)
+
+
+# float32, float64, float16: dtypes NumPy writes into a tensor TF allocated; means at least
+# this large are written that way.
+_DIRECT = frozenset({1, 2, 19})
+_DIRECT_BYTES = 1 << 20
+
+
+class _Exported:
+    """A DLPack capsule as NumPy's `from_dlpack` takes it."""
+
+    def __init__(self, tensor):
+        self._capsule = tf.experimental.dlpack.to_dlpack(tensor)
+
+    def __dlpack__(self, *args, **kwargs):
+        del args, kwargs
+        return self._capsule
+
+    def __dlpack_device__(self):
+        return (1, 0)  # kDLCPU, device 0
+
+
+def _empty_tensor(dtype, shape):
+    """(a new CPU tensor TF allocated, uninitialized; a writable NumPy view of its buffer).
+    The buffer is shared with nothing else until the tensor is used."""
+    with tf.device("/cpu:0"):
+        value = tf.raw_ops.Empty(shape=tuple(shape), dtype=dtype, init=False)
+    view = np.from_dlpack(_Exported(value))  # read-only to NumPy
+    size = view.nbytes
+    buffer = (ctypes.c_char * size).from_address(view.ctypes.data)
+    out = np.frombuffer(buffer, dtype.as_numpy_dtype).reshape(tuple(shape))
+    return value, out
 
 
 def _list(indices) -> str:

@@ -183,9 +183,10 @@ class Mean:
             np.multiply(flat[at:stop], weight, out=part, dtype=np.float64)
             acc[at:stop] += part
 
-    def result(self, dtype):
-        """The mean rounded once into `dtype` (a NumPy or ml_dtypes dtype), a new array."""
-        out = np.empty(self.shape, dtype)
+    def result(self, dtype, out=None):
+        """The mean rounded once into `dtype` (a NumPy or ml_dtypes dtype): a new array, or
+        written into `out` (C-contiguous, of this shape and dtype)."""
+        out = np.empty(self.shape, dtype) if out is None else out
         flat = out.reshape(-1)
         if self._first is None:
             flat[...] = 0
