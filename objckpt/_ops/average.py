@@ -238,7 +238,8 @@ class _Work:
     """What each variable of obj gets: the mean of its matches (`means`: target -> one match
     per source), or one source's value (`taken`: target -> match), or nothing (`skipped`)."""
 
-    def __init__(self, means, taken, taken_from, skipped, shares, notes, fresh):
+    def __init__(self, plans, means, taken, taken_from, skipped, shares, notes, fresh):
+        self._plans = plans  # [(source, plan)]
         self.means, self.taken, self.taken_from = means, taken, taken_from
         self.skipped, self.shares, self.notes, self.fresh = skipped, shares, notes, fresh
         self.nbytes = 0
@@ -294,8 +295,8 @@ class _Work:
                          "for an average of different runs, recompute them from data.")
         fresh = plans[taken_from][1].fresh if taken_from is not None else ()
         fresh = tuple(item for item in fresh if item[0] not in means)
-        work = cls(means, taken, taken_from, tuple(skipped), shares, tuple(notes), fresh)
-        work._plans = plans
+        work = cls(plans, means, taken, taken_from, tuple(skipped), shares, tuple(notes),
+                   fresh)
         work.nbytes = sum(variables[p].shape.num_elements() * variables[p].dtype.size
                           for p in means if variables[p].shape.is_fully_defined())
         return work
