@@ -401,3 +401,40 @@ def test_writer_without_google_crc32c_checks_with_its_own(net_prefixes, tmp_path
     for suffix in (".index", ".data-00000-of-00001"):
         with open(with_c + suffix, "rb") as a, open(plain + suffix, "rb") as b:
             assert a.read() == b.read()
+
+
+def test_directories_as_sources_use_their_newest_checkpoint(tmp_path):
+    nets = [Net(seed) for seed in (1, 2)]
+    directories = []
+    for k, net in enumerate(nets):
+        manager = tf.train.CheckpointManager(tf.train.Checkpoint(root=net),
+                                             str(tmp_path / f"run{k}"), max_to_keep=2)
+        manager.save()
+        net.f32.assign(net.f32 + 1.0)  # the newest checkpoint holds these values
+        manager.save()
+        directories.append(str(tmp_path / f"run{k}"))
+    target = Net(9)
+    objckpt.average(target, directories)
+    ref = _reference([n.f32.numpy() for n in nets], [1, 1], np.float32)
+    assert _ulps(target.f32.numpy(), ref) <= 1
+    done = objckpt.average_checkpoints(directories, str(tmp_path / "avg"))
+    assert all(s.endswith("ckpt-2") for s in done["sources"])
+    written = tf.train.load_checkpoint(done["prefix"]).get_tensor(
+        "f32/.ATTRIBUTES/VARIABLE_VALUE")
+    assert np.array_equal(written, target.f32.numpy())
+
+
+def test_optimizer_state_false_leaves_the_optimizer_alone(tmp_path):
+    keras_for("keras3")
+    model = build("keras3")
+    prefixes = []
+    for k in range(2):
+        train_more(model)
+        prefixes.append(objckpt.save(model, str(tmp_path / f"ckpt-{k}")))
+    target = build("keras3")
+    before = {id(v): np.array(v) for v in target.optimizer.variables}
+    report = objckpt.average(target, prefixes, optimizer_state=False)
+    assert not any(p.startswith("optimizer/_variables") or p == "optimizer/_iterations"
+                   for p in report.taken)
+    assert all(np.array_equal(np.array(v), before[id(v)]) for v in target.optimizer.variables)
+    assert len(report.averaged) == len(target.weights)
