@@ -128,6 +128,7 @@ def greedy_soup(obj, sources, score, *, rules=None, at: str | None = None, stric
       InvalidArgumentError: `sources` is empty or not a list, `score` is not callable or
         returns something other than a number.
       as `objckpt.average`: a source does not fit obj.
+      Whatever is raised (the scorer's errors too), obj is left with the values it had.
 
     Example:
       >>> report = objckpt.greedy_soup(model, ["ft/a", "ft/b", "ft/c"],
@@ -156,9 +157,19 @@ def greedy_soup(obj, sources, score, *, rules=None, at: str | None = None, stric
             warned[0] = True
             _batchnorm.warn_averaged_statistics(
                 obj, "greedy_soup: the soup", "pass greedy_soup(..., recalibrate=train_data) "
-                "so that each soup is recalibrated before it is scored", stacklevel=4)
+                "so that each soup is recalibrated before it is scored", stacklevel=5)
         return _score(score, obj, what)
 
+    original = _snapshot.snapshot(obj)
+    try:
+        return _cook_all(obj, sources, cook)
+    except BaseException:
+        _snapshot.restore(obj, original)  # a source that does not fit, a scorer that raised
+        raise
+
+
+def _cook_all(obj, sources, cook) -> SoupReport:
+    """greedy_soup's loop: every candidate scored alone, then tried in order."""
     own, best_values = [], None  # best_values: the best soup so far (a Snapshot)
     for i, source in enumerate(sources):
         own.append(cook([source], f"candidate {i}"))
