@@ -33,7 +33,6 @@ __all__ = [
     "SaveHandle",
     "Snapshot",
     "SoupReport",
-    "SoupReport",
     "Twins",
     "VariableTree",
     "VerifyReport",
@@ -46,12 +45,10 @@ __all__ = [
     "export",
     "graph",
     "greedy_soup",
-    "greedy_soup",
     "load_ensemble",
     "migrate",
     "plan",
     "read_tree",
-    "recalibrate_batchnorm",
     "recalibrate_batchnorm",
     "restore",
     "restore_on_create",
@@ -94,9 +91,6 @@ _LAZY = {
     "SoupReport": "_ops.soup",
     "greedy_soup": "_ops.soup",
     "recalibrate_batchnorm": "_ops.batchnorm",
-    "SoupReport": "_ops.soup",
-    "greedy_soup": "_ops.soup",
-    "recalibrate_batchnorm": "_ops.batchnorm",
     "Diff": "_inspect.diff",
     "diff": "_inspect.diff",
     "Graph": "_inspect.graph",
@@ -124,7 +118,6 @@ if TYPE_CHECKING:
     from objckpt._ops.ensemble import load_ensemble as load_ensemble
     from objckpt._ops.export import export as export
     from objckpt._ops.batchnorm import recalibrate_batchnorm as recalibrate_batchnorm
-    from objckpt._ops.batchnorm import recalibrate_batchnorm as recalibrate_batchnorm
     from objckpt._ops.freeze import Freezer as Freezer
     from objckpt._ops.migrate import migrate as migrate
     from objckpt._ops.snapshot import RestoreReport as RestoreReport
@@ -132,8 +125,6 @@ if TYPE_CHECKING:
     from objckpt._ops.snapshot import restore as restore
     from objckpt._ops.snapshot import save as save
     from objckpt._ops.snapshot import snapshot as snapshot
-    from objckpt._ops.soup import SoupReport as SoupReport
-    from objckpt._ops.soup import greedy_soup as greedy_soup
     from objckpt._ops.soup import SoupReport as SoupReport
     from objckpt._ops.soup import greedy_soup as greedy_soup
     from objckpt._ops.twins import Twins as Twins
