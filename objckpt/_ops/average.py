@@ -3,10 +3,13 @@
 Every source goes through the one restore pipeline (`_planning.pipeline`): opened, planned
 onto the obj (rules, at, strict, optimizer_state, every strategy) and checked from its
 metadata; then the plans are checked against each other (each weight fed by every source),
-all before anything is read into a variable. Values are then read one variable at a time:
-the sources' values of one variable are added into a float64 `averaging.Mean` one source at
-a time and the mean is assigned, so memory beyond the obj stays a few times the largest
-tensor whatever the number of sources.
+all before anything is read into a variable. Values are then read one variable at a time.
+Where every source is a local TF checkpoint (checksums checked first), a window of the
+variable's elements is read from each source in turn and added into a float64 window that
+stays in the cache (`averaging.stream_mean`), and the mean is written straight into the new
+tensor the variable adopts; other sources' values are added whole into a float64
+`averaging.Mean`. Memory beyond the obj stays about the largest tensor (files) or a few
+times it (other sources), whatever the number of sources.
 """
 
 from __future__ import annotations
@@ -90,7 +93,8 @@ def average(obj, sources, *, weights=None, rules=None, at: str | None = None,
     with another shape for a variable raises an error naming that source and the path, and
     every variable keeps its value. Values are then streamed one variable at a time into a
     float64 accumulator and rounded once into the variable's dtype (float16 and bfloat16
-    included), so memory beyond obj is a few times the largest tensor whatever N. Below
+    included), so memory beyond obj is about the largest tensor for TF checkpoints (read a
+    window of every source at a time) and a few times it for other sources, whatever N. Below
     16 MiB of weights every mean is computed before the first assignment; above, every TF
     checkpoint's checksums are checked first (a value of another format that fails to read
     half way leaves the variables before it averaged).
@@ -350,18 +354,29 @@ class _Work:
 
     def _mean(self, pipe, variables, path):
         variable = variables[path]
-        mean = _averaging.Mean(variable.shape, self.shares, self.workspace)
-        for k, match in enumerate(self.means[path]):
-            if self.shares[k]:  # a weight of 0 adds nothing (its plan was checked)
-                self._add(mean, k, pipe, variables, path, match)
         dtype = variable.dtype.base_dtype
+        weighted = [k for k in range(len(self.shares)) if self.shares[k]]
+        size = variable.shape.num_elements()
+        value = out = None
         if dtype.as_datatype_enum in _DIRECT and _compat.plain_cpu_variable(variable) \
-                and mean.size * dtype.size >= _DIRECT_BYTES:
+                and size * dtype.size >= _DIRECT_BYTES:
             # Written straight into a tensor TF allocated, which the variable then adopts
             # (AssignVariableOp shares its input): no second copy of the mean.
             value, out = _empty_tensor(dtype, variable.shape)
+        if all((k, path) in self.keys for k in weighted):
+            # Every source a checked file: a window of every source at a time, in the cache.
+            if out is None:
+                out = value = np.empty(tuple(variable.shape), dtype.as_numpy_dtype)
+            streams = [(self.shares[k], self.files[k].stream(
+                self.keys[(k, path)], dtype.as_numpy_dtype, self.workspace, check=False))
+                for k in weighted]
+            _averaging.stream_mean(streams, size, out.reshape(-1))
+            return value
+        mean = _averaging.Mean(variable.shape, self.shares, self.workspace)
+        for k in weighted:  # a weight of 0 adds nothing (its plan was checked)
+            self._add(mean, k, pipe, variables, path, self.means[path][k])
+        if out is not None:
             mean.result(dtype.as_numpy_dtype, out)
-            del out
             return value
         return mean.result(dtype.as_numpy_dtype)
 

@@ -4,9 +4,11 @@
 runs) share this module's pieces:
 
 - `normalized_weights`: N finite, non-negative weights with a positive sum, divided by it;
-- `Mean`: the weighted mean of one tensor over N sources, accumulated in float64 one source
-  at a time, in chunks (memory: the float64 accumulator, the value being added, a small
-  chunk), then rounded once into the target dtype;
+- `stream_mean`: the weighted mean of one tensor of N checkpoint files (`BundleFile`), a
+  window of elements at a time over every source, in a float64 window that stays in the
+  cache, rounded once into the target dtype (memory: the output and a few small buffers);
+- `Mean`: the same for whole values (other sources), accumulated in float64 one source at a
+  time (memory: the float64 accumulator, the value being added, a small chunk);
 - `average_checkpoints`: N TF checkpoints of one structure averaged into a new checkpoint
   laid out like the first (same keys, same object graph), read with the TF-free index and
   object-graph readers and written one tensor at a time in TF's bundle format
@@ -125,12 +127,26 @@ class Workspace:
     """Buffers reused from one tensor to the next (no fresh pages to fault in for each):
     the float64 accumulator and a small scratch chunk."""
 
-    __slots__ = ("_acc", "_read", "scratch")
+    __slots__ = ("_acc", "_out", "_read", "_window", "scratch")
 
     def __init__(self):
         self._acc = np.empty(0, np.float64)
         self.scratch = np.empty(CHUNK, np.float64)
-        self._read = None
+        self._read = self._window = None
+        self._out = np.empty(0, np.uint8)
+
+    def window(self):
+        """(accumulator, scratch): WINDOW float64 elements each, for `stream_mean`."""
+        if self._window is None:
+            self._window = (np.empty(WINDOW, np.float64), np.empty(WINDOW, np.float64))
+        return self._window
+
+    def out(self, nbytes: int):
+        """A reused output buffer of `nbytes` (the writer's: written out before the next)."""
+        if self._out.size < nbytes:
+            self._out = None
+            self._out = np.empty(nbytes, np.uint8)
+        return self._out[:nbytes]
 
     def read_buffer(self):
         """The one buffer every `BundleFile` of an average reads its pieces into."""
@@ -198,6 +214,66 @@ class Mean:
 
 # Bytes read from a data file at a time, a multiple of every element size.
 READ_BYTES = 8 << 20
+# Elements of one tensor averaged at a time over every source (`stream_mean`): the float64
+# window stays in the cache while each source's values for it are added.
+WINDOW = 1 << 17
+
+
+def stream_mean(streams: list, size: int, out) -> None:
+    """Writes into `out` (flat, `size` elements of the target dtype) the weighted mean of
+    `streams` ([(weight, Stream)], each giving its tensor's values in order), a window of
+    WINDOW elements at a time: each source's values for the window are added into a float64
+    accumulator that stays in the cache, then rounded once into `out`. Each stream is
+    finished (its checksum checked) at the end."""
+    if streams:
+        acc, scratch = streams[0][1].workspace.window()
+        for start in range(0, size, WINDOW):
+            count = min(WINDOW, size - start)
+            for i, (weight, stream) in enumerate(streams):
+                values = stream.read(count)
+                if i == 0:  # (every float is converted to float64 exactly)
+                    np.multiply(values, np.float64(weight), out=acc[:count], dtype=np.float64)
+                else:
+                    np.multiply(values, np.float64(weight), out=scratch[:count],
+                                dtype=np.float64)
+                    np.add(acc[:count], scratch[:count], out=acc[:count])
+            out[start:start + count] = acc[:count]
+    else:
+        out[...] = 0
+    for _, stream in streams:
+        stream.finish()
+
+
+class Stream:
+    """One entry of a `BundleFile` read in order, `read(count)` elements at a time into the
+    workspace's read buffer (valid until the next read); `finish()` checks the checksum of
+    everything read (with `check`), which must be the whole entry."""
+
+    __slots__ = ("_crc", "_file", "_item", "check", "dtype", "entry", "key", "pos",
+                 "workspace")
+
+    def __init__(self, file, key: str, dtype, check: bool, workspace):
+        self._file, self.key, self.check, self.workspace = file, key, check, workspace
+        self.entry = file.entry_for(key)
+        self.dtype = np.dtype(dtype)
+        self._item, self.pos, self._crc = self.dtype.itemsize, 0, 0
+
+    def read(self, count: int):
+        nbytes = count * self._item
+        view = self.workspace.read_buffer()[:nbytes]
+        self._file.read_into(self.key, self.entry, view, self.pos)
+        if self.check:
+            self._crc = self._file.crc(view, self._crc)
+        self.pos += nbytes
+        return view.view(self.dtype)
+
+    def finish(self) -> None:
+        if self.pos != self.entry.size:
+            raise self._file.corrupt(self.key, f"was read to {self.pos} of its "
+                                               f"{self.entry.size} bytes")
+        if self.check and _objgraph.masked_crc32c(self._crc) != self.entry.crc32c:
+            raise self._file.corrupt(self.key, "its bytes do not match their checksum "
+                                               "(crc32c)")
 
 
 class BundleFile:
@@ -229,6 +305,30 @@ class BundleFile:
         err = _bundle.corrupt(self._path(self.index.entries[key]), key, problem)
         err.args = (f"{self.label}: {err.args[0]}", *err.args[1:])
         return err
+
+    def crc(self, data, crc: int = 0) -> int:
+        return self._crc(data, crc)
+
+    def entry_for(self, key: str):
+        """The index entry of `key`, refused where it cannot be read in pieces."""
+        entry = self.index.entries[key]
+        if entry.slices or entry.dtype == _STRING or key in self.index.beyond:
+            raise self.corrupt(key, "cannot be read here (a partitioned, string or truncated "
+                                    "entry)")
+        return entry
+
+    def read_into(self, key: str, entry, view, at: int) -> None:
+        """Fills `view` (uint8) with the entry's bytes from byte `at` of it."""
+        fd, got, want = self._fd(entry), 0, view.nbytes
+        while got < want:
+            n = os.preadv(fd, [memoryview(view[got:])], entry.offset + at + got)
+            if n <= 0:
+                raise self.corrupt(key, "is cut short (the data file is shorter than its "
+                                        "index says)")
+            got += n
+
+    def stream(self, key: str, dtype, workspace, check: bool = True) -> Stream:
+        return Stream(self, key, dtype, check, workspace)
 
     def pieces(self, key: str, dtype, check: bool = True):
         """(element offset, flat values of `dtype`) of entry `key`, READ_BYTES at a time;
@@ -398,7 +498,8 @@ def average_checkpoints(sources, out_prefix, *, weights=None, non_weights: str =
     the last (`non_weights="last"`, default) or the first. Every source's metadata is
     checked first (same keys, shapes and dtypes as the first, for what is averaged or
     taken): nothing is written when one differs. Tensors are read (checksums checked) and
-    written one at a time: memory is a few times the largest tensor, whatever N.
+    written one at a time, a window of every source at a time: memory is about the largest
+    tensor, whatever N.
 
     The write is atomic: the data file and the index are written under temporary names and
     renamed into place, the index last.
@@ -486,14 +587,16 @@ def average_checkpoints(sources, out_prefix, *, weights=None, non_weights: str =
 
 
 def _averaged(readers: list, key: str, entry, shares, workspace: Workspace):
-    mean = Mean(entry.shape, shares, workspace)
-    for k, reader in enumerate(readers):
-        if not shares[k]:
-            continue  # a weight of 0 adds nothing (its metadata was checked)
-        found = reader.entry(key)
-        for start, values in reader.file.pieces(key, _numpy_dtype(found.dtype)):
-            mean.add(k, values, start)
-    return mean.result(_numpy_dtype(entry.dtype)).reshape(-1).view(np.uint8)
+    """The mean of `key` over the readers, as the bytes of the first's dtype (a view of the
+    workspace's output buffer)."""
+    dtype = _numpy_dtype(entry.dtype)
+    streams = [(shares[k], reader.file.stream(key, _numpy_dtype(reader.entry(key).dtype),
+                                              workspace))
+               for k, reader in enumerate(readers) if shares[k]]
+    size = int(np.prod(entry.shape, dtype=np.int64))
+    out = workspace.out(size * dtype.itemsize)
+    stream_mean(streams, size, out.view(dtype))
+    return out
 
 
 def _write_all(fd: int, view, offset: int) -> None:
