@@ -251,3 +251,26 @@ def test_steps_need_a_compiled_optimizer():
     swa.set_model(model)
     with pytest.raises(errors.InvalidArgumentError, match="no compiled optimizer"):
         swa.on_train_begin()
+
+
+# --- a run's callbacks changed between two fits -------------------------------------------
+
+
+def test_a_callback_added_or_removed_since_the_checkpoint(tmp_path):
+    flavour = session_flavour()
+    _, model = make(flavour)
+    fit(model, [Checkpointing(tmp_path / "plain", verbose=0)], epochs=1)
+    _, model = make(flavour)
+    swa = SWA()
+    with pytest.warns(RuntimeWarning, match="holds no state of `swa` .* starts afresh"):
+        fit(model, [Checkpointing(tmp_path / "plain", verbose=0), swa], epochs=2)
+    assert swa.count == 1  # the epoch trained after the resume
+    assert_bits(network(model), averaged(swa), "an average of one epoch: its weights")
+
+    _, model = make(flavour)
+    fit(model, [Checkpointing(tmp_path / "swa", verbose=0), SWA()], epochs=1)
+    _, model = make(flavour)
+    resumed = Checkpointing(tmp_path / "swa", verbose=0)
+    with pytest.warns(RuntimeWarning, match="holds the state of `swa` and no callback"):
+        fit(model, [resumed], epochs=2)
+    assert resumed.resumed_from.endswith("ckpt-1")

@@ -757,10 +757,34 @@ class CheckpointDirectory:
             with _checks.creation_scope(_tree.tree(obj).values()):  # slots mirrored too
                 _compat.build_optimizer(optimizer, variables)
         if self._workers is None:
-            _snapshot.restore(self.root, kept.prefix)
+            root, rules = self._root_for(kept)
+            _snapshot.restore(root, kept.prefix, rules=rules)
         else:
             self._workers.restore(kept)
         return {name: int(v.numpy()) for name, v in self.counters.items()}
+
+    def _root_for(self, kept: Kept) -> tuple:
+        """(the root to restore `kept` into, rules dropping what it cannot take): the state of
+        a callback added since `kept` was written starts afresh, and that of a callback not
+        in this fit stays in the file (`_training.companions`), each with a warning."""
+        from objckpt._training import companions as _companions
+
+        missing, unused = _companions.reconcile(list(_tree.read_tree(kept.prefix)), self.extras)
+        if not missing and not unused:
+            return self.root, ()
+        for name in missing:
+            self._warn(f"Checkpointing: {kept.prefix} holds no state of `{name}` (a callback "
+                       "added since it was written): it starts afresh from the resumed model.")
+        for name in unused:
+            self._warn(f"Checkpointing: {kept.prefix} holds the state of `{name}` and no "
+                       "callback of this fit keeps it: it is left unused. Fix: pass that "
+                       "callback to fit (e.g. objckpt.callbacks.SWA) to continue it.")
+        if not missing:
+            return self.root, tuple((f"^{re.escape(name)}/", None) for name in unused)
+        extras = {n: v for n, v in self.extras.items() if n not in missing}
+        root = tf.train.Checkpoint(model=self.root.model, **self.counters,
+                                   **{METRIC: self.metric}, **extras)
+        return root, tuple((f"^{re.escape(name)}/", None) for name in unused)
 
     # --- saving -------------------------------------------------------------------
 

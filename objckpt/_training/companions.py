@@ -15,7 +15,7 @@ import weakref
 
 from objckpt import errors
 
-__all__ = ["Companion", "check_name", "register", "saved_with", "before_save", "unregister"]
+__all__ = ["Companion", "check_name", "reconcile", "register", "saved_with", "before_save", "unregister"]
 
 # model -> {name: Companion}; a model that goes away takes its entries with it.
 _REGISTERED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -74,3 +74,12 @@ def before_save(model, epoch_end: bool) -> None:
     """Calls `before_save` of every companion registered for `model`."""
     for _, companion in sorted(_REGISTERED.get(model, {}).items()):
         companion.before_save(epoch_end)
+
+
+def reconcile(paths, registered) -> tuple[list[str], list[str]]:
+    """Which companions a checkpoint and the fit disagree about, from the checkpoint's object
+    paths: (names registered now whose state it lacks, names of companion state it holds that
+    nothing registered now). A companion's state is recognised by its `<name>/seen` entry."""
+    held = {path.split("/", 1)[0] for path in paths
+            if path.count("/") == 1 and path.endswith("/seen")} - RESERVED
+    return sorted(set(registered) - held), sorted(held - set(registered))
