@@ -310,6 +310,10 @@ def test_streamed_path_checks_every_checksum_before_assigning(net_prefixes, tmp_
         assert _ulps(got[path], ref) <= 1, path
     for path in report.taken:
         assert np.array_equal(got[path], sources[-1][path]), path
+    monkeypatch.setattr(_average, "HELD_BYTES", 1 << 30)  # every value read whole, held
+    held = Net(9)
+    objckpt.average(held, prefixes, weights=[1, 2, 3])
+    assert all(np.array_equal(v, got[p]) for p, v in _values(held).items())
     # A source whose last bytes changed: refused before the first variable is assigned.
     damaged = str(tmp_path / "damaged")
     for suffix in (".index", ".data-00000-of-00001"):
@@ -320,15 +324,19 @@ def test_streamed_path_checks_every_checksum_before_assigning(net_prefixes, tmp_
             data[entry.offset + 3] ^= 0x10
         with open(damaged + suffix, "wb") as f:
             f.write(data)
-    fresh = Net(9)
-    before = _values(fresh)
-    with pytest.raises(errors.CheckpointCorruptError) as info:
-        objckpt.average(fresh, [prefixes[0], prefixes[1], damaged])
-    message = str(info.value)
-    assert "Source 2 of 3" in message and "damaged" in message and "f64" in message
-    assert "checksum" in message
-    after = _values(fresh)
-    assert all(np.array_equal(before[p], after[p]) for p in before)
+    for held in (0, 1 << 30):  # checked first, then streamed; all read, then assigned
+        monkeypatch.setattr(_average, "HELD_BYTES", held)
+        fresh = Net(9)
+        before = _values(fresh)
+        with pytest.raises(errors.CheckpointCorruptError) as info:
+            objckpt.average(fresh, [prefixes[0], prefixes[1], damaged])
+        message = str(info.value)
+        assert "Source 2 of 3" in message and "damaged" in message
+        after = _values(fresh)
+        assert all(np.array_equal(before[p], after[p]) for p in before)
+    monkeypatch.setattr(_average, "HELD_BYTES", 0)
+    with pytest.raises(errors.CheckpointCorruptError, match="f64.*checksum"):
+        objckpt.average(Net(9), [prefixes[0], prefixes[1], damaged])
 
 
 # --- the writer: no model --------------------------------------------------------------------

@@ -170,6 +170,7 @@ def average(obj, sources, *, weights=None, rules=None, at: str | None = None,
         variables, plans = _planned(pipe, variables, sources, k)
         k[0] = None  # the checks across sources name each source themselves
         work = _Work.decide(obj, variables, plans, shares, non_weights)
+        work.reading = k  # a value that fails to read names its source
         if work.nbytes < HELD_BYTES:
             held = work.compute_all(pipe, variables)
         else:
@@ -250,6 +251,7 @@ class _Work:
         self.files: dict = {}  # source index -> averaging.BundleFile (checked)
         self.keys: dict = {}  # (source index, target) -> checkpoint key in that file
         self.workspace = _averaging.Workspace()
+        self.reading = [None]  # the source being read, for its error
 
     @classmethod
     def decide(cls, obj, variables, plans, shares, non_weights) -> _Work:
@@ -342,28 +344,42 @@ class _Work:
         for file in self.files.values():
             file.close()
 
-    def _add(self, mean, k, pipe, variables, path, match) -> None:
+    def _add(self, mean, k, pipe, variables, path, match):
+        """Adds source k's value of `path` to `mean` (made here on the first value, in the
+        variable's shape, or the value's for a relaxed variable); returns it."""
         key = self.keys.get((k, path))
-        if key is not None:  # checked in `verify`: read in pieces, not checked again
-            dtype = variables[path].dtype.base_dtype.as_numpy_dtype
+        variable = variables[path]
+        if key is not None and variable.shape.is_fully_defined():
+            # checked in `verify`: read in pieces, not checked again
+            mean = mean or _averaging.Mean(variable.shape, self.shares, self.workspace)
+            dtype = variable.dtype.base_dtype.as_numpy_dtype
             for start, values in self.files[k].pieces(key, dtype, check=False):
                 mean.add(k, values, start)
-            return
+            return mean
+        self.reading[0] = k
         (value,) = pipe.fetch(self._plans[k][1], variables, [match])
+        self.reading[0] = None
+        mean = mean or _averaging.Mean(value.shape, self.shares, self.workspace)
+        if tuple(value.shape) != mean.shape:
+            raise errors.StructureMismatchError(
+                f"{self._plans[k][1].label(path)}: source {k} "
+                f"({self._plans[k][0].description}) has shape {tuple(value.shape)} where "
+                f"another source has {mean.shape}. Fix: average sources of one structure.")
         mean.add(k, value.numpy())
+        return mean
 
     def _mean(self, pipe, variables, path):
         variable = variables[path]
         dtype = variable.dtype.base_dtype
         weighted = [k for k in range(len(self.shares)) if self.shares[k]]
-        size = variable.shape.num_elements()
+        size = variable.shape.num_elements()  # None: a relaxed shape (tf_keras lookups)
         value = out = None
-        if dtype.as_datatype_enum in _DIRECT and _compat.plain_cpu_variable(variable) \
-                and size * dtype.size >= _DIRECT_BYTES:
+        if size is not None and dtype.as_datatype_enum in _DIRECT \
+                and _compat.plain_cpu_variable(variable) and size * dtype.size >= _DIRECT_BYTES:
             # Written straight into a tensor TF allocated, which the variable then adopts
             # (AssignVariableOp shares its input): no second copy of the mean.
             value, out = _empty_tensor(dtype, variable.shape)
-        if all((k, path) in self.keys for k in weighted):
+        if size is not None and all((k, path) in self.keys for k in weighted):
             # Every source a checked file: a window of every source at a time, in the cache.
             if out is None:
                 out = value = np.empty(tuple(variable.shape), dtype.as_numpy_dtype)
@@ -372,9 +388,9 @@ class _Work:
                 for k in weighted]
             _averaging.stream_mean(streams, size, out.reshape(-1))
             return value
-        mean = _averaging.Mean(variable.shape, self.shares, self.workspace)
+        mean = None
         for k in weighted:  # a weight of 0 adds nothing (its plan was checked)
-            self._add(mean, k, pipe, variables, path, self.means[path][k])
+            mean = self._add(mean, k, pipe, variables, path, self.means[path][k])
         if out is not None:
             mean.result(dtype.as_numpy_dtype, out)
             return value
@@ -385,7 +401,9 @@ class _Work:
         for path in self.means:
             yield path, self._mean(pipe, variables, path)
         for path, match in self.taken.items():
+            self.reading[0] = self.taken_from
             (value,) = pipe.fetch(self._plans[self.taken_from][1], variables, [match])
+            self.reading[0] = None
             yield path, value
 
     def compute_all(self, pipe, variables) -> list:
