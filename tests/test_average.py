@@ -92,6 +92,8 @@ def test_every_float_dtype_equals_the_float64_reference(net_prefixes, weights):
         ref = _reference([s[path] for s in sources], w, dtype)
         assert _ulps(got[path], ref) <= 1, path
     assert report.weights == pytest.approx(tuple(np.asarray(w) / np.sum(w)))
+    assert str(report).startswith("averaged 4 variables over 3 sources (weights ")
+    assert "taken from source 2 (2): step, rng/_state_var" in str(report)
     assert sum(report.weights) == pytest.approx(1.0)
 
 
