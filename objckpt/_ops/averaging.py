@@ -330,18 +330,20 @@ class BundleFile:
     def stream(self, key: str, dtype, workspace, check: bool = True) -> Stream:
         return Stream(self, key, dtype, check, workspace)
 
-    def pieces(self, key: str, dtype, check: bool = True):
+    def pieces(self, key: str, dtype, check: bool = True, buffer=None):
         """(element offset, flat values of `dtype`) of entry `key`, READ_BYTES at a time;
-        the values are a view of one buffer, valid until the next piece."""
+        the values are a view of one buffer (this file's, or `buffer`), valid until the next
+        piece."""
         entry = self.index.entries[key]
         if entry.slices or entry.dtype == _STRING or key in self.index.beyond:
             raise self.corrupt(key, "cannot be read here (a partitioned, string or truncated "
                                     "entry)")
         fd, item, crc, done = self._fd(entry), np.dtype(dtype).itemsize, 0, 0
         step = READ_BYTES - READ_BYTES % item
+        buffer = self._buffer if buffer is None else buffer
         while done < entry.size:
             want = min(step, entry.size - done)
-            view = self._buffer[:want]
+            view = buffer[:want]
             got = 0
             while got < want:
                 n = os.preadv(fd, [memoryview(view[got:])], entry.offset + done + got)
@@ -356,10 +358,11 @@ class BundleFile:
         if check and _objgraph.masked_crc32c(crc) != entry.crc32c:
             raise self.corrupt(key, "its bytes do not match their checksum (crc32c)")
 
-    def verify(self, keys) -> None:
-        """Checks the checksums of these entries (reads every byte once)."""
+    def verify(self, keys, buffer=None) -> None:
+        """Checks the checksums of these entries (reads every byte once), through `buffer`
+        (READ_BYTES of uint8) when given."""
         for key in keys:
-            for _ in self.pieces(key, np.uint8):
+            for _ in self.pieces(key, np.uint8, buffer=buffer):
                 pass
 
 
