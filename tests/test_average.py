@@ -448,3 +448,18 @@ def test_optimizer_state_false_leaves_the_optimizer_alone(tmp_path):
                    for p in report.taken)
     assert all(np.array_equal(np.array(v), before[id(v)]) for v in target.optimizer.variables)
     assert len(report.averaged) == len(target.weights)
+
+
+def test_writer_averages_sources_of_other_float_dtypes_into_the_firsts(tmp_path):
+    values = np.array([1.0, 2.0 ** -9, -3.25], np.float32)
+    prefixes = []
+    for k, dtype in enumerate((tf.float32, tf.bfloat16, tf.float16)):
+        module = tf.Module()
+        module.v = tf.Variable(tf.constant(values * (k + 1), dtype))
+        prefixes.append(tf.train.Checkpoint(root=module).write(str(tmp_path / f"s{k}")))
+    done = objckpt.average_checkpoints(prefixes, str(tmp_path / "avg"), weights=[1, 1, 2])
+    stored = [tf.train.load_checkpoint(p).get_tensor("v/.ATTRIBUTES/VARIABLE_VALUE")
+              for p in prefixes]
+    got = tf.train.load_checkpoint(done["prefix"]).get_tensor("v/.ATTRIBUTES/VARIABLE_VALUE")
+    assert got.dtype == np.float32
+    assert _ulps(got, _reference(stored, [1, 1, 2], np.float32)) <= 1
