@@ -12,8 +12,9 @@ model created before the clock starts), interleaved round by round (the order re
 other round), the first round a warm-up that also fills the page cache; each figure is the
 median over the other rounds:
 
-- `objckpt.average(obj, 8 prefixes)`: plans every source, checks every checksum, then
-  streams one variable at a time through a float64 accumulator into obj;
+- `objckpt.average(obj, 8 prefixes)`: plans every source, checks every checksum (one read
+  of every byte: nothing may change before all are checked), then reads them again one
+  variable at a time, a window of every source at a time added in float64, into obj;
 - `objckpt.average_checkpoints(8 prefixes, out)`: the model-free writer (what `objckpt
   average` runs), without TensorFlow; writes the averaged checkpoint;
 - the way users write it: `tf.train.load_checkpoint(prefix).get_tensor(name)` of every

@@ -92,8 +92,9 @@ ABOUT = {
         "per-round ratios."),
     "average": (
         "Averaging 8 checkpoints of one model: `objckpt.average(obj, prefixes)` (every source "
-        "planned and its checksums checked first, then one variable at a time through a "
-        "float64 accumulator) and the model-free writer `objckpt.average_checkpoints` (what "
+        "planned and its checksums checked first, then read again one variable at a time, a "
+        "window of every source at a time added in float64) and the model-free writer "
+        "`objckpt.average_checkpoints` (one read, checksums checked as it goes; what "
         "`objckpt average` runs, without TensorFlow) against the way users write it (every "
         "variable of all 8 checkpoints read into NumPy with `tf.train.load_checkpoint`, "
         "`np.mean`, `assign`) and against plain reads of the 8 data files (the limit). Each "
