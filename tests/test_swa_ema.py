@@ -256,6 +256,7 @@ def test_steps_need_a_compiled_optimizer():
 # --- a run's callbacks changed between two fits -------------------------------------------
 
 
+@pytest.mark.filterwarnings("ignore::objckpt.errors.BatchNormStatisticsWarning")
 def test_a_callback_added_or_removed_since_the_checkpoint(tmp_path):
     flavour = session_flavour()
     _, model = make(flavour)
