@@ -262,10 +262,15 @@ def test_a_callback_added_or_removed_since_the_checkpoint(tmp_path):
     _, model = make(flavour)
     fit(model, [Checkpointing(tmp_path / "plain", verbose=0)], epochs=1)
     _, model = make(flavour)
-    swa = SWA()
-    with pytest.warns(RuntimeWarning, match="holds no state of `swa` .* starts afresh"):
-        fit(model, [Checkpointing(tmp_path / "plain", verbose=0), swa], epochs=2)
+    swa, steps = SWA(), SWA(every=3, name="steps")
+    with pytest.warns(RuntimeWarning, match="holds no state of") as seen:
+        fit(model, [Checkpointing(tmp_path / "plain", verbose=0), swa, steps], epochs=2)
+    said = [str(w.message) for w in seen if "holds no state of" in str(w.message)]
+    assert sorted(line.split("`")[1] for line in said) == ["steps", "swa"]
+    assert all("(a callback added since it was written): it starts afresh" in line
+               for line in said)
     assert swa.count == 1  # the epoch trained after the resume
+    assert steps.count == 1  # steps 5 to 8: a multiple of 3 once (step 6)
     assert_bits(network(model), averaged(swa), "an average of one epoch: its weights")
 
     _, model = make(flavour)

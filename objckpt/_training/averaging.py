@@ -88,8 +88,10 @@ class _Averaging(FlavourFreeCallback, _companions.Companion):
             holder = tf.Module(name=self.name)
             holder.model = _mirror((p, past) for p, (_, past) in self.twins.variables().items())
             holder.count = tf.Variable(0, dtype=tf.int64, trainable=False, name="count")
-            holder.seen = tf.Variable(self._step() if self.every != "epoch" else 0,
-                                      dtype=tf.int64, trainable=False, name="seen")
+            # The optimizer step last considered; -1: none yet (the first step considered is
+            # then taken as the one after its predecessor, also in a run resumed from a
+            # checkpoint written before this callback was added).
+            holder.seen = tf.Variable(-1, dtype=tf.int64, trainable=False, name="seen")
             self._holder = holder
         return self._holder
 
@@ -125,6 +127,8 @@ class _Averaging(FlavourFreeCallback, _companions.Companion):
         seen = int(holder.seen.numpy())
         if step <= seen:
             return  # this step was considered (also before a resume: batches skipped)
+        if seen < 0:
+            seen = step - 1
         holder.seen.assign(step)
         if self._epoch >= self.start_epoch and step // self.every > seen // self.every:
             self._update()
@@ -148,6 +152,8 @@ class _Averaging(FlavourFreeCallback, _companions.Companion):
 
     def on_train_begin(self, logs=None):
         _companions.register(self.model, self.name, self)
+        if self.every != "epoch":
+            self._step()  # the optimizer's step counter exists (or a clear error now)
         self.state()
 
     def on_epoch_begin(self, epoch, logs=None):
