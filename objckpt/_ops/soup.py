@@ -9,6 +9,7 @@ soup is left in the model and the trace of every try is reported.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import NamedTuple
 
 from objckpt import errors
@@ -150,7 +151,9 @@ def greedy_soup(obj, sources, score, *, rules=None, at: str | None = None, stric
     warned = [False]
 
     def cook(members, what: str) -> float:
-        _average.average(obj, members, **options)
+        with warnings.catch_warnings():  # the soup warns once itself, below
+            warnings.simplefilter("ignore", errors.BatchNormStatisticsWarning)
+            _average.average(obj, members, **options)
         if recalibrate is not None:
             _batchnorm.recalibrate_batchnorm(obj, recalibrate, steps=recalibrate_steps)
         elif len(members) > 1 and not warned[0]:
