@@ -90,10 +90,24 @@ ABOUT = {
         "limit: no plan, no checks). Each restore is checked bit for bit first. Times in "
         "seconds, median of 3 interleaved rounds after a warm-up; ratio spans are the "
         "per-round ratios."),
+    "average": (
+        "Averaging 8 checkpoints of one model: `objckpt.average(obj, prefixes)` (every source "
+        "planned and its checksums checked first, then read again one variable at a time, a "
+        "window of every source at a time added in float64) and the model-free writer "
+        "`objckpt.average_checkpoints` (one read, checksums checked as it goes; what "
+        "`objckpt average` runs, without TensorFlow) against the way users write it (every "
+        "variable of all 8 checkpoints read into NumPy with `tf.train.load_checkpoint`, "
+        "`np.mean`, `assign`) and against plain reads of the 8 data files (the limit). Each "
+        "operation runs in a fresh child process, interleaved round by round after a warm-up "
+        "round that fills the page cache; times in seconds, medians; peak memory is the "
+        "largest RssAnon (sampled every ~1 ms from /proc/self/status) above its value before "
+        "the operation, the model's own variables included in that baseline, over the "
+        "largest tensor's bytes."),
 }
 
 ORDER = ["foundation", "twins", "migrate", "ensemble", "completeness", "untrusted", "cli",
-         "formats", "distribute", "checkpointing", "io", "wide", "remote", "safetensors"]
+         "formats", "distribute", "checkpointing", "io", "wide", "remote", "safetensors",
+         "average"]
 
 
 def _cell(text) -> str:

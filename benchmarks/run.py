@@ -5,9 +5,10 @@ Usage:
                            [--note TEXT] [--repeats N] [--only a|b]
                            [--section all|foundation|twins|migrate|ensemble|checkpointing|
                                       completeness|untrusted|cli|formats|distribute|io|
-                                      wide|remote|safetensors] ...
+                                      wide|remote|safetensors|average] ...
                            [--steps N] [--batch N] [--migrate-tensors N] [--io-sizes MiB,MiB]
-                           [--wide-sizes N,N,N] [--remote-size-mib MiB] [--merge]
+                           [--wide-sizes N,N,N] [--remote-size-mib MiB]
+                           [--average-size-mib MiB] [--merge]
   python benchmarks/run.py --render results.json --markdown docs/benchmarks.md
 
 Models:
@@ -207,7 +208,7 @@ def main(argv=None) -> int:
                         choices=["all", "foundation", "twins", "migrate", "ensemble",
                                  "checkpointing", "completeness", "untrusted", "cli",
                                  "formats", "distribute", "io", "wide", "remote",
-                                 "safetensors"],
+                                 "safetensors", "average"],
                         help="run this section (repeatable; default all)")
     parser.add_argument("--migrate-tensors", type=int, default=16,
                         help="float32 4096x4096 tensors in the migrate source (16: ~1.07 GB)")
@@ -220,6 +221,9 @@ def main(argv=None) -> int:
     parser.add_argument("--safetensors-layers", type=int, default=2,
                         help="section safetensors: decoder layers of the Llama backbone "
                         "(2: a ~215 MB file)")
+    parser.add_argument("--average-size-mib", type=float, default=512,
+                        help="section average: the size of each of the 8 checkpoints in MiB "
+                        "(16 for a smoke run)")
     parser.add_argument("--merge", action="store_true",
                         help="with --json: keep the existing file's sections this run did "
                         "not run (and its command), adding this run's")
@@ -465,6 +469,13 @@ def run(args, argv, earlier: dict | None = None) -> dict:
             show("safetensors", "[safetensors: a Hugging Face folder into a keras-hub "
                  f"backbone] {result['model']}", result, "safetensors",
                  printer=bench_safetensors.print_result)
+    if wanted("average") and args.only != "b":
+        import bench_average
+
+        result = bench_average.bench_average(args.average_size_mib,
+                                             max(1, min(args.repeats, 3)))
+        show("average", f"[average] {result['model']}", result, "average", many=False,
+             printer=bench_average.print_result)
     return out
 
 

@@ -18,6 +18,7 @@ from objckpt import errors as errors
 __version__ = "0.1.0"
 
 __all__ = [
+    "AverageReport",
     "CheckpointManager",
     "CheckpointTree",
     "Diff",
@@ -32,19 +33,24 @@ __all__ = [
     "RetentionPolicy",
     "SaveHandle",
     "Snapshot",
+    "SoupReport",
     "Twins",
     "VariableTree",
     "VerifyReport",
     "callbacks",
     "clone",
     "diff",
+    "average",
+    "average_checkpoints",
     "errors",
     "export",
     "graph",
+    "greedy_soup",
     "load_ensemble",
     "migrate",
     "plan",
     "read_tree",
+    "recalibrate_batchnorm",
     "restore",
     "restore_on_create",
     "rules",
@@ -78,9 +84,15 @@ _LAZY = {
     "restore_on_create": "_ops.deferred",
     "migrate": "_ops.migrate",
     "export": "_ops.export",
+    "AverageReport": "_ops.average",
+    "average": "_ops.average",
+    "average_checkpoints": "_ops.averaging",
     "Ensemble": "_ops.ensemble",
     "load_ensemble": "_ops.ensemble",
     "Freezer": "_ops.freeze",
+    "SoupReport": "_ops.soup",
+    "greedy_soup": "_ops.soup",
+    "recalibrate_batchnorm": "_ops.batchnorm",
     "Diff": "_inspect.diff",
     "diff": "_inspect.diff",
     "Graph": "_inspect.graph",
@@ -98,12 +110,16 @@ if TYPE_CHECKING:
     from objckpt._inspect.graph import graph as graph
     from objckpt._inspect.verify import VerifyReport as VerifyReport
     from objckpt._inspect.verify import verify as verify
+    from objckpt._ops.average import AverageReport as AverageReport
+    from objckpt._ops.average import average as average
+    from objckpt._ops.averaging import average_checkpoints as average_checkpoints
     from objckpt._ops.clone import clone as clone
     from objckpt._ops.deferred import PendingRestore as PendingRestore
     from objckpt._ops.deferred import restore_on_create as restore_on_create
     from objckpt._ops.ensemble import Ensemble as Ensemble
     from objckpt._ops.ensemble import load_ensemble as load_ensemble
     from objckpt._ops.export import export as export
+    from objckpt._ops.batchnorm import recalibrate_batchnorm as recalibrate_batchnorm
     from objckpt._ops.freeze import Freezer as Freezer
     from objckpt._ops.migrate import migrate as migrate
     from objckpt._ops.restore import RestoreReport as RestoreReport
@@ -112,6 +128,8 @@ if TYPE_CHECKING:
     from objckpt._ops.save import save as save
     from objckpt._ops.snapshot import Snapshot as Snapshot
     from objckpt._ops.snapshot import snapshot as snapshot
+    from objckpt._ops.soup import SoupReport as SoupReport
+    from objckpt._ops.soup import greedy_soup as greedy_soup
     from objckpt._ops.twins import Twins as Twins
     from objckpt._planning.match import Match as Match
     from objckpt._planning.match import Plan as Plan

@@ -11,8 +11,9 @@ from objckpt import errors
 from objckpt._base import api as _api
 from objckpt._base import options as _options
 from objckpt._training import retention as _retention
+from objckpt._training.averaging import EMA, SWA
 
-__all__ = ["BestSnapshot", "Checkpointing", "FreezeSchedule", "TwinSync"]
+__all__ = ["EMA", "SWA", "BestSnapshot", "Checkpointing", "FreezeSchedule", "TwinSync"]
 
 _BASES: dict = {}
 _DEFAULT = _retention.DEFAULT  # a retention keyword not passed
@@ -244,6 +245,8 @@ class Checkpointing(_FlavourFreeCallback):
     (the model's variables include its optimizer's), listed in TF's
     `checkpoint` state file: `tf.train.latest_checkpoint(directory)` and
     `objckpt.restore(model, directory, at="model")` both find the newest.
+    The state that callbacks of the same fit keep beside the model (the averages of
+    `SWA` and `EMA`) is saved and resumed with it, under their names (`swa/...`).
 
     On `on_train_begin` the newest intact checkpoint is restored (weights,
     optimizer state, epoch and batch), and fit goes on from there: a run

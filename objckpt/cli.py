@@ -57,6 +57,17 @@ Commands:
       directory means every checkpoint its state file names (without a state
       file: every checkpoint in it).
 
+  objckpt average OUT SRC... [--weights W1,W2,...] [--non-weights last|first]
+      Writes the weighted mean of N checkpoints of one structure (prefixes,
+      directories or URLs) as a checkpoint at prefix OUT (local) laid out
+      like the first SRC (same keys and object graph). Floating-point
+      weights are averaged in float64 and rounded once into their dtype;
+      integers, counters, random-generator state and optimizer state are
+      copied from the last SRC (--non-weights first: the first). Weights:
+      one finite number >= 0 per SRC, divided by their sum (default equal).
+      Every SRC is checked against the first before anything is written;
+      tensors are streamed one at a time.
+
   objckpt demo [--out DIR] [--epochs N]
       A tour of a few seconds on a small Keras 3 model: Twins + TwinSync and
       Checkpointing during fit, restoring the best state, a TF1 Saver
@@ -70,7 +81,7 @@ and credentials come from each client's standard settings
 (STORAGE_EMULATOR_HOST; AWS_ENDPOINT_URL and the AWS credential variables).
 A remote checkpoint is downloaded into a private local copy, removed after.
 
-inspect, diff and graph (DOT text) read checkpoints without importing
+inspect, diff, graph (DOT text) and average read checkpoints without importing
 TensorFlow (local or remote) and answer in about a second; the other commands import it and
 keep its start-up log lines off the terminal (errors still show).
 
@@ -151,6 +162,15 @@ def _parse(argv):
                        help="also draw objects with no variables below them")
     verify = commands.add_parser("verify", help="check checksums and the object graph")
     verify.add_argument("source", metavar="PREFIX|DIRECTORY")
+    average = commands.add_parser("average", help="write the weighted mean of checkpoints")
+    average.add_argument("out", metavar="OUT", help="prefix to write")
+    average.add_argument("sources", metavar="SRC", nargs="+",
+                         help="checkpoint prefixes or directories of one structure")
+    average.add_argument("--weights", type=_weights, default=None, metavar="W1,W2,...",
+                         help="one weight per SRC, divided by their sum (default: equal)")
+    average.add_argument("--non-weights", choices=("last", "first"), default="last",
+                         help="the SRC integers, counters and optimizer state are copied "
+                              "from (default: last)")
     demo = commands.add_parser("demo", help=f"a tour on a small Keras 3 model ({_demo.DURATION})")
     demo.add_argument("--out", metavar="DIR", help="where to write (default: a new temp dir)")
     demo.add_argument("--epochs", type=_depth, default=6, metavar="N",
@@ -387,6 +407,27 @@ def _verify(args) -> int:
     return 0 if report.ok else 1
 
 
+def _weights(text: str) -> list:
+    try:
+        return [float(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected numbers separated by commas, e.g. 1,1,2; got {text!r}") from None
+
+
+def _average(args) -> int:
+    from objckpt._ops import averaging as _averaging
+
+    done = _averaging.average_checkpoints(args.sources, args.out, weights=args.weights,
+                                          non_weights=args.non_weights)
+    shares = ", ".join(f"{w:.4g}" for w in done["weights"])
+    print(f"wrote {_render.safe(done['prefix'])}: averaged {len(done['averaged'])} variables "
+          f"over {len(done['sources'])} checkpoints (weights {shares}); "
+          f"{len(done['taken'])} other variables copied from "
+          f"{_render.safe(done['sources'][done['taken_from']])}")
+    return 0
+
+
 def _demo(args) -> int:
     from objckpt._cli import demo as _demo
 
@@ -394,7 +435,8 @@ def _demo(args) -> int:
 
 
 _COMMANDS = {"inspect": (_inspect, False), "diff": (_diff, False), "graph": (_graph, False),
-             "migrate": (_migrate, True), "verify": (_verify, True), "demo": (_demo, True)}
+             "migrate": (_migrate, True), "verify": (_verify, True),
+             "average": (_average, False), "demo": (_demo, True)}
 
 
 def main(args) -> int:

@@ -55,6 +55,7 @@ import os
 
 __all__ = [
     "AmbiguousMatchError",
+    "BatchNormStatisticsWarning",
     "CheckpointCorruptError",
     "CheckpointDirectoryError",
     "CheckpointNotFoundError",
@@ -338,6 +339,12 @@ class MissingDependencyError(UsageError, ImportError):
 class IncompatibleTensorFlowError(UsageError, ImportError):
     """This TensorFlow lacks a TF/Keras internal objckpt needs (it names the version and the
     missing name); objckpt refuses rather than fall back to something silently wrong."""
+
+
+class BatchNormStatisticsWarning(UserWarning):
+    """A model averaged from others (SWA, a soup, `objckpt.average`) holds the mean of their
+    BatchNorm moving statistics, which are not the statistics of the averaged weights; a
+    warning, not an error: `objckpt.recalibrate_batchnorm(model, data)` recomputes them."""
 
 
 # --- filling `source` and `obj` at the public entry points ---------------------------------

@@ -144,24 +144,46 @@ def _pwrite_all(fd: int, view, offset: int) -> None:
 
 # --- the index table ------------------------------------------------------------------
 
-def _header() -> bytes:
-    from tensorflow.core.protobuf import tensor_bundle_pb2
+def _field_varint(out: bytearray, number: int, value: int) -> None:
+    """A varint field, left out when 0 (proto3, as TF serializes it)."""
+    if value:
+        _put_varint(out, number << 3)
+        _put_varint(out, value & 0xFFFFFFFFFFFFFFFF)
 
-    header = tensor_bundle_pb2.BundleHeaderProto(num_shards=1)
-    header.version.producer = 1
-    return header.SerializeToString(deterministic=True)
+
+def _field_bytes(out: bytearray, number: int, value: bytes) -> None:
+    _put_varint(out, (number << 3) | 2)
+    _put_varint(out, len(value))
+    out += value
+
+
+def _header() -> bytes:
+    """TF's `BundleHeaderProto(num_shards=1, version=VersionDef(producer=1))`, serialized
+    as protobuf does (deterministic), without importing TF's protos."""
+    out, version = bytearray(), bytearray()
+    _field_varint(out, 1, 1)  # num_shards
+    _field_varint(version, 1, 1)  # producer
+    _field_bytes(out, 3, bytes(version))
+    return bytes(out)
 
 
 def _entry(item: Item) -> bytes:
-    from tensorflow.core.protobuf import tensor_bundle_pb2
-
-    entry = tensor_bundle_pb2.BundleEntryProto(dtype=item.dtype, shard_id=0,
-                                               offset=item.offset, size=item.size,
-                                               crc32c=item.crc)
-    entry.shape.SetInParent()  # TF writes a scalar's (empty) shape too
+    """The item's `BundleEntryProto` (dtype, shape, shard 0, offset, size, masked crc32c),
+    serialized as protobuf does (deterministic; fields equal to 0 left out, the shape always
+    written, as TF's writer sets it), without importing TF's protos."""
+    out, shape = bytearray(), bytearray()
+    _field_varint(out, 1, item.dtype)
     for size in item.shape:
-        entry.shape.dim.add(size=size)
-    return entry.SerializeToString(deterministic=True)
+        dim = bytearray()
+        _field_varint(dim, 1, size)
+        _field_bytes(shape, 2, bytes(dim))
+    _field_bytes(out, 2, bytes(shape))
+    _field_varint(out, 4, item.offset)
+    _field_varint(out, 5, item.size)
+    if item.crc:
+        _put_varint(out, (6 << 3) | 5)  # fixed32
+        out += struct.pack("<I", item.crc)
+    return bytes(out)
 
 
 # TF's table options (tensorflow/tsl/lib/io/table_options.h): 256 KiB blocks, a restart

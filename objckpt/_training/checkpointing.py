@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import warnings
 
 import tensorflow as tf
@@ -109,6 +110,8 @@ class CheckpointDirectory:
         default, `_fastio.DURABLE_DEFAULT`).
       fingerprint: a callable giving a cheap identity of obj's variables, for
         caching obj's tree between saves; None walks obj on every save.
+      extras: {name: trackable} saved and restored beside obj and the counters, as
+        `root.<name>` (the state callbacks keep for the model: `_training.companions`).
 
     Attributes:
       directory: the absolute path.
@@ -125,7 +128,8 @@ class CheckpointDirectory:
     """
 
     def __init__(self, directory, obj, *, retention: RetentionPolicy | None = None,
-                 async_save=False, on_error="raise", fingerprint=None, durable=None):
+                 async_save=False, on_error="raise", fingerprint=None, durable=None,
+                 extras=None):
         directory = os.fspath(directory)
         self.directory = (directory.rstrip("/") if _remote.is_remote(directory)
                           else os.path.abspath(directory))
@@ -135,7 +139,9 @@ class CheckpointDirectory:
         self.counters = {name: tf.Variable(0, dtype=tf.int64, trainable=False, name=name)
                          for name in COUNTERS}
         self.metric = tf.Variable(math.nan, dtype=tf.float64, trainable=False, name=METRIC)
-        self.root = tf.train.Checkpoint(model=obj, **self.counters, **{METRIC: self.metric})
+        self.extras = dict(extras or {})
+        self.root = tf.train.Checkpoint(model=obj, **self.counters, **{METRIC: self.metric},
+                                        **self.extras)
         self.notes: list[str] = []
         self.failures = self.skipped = 0
         self.checkpoints = KeptCheckpoints(self.retention, self.commits)
@@ -246,7 +252,8 @@ class CheckpointDirectory:
         """
         _ready_to_restore(self.root.model, kept, who, when)
         if self._workers is None:
-            _restore.restore(self.root, kept.prefix)
+            root, rules = _root_for(self, kept)
+            _restore.restore(root, kept.prefix, rules=rules)
         else:
             self._workers.restore(kept)
         return {name: int(v.numpy()) for name, v in self.counters.items()}
@@ -397,3 +404,27 @@ def _ready_to_restore(obj, kept: Kept, who: str, when: str) -> None:
     if variables is not None and callable(getattr(optimizer, "apply_gradients", None)):
         with _checks.creation_scope(_tree.tree(obj).values()):  # slots mirrored too
             _compat.build_optimizer(optimizer, variables)
+
+
+def _root_for(self: CheckpointDirectory, kept: Kept) -> tuple:
+    """(the root to restore `kept` into, rules dropping what it cannot take): the state of
+    a callback added since `kept` was written starts afresh, and that of a callback not
+    in this fit stays in the file (`_training.companions`), each with a warning."""
+    from objckpt._training import companions as _companions
+
+    missing, unused = _companions.reconcile(list(_tree.read_tree(kept.prefix)), self.extras)
+    if not missing and not unused:
+        return self.root, ()
+    for name in missing:
+        self._warn(f"Checkpointing: {kept.prefix} holds no state of `{name}` (a callback "
+                   "added since it was written): it starts afresh from the resumed model.")
+    for name in unused:
+        self._warn(f"Checkpointing: {kept.prefix} holds the state of `{name}` and no "
+                   "callback of this fit keeps it: it is left unused. Fix: pass that "
+                   "callback to fit (e.g. objckpt.callbacks.SWA) to continue it.")
+    if not missing:
+        return self.root, tuple((f"^{re.escape(name)}/", None) for name in unused)
+    extras = {n: v for n, v in self.extras.items() if n not in missing}
+    root = tf.train.Checkpoint(model=self.root.model, **self.counters,
+                               **{METRIC: self.metric}, **extras)
+    return root, tuple((f"^{re.escape(name)}/", None) for name in unused)

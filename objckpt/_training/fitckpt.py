@@ -16,6 +16,7 @@ import warnings
 
 from objckpt import _compat
 from objckpt._training import checkpointing as _checkpointing
+from objckpt._training import companions as _companions
 
 
 class FitCheckpointer:
@@ -38,10 +39,13 @@ class FitCheckpointer:
         cb = self.callback
         if self.manager is not None:
             self.manager.release()  # an earlier fit of ours that raised
-        if self.manager is None or self.manager.root.model is not model:
+        extras = _companions.saved_with(model)  # state callbacks keep beside the model
+        if self.manager is None or self.manager.root.model is not model or \
+                self.manager.extras.keys() != extras.keys() or \
+                any(self.manager.extras[k] is not v for k, v in extras.items()):
             self.manager = _checkpointing.CheckpointDirectory(
                 cb.directory, model, retention=cb.retention, async_save=cb.async_save,
-                on_error=cb.on_error, durable=getattr(cb, "durable", None),
+                on_error=cb.on_error, durable=getattr(cb, "durable", None), extras=extras,
                 fingerprint=lambda: _compat.fingerprint(model))
         cb.manager, cb.saved, cb.resumed_from = self.manager, [], None
         _compat.unskip_fit_batches(model)
@@ -146,6 +150,7 @@ class FitCheckpointer:
             self._warned_monitor = True
             warnings.warn(monitor_missing(cb.monitor, logs, cb.save_freq, mid_epoch),
                           stacklevel=4)
+        _companions.before_save(cb.model, epoch_end=not mid_epoch)
         counters = self.manager.counters
         for name, number in (("epoch", self.epoch), ("step", self.step), ("batch", self.batch)):
             counters[name].assign(number)

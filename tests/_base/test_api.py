@@ -37,6 +37,7 @@ READERS = {
     "plan": (("obj", "source"), ()),
     "migrate": (("obj", "source"), ("prefix",)),
     "load_ensemble": (("template", "sources"), ()),
+    "average": (("obj", "sources"), ()),
 }
 # The options every reader takes, with their one default.
 SHARED = {"rules": None, "at": None, "strict": True, "optimizer_state": "auto"}
@@ -52,8 +53,9 @@ OPTION_CLASSES = {
     "objckpt.callbacks.FreezeSchedule": ("schedule",),
 }
 # Records objckpt returns (reports, plans, trees, handles): built by objckpt, not by users.
-RECORDS = {"CheckpointTree", "Diff", "Entry", "Graph", "Match", "PendingRestore", "Plan",
-           "RestoreReport", "SaveHandle", "VariableTree", "VerifyReport"}
+RECORDS = {"AverageReport", "CheckpointTree", "Diff", "Entry", "Graph", "Match",
+           "PendingRestore", "Plan", "RestoreReport", "SaveHandle", "VariableTree",
+           "VerifyReport"}
 # Methods whose second positional parameter is data, not an option: the Mapping protocol's
 # `get(key, default)`, `Twins.sync(tau)` (what the call does), `CheckpointManager.save(step,
 # metrics)` (what it saves), `Graph.render/save(format)`, `SaveHandle.result(timeout)` (as
