@@ -99,29 +99,37 @@ MENTIONS = ("objckpt", "docs", "benchmarks", "colab", "tests", "README.md", "nox
 
 # --- reading the four places -----------------------------------------------------------------
 
-def package_files(package: pathlib.Path) -> dict[str, list[str]]:
-    """{"": the top-level modules and packages, "<sub-package>": its modules} from the files
-    (each name without `.py`; `__init__` left out, `__main__` kept)."""
-    found: dict[str, list[str]] = {"": []}
+def package_files(package: pathlib.Path, key: str = "") -> dict[str, list[str]]:
+    """{"": the top-level modules and packages, "<sub-package>": its modules and packages,
+    "<sub-package>/<package>": a package inside it, its modules, ...} from the files (each name
+    without `.py`; `__init__` left out, `__main__` kept)."""
+    found: dict[str, list[str]] = {key: []}
     for path in sorted(package.iterdir()):
         if path.is_dir() and (path / "__init__.py").exists():
-            found[""].append(path.name)
-            found[path.name] = sorted(p.stem for p in path.glob("*.py") if p.stem != "__init__")
+            found[key].append(path.name)
+            found.update(package_files(path, f"{key}/{path.name}".lstrip("/")))
         elif path.suffix == ".py" and path.stem != "__init__":
-            found[""].append(path.stem)
+            found[key].append(path.stem)
+    found[key].sort()
     return found
+
+
+def dotted(key: str) -> str:
+    """A package's key (`_ops/freeze`) as import-linter names it (`objckpt._ops.freeze`)."""
+    return "objckpt" + ("." + key.replace("/", ".") if key else "")
 
 
 def contract_layers(pyproject: dict, package: str = "objckpt") -> dict[str, list[set[str]]]:
     """{"": the `layers` contract over the top-level names, "<sub-package>": its contract's
-    layers}, each layer a set of names (`a | b` and `a : b` are one layer)."""
+    layers, "<sub-package>/<package>": a nested package's}, each layer a set of names (`a | b`
+    and `a : b` are one layer)."""
     layers: dict[str, list[set[str]]] = {}
     for contract in pyproject["tool"]["importlinter"]["contracts"]:
         if contract["type"] != "layers":
             continue
         containers = contract.get("containers", [])
         for container in containers or [package]:
-            key = "" if container == package else container[len(package) + 1:]
+            key = "" if container == package else container[len(package) + 1:].replace(".", "/")
             prefix = "" if containers else package + "."
             layers[key] = [{name.strip(" ()")[len(prefix):] for name in re.split(r"[|:]", layer)}
                            for layer in contract["layers"]]
@@ -130,30 +138,49 @@ def contract_layers(pyproject: dict, package: str = "objckpt") -> dict[str, list
 
 @dataclass
 class Entry:
-    """One line of docs/layout.md's tree (a package's text includes its module lines)."""
+    """One line of docs/layout.md's tree (a package's text includes its lines below it; its
+    `children` are the entries of its modules and packages, `modules` their names)."""
 
     name: str
     package: bool
     text: str
     modules: list[str] = field(default_factory=list)
+    children: list[Entry] = field(default_factory=list)
 
 
 def layout_entries(markdown: str) -> list[Entry]:
     """The `objckpt/` tree of docs/layout.md: its top-level entries in order, each package's
-    module lines in order."""
+    module and package lines in order (two more spaces of indent each level down; a line
+    indented deeper than one level below the last package continues the line above)."""
     block = re.search(r"```text\nobjckpt/\n(.*?)```", markdown, re.S)
     assert block, "docs/layout.md has no ```text block starting with `objckpt/`"
-    entries: list[Entry] = []
+    root = Entry("", True, "")
+    open_: list[Entry] = [root]  # the last entry of each level, outermost first
     for line in block.group(1).splitlines():
-        entry = re.match(r"^( {2}| {4})(\w+)(\.py|/)(?=\s|$)(.*)$", line)
-        if entry and len(entry.group(1)) == 2:
-            entries.append(Entry(entry.group(2), entry.group(3) == "/", entry.group(4)))
-        elif entry and entries and entries[-1].package:
-            entries[-1].modules.append(entry.group(2))
-            entries[-1].text += " " + entry.group(2) + entry.group(4)
-        elif entries and line.strip():
-            entries[-1].text += " " + line.strip()
-    return entries
+        entry = re.match(r"^((?:  )+)(\w+)(\.py|/)(?=\s|$)(.*)$", line)
+        depth = len(entry.group(1)) // 2 if entry else 0
+        if entry and depth <= len(open_) and open_[depth - 1].package:
+            del open_[depth:]
+            last = Entry(entry.group(2), entry.group(3) == "/", entry.group(4))
+            parent = open_[-1]
+            parent.children.append(last)
+            parent.modules.append(last.name)
+            for above in open_[1:]:
+                above.text += " " + last.name + last.text
+            open_.append(last)
+        elif line.strip():
+            for above in open_[1:]:
+                above.text += " " + line.strip()
+    return root.children
+
+
+def package_entries(entries: list[Entry], key: str = ""):
+    """(key, entry) of every package entry of the tree, nested ones included (`_ops/freeze`)."""
+    for entry in entries:
+        if entry.package:
+            at = f"{key}/{entry.name}".lstrip("/")
+            yield at, entry
+            yield from package_entries(entry.children, at)
 
 
 def docstring_of(package: pathlib.Path, name: str) -> str:
@@ -177,6 +204,11 @@ def _order_problems(where: str, listed: list[str], layers: list[set[str]]) -> li
     return []
 
 
+def _key(package: str, name: str) -> str:
+    """The key of `name` inside `package` (`_ops`, `freeze` -> `_ops/freeze`)."""
+    return f"{package}/{name}".lstrip("/")
+
+
 def contract_problems(files: dict, layers: dict) -> list[str]:
     """Every module file is in the contracts, and every name a contract lists is a file."""
     problems = []
@@ -189,18 +221,18 @@ def contract_problems(files: dict, layers: dict) -> list[str]:
             continue
         if package not in layers:
             problems.append(f"{where} has no layers contract in pyproject.toml: add one "
-                            f"(containers = [\"objckpt.{package}\"]) listing {names}")
+                            f"(containers = [\"{dotted(package)}\"]) listing {names}")
             continue
         listed = {name for layer in layers[package] for name in layer}
         for name in sorted(set(names) - listed):
-            shown = name + ("/" if not package and name in files else ".py")
+            shown = name + ("/" if _key(package, name) in files else ".py")
             problems.append(f"{where}{shown} is in no contract: add it to pyproject.toml's "
-                            f"layers of {'objckpt' if not package else 'objckpt.' + package}")
+                            f"layers of {dotted(package)}")
         for name in sorted(listed - set(names)):
             problems.append(f"pyproject.toml's contract of {where} names `{name}`, which is "
                             "no module there")
     for package in sorted(set(layers) - set(files)):
-        problems.append(f"pyproject.toml has a contract for objckpt.{package}, no such package")
+        problems.append(f"pyproject.toml has a contract for {dotted(package)}, no such package")
     for package in sorted(set(UNLAYERED) - set(files)):
         problems.append(f"UNLAYERED names objckpt/{package}/, no such package")
     return problems
@@ -216,19 +248,24 @@ def layout_problems(files: dict, layers: dict, entries: list[Entry]) -> list[str
         problems.append(f"docs/layout.md lists objckpt/{name}, which does not exist")
     if "" in layers:
         problems += _order_problems("docs/layout.md's top level", top, layers[""])
-    for entry in entries:
-        if not entry.package or entry.name not in files:
-            continue
-        where = f"docs/layout.md under {entry.name}/"
-        modules = [m for m in files[entry.name] if not m.startswith("__")]
-        for name in entry.modules:
+    for key, entry in package_entries(entries):
+        if key not in files:
+            continue  # a top-level one is reported above, a nested one under its package
+        where = f"docs/layout.md under {key}/"
+        modules = [m for m in files[key] if not m.startswith("__")]
+        for name, child in zip(entry.modules, entry.children):
+            shown = name + ("/" if child.package else ".py")
             if name not in modules:
-                problems.append(f"{where}: lists {name}.py, which does not exist")
-        if entry.name in layers:
+                problems.append(f"{where}: lists {shown}, which does not exist")
+            elif child.package != (_key(key, name) in files):
+                problems.append(f"{where}: lists {shown}, which is a "
+                                f"{'module' if child.package else 'package'}")
+        if key in layers:
             for name in modules:
                 if name not in entry.modules:
-                    problems.append(f"docs/layout.md does not list objckpt/{entry.name}/{name}.py")
-            problems += _order_problems(where, entry.modules, layers[entry.name])
+                    shown = name + ("/" if _key(key, name) in files else ".py")
+                    problems.append(f"docs/layout.md does not list objckpt/{key}/{shown}")
+            problems += _order_problems(where, entry.modules, layers[key])
         else:
             words = set(re.findall(r"\w+", entry.text))
             for name in modules:
@@ -238,32 +275,34 @@ def layout_problems(files: dict, layers: dict, entries: list[Entry]) -> list[str
 
 
 def docstring_problems(entries: list[Entry], files: dict, docstrings: dict) -> list[str]:
-    """Each sub-package's docstring names (in backticks) every module listed under it."""
+    """Each sub-package's docstring (a nested package's too) names (in backticks) every module
+    and package listed under it."""
     problems = []
-    for entry in entries:
-        if not entry.package or entry.name not in docstrings:
+    for key, entry in package_entries(entries):
+        if key not in docstrings:
             continue
-        named = re.findall(r"`([\w<>]+)`", docstrings[entry.name])
+        named = re.findall(r"`([\w<>]+)`", docstrings[key])
         patterns = [re.sub(r"<\w+>", "*", n) for n in named]
-        modules = entry.modules or [m for m in files.get(entry.name, []) if not m.startswith("__")]
+        modules = entry.modules or [m for m in files.get(key, []) if not m.startswith("__")]
         for module in modules:
             if not any(fnmatch.fnmatchcase(module, p) for p in patterns):
-                problems.append(f"objckpt/{entry.name}/__init__.py's docstring does not name "
+                problems.append(f"objckpt/{key}/__init__.py's docstring does not name "
                                 f"`{module}`, which docs/layout.md lists under it")
     return problems
 
 
 def naming_problems(package: pathlib.Path, tests: pathlib.Path,
                        exempt: dict | None = None) -> list[str]:
-    """Every module has tests/<package>/test_<module>.py or test_<module>_<aspect>.py (or a
-    reason in NO_TEST_FILE), and every test file of a package's folder is named after one of
-    its modules."""
+    """Every module has tests/<package>/test_<module>.py or test_<module>_<aspect>.py (a nested
+    package's module: tests/<package>/<nested>/test_<module>.py; or a reason in NO_TEST_FILE),
+    and every test file of a package's folder is named after one of its modules or packages
+    (`tests/_ops/test_freeze.py`: the tests of the package objckpt/_ops/freeze/ as a whole)."""
     exempt = NO_TEST_FILE if exempt is None else exempt
     files = package_files(package)
     problems, used = [], set()
     for sub, modules in files.items():
         for module in modules:
-            if module.startswith("__") or (not sub and module in files):
+            if module.startswith("__") or _key(sub, module) in files:
                 continue  # the facade, `python -m`; a package's modules are its own
             source = f"{package.name}/{sub + '/' if sub else ''}{module}.py"
             test = tests / sub / f"test_{module}.py"
@@ -281,18 +320,23 @@ def naming_problems(package: pathlib.Path, tests: pathlib.Path,
                                 "where it is tested)")
     for rule in sorted(set(exempt) - used):
         problems.append(f"NO_TEST_FILE names {rule}, which matches no module: take it out")
-    for folder in sorted(p for p in tests.iterdir() if p.is_dir()):
-        if folder.name in OTHER_FOLDERS:
-            continue
-        if folder.name not in files:
-            problems.append(f"tests/{folder.name}/ is named after no package of objckpt/ "
-                            f"(others: {sorted(OTHER_FOLDERS - {'__pycache__'})})")
+    folders = sorted(p for p in tests.rglob("*") if p.is_dir()
+                     and p.relative_to(tests).parts[0] not in OTHER_FOLDERS
+                     and p.name != "__pycache__")
+    for folder in folders:
+        key = folder.relative_to(tests).as_posix()
+        if key not in files:
+            if key.rpartition("/")[0] in files:  # else its parent folder is the problem
+                others = "" if "/" in key else \
+                    f" (others: {sorted(OTHER_FOLDERS - {'__pycache__'})})"
+                problems.append(f"tests/{key}/ is named after no package of objckpt/"
+                                f"{key.rpartition('/')[0] + '/' if '/' in key else ''}{others}")
             continue
         for test in sorted(folder.glob("test_*.py")):
             stem = test.stem[len("test_"):]
-            if not any(stem == m or stem.startswith(m + "_") for m in files[folder.name]):
-                problems.append(f"tests/{folder.name}/{test.name} is named after no module of "
-                                f"objckpt/{folder.name}/: test_<module>[_<aspect>].py")
+            if not any(stem == m or stem.startswith(m + "_") for m in files[key]):
+                problems.append(f"tests/{key}/{test.name} is named after no module of "
+                                f"objckpt/{key}/: test_<module>[_<aspect>].py")
     for test in sorted(tests.glob("test_*.py")):
         if test.stem[len("test_"):] not in files[""] and test.name not in WHOLE_PACKAGE_TESTS:
             problems.append(f"tests/{test.name} is named after no top-level module of "
