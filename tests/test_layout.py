@@ -50,7 +50,7 @@ UNLAYERED = {
 NO_TEST_FILE = {
     "objckpt/callbacks.py": "each callback is tested with what it drives: Checkpointing and "
                             "BestSnapshot in _training/test_checkpointing.py, TwinSync in "
-                            "_ops/test_twins.py, FreezeSchedule in _ops/test_freeze.py",
+                            "_ops/test_twins.py, FreezeSchedule in _ops/freeze/test_freezer.py",
     "objckpt/_compat/*.py": "TF's and Keras's private APIs, tested through the operations that "
                             "use them in every flavour (tests/_compat/ holds the ones with a "
                             "behaviour of their own)",
@@ -65,6 +65,13 @@ NO_TEST_FILE = {
                               "files in _formats/test_kerash5.py and test_legacyh5.py",
     "objckpt/_formats/savedobjects.py": "saved_model.pb decoded, tested in "
                                         "_formats/test_savedmodel.py",
+    "objckpt/_ops/clone/*.py": "the copiers of each kind and the walk, tested through clone in "
+                               "_ops/clone/test_api.py (every kind, sharing, cycles, weak "
+                               "references) and the table's dispatch in _ops/clone/test_table.py",
+    "objckpt/_ops/freeze/*.py": "the Freezer's parts (its routes, guard, skipped updates and "
+                                "selection), tested through the Freezer in "
+                                "_ops/freeze/test_freezer.py and _ops/freeze/test_fit.py, with "
+                                "every optimizer kind",
     "objckpt/_planning/checks.py": "why a plan cannot be applied: the errors of "
                                    "_planning/test_match.py and _base/test_names.py",
     "objckpt/_planning/optstate.py": "optimizer state by owner, tested by restores with "
@@ -79,6 +86,12 @@ NO_TEST_FILE = {
                                        "integration/test_cross_flavour.py",
     "objckpt/_planning/targets.py": "the obj's variables indexed, tested through every plan "
                                     "(_planning/test_match.py, _base/test_names.py)",
+    "objckpt/_training/commit.py": "the commit protocol, tested by crashing a save at every "
+                                   "stage in _training/test_checkpointing.py (SIGKILLs, debris "
+                                   "cleaned, the newest checkpoint kept, the lock)",
+    "objckpt/_training/multiworker.py": "the multi-worker protocol needs several processes: "
+                                        "distributed/test_distribute_fit.py (a follower, each "
+                                        "worker's failure) and distributed/test_multiworker.py",
     "objckpt/_training/fitckpt.py": "resuming `model.fit`, tested in "
                                     "_training/test_checkpointing.py and "
                                     "integration/test_resume.py",
@@ -504,11 +517,14 @@ def test_test_files_that_drift(copy):
 
 
 def test_stale_exemptions(copy):
-    exempt = {**NO_TEST_FILE, "objckpt/_ops/clone.py": "tested elsewhere",
+    exempt = {**NO_TEST_FILE, "objckpt/_ops/clone/api.py": "tested elsewhere",
+              "objckpt/_ops/clone.py": "a module that became a package",
               "objckpt/_gone/*.py": "a package that was renamed"}
     assert naming_problems(copy / "objckpt", copy / "tests", exempt) == [
-        "objckpt/_ops/clone.py has tests/_ops/test_clone.py: take it out of NO_TEST_FILE",
+        "objckpt/_ops/clone/api.py has tests/_ops/clone/test_api.py: take it out of "
+        "NO_TEST_FILE",
         "NO_TEST_FILE names objckpt/_gone/*.py, which matches no module: take it out",
+        "NO_TEST_FILE names objckpt/_ops/clone.py, which matches no module: take it out",
     ]
 
 
@@ -520,3 +536,75 @@ def test_a_mention_of_a_moved_test_file(tmp_path):
         "See tests/_ops/test_clone.py and tests/test_clone.py; not a/tests/x.py.\n")
     assert mention_problems(tmp_path) == [
         "docs/a.md mentions tests/test_clone.py, which does not exist"]
+
+
+# --- a package inside a package (objckpt/_ops/freeze/): the same checks one level down -----
+
+def test_a_new_module_of_a_nested_package_is_missed_in_every_place(copy):
+    (copy / "objckpt" / "_ops" / "freeze" / "extra.py").write_text('"""A new module."""\n')
+    problems = _all_problems(copy)
+    assert problems == [
+        "objckpt/_ops/freeze/extra.py is in no contract: add it to pyproject.toml's layers "
+        "of objckpt._ops.freeze",
+        "docs/layout.md does not list objckpt/_ops/freeze/extra.py",
+    ], problems  # (its test file: NO_TEST_FILE's `objckpt/_ops/freeze/*.py` says where)
+    exempt = {k: v for k, v in NO_TEST_FILE.items() if not k.startswith("objckpt/_ops/freeze")}
+    assert "objckpt/_ops/freeze/extra.py has no test file: write "\
+        "tests/_ops/freeze/test_extra.py (or say in NO_TEST_FILE where it is tested)" in \
+        naming_problems(copy / "objckpt", copy / "tests", exempt)
+
+
+def test_a_new_nested_package_is_missed_in_every_place(copy):
+    package = copy / "objckpt" / "_ops" / "novel"
+    package.mkdir()
+    (package / "__init__.py").write_text('"""A new package: `part`."""\n')
+    (package / "part.py").write_text('"""Its module."""\n')
+    problems = _all_problems(copy)
+    assert problems == [
+        "objckpt/_ops/novel/ is in no contract: add it to pyproject.toml's layers of "
+        "objckpt._ops",
+        "objckpt/_ops/novel/ has no layers contract in pyproject.toml: add one (containers = "
+        "[\"objckpt._ops.novel\"]) listing ['part']",
+        "docs/layout.md does not list objckpt/_ops/novel/",
+        "objckpt/_ops/novel/part.py has no test file: write tests/_ops/novel/test_part.py (or "
+        "say in NO_TEST_FILE where it is tested)",
+    ], problems
+
+
+def test_a_nested_package_out_of_order_listed_as_a_module_or_gone(copy):
+    files, layers, entries, _ = _read(copy)
+    freeze = next(c for e in entries if e.name == "_ops" for c in e.children if c.name == "freeze")
+    freeze.modules[0], freeze.modules[-1] = freeze.modules[-1], freeze.modules[0]
+    swapped = layout_problems(files, layers, entries)
+    assert len(swapped) == 1 and swapped[0].startswith("docs/layout.md under _ops/freeze/ lists ")
+    _edit(copy / "docs" / "layout.md", "    freeze/  ", "    freeze.py")
+    files, layers, entries, _ = _read(copy)
+    assert layout_problems(files, layers, entries) == [
+        "docs/layout.md under _ops/: lists freeze.py, which is a package"]
+    _edit(copy / "pyproject.toml", 'containers = ["objckpt._ops.freeze"]',
+          'containers = ["objckpt._ops.frozen"]')
+    files, layers, _, _ = _read(copy)
+    assert contract_problems(files, layers) == [
+        "objckpt/_ops/freeze/ has no layers contract in pyproject.toml: add one (containers = "
+        "[\"objckpt._ops.freeze\"]) listing ['fit', 'freezer', 'guard', 'routes', 'selection', "
+        "'skip']",
+        "pyproject.toml has a contract for objckpt._ops.frozen, no such package"]
+
+
+def test_a_nested_docstring_that_forgets_a_module(copy):
+    _edit(copy / "objckpt" / "_ops" / "freeze" / "__init__.py", "`guard`", "guard")
+    assert _all_problems(copy) == [
+        "objckpt/_ops/freeze/__init__.py's docstring does not name `guard`, which "
+        "docs/layout.md lists under it"]
+
+
+def test_test_files_of_a_nested_package_that_drift(copy):
+    tests = copy / "tests" / "_ops"
+    (tests / "freeze" / "test_nothing.py").write_text("")
+    (tests / "gone").mkdir()
+    (tests / "gone" / "test_x.py").write_text("")
+    assert naming_problems(copy / "objckpt", copy / "tests") == [
+        "tests/_ops/freeze/test_nothing.py is named after no module of objckpt/_ops/freeze/: "
+        "test_<module>[_<aspect>].py",
+        "tests/_ops/gone/ is named after no package of objckpt/_ops/",
+    ]
