@@ -3,17 +3,21 @@ contracts in pyproject.toml, docs/layout.md and each sub-package's `__init__` do
 every module has its test file, found by its name.
 
 - Every module file is in the contracts (a top-level module or package in the `packages`
-  contract, a module of a sub-package in its package's contract; the packages in UNLAYERED have
-  no contract of their own, with the reason) and in docs/layout.md, under its package, in the
-  contracts' order (`a | b` in a contract: neighbours in any order); and the other way round.
-- Each sub-package's `__init__` docstring names (in backticks) every module docs/layout.md
-  lists under it (`hf_<name>` names every `hf_...` module).
+  contract, a module (or package) of a sub-package in its package's contract, a module of a
+  package inside a sub-package (`_ops/freeze/`) in that package's own contract; the packages
+  in UNLAYERED have no contract of their own, with the reason) and in docs/layout.md, under
+  its package (a nested package's modules indented two more spaces under its `name/` line),
+  in the contracts' order (`a | b` in a contract: neighbours in any order); and the other way
+  round.
+- Each sub-package's `__init__` docstring, a nested package's too, names (in backticks) every
+  module docs/layout.md lists under it (`hf_<name>` names every `hf_...` module).
 - The test of `objckpt/<package>/<module>.py` is `tests/<package>/test_<module>.py` (a
-  top-level module's: `tests/test_<module>.py`); more files about one module, or the files
+  top-level module's: `tests/test_<module>.py`, a nested package's module's:
+  `tests/<package>/<nested>/test_<module>.py`); more files about one module, or the files
   that split its tests by aspect, are `test_<module>_<aspect>.py`. A module without one is
   in NO_TEST_FILE with the reason; an entry there that has a test file, or that matches no
   module, is stale. Every test file in
-  a package's folder is named after a module of that package.
+  a package's folder is named after a module (or package) of that package.
 - Every `tests/....py` path that the code, docs and configuration mention exists.
 
 The checks read the files each time (no list of modules is written here), so a module added,
