@@ -3,17 +3,21 @@ contracts in pyproject.toml, docs/layout.md and each sub-package's `__init__` do
 every module has its test file, found by its name.
 
 - Every module file is in the contracts (a top-level module or package in the `packages`
-  contract, a module of a sub-package in its package's contract; the packages in UNLAYERED have
-  no contract of their own, with the reason) and in docs/layout.md, under its package, in the
-  contracts' order (`a | b` in a contract: neighbours in any order); and the other way round.
-- Each sub-package's `__init__` docstring names (in backticks) every module docs/layout.md
-  lists under it (`hf_<name>` names every `hf_...` module).
+  contract, a module (or package) of a sub-package in its package's contract, a module of a
+  package inside a sub-package (`_ops/freeze/`) in that package's own contract; the packages
+  in UNLAYERED have no contract of their own, with the reason) and in docs/layout.md, under
+  its package (a nested package's modules indented two more spaces under its `name/` line),
+  in the contracts' order (`a | b` in a contract: neighbours in any order); and the other way
+  round.
+- Each sub-package's `__init__` docstring, a nested package's too, names (in backticks) every
+  module docs/layout.md lists under it (`hf_<name>` names every `hf_...` module).
 - The test of `objckpt/<package>/<module>.py` is `tests/<package>/test_<module>.py` (a
-  top-level module's: `tests/test_<module>.py`); more files about one module, or the files
+  top-level module's: `tests/test_<module>.py`, a nested package's module's:
+  `tests/<package>/<nested>/test_<module>.py`); more files about one module, or the files
   that split its tests by aspect, are `test_<module>_<aspect>.py`. A module without one is
   in NO_TEST_FILE with the reason; an entry there that has a test file, or that matches no
   module, is stale. Every test file in
-  a package's folder is named after a module of that package.
+  a package's folder is named after a module (or package) of that package.
 - Every `tests/....py` path that the code, docs and configuration mention exists.
 
 The checks read the files each time (no list of modules is written here), so a module added,
@@ -50,7 +54,7 @@ UNLAYERED = {
 NO_TEST_FILE = {
     "objckpt/callbacks.py": "each callback is tested with what it drives: Checkpointing and "
                             "BestSnapshot in _training/test_checkpointing.py, TwinSync in "
-                            "_ops/test_twins.py, FreezeSchedule in _ops/test_freeze.py",
+                            "_ops/test_twins.py, FreezeSchedule in _ops/freeze/test_freezer.py",
     "objckpt/_compat/*.py": "TF's and Keras's private APIs, tested through the operations that "
                             "use them in every flavour (tests/_compat/ holds the ones with a "
                             "behaviour of their own)",
@@ -65,6 +69,13 @@ NO_TEST_FILE = {
                               "files in _formats/test_kerash5.py and test_legacyh5.py",
     "objckpt/_formats/savedobjects.py": "saved_model.pb decoded, tested in "
                                         "_formats/test_savedmodel.py",
+    "objckpt/_ops/clone/*.py": "the copiers of each kind and the walk, tested through clone in "
+                               "_ops/clone/test_api.py (every kind, sharing, cycles, weak "
+                               "references) and the table's dispatch in _ops/clone/test_table.py",
+    "objckpt/_ops/freeze/*.py": "the Freezer's parts (its routes, guard, skipped updates and "
+                                "selection), tested through the Freezer in "
+                                "_ops/freeze/test_freezer.py and _ops/freeze/test_fit.py, with "
+                                "every optimizer kind",
     "objckpt/_planning/checks.py": "why a plan cannot be applied: the errors of "
                                    "_planning/test_match.py and _base/test_names.py",
     "objckpt/_planning/optstate.py": "optimizer state by owner, tested by restores with "
@@ -79,6 +90,12 @@ NO_TEST_FILE = {
                                        "integration/test_cross_flavour.py",
     "objckpt/_planning/targets.py": "the obj's variables indexed, tested through every plan "
                                     "(_planning/test_match.py, _base/test_names.py)",
+    "objckpt/_training/commit.py": "the commit protocol, tested by crashing a save at every "
+                                   "stage in _training/test_checkpointing.py (SIGKILLs, debris "
+                                   "cleaned, the newest checkpoint kept, the lock)",
+    "objckpt/_training/multiworker.py": "the multi-worker protocol needs several processes: "
+                                        "distributed/test_distribute_fit.py (a follower, each "
+                                        "worker's failure) and distributed/test_multiworker.py",
     "objckpt/_training/fitckpt.py": "resuming `model.fit`, tested in "
                                     "_training/test_checkpointing.py and "
                                     "integration/test_resume.py",
@@ -99,29 +116,37 @@ MENTIONS = ("objckpt", "docs", "benchmarks", "colab", "tests", "README.md", "nox
 
 # --- reading the four places -----------------------------------------------------------------
 
-def package_files(package: pathlib.Path) -> dict[str, list[str]]:
-    """{"": the top-level modules and packages, "<sub-package>": its modules} from the files
-    (each name without `.py`; `__init__` left out, `__main__` kept)."""
-    found: dict[str, list[str]] = {"": []}
+def package_files(package: pathlib.Path, key: str = "") -> dict[str, list[str]]:
+    """{"": the top-level modules and packages, "<sub-package>": its modules and packages,
+    "<sub-package>/<package>": a package inside it, its modules, ...} from the files (each name
+    without `.py`; `__init__` left out, `__main__` kept)."""
+    found: dict[str, list[str]] = {key: []}
     for path in sorted(package.iterdir()):
         if path.is_dir() and (path / "__init__.py").exists():
-            found[""].append(path.name)
-            found[path.name] = sorted(p.stem for p in path.glob("*.py") if p.stem != "__init__")
+            found[key].append(path.name)
+            found.update(package_files(path, f"{key}/{path.name}".lstrip("/")))
         elif path.suffix == ".py" and path.stem != "__init__":
-            found[""].append(path.stem)
+            found[key].append(path.stem)
+    found[key].sort()
     return found
+
+
+def dotted(key: str) -> str:
+    """A package's key (`_ops/freeze`) as import-linter names it (`objckpt._ops.freeze`)."""
+    return "objckpt" + ("." + key.replace("/", ".") if key else "")
 
 
 def contract_layers(pyproject: dict, package: str = "objckpt") -> dict[str, list[set[str]]]:
     """{"": the `layers` contract over the top-level names, "<sub-package>": its contract's
-    layers}, each layer a set of names (`a | b` and `a : b` are one layer)."""
+    layers, "<sub-package>/<package>": a nested package's}, each layer a set of names (`a | b`
+    and `a : b` are one layer)."""
     layers: dict[str, list[set[str]]] = {}
     for contract in pyproject["tool"]["importlinter"]["contracts"]:
         if contract["type"] != "layers":
             continue
         containers = contract.get("containers", [])
         for container in containers or [package]:
-            key = "" if container == package else container[len(package) + 1:]
+            key = "" if container == package else container[len(package) + 1:].replace(".", "/")
             prefix = "" if containers else package + "."
             layers[key] = [{name.strip(" ()")[len(prefix):] for name in re.split(r"[|:]", layer)}
                            for layer in contract["layers"]]
@@ -130,30 +155,49 @@ def contract_layers(pyproject: dict, package: str = "objckpt") -> dict[str, list
 
 @dataclass
 class Entry:
-    """One line of docs/layout.md's tree (a package's text includes its module lines)."""
+    """One line of docs/layout.md's tree (a package's text includes its lines below it; its
+    `children` are the entries of its modules and packages, `modules` their names)."""
 
     name: str
     package: bool
     text: str
     modules: list[str] = field(default_factory=list)
+    children: list[Entry] = field(default_factory=list)
 
 
 def layout_entries(markdown: str) -> list[Entry]:
     """The `objckpt/` tree of docs/layout.md: its top-level entries in order, each package's
-    module lines in order."""
+    module and package lines in order (two more spaces of indent each level down; a line
+    indented deeper than one level below the last package continues the line above)."""
     block = re.search(r"```text\nobjckpt/\n(.*?)```", markdown, re.S)
     assert block, "docs/layout.md has no ```text block starting with `objckpt/`"
-    entries: list[Entry] = []
+    root = Entry("", True, "")
+    open_: list[Entry] = [root]  # the last entry of each level, outermost first
     for line in block.group(1).splitlines():
-        entry = re.match(r"^( {2}| {4})(\w+)(\.py|/)(?=\s|$)(.*)$", line)
-        if entry and len(entry.group(1)) == 2:
-            entries.append(Entry(entry.group(2), entry.group(3) == "/", entry.group(4)))
-        elif entry and entries and entries[-1].package:
-            entries[-1].modules.append(entry.group(2))
-            entries[-1].text += " " + entry.group(2) + entry.group(4)
-        elif entries and line.strip():
-            entries[-1].text += " " + line.strip()
-    return entries
+        entry = re.match(r"^((?:  )+)(\w+)(\.py|/)(?=\s|$)(.*)$", line)
+        depth = len(entry.group(1)) // 2 if entry else 0
+        if entry and depth <= len(open_) and open_[depth - 1].package:
+            del open_[depth:]
+            last = Entry(entry.group(2), entry.group(3) == "/", entry.group(4))
+            parent = open_[-1]
+            parent.children.append(last)
+            parent.modules.append(last.name)
+            for above in open_[1:]:
+                above.text += " " + last.name + last.text
+            open_.append(last)
+        elif line.strip():
+            for above in open_[1:]:
+                above.text += " " + line.strip()
+    return root.children
+
+
+def package_entries(entries: list[Entry], key: str = ""):
+    """(key, entry) of every package entry of the tree, nested ones included (`_ops/freeze`)."""
+    for entry in entries:
+        if entry.package:
+            at = f"{key}/{entry.name}".lstrip("/")
+            yield at, entry
+            yield from package_entries(entry.children, at)
 
 
 def docstring_of(package: pathlib.Path, name: str) -> str:
@@ -177,6 +221,11 @@ def _order_problems(where: str, listed: list[str], layers: list[set[str]]) -> li
     return []
 
 
+def _key(package: str, name: str) -> str:
+    """The key of `name` inside `package` (`_ops`, `freeze` -> `_ops/freeze`)."""
+    return f"{package}/{name}".lstrip("/")
+
+
 def contract_problems(files: dict, layers: dict) -> list[str]:
     """Every module file is in the contracts, and every name a contract lists is a file."""
     problems = []
@@ -189,18 +238,18 @@ def contract_problems(files: dict, layers: dict) -> list[str]:
             continue
         if package not in layers:
             problems.append(f"{where} has no layers contract in pyproject.toml: add one "
-                            f"(containers = [\"objckpt.{package}\"]) listing {names}")
+                            f"(containers = [\"{dotted(package)}\"]) listing {names}")
             continue
         listed = {name for layer in layers[package] for name in layer}
         for name in sorted(set(names) - listed):
-            shown = name + ("/" if not package and name in files else ".py")
+            shown = name + ("/" if _key(package, name) in files else ".py")
             problems.append(f"{where}{shown} is in no contract: add it to pyproject.toml's "
-                            f"layers of {'objckpt' if not package else 'objckpt.' + package}")
+                            f"layers of {dotted(package)}")
         for name in sorted(listed - set(names)):
             problems.append(f"pyproject.toml's contract of {where} names `{name}`, which is "
                             "no module there")
     for package in sorted(set(layers) - set(files)):
-        problems.append(f"pyproject.toml has a contract for objckpt.{package}, no such package")
+        problems.append(f"pyproject.toml has a contract for {dotted(package)}, no such package")
     for package in sorted(set(UNLAYERED) - set(files)):
         problems.append(f"UNLAYERED names objckpt/{package}/, no such package")
     return problems
@@ -216,19 +265,24 @@ def layout_problems(files: dict, layers: dict, entries: list[Entry]) -> list[str
         problems.append(f"docs/layout.md lists objckpt/{name}, which does not exist")
     if "" in layers:
         problems += _order_problems("docs/layout.md's top level", top, layers[""])
-    for entry in entries:
-        if not entry.package or entry.name not in files:
-            continue
-        where = f"docs/layout.md under {entry.name}/"
-        modules = [m for m in files[entry.name] if not m.startswith("__")]
-        for name in entry.modules:
+    for key, entry in package_entries(entries):
+        if key not in files:
+            continue  # a top-level one is reported above, a nested one under its package
+        where = f"docs/layout.md under {key}/"
+        modules = [m for m in files[key] if not m.startswith("__")]
+        for name, child in zip(entry.modules, entry.children):
+            shown = name + ("/" if child.package else ".py")
             if name not in modules:
-                problems.append(f"{where}: lists {name}.py, which does not exist")
-        if entry.name in layers:
+                problems.append(f"{where}: lists {shown}, which does not exist")
+            elif child.package != (_key(key, name) in files):
+                problems.append(f"{where}: lists {shown}, which is a "
+                                f"{'module' if child.package else 'package'}")
+        if key in layers:
             for name in modules:
                 if name not in entry.modules:
-                    problems.append(f"docs/layout.md does not list objckpt/{entry.name}/{name}.py")
-            problems += _order_problems(where, entry.modules, layers[entry.name])
+                    shown = name + ("/" if _key(key, name) in files else ".py")
+                    problems.append(f"docs/layout.md does not list objckpt/{key}/{shown}")
+            problems += _order_problems(where, entry.modules, layers[key])
         else:
             words = set(re.findall(r"\w+", entry.text))
             for name in modules:
@@ -238,32 +292,34 @@ def layout_problems(files: dict, layers: dict, entries: list[Entry]) -> list[str
 
 
 def docstring_problems(entries: list[Entry], files: dict, docstrings: dict) -> list[str]:
-    """Each sub-package's docstring names (in backticks) every module listed under it."""
+    """Each sub-package's docstring (a nested package's too) names (in backticks) every module
+    and package listed under it."""
     problems = []
-    for entry in entries:
-        if not entry.package or entry.name not in docstrings:
+    for key, entry in package_entries(entries):
+        if key not in docstrings:
             continue
-        named = re.findall(r"`([\w<>]+)`", docstrings[entry.name])
+        named = re.findall(r"`([\w<>]+)`", docstrings[key])
         patterns = [re.sub(r"<\w+>", "*", n) for n in named]
-        modules = entry.modules or [m for m in files.get(entry.name, []) if not m.startswith("__")]
+        modules = entry.modules or [m for m in files.get(key, []) if not m.startswith("__")]
         for module in modules:
             if not any(fnmatch.fnmatchcase(module, p) for p in patterns):
-                problems.append(f"objckpt/{entry.name}/__init__.py's docstring does not name "
+                problems.append(f"objckpt/{key}/__init__.py's docstring does not name "
                                 f"`{module}`, which docs/layout.md lists under it")
     return problems
 
 
 def naming_problems(package: pathlib.Path, tests: pathlib.Path,
                        exempt: dict | None = None) -> list[str]:
-    """Every module has tests/<package>/test_<module>.py or test_<module>_<aspect>.py (or a
-    reason in NO_TEST_FILE), and every test file of a package's folder is named after one of
-    its modules."""
+    """Every module has tests/<package>/test_<module>.py or test_<module>_<aspect>.py (a nested
+    package's module: tests/<package>/<nested>/test_<module>.py; or a reason in NO_TEST_FILE),
+    and every test file of a package's folder is named after one of its modules or packages
+    (`tests/_ops/test_freeze.py`: the tests of the package objckpt/_ops/freeze/ as a whole)."""
     exempt = NO_TEST_FILE if exempt is None else exempt
     files = package_files(package)
     problems, used = [], set()
     for sub, modules in files.items():
         for module in modules:
-            if module.startswith("__") or (not sub and module in files):
+            if module.startswith("__") or _key(sub, module) in files:
                 continue  # the facade, `python -m`; a package's modules are its own
             source = f"{package.name}/{sub + '/' if sub else ''}{module}.py"
             test = tests / sub / f"test_{module}.py"
@@ -281,18 +337,23 @@ def naming_problems(package: pathlib.Path, tests: pathlib.Path,
                                 "where it is tested)")
     for rule in sorted(set(exempt) - used):
         problems.append(f"NO_TEST_FILE names {rule}, which matches no module: take it out")
-    for folder in sorted(p for p in tests.iterdir() if p.is_dir()):
-        if folder.name in OTHER_FOLDERS:
-            continue
-        if folder.name not in files:
-            problems.append(f"tests/{folder.name}/ is named after no package of objckpt/ "
-                            f"(others: {sorted(OTHER_FOLDERS - {'__pycache__'})})")
+    folders = sorted(p for p in tests.rglob("*") if p.is_dir()
+                     and p.relative_to(tests).parts[0] not in OTHER_FOLDERS
+                     and p.name != "__pycache__")
+    for folder in folders:
+        key = folder.relative_to(tests).as_posix()
+        if key not in files:
+            if key.rpartition("/")[0] in files:  # else its parent folder is the problem
+                others = "" if "/" in key else \
+                    f" (others: {sorted(OTHER_FOLDERS - {'__pycache__'})})"
+                problems.append(f"tests/{key}/ is named after no package of objckpt/"
+                                f"{key.rpartition('/')[0] + '/' if '/' in key else ''}{others}")
             continue
         for test in sorted(folder.glob("test_*.py")):
             stem = test.stem[len("test_"):]
-            if not any(stem == m or stem.startswith(m + "_") for m in files[folder.name]):
-                problems.append(f"tests/{folder.name}/{test.name} is named after no module of "
-                                f"objckpt/{folder.name}/: test_<module>[_<aspect>].py")
+            if not any(stem == m or stem.startswith(m + "_") for m in files[key]):
+                problems.append(f"tests/{key}/{test.name} is named after no module of "
+                                f"objckpt/{key}/: test_<module>[_<aspect>].py")
     for test in sorted(tests.glob("test_*.py")):
         if test.stem[len("test_"):] not in files[""] and test.name not in WHOLE_PACKAGE_TESTS:
             problems.append(f"tests/{test.name} is named after no top-level module of "
@@ -460,11 +521,14 @@ def test_test_files_that_drift(copy):
 
 
 def test_stale_exemptions(copy):
-    exempt = {**NO_TEST_FILE, "objckpt/_ops/clone.py": "tested elsewhere",
+    exempt = {**NO_TEST_FILE, "objckpt/_ops/clone/api.py": "tested elsewhere",
+              "objckpt/_ops/clone.py": "a module that became a package",
               "objckpt/_gone/*.py": "a package that was renamed"}
     assert naming_problems(copy / "objckpt", copy / "tests", exempt) == [
-        "objckpt/_ops/clone.py has tests/_ops/test_clone.py: take it out of NO_TEST_FILE",
+        "objckpt/_ops/clone/api.py has tests/_ops/clone/test_api.py: take it out of "
+        "NO_TEST_FILE",
         "NO_TEST_FILE names objckpt/_gone/*.py, which matches no module: take it out",
+        "NO_TEST_FILE names objckpt/_ops/clone.py, which matches no module: take it out",
     ]
 
 
@@ -476,3 +540,75 @@ def test_a_mention_of_a_moved_test_file(tmp_path):
         "See tests/_ops/test_clone.py and tests/test_clone.py; not a/tests/x.py.\n")
     assert mention_problems(tmp_path) == [
         "docs/a.md mentions tests/test_clone.py, which does not exist"]
+
+
+# --- a package inside a package (objckpt/_ops/freeze/): the same checks one level down -----
+
+def test_a_new_module_of_a_nested_package_is_missed_in_every_place(copy):
+    (copy / "objckpt" / "_ops" / "freeze" / "extra.py").write_text('"""A new module."""\n')
+    problems = _all_problems(copy)
+    assert problems == [
+        "objckpt/_ops/freeze/extra.py is in no contract: add it to pyproject.toml's layers "
+        "of objckpt._ops.freeze",
+        "docs/layout.md does not list objckpt/_ops/freeze/extra.py",
+    ], problems  # (its test file: NO_TEST_FILE's `objckpt/_ops/freeze/*.py` says where)
+    exempt = {k: v for k, v in NO_TEST_FILE.items() if not k.startswith("objckpt/_ops/freeze")}
+    assert "objckpt/_ops/freeze/extra.py has no test file: write "\
+        "tests/_ops/freeze/test_extra.py (or say in NO_TEST_FILE where it is tested)" in \
+        naming_problems(copy / "objckpt", copy / "tests", exempt)
+
+
+def test_a_new_nested_package_is_missed_in_every_place(copy):
+    package = copy / "objckpt" / "_ops" / "novel"
+    package.mkdir()
+    (package / "__init__.py").write_text('"""A new package: `part`."""\n')
+    (package / "part.py").write_text('"""Its module."""\n')
+    problems = _all_problems(copy)
+    assert problems == [
+        "objckpt/_ops/novel/ is in no contract: add it to pyproject.toml's layers of "
+        "objckpt._ops",
+        "objckpt/_ops/novel/ has no layers contract in pyproject.toml: add one (containers = "
+        "[\"objckpt._ops.novel\"]) listing ['part']",
+        "docs/layout.md does not list objckpt/_ops/novel/",
+        "objckpt/_ops/novel/part.py has no test file: write tests/_ops/novel/test_part.py (or "
+        "say in NO_TEST_FILE where it is tested)",
+    ], problems
+
+
+def test_a_nested_package_out_of_order_listed_as_a_module_or_gone(copy):
+    files, layers, entries, _ = _read(copy)
+    freeze = next(c for e in entries if e.name == "_ops" for c in e.children if c.name == "freeze")
+    freeze.modules[0], freeze.modules[-1] = freeze.modules[-1], freeze.modules[0]
+    swapped = layout_problems(files, layers, entries)
+    assert len(swapped) == 1 and swapped[0].startswith("docs/layout.md under _ops/freeze/ lists ")
+    _edit(copy / "docs" / "layout.md", "    freeze/  ", "    freeze.py")
+    files, layers, entries, _ = _read(copy)
+    assert layout_problems(files, layers, entries) == [
+        "docs/layout.md under _ops/: lists freeze.py, which is a package"]
+    _edit(copy / "pyproject.toml", 'containers = ["objckpt._ops.freeze"]',
+          'containers = ["objckpt._ops.frozen"]')
+    files, layers, _, _ = _read(copy)
+    assert contract_problems(files, layers) == [
+        "objckpt/_ops/freeze/ has no layers contract in pyproject.toml: add one (containers = "
+        "[\"objckpt._ops.freeze\"]) listing ['fit', 'freezer', 'guard', 'routes', 'selection', "
+        "'skip']",
+        "pyproject.toml has a contract for objckpt._ops.frozen, no such package"]
+
+
+def test_a_nested_docstring_that_forgets_a_module(copy):
+    _edit(copy / "objckpt" / "_ops" / "freeze" / "__init__.py", "`guard`", "guard")
+    assert _all_problems(copy) == [
+        "objckpt/_ops/freeze/__init__.py's docstring does not name `guard`, which "
+        "docs/layout.md lists under it"]
+
+
+def test_test_files_of_a_nested_package_that_drift(copy):
+    tests = copy / "tests" / "_ops"
+    (tests / "freeze" / "test_nothing.py").write_text("")
+    (tests / "gone").mkdir()
+    (tests / "gone" / "test_x.py").write_text("")
+    assert naming_problems(copy / "objckpt", copy / "tests") == [
+        "tests/_ops/freeze/test_nothing.py is named after no module of objckpt/_ops/freeze/: "
+        "test_<module>[_<aspect>].py",
+        "tests/_ops/gone/ is named after no package of objckpt/_ops/",
+    ]
