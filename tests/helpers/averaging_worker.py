@@ -2,7 +2,7 @@
 
   python averaging_worker.py FLAVOUR AVERAGE ORDER DIR OUT [KILL_AT]
 
-builds the functional model of tests/flavours.py (fixed seeds), fits it for 4 epochs of 4
+builds the functional model of tests/helpers/flavours.py (fixed seeds), fits it for 4 epochs of 4
 batches with `Checkpointing(DIR)` (see SAVE_FREQ) and the AVERAGE callback ("swa_epoch": SWA
 from epoch 1 after every epoch; "swa_steps": SWA from epoch 1 every 3 steps; "ema": EMA with
 decay 0.8), listed before Checkpointing (ORDER "first") or after it ("last"), and writes the

@@ -2,7 +2,7 @@
 
 The averages are checked against NumPy (the mean of the weight sets a recorder saw, the EMA
 recurrence), the resume against an uninterrupted run, bit for bit: in process (fit
-interrupted by a raising callback) and in a killed process (tests/averaging_worker.py
+interrupted by a raising callback) and in a killed process (tests/helpers/averaging_worker.py
 SIGKILLs itself mid-run), with the averaging callback before and after Checkpointing.
 """
 
@@ -20,9 +20,9 @@ from objckpt import _compat, errors
 from objckpt.callbacks import EMA, SWA, Checkpointing
 
 from flavours import KERAS_FLAVOURS, _data, build_functional, keras_for, session_flavour
+import support
 from support import assert_bits, python_env
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 EPOCHS, BATCHES = 4, 4  # 8 examples in batches of 2
 
 
@@ -199,7 +199,7 @@ def run_worker(flavour, average, order, directory, out, kill_at=None):
     env = python_env()
     if flavour == "tf_keras":
         env["TF_USE_LEGACY_KERAS"] = "1"
-    command = [sys.executable, os.path.join(HERE, "averaging_worker.py"), flavour, average, order,
+    command = [sys.executable, os.path.join(support.HELPERS, "averaging_worker.py"), flavour, average, order,
                str(directory), str(out)] + ([str(kill_at)] if kill_at else [])
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
 
