@@ -1,5 +1,8 @@
 """Exception types raised by objckpt, in families a caller can catch by what went wrong.
 
+(One warning lives here too, outside the families: ``BatchNormStatisticsWarning``,
+a ``UserWarning`` that an average carries BatchNorm statistics no recalibration followed.)
+
 Every error names the object path or prefix it is about, what was expected,
 what arrived, and how to fix it. Each type also subclasses the builtin that
 fits it, so ``except ValueError`` or ``except OSError`` keeps working::

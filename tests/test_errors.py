@@ -50,14 +50,29 @@ FAMILIES = (errors.SourceError, errors.MatchError, errors.TargetError, errors.Di
 def _defined_exceptions() -> set:
     return {cls for name, cls in vars(errors).items()
             if inspect.isclass(cls) and issubclass(cls, BaseException)
+            and not issubclass(cls, Warning)
             and cls.__module__ == errors.__name__ and not name.startswith("_")}
+
+
+def _defined_warnings() -> set:
+    return {cls for name, cls in vars(errors).items()
+            if inspect.isclass(cls) and issubclass(cls, Warning)
+            and cls.__module__ == errors.__name__ and not name.startswith("_")}
+
+
+def test_warnings_are_user_warnings_outside_the_error_families():
+    assert {cls.__name__ for cls in _defined_warnings()} == {"BatchNormStatisticsWarning"}
+    for cls in _defined_warnings():
+        assert issubclass(cls, UserWarning) and not issubclass(cls, errors.ObjckptError)
+        assert cls.__name__ in errors.__doc__
 
 
 # --- the hierarchy --------------------------------------------------------------------------
 
 
 def test_all_lists_every_exception_class_of_the_module():
-    assert set(errors.__all__) == {cls.__name__ for cls in _defined_exceptions()}
+    assert set(errors.__all__) == {cls.__name__ for cls in
+                                   _defined_exceptions() | _defined_warnings()}
     assert "IncompatibleTensorFlowError" in errors.__all__
     assert errors.__all__ == sorted(errors.__all__)
     for name in errors.__all__:

@@ -15,6 +15,7 @@ from typing import NamedTuple
 from objckpt import errors
 from objckpt._ops import average as _average
 from objckpt._ops import batchnorm as _batchnorm
+from objckpt._ops import restore as _restore
 from objckpt._ops import snapshot as _snapshot
 
 __all__ = ["SoupReport", "SoupStep", "greedy_soup"]
@@ -167,7 +168,7 @@ def greedy_soup(obj, sources, score, *, rules=None, at: str | None = None, stric
     try:
         return _cook_all(obj, sources, cook)
     except BaseException:
-        _snapshot.restore(obj, original)  # a source that does not fit, a scorer that raised
+        _restore.restore(obj, original)  # a source that does not fit, a scorer that raised
         raise
 
 
@@ -192,5 +193,5 @@ def _cook_all(obj, sources, cook) -> SoupReport:
             best = value
             best_values = _snapshot.snapshot(obj)  # no bytes copied: the values are kept
     if not holds_best:
-        _snapshot.restore(obj, best_values)
+        _restore.restore(obj, best_values)
     return SoupReport(tuple(sources[i] for i in kept), best, tuple(trace), tuple(own))

@@ -18,7 +18,8 @@ __all__ = ["AGREED_BYTES", "agree_across_workers"]
 # The error a restore raises on a worker of a MultiWorkerMirroredStrategy whose own checks
 # passed when another worker's failed: the type of that worker's error, any objckpt error
 # (its index here, the same on every worker), `ObjckptError` for any other error.
-_AGREED_ERRORS = tuple(getattr(errors, name) for name in errors.__all__)
+_AGREED_ERRORS = tuple(getattr(errors, name) for name in errors.__all__
+                       if not issubclass(getattr(errors, name), Warning))
 # What a failing worker sends of its error (JSON, ASCII): at most this many bytes, within
 # `_compat.gather_failures`'s row; each text field and problem line is cut to its own bound.
 AGREED_BYTES = 8000
