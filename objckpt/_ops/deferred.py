@@ -427,7 +427,7 @@ class PendingRestore(_CreationWatch):
                 f"{variable.dtype.base_dtype.name}{tuple(variable.shape)}, but the source "
                 f"{_render.safe_text(self._source.description)} holds {value.dtype.name}"
                 f"{tuple(value.shape)} for it (entry `{safe(entry.source)}`"
-                f"{', transformed' if entry.transform else ''})"
+                f"{', transformed' if entry.transform else ''}){_lossy(variable, value)}"
                 + (f", and {len(bad) - 1} more created with it do not fit either"
                    if len(bad) > 1 else "")
                 + f". {'These variables were' if len(bad) > 1 else 'The variable was'} left "
@@ -487,7 +487,15 @@ class PendingRestore(_CreationWatch):
 def _problem(variable, value) -> str:
     """What `_compat.misfit` found, worded: the source's value against the variable."""
     return (f"{value.dtype.name}{tuple(value.shape)} in the source but "
-            f"{variable.dtype.base_dtype.name}{tuple(variable.shape)} in the obj")
+            f"{variable.dtype.base_dtype.name}{tuple(variable.shape)} in the obj"
+            + _lossy(variable, value))
+
+
+def _lossy(variable, value) -> str:
+    """The fix for a dtype that only a lossy cast fits (the casting policy), or ""."""
+    if _compat.misfit(value, variable) == "dtype" and _compat.fits(value, variable, "lossy"):
+        return " (a lossy cast: pass cast='lossy' to allow it)"
+    return ""
 
 
 def _agreeing(obj):
@@ -538,7 +546,7 @@ def _optimizer_entries(pipe, obj, src, entries, skipped):
 
 
 def restore_on_create(obj, source, *, rules=None, at: str | None = None, strict: bool = True,
-                      optimizer_state="auto") -> PendingRestore:
+                      optimizer_state="auto", cast: str = "lossless") -> PendingRestore:
     """Restores values into obj as its variables are created, before their first use.
 
     For a model whose variables do not exist yet (a Keras model before its
@@ -580,6 +588,8 @@ def restore_on_create(obj, source, *, rules=None, at: str | None = None, strict:
         Keras's first training step would) and are skipped and listed when it has none
         (an uncompiled model), as `load_weights` does. True: obj must have an optimizer.
         False: optimizer entries are skipped.
+      cast: as for `objckpt.restore`: each value is checked and cast when its variable
+        exists (a refused cast raises there, nothing assigned).
 
     Returns:
       A `PendingRestore`: `.pending`, `.applied`, `.done`, `.assert_done()`.
@@ -613,7 +623,7 @@ def restore_on_create(obj, source, *, rules=None, at: str | None = None, strict:
     """
     strict = _match.check_strict(strict)
     pipe = _pipeline.Pipeline("objckpt.restore_on_create", obj, source, rules=rules, at=at,
-                              strict=strict, optimizer_state=optimizer_state)
+                              strict=strict, optimizer_state=optimizer_state, cast=cast)
     with pipe.decided(lambda: _agreeing(obj)):
         src = pipe.open()
         # Planned by path: each entry's object path, whether its variable exists yet or not.
@@ -642,7 +652,8 @@ def restore_on_create(obj, source, *, rules=None, at: str | None = None, strict:
                 f"{variable.dtype.base_dtype.name}{tuple(variable.shape)} but the source "
                 f"holds {value.dtype.name}{tuple(value.shape)} (entry "
                 f"`{_render.safe(entry.source)}`"
-                f"{', transformed' if entry.transform else ''}). Nothing was restored. "
+                f"{', transformed' if entry.transform else ''}){_lossy(variable, value)}. "
+                "Nothing was restored. "
                 "Fix: build obj with the source's shapes, or drop the entry with a rule.")
         pending._rules = _rules.parse_rules(rules)
         if not src.keyed_by_path or not _compat.is_unbuilt(obj):
