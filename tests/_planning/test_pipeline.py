@@ -346,7 +346,7 @@ def test_every_check_of_a_value_against_a_variable_follows_the_one_rule(tmp_path
         return found
 
     assert refused() == [True, True, True, True]
-    monkeypatch.setattr(fit, "_dtype_fits", lambda dtype, wanted: True)
+    monkeypatch.setattr(fit, "_dtype_fits", lambda dtype, wanted, cast="lossless": True)
     assert refused() == [False, False, False, False]
 
 
