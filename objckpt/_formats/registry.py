@@ -130,24 +130,37 @@ def _checkpoint_checked(path: str) -> Checked:
     return Checked(*_checkpoint_verify.verify(path))
 
 
-# PyTorch's pickled weights: refused, never opened (unpickling runs the file's code).
-_PICKLED = (".bin", ".pt", ".pth", ".bin.index.json")
+# PyTorch's pickled weights: refused, never unpickled (unpickling runs the file's code).
+_PICKLED = (".pt", ".pth", ".bin.index.json")
+# What a `.bin` of torch's starts with: a pickle (protocol 2-5) or torch's zip archive.
+_PICKLE_MAGIC = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05", b"PK\x03\x04")
+
+
+def _is_pickled(path: str, name: str) -> bool:
+    """Whether the file `path` (named `name`) is torch's pickled weights: by its name, or a
+    `.bin` by its first bytes (never unpickled)."""
+    if name.endswith(_PICKLED) or (name.startswith("pytorch_model") and name.endswith(".bin")):
+        return True
+    if not name.endswith(".bin") or _files.regular_file_problem(path) is not None:
+        return False
+    with open(path, "rb") as handle:
+        return handle.read(4).startswith(_PICKLE_MAGIC)
 
 
 def _pickled(path: str) -> str | None:
-    """The PyTorch pickle `path` is or holds (a file by its name, or a folder holding one
-    and no safetensors, which the safetensors format takes first), or None; reads no byte."""
+    """The PyTorch pickle `path` is or holds (a file, or a folder holding one and no
+    safetensors, which the safetensors format takes first), or None."""
     if "://" in path:
         return None
     try:
         if os.path.isfile(path):
-            return path if path.endswith(_PICKLED) else None
+            return path if _is_pickled(path, os.path.basename(path)) else None
         if os.path.isdir(path) and not os.path.exists(os.path.join(path, "checkpoint")):
             names = sorted(os.listdir(path))
             if any(name.endswith(".index") for name in names):
                 return None  # a TF checkpoint's folder
             return next((os.path.join(path, name) for name in names
-                         if name.endswith(_PICKLED)), None)
+                         if _is_pickled(os.path.join(path, name), name)), None)
     except OSError:
         return None
     return None

@@ -12,7 +12,7 @@ import tensorflow as tf
 
 import objckpt
 from objckpt import _compat, errors
-from tests.helpers.flavours import keras_for
+from flavours import keras_for
 
 # (source dtype, variable dtype): every value of the first held exactly by the second.
 WIDENING = [
