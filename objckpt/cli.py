@@ -346,20 +346,21 @@ def _migrate(args) -> int:
     rules = load_rules(args.rules) if args.rules else []
     obj = load_template(args.template)
     optimizer_state = {"auto": "auto", "true": True, "false": False}[args.optimizer_state]
+    cast = getattr(args, "cast", "lossless")
     if args.dry_run:
         from objckpt._ops import restore as _restore
 
         # The plan migrate would follow (the pipeline's open, plan and check stages: the
         # template's optimizer built first where it is not yet).
         plan = _restore.plan(obj, args.source, rules=rules, at=args.at,
-                             optimizer_state=optimizer_state, cast=args.cast)
+                             optimizer_state=optimizer_state, cast=cast)
         print(_terminal.cli_words(plan.describe()))
         usable = plan.complete if args.strict else not (plan.mismatched or plan.ambiguous
                                                         or not plan.matches)
         return 0 if usable else 1
     prefix = _migrate.migrate(obj, args.source, args.out, rules=rules, at=args.at,
                               optimizer_state=optimizer_state, strict=args.strict,
-                              cast=args.cast)
+                              cast=cast)
     print(f"wrote {_render.safe(prefix)}")
     return 0
 

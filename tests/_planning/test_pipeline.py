@@ -299,7 +299,8 @@ def test_misfit_is_the_one_rule_of_shape_and_dtype():
     assert fit.misfit(tf.ones((3, 5)), variable) == "shape"
     assert fit.misfit(tf.ones((4, 3)), variable) == "shape"  # never reshaped
     assert fit.misfit(tf.ones((3, 4), tf.float64), variable) == "dtype"
-    assert fit.misfit(((3, 4), tf.float16), variable) == "dtype"  # from metadata
+    assert fit.misfit(((3, 4), tf.float16), variable) == ""  # widened, from metadata
+    assert fit.misfit(((3, 4), tf.int32), variable) == "dtype"  # int -> float: lossy
     assert fit.misfit(((None, 4), tf.float32), variable) == ""  # traced, checked when read
     relaxed = tf.Variable(tf.zeros((2,)), shape=tf.TensorShape([None]))
     assert fit.misfit(tf.ones((7,)), relaxed) == ""
