@@ -231,6 +231,8 @@ class PendingRestore(_CreationWatch):
         waiting while obj has no optimizer (an uncompiled model) is not pending: it lands if
         an optimizer appears (a compile), and is listed under skipped until then.
       applied: object paths that received their value.
+      cast: {object path: "bfloat16 -> float32"} of the values cast to their variable's
+        dtype as they landed (the casting policy; see `restore_on_create`'s `cast`).
       done: True once every entry has landed (but optimizer state with no optimizer).
       skipped: source entries dropped by rules or bookkeeping, or left out on purpose.
       strict: `restore_on_create`'s strict: False lets `assert_done` pass while entries
@@ -245,6 +247,7 @@ class PendingRestore(_CreationWatch):
         self._source = source
         self._entries = {e.path: e for e in entries}
         self._applied: list[str] = []
+        self.cast: dict[str, str] = {}  # path -> "bfloat16 -> float32", as values land
         self._failed: dict[str, str] = {}
         self._hooked: set = set()
         self._wrapped: list = []
@@ -437,7 +440,10 @@ class PendingRestore(_CreationWatch):
         # Each replica as tf.train.Checkpoint restores it, also when the variable was
         # created inside `strategy.run`, eagerly even while a tf.function is being traced.
         self._pipe.assign_pairs([(variable, value) for _, variable, value in checked])
-        for entry, variable, _ in checked:
+        for entry, variable, value in checked:
+            made = _compat.cast_of(value, variable)
+            if made:
+                self.cast[entry.path] = made
             self._fed.add(id(variable))
             self._used.add(entry.source)
             del self._entries[entry.path]

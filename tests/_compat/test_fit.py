@@ -140,6 +140,7 @@ def test_restore_on_create_load_ensemble_and_migrate_widen_as_restore(tmp_path):
     obj = _Net(wide)
     pending = objckpt.restore_on_create(obj, prefix)
     pending.assert_done()
+    assert pending.cast == {f"v{i}": f"{a} -> {b}" for i, (a, b) in enumerate(WIDENING)}
     _equal(obj, expected, wide)
     ensemble = objckpt.load_ensemble(_Net(wide), [prefix, objckpt.snapshot(source)])
     for member in ensemble.members:
@@ -235,3 +236,38 @@ def test_every_other_door_refuses_narrowing_and_casts_when_asked(tmp_path):
     back = _Net(narrow)
     tf.train.Checkpoint(root=back).read(written).assert_existing_objects_matched()
     _equal(back, expected, narrow)
+
+
+@pytest.mark.parametrize("flavour", ["keras3", "tf_keras"])
+def test_values_landing_as_layers_build_are_widened_and_narrowing_waits_refused(flavour,
+                                                                              tmp_path):
+    keras = keras_for(flavour)
+
+    def model(dtype):
+        return keras.Sequential([keras.layers.Dense(3, dtype=dtype, name="d")])
+
+    half = model("float16")
+    half.build((None, 4))
+    rng = np.random.default_rng(1)
+    half.set_weights([rng.normal(size=w.shape).astype("float16") for w in half.get_weights()])
+    prefix = objckpt.save(half, str(tmp_path / "half"))
+    full = model("float32")  # not built: values land as its layers build
+    pending = objckpt.restore_on_create(full, prefix)
+    full(np.ones((1, 4), "float32"))
+    pending.assert_done()
+    assert sorted(pending.cast.values()) == ["float16 -> float32"] * 2
+    for got, want in zip(full.get_weights(), half.get_weights()):
+        np.testing.assert_array_equal(got, want.astype("float32"))
+    wide = objckpt.save(full, str(tmp_path / "full"))
+    narrow = model("float16")
+    pending = objckpt.restore_on_create(narrow, wide)
+    with pytest.raises(errors.StructureMismatchError, match="cast='lossy'"):
+        narrow(np.ones((1, 4), "float16"))  # refused as the layer builds, or
+        pending.assert_done()  # listed as not landed
+    assert pending.applied == ()
+    narrow = model("float16")
+    pending = objckpt.restore_on_create(narrow, wide, cast="lossy")
+    narrow(np.ones((1, 4), "float16"))
+    pending.assert_done()
+    for got, want in zip(narrow.get_weights(), full.get_weights()):
+        assert got.tobytes() == want.astype("float16").tobytes()
