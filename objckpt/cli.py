@@ -24,7 +24,7 @@ Commands:
 
   objckpt migrate SOURCE OUT --template MODULE:CALLABLE [--rules FILE]
                   [--at NAME] [--optimizer-state auto|true|false] [--no-strict]
-                  [--dry-run]
+                  [--cast lossless|lossy] [--dry-run]
       Writes SOURCE (a TF1 name-based or object-based checkpoint) as an
       object-based checkpoint at prefix OUT laid out for the obj that
       MODULE:CALLABLE returns (called with no arguments; it must build the
@@ -40,8 +40,10 @@ Commands:
       state (--optimizer-state, default auto) moves by the variable it
       belongs to when the obj has an optimizer (a compiled model's is built
       as Keras's first training step would) and is skipped otherwise; keep
-      global_step: it becomes the optimizer's iterations. --dry-run prints
-      the plan only.
+      global_step: it becomes the optimizer's iterations. --cast lossy also
+      casts values to the obj's narrower dtypes (default lossless: only
+      widening casts, e.g. bfloat16 -> float32). --dry-run prints the plan
+      only.
 
   objckpt graph PREFIX|DIRECTORY [--format dot|svg|png] [--out FILE]
                 [--depth N] [--empty]
@@ -150,6 +152,10 @@ def _parse(argv):
                               "true")
     migrate.add_argument("--no-strict", dest="strict", action="store_false",
                          help="write the obj's own values where the source has none")
+    migrate.add_argument("--cast", default="lossless", choices=("lossless", "lossy"),
+                         help="lossless (default): cast values to wider dtypes of the obj "
+                              "(bfloat16 -> float32), refuse narrowing; lossy: also cast to "
+                              "narrower dtypes (float32 -> bfloat16)")
     migrate.add_argument("--dry-run", action="store_true", help="print the plan, write nothing")
     graph = commands.add_parser("graph", help="draw a checkpoint's object graph")
     graph.add_argument("source", metavar="PREFIX|DIRECTORY")
@@ -360,19 +366,21 @@ def _migrate(args) -> int:
     rules = load_rules(args.rules) if args.rules else []
     obj = load_template(args.template)
     optimizer_state = {"auto": "auto", "true": True, "false": False}[args.optimizer_state]
+    cast = getattr(args, "cast", "lossless")
     if args.dry_run:
         from objckpt._ops import restore as _restore
 
         # The plan migrate would follow (the pipeline's open, plan and check stages: the
         # template's optimizer built first where it is not yet).
         plan = _restore.plan(obj, args.source, rules=rules, at=args.at,
-                             optimizer_state=optimizer_state)
+                             optimizer_state=optimizer_state, cast=cast)
         print(_terminal.cli_words(plan.describe()))
         usable = plan.complete if args.strict else not (plan.mismatched or plan.ambiguous
                                                         or not plan.matches)
         return 0 if usable else 1
     prefix = _migrate.migrate(obj, args.source, args.out, rules=rules, at=args.at,
-                              optimizer_state=optimizer_state, strict=args.strict)
+                              optimizer_state=optimizer_state, strict=args.strict,
+                              cast=cast)
     print(f"wrote {_render.safe(prefix)}")
     return 0
 

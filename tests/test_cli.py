@@ -82,3 +82,29 @@ def test_import_is_cheap_and_does_not_import_tensorflow():
                             env=python_env(), timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split()[0] == objckpt.__version__
+
+
+def test_migrate_casts_lossy_only_with_cast_lossy(tmp_path, monkeypatch, capsys):
+    """`objckpt migrate --cast lossy` narrows as `objckpt.migrate(..., cast="lossy")` does;
+    without it the narrowing is refused, the Fix names the argument, nothing is written."""
+    source = tf.Module()
+    source.w = tf.Variable([0.1, -2.5, 3.0001], dtype=tf.float64)
+    prefix = objckpt.save(source, str(tmp_path / "wide"))
+    (tmp_path / "narrow_templates.py").write_text(
+        "import tensorflow as tf\n\n\ndef build():\n    module = tf.Module()\n"
+        "    module.w = tf.Variable([0.0, 0.0, 0.0], dtype=tf.bfloat16)\n    return module\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = str(tmp_path / "out" / "ckpt")
+    args = ["objckpt", "migrate", prefix, out, "--template", "narrow_templates:build"]
+    assert cli.main(cli._parse([*args, "--dry-run"])) == 1
+    assert "dtype float64 in the source but bfloat16 in the obj" in capsys.readouterr().out
+    assert cli.main(cli._parse(args)) == 1
+    assert "pass cast='lossy'" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    assert cli.main(cli._parse([*args, "--cast", "lossy", "--dry-run"])) == 0
+    assert "w: float64 -> bfloat16" in capsys.readouterr().out
+    assert cli.main(cli._parse([*args, "--cast", "lossy"])) == 0
+    back = tf.Module()
+    back.w = tf.Variable([0.0, 0.0, 0.0], dtype=tf.bfloat16)
+    tf.train.Checkpoint(root=back).read(out).assert_existing_objects_matched()
+    assert back.w.numpy().tobytes() == tf.cast(source.w, tf.bfloat16).numpy().tobytes()

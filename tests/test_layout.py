@@ -78,9 +78,6 @@ NO_TEST_FILE = {
                                 "every optimizer kind",
     "objckpt/_planning/checks.py": "why a plan cannot be applied: the errors of "
                                    "_planning/test_match.py and _base/test_names.py",
-    "objckpt/_planning/optstate.py": "optimizer state by owner, tested by restores with "
-                                     "optimizers (integration/test_resume.py, "
-                                     "_ops/test_deferred_slots.py)",
     "objckpt/_planning/plans.py": "Plan and Match, tested through objckpt.plan in "
                                   "_planning/test_match.py and _base/test_names.py",
     "objckpt/_planning/sources.py": "the sources, tested through each format's tests "

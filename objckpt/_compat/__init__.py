@@ -62,7 +62,7 @@ _WHERE = {
     "derived": ("delegated_copies", "derived_hooks", "layer_hooks", "lora_factors",
         "owned_positions", "refresh_derived_state", "refresh_hooks", "saving_as_loaded"),
     "freezing": ("in_xla_context",),
-    "fit": ("fits", "misfit"),
+    "fit": ("CASTS", "cast_of", "cast_value", "check_cast", "fits", "lossless", "misfit"),
     "hooks": ("KERAS_CACHED_ATTRS", "WEIGHT_DECAY_METHOD", "mark_default_hook",
         "override_methods", "past_autograph", "restore_methods", "weight_decay_method"),
 }

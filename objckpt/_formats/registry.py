@@ -46,7 +46,7 @@ from objckpt._formats import safetensors as _safetensors
 from objckpt._formats import safetensors_write as _safetensors_write
 from objckpt._formats import savedmodel as _savedmodel
 
-__all__ = ["CHECKPOINT", "FORMATS", "Checked", "Format", "dispatch", "find", "register",
+__all__ = ["CHECKPOINT", "FORMATS", "PICKLE", "Checked", "Format", "dispatch", "find", "register",
            "unregister", "unsupported", "writer"]
 
 ROLES = ("list", "open", "verify")
@@ -130,6 +130,62 @@ def _checkpoint_checked(path: str) -> Checked:
     return Checked(*_checkpoint_verify.verify(path))
 
 
+# PyTorch's pickled weights: refused, never unpickled (unpickling runs the file's code).
+_PICKLED = (".pt", ".pth", ".bin.index.json")
+# What a `.bin` of torch's starts with: a pickle (protocol 2-5) or torch's zip archive.
+_PICKLE_MAGIC = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05", b"PK\x03\x04")
+
+
+def _is_pickled(path: str, name: str) -> bool:
+    """Whether the file `path` (named `name`) is torch's pickled weights: by its name, or a
+    `.bin` by its first bytes (never unpickled)."""
+    if name.endswith(_PICKLED) or (name.startswith("pytorch_model") and name.endswith(".bin")):
+        return True
+    if not name.endswith(".bin") or _files.regular_file_problem(path) is not None:
+        return False
+    with open(path, "rb") as handle:
+        return handle.read(4).startswith(_PICKLE_MAGIC)
+
+
+def _pickled(path: str) -> str | None:
+    """The PyTorch pickle `path` is or holds (a file, or a folder holding one and no
+    safetensors, which the safetensors format takes first), or None."""
+    if "://" in path:
+        return None
+    try:
+        if os.path.isfile(path):
+            return path if _is_pickled(path, os.path.basename(path)) else None
+        if os.path.isdir(path) and not os.path.exists(os.path.join(path, "checkpoint")):
+            names = sorted(os.listdir(path))
+            if any(name.endswith(".index") for name in names):
+                return None  # a TF checkpoint's folder
+            return next((os.path.join(path, name) for name in names
+                         if _is_pickled(os.path.join(path, name), name)), None)
+    except OSError:
+        return None
+    return None
+
+
+def _refuse_pickle(path: str):
+    """The error for PyTorch pickled weights: why they are never unpickled, and how to
+    convert them to safetensors."""
+    found = _pickled(path) or path
+    shown = _render.safe(found)
+    name = os.path.basename(found)
+    raise errors.UnsupportedFormatError(
+        f"`{shown}` is PyTorch pickled weights ({name}): objckpt never unpickles a file, as "
+        "loading a pickle can run any code it holds. Fix: convert it to safetensors once, "
+        "where you trust it, e.g. `python -c \"import torch, safetensors.torch as st; "
+        f"st.save_file(torch.load('{name}', weights_only=True), 'model.safetensors')\"` "
+        "(sharded `.bin` files: each shard, then write `model.safetensors.index.json`), or "
+        "with transformers `AutoModel.from_pretrained(folder).save_pretrained(out, "
+        "safe_serialization=True)`; then pass the safetensors file or folder.", source=path)
+
+
+PICKLE = Format("pytorch-pickle", "PyTorch pickled weights (refused, never unpickled)", "",
+                lambda path: _pickled(path) is not None, _refuse_pickle, _refuse_pickle,
+                _refuse_pickle)
+
 CHECKPOINT = Format("tf-checkpoint", "TF checkpoint (object-based or TF1 name-based; a prefix "
                     "or a managed directory)", "", _checkpoint.recognise, _checkpoint.listing,
                     _checkpoint.source_fields, _checkpoint_checked, _checkpoint.write)
@@ -147,6 +203,7 @@ FORMATS: list[Format] = [
     Format("safetensors", "safetensors file", "safetensors `.safetensors` and "
            "`model.safetensors.index.json`", _safetensors.recognise, _safetensors.listing,
            _safetensors.source_fields, _safetensors_checked, _safetensors_write.write),
+    PICKLE,  # after safetensors: a folder holding both is read from its safetensors
     CHECKPOINT,
 ]
 

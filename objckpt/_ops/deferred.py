@@ -231,6 +231,8 @@ class PendingRestore(_CreationWatch):
         waiting while obj has no optimizer (an uncompiled model) is not pending: it lands if
         an optimizer appears (a compile), and is listed under skipped until then.
       applied: object paths that received their value.
+      cast: {object path: "bfloat16 -> float32"} of the values cast to their variable's
+        dtype as they landed (the casting policy; see `restore_on_create`'s `cast`).
       done: True once every entry has landed (but optimizer state with no optimizer).
       skipped: source entries dropped by rules or bookkeeping, or left out on purpose.
       strict: `restore_on_create`'s strict: False lets `assert_done` pass while entries
@@ -245,6 +247,7 @@ class PendingRestore(_CreationWatch):
         self._source = source
         self._entries = {e.path: e for e in entries}
         self._applied: list[str] = []
+        self.cast: dict[str, str] = {}  # path -> "bfloat16 -> float32", as values land
         self._failed: dict[str, str] = {}
         self._hooked: set = set()
         self._wrapped: list = []
@@ -427,7 +430,7 @@ class PendingRestore(_CreationWatch):
                 f"{variable.dtype.base_dtype.name}{tuple(variable.shape)}, but the source "
                 f"{_render.safe_text(self._source.description)} holds {value.dtype.name}"
                 f"{tuple(value.shape)} for it (entry `{safe(entry.source)}`"
-                f"{', transformed' if entry.transform else ''})"
+                f"{', transformed' if entry.transform else ''}){_lossy(variable, value)}"
                 + (f", and {len(bad) - 1} more created with it do not fit either"
                    if len(bad) > 1 else "")
                 + f". {'These variables were' if len(bad) > 1 else 'The variable was'} left "
@@ -437,7 +440,10 @@ class PendingRestore(_CreationWatch):
         # Each replica as tf.train.Checkpoint restores it, also when the variable was
         # created inside `strategy.run`, eagerly even while a tf.function is being traced.
         self._pipe.assign_pairs([(variable, value) for _, variable, value in checked])
-        for entry, variable, _ in checked:
+        for entry, variable, value in checked:
+            made = _compat.cast_of(value, variable)
+            if made:
+                self.cast[entry.path] = made
             self._fed.add(id(variable))
             self._used.add(entry.source)
             del self._entries[entry.path]
@@ -487,7 +493,15 @@ class PendingRestore(_CreationWatch):
 def _problem(variable, value) -> str:
     """What `_compat.misfit` found, worded: the source's value against the variable."""
     return (f"{value.dtype.name}{tuple(value.shape)} in the source but "
-            f"{variable.dtype.base_dtype.name}{tuple(variable.shape)} in the obj")
+            f"{variable.dtype.base_dtype.name}{tuple(variable.shape)} in the obj"
+            + _lossy(variable, value))
+
+
+def _lossy(variable, value) -> str:
+    """The fix for a dtype that only a lossy cast fits (the casting policy), or ""."""
+    if _compat.misfit(value, variable) == "dtype" and _compat.fits(value, variable, "lossy"):
+        return " (a lossy cast: pass cast='lossy' to allow it)"
+    return ""
 
 
 def _agreeing(obj):
@@ -538,7 +552,7 @@ def _optimizer_entries(pipe, obj, src, entries, skipped):
 
 
 def restore_on_create(obj, source, *, rules=None, at: str | None = None, strict: bool = True,
-                      optimizer_state="auto") -> PendingRestore:
+                      optimizer_state="auto", cast: str = "lossless") -> PendingRestore:
     """Restores values into obj as its variables are created, before their first use.
 
     For a model whose variables do not exist yet (a Keras model before its
@@ -580,6 +594,8 @@ def restore_on_create(obj, source, *, rules=None, at: str | None = None, strict:
         Keras's first training step would) and are skipped and listed when it has none
         (an uncompiled model), as `load_weights` does. True: obj must have an optimizer.
         False: optimizer entries are skipped.
+      cast: as for `objckpt.restore`: each value is checked and cast when its variable
+        exists (a refused cast raises there, nothing assigned).
 
     Returns:
       A `PendingRestore`: `.pending`, `.applied`, `.done`, `.assert_done()`.
@@ -613,7 +629,7 @@ def restore_on_create(obj, source, *, rules=None, at: str | None = None, strict:
     """
     strict = _match.check_strict(strict)
     pipe = _pipeline.Pipeline("objckpt.restore_on_create", obj, source, rules=rules, at=at,
-                              strict=strict, optimizer_state=optimizer_state)
+                              strict=strict, optimizer_state=optimizer_state, cast=cast)
     with pipe.decided(lambda: _agreeing(obj)):
         src = pipe.open()
         # Planned by path: each entry's object path, whether its variable exists yet or not.
@@ -642,7 +658,8 @@ def restore_on_create(obj, source, *, rules=None, at: str | None = None, strict:
                 f"{variable.dtype.base_dtype.name}{tuple(variable.shape)} but the source "
                 f"holds {value.dtype.name}{tuple(value.shape)} (entry "
                 f"`{_render.safe(entry.source)}`"
-                f"{', transformed' if entry.transform else ''}). Nothing was restored. "
+                f"{', transformed' if entry.transform else ''}){_lossy(variable, value)}. "
+                "Nothing was restored. "
                 "Fix: build obj with the source's shapes, or drop the entry with a rule.")
         pending._rules = _rules.parse_rules(rules)
         if not src.keyed_by_path or not _compat.is_unbuilt(obj):

@@ -105,7 +105,8 @@ def _about_member(err, given, template, opened=None, member=None):
 
 @_about_errors
 def load_ensemble(template, sources: Sequence, *, rules=None, at: str | None = None,
-                  strict: bool = True, optimizer_state="auto") -> Ensemble:
+                  strict: bool = True, optimizer_state="auto",
+                  cast: str = "lossless") -> Ensemble:
     """Loads N independent members of one architecture from N sources.
 
     Each member is an `objckpt.clone` of the template (its own variables; the
@@ -137,6 +138,7 @@ def load_ensemble(template, sources: Sequence, *, rules=None, at: str | None = N
         planned on its own, its optimizer built first when the template's is compiled
         but not built). True: the same, but a template without an optimizer is an
         error. False: optimizer state in the sources and in the template is left alone.
+      cast: as in `objckpt.restore`, for every member.
 
     Returns:
       An `Ensemble`: `.members`, `ensemble(x)` stacks the members' outputs on a
@@ -178,7 +180,7 @@ def load_ensemble(template, sources: Sequence, *, rules=None, at: str | None = N
     mode = _match.optimizer_mode(optimizer_state)
     member_rules = _rules_per_member(rules, len(sources))
     pipe = _pipeline.Pipeline("objckpt.load_ensemble", template, sources, at=at,
-                              strict=strict, optimizer_state=optimizer_state)
+                              strict=strict, optimizer_state=optimizer_state, cast=cast)
     variables = _tree.tree(template)
     failing = [0]  # the member whose source failed, for its error
 

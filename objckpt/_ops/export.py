@@ -9,6 +9,7 @@ temporary names and renames).
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 
 import numpy as np
@@ -50,8 +51,9 @@ class _Tensor:
     value: object  # the variable's value (a tf.Tensor sharing its buffer)
     inverse: object  # the rule's inverse transform, or None
     rule: object
-    dtype: str  # TF's dtype name (transforms keep it)
+    dtype: str  # TF's dtype name, as written (transforms keep it; `export(dtype=)` casts)
     shape: tuple  # after the transform
+    produced: str = ""  # the dtype the transform gives, when `dtype` is a cast of it
 
     @property
     def nbytes(self) -> int:
@@ -61,7 +63,15 @@ class _Tensor:
         return count * _writer.ITEMSIZE[_writer.DTYPES[self.dtype]]
 
     def array(self, path: str) -> np.ndarray:
-        value = self.value
+        array = self._produce(path)
+        if self.produced:  # cast as tf.cast casts (round to nearest even)
+            import tensorflow as tf
+
+            array = np.asarray(tf.cast(array, self.dtype).numpy())
+        return array
+
+    def _produce(self, path: str) -> np.ndarray:
+        value, wanted = self.value, self.produced or self.dtype
         if isinstance(self.inverse, _Concat):
             return self.inverse(value)
         if self.inverse is not None:
@@ -69,11 +79,11 @@ class _Tensor:
         array = np.asarray(value.numpy() if hasattr(value, "numpy") else value)
         if array.dtype.byteorder == ">":
             array = array.astype(array.dtype.newbyteorder("<"))
-        if tuple(array.shape) != self.shape or array.dtype.name != self.dtype:
+        if tuple(array.shape) != self.shape or array.dtype.name != wanted:
             raise errors.InvalidArgumentError(
                 f"{self.rule!r}: the inverse transform of `{self.shown}` returned a "
                 f"{array.dtype.name}{tuple(array.shape)} value; its output_shape said "
-                f"{self.dtype}{self.shape}. Nothing was written to `{_render.safe(path)}`. "
+                f"{wanted}{self.shape}. Nothing was written to `{_render.safe(path)}`. "
                 "Fix: make the transform's output_shape agree with what it returns.",
                 source=path)
         return array if array.flags.c_contiguous else array.copy()  # 0-d stays 0-d
@@ -323,7 +333,7 @@ def _check_tied(parts: list, path: str) -> None:
 
 
 def export(obj, path, *, rules=None, strict: bool = True, optimizer_state="auto",
-           max_shard_size=None, metadata=None) -> str:
+           max_shard_size=None, metadata=None, dtype=None) -> str:
     """Writes obj's variables as safetensors, named and laid out by rules.
 
     Without rules each tensor is named by its object path (`dense/kernel` style, `/` kept,
@@ -354,6 +364,14 @@ def export(obj, path, *, rules=None, strict: bool = True, optimizer_state="auto"
         size) and `<name>.safetensors.index.json`. One file when everything
         fits (no index), as Hugging Face does.
       metadata: str -> str pairs added to the header's `__metadata__`.
+      dtype: None (default): each tensor in its variable's dtype. A floating dtype
+        ("bfloat16", "float16", "float32", a `tf.DType`): every floating-point tensor
+        written in it, cast as `tf.cast` casts (narrowing rounds: you asked for it), as
+        the Hub publishes bfloat16 weights; integer and bool tensors keep theirs.
+
+    Where the folder written to holds a Hugging Face `config.json` (one with
+    `model_type` or `architectures`), its dtype (`torch_dtype`, and `dtype` where present,
+    as transformers writes them) is set to the floating dtype written, so the two agree.
 
     Random-generator state (Keras `SeedGenerator`s, e.g. of Dropout layers, and
     `tf.random.Generator`s) is never written, whatever `strict` is: it is no weight, and
@@ -384,6 +402,7 @@ def export(obj, path, *, rules=None, strict: bool = True, optimizer_state="auto"
             "strict=False to write variables no rule maps under their paths.", source=path)
     _writer.shard_size(max_shard_size, path)
     _writer.header_metadata(metadata, path)
+    wanted = _float_dtype(dtype, path)
     if isinstance(obj, _snapshot.Snapshot):
         raise errors.InvalidArgumentError(
             "objckpt.export needs the live obj (its layers name the variables); "
@@ -397,6 +416,51 @@ def export(obj, path, *, rules=None, strict: bool = True, optimizer_state="auto"
             f"Nothing to export to `{_render.safe(path)}`: {_checks.describe_obj(obj)} has no "
             "variables to write. Fix: build the model (call it on a batch, or "
             "model.build(shape)) before exporting it.", source=path)
+    if wanted is not None:
+        values = {name: dataclasses.replace(t, dtype=wanted, produced=t.dtype)
+                  if t.dtype in _FLOATS and t.dtype != wanted else t
+                  for name, t in values.items()}
     written = _formats.writer("safetensors")(path, values, max_shard_size=max_shard_size,
                                              metadata=metadata)
+    floats = {t.dtype for t in values.values() if t.dtype in _FLOATS}
+    if len(floats) == 1:
+        _config_dtype(os.path.dirname(written), floats.pop())
     return Exported(written, left_out)
+
+
+_FLOATS = ("bfloat16", "float16", "float32", "float64", "float8_e4m3fn", "float8_e5m2")
+
+
+def _float_dtype(dtype, path: str) -> str | None:
+    """`export`'s `dtype` as a TF dtype name safetensors holds (None: each variable's)."""
+    if dtype is None:
+        return None
+    name = getattr(dtype, "name", dtype)
+    if not isinstance(name, str) or name not in _FLOATS or name not in _writer.DTYPES:
+        raise errors.InvalidArgumentError(
+            f"dtype must be None or a floating dtype safetensors holds. Received: "
+            f"dtype={_render.safe_text(repr(dtype))}. Fix: pass one of "
+            f"{', '.join(repr(f) for f in _FLOATS if f in _writer.DTYPES)}, or None to write "
+            "each tensor in its variable's dtype.", source=path)
+    return name
+
+
+def _config_dtype(folder: str, written: str) -> None:
+    """Sets the dtype of the Hugging Face `config.json` in `folder` (if any) to `written`:
+    `torch_dtype`, and `dtype` where present, as transformers writes them."""
+    config = os.path.join(folder or ".", "config.json")
+    try:
+        with open(config, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, ValueError):
+        return  # none, or not JSON: not a Hugging Face config, left alone
+    if not isinstance(data, dict) or not ({"model_type", "architectures"} & set(data)):
+        return
+    keys = [k for k in ("torch_dtype", "dtype") if k in data] or ["torch_dtype"]
+    if all(data.get(k) == written for k in keys):
+        return
+    data.update({k: written for k in keys})
+    temp = f"{config}.objckpt-tmp"
+    with open(temp, "w", encoding="utf-8") as handle:
+        handle.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    os.replace(temp, config)

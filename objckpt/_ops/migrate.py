@@ -75,7 +75,8 @@ class _Progress:
 
 
 def migrate(obj, source, prefix, *, rules=None, at: str | None = None, strict: bool = True,
-            optimizer_state="auto", progress: bool | None = None) -> str:
+            optimizer_state="auto", progress: bool | None = None,
+            cast: str = "lossless") -> str:
     """Writes the source's values as an object-based checkpoint laid out for obj.
 
     `tf.train.Checkpoint(root=obj_like).read(prefix)` and `objckpt.restore`
@@ -142,7 +143,8 @@ def migrate(obj, source, prefix, *, rules=None, at: str | None = None, strict: b
     variables = _tree.tree(obj)
     prefix = os.fspath(prefix)
     pipe = _pipeline.Pipeline("objckpt.migrate", obj, source, rules=rules, at=at,
-                              strict=strict, optimizer_state=optimizer_state, action="migrate")
+                              strict=strict, optimizer_state=optimizer_state, action="migrate",
+                              cast=cast)
     # Under MultiWorkerMirroredStrategy every worker raises when the source cannot be
     # opened or planned on one (the others would wait in a SyncOnRead read's collective).
     with pipe.decided(lambda: variables):

@@ -40,6 +40,8 @@ class RestoreReport:
         optimizer state with nowhere to go (`optimizer_state="auto"` into an obj
         without an optimizer), or belonging to a variable that was not restored,
         random generator state the source lacks, entries dropped by rules.
+      cast: {object path: "bfloat16 -> float32"} of the values cast to their
+        variable's dtype on the way in (the casting policy, see `restore`'s `cast`).
     """
 
     restored: tuple[str, ...]
@@ -50,6 +52,7 @@ class RestoreReport:
     notes: tuple[str, ...] = ()
     plan: _match.Plan | None = dataclasses.field(default=None, repr=False, compare=False)
     skipped: tuple[str, ...] = ()
+    cast: dict = dataclasses.field(default_factory=dict, compare=False)
 
     def __str__(self) -> str:
         # Paths through `safe`, messages through `safe_text`: the source's names are data.
@@ -67,13 +70,18 @@ class RestoreReport:
         if self.skipped:  # entries skipped for one reason share one line
             lines.append(f"skipped ({len(self.skipped)}):")
             lines.extend(_render.listed(map(text, _render.grouped(self.skipped)), limit=5))
+        if self.cast:  # values cast on the way in, one line per pair of dtypes
+            kinds: dict = {}
+            for made in self.cast.values():
+                kinds[made] = kinds.get(made, 0) + 1
+            lines.append("cast: " + ", ".join(f"{n} {text(k)}" for k, n in kinds.items()))
         lines.extend(map(text, self.notes))
         return "\n".join(lines)
 
 
 @tf.autograph.experimental.do_not_convert
 def restore(obj, source, *, rules=None, strict: bool = True, at: str | None = None,
-            optimizer_state="auto") -> RestoreReport:
+            optimizer_state="auto", cast: str = "lossless") -> RestoreReport:
     """Restores obj's variables from a source, all or nothing.
 
     Source entries are matched to variables by `objckpt.plan` (object path,
@@ -123,6 +131,12 @@ def restore(obj, source, *, rules=None, strict: bool = True, at: str | None = No
         optimizer layouts: an entry whose owner feeds no variable is skipped
         and listed; a slot of a variable the source holds no state for gets a
         fresh optimizer's value (zeros, or Adagrad's initial accumulator), listed.
+      cast: the casting policy for values whose dtype differs from their variable's:
+        "lossless" (default) casts only where no value changes (bfloat16 or float16 to
+        float32, float32 to float64, integer widening), lists each cast in the plan and
+        report, and refuses a narrowing one with a StructureMismatchError naming this
+        argument; "lossy" also casts to narrower dtypes (float32 to bfloat16, float to
+        integer), as `tf.cast` does. Shapes are never cast.
 
     Returns:
       A frozen `RestoreReport`; its `plan` says which entry fed which variable.
@@ -168,7 +182,7 @@ def restore(obj, source, *, rules=None, strict: bool = True, at: str | None = No
     variables = _tree.tree(obj)
     _snapshot.check_cross_replica(variables, "restore")
     pipe = _pipeline.Pipeline("objckpt.restore", obj, source, rules=rules, at=at,
-                              strict=strict, optimizer_state=optimizer_state)
+                              strict=strict, optimizer_state=optimizer_state, cast=cast)
     done = pipe.restore(variables)
     if done.plan is None:  # the whole tree, from a Snapshot of it
         return RestoreReport(tuple(done.variables), source=done.description)
@@ -178,7 +192,7 @@ def restore(obj, source, *, rules=None, strict: bool = True, at: str | None = No
     report = RestoreReport(tuple(m.target for m in the_plan.matches),
                            the_plan.unmatched_variables, the_plan.unmatched_source,
                            done.description, the_plan.at, the_plan.notes, the_plan,
-                           the_plan.skipped)
+                           the_plan.skipped, the_plan.casts)
     if done.memo is not None:
         # Kept without the source (its tensors and origin tree stay the caller's), and
         # returned as is on every hit: the report is the same for every snapshot of it.
@@ -187,7 +201,7 @@ def restore(obj, source, *, rules=None, strict: bool = True, at: str | None = No
 
 
 def plan(obj, source, *, rules=None, at: str | None = None, strict: bool = True,
-         optimizer_state="auto") -> _match.Plan:
+         optimizer_state="auto", cast: str = "lossless") -> _match.Plan:
     """Plans a restore of obj from source without changing anything.
 
     The arguments are those of `objckpt.restore`, with the same meaning. The old order
@@ -229,6 +243,8 @@ def plan(obj, source, *, rules=None, at: str | None = None, strict: bool = True,
         an optimizer not built yet is built first, as `restore` builds it (and
         Keras's first training step would), so the plan shows the optimizer
         state `restore` moves, and its notes say so.
+      cast: as for `objckpt.restore`; the plan lists each cast (`Plan.casts`, the
+        "dtype casts" section of `describe()`) and a refused one among its mismatches.
 
     Where no rule fits (`rules` not given, entries and variables left over), the plan's
     `proposed` holds a `objckpt.rules.RuleSet` proposed from names and shapes, shown as Python
@@ -243,4 +259,5 @@ def plan(obj, source, *, rules=None, at: str | None = None, strict: bool = True,
     """
     obj, source = _api.obj_first("plan", obj, source)
     return _pipeline.Pipeline("objckpt.plan", obj, source, rules=rules, at=at, strict=strict,
-                              optimizer_state=optimizer_state, action="plan").dry_run()
+                              optimizer_state=optimizer_state, action="plan",
+                              cast=cast).dry_run()

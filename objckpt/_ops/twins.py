@@ -307,7 +307,7 @@ def _check_same_structure(model, current_vars: dict, past_vars: dict) -> None:
             problems.append(f"`{path}`: only in {where}")
         elif a is b:
             problems.append(f"`{path}`: the same variable in current and past")
-        elif _compat.misfit(b, a):  # past's value must fit current's variable, and back
+        elif _compat.misfit(b, a) or _compat.misfit(a, b):  # the same shape and dtype
             problems.append(f"`{path}`: {a.dtype.name}{tuple(a.shape)} in current but "
                             f"{b.dtype.name}{tuple(b.shape)} in past")
         else:

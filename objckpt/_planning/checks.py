@@ -104,6 +104,9 @@ def _extra_lines(the_plan: Plan, source: Source) -> list[tuple[str, bool]]:
 def _fixes(the_plan: Plan, source: Source, strict: bool, variables) -> list[str]:
     """The fixes that apply to this plan's problems, with examples in its own keys."""
     fixes = []
+    if any(getattr(p, "lossy", False) for p in the_plan.mismatched):
+        fixes.append("pass cast='lossy' to cast the values to the obj's narrower dtypes "
+                     "(rounded as tf.cast rounds them)")
     if the_plan.mismatched:
         fixes.append("rebuild the obj with the source's shapes and dtypes (strict=False never "
                      "skips a shape or dtype mismatch)")

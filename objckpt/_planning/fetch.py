@@ -17,8 +17,10 @@ from objckpt._planning import match as _match
 __all__ = ["fetch_entries", "fetch_values", "streamed"]
 
 
-def fetch_values(the_plan: _match.Plan, variables, matches=None) -> list:
-    """Reads the source values of a plan's matches, transforms applied, and checks them.
+def fetch_values(the_plan: _match.Plan, variables, matches=None,
+                 cast: str = "lossless") -> list:
+    """Reads the source values of a plan's matches, transforms applied, checks them and
+    casts each to its variable's dtype where the casting policy (`cast`) lets it.
 
     A transform's output shape is known from tracing only as far as the
     transform lets TF infer it; every value is checked against its variable
@@ -35,7 +37,7 @@ def fetch_values(the_plan: _match.Plan, variables, matches=None) -> list:
                 and value.shape.is_compatible_with(variable.shape)):
             # read in a tf.function being traced: the shape is checked when it runs
             value = tf.ensure_shape(value, variable.shape)
-        if _compat.misfit(value, variable):
+        if _compat.misfit(value, variable, cast):
             got = (f"{value.dtype.name}{tuple(value.shape)} but the obj has "
                    f"{variable.dtype.base_dtype.name}{tuple(variable.shape)}")
             if match.transform is not None:
@@ -44,6 +46,8 @@ def fetch_values(the_plan: _match.Plan, variables, matches=None) -> list:
             else:  # the plan checked the metadata: the data disagrees with it
                 corrupt.append(f"{the_plan.label(match.target)}: `{_render.safe(match.source)}`"
                                f" read as {got}")
+        else:
+            value = _compat.cast_value(value, variable)
         out.append(value)
     if corrupt:
         raise errors.CheckpointCorruptError(
@@ -72,14 +76,15 @@ def fetch_entries(src, entries) -> list:
 def streamed(src, the_plan: _match.Plan, variables):
     """A `_fastio.Loader` restoring the plan from a local TF checkpoint one tensor at a
     time after checking every checksum, or None (then values are fetched as a whole):
-    inside a `tf.function`, with a rule's transform, for distributed variables, and below
+    inside a `tf.function`, with a rule's transform or a dtype cast, for distributed
+    variables, and below
     `_fastio.STREAM_BYTES` (where reading everything at once and one fused assign is faster
     and holding a second copy costs little)."""
     if (src is None or src.bundle_keys is None or not src.prefix or "://" in src.prefix
             or not tf.executing_eagerly() or not the_plan.matches):
         return None
     targets = [variables[m.target] for m in the_plan.matches]
-    if any(m.transform is not None for m in the_plan.matches) or any(
+    if any(m.transform is not None or m.cast for m in the_plan.matches) or any(
             _compat.replica_parts(v) is not None or not v.shape.is_fully_defined()
             or _compat.is_distributed_variable(type(v)) for v in targets):
         return None

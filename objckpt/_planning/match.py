@@ -64,8 +64,9 @@ __all__ = ["Match", "Plan", "check_strict", "optimizer_entries", "optimizer_slot
 
 
 def make_plan(source: Source, obj, variables, *, rules=(), at=None,
-              optimizer_state=None) -> Plan:
-    """Computes the plan for a live tree `variables` of obj (see `plan`)."""
+              optimizer_state=None, cast: str = "lossless") -> Plan:
+    """Computes the plan for a live tree `variables` of obj (see `plan`); `cast`: the
+    casting policy's option ("lossless" or "lossy", `_compat.misfit`)."""
     parsed = parse_rules(rules)
     optimizer_state = optimizer_mode(optimizer_state)
     targets = index_targets(obj, variables)
@@ -78,7 +79,7 @@ def make_plan(source: Source, obj, variables, *, rules=(), at=None,
             view, at, note = _auto_at(source, targets, view)
             if note:
                 notes.append(note)
-    result = _match(source, targets, view, parsed, optimizer_state)
+    result = _match(source, targets, view, parsed, optimizer_state, cast)
     owners = targets.slot_owners()
     return dataclasses.replace(result, at=at, notes=tuple(notes) + result.notes, _source=source,
                                mismatched=labelled(result.mismatched, targets),
@@ -189,6 +190,7 @@ class _Work:
     optimizer_left: list = dataclasses.field(default_factory=list)  # (key, rewritten key)
     notes: list = dataclasses.field(default_factory=list)
     fresh: list = dataclasses.field(default_factory=list)  # (slot path, role): start fresh
+    cast: str = "lossless"  # the casting policy's option
     moved: bool = False  # optimizer state is being placed
     # Keys that rules sharing a source pattern fan out to several targets (`Rule.also`):
     # key -> [(rewritten key, rule)]; a fanned-out key a target misses stays unmatched.
@@ -200,8 +202,9 @@ class _Work:
         return self.source.aliases.get(full, full)
 
 
-def _match(source: Source, targets: Targets, view: dict, rules, optimizer_state) -> Plan:
-    work = _Work(source, targets, view, rules, optimizer_state)
+def _match(source: Source, targets: Targets, view: dict, rules, optimizer_state,
+           cast: str = "lossless") -> Plan:
+    work = _Work(source, targets, view, rules, optimizer_state, cast=cast)
     _claim(work)  # exact, rules, underscores, names; optimizer entries set aside
     _choose(work)  # one key per target, or ambiguous
     if source.kind != "name":  # saved names, then structure, over what is left
@@ -418,7 +421,7 @@ def _result(work: _Work) -> Plan:
         match, problem = check_match(Match(target, view[key], strategy, str(rule) if rule else "",
                                         rule.transform if rule is not None else None),
                                   source, targets.paths[target], shown,
-                                  targets.shown(target))
+                                  targets.shown(target), work.cast)
         if problem:
             mismatched.append(problem)
         else:

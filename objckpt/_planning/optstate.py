@@ -41,8 +41,11 @@ def place_optimizer_state(source, targets, view, rules, optimizer_left, chosen, 
         if name:
             key_of_name[name] = None if name in key_of_name else key
     owners = source.owners()
+    # A Keras weights file holds a LoRA layer's merged kernel, not its factors (Keras's
+    # loader zeroes them): a factor whose kernel is fed is in the same layout still.
+    lora = targets.lora() if not source.keyed_by_path else {}
     network_exact = all(t in chosen and chosen[t][1] in _SAME_LAYOUT for t in targets.network
-                        if t not in targets.rng) \
+                        if t not in targets.rng and lora.get(t) not in chosen) \
         and not any(not is_optimizer_key(k) for k in unmatched)
     if network_exact and _same_optimizer_layout(source, targets, view, optimizer_left, chosen):
         # The same network and the same optimizer layout on both sides (a model restored

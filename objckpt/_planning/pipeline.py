@@ -79,12 +79,14 @@ class Restored:
 
 class Pipeline:
     """One read of `source` into `obj` by `operation` (e.g. "objckpt.restore"), with the
-    calling convention's options (`rules`, `at`, `strict`, `optimizer_state`). `action` is
+    calling convention's options (`rules`, `at`, `strict`, `optimizer_state`, `cast`: the
+    casting policy, "lossless" or "lossy", `_compat.misfit`). `action` is
     the verb of a refusal ("Cannot restore/migrate ..."); "plan": a dry run, whose check
     stage notes problems instead of raising."""
 
     def __init__(self, operation: str, obj, source, *, rules=(), at: str | None = None,
-                 strict: bool = True, optimizer_state="auto", action: str = "restore"):
+                 strict: bool = True, optimizer_state="auto", action: str = "restore",
+                 cast: str = "lossless"):
         self.operation = operation
         self.obj = obj
         self.source = source
@@ -93,6 +95,7 @@ class Pipeline:
         self.strict = strict
         self.optimizer_state = optimizer_state
         self.action = action
+        self.cast = _compat.check_cast(cast)
         self.built: tuple[str, ...] = ()  # optimizers the plan stage built (their types)
         self._loader = None  # the streamed route's loader, between fetch and assign
 
@@ -122,7 +125,8 @@ class Pipeline:
         if ready:
             variables = self.ready(variables, src, obj=obj, rules=rules)
         return variables, _match.make_plan(src, obj, variables, rules=rules, at=self.at,
-                                           optimizer_state=self.optimizer_state)
+                                           optimizer_state=self.optimizer_state,
+                                           cast=self.cast)
 
     def ready(self, variables, src: _sources.Source, *, obj=None, rules=None,
               models_only: bool = False):
@@ -188,12 +192,12 @@ class Pipeline:
             return []
         self._enter("check")
         return [(variable, value, wrong) for variable, value in pairs
-                for wrong in (_compat.misfit(value, variable),) if wrong]
+                for wrong in (_compat.misfit(value, variable, self.cast),) if wrong]
 
     def fetch(self, the_plan: _match.Plan, variables, matches=None) -> list:
         """Stage 4: the plan's values, read, transformed and checked (`_fetch`)."""
         self._enter("fetch")
-        return _fetch.fetch_values(the_plan, variables, matches)
+        return _fetch.fetch_values(the_plan, variables, matches, self.cast)
 
     def fetch_entries(self, src: _sources.Source, entries) -> list:
         """Stage 4 for `(source key, transform)` pairs, read eagerly (`restore_on_create`)."""
@@ -252,7 +256,8 @@ class Pipeline:
         """Stage 6 for `(variable, value)` pairs, eagerly, each replica as
         `tf.train.Checkpoint` restores it (`restore_on_create`, load_ensemble's replicas)."""
         self._enter("assign")
-        _assign.assign_pairs(pairs)
+        _assign.assign_pairs([(variable, _compat.cast_value(value, variable))
+                              for variable, value in pairs])
 
     def refresh(self, written=None, *, obj=None, **options) -> None:
         """Stage 7: state Keras layers derive from the `written` variables (None: all of
@@ -321,6 +326,9 @@ class Pipeline:
                 items = self.source.as_dict()
                 values = (list(items.values()) if the_plan is None
                           else [items[key] for key in cached[0]])
+                if the_plan is not None and the_plan.casts:  # the cached plan's casts
+                    values = [_compat.cast_value(value, variables[m.target]) if m.cast
+                              else value for m, value in zip(the_plan.matches, values)]
         self.assign(variables, the_plan, values)
         if the_plan is None:
             self.refresh(key=variables)
@@ -351,7 +359,7 @@ def _cache_key(pipe):
     if not callable(origin) or pipe.rules or origin() is None:
         return None
     return (id(origin()), bool(pipe.strict), pipe.at,
-            _match.optimizer_mode(pipe.optimizer_state))
+            _match.optimizer_mode(pipe.optimizer_state), pipe.cast)
 
 
 def _cached_plan(pipe, variables):

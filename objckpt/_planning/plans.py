@@ -45,6 +45,8 @@ class Match:
         variable it belongs to).
       rule: the rule that rewrote the key, described (`rule 0 ('^model_001/'
         -> '')`), or "".
+      cast: the dtype cast the value gets on its way into the variable, as the casting
+        policy allows it ("bfloat16 -> float32"), or "" (the same dtype).
     """
 
     target: str
@@ -52,6 +54,7 @@ class Match:
     strategy: str
     rule: str = ""
     transform: Callable | None = dataclasses.field(default=None, repr=False, compare=False)
+    cast: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,6 +143,11 @@ class Plan:
         return not (self.unmatched_variables or self.unmatched_source or self.ambiguous
                     or self.mismatched)
 
+    @property
+    def casts(self) -> dict[str, str]:
+        """{object path: "bfloat16 -> float32"} of the matches whose values are cast."""
+        return {m.target: m.cast for m in self.matches if m.cast}
+
     def strategies(self) -> dict[str, int]:
         """How many matches each strategy made."""
         counts: dict[str, int] = {}
@@ -171,6 +179,8 @@ class Plan:
               for k in self.unmatched_source]),
             ("ambiguous (not guessed)",
              [f"{safe(what)}: {' | '.join(map(safe, c))}" for what, c in self.ambiguous]),
+            ("dtype casts", [f"{self._row(m.target)}: {m.cast}" for m in self.matches
+                             if m.cast]),
             ("shape or dtype mismatches", [text(m) for m in self.mismatched]),
             ("skipped", [text(s) for s in _render.grouped(self.skipped)]),
             ("rules that matched nothing", [text(r) for r in self.unused_rules]),
@@ -230,6 +240,7 @@ class _Problem(str):
     what: str = ""  # "shape (4, 8) in the source but (4, 9) in the obj"
     origin: str = ""  # " (source entry `k`)" or ""
     transformed: bool = False  # the match had a rule's transform
+    lossy: bool = False  # a dtype that cast="lossy" would cast
 
 
 def _problem(target: str, what: str, origin: str, transformed: bool = False) -> _Problem:
@@ -240,8 +251,10 @@ def _problem(target: str, what: str, origin: str, transformed: bool = False) -> 
 
 
 def check_match(match: Match, source: Source, variable, shown: dict | None = None,
-                target_shown: str = ""):
-    """Checks shape and dtype (after the rule's transform). Returns (match, problem).
+                target_shown: str = "", cast: str = "lossless"):
+    """Checks shape and dtype (after the rule's transform) by the one rule
+    (`_compat.misfit`, with the casting policy `cast`). Returns (match, problem); a match
+    whose value is cast says so (`Match.cast`).
 
     `shown` maps a source key to the key people know for the same tensor (its path through
     the network, not the optimizer list TF's walk reached it by first), for messages;
@@ -256,16 +269,21 @@ def check_match(match: Match, source: Source, variable, shown: dict | None = Non
     origin = ""
     if match.source not in (match.target, target_shown) or match.transform is not None:
         origin = f" (source entry `{key}`{', transformed' if match.transform else ''})"
-    wrong = _compat.misfit((shape, dtype), variable)
+    wrong = _compat.misfit((shape, dtype), variable, cast)
     if wrong == "shape":
         return match, _problem(match.target, f"shape {tuple(shape)} in the source but "
                                f"{tuple(variable.shape)} in the obj", origin,
                                match.transform is not None)
     if wrong == "dtype":
-        return match, _problem(match.target, f"dtype {dtype.name} in the source but "
-                               f"{variable.dtype.base_dtype.name} in the obj", origin,
-                               match.transform is not None)
-    return match, ""
+        lossy = _compat.fits((shape, dtype), variable, "lossy")
+        problem = _problem(match.target, f"dtype {dtype.name} in the source but "
+                           f"{variable.dtype.base_dtype.name} in the obj"
+                           + (" (a lossy cast)" if lossy else ""), origin,
+                           match.transform is not None)
+        problem.lossy = lossy
+        return match, problem
+    made = _compat.cast_of((shape, dtype), variable)
+    return (dataclasses.replace(match, cast=made) if made else match), ""
 
 
 def labelled(problems, targets: Targets) -> tuple[str, ...]:
@@ -296,6 +314,7 @@ def labelled(problems, targets: Targets) -> tuple[str, ...]:
         line = _Problem(f"{targets.label(target, owners)}: {problem.what}{slots}{problem.origin}")
         line.target, line.what, line.origin = target, problem.what, problem.origin
         line.transformed = problem.transformed
+        line.lossy = getattr(problem, "lossy", False)
         lines.append(line)
     return tuple(lines)
 

@@ -74,7 +74,8 @@ def _module() -> tf.Module:
 
 def test_the_registry_lists_every_format_with_its_roles():
     names = [f.name for f in _formats.FORMATS]
-    assert names == ["savedmodel", "keras3", "keras2-h5", "safetensors", "tf-checkpoint"]
+    assert names == ["savedmodel", "keras3", "keras2-h5", "safetensors", "pytorch-pickle",
+                     "tf-checkpoint"]
     for fmt in _formats.FORMATS:  # the TF checkpoint too: every role in its format module
         assert all(callable(getattr(fmt, role)) for role in _formats.ROLES), fmt.name
     assert _formats.FORMATS[-1] is _formats.CHECKPOINT
@@ -235,3 +236,61 @@ def test_the_worked_example_in_docs_layout_adds_a_format_to_every_door(tmp_path)
         _formats.unregister("raw-f32")
     with pytest.raises(errors.UnsupportedFormatError):
         objckpt.read_tree(path)
+
+
+class _Marker:
+    """Unpickling this writes a marker file: proof the pickle was never loaded if absent."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def _torch_folder(tmp_path, *names):
+    import pickle
+
+    folder = tmp_path / "hub"
+    folder.mkdir()
+    marker = tmp_path / "UNPICKLED"
+    for name in names:
+        (folder / name).write_bytes(pickle.dumps(_Marker(str(marker)), protocol=2))
+    (folder / "config.json").write_text('{"model_type": "bert"}')
+    return folder, marker
+
+
+@pytest.mark.parametrize("name", ["pytorch_model.bin", "weights.bin", "model.pt", "model.pth",
+                                  "pytorch_model-00001-of-00002.bin"])
+def test_pytorch_pickles_are_refused_by_every_door_and_never_unpickled(tmp_path, name):
+    folder, marker = _torch_folder(tmp_path, name)
+    module = _module()
+    before = module.w.numpy().tobytes()
+    for source in (str(folder / name), str(folder)):
+        for door in (objckpt.read_tree, objckpt.verify, lambda s: objckpt.plan(module, s),
+                     lambda s: objckpt.restore(module, s),
+                     lambda s: objckpt.restore_on_create(module, s), _meta.read):
+            with pytest.raises(errors.UnsupportedFormatError) as caught:
+                door(source)
+            message = str(caught.value)
+            assert f"{name}" in message and "never unpickles" in message
+            assert "can run any code" in message and "safetensors" in message
+            assert "torch.load(" in message and "weights_only=True" in message
+            assert "safe_serialization=True" in message
+    assert not marker.exists()
+    assert module.w.numpy().tobytes() == before
+
+
+def test_a_sharded_pickle_index_is_refused_and_safetensors_beside_pickles_are_read(tmp_path):
+    folder, marker = _torch_folder(tmp_path, "pytorch_model.bin")
+    (folder / "pytorch_model.bin.index.json").write_text('{"weight_map": {}}')
+    with pytest.raises(errors.UnsupportedFormatError, match="never unpickles"):
+        objckpt.read_tree(str(folder / "pytorch_model.bin.index.json"))
+    module = _module()
+    module.w.assign([7.0, 8.0])
+    objckpt.export(module, str(folder))  # model.safetensors beside pytorch_model.bin
+    other = _module()
+    objckpt.restore(other, str(folder))
+    assert other.w.numpy().tolist() == [7.0, 8.0]
+    assert list(objckpt.read_tree(str(folder))) == ["w"]
+    assert not marker.exists()

@@ -623,3 +623,77 @@ def test_keras_hubs_loader_reads_a_sharded_export(tmp_path):
                            hook_fn=lambda tensor, shape: np.transpose(tensor))
     np.testing.assert_array_equal(fresh.get_layer("classifier").kernel.numpy(),
                                   model.get_layer("classifier").kernel.numpy())
+
+
+# --- the dtype written -----------------------------------------------------------------
+
+
+def _mixed():
+    module = tf.Module()
+    rng = np.random.default_rng(3)
+    module.w = tf.Variable(rng.normal(size=(4, 3)).astype("float32"))
+    module.h = tf.Variable(rng.normal(size=(3,)).astype("float16"))
+    module.steps = tf.Variable(np.arange(3, dtype="int32"))
+    return module
+
+
+def test_export_writes_each_variable_in_its_dtype_by_default(tmp_path):
+    module = _mixed()
+    path = objckpt.export(module, str(tmp_path / "m.safetensors"))
+    with safetensors.safe_open(path, "np") as f:
+        assert {k: f.get_tensor(k).dtype.name for k in f.keys()} == {
+            "w": "float32", "h": "float16", "steps": "int32"}
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", tf.bfloat16])
+def test_export_dtype_casts_floats_as_tf_cast_does_and_sets_the_config_dtype(tmp_path, dtype):
+    import ml_dtypes
+
+    name = getattr(dtype, "name", dtype)
+    module = _mixed()
+    folder = tmp_path / "hub"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(
+        {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "torch_dtype": "float32",
+         "hidden_size": 3}))
+    path = objckpt.export(module, str(folder), dtype=dtype)
+    wanted = ml_dtypes.bfloat16 if name == "bfloat16" else np.dtype(name)
+    with safetensors.safe_open(path, "np") as f:
+        got = {k: f.get_tensor(k) for k in f.keys()}
+    assert got["w"].dtype == wanted and got["h"].dtype == wanted
+    assert got["steps"].dtype == np.int32  # integers keep their dtype
+    for key in ("w", "h"):  # NumPy's cast (round to nearest even), byte for byte
+        want = getattr(module, key).numpy().astype(wanted)
+        assert got[key].tobytes() == want.tobytes()
+    config = json.loads((folder / "config.json").read_text())
+    assert config["torch_dtype"] == name and config["hidden_size"] == 3
+    assert config["architectures"] == ["LlamaForCausalLM"]
+    # back into the model: float32 widens by default; bfloat16 -> float16 is lossy
+    back = _mixed()
+    if name == "bfloat16":
+        with pytest.raises(errors.StructureMismatchError, match="pass cast='lossy'"):
+            objckpt.restore(back, str(folder))
+        report = objckpt.restore(back, str(folder), cast="lossy")
+        assert report.cast == {"w": "bfloat16 -> float32", "h": "bfloat16 -> float16"}
+    else:
+        report = objckpt.restore(back, str(folder))
+        assert report.cast == {"w": "float16 -> float32"}
+    np.testing.assert_array_equal(back.w.numpy(), got["w"].astype(np.float32))
+
+
+def test_export_dtype_updates_the_dtype_key_transformers_writes(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gemma", "dtype": "float32"}))
+    objckpt.export(_mixed(), str(tmp_path), dtype="bfloat16")
+    assert json.loads((tmp_path / "config.json").read_text()) == {
+        "model_type": "gemma", "dtype": "bfloat16"}
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "config.json").write_text('{"name": "not a Hub config"}')
+    objckpt.export(_mixed(), str(tmp_path / "other"), dtype="bfloat16")
+    assert (tmp_path / "other" / "config.json").read_text() == '{"name": "not a Hub config"}'
+
+
+@pytest.mark.parametrize("dtype", ["int8", "bool", "float128", 3])
+def test_export_refuses_a_dtype_that_is_no_float_safetensors_holds(tmp_path, dtype):
+    with pytest.raises(errors.InvalidArgumentError, match="dtype must be None or a floating"):
+        objckpt.export(_mixed(), str(tmp_path), dtype=dtype)
+    assert not list(tmp_path.iterdir())

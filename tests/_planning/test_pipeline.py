@@ -299,7 +299,8 @@ def test_misfit_is_the_one_rule_of_shape_and_dtype():
     assert fit.misfit(tf.ones((3, 5)), variable) == "shape"
     assert fit.misfit(tf.ones((4, 3)), variable) == "shape"  # never reshaped
     assert fit.misfit(tf.ones((3, 4), tf.float64), variable) == "dtype"
-    assert fit.misfit(((3, 4), tf.float16), variable) == "dtype"  # from metadata
+    assert fit.misfit(((3, 4), tf.float16), variable) == ""  # widened, from metadata
+    assert fit.misfit(((3, 4), tf.int32), variable) == "dtype"  # int -> float: lossy
     assert fit.misfit(((None, 4), tf.float32), variable) == ""  # traced, checked when read
     relaxed = tf.Variable(tf.zeros((2,)), shape=tf.TensorShape([None]))
     assert fit.misfit(tf.ones((7,)), relaxed) == ""
@@ -346,7 +347,7 @@ def test_every_check_of_a_value_against_a_variable_follows_the_one_rule(tmp_path
         return found
 
     assert refused() == [True, True, True, True]
-    monkeypatch.setattr(fit, "_dtype_fits", lambda dtype, wanted: True)
+    monkeypatch.setattr(fit, "_dtype_fits", lambda dtype, wanted, cast="lossless": True)
     assert refused() == [False, False, False, False]
 
 
