@@ -9,6 +9,7 @@ temporary names and renames).
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 
 import numpy as np
@@ -146,6 +147,7 @@ def _entries(obj, snap, rule_set, strict: bool, optimizer_state, path: str,
         id(variables[p]) for p in targets.rng if p in variables}
     root = getattr(obj, "name", None)
     root = root if isinstance(root, str) else ""
+    kinds = {kind.__name__ for kind in type(obj).__mro__}
     out, origin, unmatched = {}, {}, []
     for key, value in snap.items():
         own = targets.network.get(key, key)
@@ -168,6 +170,9 @@ def _entries(obj, snap, rule_set, strict: bool, optimizer_state, path: str,
                     continue
             else:
                 name, inverse, rule = found
+                if kinds & set(getattr(rule, "unused_by", ())):  # a part the class lacks
+                    left_out[own] = f"{rule.absent}; unused by {type(obj).__name__}"
+                    continue
         shown = _render.safe(own)
         dtype = getattr(value.dtype, "name", str(value.dtype))
         if dtype not in _writer.DTYPES:
@@ -399,4 +404,29 @@ def export(obj, path, *, rules=None, strict: bool = True, optimizer_state="auto"
             "model.build(shape)) before exporting it.", source=path)
     written = _formats.writer("safetensors")(path, values, max_shard_size=max_shard_size,
                                              metadata=metadata)
+    _hub_config(obj, rule_set, os.path.dirname(os.path.abspath(written)))
     return Exported(written, left_out)
+
+
+def _hub_config(obj, rule_set, folder: str) -> None:
+    """A shipped Hugging Face set and a keras-hub model of a class it knows: the folder's
+    `config.json` names that model's Hub class in `architectures` (`BertMaskedLM`:
+    `["BertForMaskedLM"]`), the config the set was made from written when there is none."""
+    classes = getattr(rule_set, "classes", None) or {}
+    hub = next((classes[k.__name__] for k in type(obj).__mro__ if k.__name__ in classes), None)
+    if hub is None:
+        return
+    target = os.path.join(folder, "config.json")
+    config = dict(getattr(rule_set, "config", None) or {})
+    if os.path.isfile(target):
+        with open(target, encoding="utf-8") as f:
+            config = json.load(f)
+        if not isinstance(config, dict):
+            return
+    elif not config:
+        return
+    config["architectures"] = [hub]
+    staged = target + ".objckpt-tmp"
+    with open(staged, "w", encoding="utf-8") as f:
+        json.dump(config, f, indent=2, sort_keys=True)
+    os.replace(staged, target)

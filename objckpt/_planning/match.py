@@ -78,7 +78,8 @@ def make_plan(source: Source, obj, variables, *, rules=(), at=None,
             view, at, note = _auto_at(source, targets, view)
             if note:
                 notes.append(note)
-    result = _match(source, targets, view, parsed, optimizer_state)
+    kinds = {kind.__name__ for kind in type(obj).__mro__}
+    result = _match(source, targets, view, parsed, optimizer_state, kinds)
     owners = targets.slot_owners()
     return dataclasses.replace(result, at=at, notes=tuple(notes) + result.notes, _source=source,
                                mismatched=labelled(result.mismatched, targets),
@@ -194,14 +195,16 @@ class _Work:
     # key -> [(rewritten key, rule)]; a fanned-out key a target misses stays unmatched.
     fanned: dict = dataclasses.field(default_factory=dict)
     forced: set = dataclasses.field(default_factory=set)  # unmatched although it feeds some
+    kinds: set = dataclasses.field(default_factory=set)  # the obj's class names (its MRO)
 
     def canon(self, full: str) -> str:
         """The key a tensor is stored under (a network alias names the same tensor)."""
         return self.source.aliases.get(full, full)
 
 
-def _match(source: Source, targets: Targets, view: dict, rules, optimizer_state) -> Plan:
-    work = _Work(source, targets, view, rules, optimizer_state)
+def _match(source: Source, targets: Targets, view: dict, rules, optimizer_state,
+           kinds=()) -> Plan:
+    work = _Work(source, targets, view, rules, optimizer_state, kinds=set(kinds))
     _claim(work)  # exact, rules, underscores, names; optimizer entries set aside
     _choose(work)  # one key per target, or ambiguous
     if source.kind != "name":  # saved names, then structure, over what is left
@@ -212,6 +215,7 @@ def _match(source: Source, targets: Targets, view: dict, rules, optimizer_state)
             work.notes.append(note)
     _optimizer(work)  # optimizer state by owner (invariant 9)
     _leave_alone(work)  # the obj's optimizer and RNG variables no source value feeds
+    _absent(work)  # variables the source's class lacks (a pooler), with the reason
     return _result(work)
 
 
@@ -252,9 +256,36 @@ def _claim(work: _Work) -> None:
         elif found:  # ranked by how it matched; reported as "rule" when a rule rewrote it
             work.claims.setdefault(found[0], []).append(
                 (_RANK[strategy], key, "rule" if rule is not None else strategy, rule))
+        elif rule is not None and rule.head:  # a task head the obj has no layer for
+            work.skipped.append(f"{full}: head of {rule.head}, set aside (the obj has no "
+                                f"`{_render.safe(new)}`)")
         else:
             work.unmatched.append(key)
             work.rewritten[key] = (new, rule)
+
+
+def _absent(work: _Work) -> None:
+    """Variables a rule feeds that the source lacks for a known reason (a class without a
+    pooler): named with it; where the obj's class does not use them, left as is."""
+    named = [r for r in work.rules if r.absent and r.target is not None]
+    if not named:
+        return
+    for path, variable in work.targets.paths.items():
+        if path in work.chosen or path in work.ambiguous_targets:
+            continue
+        forms = ("/".join(e.lstrip("_") or e for e in path.split("/")), path,
+                 str(getattr(variable, "name", "")).split(":")[0])
+        rule = next((r for r in named if any(r.target.match(f) for f in forms)), None)
+        if rule is None:
+            continue
+        shown = work.targets.label(path)
+        if work.kinds & set(rule.unused_by):
+            work.skipped.append(f"{shown}: {rule.absent}; unused by "
+                                f"{sorted(work.kinds & set(rule.unused_by))[0]}, left as is")
+            work.skipped_targets.add(path)
+        else:
+            work.notes.append(f"{shown} gets no value: {rule.absent}. Fix: strict=False "
+                              "leaves it at its initial value (listed as missing)")
 
 
 _FANNED_LISTED = 4  # source entries named in the note of those that feed several variables
