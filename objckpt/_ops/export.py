@@ -394,6 +394,8 @@ def export(obj, path, *, rules=None, strict: bool = True, optimizer_state="auto"
             "objckpt.export needs the live obj (its layers name the variables); "
             "received a Snapshot. Fix: restore the Snapshot into the obj, then export "
             "the obj.", source=path)
+    if rule_set is not None:  # a shipped set, made for a task model: its class's names
+        rule_set = rule_set.for_model(obj)
     snap = _snapshot.snapshot(obj)
     left_out: dict = {}
     values = _entries(obj, snap, rule_set, strict, optimizer_state, path, left_out)

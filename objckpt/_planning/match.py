@@ -57,6 +57,7 @@ from objckpt._planning.plans import Match, Plan, check_match, labelled
 from objckpt._planning.rules import parse_rules, rewrite_view, warn_unused
 from objckpt._planning.sources import Source
 from objckpt._planning.strategies import match_structure
+from objckpt.rules.core import NOWHERE
 from objckpt._planning.targets import Targets, candidates, index_targets, is_optimizer_key
 
 __all__ = ["Match", "Plan", "check_strict", "optimizer_entries", "optimizer_slots_in", "plan",
@@ -257,8 +258,9 @@ def _claim(work: _Work) -> None:
             work.claims.setdefault(found[0], []).append(
                 (_RANK[strategy], key, "rule" if rule is not None else strategy, rule))
         elif rule is not None and rule.head:  # a task head the obj has no layer for
-            work.skipped.append(f"{full}: head of {rule.head}, set aside (the obj has no "
-                                f"`{_render.safe(new)}`)")
+            where = ("no keras-hub model has a variable for it" if new.startswith(NOWHERE)
+                     else f"the obj has no `{_render.safe(new)}`")
+            work.skipped.append(f"{full}: head of {rule.head}, set aside ({where})")
         else:
             work.unmatched.append(key)
             work.rewritten[key] = (new, rule)

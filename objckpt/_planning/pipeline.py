@@ -43,6 +43,7 @@ import dataclasses
 import weakref
 
 from objckpt import _compat, errors
+from objckpt.rules.core import RuleSet as _RuleSet
 from objckpt.rules.huggingface import for_model as _shipped_rules
 from objckpt._bundle import remote as _remote
 from objckpt._planning import agree as _agree
@@ -119,8 +120,8 @@ class Pipeline:
     def rules_for(self, src: _sources.Source, rules):
         """(the rules the plan stage uses, a note): those given, else the shipped Hugging
         Face set the source's config.json names when obj is a keras-hub model (`open`)."""
-        if rules:
-            return rules, ""
+        if rules:  # a shipped set given for a backbone: made for this task model
+            return (rules.for_model(self.obj) if isinstance(rules, _RuleSet) else rules), ""
         return self._shipped.get(id(src), (rules, ""))
 
     def plan(self, variables, src: _sources.Source, *, obj=None, rules=None,

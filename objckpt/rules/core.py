@@ -9,8 +9,12 @@ from collections.abc import Callable, Sequence
 
 from objckpt import errors
 
-__all__ = ["Chain", "ConvKernel", "Reshape", "Rule", "RuleSet", "Split", "Transform",
+__all__ = ["NOWHERE", "Chain", "ConvKernel", "Reshape", "Rule", "RuleSet", "Split", "Transform",
            "Transpose", "split_of"]
+
+# The target of a head entry that no model has a variable for (a tied decoder, a head
+# keras-hub has no layer for): `Rule(entry, f"{NOWHERE}/{entry}", head=...)` sets it aside.
+NOWHERE = "(no variable)"
 
 # What one `{name}` placeholder matches: one name segment of a dotted or a `/`-joined name.
 SEGMENT = r"[^/.]+"
@@ -541,6 +545,7 @@ class RuleSet(Sequence):
         self.name = str(name or "")
         self.classes = dict(classes or {})
         self.config = dict(config or {})
+        self.remake = None  # model -> the same set made for that model (a shipped set)
         if isinstance(rules, Rule):
             rules = [rules]
         items = list(rules)
@@ -552,6 +557,14 @@ class RuleSet(Sequence):
                     "Rule('source.{name}.weight', 'target/{name}/kernel'), or pass regex "
                     "rules to restore as a plain list.")
         self._rules = tuple(items)
+
+    def for_model(self, model) -> RuleSet:
+        """The set for `model`: a shipped set made again for a task model of a class it
+        knows (`classes`: its heads' names, export's `architectures`), else itself."""
+        if self.remake is None or not any(kind.__name__ in self.classes
+                                          for kind in type(model).__mro__):
+            return self
+        return self.remake(model)
 
     def __getitem__(self, index):
         return self._rules[index]

@@ -10,8 +10,8 @@ kernel`), which restore matches and export names.
 Restore accepts the names with or without the `bert.` prefix (`BertModel` saves them bare,
 the task models under `bert.`) and LayerNorm parameters as `weight`/`bias` or as the older
 `gamma`/`beta`; export writes them bare, as `BertModel.save_pretrained` does (keras-hub's
-importer reads either); a set for a task model's folder (`architectures`
-`BertForMaskedLM`, ...) or for a task model writes them under `bert.`, as that class does.
+importer reads either); the set for a task model (`huggingface(..., model=task)`, as restore
+and export make it for one) writes them under `bert.`, as that task's Hub class does.
 
 Heads (`CLASSES`: each Hub class and its head entries): into the backbone they are set aside
 (listed as the head of their class); into keras-hub's `BertMaskedLM` the masked-LM head
@@ -24,7 +24,7 @@ named with that reason; `BertMaskedLM` does not use it, so there it is listed an
 
 from __future__ import annotations
 
-from objckpt.rules.core import Chain, Reshape, Rule, RuleSet, Transpose
+from objckpt.rules.core import NOWHERE, Chain, Reshape, Rule, RuleSet, Transpose
 
 __all__ = ["MODEL_TYPES", "rules"]
 
@@ -145,7 +145,7 @@ def _heads() -> list:
     ]
     # No keras-hub variable: the decoder is the word embedding (tied), its bias the same
     # tensor as `cls.predictions.bias`; keras-hub has no next-sentence or QA head.
-    out += [head(name, f"{name.replace('.', '_')}/not_in_keras_hub")
+    out += [head(name, f"{NOWHERE}/{name}")
             for name in ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias",
                          *_NSP, *_QA)]
     return out
@@ -164,14 +164,6 @@ def _pooler(architecture: str) -> list:
                 ("pooler.dense.bias", "pooled_dense/bias", None))]
 
 
-def architecture(config: dict, task: str = "") -> str:
-    """The Hub class a set is for: a task model's (`task`, a keras-hub class name), else the
-    first of the config's `architectures` this set knows, else ''."""
-    if task in TASKS:
-        return TASKS[task]
-    return folder_class(config, CLASSES)
-
-
 def folder_class(config: dict, classes) -> str:
     """The first of the config's `architectures` in `classes`, else ''."""
     named = config.get("architectures")
@@ -188,7 +180,7 @@ def rules(config: dict) -> RuleSet:
       >>> rules = objckpt.rules.huggingface("bert", config=hf_config)
       >>> objckpt.restore(keras_hub.models.BertBackbone(...), "bert_dir", rules=rules)
     """
-    hub = architecture(config, config.get("task", ""))
+    hub = TASKS.get(config.get("task", ""), "")
     first = CLASSES[hub][0] if hub else PREFIXES[0]
     bare = _bare(config) + _pooler(folder_class(config, CLASSES))
     prefixes = (first, *(p for p in PREFIXES if p != first))

@@ -106,6 +106,7 @@ def huggingface(name_or_folder: str, *, config: dict | None = None,
         config["task"] = next((k for k in kinds if k in getattr(found, "TASKS", {})), "")
     rules = found.rules(config)
     rules.config = given
+    rules.remake = lambda other: huggingface(model_type, config=given, model=other)
     return rules
 
 
