@@ -109,8 +109,15 @@ def decoder_rules(config: dict, model: str, *, head_dim: int | None = None,
     """The Llama-style decoder shared by keras-hub's Llama3 and Mistral backbones."""
     layer = "transformer_layer_{i}"
     out = [Rule("model.embed_tokens.weight", "token_embedding/embeddings")]
+    classes = CLASSES if classes is None else classes
     if lm_head:
-        out.append(Rule("lm_head.weight", "token_embedding/reverse_embeddings", Transpose()))
+        lacking = [n for n, (_, heads) in classes.items() if "lm_head.weight" not in heads]
+        named = config.get("architectures")
+        hub = next((n for n in (named if isinstance(named, list) else ()) if n in lacking), "")
+        why = (f"{hub} has no LM head (its folder holds no `lm_head.weight`)" if hub else
+               f"the folder holds no `lm_head.weight` ({', '.join(lacking)} have no LM head)")
+        out.append(Rule("lm_head.weight", "token_embedding/reverse_embeddings", Transpose(),
+                        absent=why))
     out += [
         Rule("model.norm.weight", "sequence_output_layernorm/scale"),
         Rule("model.layers.{i}.input_layernorm.weight",
@@ -125,7 +132,6 @@ def decoder_rules(config: dict, model: str, *, head_dim: int | None = None,
         Rule("model.layers.{i}.mlp.down_proj.weight",
              f"{layer}/feedforward_output_dense/kernel", Transpose()),
     ]
-    classes = CLASSES if classes is None else classes
     prefixes = list(dict.fromkeys(["model.", *(p for p, _ in classes.values())]))
     return RuleSet(prefixed(out, prefixes) + head_rules(classes, lm_head=lm_head),
                    alternatives=True, name=f"huggingface({config.get('model_type', '')!r})",
