@@ -15,7 +15,7 @@ import os
 from objckpt import errors
 from objckpt.rules import core as _core
 
-__all__ = ["for_model", "huggingface", "supported"]
+__all__ = ["for_model", "head_entries", "huggingface", "supported"]
 
 # model_type -> the module holding its rule set (filled as sets are added).
 _MODULES: dict[str, str] = {
@@ -33,6 +33,25 @@ _CONFIG_LIMIT = 1 << 20  # bytes of config.json read
 def supported() -> list[str]:
     """The `model_type` names a rule set exists for."""
     return sorted(_MODULES)
+
+
+def head_entries() -> frozenset:
+    """Every head entry of every Hub class of the shipped sets, as transformers names them
+    (`cls.predictions.bias`, `classifier.weight`, `score.weight`, ...): what a proposal
+    never pairs with a variable. Entries some set's backbone has (`lm_head.weight`: Llama's
+    untied output embedding; `pooler.dense.*`: BERT's pooler) are left out."""
+    global _HEADS
+    if _HEADS is None:
+        found = set()
+        for module in sorted(set(_MODULES.values())):
+            for value in importlib.import_module(module).CLASSES.values():
+                found.update(value[1])
+        _HEADS = frozenset(found - _BACKBONE_TOO)
+    return _HEADS
+
+
+_HEADS = None
+_BACKBONE_TOO = {"lm_head.weight", "pooler.dense.weight", "pooler.dense.bias"}
 
 
 def _read_config(folder: str) -> dict:
