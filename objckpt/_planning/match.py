@@ -57,8 +57,8 @@ from objckpt._planning.plans import Match, Plan, check_match, labelled
 from objckpt._planning.rules import parse_rules, rewrite_view, warn_unused
 from objckpt._planning.sources import Source
 from objckpt._planning.strategies import match_structure
-from objckpt.rules.core import NOWHERE
 from objckpt._planning.targets import Targets, candidates, index_targets, is_optimizer_key
+from objckpt.rules.core import NOWHERE
 
 __all__ = ["Match", "Plan", "check_strict", "optimizer_entries", "optimizer_slots_in", "plan",
            "recorded_owners"]

@@ -6,7 +6,9 @@ stages come in one order, each in its own module:
 
 1. open the source (`Pipeline.open`, `_sources.open_source`: a prefix, a directory, a
    Snapshot, any format);
-2. plan it onto the obj (`Pipeline.plan`: rules, at, optimizer_state; an optimizer not
+2. plan it onto the obj (`Pipeline.plan`: rules, at, optimizer_state; without rules, a
+   keras-hub obj and a Hugging Face folder get the shipped set its config.json names,
+   `Pipeline.rules_for`, noted in the plan; an optimizer not
    built yet is built first, as Keras's first training step builds it,
    `_checks.ready_optimizers`, so `objckpt.plan` shows what `objckpt.restore` does;
    `_match.make_plan`);
@@ -43,8 +45,6 @@ import dataclasses
 import weakref
 
 from objckpt import _compat, errors
-from objckpt.rules.core import RuleSet as _RuleSet
-from objckpt.rules.huggingface import for_model as _shipped_rules
 from objckpt._bundle import remote as _remote
 from objckpt._planning import agree as _agree
 from objckpt._planning import assign as _assign
@@ -54,6 +54,8 @@ from objckpt._planning import match as _match
 from objckpt._planning import rules as _rules
 from objckpt._planning import sources as _sources
 from objckpt._planning import tree as _tree
+from objckpt.rules.core import RuleSet as _RuleSet
+from objckpt.rules.huggingface import for_model as _shipped_rules
 
 __all__ = ["STAGES", "Pipeline", "Restored"]
 
