@@ -25,6 +25,7 @@ from objckpt._planning import match as _match
 from objckpt._planning import targets as _targets
 from objckpt._planning import tree as _tree
 from objckpt.rules import core as _rules_core
+from objckpt.rules.huggingface import read_config as _read_hub_config
 
 __all__ = ["Exported", "export"]
 
@@ -349,7 +350,11 @@ def export(obj, path, *, rules=None, strict: bool = True, optimizer_state="auto"
         `tf.train.Checkpoint`).
       path: `<folder>/<name>.safetensors`, or a folder (the file is then
         `<folder>/model.safetensors`). Missing folders are created.
-      rules: None, or an `objckpt.rules.RuleSet` (a list of `objckpt.rules.Rule`).
+      rules: None, or an `objckpt.rules.RuleSet` (a list of `objckpt.rules.Rule`). A
+        shipped Hugging Face set and a keras-hub model of a class it knows (a task model
+        such as `BertMaskedLM`, or `BertBackbone`): the names of that model's Hub class
+        (`bert.` + its head), and the folder's `config.json` names the class in
+        `architectures` (written from the set's config when the folder has none).
       strict: with rules, a variable no rule's target matches is an error
         (True) or written under its object path (False).
       optimizer_state: "auto" or False: no optimizer state; True: written too.
@@ -421,9 +426,9 @@ def _hub_config(obj, rule_set, folder: str) -> None:
     target = os.path.join(folder, "config.json")
     config = dict(getattr(rule_set, "config", None) or {})
     if os.path.isfile(target):
-        with open(target, encoding="utf-8") as f:
-            config = json.load(f)
-        if not isinstance(config, dict):
+        try:  # read as data, bounded; one that is no JSON object is left as it is
+            config = _read_hub_config(folder)
+        except errors.InvalidArgumentError:
             return
     elif not config:
         return

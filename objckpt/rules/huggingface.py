@@ -15,7 +15,7 @@ import os
 from objckpt import errors
 from objckpt.rules import core as _core
 
-__all__ = ["for_model", "head_entries", "huggingface", "supported"]
+__all__ = ["for_model", "head_entries", "huggingface", "read_config", "supported"]
 
 # model_type -> the module holding its rule set (filled as sets are added).
 _MODULES: dict[str, str] = {
@@ -52,6 +52,12 @@ def head_entries() -> frozenset:
 
 _HEADS = None
 _BACKBONE_TOO = {"lm_head.weight", "pooler.dense.weight", "pooler.dense.bias"}
+
+
+def read_config(folder: str) -> dict:
+    """The folder's `config.json` as a dict, read as data (at most 1 MiB);
+    InvalidArgumentError when it cannot be read or is no JSON object."""
+    return _read_config(folder)
 
 
 def _read_config(folder: str) -> dict:
