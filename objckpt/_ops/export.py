@@ -25,6 +25,7 @@ from objckpt._planning import match as _match
 from objckpt._planning import targets as _targets
 from objckpt._planning import tree as _tree
 from objckpt.rules import core as _rules_core
+from objckpt.rules.huggingface import read_config as _read_hub_config
 
 __all__ = ["Exported", "export"]
 
@@ -156,6 +157,7 @@ def _entries(obj, snap, rule_set, strict: bool, optimizer_state, path: str,
         id(variables[p]) for p in targets.rng if p in variables}
     root = getattr(obj, "name", None)
     root = root if isinstance(root, str) else ""
+    kinds = {kind.__name__ for kind in type(obj).__mro__}
     out, origin, unmatched = {}, {}, []
     for key, value in snap.items():
         own = targets.network.get(key, key)
@@ -178,6 +180,9 @@ def _entries(obj, snap, rule_set, strict: bool, optimizer_state, path: str,
                     continue
             else:
                 name, inverse, rule = found
+                if kinds & set(getattr(rule, "unused_by", ())):  # a part the class lacks
+                    left_out[own] = f"{rule.absent}; unused by {type(obj).__name__}"
+                    continue
         shown = _render.safe(own)
         dtype = getattr(value.dtype, "name", str(value.dtype))
         if dtype not in _writer.DTYPES:
@@ -354,7 +359,11 @@ def export(obj, path, *, rules=None, strict: bool = True, optimizer_state="auto"
         `tf.train.Checkpoint`).
       path: `<folder>/<name>.safetensors`, or a folder (the file is then
         `<folder>/model.safetensors`). Missing folders are created.
-      rules: None, or an `objckpt.rules.RuleSet` (a list of `objckpt.rules.Rule`).
+      rules: None, or an `objckpt.rules.RuleSet` (a list of `objckpt.rules.Rule`). A
+        shipped Hugging Face set and a keras-hub model of a class it knows (a task model
+        such as `BertMaskedLM`, or `BertBackbone`): the names of that model's Hub class
+        (`bert.` + its head), and the folder's `config.json` names the class in
+        `architectures` (written from the set's config when the folder has none).
       strict: with rules, a variable no rule's target matches is an error
         (True) or written under its object path (False).
       optimizer_state: "auto" or False: no optimizer state; True: written too.
@@ -408,6 +417,8 @@ def export(obj, path, *, rules=None, strict: bool = True, optimizer_state="auto"
             "objckpt.export needs the live obj (its layers name the variables); "
             "received a Snapshot. Fix: restore the Snapshot into the obj, then export "
             "the obj.", source=path)
+    if rule_set is not None:  # a shipped set, made for a task model: its class's names
+        rule_set = rule_set.for_model(obj)
     snap = _snapshot.snapshot(obj)
     left_out: dict = {}
     values = _entries(obj, snap, rule_set, strict, optimizer_state, path, left_out)
@@ -422,6 +433,7 @@ def export(obj, path, *, rules=None, strict: bool = True, optimizer_state="auto"
                   for name, t in values.items()}
     written = _formats.writer("safetensors")(path, values, max_shard_size=max_shard_size,
                                              metadata=metadata)
+    _hub_config(obj, rule_set, os.path.dirname(os.path.abspath(written)))
     floats = {t.dtype for t in values.values() if t.dtype in _FLOATS}
     if len(floats) == 1:
         _config_dtype(os.path.dirname(written), floats.pop())
@@ -464,3 +476,27 @@ def _config_dtype(folder: str, written: str) -> None:
     with open(temp, "w", encoding="utf-8") as handle:
         handle.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
     os.replace(temp, config)
+
+
+def _hub_config(obj, rule_set, folder: str) -> None:
+    """A shipped Hugging Face set and a keras-hub model of a class it knows: the folder's
+    `config.json` names that model's Hub class in `architectures` (`BertMaskedLM`:
+    `["BertForMaskedLM"]`), the config the set was made from written when there is none."""
+    classes = getattr(rule_set, "classes", None) or {}
+    hub = next((classes[k.__name__] for k in type(obj).__mro__ if k.__name__ in classes), None)
+    if hub is None:
+        return
+    target = os.path.join(folder, "config.json")
+    config = dict(getattr(rule_set, "config", None) or {})
+    if os.path.isfile(target):
+        try:  # read as data, bounded; one that is no JSON object is left as it is
+            config = _read_hub_config(folder)
+        except errors.InvalidArgumentError:
+            return
+    elif not config:
+        return
+    config["architectures"] = [hub]
+    staged = target + ".objckpt-tmp"
+    with open(staged, "w", encoding="utf-8") as f:
+        json.dump(config, f, indent=2, sort_keys=True)
+    os.replace(staged, target)

@@ -115,8 +115,8 @@ def _fixes(the_plan: Plan, source: Source, strict: bool, variables) -> list[str]
     if the_plan.ambiguous:
         what, candidates = the_plan.ambiguous[0]
         fixes.append(f"add a rule that names the intended entry exactly, e.g. "
-                     f"rules=[({'^' + re.escape(candidates[0]) + '$'!r}, "
-                     f"{_render.safe(what)!r})]" if candidates else
+                     f"rules=[{_python(('^' + re.escape(candidates[0]) + '$', what))}]"
+                     if candidates else
                      "add a rule that names the intended source entry exactly")
     if not strict or not (the_plan.unmatched_variables or the_plan.unmatched_source):
         return fixes
@@ -174,8 +174,8 @@ def _near_miss(the_plan: Plan, source: Source, extra: list, missing: list,
             safe = _render.safe
             return (f"a rule rewrote `{safe(key)}` to `{safe(new)}`, which the obj lacks; "
                     f"`{safe(target)}` beside it has its shape: name it with a rule before "
-                    f"yours, e.g. rules=[({safe(repr('^' + re.escape(key) + '$'))}, "
-                    f"{safe(repr(target))})] followed by your rules")
+                    f"yours, e.g. rules=[{_python(('^' + re.escape(key) + '$', target))}] "
+                    "followed by your rules")
     return ""
 
 
@@ -220,7 +220,7 @@ def _example_rule(extra: list, missing: list, the_plan: Plan, source: Source,
                 best = (found, cut)
             cut = key.find("/", cut + 1)
         if best is not None:
-            return _render.safe(repr(("^" + re.escape(key[:best[1] + 1]), "")))
+            return _python(("^" + re.escape(key[:best[1] + 1]), ""))
     # The first key (in order) with a variable of its shape, and the first such variable.
     first_of_shape: dict = {}
     for path in missing:
@@ -233,7 +233,14 @@ def _example_rule(extra: list, missing: list, the_plan: Plan, source: Source,
         if found is not None:
             key, path = candidate, found
             break
-    return _render.safe(repr(("^" + re.escape(key) + "$", shown[path])))
+    return _python(("^" + re.escape(key) + "$", shown[path]))
+
+
+def _python(rule: tuple) -> str:
+    """A rule as Python to paste: `ascii` escapes what a terminal must not see (control and
+    non-ASCII characters) once, so the regex pasted is the one shown (a terminal escape of
+    the repr would double its backslashes: a regex that matches nothing)."""
+    return ascii(rule)
 
 
 def noted(pipe, variables, src: Source, the_plan: Plan) -> Plan:

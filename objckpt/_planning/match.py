@@ -58,6 +58,7 @@ from objckpt._planning.rules import parse_rules, rewrite_view, warn_unused
 from objckpt._planning.sources import Source
 from objckpt._planning.strategies import match_structure
 from objckpt._planning.targets import Targets, candidates, index_targets, is_optimizer_key
+from objckpt.rules.core import NOWHERE
 
 __all__ = ["Match", "Plan", "check_strict", "optimizer_entries", "optimizer_slots_in", "plan",
            "recorded_owners"]
@@ -79,7 +80,8 @@ def make_plan(source: Source, obj, variables, *, rules=(), at=None,
             view, at, note = _auto_at(source, targets, view)
             if note:
                 notes.append(note)
-    result = _match(source, targets, view, parsed, optimizer_state, cast)
+    kinds = {kind.__name__ for kind in type(obj).__mro__}
+    result = _match(source, targets, view, parsed, optimizer_state, cast, kinds)
     owners = targets.slot_owners()
     return dataclasses.replace(result, at=at, notes=tuple(notes) + result.notes, _source=source,
                                mismatched=labelled(result.mismatched, targets),
@@ -196,6 +198,7 @@ class _Work:
     # key -> [(rewritten key, rule)]; a fanned-out key a target misses stays unmatched.
     fanned: dict = dataclasses.field(default_factory=dict)
     forced: set = dataclasses.field(default_factory=set)  # unmatched although it feeds some
+    kinds: set = dataclasses.field(default_factory=set)  # the obj's class names (its MRO)
 
     def canon(self, full: str) -> str:
         """The key a tensor is stored under (a network alias names the same tensor)."""
@@ -203,8 +206,8 @@ class _Work:
 
 
 def _match(source: Source, targets: Targets, view: dict, rules, optimizer_state,
-           cast: str = "lossless") -> Plan:
-    work = _Work(source, targets, view, rules, optimizer_state, cast=cast)
+           cast: str = "lossless", kinds=()) -> Plan:
+    work = _Work(source, targets, view, rules, optimizer_state, cast=cast, kinds=set(kinds))
     _claim(work)  # exact, rules, underscores, names; optimizer entries set aside
     _choose(work)  # one key per target, or ambiguous
     if source.kind != "name":  # saved names, then structure, over what is left
@@ -215,6 +218,7 @@ def _match(source: Source, targets: Targets, view: dict, rules, optimizer_state,
             work.notes.append(note)
     _optimizer(work)  # optimizer state by owner (invariant 9)
     _leave_alone(work)  # the obj's optimizer and RNG variables no source value feeds
+    _absent(work)  # variables the source's class lacks (a pooler), with the reason
     return _result(work)
 
 
@@ -255,9 +259,37 @@ def _claim(work: _Work) -> None:
         elif found:  # ranked by how it matched; reported as "rule" when a rule rewrote it
             work.claims.setdefault(found[0], []).append(
                 (_RANK[strategy], key, "rule" if rule is not None else strategy, rule))
+        elif rule is not None and rule.head:  # a task head the obj has no layer for
+            where = ("no keras-hub model has a variable for it" if new.startswith(NOWHERE)
+                     else f"the obj has no `{_render.safe(new)}`")
+            work.skipped.append(f"{full}: head of {rule.head}, set aside ({where})")
         else:
             work.unmatched.append(key)
             work.rewritten[key] = (new, rule)
+
+
+def _absent(work: _Work) -> None:
+    """Variables a rule feeds that the source lacks for a known reason (a class without a
+    pooler): named with it; where the obj's class does not use them, left as is."""
+    named = [r for r in work.rules if r.absent and r.target is not None]
+    if not named:
+        return
+    for path, variable in work.targets.paths.items():
+        if path in work.chosen or path in work.ambiguous_targets:
+            continue
+        forms = ("/".join(e.lstrip("_") or e for e in path.split("/")), path,
+                 str(getattr(variable, "name", "")).split(":")[0])
+        rule = next((r for r in named if any(r.target.match(f) for f in forms)), None)
+        if rule is None:
+            continue
+        shown = work.targets.label(path)
+        if work.kinds & set(rule.unused_by):
+            work.skipped.append(f"{shown}: {rule.absent}; unused by "
+                                f"{sorted(work.kinds & set(rule.unused_by))[0]}, left as is")
+            work.skipped_targets.add(path)
+        else:
+            work.notes.append(f"{shown} gets no value: {rule.absent}. Fix: strict=False "
+                              "leaves it at its initial value (listed as missing)")
 
 
 _FANNED_LISTED = 4  # source entries named in the note of those that feed several variables

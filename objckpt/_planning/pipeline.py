@@ -6,7 +6,9 @@ stages come in one order, each in its own module:
 
 1. open the source (`Pipeline.open`, `_sources.open_source`: a prefix, a directory, a
    Snapshot, any format);
-2. plan it onto the obj (`Pipeline.plan`: rules, at, optimizer_state; an optimizer not
+2. plan it onto the obj (`Pipeline.plan`: rules, at, optimizer_state; without rules, a
+   keras-hub obj and a Hugging Face folder get the shipped set its config.json names,
+   `Pipeline.rules_for`, noted in the plan; an optimizer not
    built yet is built first, as Keras's first training step builds it,
    `_checks.ready_optimizers`, so `objckpt.plan` shows what `objckpt.restore` does;
    `_match.make_plan`);
@@ -52,6 +54,8 @@ from objckpt._planning import match as _match
 from objckpt._planning import rules as _rules
 from objckpt._planning import sources as _sources
 from objckpt._planning import tree as _tree
+from objckpt.rules.core import RuleSet as _RuleSet
+from objckpt.rules.huggingface import for_model as _shipped_rules
 
 __all__ = ["STAGES", "Pipeline", "Restored"]
 
@@ -97,6 +101,7 @@ class Pipeline:
         self.action = action
         self.cast = _compat.check_cast(cast)
         self.built: tuple[str, ...] = ()  # optimizers the plan stage built (their types)
+        self._shipped: dict = {}  # id(opened source) -> (shipped rule set, note)
         self._loader = None  # the streamed route's loader, between fetch and assign
 
     def __repr__(self) -> str:
@@ -110,7 +115,19 @@ class Pipeline:
     def open(self, source=None) -> _sources.Source:
         """Stage 1: the source (this pipeline's, or one member's) opened as a plan source."""
         self._enter("open")
-        return _sources.open_source(self.source if source is None else source)
+        given = self.source if source is None else source
+        src = _sources.open_source(given)
+        shipped = None if self.rules else _shipped_rules(self.obj, given)
+        if shipped is not None:  # a keras-hub model and a Hugging Face folder: its set
+            self._shipped[id(src)] = shipped
+        return src
+
+    def rules_for(self, src: _sources.Source, rules):
+        """(the rules the plan stage uses, a note): those given, else the shipped Hugging
+        Face set the source's config.json names when obj is a keras-hub model (`open`)."""
+        if rules:  # a shipped set given for a backbone: made for this task model
+            return (rules.for_model(self.obj) if isinstance(rules, _RuleSet) else rules), ""
+        return self._shipped.get(id(src), (rules, ""))
 
     def plan(self, variables, src: _sources.Source, *, obj=None, rules=None,
              ready: bool = True):
@@ -119,14 +136,17 @@ class Pipeline:
         not checked yet."""
         self._enter("plan")
         obj = self.obj if obj is None else obj
-        rules = self.rules if rules is None else rules
+        rules, note = self.rules_for(src, self.rules if rules is None else rules)
         if not variables:  # an obj not built yet: nothing to plan (the check refuses it)
             return variables, _match.Plan(src.description, ())
         if ready:
             variables = self.ready(variables, src, obj=obj, rules=rules)
-        return variables, _match.make_plan(src, obj, variables, rules=rules, at=self.at,
-                                           optimizer_state=self.optimizer_state,
-                                           cast=self.cast)
+        the_plan = _match.make_plan(src, obj, variables, rules=rules, at=self.at,
+                                    optimizer_state=self.optimizer_state,
+                                    cast=self.cast)
+        if note:
+            the_plan = dataclasses.replace(the_plan, notes=(note, *the_plan.notes))
+        return variables, the_plan
 
     def ready(self, variables, src: _sources.Source, *, obj=None, rules=None,
               models_only: bool = False):
@@ -150,7 +170,7 @@ class Pipeline:
         source's entries under `at`, rewritten by the rules into the object paths they
         will land at: `(entries, skipped)`, entries as `(path, source key, transform)`."""
         self._enter("plan")
-        parsed = _rules.parse_rules(self.rules)
+        parsed = _rules.parse_rules(self.rules_for(src, self.rules)[0])
         view = _match.view_at(src, self.at)
         rewritten = _rules.rewrite_view(view, parsed, note_bookkeeping=False)
         entries, seen = [], {}
@@ -172,7 +192,7 @@ class Pipeline:
         comes back with notes on what restore would do, and rules proposed where none fit."""
         self._enter("check")
         obj = self.obj if obj is None else obj
-        rules = self.rules if rules is None else rules
+        rules = self.rules_for(src, self.rules if rules is None else rules)[0]
         if self.action == "plan":
             return _checks.noted(self, variables, src, the_plan)
         if not variables:

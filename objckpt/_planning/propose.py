@@ -25,6 +25,7 @@ from objckpt._planning.match import Plan
 from objckpt._planning.sources import Source
 from objckpt._planning.targets import is_default_name, is_optimizer_key, strip
 from objckpt.rules.core import Chain, ConvKernel, Reshape, Rule, RuleSet, Transpose
+from objckpt.rules.huggingface import head_entries
 
 __all__ = ["plan", "proposal_fix", "propose"]
 
@@ -271,8 +272,9 @@ def _rules(pairs: dict, keys: list, target_of: dict, variables: dict) -> list:
 def propose(source: Source, variables: dict, the_plan: Plan) -> RuleSet | None:
     """A rule set pairing the plan's leftover network entries with its leftover network
     variables by names and shapes, or None when nothing pairs up."""
+    heads = head_entries()  # a Hub class's task head: never paired with a backbone variable
     keys = [k for k in the_plan.unmatched_source if not is_optimizer_key(k)
-            and k in source.specs]
+            and k in source.specs and k not in heads]
     paths = [p for p in the_plan.unmatched_variables if not is_optimizer_key(p)
              and p in variables]
     if not keys or not paths:

@@ -41,6 +41,13 @@ class ParsedRule:
     # From a RuleSet of alternatives (a shipped Hugging Face set lists every spelling a file
     # may use): matching no key is expected, never reported.
     optional: bool = False
+    # From an objckpt.rules.Rule: the Hub classes whose head the entry is (set aside when
+    # the obj has no target for it), why a folder may lack it, the model classes that do
+    # not use its variable, and the regex of its target (object path) side.
+    head: str = ""
+    absent: str = ""
+    unused_by: tuple = ()
+    target: re.Pattern | None = None
 
     def __str__(self) -> str:
         if self.label is not None:
@@ -70,7 +77,7 @@ def parse_rules(rules) -> tuple[ParsedRule, ...]:
         if isinstance(rule, ParsedRule):  # parsed already (restore_on_create plans again later)
             parsed.append(dataclasses.replace(rule, index=index))
             continue
-        label = None
+        label, given = None, rule
         if isinstance(rule, _ruleset.Rule):
             label, rule = repr(rule), rule.regex_rule()
         if not isinstance(rule, (tuple, list)) or len(rule) not in (2, 3):
@@ -97,8 +104,13 @@ def parse_rules(rules) -> tuple[ParsedRule, ...]:
                 "are (regex, replacement) pairs applied with re.sub(regex, replacement, key, "
                 "count=1). Fix: correct the pattern (re.escape(text) matches text "
                 "literally).") from err
+        extra = {}
+        if isinstance(given, _ruleset.Rule):
+            extra = dict(head=given.head, absent=given.absent, unused_by=given.unused_by,
+                         target=given.target_regex)
         parsed.append(ParsedRule(index, regex, replacement, transform, label,
-                                 optional=bool(getattr(rules, "alternatives", False))))
+                                 optional=bool(getattr(rules, "alternatives", False)),
+                                 **extra))
     return _fan_out(parsed, rules)
 
 

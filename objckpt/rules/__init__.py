@@ -31,7 +31,12 @@ Example:
 
 Rule sets for Hugging Face checkpoints ship with the library:
 `objckpt.rules.huggingface("llama")`, or `huggingface("path/to/hf_dir")` which reads the
-folder's `config.json` (`model_type`, and the sizes a set needs) as data.
+folder's `config.json` (`model_type`, and the sizes a set needs) as data. Each set knows the
+Hub classes of its architecture and their heads (`Rule(..., head=...)`): set aside in a
+backbone, restored into the keras-hub task model that has them; a part a class lacks
+(`Rule(..., absent=...)`: a `BertForMaskedLM` has no pooler) is named with that reason.
+Without rules, restoring a keras-hub model from such a folder uses the set its config.json
+names (`huggingface.for_model`).
 
 Layout: `core` (the rules and transforms; it imports only `objckpt.errors`, and TensorFlow
 or NumPy only when a transform runs) and `huggingface` (the choice of a set), with one

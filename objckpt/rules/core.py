@@ -9,8 +9,12 @@ from collections.abc import Callable, Sequence
 
 from objckpt import errors
 
-__all__ = ["Chain", "ConvKernel", "Reshape", "Rule", "RuleSet", "Split", "Transform",
+__all__ = ["NOWHERE", "Chain", "ConvKernel", "Reshape", "Rule", "RuleSet", "Split", "Transform",
            "Transpose", "split_of"]
+
+# The target of a head entry that no model has a variable for (a tied decoder, a head
+# keras-hub has no layer for): `Rule(entry, f"{NOWHERE}/{entry}", head=...)` sets it aside.
+NOWHERE = "(no variable)"
 
 # What one `{name}` placeholder matches: one name segment of a dotted or a `/`-joined name.
 SEGMENT = r"[^/.]+"
@@ -436,11 +440,24 @@ def _names(fields: list) -> set:
 class Rule:
     """One entry of a `RuleSet`: `source` (the name in the file) <-> `target` (the object
     path), with `{name}` placeholders (one name segment each, the same names on both sides)
-    and an optional value transform applied at restore (its `inverse()` at export)."""
+    and an optional value transform applied at restore (its `inverse()` at export).
 
-    def __init__(self, source: str, target: str, transform: Callable | None = None):
+    head: the entry is a task head (`"BertForMaskedLM"`, the classes whose files hold it): a
+    restore into an obj without the target sets the entry aside, listed in the report's
+    `skipped` as that head, instead of reporting it as unexpected; an obj that has the
+    target (the keras-hub task model) restores it. absent: why a folder may lack the entry
+    (`"BertForMaskedLM has no pooler"`): a variable it feeds that gets no value is named
+    with this reason in the plan's notes and in a strict restore's error; unused_by: the
+    model classes (by name) whose outputs do not use that variable: there it is listed
+    under `skipped` with the reason and left as is, and strict=True holds.
+    """
+
+    def __init__(self, source: str, target: str, transform: Callable | None = None, *,
+                 head: str = "", absent: str = "", unused_by: tuple = ()):
         shown = f"Rule({source!r}, {target!r})"
         self.source, self.target, self.transform = source, target, transform
+        self.head, self.absent = str(head or ""), str(absent or "")
+        self.unused_by = tuple(unused_by)
         self._source_fields = _fields(source, "source", shown)
         self._target_fields = _fields(target, "target", shown)
         only_source = _names(self._source_fields) - _names(self._target_fields)
@@ -480,7 +497,13 @@ class Rule:
 
     def __repr__(self) -> str:
         extra = f", {self.transform!r}" if self.transform is not None else ""
+        extra += f", head={self.head!r}" if self.head else ""
         return f"Rule({self.source!r}, {self.target!r}{extra})"
+
+    def with_source(self, source: str) -> Rule:
+        """The same rule for another source name (a model prefix added)."""
+        return Rule(source, self.target, self.transform, head=self.head, absent=self.absent,
+                    unused_by=self.unused_by)
 
     def __eq__(self, other):
         return isinstance(other, Rule) and (other.source, other.target, other.transform) == (
@@ -508,11 +531,21 @@ class RuleSet(Sequence):
     writes it once, after checking that every variable gives the same bytes.
     """
 
-    def __init__(self, rules=(), *, alternatives: bool = False):
+    def __init__(self, rules=(), *, alternatives: bool = False, name: str = "",
+                 classes=None, config=None):
         """alternatives: the rules list several spellings of what one file may hold (the
         shipped Hugging Face sets: names with or without a model prefix, `weight` or
-        `gamma`); a rule that matches no key is then expected, not reported."""
+        `gamma`); a rule that matches no key is then expected, not reported.
+        name: what the set is, as plans and reports name it (`huggingface('bert')`).
+        classes: {keras-hub class name: Hugging Face class name} (`BertMaskedLM`:
+        `BertForMaskedLM`): the `architectures` export writes for a model of that class.
+        config: the Hugging Face config the set was made from (export writes it, with
+        `architectures`, into a folder that has no config.json)."""
         self.alternatives = bool(alternatives)
+        self.name = str(name or "")
+        self.classes = dict(classes or {})
+        self.config = dict(config or {})
+        self.remake = None  # model -> the same set made for that model (a shipped set)
         if isinstance(rules, Rule):
             rules = [rules]
         items = list(rules)
@@ -524,6 +557,14 @@ class RuleSet(Sequence):
                     "Rule('source.{name}.weight', 'target/{name}/kernel'), or pass regex "
                     "rules to restore as a plain list.")
         self._rules = tuple(items)
+
+    def for_model(self, model) -> RuleSet:
+        """The set for `model`: a shipped set made again for a task model of a class it
+        knows (`classes`: its heads' names, export's `architectures`), else itself."""
+        if self.remake is None or not any(kind.__name__ in self.classes
+                                          for kind in type(model).__mro__):
+            return self
+        return self.remake(model)
 
     def __getitem__(self, index):
         return self._rules[index]

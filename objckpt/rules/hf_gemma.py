@@ -8,15 +8,24 @@ are. The embedding is tied: one tensor, `model.embed_tokens.weight`, is keras-hu
 `ReversibleEmbedding` (no `lm_head.weight`). Gemma 2 adds norms after attention and after
 the feed-forward block, and names the pre-feed-forward norm `pre_feedforward_layernorm`
 (Gemma's is `post_attention_layernorm`). Targets are the backbone's variable names.
+
+Hub classes (`CLASSES`) as Llama's: `GemmaModel` saves the decoder bare, the task classes
+under `model.`; `lm_head.weight` (tied) and the classification heads have no keras-hub
+variable and are set aside; `GemmaCausalLM` has none beyond its backbone.
 """
 
 from __future__ import annotations
 
 from objckpt.rules.core import Chain, Reshape, Rule, RuleSet, Transpose
+from objckpt.rules.hf_llama import head_rules, hub_classes, prefixed
 
 __all__ = ["MODEL_TYPES", "rules"]
 
 MODEL_TYPES = ("gemma", "gemma2")
+CLASSES = {**hub_classes("Gemma"), **hub_classes("Gemma2")}
+for _qa in ("GemmaForQuestionAnswering", "Gemma2ForQuestionAnswering"):  # none in transformers
+    del CLASSES[_qa]
+TASKS = {"GemmaCausalLM": "GemmaForCausalLM"}
 
 
 def _size(config: dict, key: str, default=None) -> int:
@@ -74,4 +83,10 @@ def rules(config: dict) -> RuleSet:
         Rule(f"{source}.mlp.up_proj.weight", f"{layer}/ffw_gating_2/kernel", Transpose()),
         Rule(f"{source}.mlp.down_proj.weight", f"{layer}/ffw_linear/kernel", Transpose()),
     ]
-    return RuleSet(out, alternatives=True)
+    name = "Gemma2" if gemma2 else "Gemma"
+    classes = {k: v for k, v in CLASSES.items() if k.startswith(name) and (
+        gemma2 or not k.startswith("Gemma2"))}
+    tasks = {k: v.replace("Gemma", name, 1) for k, v in TASKS.items()}
+    return RuleSet(prefixed(out, ["model.", ""]) + head_rules(classes, lm_head=False),
+                   alternatives=True, name=f"huggingface({'gemma2' if gemma2 else 'gemma'!r})",
+                   classes=tasks)

@@ -14,16 +14,48 @@ saves them under it, `GPT2Model` bare); export writes them bare (keras-hub's imp
 either). `lm_head.weight` has no rule: it is the token embedding (tied), which a
 `GPT2LMHeadModel`'s safetensors file holds once, as `transformer.wte.weight`; the attention
 masks (`attn.bias`, `attn.masked_bias`) some older files hold are buffers, not weights.
+
+Hub classes (`CLASSES`): keras-hub's `GPT2CausalLM` has no variable beyond its backbone (its
+logits are the tied token embedding), so a `GPT2LMHeadModel` folder restores into it as into
+the backbone; a `lm_head.weight` that a file holds anyway, and the heads of the other
+classes (`score.*`, `classifier.*`, `qa_outputs.*`, `multiple_choice_head.*`), have no
+keras-hub variable and are set aside. Export of a `GPT2CausalLM` writes `transformer.`
+names, as `GPT2LMHeadModel` saves them.
 """
 
 from __future__ import annotations
 
-from objckpt.rules.core import Chain, Reshape, Rule, RuleSet, Split
+from objckpt.rules.core import NOWHERE, Chain, Reshape, Rule, RuleSet, Split
 
 __all__ = ["MODEL_TYPES", "rules"]
 
 MODEL_TYPES = ("gpt2",)
-PREFIXES = ("", "transformer.")  # the first is what export writes
+PREFIXES = ("", "transformer.")  # the first is what export writes (a backbone's set)
+
+# Hub class -> (its prefix, head entries as transformers names them; `lm_head.weight` is tied
+# and left out of the files transformers writes).
+CLASSES = {
+    "GPT2Model": ("", ()),
+    "GPT2LMHeadModel": ("transformer.", ("lm_head.weight",)),
+    "GPT2DoubleHeadsModel": ("transformer.", (
+        "lm_head.weight", "multiple_choice_head.summary.weight",
+        "multiple_choice_head.summary.bias")),
+    "GPT2ForSequenceClassification": ("transformer.", ("score.weight",)),
+    "GPT2ForTokenClassification": ("transformer.", ("classifier.weight", "classifier.bias")),
+    "GPT2ForQuestionAnswering": ("transformer.", ("qa_outputs.weight", "qa_outputs.bias")),
+}
+TASKS = {"GPT2CausalLM": "GPT2LMHeadModel"}
+
+
+def _heads() -> list:
+    entries = dict.fromkeys(e for _, heads in CLASSES.values() for e in heads)
+    out = []
+    for entry in entries:
+        having = ", ".join(n for n, (_, heads) in CLASSES.items() if entry in heads)
+        tied = " (tied to the token embedding)" if entry == "lm_head.weight" else ""
+        out.append(Rule(entry, f"{NOWHERE}/{entry}",
+                        head=having + tied))
+    return out
 
 
 def _size(config: dict, key: str) -> int:
@@ -88,5 +120,9 @@ def rules(config: dict) -> RuleSet:
       >>> objckpt.restore(keras_hub.models.GPT2Backbone(...), "gpt2_dir", rules=rules)
     """
     bare = _bare(config)
-    return RuleSet([Rule(prefix + rule.source, rule.target, rule.transform)
-                    for prefix in PREFIXES for rule in bare], alternatives=True)
+    hub = TASKS.get(config.get("task", ""), "")
+    first = CLASSES[hub][0] if hub else PREFIXES[0]
+    prefixes = (first, *(p for p in PREFIXES if p != first))
+    return RuleSet([rule.with_source(prefix + rule.source) for prefix in prefixes
+                    for rule in bare] + _heads(), alternatives=True,
+                   name="huggingface('gpt2')", classes=TASKS)

@@ -7,15 +7,65 @@ head_dim) <-> (heads, head_dim, hidden). Targets are the backbone's variable nam
 (`transformer_layer_0/self_attention/query/kernel`), which restore matches and export
 names. `lm_head.weight` feeds the untied output embedding (`tie_word_embeddings` false,
 transformers' default for Llama); with tied embeddings `model.embed_tokens.weight` is both.
+
+Hub classes (`CLASSES`): `LlamaModel` saves the decoder bare (`embed_tokens.weight`), the
+task classes under `model.` (`LlamaForQuestionAnswering` under `transformer.`); restore
+accepts each, export writes `model.`. keras-hub's `Llama3CausalLM` has no variable beyond its
+backbone (its logits are the output embedding), so `lm_head.weight` is the only head it
+takes; the classification and question-answering heads (`score.*`, `qa_outputs.*`) have no
+keras-hub task model and are set aside, as a tied `lm_head.weight` is.
 """
 
 from __future__ import annotations
 
-from objckpt.rules.core import Chain, Reshape, Rule, RuleSet, Transpose
+from objckpt.rules.core import NOWHERE, Chain, Reshape, Rule, RuleSet, Transpose
 
 __all__ = ["MODEL_TYPES", "rules"]
 
 MODEL_TYPES = ("llama",)
+
+_SCORE, _TOKENS, _QA = ("score.weight",), ("score.weight", "score.bias"), (
+    "qa_outputs.weight", "qa_outputs.bias")
+
+
+def hub_classes(name: str, *, qa_prefix: str = "model.") -> dict:
+    """Hub class -> (its decoder prefix, head entries as transformers names them) of a
+    Llama-style architecture `name` (`Llama`, `Mistral`, `Gemma`, `Gemma2`)."""
+    return {
+        f"{name}Model": ("", ()),
+        f"{name}ForCausalLM": ("model.", ("lm_head.weight",)),
+        f"{name}ForSequenceClassification": ("model.", _SCORE),
+        f"{name}ForTokenClassification": ("model.", _TOKENS),
+        f"{name}ForQuestionAnswering": (qa_prefix, _QA),
+    }
+
+
+CLASSES = hub_classes("Llama", qa_prefix="transformer.")
+# keras-hub task model -> the Hub class of its heads (export's `architectures`).
+TASKS = {"Llama3CausalLM": "LlamaForCausalLM", "LlamaCausalLM": "LlamaForCausalLM"}
+
+
+def head_rules(classes: dict, *, lm_head: bool) -> list:
+    """Heads without a keras-hub variable, set aside wherever they appear (`lm_head.weight`
+    too when `lm_head` is False: tied to the token embedding)."""
+    def having(entry):
+        return ", ".join(n for n, (_, heads) in classes.items() if entry in heads)
+
+    names = [n for n in [*_TOKENS, *_QA] + ([] if lm_head else ["lm_head.weight"])
+             if having(n)]
+    return [Rule(n, f"{NOWHERE}/{n}",
+                 head=having(n) + (" (tied to the token embedding)" if n == "lm_head.weight"
+                                   else "")) for n in names]
+
+
+def prefixed(rules: list, prefixes) -> list:
+    """Each `model.` rule once per prefix (the first is what export writes); others as they
+    are."""
+    out = []
+    for prefix in prefixes:
+        out += [r.with_source(prefix + r.source[len("model."):]) for r in rules
+                if r.source.startswith("model.")]
+    return out + [r for r in rules if not r.source.startswith("model.")]
 
 
 def _size(config: dict, key: str, model: str, default=None) -> int:
@@ -55,12 +105,19 @@ def attention_rules(layer: str, attention: str, config: dict, model: str, *,
 
 
 def decoder_rules(config: dict, model: str, *, head_dim: int | None = None,
-                  lm_head: bool) -> RuleSet:
+                  lm_head: bool, classes: dict | None = None, tasks=None) -> RuleSet:
     """The Llama-style decoder shared by keras-hub's Llama3 and Mistral backbones."""
     layer = "transformer_layer_{i}"
     out = [Rule("model.embed_tokens.weight", "token_embedding/embeddings")]
+    classes = CLASSES if classes is None else classes
     if lm_head:
-        out.append(Rule("lm_head.weight", "token_embedding/reverse_embeddings", Transpose()))
+        lacking = [n for n, (_, heads) in classes.items() if "lm_head.weight" not in heads]
+        named = config.get("architectures")
+        hub = next((n for n in (named if isinstance(named, list) else ()) if n in lacking), "")
+        why = (f"{hub} has no LM head (its folder holds no `lm_head.weight`)" if hub else
+               f"the folder holds no `lm_head.weight` ({', '.join(lacking)} have no LM head)")
+        out.append(Rule("lm_head.weight", "token_embedding/reverse_embeddings", Transpose(),
+                        absent=why))
     out += [
         Rule("model.norm.weight", "sequence_output_layernorm/scale"),
         Rule("model.layers.{i}.input_layernorm.weight",
@@ -75,7 +132,10 @@ def decoder_rules(config: dict, model: str, *, head_dim: int | None = None,
         Rule("model.layers.{i}.mlp.down_proj.weight",
              f"{layer}/feedforward_output_dense/kernel", Transpose()),
     ]
-    return RuleSet(out, alternatives=True)
+    prefixes = list(dict.fromkeys(["model.", *(p for p, _ in classes.values())]))
+    return RuleSet(prefixed(out, prefixes) + head_rules(classes, lm_head=lm_head),
+                   alternatives=True, name=f"huggingface({config.get('model_type', '')!r})",
+                   classes=TASKS if tasks is None else tasks)
 
 
 def rules(config: dict) -> RuleSet:

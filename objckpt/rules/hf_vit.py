@@ -12,12 +12,19 @@ export names.
 
 Restore accepts the names with or without the `vit.` prefix (`ViTForImageClassification`
 saves them under `vit.`, `ViTModel` bare); export writes `vit.`, the form keras-hub's
-importer reads. `ViTModel`'s pooler and the classifier have no backbone variable.
+importer reads.
+
+Hub classes (`CLASSES`): `ViTModel`'s pooler (`pooler.dense.*`) has no keras-hub variable and
+is set aside; `ViTForImageClassification`'s classifier (`classifier.*`, a `Linear`) is set
+aside in the backbone and restored into keras-hub's `ViTImageClassifier` (its
+`output_dense`), whose backbone sits under `backbone/` (the set for it, `huggingface(...,
+model=classifier)`, as restore and export make it, targets that). `ViTForMaskedImageModeling`
+has no keras-hub task model: its `decoder.*` and `embeddings.mask_token` are set aside.
 """
 
 from __future__ import annotations
 
-from objckpt.rules.core import Chain, ConvKernel, Reshape, Rule, RuleSet, Transpose
+from objckpt.rules.core import NOWHERE, Chain, ConvKernel, Reshape, Rule, RuleSet, Transpose
 
 __all__ = ["MODEL_TYPES", "rules"]
 
@@ -25,6 +32,29 @@ MODEL_TYPES = ("vit",)
 PREFIXES = ("vit.", "")  # the first is what export writes
 EMBEDDING = "operations/1"  # ViTPatchingAndEmbedding
 ENCODER = "operations/2"  # ViTEncoder
+
+# Hub class -> (its prefix, head entries as transformers names them).
+CLASSES = {
+    "ViTModel": ("", ("pooler.dense.weight", "pooler.dense.bias")),
+    "ViTForImageClassification": ("vit.", ("classifier.weight", "classifier.bias")),
+    "ViTForMaskedImageModeling": ("vit.", ("vit.embeddings.mask_token", "decoder.0.weight",
+                                           "decoder.0.bias")),
+}
+TASKS = {"ViTImageClassifier": "ViTForImageClassification"}
+
+
+def _heads() -> list:
+    def having(entry):
+        return ", ".join(n for n, (_, heads) in CLASSES.items() if entry in heads)
+
+    out = [Rule("classifier.weight", "output_dense/kernel", Transpose(),
+                head=having("classifier.weight")),
+           Rule("classifier.bias", "output_dense/bias", head=having("classifier.bias"))]
+    for entry in ("pooler.dense.weight", "pooler.dense.bias", "vit.embeddings.mask_token",
+                  "embeddings.mask_token", "decoder.0.weight", "decoder.0.bias"):
+        out.append(Rule(entry, f"{NOWHERE}/{entry}",
+                        head=having(entry) or having("vit." + entry)))
+    return out
 
 
 def _size(config: dict, key: str) -> int:
@@ -92,6 +122,8 @@ def rules(config: dict) -> RuleSet:
       >>> rules = objckpt.rules.huggingface("vit", config=hf_config)
       >>> objckpt.restore(keras_hub.models.ViTBackbone(...), "vit_dir", rules=rules)
     """
-    bare = _bare(config)
-    return RuleSet([Rule(prefix + rule.source, rule.target, rule.transform)
-                    for prefix in PREFIXES for rule in bare], alternatives=True)
+    root = "backbone/" if config.get("task", "") in TASKS else ""
+    bare = [Rule(rule.source, root + rule.target, rule.transform) for rule in _bare(config)]
+    return RuleSet([rule.with_source(prefix + rule.source) for prefix in PREFIXES
+                    for rule in bare] + _heads(), alternatives=True,
+                   name="huggingface('vit')", classes=TASKS)

@@ -15,7 +15,7 @@ import os
 from objckpt import errors
 from objckpt.rules import core as _core
 
-__all__ = ["huggingface", "supported"]
+__all__ = ["for_model", "head_entries", "huggingface", "read_config", "supported"]
 
 # model_type -> the module holding its rule set (filled as sets are added).
 _MODULES: dict[str, str] = {
@@ -33,6 +33,31 @@ _CONFIG_LIMIT = 1 << 20  # bytes of config.json read
 def supported() -> list[str]:
     """The `model_type` names a rule set exists for."""
     return sorted(_MODULES)
+
+
+def head_entries() -> frozenset:
+    """Every head entry of every Hub class of the shipped sets, as transformers names them
+    (`cls.predictions.bias`, `classifier.weight`, `score.weight`, ...): what a proposal
+    never pairs with a variable. Entries some set's backbone has (`lm_head.weight`: Llama's
+    untied output embedding; `pooler.dense.*`: BERT's pooler) are left out."""
+    global _HEADS
+    if _HEADS is None:
+        found = set()
+        for module in sorted(set(_MODULES.values())):
+            for value in importlib.import_module(module).CLASSES.values():
+                found.update(value[1])
+        _HEADS = frozenset(found - _BACKBONE_TOO)
+    return _HEADS
+
+
+_HEADS = None
+_BACKBONE_TOO = {"lm_head.weight", "pooler.dense.weight", "pooler.dense.bias"}
+
+
+def read_config(folder: str) -> dict:
+    """The folder's `config.json` as a dict, read as data (at most 1 MiB);
+    InvalidArgumentError when it cannot be read or is no JSON object."""
+    return _read_config(folder)
 
 
 def _read_config(folder: str) -> dict:
@@ -63,13 +88,23 @@ def _read_config(folder: str) -> dict:
     return config
 
 
-def huggingface(name_or_folder: str, *, config: dict | None = None) -> _core.RuleSet:
-    """The rule set between a Hugging Face checkpoint and its keras-hub backbone.
+def huggingface(name_or_folder: str, *, config: dict | None = None,
+                model=None) -> _core.RuleSet:
+    """The rule set between a Hugging Face checkpoint and its keras-hub backbone or task
+    model.
+
+    Every set knows the Hub classes of its architecture (`CLASSES` of its module) and their
+    head entries: into a backbone a head is set aside (listed under the report's
+    `skipped`), into the keras-hub task model that has it (`BertMaskedLM`, ...) it is
+    restored, and `export` writes it back.
 
     Args:
       name_or_folder: a `model_type` (`"llama"`, `"gpt2"`, ...), or a folder holding a
-        Hugging Face `config.json` (its `model_type` chooses, its sizes configure).
+        Hugging Face `config.json` (its `model_type` chooses, its sizes configure, its
+        `architectures` name the class, whose names export writes).
       config: the config as a dict, when a name is given (sizes the set needs).
+      model: the keras-hub model the set is for (optional): a task model's class chooses
+        the Hub class export names (`BertMaskedLM`: `BertForMaskedLM`, `bert.` names).
 
     Raises:
       InvalidArgumentError: no rule set for that model type (the supported ones are named),
@@ -89,4 +124,48 @@ def huggingface(name_or_folder: str, *, config: dict | None = None) -> _core.Rul
             "rules with objckpt.rules.Rule (objckpt.plan(model, source) proposes some).")
     config = dict(config or {})
     config.setdefault("model_type", model_type.lower())  # a module may cover several types
-    return importlib.import_module(module).rules(config)
+    found = importlib.import_module(module)
+    given = dict(config)
+    if model is not None:
+        kinds = [kind.__name__ for kind in type(model).__mro__]
+        config["task"] = next((k for k in kinds if k in getattr(found, "TASKS", {})), "")
+    rules = found.rules(config)
+    rules.config = given
+    rules.remake = lambda other: huggingface(model_type, config=given, model=other)
+    return rules
+
+
+def _is_keras_hub(obj) -> bool:
+    return any(str(getattr(kind, "__module__", "")).startswith("keras_hub.")
+               for kind in type(obj).__mro__)
+
+
+def for_model(obj, source):
+    """(the shipped set, a note saying which) for `restore(obj, source)` without rules: obj
+    is a keras-hub model and source a local Hugging Face folder (or a file in one) whose
+    `config.json` names a `model_type` a set exists for; else None (nothing chosen: the
+    restore goes on as it would without a set). keras_hub is never imported here."""
+    if not _is_keras_hub(obj) or not isinstance(source, (str, os.PathLike)):
+        return None
+    folder = os.fspath(source)
+    if "://" in folder:
+        return None
+    if os.path.isfile(folder):
+        folder = os.path.dirname(folder) or "."
+    if not os.path.isfile(os.path.join(folder, "config.json")):
+        return None
+    try:
+        config = _read_config(folder)
+    except errors.InvalidArgumentError:
+        return None
+    model_type = str(config.get("model_type", "")).lower()
+    if model_type not in _MODULES:
+        return None
+    rules = huggingface(folder, model=obj)
+    classes = config.get("architectures")
+    classes = [c for c in classes if isinstance(c, str) and c.isidentifier()] if isinstance(
+        classes, list) else []
+    named = f" ({', '.join(classes)})" if classes else ""
+    return rules, (f"rules: the shipped Hugging Face set objckpt.rules.huggingface("
+                   f"{model_type!r}), chosen by the folder's config.json{named}; pass "
+                   "rules=... to use others")

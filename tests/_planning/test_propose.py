@@ -251,6 +251,9 @@ def test_a_llama_folder_without_its_set_gets_what_the_docs_say(tmp_path):
     objckpt.export(backbone(0), str(folder), rules=huggingface(str(folder)))
     shipped, proposed_into = backbone(1), backbone(2)
     objckpt.restore(shipped, str(folder), rules=huggingface(str(folder)))
+    # With its config.json a keras-hub backbone gets the shipped set without rules: the
+    # proposal is for a folder that names no set.
+    (folder / "config.json").unlink()
 
     the_plan = objckpt.plan(proposed_into, str(folder))
     sources = {rule.source for rule in the_plan.proposed}
@@ -270,3 +273,33 @@ def test_a_llama_folder_without_its_set_gets_what_the_docs_say(tmp_path):
     for name in names:
         same = bits(got[name].numpy()) == bits(want[name].numpy())
         assert same == ("self_attention_layernorm" not in name), name
+
+
+def test_a_hub_head_is_never_proposed_and_fix_regexes_match_their_keys(tmp_path):
+    """A task head of a Hub class (BERT's masked-LM LayerNorm) is never paired with a
+    variable of the same shape and words (a pooler's bias), and the example rule of a Fix
+    line is Python whose regex matches the key it names (escaped once)."""
+    import re
+
+    import tensorflow as tf
+
+    from objckpt import errors
+
+    class Pooler(tf.Module):
+        def __init__(self):
+            self.pooled_dense = tf.Module()
+            self.pooled_dense.bias = tf.Variable(np.zeros(4, np.float32))
+
+    pooler = Pooler()
+    path = str(tmp_path / "head.safetensors")
+    safetensors_numpy.save_file(
+        {"cls.predictions.transform.LayerNorm.bias": np.ones(4, np.float32)}, path)
+    assert objckpt.plan(pooler, path).proposed is None
+    with pytest.raises(errors.StructureMismatchError) as raised:
+        objckpt.restore(pooler, path)
+    shown = re.findall(r"rules=\[(\('[^)]*'\))\]", str(raised.value))
+    assert shown, str(raised.value)
+    import ast
+
+    regex, _ = ast.literal_eval(shown[0])
+    assert re.search(regex, "cls.predictions.transform.LayerNorm.bias")

@@ -102,3 +102,50 @@ def test_restore_save_twins_clone_make_outputs_equal(pair, tmp_path):
     assert not inner_ids(copy.weights) & inner_ids(a.weights)
     for w, g in zip(want, outputs(copy, x)):
         np.testing.assert_array_equal(g, w)
+
+
+def test_every_door_takes_a_hugging_face_folder_without_rules(tmp_path):
+    """A keras-hub model and a Hugging Face folder: plan, restore, restore_on_create,
+    load_ensemble and migrate use the set its config.json names (their notes say which),
+    so each gives what restore with that set gives, bit for bit."""
+    import json
+
+    config = {"architectures": ["BertModel"], "model_type": "bert", "vocab_size": 50,
+              "hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
+              "intermediate_size": 32, "max_position_embeddings": 16, "type_vocab_size": 2}
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    published = make("bert", seed=1)
+    rng = np.random.default_rng(1)
+    for variable in published.weights:
+        variable.assign(rng.normal(size=variable.shape).astype(np.float32))
+    objckpt.export(published, str(folder), rules=objckpt.rules.huggingface(str(folder)))
+    want = {p: v.numpy().tobytes() for p, v in objckpt.tree(published).items()
+            if "seed_generator" not in p}
+
+    def values(model):
+        return {p: v.numpy().tobytes() for p, v in objckpt.tree(model).items()
+                if "seed_generator" not in p}
+
+    note = "objckpt.rules.huggingface('bert'), chosen by the folder's config.json (BertModel)"
+    assert any(note in n for n in objckpt.plan(make("bert", seed=2), str(folder)).notes)
+    restored = make("bert", seed=2)
+    assert any(note in n for n in objckpt.restore(restored, str(folder)).notes)
+    assert values(restored) == want
+    # a file inside the folder chooses the same set
+    from_file = make("bert", seed=3)
+    objckpt.restore(from_file, str(folder / "model.safetensors"))
+    assert values(from_file) == want
+
+    ensemble = objckpt.load_ensemble(make("bert", seed=4), [str(folder), str(folder)])
+    assert [values(member) for member in ensemble.members] == [want, want]
+
+    prefix = objckpt.migrate(make("bert", seed=5), str(folder), str(tmp_path / "ckpt" / "c"))
+    migrated = make("bert", seed=6)
+    objckpt.restore(migrated, prefix)
+    assert values(migrated) == want
+
+    deferred = make("bert", seed=7)
+    objckpt.restore_on_create(deferred, str(folder)).assert_done()
+    assert values(deferred) == want
