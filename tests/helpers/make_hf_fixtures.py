@@ -18,9 +18,10 @@ left at ones shows), saved with `save_pretrained(safe_serialization=True)` into
 cast with `.to(torch.bfloat16)`, round to nearest even). Beside each folder,
 `<folder>.oracle.safetensors` holds the fixed inputs and transformers' outputs on them:
 `last_hidden_state` (the base model's, after its final norm), `pooler_output` where the base
-model has a pooler, and `logits` for a class with a head. For a bfloat16 folder the oracle is
-the float32 model holding the bfloat16-rounded weights (`model.to(bfloat16).to(float32)`),
-run in float32: what a float32 model restored from that folder must give. Inputs are stored
+model has a pooler, and `logits` for a class with a head. The oracle is transformers' run of
+the folder as saved, loaded with `from_pretrained(folder, dtype=float32)`: for a bfloat16
+folder, the bfloat16-rounded weights widened, with the buffers transformers computes (RoPE
+frequencies) in float32: what a float32 model restored from that folder must give. Inputs are stored
 in Keras's layout (images NHWC; transformers gets them as NCHW).
 
 Everything is seeded and runs on CPU in eager attention with one thread: re-running the
@@ -184,6 +185,7 @@ def _build(model_type: str, config: dict, cls: str, seed: int):
 def write_fixtures(out: str = FIXTURES) -> list:
     import numpy as np
     import torch
+    import transformers
     from safetensors.numpy import save_file
 
     torch.set_num_threads(1)
@@ -197,9 +199,12 @@ def write_fixtures(out: str = FIXTURES) -> list:
             for dtype in DTYPES:
                 name = folder_name(case, cls, dtype)
                 path = os.path.join(out, name)
-                saved = model.to(getattr(torch, dtype))
-                saved.save_pretrained(path, safe_serialization=True)
-                oracle_model = saved.to(torch.float32)  # bf16-rounded weights, run in float32
+                model.to(getattr(torch, dtype)).save_pretrained(path, safe_serialization=True)
+                # transformers' float32 run of the folder: the weights as saved (bfloat16:
+                # rounded, then widened), the buffers it computes (RoPE) in float32
+                oracle_model = getattr(transformers, cls).from_pretrained(
+                    path, dtype=torch.float32, attn_implementation="eager")
+                oracle_model.eval()
                 oracle = {**inputs(model_type), **_run(oracle_model, model_type)}
                 save_file({k: np.ascontiguousarray(v) for k, v in oracle.items()},
                           path + ".oracle.safetensors",
@@ -207,7 +212,6 @@ def write_fixtures(out: str = FIXTURES) -> list:
                               "transformers": PINNED["transformers"], "class": cls,
                               "dtype": dtype, "run": "float32, eager attention"},
                               sort_keys=True)})
-                model = oracle_model
                 written.append(name)
     return written
 
