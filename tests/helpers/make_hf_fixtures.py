@@ -232,8 +232,11 @@ def check_exports(folder: str, fixtures: str = FIXTURES) -> int:
         with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
             config = json.load(f)
         cls = (config.get("architectures") or [None])[0]
-        if cls is None:
-            rows.append((name, "-", "no `architectures` in config.json", "FAIL"))
+        oracle_path = os.path.join(fixtures, name + ".oracle.safetensors")
+        if cls is None or not os.path.isfile(oracle_path):
+            why = ("no `architectures` in config.json" if cls is None
+                   else f"no fixture {name!r} under {fixtures}")
+            rows.append((name, cls or "-", why, "FAIL"))
             failed += 1
             continue
         model, info = getattr(transformers, cls).from_pretrained(
@@ -242,7 +245,7 @@ def check_exports(folder: str, fixtures: str = FIXTURES) -> int:
         model.eval()
         problems = {k: sorted(v) for k, v in info.items()
                     if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
-        oracle = load_file(os.path.join(fixtures, name + ".oracle.safetensors"))
+        oracle = load_file(oracle_path)
         ours = _run(model, config["model_type"])
         worst = 0.0
         for key, value in ours.items():
