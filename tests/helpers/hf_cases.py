@@ -1,0 +1,211 @@
+"""The table of Hugging Face folders that transformers wrote, and their keras-hub models.
+
+One row per (configuration, Hub class) that tests/helpers/make_hf_fixtures.py writes, in
+float32 and bfloat16 (`tests/fixtures/hf/<case>-<Class>-<dtype>/`, its oracle beside it as
+`<folder>.oracle.safetensors`). Each row says which keras-hub backbone the folder's
+config.json describes (built with keras-hub's own `convert_backbone_config`), the keras-hub
+task model that holds the class's head (None where keras-hub has none), the entries of the
+folder that are the head (set aside when it goes into the backbone), the backbone variables
+the class lacks, and which oracle output the task model's output is. The next architecture
+adds rows here and in make_hf_fixtures.py's ROWS.
+
+Run as a script (with Keras 3 and keras-hub; no transformers) it writes objckpt's exports of
+the rows that export whole into tests/fixtures/hf_exports/ (see `export_rows`), which
+`make_hf_fixtures.py --check-exports` loads with transformers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from typing import NamedTuple
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIXTURES = os.path.join(ROOT, "fixtures", "hf")
+EXPORTS = os.path.join(ROOT, "fixtures", "hf_exports")
+DTYPES = ("float32", "bfloat16")
+
+# model_type -> keras-hub's converter module (its `backbone_cls`, `convert_backbone_config`).
+CONVERTERS = {"llama": "convert_llama3", "mistral": "convert_mistral", "gemma": "convert_gemma",
+              "gemma2": "convert_gemma", "gpt2": "convert_gpt2", "bert": "convert_bert",
+              "vit": "convert_vit"}
+
+
+class Case(NamedTuple):
+    """One Hub class of one configuration (both dtypes)."""
+
+    case: str  # the configuration: make_hf_fixtures.ROWS's key
+    cls: str  # the transformers class that wrote the folder
+    task: str | None  # the keras-hub task model holding the head, or None
+    head: tuple = ()  # the folder's entries with no backbone variable (set aside there)
+    lacks: tuple = ()  # backbone variables (paths) the folder has no entry for
+    # The task model's logits against transformers' (float32 models; rtol = atol), where
+    # keras-hub's head computes differently from transformers' (None: the default).
+    logits_tolerance: float | None = None
+
+    @property
+    def id(self) -> str:
+        return f"{self.case}-{self.cls}"
+
+    def folder(self, dtype: str) -> str:
+        return os.path.join(FIXTURES, f"{self.id}-{dtype}")
+
+    @property
+    def exports_whole(self) -> bool:
+        """The restored model holds exactly the folder's entries: its export is the class."""
+        return not self.lacks and (not self.head or self.task is not None)
+
+
+_LM_HEAD = ("token_embedding/reverse_embeddings",)  # an untied backbone's output embedding
+_MLM = ("cls.predictions.bias", "cls.predictions.transform.dense.weight",
+        "cls.predictions.transform.dense.bias", "cls.predictions.transform.LayerNorm.weight",
+        "cls.predictions.transform.LayerNorm.bias")
+_POOLER = ("pooled_dense/kernel", "pooled_dense/bias")
+
+CASES = (
+    Case("llama", "LlamaModel", None, lacks=_LM_HEAD),
+    Case("llama", "LlamaForCausalLM", "Llama3CausalLM"),
+    Case("llama", "LlamaForSequenceClassification", None, head=("score.weight",),
+         lacks=_LM_HEAD),
+    Case("llama_tied", "LlamaForCausalLM", "Llama3CausalLM"),
+    Case("mistral", "MistralModel", None, lacks=_LM_HEAD),
+    Case("mistral", "MistralForCausalLM", "MistralCausalLM"),
+    Case("mistral", "MistralForSequenceClassification", None, head=("score.weight",),
+         lacks=_LM_HEAD),
+    Case("gemma", "GemmaModel", None),
+    Case("gemma", "GemmaForCausalLM", "GemmaCausalLM"),
+    Case("gemma", "GemmaForSequenceClassification", None, head=("score.weight",)),
+    Case("gemma2", "Gemma2Model", None),
+    Case("gemma2", "Gemma2ForCausalLM", "GemmaCausalLM"),
+    Case("gemma2", "Gemma2ForSequenceClassification", None, head=("score.weight",)),
+    Case("gpt2", "GPT2Model", None),
+    Case("gpt2", "GPT2LMHeadModel", "GPT2CausalLM"),
+    Case("gpt2", "GPT2ForSequenceClassification", None, head=("score.weight",)),
+    Case("bert", "BertModel", None),
+    # keras-hub's MaskedLMHead normalises with epsilon 1e-5, BERT's with 1e-12: 7e-4 here.
+    Case("bert", "BertForMaskedLM", "BertMaskedLM", head=_MLM, lacks=_POOLER,
+         logits_tolerance=2e-3),
+    Case("bert", "BertForPreTraining", None,
+         head=_MLM + ("cls.seq_relationship.weight", "cls.seq_relationship.bias")),
+    Case("bert", "BertForSequenceClassification", "BertTextClassifier",
+         head=("classifier.weight", "classifier.bias")),
+    Case("vit", "ViTModel", None, head=("pooler.dense.weight", "pooler.dense.bias")),
+    Case("vit", "ViTForImageClassification", "ViTImageClassifier",
+         head=("classifier.weight", "classifier.bias")),
+)
+
+
+def config(case: Case, dtype: str = "float32") -> dict:
+    with open(os.path.join(case.folder(dtype), "config.json"), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def oracle(case: Case, dtype: str) -> dict:
+    """The fixed inputs and transformers' outputs (float32) beside the folder."""
+    from safetensors.numpy import load_file
+
+    return load_file(case.folder(dtype) + ".oracle.safetensors")
+
+
+def backbone(case: Case, dtype: str = "float32"):
+    """The keras-hub backbone the folder's config.json describes, in `dtype`."""
+    import importlib
+
+    hf_config = config(case)
+    converter = importlib.import_module(
+        "keras_hub.src.utils.transformers." + CONVERTERS[hf_config["model_type"]])
+    return converter.backbone_cls(**converter.convert_backbone_config(hf_config), dtype=dtype)
+
+
+def task(case: Case, model):
+    """The keras-hub task model of the class's head around `model` (a backbone)."""
+    import keras_hub
+
+    cls = getattr(keras_hub.models, case.task)
+    if case.task in ("BertTextClassifier", "ViTImageClassifier"):
+        return cls(backbone=model, num_classes=len(config(case)["id2label"]),
+                   preprocessor=None)
+    return cls(backbone=model, preprocessor=None)
+
+
+def keras_inputs(case: Case, feed: dict):
+    """The oracle's inputs as keras-hub's models take them."""
+    import numpy as np
+
+    if "pixel_values" in feed:
+        return feed["pixel_values"]
+    out = {"token_ids": feed["input_ids"], "padding_mask": feed["attention_mask"]}
+    if "token_type_ids" in feed:
+        out["segment_ids"] = feed["token_type_ids"]
+    if case.task == "BertMaskedLM":
+        length = feed["input_ids"].shape[1]
+        out["mask_positions"] = np.tile(np.arange(length, dtype="int32"),
+                                        (feed["input_ids"].shape[0], 1))
+    return out
+
+
+def outputs(case: Case, model, feed: dict, *, is_task: bool) -> dict:
+    """The model's outputs under the oracle's names: `last_hidden_state` (and
+    `pooler_output`) of a backbone, `logits` of a task model."""
+    import numpy as np
+
+    given = keras_inputs(case, feed)
+    if isinstance(given, dict) and not is_task:
+        given.pop("mask_positions", None)
+    result = model(given)
+    if is_task:
+        return {"logits": np.asarray(result, dtype="float32")}
+    if isinstance(result, dict):
+        out = {"last_hidden_state": np.asarray(result["sequence_output"], "float32")}
+        if "pooled_output" in result:
+            out["pooler_output"] = np.asarray(result["pooled_output"], "float32")
+        return out
+    return {"last_hidden_state": np.asarray(result, dtype="float32")}
+
+
+def exported(case: Case, dtype: str, out: str, model=None) -> bool:
+    """objckpt's export into the empty folder `out` of the model restored from the folder:
+    the task model where the class has one, else the backbone; in float32, written in the
+    folder's dtype, with the rules of the folder's set. Returns whether export wrote a
+    config.json; where it did not, the folder's own is copied beside (transformers needs
+    one). `model`: that model, restored already."""
+    import objckpt
+
+    source = case.folder(dtype)
+    rules = objckpt.rules.huggingface(source)
+    if model is None:
+        model = backbone(case, "float32")
+        if case.task:
+            model = task(case, model)
+        objckpt.restore(model, source, rules=rules)
+    os.makedirs(out, exist_ok=True)
+    kwargs = {} if dtype == "float32" else {"dtype": dtype}
+    objckpt.export(model, out, rules=rules, **kwargs)
+    wrote = os.path.isfile(os.path.join(out, "config.json"))
+    if not wrote:
+        shutil.copy(os.path.join(source, "config.json"), out)
+    return wrote
+
+
+def export_rows():
+    """(case, dtype) of the exports committed under tests/fixtures/hf_exports/."""
+    return [(case, dtype) for case in CASES if case.exports_whole for dtype in DTYPES]
+
+
+def write_exports(root: str = EXPORTS) -> None:
+    if os.path.isdir(root):
+        shutil.rmtree(root)
+    for case, dtype in export_rows():
+        name = f"{case.id}-{dtype}"
+        try:
+            exported(case, dtype, os.path.join(root, name))
+            print(f"{name}: written")
+        except Exception as err:  # noqa: BLE001 - a row objckpt cannot export yet
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+            print(f"{name}: NOT written: {type(err).__name__}: {str(err)[:300]}")
+
+
+if __name__ == "__main__":
+    write_exports(sys.argv[1] if len(sys.argv) > 1 else EXPORTS)

@@ -1,0 +1,285 @@
+"""Hugging Face folders written by transformers itself, and objckpt's exports checked by it.
+
+Pinned: transformers==5.24.0, torch==2.13.0+cpu (CPU), safetensors==0.8.0, numpy 2.x. The
+script refuses to run under other versions of transformers or torch (their files and
+outputs are the oracle: a new version is a new oracle, regenerated on purpose).
+
+Run it with an interpreter that has transformers and torch (CI's does not; the tests read
+only the files this script commits):
+
+    python tests/helpers/make_hf_fixtures.py                      # writes tests/fixtures/hf/
+    python tests/helpers/make_hf_fixtures.py --check-exports DIR  # transformers reads DIR
+
+First mode: for each row of ROWS (an architecture, a configuration of it, the Hub classes
+transformers has for it), a tiny random model of each class: torch's initial values, then
+every parameter moved by a seeded normal perturbation (so a swapped weight/bias or a norm
+left at ones shows), saved with `save_pretrained(safe_serialization=True)` into
+`tests/fixtures/hf/<case>-<Class>-<dtype>/`, in float32 and in bfloat16 (the float32 model
+cast with `.to(torch.bfloat16)`, round to nearest even). Beside each folder,
+`<folder>.oracle.safetensors` holds the fixed inputs and transformers' outputs on them:
+`last_hidden_state` (the base model's, after its final norm), `pooler_output` where the base
+model has a pooler, and `logits` for a class with a head. The oracle is transformers' run of
+the folder as saved, loaded with `from_pretrained(folder, dtype=float32)`: for a bfloat16
+folder, the bfloat16-rounded weights widened, with the buffers transformers computes (RoPE
+frequencies) in float32: what a float32 model restored from that folder must give. Inputs are stored
+in Keras's layout (images NHWC; transformers gets them as NCHW).
+
+Everything is seeded and runs on CPU in eager attention with one thread: re-running the
+script writes the same bytes (the safetensors files and config.json are byte-identical; the
+check is `git status` after a re-run).
+
+Second mode: each folder under DIR (objckpt's exports: tests/fixtures/hf_exports/ holds the
+committed set, the CI tests write theirs to a temporary folder) is loaded by the class its
+`config.json` names (`architectures`, else the base model) with `from_pretrained(...,
+output_loading_info=True)`: nothing missing, unexpected or mismatched; its outputs on the
+oracle's inputs equal the oracle of the folder of the same name under tests/fixtures/hf/
+within float tolerance. It prints a table and exits non-zero if a row fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+
+PINNED = {"transformers": "5.24.0", "torch": "2.13.0+cpu"}
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIXTURES = os.path.join(ROOT, "fixtures", "hf")
+DTYPES = ("float32", "bfloat16")
+SEED = 1234
+SCALE = 0.05  # the perturbation's standard deviation
+BATCH, LENGTH = 2, 6
+VOCAB = 64
+
+_DECODER = {
+    "vocab_size": VOCAB, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 4,
+    "max_position_embeddings": 64, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+    "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "num_labels": 3,
+}
+_GEMMA = {**_DECODER, "num_key_value_heads": 1, "intermediate_size": 16,
+          "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh",
+          "tie_word_embeddings": True}
+
+# case -> (model_type, config, the Hub classes). The next architecture adds a row here and
+# one in tests/integration/test_hf_transformers.py's table.
+ROWS = {
+    "llama": ("llama", {**_DECODER, "tie_word_embeddings": False},
+              ("LlamaModel", "LlamaForCausalLM", "LlamaForSequenceClassification")),
+    "llama_tied": ("llama", {**_DECODER, "tie_word_embeddings": True}, ("LlamaForCausalLM",)),
+    "mistral": ("mistral", {**_DECODER, "tie_word_embeddings": False, "sliding_window": 512,
+                            "rms_norm_eps": 1e-5},
+                ("MistralModel", "MistralForCausalLM", "MistralForSequenceClassification")),
+    "gemma": ("gemma", _GEMMA,
+              ("GemmaModel", "GemmaForCausalLM", "GemmaForSequenceClassification")),
+    "gemma2": ("gemma2", {**_GEMMA, "head_dim": 8, "query_pre_attn_scalar": 8,
+                          "final_logit_softcapping": 30.0, "attn_logit_softcapping": 50.0,
+                          "sliding_window": 64},
+               ("Gemma2Model", "Gemma2ForCausalLM", "Gemma2ForSequenceClassification")),
+    "gpt2": ("gpt2", {"vocab_size": VOCAB, "n_positions": 32, "n_embd": 16, "n_layer": 2,
+                      "n_head": 2, "activation_function": "gelu_new", "pad_token_id": 0,
+                      "bos_token_id": 1, "eos_token_id": 2,
+                      "num_labels": 3},
+             ("GPT2Model", "GPT2LMHeadModel", "GPT2ForSequenceClassification")),
+    "bert": ("bert", {"vocab_size": VOCAB, "hidden_size": 16, "num_hidden_layers": 2,
+                      "num_attention_heads": 2, "intermediate_size": 32, "hidden_act": "gelu",
+                      "max_position_embeddings": 32, "type_vocab_size": 2, "num_labels": 3},
+             ("BertModel", "BertForMaskedLM", "BertForPreTraining",
+              "BertForSequenceClassification")),
+    "vit": ("vit", {"hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
+                    "intermediate_size": 32, "hidden_act": "gelu", "image_size": 16,
+                    "patch_size": 4, "num_channels": 3, "qkv_bias": True, "num_labels": 3},
+            ("ViTModel", "ViTForImageClassification")),
+}
+
+
+def folder_name(case: str, cls: str, dtype: str) -> str:
+    return f"{case}-{cls}-{dtype}"
+
+
+def inputs(model_type: str) -> dict:
+    """The fixed inputs, as NumPy arrays in Keras's layout (int32 ids, NHWC images)."""
+    import numpy as np
+
+    rng = np.random.default_rng(SEED)
+    if model_type == "vit":
+        return {"pixel_values": rng.normal(size=(BATCH, 16, 16, 3)).astype("float32")}
+    out = {"input_ids": rng.integers(3, VOCAB, size=(BATCH, LENGTH)).astype("int32"),
+           "attention_mask": np.ones((BATCH, LENGTH), "int32")}
+    if model_type == "bert":
+        out["token_type_ids"] = (np.arange(LENGTH)[None] >= LENGTH // 2).astype(
+            "int32").repeat(BATCH, 0)
+    return out
+
+
+def _check_versions():
+    import torch
+    import transformers
+
+    found = {"transformers": transformers.__version__, "torch": torch.__version__}
+    if found != PINNED:
+        sys.exit(f"make_hf_fixtures.py is pinned to {PINNED}; found {found}. Install the "
+                 "pinned versions, or change PINNED on purpose and regenerate every fixture.")
+
+
+def _torch_inputs(model_type: str) -> dict:
+    import torch
+
+    out = {}
+    for key, value in inputs(model_type).items():
+        tensor = torch.from_numpy(value)
+        if key == "pixel_values":
+            tensor = tensor.permute(0, 3, 1, 2).contiguous()
+        else:
+            tensor = tensor.long()
+        out[key] = tensor
+    return out
+
+
+def _run(model, model_type: str) -> dict:
+    """transformers' outputs: the base model's last hidden state (and pooler), the logits."""
+    import torch
+
+    feed = _torch_inputs(model_type)
+    out = {}
+    with torch.no_grad():
+        base = model.base_model(**feed)
+        out["last_hidden_state"] = base.last_hidden_state
+        if getattr(base, "pooler_output", None) is not None:
+            out["pooler_output"] = base.pooler_output
+        if model.base_model is not model:
+            result = model(**feed)
+            out["logits"] = getattr(result, "logits", None)
+            if out["logits"] is None:  # BertForPreTraining
+                out["logits"] = result.prediction_logits
+                out["seq_relationship_logits"] = result.seq_relationship_logits
+    return {k: v.float().numpy() for k, v in out.items()}
+
+
+def _perturb(model, seed: int) -> None:
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, parameter in sorted(model.named_parameters()):
+            noise = torch.randn(parameter.shape, generator=generator, dtype=torch.float32)
+            parameter.add_(noise * SCALE)
+
+
+def _build(model_type: str, config: dict, cls: str, seed: int):
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    hf_config = transformers.AutoConfig.for_model(model_type, **config)
+    hf_config.architectures = [cls]
+    model = getattr(transformers, cls)(hf_config)
+    model.config._attn_implementation = "eager"
+    model.eval()
+    _perturb(model, seed)
+    return model
+
+
+def write_fixtures(out: str = FIXTURES) -> list:
+    import numpy as np
+    import torch
+    import transformers
+    from safetensors.numpy import save_file
+
+    torch.set_num_threads(1)
+    if os.path.isdir(out):
+        shutil.rmtree(out)
+    os.makedirs(out)
+    written = []
+    for index, (case, (model_type, config, classes)) in enumerate(ROWS.items()):
+        for offset, cls in enumerate(classes):
+            model = _build(model_type, config, cls, SEED + 100 * index + offset)
+            for dtype in DTYPES:
+                name = folder_name(case, cls, dtype)
+                path = os.path.join(out, name)
+                model.to(getattr(torch, dtype)).save_pretrained(path, safe_serialization=True)
+                # transformers' float32 run of the folder: the weights as saved (bfloat16:
+                # rounded, then widened), the buffers it computes (RoPE) in float32
+                oracle_model = getattr(transformers, cls).from_pretrained(
+                    path, dtype=torch.float32, attn_implementation="eager")
+                oracle_model.eval()
+                oracle = {**inputs(model_type), **_run(oracle_model, model_type)}
+                save_file({k: np.ascontiguousarray(v) for k, v in oracle.items()},
+                          path + ".oracle.safetensors",
+                          metadata={"oracle": json.dumps({  # one key: its order is fixed
+                              "transformers": PINNED["transformers"], "class": cls,
+                              "dtype": dtype, "run": "float32, eager attention"},
+                              sort_keys=True)})
+                written.append(name)
+    return written
+
+
+def check_exports(folder: str, fixtures: str = FIXTURES) -> int:
+    """Each folder under `folder` loaded by transformers and compared with its oracle."""
+    import numpy as np
+    import torch
+    import transformers
+    from safetensors.numpy import load_file
+
+    torch.set_num_threads(1)
+    rows, failed = [], 0
+    for name in sorted(os.listdir(folder)):
+        path = os.path.join(folder, name)
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            continue
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+            config = json.load(f)
+        cls = (config.get("architectures") or [None])[0]
+        oracle_path = os.path.join(fixtures, name + ".oracle.safetensors")
+        if cls is None or not os.path.isfile(oracle_path):
+            why = ("no `architectures` in config.json" if cls is None
+                   else f"no fixture {name!r} under {fixtures}")
+            rows.append((name, cls or "-", why, "FAIL"))
+            failed += 1
+            continue
+        model, info = getattr(transformers, cls).from_pretrained(
+            path, output_loading_info=True, attn_implementation="eager",
+            dtype=torch.float32)
+        model.eval()
+        problems = {k: sorted(v) for k, v in info.items()
+                    if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
+        oracle = load_file(oracle_path)
+        ours = _run(model, config["model_type"])
+        worst = 0.0
+        for key, value in ours.items():
+            if key in oracle:
+                worst = max(worst, float(np.max(np.abs(value - oracle[key]))))
+        compared = ",".join(k for k in ours if k in oracle)
+        ok = not problems and compared and worst <= 1e-5
+        failed += not ok
+        rows.append((name, cls, f"{problems or 'none'}; max |diff| {worst:.1e} ({compared})",
+                     "ok" if ok else "FAIL"))
+    width = max((len(r[0]) for r in rows), default=10)
+    print(f"transformers {transformers.__version__}, torch {torch.__version__}: "
+          f"from_pretrained(output_loading_info=True) of {folder}")
+    print(f"{'folder':<{width}}  {'class':<32}  {'missing/unexpected/mismatched; outputs':<60}  "
+          "result")
+    for row in rows:
+        print(f"{row[0]:<{width}}  {row[1]:<32}  {row[2]:<60}  {row[3]}")
+    print(f"{len(rows) - failed} of {len(rows)} ok")
+    return 1 if failed or not rows else 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--check-exports", metavar="DIR",
+                        help="load each exported folder under DIR with transformers")
+    parser.add_argument("--out", default=FIXTURES, help="where the fixtures go")
+    args = parser.parse_args(argv)
+    _check_versions()
+    if args.check_exports:
+        return check_exports(args.check_exports, args.out)
+    names = write_fixtures(args.out)
+    print(f"wrote {len(names)} folders under {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,304 @@
+"""Hugging Face folders that transformers itself wrote, restored into keras-hub, and back.
+
+The oracle is transformers: tests/fixtures/hf/ holds tiny random models of each shipped
+architecture and each of its Hub classes, saved by `save_pretrained` in float32 and
+bfloat16, with transformers' outputs on fixed inputs beside each folder
+(tests/helpers/make_hf_fixtures.py writes them, transformers pinned there). These tests need
+only Keras 3 and keras-hub; the table is tests/helpers/hf_cases.py (one row per class: the
+keras-hub backbone from keras-hub's own reading of config.json, the task model, the head's
+entries, what the class lacks), so another architecture adds rows, not tests.
+
+Tolerances (max |ours - transformers'| per element, `assert_allclose`):
+- a float32 model (from a float32 folder, or a bfloat16 folder widened): rtol = atol = 1e-4.
+  The same weights in the same float32 arithmetic differ by 2e-7 .. 1e-6 (summation order);
+  keras-hub's BERT uses the tanh GELU where transformers' uses erf (1e-5), and keras-hub's
+  ViT normalises with epsilon 1e-6 where the config says 1e-12 (keras-hub's importer does
+  not pass it on): 5.5e-5. For a bfloat16 folder the oracle is transformers' float32 run of
+  the folder (`from_pretrained(dtype=float32)`: the rounded weights widened, RoPE computed in
+  float32), what a float32 model restored from it must compute, so widening is checked to
+  the same tolerance as float32. A row may widen its logits' tolerance, with the reason.
+- a bfloat16 model: bfloat16 keeps 8 bits of mantissa (eps 2**-8 = 0.0039) and keras-hub
+  computes in it; rtol = atol = 0.1 against the same float32 oracle (measured here: 0.013 ..
+  0.032 on outputs of magnitude 2.3 .. 3.3).
+
+Exports: objckpt's export of each model that holds exactly its folder's entries is compared
+byte for byte (names, dtypes, values, header) with tests/fixtures/hf_exports/, the exports
+that `make_hf_fixtures.py --check-exports` loads with transformers (nothing missing,
+unexpected or mismatched; outputs equal). Regenerate them with
+`python tests/helpers/hf_cases.py`, then check them with transformers.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+
+import numpy as np
+import pytest
+
+import objckpt
+from objckpt import errors
+from objckpt.rules import huggingface
+
+import hf_cases
+from hf_cases import CASES, DTYPES
+
+pytest.importorskip("keras_hub", reason="keras-hub is not installed here")
+keras = pytest.importorskip("keras")
+if not keras.__version__.startswith("3"):
+    pytest.skip("keras-hub's models need Keras 3", allow_module_level=True)
+safetensors_numpy = pytest.importorskip("safetensors.numpy")
+
+TOLERANCE = {"float32": 1e-4, "bfloat16": 0.1}  # rtol = atol, by the model's dtype
+TASKS = [case for case in CASES if case.task]
+ONE_PER_CONFIG = list({case.case: case for case in reversed(CASES)}.values())[::-1]
+
+
+def _ids(cases):
+    return [case.id for case in cases]
+
+
+def _values(model) -> dict:
+    return {v.path: np.asarray(v.numpy()).tobytes() for v in model.weights}
+
+
+def _bare(path: str) -> str:
+    """An object path without the leading underscores of its segments (`_kernel`)."""
+    return "/".join(part.lstrip("_") or part for part in path.split("/"))
+
+
+def _rules(case, dtype):
+    return huggingface(case.folder(dtype))
+
+
+@functools.lru_cache(maxsize=None)
+def _restored_backbone(case, dtype, model_dtype="float32"):
+    """(backbone, report) after a restore from the folder (strict where the class lacks
+    nothing), or (backbone, the error)."""
+    model = hf_cases.backbone(case, model_dtype)
+    try:
+        return model, objckpt.restore(model, case.folder(dtype), rules=_rules(case, dtype),
+                                      strict=not case.lacks)
+    except errors.ObjckptError as err:
+        return model, err
+
+
+@functools.lru_cache(maxsize=None)
+def _restored_task(case, dtype):
+    """(task model, report) after a strict restore from the folder."""
+    model = hf_cases.task(case, hf_cases.backbone(case))
+    return model, objckpt.restore(model, case.folder(dtype), rules=_rules(case, dtype))
+
+
+def _report(case, dtype, model_dtype="float32"):
+    model, report = _restored_backbone(case, dtype, model_dtype)
+    if isinstance(report, Exception):
+        raise report
+    return model, report
+
+
+def _tensors(path: str) -> dict:
+    """{name: (dtype, shape, raw bytes)} of a safetensors file, read by its header (NumPy
+    has no bfloat16)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + size])
+    header.pop("__metadata__", None)
+    body = data[8 + size:]
+    return {name: (entry["dtype"], tuple(entry["shape"]),
+                   body[entry["data_offsets"][0]:entry["data_offsets"][1]])
+            for name, entry in header.items()}
+
+
+def _unprefixed(name: str) -> str:
+    """A tensor name without a base model's prefix (`model.`, `transformer.`, ...)."""
+    first, _, rest = name.partition(".")
+    return rest if first in ("model", "transformer", "bert", "vit") else name
+
+
+def _assert_close(ours: dict, oracle: dict, tolerance: float, what: str):
+    compared = [key for key in ours if key in oracle]
+    assert compared, f"{what}: nothing to compare ({sorted(ours)} vs {sorted(oracle)})"
+    for key in compared:
+        np.testing.assert_allclose(ours[key], oracle[key], rtol=tolerance, atol=tolerance,
+                                   err_msg=f"{what}: {key}")
+
+
+# --- the fixtures are what the table says ----------------------------------------------------
+
+def test_every_fixture_folder_has_a_row_and_every_row_its_folders():
+    on_disk = {name for name in os.listdir(hf_cases.FIXTURES)
+               if os.path.isdir(os.path.join(hf_cases.FIXTURES, name))}
+    rows = {f"{case.id}-{dtype}" for case in CASES for dtype in DTYPES}
+    assert on_disk == rows
+    for case in CASES:
+        for dtype in DTYPES:
+            config = hf_cases.config(case, dtype)
+            assert config["architectures"] == [case.cls]
+            assert config.get("dtype", config.get("torch_dtype")) == dtype
+            oracle = hf_cases.oracle(case, dtype)
+            assert "last_hidden_state" in oracle
+            assert ("logits" in oracle) == (not case.cls.endswith("Model") or
+                                            case.cls == "GPT2LMHeadModel")
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids(CASES))
+def test_the_head_entries_are_in_the_folder_and_no_backbone_has_them(case):
+    """The table's head keys are entries of the folder (as transformers saved them)."""
+    names = set(safetensors_numpy.load_file(
+        os.path.join(case.folder("float32"), "model.safetensors")))
+    assert set(case.head) <= names
+    backbone = _restored_backbone(case, "float32")[0]
+    assert not set(case.lacks) - {v.path for v in backbone.weights}
+
+
+# --- into the keras-hub backbone --------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES, ids=_ids(CASES))
+def test_backbone_restores_and_computes_what_transformers_computes(case, dtype):
+    """Strict restore into a float32 backbone: every entry but the head's restored, the
+    head's set aside and listed as such, nothing unexpected; a bfloat16 folder is widened
+    (listed); outputs within float tolerance of transformers'. A class that lacks a
+    backbone variable (a base model without the output embedding, BertForMaskedLM's pooler)
+    restores with strict=False and names exactly those."""
+    model, report = _report(case, dtype)
+    assert tuple(report.unexpected) == ()
+    assert sorted(map(_bare, report.missing)) == sorted(case.lacks)
+    assert len(report.restored) == len(model.weights) - len(case.lacks)
+    skipped = "\n".join(report.skipped)
+    for key in case.head:
+        assert any(line.startswith(key + ":") for line in report.skipped), (
+            f"{key} not set aside: {skipped}")
+    if dtype == "bfloat16":
+        assert report.cast and set(report.cast.values()) == {"bfloat16 -> float32"}
+    _assert_close(hf_cases.outputs(case, model, hf_cases.oracle(case, dtype), is_task=False),
+                  hf_cases.oracle(case, dtype), TOLERANCE["float32"], case.id)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.lacks], ids=_ids(
+    [c for c in CASES if c.lacks]))
+def test_a_strict_restore_names_what_the_class_lacks_and_changes_nothing(case):
+    """One problem per variable the class lacks, each named; the head is no problem."""
+    model = hf_cases.backbone(case)
+    before = _values(model)
+    with pytest.raises(errors.StructureMismatchError) as caught:
+        objckpt.restore(model, case.folder("float32"), rules=_rules(case, "float32"))
+    count = len(case.lacks)
+    assert f": {count} problem{'s' if count > 1 else ''}." in str(caught.value)
+    for path in case.lacks:
+        assert path in str(caught.value)
+    for key in case.head:  # the head is set aside, never a problem
+        assert key not in str(caught.value)
+    assert _values(model) == before
+
+
+# --- into the keras-hub task model ------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", TASKS, ids=_ids(TASKS))
+def test_task_model_restores_the_head_and_its_logits_are_transformers(case, dtype):
+    model, report = _restored_task(case, dtype)
+    assert (tuple(report.missing), tuple(report.unexpected)) == ((), ())
+    for key in case.head:
+        assert not any(line.startswith(key) for line in report.skipped), report.skipped
+    _assert_close(hf_cases.outputs(case, model, hf_cases.oracle(case, dtype), is_task=True),
+                  hf_cases.oracle(case, dtype), case.logits_tolerance or TOLERANCE["float32"],
+                  case.id)
+
+
+# --- one call -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", CASES, ids=_ids(CASES))
+def test_one_call_uses_the_set_that_config_json_names(case):
+    """restore(model, folder) without rules: the same variables as with the set, and the
+    report says which set it used."""
+    model = hf_cases.task(case, hf_cases.backbone(case)) if case.task else \
+        hf_cases.backbone(case)
+    report = objckpt.restore(model, case.folder("float32"), strict=not case.lacks)
+    reference = _restored_backbone(case, "float32")[0]
+    ours = _values(model)
+    for path, value in _values(reference).items():
+        if path not in case.lacks:  # those keep their (random) initial values
+            assert ours[path] == value, path
+    model_type = hf_cases.config(case)["model_type"]
+    assert f"huggingface({model_type!r})" in str(report)
+
+
+# --- dtypes ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", CASES, ids=_ids(CASES))
+def test_bfloat16_folder_into_a_bfloat16_model(case):
+    """No cast: the variables hold the file's bfloat16 values, which are transformers'
+    float32 weights rounded to nearest even (as the float32 folder restored, then rounded),
+    and the outputs are within bfloat16 tolerance of transformers'."""
+    model, report = _report(case, "bfloat16", "bfloat16")
+    assert not getattr(report, "cast", None)
+    assert {v.dtype for v in model.weights} == {"bfloat16"}
+    wide = {v.path: np.asarray(v.numpy()) for v in _report(case, "float32")[0].weights}
+    for variable in model.weights:
+        if variable.path in case.lacks:
+            continue
+        rounded = wide[variable.path].astype(variable.numpy().dtype)
+        assert rounded.tobytes() == np.asarray(variable.numpy()).tobytes(), variable.path
+    _assert_close(hf_cases.outputs(case, model, hf_cases.oracle(case, "bfloat16"),
+                                   is_task=False),
+                  hf_cases.oracle(case, "bfloat16"), TOLERANCE["bfloat16"], case.id)
+
+
+@pytest.mark.parametrize("case", ONE_PER_CONFIG, ids=_ids(ONE_PER_CONFIG))
+def test_a_lossy_cast_is_refused_without_the_argument(case):
+    """float32 folder -> bfloat16 model: a typed error whose Fix names `cast="lossy"`,
+    nothing changed; with it, the values are the float32 ones rounded."""
+    model = hf_cases.backbone(case, "bfloat16")
+    before = _values(model)
+    folder, rules = case.folder("float32"), _rules(case, "float32")
+    with pytest.raises(errors.ObjckptError, match=r"(?s)float32.*bfloat16.*Fix:.*cast="):
+        objckpt.restore(model, folder, rules=rules, strict=not case.lacks)
+    assert _values(model) == before
+    objckpt.restore(model, folder, rules=rules, strict=not case.lacks, cast="lossy")
+    wide = _restored_backbone(case, "float32")[0]
+    for variable, reference in zip(model.weights, wide.weights):
+        expected = np.asarray(reference.numpy()).astype(variable.numpy().dtype)
+        assert expected.tobytes() == np.asarray(variable.numpy()).tobytes(), variable.path
+
+
+# --- back out: what transformers reads ------------------------------------------------------
+
+EXPORTS = hf_cases.export_rows()
+
+
+def test_every_model_that_holds_its_folder_has_a_committed_export():
+    names = {f"{case.id}-{dtype}" for case, dtype in EXPORTS}
+    on_disk = set(os.listdir(hf_cases.EXPORTS)) if os.path.isdir(hf_cases.EXPORTS) else set()
+    assert on_disk == names, (f"missing: {sorted(names - on_disk)}; stale: "
+                              f"{sorted(on_disk - names)}")
+
+
+@pytest.mark.parametrize("case,dtype", EXPORTS, ids=[f"{c.id}-{d}" for c, d in EXPORTS])
+def test_export_is_byte_equal_to_what_transformers_read_back(tmp_path, case, dtype):
+    """The model restored from the folder (float32), exported in the folder's dtype: the
+    same file, byte for byte, as the committed export that transformers loads with nothing
+    missing, unexpected or mismatched; each tensor is the one transformers wrote (name,
+    dtype, shape, bytes); export writes a config.json naming the class and the dtype."""
+    out = str(tmp_path / "out")
+    model = _restored_task(case, dtype)[0] if case.task else _report(case, dtype)[0]
+    wrote_config = hf_cases.exported(case, dtype, out, model)
+    written = os.path.join(out, "model.safetensors")
+    committed = os.path.join(hf_cases.EXPORTS, f"{case.id}-{dtype}", "model.safetensors")
+    ours = _tensors(written)
+    # the tensors transformers wrote (restore and export are exact), under its names (a
+    # base model's may carry the task classes' prefix: transformers reads both)
+    original = _tensors(os.path.join(case.folder(dtype), "model.safetensors"))
+    assert {_unprefixed(k): v for k, v in ours.items()} == {
+        _unprefixed(k): v for k, v in original.items()}
+    assert sorted(ours) == sorted(_tensors(committed))
+    with open(written, "rb") as f, open(committed, "rb") as g:
+        assert f.read() == g.read()
+    assert wrote_config, "export wrote no config.json"
+    with open(os.path.join(out, "config.json"), encoding="utf-8") as f:
+        config = json.load(f)
+    assert config["architectures"] == [case.cls]
+    assert config.get("dtype", config.get("torch_dtype")) == dtype
