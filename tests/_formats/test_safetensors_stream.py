@@ -214,7 +214,8 @@ class _PeakAnon:
 def test_peak_memory_bounded_by_the_largest_tensor(tmp_path):
     """A 302 MB file of six 50 MB tensors (and a few small ones): the restore holds at most
     the largest tensor + the streaming slack (64 MiB) + 48 MiB of margin beyond the model;
-    reading the values whole (as the fetched route does) holds the file's size."""
+    reading the values whole (as the fetched route does) holds the file's size. Exporting
+    the model again holds no more."""
     rng = np.random.default_rng(12)
     written = {f"block{i}/kernel": rng.standard_normal((3200, 4096), dtype=np.float32)
                for i in range(6)}
@@ -231,3 +232,11 @@ def test_peak_memory_bounded_by_the_largest_tensor(tmp_path):
     assert peak.growth < bound, (peak.growth, bound)
     oracle = st_numpy.load_file(path)
     assert all(_bits(v) == _bits(oracle[p]) for p, v in _values(module).items())
+    del oracle
+    # export writes tensor by tensor: the same bound
+    out = str(tmp_path / "out" / "model.safetensors")
+    with _PeakAnon() as peak:
+        objckpt.export(module, out)
+    assert peak.growth < bound, (peak.growth, bound)
+    back = st_numpy.load_file(out)
+    assert all(_bits(v) == _bits(back[p]) for p, v in _values(module).items())
