@@ -82,14 +82,21 @@ ABOUT = {
         "`objckpt.export` from a keras-hub `Llama3Backbone` of hidden 1024, vocabulary "
         "32,000, tied embeddings) restored into a fresh backbone of the same config: "
         "`objckpt.restore(backbone, folder, rules=objckpt.rules.huggingface(folder))` (header "
-        "checked, plan made and checked, tensors read through mmap, transposed and reshaped "
-        "to Keras layouts, assigned) against keras-hub's own importer "
+        "checked, plan made and checked, every entry's transformed shape checked from the "
+        "header, then each tensor read with pread, transposed and reshaped to Keras layouts "
+        "and assigned in turn) against keras-hub's own importer "
         "`Backbone.from_preset(folder)` (which also builds the backbone: building one alone "
         "is shown beside it) and against `safetensors.numpy.load_file` plus `assign` of each "
         "tensor through the same transforms, the name -> variable map made beforehand (the "
         "limit: no plan, no checks). Each restore is checked bit for bit first. Times in "
         "seconds, median of 3 interleaved rounds after a warm-up; ratio spans are the "
-        "per-round ratios."),
+        "per-round ratios. Then at full size (a float32 folder of >= 2 GiB in one file, a "
+        "bfloat16 folder of >= 4 GiB in 1 GB shards, each into a backbone of its own dtype), "
+        "one process per operation, once each: the peak anonymous memory (RssAnon sampled "
+        "every ~1 ms) beyond the model and the time of `objckpt.restore`, of `safe_open` "
+        "plus `assign` of each tensor through the same transforms (the limit), and of "
+        "keras-hub's `from_preset` (beyond the model it builds; its time includes building "
+        "it). Target: extra memory at most the largest tensor + 256 MiB."),
 }
 
 ORDER = ["foundation", "twins", "migrate", "ensemble", "completeness", "untrusted", "cli",

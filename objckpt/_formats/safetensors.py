@@ -630,8 +630,9 @@ class _Streamer:
     tensor (`_Reader.tensor`), transforms it, passes it through `convert(value, variable)`
     (the one place a value is converted just before assignment) and assigns it with
     `assign_to(variable, value)`, on several threads, new tensors in flight bounded by the
-    largest tensor (or `STREAM_SLACK` bytes, where that is more). `specs` is None when some transform's output
-    is not known from metadata (then the caller reads values whole)."""
+    largest tensor (or `STREAM_SLACK` bytes, where that is more). `specs` is None when
+    some transform's output is not known from metadata (then the caller reads values
+    whole)."""
 
     def __init__(self, model: Model, entries: list, assign_to, convert=None):
         from objckpt._bundle import fastio as _fastio
