@@ -192,6 +192,227 @@ def bench_safetensors(repeats: int = 3, layers: int = 2):
             "notes": notes}, None
 
 
+# --- peak memory at full size: one child process per operation ----------------------------
+
+TARGET_MEMORY = "<= 1x"  # extra memory / (largest tensor + 256 MiB)
+MEMORY_SLACK = 256 << 20
+_SIZES = {  # name: (hidden, intermediate, heads, layers, dtype, max shard size)
+    "single": (2048, 5632, 16, 10, "float32", None),
+    "sharded": (2048, 5632, 16, 41, "bfloat16", "1GB"),
+}
+
+
+def _status(field: bytes) -> int:
+    with open("/proc/self/status", "rb") as status:
+        for line in status:
+            if line.startswith(field):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+class _Peak:
+    """Peak RssAnon of this process beyond its value at entry, sampled every ~1 ms."""
+
+    def __enter__(self):
+        import threading
+
+        self.base = self.peak = _status(b"RssAnon:")
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        self.start = time.perf_counter()
+        return self
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, _status(b"RssAnon:"))
+            time.sleep(0.001)
+
+    def __exit__(self, *exc):
+        self.seconds = time.perf_counter() - self.start
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, _status(b"RssAnon:"))
+
+
+def _sized_config(size: str) -> dict:
+    hidden, intermediate, heads, layers, dtype, _ = _SIZES[size]
+    config = _config(layers)
+    config.update(hidden_size=hidden, intermediate_size=intermediate, num_attention_heads=heads,
+                  num_key_value_heads=heads, head_dim=hidden // heads, torch_dtype=dtype)
+    return config
+
+
+def _sized_backbone(keras_hub, size: str, dtype: str):
+    hidden, intermediate, heads, layers, _, _ = _SIZES[size]
+    return keras_hub.models.Llama3Backbone(
+        vocabulary_size=VOCAB, num_layers=layers, num_query_heads=heads,
+        num_key_value_heads=heads, hidden_dim=hidden, intermediate_dim=intermediate,
+        tie_word_embeddings=True, dtype=dtype)
+
+
+def _child(operation: str, folder: str, size: str, dtype: str) -> dict:
+    """One operation at full size in this (fresh) process: peak RssAnon beyond the model
+    (for from_preset, beyond the model it builds) and seconds."""
+    import keras_hub
+    from safetensors import safe_open
+
+    from objckpt.rules import huggingface
+
+    if operation == "make":
+        made, nbytes, largest = _make_folder(folder, size)
+        return {"folder": made, "bytes": nbytes, "largest": largest}
+    if operation == "from_preset":
+        gc.collect()
+        with _Peak() as peak:
+            model = keras_hub.models.Backbone.from_preset(folder)
+        model_bytes = sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize
+                          for v in model.weights)
+        return {"extra": peak.peak - peak.base - model_bytes, "s": peak.seconds,
+                "dtype": str(model.weights[0].dtype)}
+    target = _sized_backbone(keras_hub, size, dtype)
+    rules = huggingface(folder)
+    if operation == "objckpt":
+        gc.collect()
+        with _Peak() as peak:
+            objckpt.restore(target, folder, rules=rules)
+    else:  # the limit: safe_open + per-tensor assign, the plan's map made beforehand
+        variables = objckpt.tree(target)
+        the_plan = objckpt.plan(target, folder, rules=rules)
+        mapping = [(m.source, variables[m.target], m.transform) for m in the_plan.matches]
+        index = os.path.join(folder, "model.safetensors.index.json")
+        if os.path.exists(index):
+            with open(index) as f:
+                where = {n: os.path.join(folder, s) for n, s in json.load(f)["weight_map"].items()}
+        else:
+            where = {n: os.path.join(folder, "model.safetensors") for n, _, _ in mapping}
+        import tensorflow as tf
+
+        gc.collect()
+        with _Peak() as peak:
+            handles = {}
+            for name, variable, transform in mapping:
+                handle = handles.get(where[name])
+                if handle is None:
+                    handle = handles[where[name]] = safe_open(where[name], framework="numpy")
+                value = tf.constant(handle.get_tensor(name))
+                variable.assign(transform(value) if transform is not None else value,
+                                read_value=False)
+                del value
+            handles.clear()
+    return {"extra": peak.peak - peak.base, "s": peak.seconds}
+
+
+def _make_folder(workdir: str, size: str) -> tuple[str, int, int]:
+    """(folder, bytes of its safetensors files, the largest tensor's bytes): what
+    `objckpt.export` writes for a freshly initialised backbone of `size`."""
+    import keras_hub
+
+    _, _, _, _, dtype, shard = _SIZES[size]
+    folder = os.path.join(workdir, size)
+    os.makedirs(folder)
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(_sized_config(size), f)
+    from objckpt.rules import huggingface
+
+    source = _sized_backbone(keras_hub, size, dtype)
+    objckpt.export(source, folder, rules=huggingface(folder), max_shard_size=shard)
+    largest = max(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in source.weights)
+    del source
+    gc.collect()
+    nbytes = sum(os.path.getsize(os.path.join(folder, n)) for n in os.listdir(folder)
+                 if n.endswith(".safetensors"))
+    return folder, nbytes, largest
+
+
+def _run_child(operation: str, folder: str, size: str, dtype: str):
+    """`_child`'s result from a fresh process, or the last line of its error."""
+    import subprocess
+
+    run = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--child", operation, "--folder", folder,
+         "--size", size, "--dtype", dtype], capture_output=True, text=True, timeout=1800)
+    lines = [ln for ln in run.stdout.splitlines() if ln.startswith("{")]
+    if run.returncode or not lines:
+        return (run.stderr.strip().splitlines() or ["?"])[-1][:200]
+    return json.loads(lines[-1])
+
+
+def _read_through(folder: str) -> None:
+    """Reads every file of `folder` once (into the page cache)."""
+    for name in sorted(os.listdir(folder)):
+        with open(os.path.join(folder, name), "rb") as f:
+            while f.read(64 << 20):
+                pass
+
+
+def bench_memory(sizes=("single", "sharded")) -> list:
+    """[(title, result)]: for each size, peak extra memory and time of objckpt.restore,
+    safe_open + assign (the limit) and keras-hub's from_preset, each in its own process."""
+    try:
+        import keras_hub  # noqa: F401
+        import safetensors  # noqa: F401
+    except ImportError as err:
+        return [("skipped", f"needs keras-hub and safetensors (Keras 3): {err}")]
+    out = []
+    for size in sizes:
+        workdir = tempfile.mkdtemp(prefix="objckpt-bench-safetensors-mem-")
+        try:
+            dtype = _SIZES[size][4]
+            made = _run_child("make", workdir, size, dtype)  # its model freed with its process
+            if isinstance(made, str):
+                out.append((size, f"the {size} folder could not be written: {made}"))
+                continue
+            folder, nbytes, largest = made["folder"], made["bytes"], made["largest"]
+            names = {"objckpt": "objckpt.restore(backbone, folder, rules=huggingface(folder))",
+                     "limit": "safe_open + per-tensor assign (the limit)",
+                     "from_preset": "keras_hub Backbone.from_preset(folder)"}
+            got, notes = {}, []
+            for operation in names:
+                _read_through(folder)  # every operation reads from the page cache
+                found = _run_child(operation, folder, size, dtype)
+                if isinstance(found, str):
+                    notes.append(f"{names[operation]} failed: {found}")
+                    continue
+                got[operation] = found
+            bound = largest + MEMORY_SLACK
+            seconds = {names[k]: v["s"] for k, v in got.items()}
+            rows = []
+            for k, v in got.items():
+                notes.append(f"{names[k]}: {v['s']:.2f} s, peak extra anonymous memory "
+                             f"{v['extra'] / 2**20:,.0f} MiB"
+                             + (f" (it built a {v['dtype']} backbone)" if "dtype" in v else ""))
+            if "objckpt" in got:
+                ratio = got["objckpt"]["extra"] / bound
+                rows.append(("objckpt.restore extra memory / (largest tensor + 256 MiB)", ratio,
+                             TARGET_MEMORY, ratio <= 1, (ratio, ratio)))
+            if "objckpt" in got and "limit" in got:
+                ratio = got["objckpt"]["s"] / got["limit"]["s"]
+                rows.append(("objckpt.restore time / (safe_open + assign)", ratio,
+                             TARGET_LIMIT, ratio <= 1.1, (ratio, ratio)))
+            if "objckpt" in got and "from_preset" in got:
+                ratio = got["from_preset"]["s"] / got["objckpt"]["s"]
+                rows.append(("keras-hub from_preset time (builds the backbone too) / "
+                             "objckpt.restore time", ratio, TARGET_KERAS_HUB, ratio >= 1,
+                             (ratio, ratio)))
+            hidden, _, _, layers, _, shard = _SIZES[size]
+            files = sum(n.endswith(".safetensors") for n in os.listdir(folder))
+            model = (f"Llama3Backbone, hidden {hidden}, {layers} layers, vocabulary {VOCAB}, "
+                     f"tied, {dtype} into a {dtype} backbone: {nbytes / 2**30:.2f} GiB in "
+                     f"{files} safetensors file{'s' * (files != 1)}, largest tensor "
+                     f"{largest / 2**20:,.0f} MiB")
+            out.append((f"{size} folder at full size, peak memory (one process each)",
+                        {"model": model, "bytes": nbytes, "largest": largest, "s": seconds,
+                         "spread": {k: (v, v) for k, v in seconds.items()},
+                         "extra_bytes": {names[k]: v["extra"] for k, v in got.items()},
+                         "ratios": rows, "notes": notes}))
+        finally:
+            import shutil
+
+            shutil.rmtree(workdir, ignore_errors=True)
+    return out
+
+
 def print_result(result: dict, title: str | None = None) -> None:
     if title is not None:
         print(f"\n[safetensors: {title}] {result['model']}")
@@ -212,7 +433,23 @@ def main(argv=None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--memory", action="store_true",
+                        help="also the full-size peak-memory runs (>= 2 GiB, >= 4 GiB)")
+    parser.add_argument("--sizes", default="single,sharded")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--folder", help=argparse.SUPPRESS)
+    parser.add_argument("--size", help=argparse.SUPPRESS)
+    parser.add_argument("--dtype", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(_child(args.child, args.folder, args.size, args.dtype)), flush=True)
+        return 0
+    if args.memory:
+        for title, result in bench_memory(tuple(args.sizes.split(","))):
+            if isinstance(result, str):
+                print(f"skipped: {result}")
+            else:
+                print_result(result, title)
     result, skipped = bench_safetensors(args.repeats, args.layers)
     if result is None:
         print(f"skipped: {skipped}")

@@ -469,6 +469,13 @@ def run(args, argv, earlier: dict | None = None) -> dict:
             show("safetensors", "[safetensors: a Hugging Face folder into a keras-hub "
                  f"backbone] {result['model']}", result, "safetensors",
                  printer=bench_safetensors.print_result)
+        for title, result in bench_safetensors.bench_memory():
+            if isinstance(result, str):
+                print(f"\n[safetensors] skipped: {result}")
+                out.setdefault("skipped", []).append(f"safetensors: {result}")
+                continue
+            show("safetensors", f"[safetensors: {title}] {result['model']}", result,
+                 "safetensors", printer=bench_safetensors.print_result)
     if wanted("average") and args.only != "b":
         import bench_average
 

@@ -42,9 +42,10 @@ from objckpt._base import render as _render
 from objckpt._bundle import index as _bundle
 from objckpt._bundle import write as _bundlewrite
 
-__all__ = ["DURABLE_DEFAULT", "MIN_PART_BYTES", "PART_BUFFER_BYTES", "STREAM_BYTES", "Loader",
-           "fsync_paths", "lower_priority", "memory_budget", "native_crc32c", "part_count",
-           "read_tensors", "thread_groups", "threads", "write_bundle"]
+__all__ = ["DURABLE_DEFAULT", "MIN_PART_BYTES", "PART_BUFFER_BYTES", "STREAM_BYTES", "Budget",
+           "Loader", "fsync_paths", "lower_priority", "memory_budget", "native_crc32c",
+           "part_count", "read_direct", "read_tensors", "run_all", "thread_groups", "threads",
+           "write_bundle"]
 
 # Whether writes fsync before they commit when the caller does not say (see docs/benchmarks.md,
 # section io: the cost of durable=True decided it).
@@ -578,3 +579,9 @@ def _read_direct(fd: int, offset: int, size: int, dtype, shape):
         target.release()
         del view
     return value
+
+
+# For the other formats' streaming loaders (safetensors): the same reads, threads and budget.
+Budget = _Budget
+read_direct = _read_direct
+run_all = _run_all

@@ -19,10 +19,16 @@ plain file names beside it; every tensor sits in the shard the index names, and 
 is in two shards. A problem is a `CheckpointCorruptError` naming the file, the entry and
 what is wrong.
 
-Values are read through a memory map of the file (`np.frombuffer` over `mmap`): a source's
-`fetch` turns each view into a TF tensor (the one copy a restore needs); bfloat16 and
-float8 are bit-cast, so every bit (NaN payloads included) arrives as written. The file's size
-is checked again when it is mapped: a file changed since its header was read is refused.
+A source reads values with `pread` straight into a new TF tensor (`_Reader`: the one copy a
+restore needs, large sequential reads, no file held mapped); bfloat16 and float8 are
+bit-cast, so every bit (NaN payloads included) arrives as written. A restore streams
+(`stream`, `_Streamer`): every planned entry's shape and dtype after its transform is checked
+from the header before anything is read (a transform's output shape from its `output_shape`
+or traced on a `tf.TensorSpec`), then each tensor is read, transformed, converted and
+assigned in turn, several at once within a budget, so a restore holds about the largest
+tensor beyond the model. `read_array` (TF-free: `diff`, tests) maps the file. The file's
+size is checked again when it is opened or mapped: a file changed since its header was read
+is refused.
 safetensors keeps no checksums: `check` (for `verify`) reads every tensor's bytes once and
 says what was checked. Dtypes TF has no type for (`F8_E8M0`, the `FNUZ` float8s, the 4- and
 6-bit floats) are listed and verified, never offered to a restore (a note says so).
@@ -38,6 +44,7 @@ import json
 import mmap
 import os
 import struct
+import threading
 from typing import NamedTuple
 
 from objckpt import errors
@@ -501,6 +508,205 @@ class _Mapped:
             raise _refused(path, None, f"cannot be read ({_render.first_line(err)})") from err
 
 
+class _Reader:
+    """The files of a model open for reading (each once, its size checked against the one
+    its header was read at): `tensor(t)` reads one tensor with `pread` into a new TF tensor
+    (one copy, from the page cache into TF's buffer; no file held mapped). Closed on exit."""
+
+    def __init__(self, model: Model):
+        self.sizes = {h.path: h.size for h in model.headers}
+        self.fds: dict = {}
+        self._lock = threading.Lock()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self) -> None:
+        with self._lock:
+            for fd in self.fds.values():
+                os.close(fd)
+            self.fds.clear()
+
+    def fd(self, path: str) -> int:
+        with self._lock:
+            found = self.fds.get(path)
+            if found is not None:
+                return found
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except OSError as err:
+                raise _refused(path, None, f"cannot be read ({_render.first_line(err)})") \
+                    from err
+            size = os.fstat(fd).st_size
+            if size != self.sizes[path]:
+                os.close(fd)
+                raise _refused(path, None, f"changed since its header was read ({size:,} "
+                                           f"bytes, {self.sizes[path]:,} before)")
+            self.fds[path] = fd
+            return fd
+
+    def tensor(self, tensor: Tensor):
+        """`tensor`'s values as a new CPU TF tensor of its dtype and shape, every bit as
+        written (bfloat16 and float8 bit-cast; a BOOL byte other than 0 read as True)."""
+        import numpy as np
+        import tensorflow as tf
+
+        dtype = getattr(tf, DTYPES[tensor.dtype][2])
+        fd = self.fd(tensor.file)
+        with tf.device("/cpu:0"):
+            if tensor.nbytes == 0:
+                return tf.zeros(tensor.shape, dtype)
+            if tensor.dtype == "BOOL":
+                data = os.pread(fd, tensor.nbytes, tensor.begin)
+                self._whole(tensor, len(data))
+                return tf.constant(np.frombuffer(data, np.uint8).reshape(tensor.shape) != 0)
+            from objckpt._bundle import fastio as _fastio
+
+            if tensor.dtype in _DIRECT:  # read in its own dtype and shape
+                value = _fastio.read_direct(fd, tensor.begin, tensor.nbytes, dtype,
+                                            tensor.shape)
+                self._whole(tensor, 0 if value is None else tensor.nbytes)
+                return value
+            raw = _fastio.read_direct(fd, tensor.begin, tensor.nbytes, tf.uint8,
+                                      (tensor.nbytes,))
+            self._whole(tensor, 0 if raw is None else tensor.nbytes)
+            width = DTYPES[tensor.dtype][0] // 8
+            if width > 1:  # Bitcast and Reshape share the buffer: no copy
+                raw = tf.reshape(raw, (tensor.elements, width))
+            if dtype != tf.uint8:
+                raw = tf.bitcast(raw, dtype)
+            return tf.reshape(raw, tensor.shape)
+
+    @staticmethod
+    def _whole(tensor: Tensor, got: int) -> None:
+        if got != tensor.nbytes:
+            raise _refused(tensor.file, tensor.name, f"was cut short while it was read "
+                                                     f"({got:,} of {tensor.nbytes:,} bytes)")
+
+
+def _output_spec(tensor: Tensor, transform):
+    """(shape, TF dtype, apply) of `tensor` after `transform` (None: none), known from
+    metadata alone: a `rules` Transform's `output_shape`, else the transform traced on a
+    `tf.TensorSpec` (then `apply` runs that traced function, so the value has the traced
+    shape); None where neither gives a fully known shape (the caller reads values whole)."""
+    import tensorflow as tf
+
+    dtype = getattr(tf, DTYPES[tensor.dtype][2])
+    if transform is None:
+        return tensor.shape, dtype, None
+    output_shape = getattr(transform, "output_shape", None)
+    if callable(output_shape):
+        try:
+            return tuple(output_shape(tensor.shape)), dtype, transform
+        except Exception:  # noqa: BLE001 - not one of ours, or a shape it refuses: trace it
+            pass
+    try:
+        traced = tf.function(transform, autograph=False).get_concrete_function(
+            tf.TensorSpec(tensor.shape, dtype))
+    except Exception:  # noqa: BLE001 - a transform that needs values (NumPy): read whole
+        return None
+    out = traced.structured_outputs
+    if not isinstance(out, tf.Tensor) or not out.shape.is_fully_defined():
+        return None
+    return tuple(out.shape.as_list()), out.dtype, traced
+
+
+# Bytes of new tensors in flight at once while streaming: the largest tensor's, or this
+# many where that is less (several small tensors read in parallel).
+STREAM_SLACK = 64 << 20
+# Read straight into a tensor of their own dtype (NumPy reads them through DLPack); the
+# others into bytes, bit-cast.
+_DIRECT = frozenset({"F32", "F64", "I32", "U8", "I64", "F16"})
+
+
+class _Streamer:
+    """Restores `(tensor, variable, label, transform)` entries one tensor at a time, all or
+    nothing: `verify()` checks every entry's shape and dtype after its transform from
+    metadata (the header was validated when the model was read; safetensors has no
+    checksums) and that no file changed, assigning nothing; `assign()` then reads each
+    tensor (`_Reader.tensor`), transforms it, passes it through `convert(value, variable)`
+    (the one place a value is converted just before assignment) and assigns it with
+    `assign_to(variable, value)`, on several threads, new tensors in flight bounded by the
+    largest tensor (or `STREAM_SLACK` bytes, where that is more). `specs` is None when
+    some transform's output is not known from metadata (then the caller reads values
+    whole)."""
+
+    def __init__(self, model: Model, entries: list, assign_to, convert=None):
+        from objckpt._bundle import fastio as _fastio
+
+        self.model, self.entries = model, entries
+        self._assign_to = assign_to
+        self._convert = convert if convert is not None else (lambda value, variable: value)
+        self._fastio = _fastio
+        self.reader = _Reader(model)
+        found = [_output_spec(t, transform) for t, _, _, transform in entries]
+        self.specs = None if any(f is None for f in found) else found
+        self._sizes = [t.nbytes for t, _, _, _ in entries]
+        limit = max(max(self._sizes, default=0), STREAM_SLACK)
+        self._gate = _fastio.Budget(limit)
+
+    def close(self) -> None:
+        self.reader.close()
+
+    def verify(self) -> None:
+        """Every entry's output shape and dtype checked against its variable, and every
+        file opened and its size checked; nothing read, nothing assigned.
+
+        Raises:
+          StructureMismatchError: a transform's output does not fit its variable.
+          CheckpointCorruptError: an entry disagrees with the plan, or a file changed.
+        """
+        from objckpt import _compat
+
+        problems, corrupt = [], []
+        for (tensor, variable, label, transform), spec in zip(self.entries, self.specs):
+            if not _compat.misfit(spec[:2], variable):
+                continue
+            got = (f"{spec[1].name}{tuple(spec[0])} but the obj has "
+                   f"{variable.dtype.base_dtype.name}{tuple(variable.shape)}")
+            name = _render.safe(tensor.name)
+            if transform is not None:
+                problems.append(f"{label}: the transform of `{name}` gives {got}")
+            else:
+                corrupt.append(f"{label}: `{name}` is {got}")
+        if corrupt:
+            raise errors.CheckpointCorruptError(
+                f"{self.model.description}: {len(corrupt)} entry(ies) do not have the shape "
+                "or dtype the plan was made for; nothing was changed:\n"
+                + "\n".join(_render.listed(corrupt))
+                + "\nFix: restore from another file, or write this one again.",
+                source=self.model.path)
+        if problems:
+            raise errors.StructureMismatchError(
+                f"{len(problems)} transformed value(s) from {self.model.description} do not "
+                "fit; nothing was changed or written:\n" + "\n".join(_render.listed(problems))
+                + "\nFix: make the rule's transform return the variable's shape and dtype.",
+                tuple(problems))
+        for header in self.model.headers:
+            self.reader.fd(header.path)
+
+    def _assign_one(self, index: int) -> None:
+        tensor, variable, _, _ = self.entries[index]
+        apply = self.specs[index][2]
+        with self._gate.hold(tensor.nbytes):
+            value = self.reader.tensor(tensor)
+            if apply is not None:
+                value = apply(value)
+            value = self._convert(value, variable)
+            self._assign_to(variable, value)
+            del value
+
+    def assign(self) -> None:
+        """Reads, transforms and assigns every entry (after `verify`)."""
+        workers = self._fastio.threads()
+        groups = self._fastio.thread_groups(self._sizes, workers)
+        self._fastio.run_all(lambda group: [self._assign_one(i) for i in group], groups,
+                             workers)
+
+
 def source_fields(path: str) -> dict | None:
     """A safetensors file, index or folder as the fields of a `_sources.Source`, or None.
 
@@ -527,23 +733,17 @@ def source_fields(path: str) -> dict | None:
                   f"restore (TF has no such dtype), e.g. `{_render.safe(left[0])}`",)
 
     def fetch(keys) -> list:
-        out = []
-        with _Mapped(model) as mapped, tf.device("/cpu:0"):
-            for key in keys:
-                tensor = usable[key]
-                numpy_name, tf_name = DTYPES[tensor.dtype][1], DTYPES[tensor.dtype][2]
-                if numpy_name in _BITCAST:  # exact bits, whatever TF's NumPy types are
-                    raw = mapped.view(tensor, _BITCAST[numpy_name])
-                    out.append(tf.bitcast(tf.constant(raw), getattr(tf, tf_name)))
-                elif tensor.dtype == "BOOL":  # any byte but 0 is True (never a stray bit)
-                    out.append(tf.constant(mapped.view(tensor, "u1") != 0))
-                else:
-                    out.append(tf.constant(mapped.view(tensor, _numpy(tensor.dtype))))
-        return out
+        with _Reader(model) as reader:
+            return [reader.tensor(usable[key]) for key in keys]
+
+    def stream(pairs, assign_to, convert=None):
+        return _Streamer(model, [(usable[key], *rest) for key, *rest in pairs], assign_to,
+                         convert)
 
     top = list(dict.fromkeys(k.split("/", 1)[0] for k in specs if "/" in k))
     return {"description": model.description, "kind": "object", "specs": specs,
-            "fetch": fetch, "subtree": lambda at: _paths.prefix_subtree(specs, at),
+            "fetch": fetch, "stream": stream,
+            "subtree": lambda at: _paths.prefix_subtree(specs, at),
             "top_level_names": top, "prefix": model.path, "notes": notes,
             "structure": lambda: ("safetensors", tuple(
                 (name, t.shape, t.dtype) for name, t in model.tensors.items()))}

@@ -14,7 +14,7 @@ from objckpt import _compat, errors
 from objckpt._base import render as _render
 from objckpt._planning import match as _match
 
-__all__ = ["fetch_entries", "fetch_values", "streamed"]
+__all__ = ["converted", "fetch_entries", "fetch_values", "streamed"]
 
 
 def fetch_values(the_plan: _match.Plan, variables, matches=None,
@@ -73,6 +73,14 @@ def fetch_entries(src, entries) -> list:
                 for (_, transform), value in zip(entries, values)]
 
 
+def converted(value, variable):
+    """A value just before it is assigned to `variable` on a streamed route: the one place
+    a value is converted to its variable (none yet: the plan's checks admit only values of
+    the variable's dtype)."""
+    del variable
+    return value
+
+
 def streamed(src, the_plan: _match.Plan, variables):
     """A `_fastio.Loader` restoring the plan from a local TF checkpoint one tensor at a
     time after checking every checksum, or None (then values are fetched as a whole):
@@ -80,6 +88,8 @@ def streamed(src, the_plan: _match.Plan, variables):
     variables, and below
     `_fastio.STREAM_BYTES` (where reading everything at once and one fused assign is faster
     and holding a second copy costs little)."""
+    if src is not None and src.stream is not None:
+        return _streamed_by_tensor(src, the_plan, variables)
     if (src is None or src.bundle_keys is None or not src.prefix or "://" in src.prefix
             or not tf.executing_eagerly() or not the_plan.matches):
         return None
@@ -99,3 +109,30 @@ def streamed(src, the_plan: _match.Plan, variables):
         src.prefix, [(key, v, label_of[key]) for key, v in zip(keys, targets)],
         lambda variable, value: variable.assign(value, read_value=False),
         lambda key: f"for {label_of.get(key, key)}")
+
+
+def _streamed_by_tensor(src, the_plan: _match.Plan, variables):
+    """The loader of a format that reads one tensor at a time (safetensors: metadata
+    checked now, each tensor read, transformed, converted and assigned at the assign stage,
+    so no more than the largest tensor and a bounded slack is held beyond the model), or
+    None: inside a `tf.function`, for distributed variables or ones of unknown shape, below
+    `_fastio.STREAM_BYTES`, or when a rule's transform cannot be traced on its input's
+    spec (a transform that needs values: they are fetched whole then)."""
+    if not tf.executing_eagerly() or not the_plan.matches:
+        return None
+    targets = [variables[m.target] for m in the_plan.matches]
+    if any(_compat.replica_parts(v) is not None or not v.shape.is_fully_defined()
+           or _compat.is_distributed_variable(type(v)) for v in targets):
+        return None
+    from objckpt._bundle import fastio as _fastio
+
+    if sum(v.shape.num_elements() * v.dtype.size for v in targets) < _fastio.STREAM_BYTES:
+        return None
+    loader = src.stream(
+        [(m.source, v, the_plan.label(m.target), m.transform)
+         for m, v in zip(the_plan.matches, targets)],
+        lambda variable, value: variable.assign(value, read_value=False), converted)
+    if loader.specs is None:
+        loader.close()
+        return None
+    return loader

@@ -61,6 +61,10 @@ class Source:
     # TF checkpoints only: the checkpoint keys of a list of source keys, for reading them
     # with `_fastio` (checksums first, then one tensor at a time).
     bundle_keys: Callable | None = None
+    # Formats that read one tensor at a time (safetensors): `stream(pairs, assign_to,
+    # convert)` over `(key, variable, label, transform)` gives a loader (`specs`: None when a
+    # transform's output is not known from metadata; `verify()`, `assign()`, `close()`).
+    stream: Callable | None = None
     # Keras 2 HDF5 files: ((layer, (its keys in `weight_names` order)), ...) for the layers
     # with weights, in the file's order: what "topological order" pairs with the obj's layers.
     h5_layers: tuple = ()
