@@ -103,8 +103,8 @@ WHOLE_PACKAGE_TESTS = {
     "test_architecture.py": "the import contracts and the private-name rules, on the source",
     "test_layout.py": "this file",
 }
-# Folders of tests/ that are not a package of objckpt.
-OTHER_FOLDERS = {"integration", "distributed", "helpers", "__pycache__"}
+# Folders of tests/ that are not a package of objckpt (fixtures/: data files, no tests).
+OTHER_FOLDERS = {"integration", "distributed", "helpers", "fixtures", "__pycache__"}
 
 # Where tests/ paths are mentioned (CHANGELOG.md is history: its paths are left as they were).
 MENTIONS = ("objckpt", "docs", "benchmarks", "colab", "tests", "README.md", "noxfile.py",
@@ -513,7 +513,7 @@ def test_test_files_that_drift(copy):
         "tests/_ops/test_renamed_module.py is named after no module of objckpt/_ops/: "
         "test_<module>[_<aspect>].py",
         "tests/renamed_package/ is named after no package of objckpt/ (others: ['distributed', "
-        "'helpers', 'integration'])",
+        "'fixtures', 'helpers', 'integration'])",
     ], problems
 
 

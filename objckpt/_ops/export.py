@@ -481,13 +481,17 @@ def _config_dtype(folder: str, written: str) -> None:
 def _hub_config(obj, rule_set, folder: str) -> None:
     """A shipped Hugging Face set and a keras-hub model of a class it knows: the folder's
     `config.json` names that model's Hub class in `architectures` (`BertMaskedLM`:
-    `["BertForMaskedLM"]`), the config the set was made from written when there is none."""
+    `["BertForMaskedLM"]`), the config the set was made from written when there is none;
+    a backbone the set does not tie to one class (a Llama backbone serves `LlamaModel` and
+    `LlamaForCausalLM`) keeps the folder's config, or gets the one it came from, as it was."""
     classes = getattr(rule_set, "classes", None) or {}
     hub = next((classes[k.__name__] for k in type(obj).__mro__ if k.__name__ in classes), None)
-    if hub is None:
-        return
     target = os.path.join(folder, "config.json")
     config = dict(getattr(rule_set, "config", None) or {})
+    if hub is None:  # a backbone of several classes: the config it came from, as it was
+        hub = (config.get("architectures") or [None])[0]
+        if hub is None or os.path.isfile(target):
+            return
     if os.path.isfile(target):
         try:  # read as data, bounded; one that is no JSON object is left as it is
             config = _read_hub_config(folder)

@@ -75,10 +75,9 @@ def fetch_entries(src, entries) -> list:
 
 def converted(value, variable):
     """A value just before it is assigned to `variable` on a streamed route: the one place
-    a value is converted to its variable (none yet: the plan's checks admit only values of
-    the variable's dtype)."""
-    del variable
-    return value
+    a value is converted to its variable, by the casting policy (`_compat.cast_value`: the
+    plan admitted only lossless widening here; lossy casts take the fetched route)."""
+    return _compat.cast_value(value, variable)
 
 
 def streamed(src, the_plan: _match.Plan, variables):
@@ -121,6 +120,9 @@ def _streamed_by_tensor(src, the_plan: _match.Plan, variables):
     if not tf.executing_eagerly() or not the_plan.matches:
         return None
     targets = [variables[m.target] for m in the_plan.matches]
+    if any(m.cast and not _compat.lossless(src.specs[m.source][1], v.dtype.base_dtype)
+           for m, v in zip(the_plan.matches, targets)):  # lossy: fetched whole
+        return None
     if any(_compat.replica_parts(v) is not None or not v.shape.is_fully_defined()
            or _compat.is_distributed_variable(type(v)) for v in targets):
         return None

@@ -79,3 +79,41 @@ def test_distributed_variables_fetched_whole(tmp_path):
     assert _fetch.streamed(src, the_plan, variables) is None
     objckpt.restore(module, path)
     assert module.kernel.numpy().tobytes() == values["kernel"].tobytes()
+
+
+def test_a_streamed_bfloat16_file_widens_into_float32_and_a_lossy_cast_is_fetched_whole(
+        tmp_path, monkeypatch):
+    """The casting policy on the streamed route: bfloat16 values stream into float32
+    variables exactly as NumPy widens them; float16 variables (a lossy cast) are refused
+    without cast="lossy", nothing changed, and with it take the fetched route."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    rows = 64
+    rng = np.random.default_rng(3)
+    values = {"kernel": rng.standard_normal((rows, 1024)).astype(ml_dtypes.bfloat16),
+              "bias": rng.standard_normal(1024).astype(ml_dtypes.bfloat16)}
+    path = str(tmp_path / "bf16.safetensors")
+    st_numpy.save_file(values, path)
+    monkeypatch.setattr(_fastio, "STREAM_BYTES", 1)
+    wide = _module(rows)
+    src, variables, the_plan = _planned(wide, path)
+    loader = _fetch.streamed(src, the_plan, variables)
+    assert loader is not None
+    loader.close()
+    report = objckpt.restore(wide, path)
+    assert report.cast == {"kernel": "bfloat16 -> float32", "bias": "bfloat16 -> float32"}
+    for name, value in values.items():
+        assert getattr(wide, name).numpy().tobytes() == value.astype(np.float32).tobytes()
+
+    narrow = tf.Module()
+    narrow.kernel = tf.Variable(tf.zeros((rows, 1024), tf.float16))
+    narrow.bias = tf.Variable(tf.zeros((1024,), tf.float16))
+    src, variables, the_plan = _planned(narrow, path)
+    with pytest.raises(objckpt.errors.StructureMismatchError, match=r"cast='lossy'"):
+        objckpt.restore(narrow, path)
+    assert not narrow.kernel.numpy().any()
+    lossy_plan = _match.make_plan(src, narrow, variables, cast="lossy")
+    assert _fetch.streamed(src, lossy_plan, variables) is None  # fetched whole
+    objckpt.restore(narrow, path, cast="lossy")
+    for name, value in values.items():
+        expected = value.astype(np.float32).astype(np.float16)
+        assert getattr(narrow, name).numpy().tobytes() == expected.tobytes()

@@ -261,6 +261,8 @@ def test_a_lossy_cast_is_refused_without_the_argument(case):
     objckpt.restore(model, folder, rules=rules, strict=not case.lacks, cast="lossy")
     wide = _restored_backbone(case, "float32")[0]
     for variable, reference in zip(model.weights, wide.weights):
+        if any(variable.path.endswith(path) for path in case.lacks):
+            continue  # the folder has no value for it: left at its initial value
         expected = np.asarray(reference.numpy()).astype(variable.numpy().dtype)
         assert expected.tobytes() == np.asarray(variable.numpy()).tobytes(), variable.path
 
