@@ -24,6 +24,7 @@ import tensorflow as tf
 from objckpt import _compat, errors
 from objckpt._base import render as _render
 from objckpt._ops import averaging as _averaging
+from objckpt._ops import batchnorm as _batchnorm
 from objckpt._planning import match as _match
 from objckpt._planning import pipeline as _pipeline
 from objckpt._planning import targets as _targets
@@ -81,8 +82,8 @@ class AverageReport:
 @tf.autograph.experimental.do_not_convert
 @errors.about_arguments(obj="obj")
 def average(obj, sources, *, weights=None, rules=None, at: str | None = None,
-            strict: bool = True, optimizer_state="auto", non_weights: str = "last"
-            ) -> AverageReport:
+            strict: bool = True, optimizer_state="auto", non_weights: str = "last",
+            cast: str = "lossless") -> AverageReport:
     """Assigns into obj the weighted mean of N sources, matched like `restore`.
 
     Each source is any source `objckpt.restore` reads (a prefix, a directory, a Snapshot,
@@ -104,8 +105,14 @@ def average(obj, sources, *, weights=None, rules=None, at: str | None = None,
     state, and all optimizer state: slots, learning rate) is never averaged: by default it
     is taken from the last source (the newest checkpoint of a run, listed last), as
     `non_weights` says, and listed in the report's `taken`. BatchNorm moving statistics are
-    floating-point weights and are averaged; the report notes it (recompute them from data
-    for an average of different runs).
+    floating-point weights and are averaged; the report notes it and a
+    `BatchNormStatisticsWarning` names the layers (recompute them from data with
+    `objckpt.recalibrate_batchnorm(model, data)` for an average of different runs).
+
+    Dtypes follow the casting policy of `objckpt.restore`: a source of a narrower float
+    dtype (bfloat16, float16 into a float32 obj) is widened exactly, each value converted
+    into the float64 accumulator from the dtype it is stored in; a narrowing cast (float32
+    into bfloat16) is refused before anything is assigned unless `cast="lossy"`.
 
     Args:
       obj: the built trackable to assign into (any flavour).
@@ -120,6 +127,7 @@ def average(obj, sources, *, weights=None, rules=None, at: str | None = None,
         keeps its state.
       non_weights: "last" (default) or "first": the source non-weights are taken from;
         "keep": they keep obj's values.
+      cast: as `objckpt.restore`: "lossless" (default: widening casts only) or "lossy".
 
     Returns:
       A frozen `AverageReport` (averaged, taken, skipped, weights, sources, notes).
@@ -134,6 +142,10 @@ def average(obj, sources, *, weights=None, rules=None, at: str | None = None,
     Example:
       >>> objckpt.average(model, ["run/ckpt-8", "run/ckpt-9", "run/ckpt-10"])
       >>> objckpt.average(model, [a, b], weights=[0.25, 0.75])
+
+    Warns:
+      BatchNormStatisticsWarning: obj has BatchNormalization layers whose moving statistics
+        were averaged.
     """
     sources = _averaging.check_sources(sources, "objckpt.average")
     shares = _averaging.normalized_weights(weights, len(sources))
@@ -152,7 +164,7 @@ def average(obj, sources, *, weights=None, rules=None, at: str | None = None,
             "Fix: build it first (call it on a batch, or model.build(shape)).")
     pipe = _pipeline.Pipeline("objckpt.average", obj, sources, rules=rules, at=at,
                               strict=strict, optimizer_state=optimizer_state,
-                              action="average into")
+                              action="average into", cast=cast)
     k = [0]  # the source being opened or planned, for its error
 
     def then(err):
@@ -175,7 +187,7 @@ def average(obj, sources, *, weights=None, rules=None, at: str | None = None,
             held = work.compute_all(pipe, variables)
         else:
             try:
-                work.verify(plans, variables, k)
+                work.verify(plans, variables, k, pipe.cast)
             except BaseException:
                 work.close()
                 raise
@@ -193,11 +205,15 @@ def average(obj, sources, *, weights=None, rules=None, at: str | None = None,
     written = [*work.averaged_paths(), *work.taken_paths()]
     _compat.refresh_derived_state(obj, lambda: [variables[p] for p in written], key=variables,
                                   merged=not all(src.keyed_by_path for src, _ in plans))
+    if work.batchnorm_averaged:
+        _batchnorm.warn_averaged_statistics(
+            obj, "objckpt.average: the obj", "call objckpt.recalibrate_batchnorm(model, data) "
+            "with the training inputs after averaging", stacklevel=4)
     return work.report(plans)
 
 
 def _planned(pipe, variables, sources, k) -> tuple:
-    """Stages 1 and 2 of the pipeline for every source: `(variables, [(source, plan)])`.
+    """Stages 1 to 3 of the pipeline for every source: `(variables, [(source, plan)])`.
 
     Each source opened and its plan checked (an error names the source by `k[0]`); the
     obj's optimizers are built first where a source has their state. The one place this
@@ -208,6 +224,9 @@ def _planned(pipe, variables, sources, k) -> tuple:
         k[0] = index
         src = pipe.open(source)
         variables, the_plan = pipe.plan(variables, src)
+        # another shape, a dtype the casting policy refuses, with strict=True anything
+        # unmatched: refused here, naming the source
+        the_plan = pipe.check(variables, src, the_plan)
         plans.append((src, the_plan))
     return variables, plans
 
@@ -250,6 +269,8 @@ class _Work:
         self.nbytes = 0
         self.files: dict = {}  # source index -> averaging.BundleFile (checked)
         self.keys: dict = {}  # (source index, target) -> checkpoint key in that file
+        self.dtypes: dict = {}  # (source index, target) -> NumPy dtype stored in that file
+        self.batchnorm_averaged = False
         self.workspace = _averaging.Workspace()
         self.reading = [None]  # the source being read, for its error
 
@@ -295,19 +316,22 @@ class _Work:
         for k, (_, the_plan) in enumerate(plans):
             notes.extend(f"source {k}: {note}" for note in the_plan.notes)
             skipped.extend(f"source {k}: {item}" for item in the_plan.skipped)
-        if any(p.rsplit("/", 1)[-1].lstrip("_") in ("moving_mean", "moving_variance")
-               for p in means):
+        batchnorm_averaged = any(
+            p.rsplit("/", 1)[-1].lstrip("_") in ("moving_mean", "moving_variance")
+            for p in means)
+        if batchnorm_averaged:
             notes.append("BatchNorm moving statistics were averaged like the other weights: "
                          "for an average of different runs, recompute them from data.")
         fresh = plans[taken_from][1].fresh if taken_from is not None else ()
         fresh = tuple(item for item in fresh if item[0] not in means)
         work = cls(plans, means, taken, taken_from, tuple(skipped), shares, tuple(notes),
                    fresh)
+        work.batchnorm_averaged = batchnorm_averaged
         work.nbytes = sum(variables[p].shape.num_elements() * variables[p].dtype.size
                           for p in means if variables[p].shape.is_fully_defined())
         return work
 
-    def verify(self, plans, variables, k) -> None:
+    def verify(self, plans, variables, k, cast: str = "lossless") -> None:
         """Checks every checksum of the local TF checkpoints among the sources first (their
         values are read again, unchecked, as they are averaged): nothing assigned yet."""
         from objckpt._bundle import fastio as _fastio
@@ -332,14 +356,21 @@ class _Work:
                 variable, entry = variables[match.target], file.index.entries.get(key)
                 if not variable.shape.is_fully_defined():
                     continue  # a relaxed variable (tf_keras lookups): fetched whole
-                if entry is None or entry.dtype != variable.dtype.base_dtype.as_datatype_enum \
-                        or tuple(entry.shape) != tuple(variable.shape):
+                stored = None if entry is None else _averaging.stored_float(entry.dtype)
+                if entry is not None and tuple(entry.shape) == tuple(variable.shape) \
+                        and entry.dtype != variable.dtype.base_dtype.as_datatype_enum \
+                        and (stored is None or match.target not in self.means):
+                    continue  # cast by the fetch stage, as restore casts it (checked there)
+                if entry is None or tuple(entry.shape) != tuple(variable.shape) \
+                        or not _compat.fits((entry.shape, tf.as_dtype(entry.dtype)), variable,
+                                            cast):
                     raise errors.CheckpointCorruptError(
                         f"Checkpoint `{_render.safe(src.prefix)}` changed while it was read: "
                         f"entry `{_render.safe(key)}` for {the_plan.label(match.target)} is "
                         "not what its metadata said. Nothing was changed. Fix: average "
                         "checkpoints that are not being written.", source=src.prefix)
                 self.keys[(index, match.target)] = key
+                self.dtypes[(index, match.target)] = stored  # None: the variable's dtype
             jobs.append((index, file, [self.keys[(index, m.target)] for m in matches
                                        if (index, m.target) in self.keys]))
         _verify_all(jobs, k)
@@ -357,12 +388,12 @@ class _Work:
         if key is not None and variable.shape.is_fully_defined():
             # checked in `verify`: read in pieces, not checked again
             mean = mean or _averaging.Mean(variable.shape, self.shares, self.workspace)
-            dtype = variable.dtype.base_dtype.as_numpy_dtype
+            dtype = self._stored(k, path, variable)
             for start, values in self.files[k].pieces(key, dtype, check=False):
                 mean.add(k, values, start)
             return mean
         self.reading[0] = k
-        (value,) = pipe.fetch(self._plans[k][1], variables, [match])
+        (value,) = pipe.fetch(self._plans[k][1], _Widened.of(variables, path, match), [match])
         self.reading[0] = None
         mean = mean or _averaging.Mean(value.shape, self.shares, self.workspace)
         if tuple(value.shape) != mean.shape:
@@ -372,6 +403,12 @@ class _Work:
                 f"another source has {mean.shape}. Fix: average sources of one structure.")
         mean.add(k, value.numpy())
         return mean
+
+    def _stored(self, k, path, variable):
+        """The NumPy dtype source k stores `path` in: read as stored, converted exactly into
+        the float64 accumulator (bfloat16 and float16 sources of a float32 variable)."""
+        stored = self.dtypes.get((k, path))
+        return variable.dtype.base_dtype.as_numpy_dtype if stored is None else stored
 
     def _mean(self, pipe, variables, path):
         variable = variables[path]
@@ -389,7 +426,8 @@ class _Work:
             if out is None:
                 out = value = np.empty(tuple(variable.shape), dtype.as_numpy_dtype)
             streams = [(self.shares[k], self.files[k].stream(
-                self.keys[(k, path)], dtype.as_numpy_dtype, self.workspace, check=False))
+                self.keys[(k, path)], self._stored(k, path, variable), self.workspace,
+                check=False))
                 for k in weighted]
             _averaging.stream_mean(streams, size, out.reshape(-1))
             return value
@@ -431,6 +469,25 @@ class _Work:
         return AverageReport(tuple(self.means), tuple(self.taken), self.skipped,
                              tuple(self.shares), tuple(src.description for src, _ in plans),
                              self.taken_from, self.notes)
+
+
+class _Widened(tuple):
+    """A variable's `(shape, float64)`, as the fetch stage takes a variable: a value that a
+    lossy cast (`cast="lossy"`, float64 into float32) would round is fetched in float64 and
+    rounded once, with the mean. A widening cast (bfloat16 into float32) is exact: fetched
+    into the variable's dtype, as restore does."""
+
+    shape = property(lambda self: self[0])
+    dtype = property(lambda self: self[1])
+
+    @classmethod
+    def of(cls, variables, path, match):
+        variable = variables[path]
+        source, _, target = match.cast.partition(" -> ")
+        if not target or not variable.dtype.is_floating or _compat.lossless(
+                tf.as_dtype(source), variable.dtype.base_dtype):
+            return variables
+        return {path: cls((variable.shape, tf.float64))}
 
 
 def _verify_all(jobs, k) -> None:

@@ -35,7 +35,7 @@ from objckpt._inspect import meta as _meta
 
 __all__ = ["NON_WEIGHTS", "BundleFile", "Mean", "Workspace", "average_checkpoints",
            "check_non_weights", "check_sources", "crc32c", "is_optimizer_path",
-           "normalized_weights"]
+           "normalized_weights", "stored_float"]
 
 # What happens to what is not a weight (integers, counters, random-generator state, optimizer
 # state): taken from the last source (default: the newest of a run, listed last), from the
@@ -367,6 +367,12 @@ class BundleFile:
 
 
 # --- the writer ---------------------------------------------------------------------------
+
+def stored_float(enum: int):
+    """The NumPy dtype of a checkpoint entry's float dtype enum (float16, bfloat16, float32,
+    float64), or None for any other dtype."""
+    return _numpy_dtype(enum) if enum in _FLOATS else None
+
 
 def _numpy_dtype(enum: int):
     name = _FLOATS.get(enum) or _meta.dtype(enum).name

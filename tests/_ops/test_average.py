@@ -463,3 +463,110 @@ def test_writer_averages_sources_of_other_float_dtypes_into_the_firsts(tmp_path)
     got = tf.train.load_checkpoint(done["prefix"]).get_tensor("v/.ATTRIBUTES/VARIABLE_VALUE")
     assert got.dtype == np.float32
     assert _ulps(got, _reference(stored, [1, 1, 2], np.float32)) <= 1
+
+
+# --- dtypes through the casting policy, BatchNorm statistics --------------------------------
+
+# Values whose bfloat16 / float16 roundings differ from their float32 ones, in a 17 MiB
+# tensor for the streamed route (above HELD_BYTES) and a small one for the held route.
+def _f32_module(value):
+    module = tf.Module()
+    module.v = tf.Variable(value)
+    return module
+
+
+@pytest.mark.parametrize("held", [1 << 30, 0], ids=["held", "streamed"])
+@pytest.mark.parametrize("narrow", [tf.bfloat16, tf.float16], ids=["bfloat16", "float16"])
+def test_narrow_sources_widen_exactly_into_a_float32_obj(tmp_path, monkeypatch, held, narrow):
+    import safetensors.tensorflow
+
+    monkeypatch.setattr(_average, "HELD_BYTES", held)
+    rng = np.random.default_rng(7)
+    shape = (4, 33) if held else (1 << 20, 5)  # 20 MiB of float32 when streamed
+    raw = [rng.normal(size=shape) * 3 for _ in range(4)]
+    narrow_prefix = tf.train.Checkpoint(root=_f32_module(tf.constant(raw[0], narrow))).write(
+        str(tmp_path / "narrow"))
+    wide_prefix = tf.train.Checkpoint(root=_f32_module(raw[1].astype(np.float32))).write(
+        str(tmp_path / "wide"))
+    st_path = str(tmp_path / "model.safetensors")
+    safetensors.tensorflow.save_file({"v": tf.constant(raw[2], narrow)}, st_path)
+    snap = objckpt.snapshot(_f32_module(raw[3].astype(np.float32)))
+    # what each source stores, exactly (narrow ones in their own dtype)
+    stored = [tf.train.load_checkpoint(narrow_prefix).get_tensor("v/.ATTRIBUTES/VARIABLE_VALUE"),
+              raw[1].astype(np.float32), tf.constant(raw[2], narrow).numpy(),
+              raw[3].astype(np.float32)]
+    assert stored[0].dtype == narrow.as_numpy_dtype and stored[2].dtype == stored[0].dtype
+    weights = [1, 2, 3, 4]
+    target = _f32_module(np.zeros(shape, np.float32))
+    report = objckpt.average(target, [narrow_prefix, wide_prefix, st_path, snap],
+                             weights=weights)
+    assert report.averaged == ("v",)
+    ref = _reference(stored, weights, np.float32)
+    got = target.v.numpy()
+    assert got.dtype == np.float32 and _ulps(got, ref) <= 1
+    # the narrow sources alone (both files): their float64 mean of the stored values
+    only = _f32_module(np.zeros(shape, np.float32))
+    objckpt.average(only, [narrow_prefix, st_path], weights=[1, 3])
+    assert _ulps(only.v.numpy(), _reference([stored[0], stored[2]], [1, 3], np.float32)) <= 1
+    # a narrow checkpoint read as float32 bytes would be garbage: compare with restore
+    restored = _f32_module(np.zeros(shape, np.float32))
+    objckpt.restore(restored, narrow_prefix)
+    single = _f32_module(np.zeros(shape, np.float32))
+    objckpt.average(single, [narrow_prefix])
+    assert np.array_equal(single.v.numpy(), restored.v.numpy())
+    assert np.array_equal(single.v.numpy(), stored[0].astype(np.float32))
+
+
+@pytest.mark.parametrize("held", [1 << 30, 0], ids=["held", "streamed"])
+def test_a_narrowing_cast_is_refused_unless_lossy(tmp_path, monkeypatch, held):
+    monkeypatch.setattr(_average, "HELD_BYTES", held)
+    rng = np.random.default_rng(3)
+    values = [rng.normal(size=(6, 5)) for _ in range(2)]
+    wide = tf.train.Checkpoint(root=_f32_module(values[0])).write(str(tmp_path / "f64"))
+    narrow = tf.train.Checkpoint(root=_f32_module(values[1].astype(np.float32))).write(
+        str(tmp_path / "f32"))
+    target = _f32_module(np.full((6, 5), 5.0, np.float32))
+    with pytest.raises(errors.StructureMismatchError) as info:
+        objckpt.average(target, [wide, narrow])
+    assert "cast='lossy'" in str(info.value) and "Source 0 of 2" in str(info.value)
+    assert np.array_equal(target.v.numpy(), np.full((6, 5), 5.0, np.float32))
+    with pytest.raises(errors.InvalidArgumentError, match="cast must be"):
+        objckpt.average(target, [wide, narrow], cast="widen")
+    objckpt.average(target, [wide, narrow], cast="lossy")
+    ref = _reference([values[0], values[1].astype(np.float32)], [1, 1], np.float32)
+    assert _ulps(target.v.numpy(), ref) <= 1
+
+
+def _bn_model(keras, seed):
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, name="dense"),
+                              keras.layers.BatchNormalization(name="bn1")])
+    rng = np.random.default_rng(seed)
+    model.set_weights([rng.uniform(0.5, 2, size=w.shape).astype(np.float32)
+                       for w in model.get_weights()])
+    return model
+
+
+def test_averaged_batchnorm_statistics_warn_naming_layers_and_fix():
+    import warnings
+
+    keras = keras_for("keras3")
+    members = [objckpt.snapshot(_bn_model(keras, seed)) for seed in (1, 2)]
+    target = _bn_model(keras, 9)
+    with pytest.warns(errors.BatchNormStatisticsWarning) as seen:
+        report = objckpt.average(target, members)
+    found = [w for w in seen if w.category is errors.BatchNormStatisticsWarning]
+    assert len(found) == 1
+    message = str(found[0].message)
+    assert "objckpt.average" in message and "bn1" in message and "1 layer(s)" in message
+    assert "objckpt.recalibrate_batchnorm(model, data)" in message
+    assert found[0].filename == __file__  # points at the caller
+    assert any("BatchNorm" in note for note in report.notes)
+    # no BatchNorm: no warning
+    plain = [objckpt.snapshot(keras.Sequential([keras.Input((4,)),
+                                                keras.layers.Dense(3, name="dense")]))
+             for _ in range(2)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", errors.BatchNormStatisticsWarning)
+        report = objckpt.average(keras.Sequential([keras.Input((4,)),
+                                                   keras.layers.Dense(3, name="dense")]), plain)
+    assert not any("BatchNorm" in note for note in report.notes)
