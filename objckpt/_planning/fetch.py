@@ -80,15 +80,25 @@ def converted(value, variable):
     return _compat.cast_value(value, variable)
 
 
-def streamed(src, the_plan: _match.Plan, variables):
+def streamed(src, the_plan: _match.Plan, variables, into=None):
     """A `_fastio.Loader` restoring the plan from a local TF checkpoint one tensor at a
     time after checking every checksum, or None (then values are fetched as a whole):
     inside a `tf.function`, with a rule's transform or a dtype cast, for distributed
     variables, and below
     `_fastio.STREAM_BYTES` (where reading everything at once and one fused assign is faster
-    and holding a second copy costs little)."""
+    and holding a second copy costs little).
+
+    `into(variable)`, when given, is the variable each value is assigned to instead of
+    the planned one (of the same shape and dtype): a clone's, created after the loader was
+    checked (`load_ensemble`)."""
+    if into is None:
+        def assign_to(variable, value):
+            variable.assign(value, read_value=False)
+    else:
+        def assign_to(variable, value):
+            into(variable).assign(value, read_value=False)
     if src is not None and src.stream is not None:
-        return _streamed_by_tensor(src, the_plan, variables)
+        return _streamed_by_tensor(src, the_plan, variables, assign_to)
     if (src is None or src.bundle_keys is None or not src.prefix or "://" in src.prefix
             or not tf.executing_eagerly() or not the_plan.matches):
         return None
@@ -105,12 +115,11 @@ def streamed(src, the_plan: _match.Plan, variables):
     keys = src.bundle_keys([m.source for m in the_plan.matches])
     label_of = {key: the_plan.label(m.target) for key, m in zip(keys, the_plan.matches)}
     return _fastio.Loader(
-        src.prefix, [(key, v, label_of[key]) for key, v in zip(keys, targets)],
-        lambda variable, value: variable.assign(value, read_value=False),
+        src.prefix, [(key, v, label_of[key]) for key, v in zip(keys, targets)], assign_to,
         lambda key: f"for {label_of.get(key, key)}")
 
 
-def _streamed_by_tensor(src, the_plan: _match.Plan, variables):
+def _streamed_by_tensor(src, the_plan: _match.Plan, variables, assign_to):
     """The loader of a format that reads one tensor at a time (safetensors: metadata
     checked now, each tensor read, transformed, converted and assigned at the assign stage,
     so no more than the largest tensor and a bounded slack is held beyond the model), or
@@ -132,8 +141,7 @@ def _streamed_by_tensor(src, the_plan: _match.Plan, variables):
         return None
     loader = src.stream(
         [(m.source, v, the_plan.label(m.target), m.transform)
-         for m, v in zip(the_plan.matches, targets)],
-        lambda variable, value: variable.assign(value, read_value=False), converted)
+         for m, v in zip(the_plan.matches, targets)], assign_to, converted)
     if loader.specs is None:
         loader.close()
         return None
