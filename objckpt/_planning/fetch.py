@@ -14,7 +14,7 @@ from objckpt import _compat, errors
 from objckpt._base import render as _render
 from objckpt._planning import match as _match
 
-__all__ = ["converted", "fetch_entries", "fetch_values", "streamed"]
+__all__ = ["converted", "fetch_entries", "fetch_values", "streamed", "streamed_pairs"]
 
 
 def fetch_values(the_plan: _match.Plan, variables, matches=None,
@@ -142,6 +142,35 @@ def _streamed_by_tensor(src, the_plan: _match.Plan, variables, assign_to):
     loader = src.stream(
         [(m.source, v, the_plan.label(m.target), m.transform)
          for m, v in zip(the_plan.matches, targets)], assign_to, converted)
+    if loader.specs is None:
+        loader.close()
+        return None
+    return loader
+
+
+def streamed_pairs(src, pairs):
+    """A loader (not yet checked) restoring `(source key, variable, label)` pairs one tensor
+    at a time from a format that reads so (`restore_on_create`'s variables that exist), or
+    None (then values are fetched whole): inside a `tf.function`, for distributed variables
+    or ones of unknown shape, below `_fastio.STREAM_BYTES`, or when any entry's shape
+    differs from its variable's or its dtype widens into it only by a lossy cast (the
+    fetched route reports those as it always has)."""
+    if src is None or src.stream is None or not pairs or not tf.executing_eagerly():
+        return None
+    for key, v, _ in pairs:
+        shape, dtype = src.specs[key][:2]
+        if (_compat.replica_parts(v) is not None or not v.shape.is_fully_defined()
+                or _compat.is_distributed_variable(type(v))
+                or tuple(shape) != tuple(v.shape)
+                or not _compat.lossless(dtype, v.dtype.base_dtype)):
+            return None
+    from objckpt._bundle import fastio as _fastio
+
+    if sum(v.shape.num_elements() * v.dtype.size for _, v, _ in pairs) < _fastio.STREAM_BYTES:
+        return None
+    loader = src.stream(
+        [(key, v, label, None) for key, v, label in pairs],
+        lambda variable, value: variable.assign(value, read_value=False), converted)
     if loader.specs is None:
         loader.close()
         return None

@@ -232,7 +232,17 @@ class Pipeline:
         a loader whose every entry was checked from metadata, nothing read or assigned
         (`assign_streamed` reads and assigns it later, one tensor at a time), or None
         (then `fetch`). `into` maps a planned variable to the one assigned."""
-        loader = _fetch.streamed(src, the_plan, variables, into)
+        return self.verify_streamed(_fetch.streamed(src, the_plan, variables, into))
+
+    def fetch_streamed_pairs(self, src: _sources.Source, pairs):
+        """Stage 4 on the streamed route for `(source key, variable, label)` pairs read
+        before their plan was known (`restore_on_create`): a checked loader, or None (then
+        `fetch_entries`)."""
+        return self.verify_streamed(_fetch.streamed_pairs(src, pairs))
+
+    def verify_streamed(self, loader):
+        """Stage 4 for a streamed loader (None: none): every entry checked from metadata,
+        nothing read or assigned; the loader is closed when a check fails."""
         if loader is not None:
             self._enter("fetch")
             try:
