@@ -7,6 +7,7 @@ import os
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import objckpt
 from objckpt._bundle import fastio as _fastio
@@ -14,6 +15,8 @@ from objckpt._formats import safetensors as _st
 from tests._formats.test_safetensors_stream import (_bits, _module, _PeakAnon, _values,
                                                     _written)
 from tests._ops.test_ensemble_stream import _counted
+
+from flavours import FLAVOURS, keras_for
 
 st_numpy = pytest.importorskip("safetensors.numpy")
 
@@ -86,3 +89,31 @@ def test_peak_memory_bounded_by_the_largest_tensor(tmp_path):
     assert peak.growth < bound, (peak.growth, bound)
     oracle = st_numpy.load_file(path)
     assert all(_bits(v) == _bits(oracle[p]) for p, v in _values(module).items())
+
+
+@pytest.mark.parametrize("flavour", [f for f in FLAVOURS if f != "module"])
+def test_keras_model_streamed_by_both_doors(flavour, tmp_path, monkeypatch):
+    """A built Keras model of each flavour (19 MB of weights, above the streaming size),
+    exported to safetensors: load_ensemble's members and restore_on_create into a built
+    model stream every tensor and end bit-equal to the exported model."""
+    keras = keras_for(flavour)
+
+    def build(seed):
+        tf.random.set_seed(seed)
+        model = keras.Sequential([keras.layers.Dense(2048), keras.layers.Dense(1024)])
+        model(tf.ones((1, 1024)))
+        return model
+
+    exported = build(1)
+    path = str(tmp_path / "model.safetensors")
+    objckpt.export(exported, path)
+    want = [_bits(w) for w in exported.get_weights()]
+    calls = _counted(monkeypatch)
+    ensemble = objckpt.load_ensemble(build(2), [path, path])
+    assert calls["assign"] == 2
+    for member in ensemble.members:
+        assert [_bits(w) for w in member.get_weights()] == want
+    model = build(3)
+    objckpt.restore_on_create(model, path).assert_done()
+    assert calls["assign"] == 3
+    assert [_bits(w) for w in model.get_weights()] == want
