@@ -271,6 +271,7 @@ class PendingRestore(_CreationWatch):
         self._new_layers: list = []
         self._more_hooks: dict = {}  # id(layer) -> derived-state hook
         self._given = None  # the source as the caller gave it: errors' `source`
+        self._loaders: list = []  # checked streamed loaders of values not yet assigned
 
     def _about(self, err):
         """err with its `source` (the source as given) and `obj` (obj's type and name) set, as
@@ -372,7 +373,7 @@ class PendingRestore(_CreationWatch):
                 tuple(problems)))
         out = []
         fresh = [_Entry(m.target, m.source, m.transform) for m in chosen]
-        values = self._values(fresh)
+        values = self._values(fresh, [variables[e.path] for e in fresh])
         wrong = {id(v) for v, _, _ in self._pipe.misfits(
             [(variables[e.path], value) for e, value in zip(fresh, values)])}
         for match, entry, value in zip(chosen, fresh, values):
@@ -400,11 +401,28 @@ class PendingRestore(_CreationWatch):
         self._skipped += tuple(left_out)
         return [(entry, variable, value) for _, entry, variable, value in out]
 
-    def _values(self, entries) -> list:
+    def _values(self, entries, variables=None) -> list:
         """The entries' values, read (and transformed) eagerly, outside any tf.function (the
-        pipeline's fetch stage)."""
+        pipeline's fetch stage). Given the entries' `variables` (that exist now) and a
+        source read one tensor at a time, no value is read: each is a `_Streamed`
+        placeholder (its source shape and dtype) whose checked loader reads it into its
+        variable at the assign stage (`_apply_all`)."""
+        if variables is not None and entries and all(e.transform is None for e in entries):
+            loader = self._pipe.fetch_streamed_pairs(
+                self._source, [(entry.source, variable, f"`{_render.safe(entry.path)}`")
+                               for entry, variable in zip(entries, variables)])
+            if loader is not None:
+                self._loaders.append(loader)
+                return [_Streamed(*self._source.specs[entry.source][:2], loader)
+                        for entry in entries]
         return self._pipe.fetch_entries(self._source,
                                         [(entry.source, entry.transform) for entry in entries])
+
+    def _close_loaders(self) -> None:
+        """The streamed loaders not assigned let their files go (a failure)."""
+        loaders, self._loaders = self._loaders, []
+        for loader in loaders:
+            loader.close()
 
     def _apply_all(self, ready) -> None:
         """Assigns (entry, variable, value-or-None) triples, all or nothing: every value is
@@ -421,6 +439,7 @@ class PendingRestore(_CreationWatch):
         bad = [(entry, variable, value, _problem(variable, value))
                for entry, variable, value in checked if id(variable) in wrong]
         if bad:
+            self._close_loaders()
             for entry, _, _, problem in bad:
                 self._failed[entry.path] = problem
             entry, variable, value, _ = bad[0]
@@ -439,7 +458,17 @@ class PendingRestore(_CreationWatch):
                 tuple(f"`{safe(e.path)}`: {p}" for e, _, _, p in bad)))
         # Each replica as tf.train.Checkpoint restores it, also when the variable was
         # created inside `strategy.run`, eagerly even while a tf.function is being traced.
-        self._pipe.assign_pairs([(variable, value) for _, variable, value in checked])
+        loaders, self._loaders = self._loaders, []
+        whole = [(variable, value) for _, variable, value in checked
+                 if not isinstance(value, _Streamed)]
+        try:
+            if whole or not loaders:
+                self._pipe.assign_pairs(whole)
+            while loaders:  # the placeholders' values, one tensor at a time
+                self._pipe.assign_streamed(loaders.pop(0))
+        finally:
+            for loader in loaders:
+                loader.close()
         for entry, variable, value in checked:
             made = _compat.cast_of(value, variable)
             if made:
@@ -488,6 +517,16 @@ class PendingRestore(_CreationWatch):
                 self._failed.pop(path, None)
                 self._used.add(entry.source)
                 self._applied.append(path)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Streamed:
+    """A value not read yet: its source shape and dtype (what the checks and messages
+    use), and the checked loader that reads it into its variable at the assign stage."""
+
+    shape: tuple
+    dtype: object
+    loader: object
 
 
 def _problem(variable, value) -> str:
@@ -630,44 +669,52 @@ def restore_on_create(obj, source, *, rules=None, at: str | None = None, strict:
     strict = _match.check_strict(strict)
     pipe = _pipeline.Pipeline("objckpt.restore_on_create", obj, source, rules=rules, at=at,
                               strict=strict, optimizer_state=optimizer_state, cast=cast)
-    with pipe.decided(lambda: _agreeing(obj)):
-        src = pipe.open()
-        # Planned by path: each entry's object path, whether its variable exists yet or not.
-        planned, skipped = pipe.plan_paths(src)
-        entries = [_Entry(path, key, transform) for path, key, transform in planned]
-        entries, optional = _optimizer_entries(pipe, obj, src, entries, skipped)
-        pending = PendingRestore(obj, src, entries, skipped, at, pipe)
-        pending._given = errors.describe_source(source)  # a str: holds no Snapshot
-        pending.strict = strict
-        pending._optional = optional
-        # Existing variables: every value read and checked before any is assigned.
-        existing = []
-        for entry in entries:
-            node, _, missing = _walk(obj, 0, entry.path)
-            variable = _compat.as_variable(node) if not missing else None
-            if variable is None and not missing:
-                _compat.check_not_sharded(node, entry.path)
-            if variable is not None:
-                existing.append((entry, variable))
-        values = pending._values([entry for entry, _ in existing])
-        ready = [(entry, variable, value) for (entry, variable), value in zip(existing, values)]
-        for variable, value, _ in pipe.misfits([(v, value) for _, v, value in ready])[:1]:
-            entry = next(e for e, v, _ in ready if v is variable)
-            raise errors.StructureMismatchError(
-                f"restore_on_create: `{_render.safe(entry.path)}` exists as "
-                f"{variable.dtype.base_dtype.name}{tuple(variable.shape)} but the source "
-                f"holds {value.dtype.name}{tuple(value.shape)} (entry "
-                f"`{_render.safe(entry.source)}`"
-                f"{', transformed' if entry.transform else ''}){_lossy(variable, value)}. "
-                "Nothing was restored. "
-                "Fix: build obj with the source's shapes, or drop the entry with a rule.")
-        pending._rules = _rules.parse_rules(rules)
-        if not src.keyed_by_path or not _compat.is_unbuilt(obj):
-            # Existing variables that no key names by path: through the plan. Their values are
-            # read and checked with the others' before anything is assigned.
-            pending._fed.update(id(variable) for _, variable, _ in ready)
-            pending._used.update(entry.source for entry, _, _ in ready)
-            ready += pending.planned()
+    made: list = []  # the PendingRestore, once made: its checked loaders closed on a failure
+    try:
+        with pipe.decided(lambda: _agreeing(obj)):
+            src = pipe.open()
+            # Planned by path: each entry's object path, whether its variable exists yet or not.
+            planned, skipped = pipe.plan_paths(src)
+            entries = [_Entry(path, key, transform) for path, key, transform in planned]
+            entries, optional = _optimizer_entries(pipe, obj, src, entries, skipped)
+            pending = PendingRestore(obj, src, entries, skipped, at, pipe)
+            made.append(pending)
+            pending._given = errors.describe_source(source)  # a str: holds no Snapshot
+            pending.strict = strict
+            pending._optional = optional
+            # Existing variables: every value read and checked before any is assigned.
+            existing = []
+            for entry in entries:
+                node, _, missing = _walk(obj, 0, entry.path)
+                variable = _compat.as_variable(node) if not missing else None
+                if variable is None and not missing:
+                    _compat.check_not_sharded(node, entry.path)
+                if variable is not None:
+                    existing.append((entry, variable))
+            values = pending._values([entry for entry, _ in existing],
+                                     [variable for _, variable in existing])
+            ready = [(entry, variable, value) for (entry, variable), value in zip(existing, values)]
+            for variable, value, _ in pipe.misfits([(v, value) for _, v, value in ready])[:1]:
+                entry = next(e for e, v, _ in ready if v is variable)
+                raise errors.StructureMismatchError(
+                    f"restore_on_create: `{_render.safe(entry.path)}` exists as "
+                    f"{variable.dtype.base_dtype.name}{tuple(variable.shape)} but the source "
+                    f"holds {value.dtype.name}{tuple(value.shape)} (entry "
+                    f"`{_render.safe(entry.source)}`"
+                    f"{', transformed' if entry.transform else ''}){_lossy(variable, value)}. "
+                    "Nothing was restored. "
+                    "Fix: build obj with the source's shapes, or drop the entry with a rule.")
+            pending._rules = _rules.parse_rules(rules)
+            if not src.keyed_by_path or not _compat.is_unbuilt(obj):
+                # Existing variables that no key names by path: through the plan. Their values are
+                # read and checked with the others' before anything is assigned.
+                pending._fed.update(id(variable) for _, variable, _ in ready)
+                pending._used.update(entry.source for entry, _, _ in ready)
+                ready += pending.planned()
+    except BaseException:
+        for pending in made:
+            pending._close_loaders()
+        raise
     pending._apply_all(ready)
     for layer in _compat.keras_layers(obj):  # every Keras layer checks after its build
         pending._wrap_build(layer)

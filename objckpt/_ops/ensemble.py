@@ -200,34 +200,59 @@ def load_ensemble(template, sources: Sequence, *, rules=None, at: str | None = N
     # the template (once per distinct source structure) and read before any member
     # exists, and the workers agree once; each member's variables are then created with
     # their values.
+    # A source read one tensor at a time (safetensors, a large local TF checkpoint) is
+    # checked from metadata here and read straight into the member's variables once the
+    # member exists, so no member's values are held in memory beyond the largest tensor.
     plans: dict = {}
-    loaded = []
-    with pipe.decided(lambda: variables, about=about, then=then):
-        opened = []
-        for failing[0], source in enumerate(sources):
-            opened.append(pipe.open(source))
-        for failing[0], (source, member_rule) in enumerate(zip(opened, member_rules)):
-            the_plan = _plan_for(pipe, variables, source, member_rule, plans)
-            values = pipe.fetch(the_plan, variables)
-            loaded.append({id(variables[m.target]): v
-                           for m, v in zip(the_plan.matches, values)})
-    network = _compat.network_variable_paths(template)
-    members, trees = [], []
-    for value_of in loaded:
-        given = dict(value_of)  # clone_with_values takes the values it creates from
-        member, copies = _clone.clone_with_values(template, value_of)
-        # Assigned: what was not created from its value (a wrapper), and SyncOnRead
-        # variables under a strategy, which TF creates with the value on every replica
-        # but restores as a checkpoint's aggregate (a SUM variable's replicas get
-        # value / replicas), as objckpt.restore does.
-        pipe.assign_pairs([(copies[key], value) for key, value in given.items()
-                           if key in value_of or copies[key].synchronization
-                           == tf.VariableSynchronization.ON_READ])
-        # Tensors cached from variables (Normalization's mean) come from the template's:
-        # computed from this member's values; LoRA factors the source lacks are zeroed.
-        pipe.refresh([copies[key] for key in given], obj=member)
-        members.append(member)
-        trees.append({path: copies[id(v)] for path, v in network})
+    loaded = []  # per member: (values by id(template variable), loader or None)
+    targets: list = []  # per member: id(template object) -> its clone's copy, once made
+    try:
+        with pipe.decided(lambda: variables, about=about, then=then):
+            opened = []
+            for failing[0], source in enumerate(sources):
+                opened.append(pipe.open(source))
+            for failing[0], (source, member_rule) in enumerate(zip(opened, member_rules)):
+                the_plan = _plan_for(pipe, variables, source, member_rule, plans)
+                targets.append({})
+                loader = pipe.fetch_streamed(
+                    source, the_plan, variables,
+                    into=lambda variable, copies=targets[-1]: copies[id(variable)])
+                if loader is not None:
+                    loaded.append(({id(variables[m.target]): None
+                                    for m in the_plan.matches}, loader))
+                    continue
+                values = pipe.fetch(the_plan, variables)
+                loaded.append(({id(variables[m.target]): v
+                                for m, v in zip(the_plan.matches, values)}, None))
+        network = _compat.network_variable_paths(template)
+        members, trees = [], []
+        for k, (value_of, loader) in enumerate(loaded):
+            given = dict(value_of)  # clone_with_values takes the values it creates from
+            if loader is not None:  # zeros, then the loader's tensors one at a time
+                value_of = {}
+            member, copies = _clone.clone_with_values(template, value_of)
+            if loader is not None:
+                targets[k].update(copies)
+                loaded[k] = (None, None)
+                pipe.assign_streamed(loader)
+            else:
+                # Assigned: what was not created from its value (a wrapper), and SyncOnRead
+                # variables under a strategy, which TF creates with the value on every
+                # replica but restores as a checkpoint's aggregate (a SUM variable's
+                # replicas get value / replicas), as objckpt.restore does.
+                pipe.assign_pairs([(copies[key], value) for key, value in given.items()
+                                   if key in value_of or copies[key].synchronization
+                                   == tf.VariableSynchronization.ON_READ])
+            # Tensors cached from variables (Normalization's mean) come from the
+            # template's: computed from this member's values; LoRA factors the source
+            # lacks are zeroed.
+            pipe.refresh([copies[key] for key in given], obj=member)
+            members.append(member)
+            trees.append({path: copies[id(v)] for path, v in network})
+    finally:  # a failure: the loaders not yet assigned let their files go
+        for _, loader in loaded:
+            if loader is not None:
+                loader.close()
     return Ensemble._of_clones(members, trees)
 
 
@@ -246,19 +271,28 @@ def _load_with_optimizers(pipe, template, sources, member_rules, failing, about,
         for failing[0], source in enumerate(sources):
             opened.append(pipe.open(source))
     members = [_clone.clone(template, copy_values=False) for _ in sources]
-    staged = []
-    with pipe.decided(lambda: _tree.tree(template), about=about_member, then=then):
-        for failing[0], (member, source, rules) in enumerate(
-                zip(members, opened, member_rules)):
-            variables = _tree.tree(member)
-            variables, the_plan = pipe.plan(variables, source, obj=member, rules=rules)
-            the_plan = pipe.check(variables, source, the_plan, obj=member, rules=rules)
-            staged.append((member, variables, source, the_plan,
-                           pipe.fetch(the_plan, variables)))
-    for member, variables, source, the_plan, values in staged:
-        pipe.assign(variables, the_plan, values, obj=member)
-        pipe.refresh([variables[m.target] for m in the_plan.matches], obj=member,
-                     key=variables, merged=not source.keyed_by_path)
+    staged = []  # per member: its plan and values, or a checked loader (values None)
+    try:
+        with pipe.decided(lambda: _tree.tree(template), about=about_member, then=then):
+            for failing[0], (member, source, rules) in enumerate(
+                    zip(members, opened, member_rules)):
+                variables = _tree.tree(member)
+                variables, the_plan = pipe.plan(variables, source, obj=member, rules=rules)
+                the_plan = pipe.check(variables, source, the_plan, obj=member, rules=rules)
+                loader = pipe.fetch_streamed(source, the_plan, variables)
+                staged.append([member, variables, source, the_plan, loader,
+                               None if loader is not None
+                               else pipe.fetch(the_plan, variables)])
+        for entry in staged:
+            member, variables, source, the_plan, loader, values = entry
+            entry[4] = None  # closed by the assign stage, whatever happens there
+            pipe.assign(variables, the_plan, values, obj=member, loader=loader)
+            pipe.refresh([variables[m.target] for m in the_plan.matches], obj=member,
+                         key=variables, merged=not source.keyed_by_path)
+    finally:  # a failure: the loaders not yet assigned let their files go
+        for entry in staged:
+            if entry[4] is not None:
+                entry[4].close()
     return members
 
 

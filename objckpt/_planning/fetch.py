@@ -14,7 +14,7 @@ from objckpt import _compat, errors
 from objckpt._base import render as _render
 from objckpt._planning import match as _match
 
-__all__ = ["converted", "fetch_entries", "fetch_values", "streamed"]
+__all__ = ["converted", "fetch_entries", "fetch_values", "streamed", "streamed_pairs"]
 
 
 def fetch_values(the_plan: _match.Plan, variables, matches=None,
@@ -80,15 +80,25 @@ def converted(value, variable):
     return _compat.cast_value(value, variable)
 
 
-def streamed(src, the_plan: _match.Plan, variables):
+def streamed(src, the_plan: _match.Plan, variables, into=None):
     """A `_fastio.Loader` restoring the plan from a local TF checkpoint one tensor at a
     time after checking every checksum, or None (then values are fetched as a whole):
     inside a `tf.function`, with a rule's transform or a dtype cast, for distributed
     variables, and below
     `_fastio.STREAM_BYTES` (where reading everything at once and one fused assign is faster
-    and holding a second copy costs little)."""
+    and holding a second copy costs little).
+
+    `into(variable)`, when given, is the variable each value is assigned to instead of
+    the planned one (of the same shape and dtype): a clone's, created after the loader was
+    checked (`load_ensemble`)."""
+    if into is None:
+        def assign_to(variable, value):
+            variable.assign(value, read_value=False)
+    else:
+        def assign_to(variable, value):
+            into(variable).assign(value, read_value=False)
     if src is not None and src.stream is not None:
-        return _streamed_by_tensor(src, the_plan, variables)
+        return _streamed_by_tensor(src, the_plan, variables, assign_to)
     if (src is None or src.bundle_keys is None or not src.prefix or "://" in src.prefix
             or not tf.executing_eagerly() or not the_plan.matches):
         return None
@@ -105,12 +115,11 @@ def streamed(src, the_plan: _match.Plan, variables):
     keys = src.bundle_keys([m.source for m in the_plan.matches])
     label_of = {key: the_plan.label(m.target) for key, m in zip(keys, the_plan.matches)}
     return _fastio.Loader(
-        src.prefix, [(key, v, label_of[key]) for key, v in zip(keys, targets)],
-        lambda variable, value: variable.assign(value, read_value=False),
+        src.prefix, [(key, v, label_of[key]) for key, v in zip(keys, targets)], assign_to,
         lambda key: f"for {label_of.get(key, key)}")
 
 
-def _streamed_by_tensor(src, the_plan: _match.Plan, variables):
+def _streamed_by_tensor(src, the_plan: _match.Plan, variables, assign_to):
     """The loader of a format that reads one tensor at a time (safetensors: metadata
     checked now, each tensor read, transformed, converted and assigned at the assign stage,
     so no more than the largest tensor and a bounded slack is held beyond the model), or
@@ -132,7 +141,35 @@ def _streamed_by_tensor(src, the_plan: _match.Plan, variables):
         return None
     loader = src.stream(
         [(m.source, v, the_plan.label(m.target), m.transform)
-         for m, v in zip(the_plan.matches, targets)],
+         for m, v in zip(the_plan.matches, targets)], assign_to, converted)
+    if loader.specs is None:
+        loader.close()
+        return None
+    return loader
+
+
+def streamed_pairs(src, pairs):
+    """A loader (not yet checked) restoring `(source key, variable, label)` pairs one tensor
+    at a time from a format that reads so (`restore_on_create`'s variables that exist), or
+    None (then values are fetched whole): inside a `tf.function`, for distributed variables
+    or ones of unknown shape, below `_fastio.STREAM_BYTES`, or when any entry's shape
+    differs from its variable's or its dtype widens into it only by a lossy cast (the
+    fetched route reports those as it always has)."""
+    if src is None or src.stream is None or not pairs or not tf.executing_eagerly():
+        return None
+    for key, v, _ in pairs:
+        shape, dtype = src.specs[key][:2]
+        if (_compat.replica_parts(v) is not None or not v.shape.is_fully_defined()
+                or _compat.is_distributed_variable(type(v))
+                or tuple(shape) != tuple(v.shape)
+                or not _compat.lossless(dtype, v.dtype.base_dtype)):
+            return None
+    from objckpt._bundle import fastio as _fastio
+
+    if sum(v.shape.num_elements() * v.dtype.size for _, v, _ in pairs) < _fastio.STREAM_BYTES:
+        return None
+    loader = src.stream(
+        [(key, v, label, None) for key, v, label in pairs],
         lambda variable, value: variable.assign(value, read_value=False), converted)
     if loader.specs is None:
         loader.close()

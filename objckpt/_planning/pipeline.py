@@ -226,6 +226,41 @@ class Pipeline:
         self._enter("fetch")
         return _fetch.fetch_entries(src, entries)
 
+    def fetch_streamed(self, src: _sources.Source, the_plan: _match.Plan, variables, *,
+                       into=None):
+        """Stage 4 on the streamed route, where the source allows it (`_fetch.streamed`):
+        a loader whose every entry was checked from metadata, nothing read or assigned
+        (`assign_streamed` reads and assigns it later, one tensor at a time), or None
+        (then `fetch`). `into` maps a planned variable to the one assigned."""
+        return self.verify_streamed(_fetch.streamed(src, the_plan, variables, into))
+
+    def fetch_streamed_pairs(self, src: _sources.Source, pairs):
+        """Stage 4 on the streamed route for `(source key, variable, label)` pairs read
+        before their plan was known (`restore_on_create`): a checked loader, or None (then
+        `fetch_entries`)."""
+        return self.verify_streamed(_fetch.streamed_pairs(src, pairs))
+
+    def verify_streamed(self, loader):
+        """Stage 4 for a streamed loader (None: none): every entry checked from metadata,
+        nothing read or assigned; the loader is closed when a check fails."""
+        if loader is not None:
+            self._enter("fetch")
+            try:
+                loader.verify()
+            except BaseException:
+                loader.close()
+                raise
+        return loader
+
+    def assign_streamed(self, loader) -> None:
+        """Stage 6 on the streamed route: a checked loader's tensors read, converted and
+        assigned one at a time; the loader is closed."""
+        self._enter("assign")
+        try:
+            loader.assign()
+        finally:
+            loader.close()
+
     @contextlib.contextmanager
     def decided(self, variables, *, about=None, then=None):
         """Stage 5, around the stages before it: the one agreement of a decision point.
@@ -258,11 +293,14 @@ class Pipeline:
         if tree is not None:
             _agree.agree_across_workers(tree, failure, self.operation)
 
-    def assign(self, variables, the_plan: _match.Plan | None, values, *, obj=None) -> None:
+    def assign(self, variables, the_plan: _match.Plan | None, values, *, obj=None,
+               loader=None) -> None:
         """Stage 6: the values into the plan's variables (None: the whole tree, fused), or
-        the streamed loader's tensors; slots the source holds no state for start fresh."""
+        the streamed loader's tensors (`loader`, else the one `restore` checked); slots the
+        source holds no state for start fresh."""
         self._enter("assign")
-        loader, self._loader = self._loader, None
+        if loader is None:
+            loader, self._loader = self._loader, None
         if loader is not None:
             try:
                 loader.assign()

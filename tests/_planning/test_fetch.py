@@ -65,5 +65,6 @@ def test_entries_are_fetched_eagerly_even_while_a_function_is_traced():
 
 def test_no_stream_without_a_local_bundle():
     assert _fetch.streamed(None, _plan({}, []), {}) is None
-    remote = types.SimpleNamespace(bundle_keys=lambda keys: keys, prefix="gs://b/ck")
+    remote = types.SimpleNamespace(bundle_keys=lambda keys: keys, prefix="gs://b/ck",
+                                   stream=None)
     assert _fetch.streamed(remote, _plan({"A": 1.0}, [("A", "a", None)]), {}) is None
