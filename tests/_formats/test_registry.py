@@ -208,8 +208,8 @@ def test_the_worked_example_in_docs_layout_adds_a_format_to_every_door(tmp_path)
     import re
     import types
 
-    text = (pathlib.Path(__file__).parent.parent / "docs" / "layout.md").read_text()
-    module_code, registry_line = re.findall(r"```python\n(.*?)```",
+    text = (pathlib.Path(__file__).parents[2] / "docs" / "layout.md").read_text()
+    module_code, registry_line = re.findall(r"```python[^\n]*\n(.*?)```",
                                             text.split("## Adding a format")[1], re.S)
     rawf32 = types.ModuleType("rawf32")
     exec(compile(module_code, "docs/layout.md", "exec"), rawf32.__dict__)
