@@ -43,7 +43,7 @@ from objckpt._bundle import index as _bundle
 from objckpt._bundle import write as _bundlewrite
 
 __all__ = ["DURABLE_DEFAULT", "MIN_PART_BYTES", "PART_BUFFER_BYTES", "STREAM_BYTES", "Budget",
-           "Loader", "fsync_paths", "lower_priority", "memory_budget", "native_crc32c",
+           "Loader", "empty_tensor", "fsync_paths", "lower_priority", "memory_budget", "native_crc32c",
            "part_count", "read_direct", "read_tensors", "run_all", "thread_groups", "threads",
            "write_bundle"]
 
@@ -557,17 +557,24 @@ class _Exported:
         return (1, 0)  # kDLCPU, device 0
 
 
+def empty_tensor(dtype, shape):
+    """(a new CPU tensor TF allocated, uninitialized; its buffer as a writable ctypes char
+    array). The buffer is TF's and shared with nothing else until the tensor is used."""
+    with tf.device("/cpu:0"):
+        value = tf.raw_ops.Empty(shape=tuple(shape), dtype=dtype, init=False)
+    view = np.from_dlpack(_Exported(value))  # read-only to NumPy
+    return value, (ctypes.c_char * view.nbytes).from_address(view.ctypes.data)
+
+
 def _read_direct(fd: int, offset: int, size: int, dtype, shape):
     """A new CPU tensor of `dtype` and `shape` holding the `size` bytes at `offset` of an open
     file, read straight into TF's freshly allocated (64-byte aligned) buffer: one copy, from
     the page cache into the tensor; None when the file is shorter. The buffer is TF's and is
     shared with nothing else until the tensor is returned."""
-    with tf.device("/cpu:0"):
-        value = tf.raw_ops.Empty(shape=shape, dtype=dtype, init=False)
-    view = np.from_dlpack(_Exported(value))  # read-only to NumPy; TF's buffer, unshared
-    if view.nbytes != size:
-        raise ValueError(f"tensor of {view.nbytes} bytes for an entry of {size}")
-    target = memoryview((ctypes.c_char * size).from_address(view.ctypes.data)).cast("B")
+    value, buffer = empty_tensor(dtype, shape)
+    if len(buffer) != size:
+        raise ValueError(f"tensor of {len(buffer)} bytes for an entry of {size}")
+    target = memoryview(buffer).cast("B")
     try:
         got = 0
         while got < size:
@@ -577,7 +584,7 @@ def _read_direct(fd: int, offset: int, size: int, dtype, shape):
             got += count
     finally:
         target.release()
-        del view
+        del buffer
     return value
 
 

@@ -15,7 +15,6 @@ times it (other sources), whatever the number of sources.
 from __future__ import annotations
 
 import copy
-import ctypes
 import dataclasses
 
 import numpy as np
@@ -504,30 +503,13 @@ _DIRECT = frozenset({1, 2, 19})
 _DIRECT_BYTES = 1 << 20
 
 
-class _Exported:
-    """A DLPack capsule as NumPy's `from_dlpack` takes it."""
-
-    def __init__(self, tensor):
-        self._capsule = tf.experimental.dlpack.to_dlpack(tensor)
-
-    def __dlpack__(self, *args, **kwargs):
-        del args, kwargs
-        return self._capsule
-
-    def __dlpack_device__(self):
-        return (1, 0)  # kDLCPU, device 0
-
-
 def _empty_tensor(dtype, shape):
     """(a new CPU tensor TF allocated, uninitialized; a writable NumPy view of its buffer).
     The buffer is shared with nothing else until the tensor is used."""
-    with tf.device("/cpu:0"):
-        value = tf.raw_ops.Empty(shape=tuple(shape), dtype=dtype, init=False)
-    view = np.from_dlpack(_Exported(value))  # read-only to NumPy
-    size = view.nbytes
-    buffer = (ctypes.c_char * size).from_address(view.ctypes.data)
-    out = np.frombuffer(buffer, dtype.as_numpy_dtype).reshape(tuple(shape))
-    return value, out
+    from objckpt._bundle import fastio as _fastio
+
+    value, buffer = _fastio.empty_tensor(dtype, shape)
+    return value, np.frombuffer(buffer, dtype.as_numpy_dtype).reshape(tuple(shape))
 
 
 def _list(indices) -> str:
