@@ -2,6 +2,7 @@
 entries gone with their model, and a checkpoint's companions reconciled with the fit's."""
 
 import gc
+import weakref
 
 import pytest
 
@@ -49,12 +50,14 @@ def test_a_newer_companion_replaces_one_of_the_same_name_and_unregister_keeps_th
 
 
 def test_entries_go_with_their_model():
-    model = _Model()
-    companions.register(model, "swa", _State(1))
-    before = len(companions._REGISTERED)
+    model, state = _Model(), _State(1)
+    companions.register(model, "swa", state)
+    alive = weakref.ref(model)
+    assert any(state in entries.values() for entries in companions._REGISTERED.values())
     del model
     gc.collect()
-    assert len(companions._REGISTERED) == before - 1
+    assert alive() is None  # the registry kept no strong reference to the model
+    assert not any(state in entries.values() for entries in companions._REGISTERED.values())
 
 
 @pytest.mark.parametrize("name", ["model", "epoch", "monitor_value", "two words", "", 3, None])
