@@ -78,6 +78,9 @@ def net_prefixes(tmp_path_factory):
     return prefixes, [_values(net) for net in nets]
 
 
+@pytest.mark.skipif(tuple(int(p) for p in tf.__version__.split(".")[:2]) < (2, 13),
+                    reason="TF 2.12: its bfloat16 is not ml_dtypes' bfloat16, which this test "
+                    "builds its sources from")
 @pytest.mark.parametrize("weights", [None, (0.2, 0.3, 0.5), (3, 0, 1), (1e-3, 1e3, 1.0)])
 def test_every_float_dtype_equals_the_float64_reference(net_prefixes, weights):
     prefixes, sources = net_prefixes
