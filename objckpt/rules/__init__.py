@@ -41,7 +41,9 @@ names (`huggingface.for_model`).
 Layout: `core` (the rules and transforms; it imports only `objckpt.errors`, and TensorFlow
 or NumPy only when a transform runs) and `huggingface` (the choice of a set), with one
 module per architecture (`hf_<name>`) that imports only `core`. The planning layer imports
-this package; this package imports nothing of objckpt above `errors`.
+this package; this package imports only `errors` of objckpt, and `huggingface` also `_base`'s
+rendering and, when it is given a folder, the safetensors reader of `_formats` (to tell a
+folder's key form from its tensor names).
 """
 
 from __future__ import annotations

@@ -14,6 +14,15 @@ Restore accepts the names with or without the `vit.` prefix (`ViTForImageClassif
 saves them under `vit.`, `ViTModel` bare); export writes `vit.`, the form keras-hub's
 importer reads.
 
+Key forms (`FORMS`): transformers 5 names the encoder's modules anew (`layers.{i}.attention.
+q_proj` for `encoder.layer.{i}.attention.attention.query`, `attention.o_proj`, `mlp.fc1`,
+`mlp.fc2`: its `conversion_mapping.py`, the `"ViTModel"` entry, which every ViT class picks up
+through its `vit` submodule) and renames a folder's keys at load; `save_pretrained` renames
+them back by default, `save_pretrained(save_original_format=False)` keeps the new ones.
+Restore accepts either form (a folder's form is recognised from its keys; `huggingface`
+refuses a folder that holds both); export writes the original form, which every transformers
+version reads. Embeddings, the final norm and the heads are named alike in both.
+
 Hub classes (`CLASSES`): `ViTModel`'s pooler (`pooler.dense.*`) has no keras-hub variable and
 is set aside; `ViTForImageClassification`'s classifier (`classifier.*`, a `Linear`) is set
 aside in the backbone and restored into keras-hub's `ViTImageClassifier` (its
@@ -29,6 +38,15 @@ from objckpt.rules.core import NOWHERE, Chain, ConvKernel, Reshape, Rule, RuleSe
 __all__ = ["MODEL_TYPES", "rules"]
 
 MODEL_TYPES = ("vit",)
+# The key forms a folder may use: name -> (a regex that finds an encoder key of that form,
+# how a folder comes to hold it); the first is what export writes.
+FORMS = {
+    "original": (r"^(vit\.)?encoder\.layer\.\d+\.",
+                 "what save_pretrained writes by default, read by every transformers version"),
+    "transformers 5": (r"^(vit\.)?layers\.\d+\.",
+                       "transformers 5's module names, written by save_pretrained("
+                       "save_original_format=False)"),
+}
 PREFIXES = ("vit.", "")  # the first is what export writes
 EMBEDDING = "operations/1"  # ViTPatchingAndEmbedding
 ENCODER = "operations/2"  # ViTEncoder
@@ -73,7 +91,21 @@ def _layer_norm(source: str, target: str) -> list:
     return [Rule(f"{source}.weight", f"{target}/gamma"), Rule(f"{source}.bias", f"{target}/beta")]
 
 
-def _bare(config: dict) -> list:
+# Each encoder block's entries in each form (the first: the original).
+_LAYER_NAMES = {
+    "original": {"source": "encoder.layer.{i}", "query": "attention.attention.query",
+                 "key": "attention.attention.key", "value": "attention.attention.value",
+                 "output": "attention.output.dense", "fc1": "intermediate.dense",
+                 "fc2": "output.dense"},
+    "transformers 5": {"source": "layers.{i}", "query": "attention.q_proj",
+                       "key": "attention.k_proj", "value": "attention.v_proj",
+                       "output": "attention.o_proj", "fc1": "mlp.fc1", "fc2": "mlp.fc2"},
+}
+
+
+def _bare(config: dict) -> tuple:
+    """(the embeddings, {form: each encoder block's entries}, the final norm): the
+    embeddings and the final norm are named alike in both forms."""
     hidden = _size(config, "hidden_size")
     heads = _size(config, "num_attention_heads")
     if hidden % heads:
@@ -86,7 +118,6 @@ def _bare(config: dict) -> list:
     into_heads = Chain(Transpose(), Reshape((hidden, hidden), (hidden, heads, head_dim)))
     bias_heads = Reshape((hidden,), (heads, head_dim))
     from_heads = Chain(Transpose(), Reshape((hidden, hidden), (heads, head_dim, hidden)))
-    source, target = "encoder.layer.{i}", f"{ENCODER}/encoder_layers/{{i}}"
     out = [
         Rule("embeddings.patch_embeddings.projection.weight",
              f"{EMBEDDING}/patch_embedding/kernel", ConvKernel("OIHW", "HWIO")),
@@ -95,24 +126,31 @@ def _bare(config: dict) -> list:
         Rule("embeddings.position_embeddings", f"{EMBEDDING}/position_embedding/embeddings",
              Reshape((1, -1, hidden), (-1, hidden))),
     ]
-    for name in ("query", "key", "value"):
-        out += [Rule(f"{source}.attention.attention.{name}.weight",
-                     f"{target}/mha/{name}_dense/kernel", into_heads),
-                Rule(f"{source}.attention.attention.{name}.bias",
-                     f"{target}/mha/{name}_dense/bias", bias_heads)]
-    out += [
-        Rule(f"{source}.attention.output.dense.weight", f"{target}/mha/output_dense/kernel",
-             from_heads),
-        Rule(f"{source}.attention.output.dense.bias", f"{target}/mha/output_dense/bias"),
-        *_layer_norm(f"{source}.layernorm_before", f"{target}/layer_norm_1"),
-        *_layer_norm(f"{source}.layernorm_after", f"{target}/layer_norm_2"),
-        Rule(f"{source}.intermediate.dense.weight", f"{target}/mlp/dense_1/kernel", Transpose()),
-        Rule(f"{source}.intermediate.dense.bias", f"{target}/mlp/dense_1/bias"),
-        Rule(f"{source}.output.dense.weight", f"{target}/mlp/dense_2/kernel", Transpose()),
-        Rule(f"{source}.output.dense.bias", f"{target}/mlp/dense_2/bias"),
-        *_layer_norm("layernorm", f"{ENCODER}/layer_norm"),
-    ]
-    return out
+    target = f"{ENCODER}/encoder_layers/{{i}}"
+    forms = {}
+    for form, names in _LAYER_NAMES.items():
+        source = names["source"]
+        layer = []
+        for name in ("query", "key", "value"):
+            layer += [Rule(f"{source}.{names[name]}.weight",
+                           f"{target}/mha/{name}_dense/kernel", into_heads),
+                      Rule(f"{source}.{names[name]}.bias",
+                           f"{target}/mha/{name}_dense/bias", bias_heads)]
+        layer += [
+            Rule(f"{source}.{names['output']}.weight", f"{target}/mha/output_dense/kernel",
+                 from_heads),
+            Rule(f"{source}.{names['output']}.bias", f"{target}/mha/output_dense/bias"),
+            *_layer_norm(f"{source}.layernorm_before", f"{target}/layer_norm_1"),
+            *_layer_norm(f"{source}.layernorm_after", f"{target}/layer_norm_2"),
+            Rule(f"{source}.{names['fc1']}.weight", f"{target}/mlp/dense_1/kernel",
+                 Transpose()),
+            Rule(f"{source}.{names['fc1']}.bias", f"{target}/mlp/dense_1/bias"),
+            Rule(f"{source}.{names['fc2']}.weight", f"{target}/mlp/dense_2/kernel",
+                 Transpose()),
+            Rule(f"{source}.{names['fc2']}.bias", f"{target}/mlp/dense_2/bias"),
+        ]
+        forms[form] = layer
+    return out, forms, _layer_norm("layernorm", f"{ENCODER}/layer_norm")
 
 
 def rules(config: dict) -> RuleSet:
@@ -123,7 +161,11 @@ def rules(config: dict) -> RuleSet:
       >>> objckpt.restore(keras_hub.models.ViTBackbone(...), "vit_dir", rules=rules)
     """
     root = "backbone/" if config.get("task", "") in TASKS else ""
-    bare = [Rule(rule.source, root + rule.target, rule.transform) for rule in _bare(config)]
-    return RuleSet([rule.with_source(prefix + rule.source) for prefix in PREFIXES
-                    for rule in bare] + _heads(), alternatives=True,
-                   name="huggingface('vit')", classes=TASKS)
+    embeddings, forms, final = _bare(config)
+    out = []
+    for index, layers in enumerate(forms.values()):  # the original form first: export's
+        bare = embeddings + layers + final if index == 0 else layers
+        out += [Rule(prefix + rule.source, root + rule.target, rule.transform)
+                for prefix in PREFIXES for rule in bare]
+    return RuleSet(out + _heads(), alternatives=True, name="huggingface('vit')",
+                   classes=TASKS)

@@ -11,8 +11,10 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 
 from objckpt import errors
+from objckpt._base import render as _render
 from objckpt.rules import core as _core
 
 __all__ = ["for_model", "head_entries", "huggingface", "read_config", "supported"]
@@ -106,9 +108,13 @@ def huggingface(name_or_folder: str, *, config: dict | None = None,
       model: the keras-hub model the set is for (optional): a task model's class chooses
         the Hub class export names (`BertMaskedLM`: `BertForMaskedLM`, `bert.` names).
 
+    A set whose architecture transformers 5 renames at load (ViT: `FORMS` of its module)
+    restores a folder in either key form; made from a folder, it reads the names in the
+    folder's safetensors headers (no value) and records their form as `key_form`.
+
     Raises:
       InvalidArgumentError: no rule set for that model type (the supported ones are named),
-        or a config that cannot be read.
+        a config that cannot be read, or a folder whose keys are in two forms (both named).
     """
     name = str(name_or_folder)
     if os.path.isdir(name):
@@ -130,9 +136,41 @@ def huggingface(name_or_folder: str, *, config: dict | None = None,
         kinds = [kind.__name__ for kind in type(model).__mro__]
         config["task"] = next((k for k in kinds if k in getattr(found, "TASKS", {})), "")
     rules = found.rules(config)
+    rules.key_form = _key_form(name, found) if os.path.isdir(name) else ""
     rules.config = given
     rules.remake = lambda other: huggingface(model_type, config=given, model=other)
     return rules
+
+
+def _key_form(folder: str, found) -> str:
+    """The key form (`FORMS` of the set's module) the folder's safetensors names use: '' for
+    a module with one form or a folder without a readable safetensors file (restore names
+    what is wrong with it); InvalidArgumentError for a folder holding two forms."""
+    forms = getattr(found, "FORMS", None)
+    if not forms:
+        return ""
+    from objckpt._formats import safetensors as _safetensors  # header names only
+
+    try:
+        model = _safetensors.read_model(folder)
+    except errors.CheckpointCorruptError:
+        return ""
+    names = list(model.tensors) if model is not None else []
+    seen = {}  # form -> its first key in the folder
+    for form, (pattern, _) in forms.items():
+        first = next((name for name in names if re.match(pattern, name)), None)
+        if first is not None:
+            seen[form] = first
+    if len(seen) > 1:
+        shown = " and ".join(f"`{_render.safe(name)}` ({form}: {forms[form][1]})"
+                             for form, name in seen.items())
+        raise errors.InvalidArgumentError(
+            f"The Hugging Face folder `{_render.safe(folder)}` holds keys in two forms: "
+            f"{shown}. A folder transformers writes holds one; objckpt reads one form, never "
+            "a mix, and read no value from this folder. Fix: load it with transformers and "
+            "save it again with save_pretrained (it writes the original form), or keep one "
+            "form's entries.", source=folder)
+    return next(iter(seen), "")
 
 
 def _is_keras_hub(obj) -> bool:
@@ -166,6 +204,7 @@ def for_model(obj, source):
     classes = [c for c in classes if isinstance(c, str) and c.isidentifier()] if isinstance(
         classes, list) else []
     named = f" ({', '.join(classes)})" if classes else ""
+    form = f", its keys in the {rules.key_form} form" if rules.key_form else ""
     return rules, (f"rules: the shipped Hugging Face set objckpt.rules.huggingface("
-                   f"{model_type!r}), chosen by the folder's config.json{named}; pass "
+                   f"{model_type!r}), chosen by the folder's config.json{named}{form}; pass "
                    "rules=... to use others")

@@ -2,7 +2,8 @@
 
 One row per (configuration, Hub class) that tests/helpers/make_hf_fixtures.py writes, in
 float32 and bfloat16 (`tests/fixtures/hf/<case>-<Class>-<dtype>/`, its oracle beside it as
-`<folder>.oracle.safetensors`). Each row says which keras-hub backbone the folder's
+`<folder>.oracle.safetensors`), and one per class it also writes in transformers 5's key form
+(`<folder>-v5names/`, in the dtypes the row lists). Each row says which keras-hub backbone the folder's
 config.json describes (built with keras-hub's own `convert_backbone_config`), the keras-hub
 task model that holds the class's head (None where keras-hub has none), the entries of the
 folder that are the head (set aside when it goes into the backbone), the backbone variables
@@ -26,6 +27,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "fixtures", "hf")
 EXPORTS = os.path.join(ROOT, "fixtures", "hf_exports")
 DTYPES = ("float32", "bfloat16")
+NEW_FORM = "v5names"  # the folders make_hf_fixtures.py saves in transformers 5's key form
 
 # model_type -> keras-hub's converter module (its `backbone_cls`, `convert_backbone_config`).
 CONVERTERS = {"llama": "convert_llama3", "mistral": "convert_mistral", "gemma": "convert_gemma",
@@ -44,18 +46,30 @@ class Case(NamedTuple):
     # The task model's logits against transformers' (float32 models; rtol = atol), where
     # keras-hub's head computes differently from transformers' (None: the default).
     logits_tolerance: float | None = None
+    # The key form: "" for the names `save_pretrained` writes by default, NEW_FORM for
+    # transformers 5's own (`save_original_format=False`; make_hf_fixtures.NEW_FORM), in
+    # the dtypes `dtypes`.
+    form: str = ""
+    dtypes: tuple = DTYPES
 
     @property
     def id(self) -> str:
-        return f"{self.case}-{self.cls}"
+        return f"{self.case}-{self.cls}" + (f"-{self.form}" if self.form else "")
 
     def folder(self, dtype: str) -> str:
-        return os.path.join(FIXTURES, f"{self.id}-{dtype}")
+        suffix = f"-{self.form}" if self.form else ""
+        return os.path.join(FIXTURES, f"{self.case}-{self.cls}-{dtype}{suffix}")
+
+    @property
+    def original(self) -> "Case":
+        """The row of the same class in the original form (itself for one)."""
+        return self._replace(form="", dtypes=DTYPES)
 
     @property
     def exports_whole(self) -> bool:
-        """The restored model holds exactly the folder's entries: its export is the class."""
-        return not self.lacks and (not self.head or self.task is not None)
+        """The restored model holds exactly the folder's entries: its export is the class
+        (committed once, for the original form: export writes it whatever form was read)."""
+        return not self.lacks and (not self.head or self.task is not None) and not self.form
 
 
 _LM_HEAD = ("token_embedding/reverse_embeddings",)  # an untied backbone's output embedding
@@ -94,6 +108,11 @@ CASES = (
     Case("vit", "ViTModel", None, head=("pooler.dense.weight", "pooler.dense.bias")),
     Case("vit", "ViTForImageClassification", "ViTImageClassifier",
          head=("classifier.weight", "classifier.bias")),
+    # transformers 5's names (`layers.{i}.attention.q_proj`, ...), the same models
+    Case("vit", "ViTModel", None, head=("pooler.dense.weight", "pooler.dense.bias"),
+         form=NEW_FORM, dtypes=("float32",)),
+    Case("vit", "ViTForImageClassification", "ViTImageClassifier",
+         head=("classifier.weight", "classifier.bias"), form=NEW_FORM),
 )
 
 

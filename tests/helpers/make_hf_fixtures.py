@@ -24,6 +24,13 @@ folder, the bfloat16-rounded weights widened, with the buffers transformers comp
 frequencies) in float32: what a float32 model restored from that folder must give. Inputs are stored
 in Keras's layout (images NHWC; transformers gets them as NCHW).
 
+transformers 5 renames some classes' keys at load (its `conversion_mapping.py`) and
+`save_pretrained` renames them back unless told `save_original_format=False`; folders in that
+new form exist too. For each class in NEW_FORM the same model is also saved that way, in the
+dtypes listed, as `<folder>-v5names/` (its oracle beside it, as above): the script checks that
+it holds the same tensors (bytes, dtypes, shapes), some under other names, and the same
+config.json.
+
 Everything is seeded and runs on CPU in eager attention with one thread: re-running the
 script writes the same bytes (the safetensors files and config.json are byte-identical; the
 check is `git status` after a re-run).
@@ -95,8 +102,18 @@ ROWS = {
 }
 
 
-def folder_name(case: str, cls: str, dtype: str) -> str:
-    return f"{case}-{cls}-{dtype}"
+# Hub classes whose keys transformers 5 renames at load (its conversion_mapping.py: for
+# these rows only the "ViTModel" entry, which every ViT class picks up through its `vit`
+# submodule; the other rows' classes have none, save for the "legacy" LayerNorm gamma/beta
+# renaming every model gets) -> the dtypes in which the folder is also written in the new
+# form, `save_pretrained(save_original_format=False)`, as `<folder>-v5names`.
+NEW_FORM = {("vit", "ViTModel"): ("float32",),
+            ("vit", "ViTForImageClassification"): ("float32", "bfloat16")}
+NEW_FORM_SUFFIX = "-v5names"
+
+
+def folder_name(case: str, cls: str, dtype: str, new_form: bool = False) -> str:
+    return f"{case}-{cls}-{dtype}" + (NEW_FORM_SUFFIX if new_form else "")
 
 
 def inputs(model_type: str) -> dict:
@@ -182,11 +199,55 @@ def _build(model_type: str, config: dict, cls: str, seed: int):
     return model
 
 
-def write_fixtures(out: str = FIXTURES) -> list:
+def _save(model, model_type: str, cls: str, dtype: str, path: str, **kwargs) -> None:
+    """The folder (`save_pretrained`, `kwargs` passed on) and its oracle beside it."""
     import numpy as np
     import torch
     import transformers
     from safetensors.numpy import save_file
+
+    model.save_pretrained(path, safe_serialization=True, **kwargs)
+    # transformers' float32 run of the folder: the weights as saved (bfloat16: rounded,
+    # then widened), the buffers it computes (RoPE) in float32
+    oracle_model = getattr(transformers, cls).from_pretrained(
+        path, dtype=torch.float32, attn_implementation="eager")
+    oracle_model.eval()
+    oracle = {**inputs(model_type), **_run(oracle_model, model_type)}
+    save_file({k: np.ascontiguousarray(v) for k, v in oracle.items()},
+              path + ".oracle.safetensors",
+              metadata={"oracle": json.dumps({  # one key: its order is fixed
+                  "transformers": PINNED["transformers"], "class": cls,
+                  "dtype": dtype, "run": "float32, eager attention"},
+                  sort_keys=True)})
+
+
+def _check_new_form(original: str, new: str) -> None:
+    """The new-form folder holds the original's tensors (bytes, dtypes, shapes) under other
+    names for some of them, the same config.json: else transformers wrote no new form."""
+    import torch
+    from safetensors import safe_open
+
+    def tensors(folder):
+        with safe_open(os.path.join(folder, "model.safetensors"), "pt") as f:
+            return {k: f.get_tensor(k) for k in f.keys()}
+
+    def contents(found):  # each tensor as (dtype, shape, bytes), in a fixed order
+        return sorted((str(t.dtype), tuple(t.shape),
+                       t.contiguous().flatten().view(torch.uint8).numpy().tobytes())
+                      for t in found.values())
+
+    first, second = tensors(original), tensors(new)
+    if set(first) <= set(second) or contents(first) != contents(second):
+        sys.exit(f"{new}: expected the tensors of {original}, some under other names; "
+                 f"found the names {sorted(second)}")
+    with open(os.path.join(original, "config.json"), "rb") as f, \
+            open(os.path.join(new, "config.json"), "rb") as g:
+        if f.read() != g.read():
+            sys.exit(f"{new}: its config.json differs from {original}'s")
+
+
+def write_fixtures(out: str = FIXTURES) -> list:
+    import torch
 
     torch.set_num_threads(1)
     if os.path.isdir(out):
@@ -199,20 +260,15 @@ def write_fixtures(out: str = FIXTURES) -> list:
             for dtype in DTYPES:
                 name = folder_name(case, cls, dtype)
                 path = os.path.join(out, name)
-                model.to(getattr(torch, dtype)).save_pretrained(path, safe_serialization=True)
-                # transformers' float32 run of the folder: the weights as saved (bfloat16:
-                # rounded, then widened), the buffers it computes (RoPE) in float32
-                oracle_model = getattr(transformers, cls).from_pretrained(
-                    path, dtype=torch.float32, attn_implementation="eager")
-                oracle_model.eval()
-                oracle = {**inputs(model_type), **_run(oracle_model, model_type)}
-                save_file({k: np.ascontiguousarray(v) for k, v in oracle.items()},
-                          path + ".oracle.safetensors",
-                          metadata={"oracle": json.dumps({  # one key: its order is fixed
-                              "transformers": PINNED["transformers"], "class": cls,
-                              "dtype": dtype, "run": "float32, eager attention"},
-                              sort_keys=True)})
+                model.to(getattr(torch, dtype))
+                _save(model, model_type, cls, dtype, path)
                 written.append(name)
+                if dtype in NEW_FORM.get((case, cls), ()):
+                    name = folder_name(case, cls, dtype, new_form=True)
+                    _save(model, model_type, cls, dtype, os.path.join(out, name),
+                          save_original_format=False)
+                    _check_new_form(path, os.path.join(out, name))
+                    written.append(name)
     return written
 
 

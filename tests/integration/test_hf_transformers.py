@@ -128,13 +128,18 @@ def _assert_close(ours: dict, oracle: dict, tolerance: float, what: str):
 
 # --- the fixtures are what the table says ----------------------------------------------------
 
+def _skip_absent(case, dtype):
+    if dtype not in case.dtypes:
+        pytest.skip(f"{case.id} is written in {', '.join(case.dtypes)} only")
+
+
 def test_every_fixture_folder_has_a_row_and_every_row_its_folders():
     on_disk = {name for name in os.listdir(hf_cases.FIXTURES)
                if os.path.isdir(os.path.join(hf_cases.FIXTURES, name))}
-    rows = {f"{case.id}-{dtype}" for case in CASES for dtype in DTYPES}
+    rows = {os.path.basename(case.folder(dtype)) for case in CASES for dtype in case.dtypes}
     assert on_disk == rows
     for case in CASES:
-        for dtype in DTYPES:
+        for dtype in case.dtypes:
             config = hf_cases.config(case, dtype)
             assert config["architectures"] == [case.cls]
             assert config.get("dtype", config.get("torch_dtype")) == dtype
@@ -164,6 +169,7 @@ def test_backbone_restores_and_computes_what_transformers_computes(case, dtype):
     (listed); outputs within float tolerance of transformers'. A class that lacks a
     backbone variable (a base model without the output embedding, BertForMaskedLM's pooler)
     restores with strict=False and names exactly those."""
+    _skip_absent(case, dtype)
     model, report = _report(case, dtype)
     assert tuple(report.unexpected) == ()
     assert sorted(map(_bare, report.missing)) == sorted(case.lacks)
@@ -200,6 +206,7 @@ def test_a_strict_restore_names_what_the_class_lacks_and_changes_nothing(case):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", TASKS, ids=_ids(TASKS))
 def test_task_model_restores_the_head_and_its_logits_are_transformers(case, dtype):
+    _skip_absent(case, dtype)
     model, report = _restored_task(case, dtype)
     assert (tuple(report.missing), tuple(report.unexpected)) == ((), ())
     for key in case.head:
@@ -234,6 +241,7 @@ def test_bfloat16_folder_into_a_bfloat16_model(case):
     """No cast: the variables hold the file's bfloat16 values, which are transformers'
     float32 weights rounded to nearest even (as the float32 folder restored, then rounded),
     and the outputs are within bfloat16 tolerance of transformers'."""
+    _skip_absent(case, "bfloat16")
     model, report = _report(case, "bfloat16", "bfloat16")
     assert not getattr(report, "cast", None)
     assert {v.dtype for v in model.weights} == {"bfloat16"}
@@ -304,3 +312,77 @@ def test_export_is_byte_equal_to_what_transformers_read_back(tmp_path, case, dty
         config = json.load(f)
     assert config["architectures"] == [case.cls]
     assert config.get("dtype", config.get("torch_dtype")) == dtype
+
+
+# --- transformers 5's key form ----------------------------------------------------------------
+
+NEW_FORM = [(case, dtype) for case in CASES if case.form for dtype in case.dtypes]
+_NEW_IDS = [f"{c.id}-{d}" for c, d in NEW_FORM]
+_ORIGINAL_LAYER = r"^(vit\.)?encoder\.layer\.\d+\."
+
+
+@pytest.mark.parametrize("case,dtype", NEW_FORM, ids=_NEW_IDS)
+def test_new_form_folders_are_the_original_models_under_transformers_5_names(case, dtype):
+    """What the fixture script wrote: the same tensors as the original-form folder, the
+    encoder's under transformers 5's names, and the same oracle."""
+    import re
+
+    ours = _tensors(os.path.join(case.folder(dtype), "model.safetensors"))
+    theirs = _tensors(os.path.join(case.original.folder(dtype), "model.safetensors"))
+    prefix = "vit." if case.cls != "ViTModel" else ""
+    assert f"{prefix}layers.0.attention.q_proj.weight" in ours
+    assert not [name for name in ours if re.match(_ORIGINAL_LAYER, name)]
+    assert sorted(ours.values()) == sorted(theirs.values())
+    assert set(ours) != set(theirs)
+    oracle, original = hf_cases.oracle(case, dtype), hf_cases.oracle(case.original, dtype)
+    assert sorted(oracle) == sorted(original)
+    for key, value in oracle.items():
+        assert value.tobytes() == original[key].tobytes(), key
+
+
+@pytest.mark.parametrize("case,dtype", NEW_FORM, ids=_NEW_IDS)
+def test_new_form_restores_what_the_original_form_restores(case, dtype):
+    """Backbone and task model: every variable bit-equal to the original form's restore,
+    the same entries set aside as the head."""
+    model, report = _report(case, dtype)
+    reference, expected = _report(case.original, dtype)
+    assert _values(model) == _values(reference)
+    assert len(report.restored) == len(expected.restored)
+    assert sorted(line.split(":")[0] for line in report.skipped) == sorted(
+        line.split(":")[0] for line in expected.skipped)
+    if case.task:
+        assert _values(_restored_task(case, dtype)[0]) == _values(
+            _restored_task(case.original, dtype)[0])
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.case == "vit"],
+                         ids=_ids([c for c in CASES if c.case == "vit"]))
+def test_one_call_names_the_key_form_it_read(case):
+    model = hf_cases.backbone(case)
+    report = objckpt.restore(model, case.folder("float32"))
+    form = "transformers 5" if case.form else "original"
+    assert f"its keys in the {form} form" in str(report)
+
+
+@pytest.mark.parametrize("case,dtype", NEW_FORM, ids=_NEW_IDS)
+def test_export_of_a_new_form_folder_writes_the_original_form(tmp_path, case, dtype):
+    """Export names what transformers reads by default, whatever form was restored: the
+    bytes of the export of the original-form folder's model (the committed one, where the
+    class has one)."""
+    out, reference = str(tmp_path / "new"), str(tmp_path / "original")
+    model = _restored_task(case, dtype)[0] if case.task else _report(case, dtype)[0]
+    hf_cases.exported(case, dtype, out, model)
+    original = case.original
+    hf_cases.exported(original, dtype, reference, _restored_task(original, dtype)[0]
+                      if original.task else _report(original, dtype)[0])
+    with open(os.path.join(out, "model.safetensors"), "rb") as f, \
+            open(os.path.join(reference, "model.safetensors"), "rb") as g:
+        assert f.read() == g.read()
+    assert not [name for name in _tensors(os.path.join(out, "model.safetensors"))
+                if ".layers." in name or name.startswith("layers.")]
+    if original.exports_whole:
+        committed = os.path.join(hf_cases.EXPORTS, f"{original.id}-{dtype}",
+                                 "model.safetensors")
+        with open(os.path.join(out, "model.safetensors"), "rb") as f, \
+                open(committed, "rb") as g:
+            assert f.read() == g.read()
