@@ -153,7 +153,7 @@ def _key_form(folder: str, found) -> str:
 
     try:
         model = _safetensors.read_model(folder)
-    except errors.CheckpointCorruptError:
+    except (errors.CheckpointCorruptError, OSError):  # the restore names the problem
         return ""
     names = list(model.tensors) if model is not None else []
     seen = {}  # form -> its first key in the folder

@@ -3,9 +3,9 @@
 One row per (configuration, Hub class) that tests/helpers/make_hf_fixtures.py writes, in
 float32 and bfloat16 (`tests/fixtures/hf/<case>-<Class>-<dtype>/`, its oracle beside it as
 `<folder>.oracle.safetensors`), and one per class it also writes in transformers 5's key form
-(`<folder>-v5names/`, in the dtypes the row lists). Each row says which keras-hub backbone the folder's
-config.json describes (built with keras-hub's own `convert_backbone_config`), the keras-hub
-task model that holds the class's head (None where keras-hub has none), the entries of the
+(`<folder>-v5names/`, in the dtypes the row lists). Each row says which keras-hub backbone
+the folder's config.json describes (built with keras-hub's own `convert_backbone_config`),
+the keras-hub task model that holds the class's head (None where keras-hub has none), the entries of the
 folder that are the head (set aside when it goes into the backbone), the backbone variables
 the class lacks, and which oracle output the task model's output is. The next architecture
 adds rows here and in make_hf_fixtures.py's ROWS.
