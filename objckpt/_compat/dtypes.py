@@ -3,18 +3,18 @@
 From TF 2.13 on, TF's NumPy types of `tf.bfloat16` and of the float8 dtypes are ml_dtypes'.
 TF 2.12 has its own NumPy types for them, other types with the same layout: `tf.as_dtype`,
 `tf.constant` and `tf.Variable` refuse ml_dtypes' arrays there. safetensors, h5py and NumPy
-users hand objckpt ml_dtypes' arrays; this module is the one conversion between the two, a
-view of the same bits either way (no copy):
+users hand objckpt ml_dtypes' arrays; this module is the one conversion to what TF takes, a
+view of the same bits (no copy):
 
 - `tf_dtype(dtype)`: `tf.as_dtype`, also for ml_dtypes' types on a TF whose NumPy types are
-  others (a dtype no TF has, such as float8_e8m0fnu: a typed error naming the fix);
+  others (a dtype this TF has none of, such as float8_e8m0fnu: a typed error naming the fix);
 - `numpy_dtype(dtype)`: the NumPy type this TF uses for a dtype;
-- `tf_array(array)`: an array as this TF's NumPy type of its dtype (what TF takes);
-- `from_tf(array)`: the other way, TF's array as ml_dtypes' type (what the TF-free writers,
-  averages and safetensors take).
+- `tf_array(array)`: an array as this TF's NumPy type of its dtype (what TF takes).
 
-On TF >= 2.13 `tf_array` and `from_tf` return their argument: behaviour there is unchanged.
-The float8 dtypes have no `tf.float8_*` attribute in any TF (2.12 included): `tf.as_dtype`
+The other way needs no conversion: what objckpt writes from TF's arrays (safetensors,
+averages) it writes from their bytes, or casts with NumPy, which casts TF 2.12's types as it
+casts ml_dtypes'. On TF >= 2.13 `tf_array` returns its argument: behaviour there is
+unchanged. The float8 dtypes have no `tf.float8_*` attribute in any TF (2.12 included): `tf.as_dtype`
 names them.
 """
 
@@ -25,22 +25,20 @@ import tensorflow as tf
 
 from objckpt import errors
 
-__all__ = ["from_tf", "numpy_dtype", "tf_array", "tf_dtype"]
-
-# The ml_dtypes types TF knows by name (TF 2.12 and later; its NumPy types before 2.13 are
-# its own).
-_ML_NAMES = frozenset({"bfloat16", "float8_e4m3fn", "float8_e5m2"})
+__all__ = ["numpy_dtype", "tf_array", "tf_dtype"]
 
 
 def _ml_name(dtype) -> str:
-    """The name of a NumPy dtype of ml_dtypes' (or TF 2.12's) kind, or ""."""
+    """The name of a NumPy dtype that NumPy does not define (ml_dtypes' types, TF 2.12's own
+    bfloat16 and float8), or "" (NumPy's own, names, `tf.DType`s). Not by `kind`: some of
+    ml_dtypes' types are of kind "V", others of kind "f"."""
     if isinstance(dtype, (str, tf.DType)):
         return ""
     try:
         found = np.dtype(dtype)
     except TypeError:
         return ""
-    return found.name if found.kind == "V" else ""
+    return "" if found.type.__module__ == "numpy" else found.name
 
 
 def tf_dtype(dtype, what: str = "") -> tf.DType:
@@ -85,19 +83,8 @@ def tf_array(array, what: str = ""):
     Raises:
       InvalidArgumentError: an ml_dtypes type TensorFlow has no dtype for.
     """
-    if not isinstance(array, np.ndarray) or array.dtype.kind != "V":
-        return array  # NumPy's own dtypes (ml_dtypes' are of kind "V")
+    if not isinstance(array, np.ndarray) or not _ml_name(array.dtype):
+        return array  # NumPy's own dtypes
     wanted = numpy_dtype(tf_dtype(array.dtype, what))
     return array if array.dtype == wanted else array.view(wanted)
 
-
-def from_tf(array):
-    """TF's NumPy array of a bfloat16 or float8 value as ml_dtypes' type (a view, no copy)
-    where the two differ (TF 2.12); any other array as it is."""
-    if not isinstance(array, np.ndarray) or array.dtype.kind != "V" \
-            or array.dtype.name not in _ML_NAMES:
-        return array
-    import ml_dtypes
-
-    wanted = np.dtype(getattr(ml_dtypes, array.dtype.name))
-    return array if array.dtype == wanted else array.view(wanted)
