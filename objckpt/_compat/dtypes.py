@@ -14,8 +14,8 @@ view of the same bits (no copy):
 The other way needs no conversion: what objckpt writes from TF's arrays (safetensors,
 averages) it writes from their bytes, or casts with NumPy, which casts TF 2.12's types as it
 casts ml_dtypes'. On TF >= 2.13 `tf_array` returns its argument: behaviour there is
-unchanged. The float8 dtypes have no `tf.float8_*` attribute in any TF (2.12 included): `tf.as_dtype`
-names them.
+unchanged. The float8 dtypes have no `tf.float8_*` attribute in any TF (2.12 included):
+`tf.as_dtype` names them. TF 2.12 has no CPU kernel to assign a float8 variable.
 """
 
 from __future__ import annotations
