@@ -17,6 +17,7 @@ in TF internals or a new Keras flavour is handled in this package alone (`lint-i
 - `derived`: state Keras layers derive from variables, refreshed after objckpt writes;
 - `freezing`: whether the graph a Freezer is traced into is XLA-compiled;
 - `fit`: whether a value fits a variable (shape, dtype): the one rule of every check;
+- `dtypes`: ml_dtypes' bfloat16 and float8 arrays as this TF's NumPy types (TF 2.12's own);
 - `hooks`: TF-free Keras conventions (method overrides, default-hook marks).
 
 Names load on first use: `_compat.mark_default_hook` imports only the TF-free `hooks`
@@ -63,6 +64,7 @@ _WHERE = {
         "owned_positions", "refresh_derived_state", "refresh_hooks", "saving_as_loaded"),
     "freezing": ("in_xla_context",),
     "fit": ("CASTS", "cast_of", "cast_value", "check_cast", "fits", "lossless", "misfit"),
+    "dtypes": ("numpy_dtype", "tf_array", "tf_dtype"),
     "hooks": ("KERAS_CACHED_ATTRS", "WEIGHT_DECAY_METHOD", "mark_default_hook",
         "override_methods", "past_autograph", "restore_methods", "weight_decay_method"),
 }

@@ -24,6 +24,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from objckpt import errors
+from objckpt._compat.dtypes import tf_dtype
 
 __all__ = ["CASTS", "cast_of", "cast_value", "check_cast", "fits", "lossless", "misfit"]
 
@@ -42,12 +43,12 @@ _INTS = {"int8": (True, 8), "int16": (True, 16), "int32": (True, 32), "int64": (
 
 
 def _spec(value) -> tuple:
-    """`(shape, dtype)` of a tensor, a variable or a `(shape, dtype)` pair."""
+    """`(shape, dtype)` of a tensor, a variable, a NumPy array or a `(shape, dtype)` pair."""
     if isinstance(value, tuple) and len(value) == 2:
         shape, dtype = value
     else:
         shape, dtype = value.shape, value.dtype
-    dtype = tf.as_dtype(dtype)
+    dtype = tf_dtype(dtype)  # ml_dtypes' types too, whatever NumPy types this TF uses
     return tf.TensorShape(shape), dtype.base_dtype
 
 

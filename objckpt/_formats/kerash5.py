@@ -336,9 +336,8 @@ def _ordered(datasets: dict) -> dict:
 
 
 def _tensor(tf, value, dtype: str):
-    if dtype == "bfloat16":  # exact through float32, whatever bfloat16 type TF knows
-        return tf.cast(tf.constant(value.astype("float32")), tf.bfloat16)
-    return tf.constant(value)
+    # bfloat16 arrives as ml_dtypes' type: viewed as the one this TF takes (TF 2.12's own)
+    return tf.constant(_compat.tf_array(value) if dtype == "bfloat16" else value)
 
 
 def listing(path: str) -> dict | None:

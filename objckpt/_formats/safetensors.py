@@ -20,8 +20,9 @@ is in two shards. A problem is a `CheckpointCorruptError` naming the file, the e
 what is wrong.
 
 A source reads values with `pread` straight into a new TF tensor (`_Reader`: the one copy a
-restore needs, large sequential reads, no file held mapped); bfloat16 and float8 are
-bit-cast, so every bit (NaN payloads included) arrives as written. A restore streams
+restore needs, large sequential reads, no file held mapped); bfloat16 is bit-cast and
+float8 viewed as TF's type (`_compat.numpy_dtype`), so every bit (NaN payloads included)
+arrives as written. A restore streams
 (`stream`, `_Streamer`): every planned entry's shape and dtype after its transform is checked
 from the header before anything is read (a transform's output shape from its `output_shape`
 or traced on a `tf.TensorSpec`), then each tensor is read, transformed, converted and
@@ -554,11 +555,11 @@ class _Reader:
         import numpy as np
         import tensorflow as tf
 
-        dtype = getattr(tf, DTYPES[tensor.dtype][2])
+        dtype = tf.as_dtype(DTYPES[tensor.dtype][2])
         fd = self.fd(tensor.file)
         with tf.device("/cpu:0"):
-            if tensor.nbytes == 0:
-                return tf.zeros(tensor.shape, dtype)
+            if tensor.nbytes == 0:  # float8 has no zeros kernel: from NumPy
+                return tf.constant(np.zeros(tensor.shape, dtype.as_numpy_dtype))
             if tensor.dtype == "BOOL":
                 data = os.pread(fd, tensor.nbytes, tensor.begin)
                 self._whole(tensor, len(data))
@@ -573,6 +574,11 @@ class _Reader:
             raw = _fastio.read_direct(fd, tensor.begin, tensor.nbytes, tf.uint8,
                                       (tensor.nbytes,))
             self._whole(tensor, 0 if raw is None else tensor.nbytes)
+            if tensor.dtype in _FLOAT8:  # TF's Bitcast has no float8: NumPy's view, one copy
+                from objckpt import _compat
+
+                return tf.constant(raw.numpy().view(_compat.numpy_dtype(dtype))
+                                   .reshape(tensor.shape))
             width = DTYPES[tensor.dtype][0] // 8
             if width > 1:  # Bitcast and Reshape share the buffer: no copy
                 raw = tf.reshape(raw, (tensor.elements, width))
@@ -594,7 +600,7 @@ def _output_spec(tensor: Tensor, transform):
     shape); None where neither gives a fully known shape (the caller reads values whole)."""
     import tensorflow as tf
 
-    dtype = getattr(tf, DTYPES[tensor.dtype][2])
+    dtype = tf.as_dtype(DTYPES[tensor.dtype][2])
     if transform is None:
         return tensor.shape, dtype, None
     output_shape = getattr(transform, "output_shape", None)
@@ -620,6 +626,8 @@ STREAM_SLACK = 64 << 20
 # Read straight into a tensor of their own dtype (NumPy reads them through DLPack); the
 # others into bytes, bit-cast.
 _DIRECT = frozenset({"F32", "F64", "I32", "U8", "I64", "F16"})
+# Read as bytes and viewed by NumPy as TF's type: TF's Bitcast has no float8 kernel.
+_FLOAT8 = frozenset({"F8_E4M3", "F8_E5M2"})
 
 
 class _Streamer:
@@ -722,8 +730,7 @@ def source_fields(path: str) -> dict | None:
         return None
     import tensorflow as tf  # only here: the sources' specs and values are TF's
 
-    usable = {name: t for name, t in model.tensors.items()
-              if DTYPES[t.dtype][2] and hasattr(tf, DTYPES[t.dtype][2])}
+    usable = {name: t for name, t in model.tensors.items() if _in_tf(DTYPES[t.dtype][2])}
     specs = {name: (t.shape, tf.as_dtype(DTYPES[t.dtype][2])) for name, t in usable.items()}
     left = [name for name in model.tensors if name not in usable]
     notes = model.notes
@@ -747,6 +754,17 @@ def source_fields(path: str) -> dict | None:
             "top_level_names": top, "prefix": model.path, "notes": notes,
             "structure": lambda: ("safetensors", tuple(
                 (name, t.shape, t.dtype) for name, t in model.tensors.items()))}
+
+
+def _in_tf(name: str) -> bool:
+    """Whether this TF has the dtype `name` ("" never): float8_e4m3fn and float8_e5m2 from
+    TF 2.12 on, through `tf.as_dtype` (no `tf.float8_*` attribute names them)."""
+    import tensorflow as tf
+
+    try:
+        return bool(name) and tf.as_dtype(name).name == name
+    except TypeError:
+        return False
 
 
 def _compared(model: Model, name: str):

@@ -14,13 +14,8 @@ import pytest
 import tensorflow as tf
 
 import objckpt
-from objckpt import errors
+from objckpt import _compat, errors
 from objckpt._formats import safetensors as _st
-
-if tuple(int(p) for p in tf.__version__.split(".")[:2]) < (2, 13):
-    pytest.skip("TF 2.12 (the keras2 session): its bfloat16 is not ml_dtypes' bfloat16, which "
-                "these tests build their arrays and variables from (tf.as_dtype and tf.constant "
-                "refuse it there); TF >= 2.13 runs them", allow_module_level=True)
 
 safetensors = pytest.importorskip("safetensors")
 st_numpy = pytest.importorskip("safetensors.numpy")
@@ -53,7 +48,8 @@ def _module(values: dict) -> tf.Module:
             if not hasattr(owner, part):
                 setattr(owner, part, tf.Module())
             owner = getattr(owner, part)
-        setattr(owner, leaf, tf.Variable(tf.zeros(value.shape, tf.as_dtype(value.dtype))))
+        # ml_dtypes' bfloat16 as this TF names it (TF 2.12's NumPy type is another)
+        setattr(owner, leaf, tf.Variable(tf.zeros(value.shape, _compat.tf_dtype(value.dtype))))
     return module
 
 
