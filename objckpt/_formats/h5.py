@@ -297,6 +297,19 @@ class H5File:
         elif dtype.kind in _NUMERIC and dtype.itemsize in _NUMERIC[dtype.kind] and \
                 dtype.fields is None and not dtype.subdtype:
             name = dtype.newbyteorder("=").name
+        elif dtype.kind == "V" and dtype.itemsize == 2 and dtype.fields is None:
+            # How h5py stores TF's own bfloat16 NumPy type (Keras 2 / tf_keras save_weights of
+            # a bfloat16 model): opaque bytes with no dtype attribute, so nothing says which
+            # 2-byte type they are, and Keras's own loader cannot read them back either.
+            where = f"`{_render.safe(self.shown)}` at `{_render.safe(path)}`"
+            raise errors.UnsupportedFormatError(
+                f"HDF5 file {where} holds dtype `{_render.safe(str(dtype))}`: opaque 2-byte "
+                "values with no `dtype` attribute, which is how Keras 2 and tf_keras save "
+                "bfloat16 weights. The file may be intact, but it does not record which 2-byte "
+                "type these are (Keras's own load_weights refuses it too), so objckpt does not "
+                "guess. Nothing was changed. Fix: save the model as a TF checkpoint "
+                "(objckpt.save or model.save_weights to a prefix without .h5), or save the "
+                "weights of a float32 copy of the model.", source=self.shown)
         else:
             raise self._fail(path, f"its dtype `{_render.safe(str(dtype))}` is not a number "
                                    "type TensorFlow can hold")

@@ -513,3 +513,18 @@ def test_loss_scale_optimizer_inner_copy_is_the_value_taken(keras3, tmp_path):
     oracle.load_weights(path)
     assert np.all(np.array(target.optimizer.variables[6]) == 7.0)
     assert_bits(_state(target), _state(oracle))
+
+
+def test_h5_opaque_two_byte_values_are_named_as_unrecorded_bfloat16(tmp_path):
+    # h5py stores TF's own bfloat16 NumPy type (Keras 2 / tf_keras save_weights of a bfloat16
+    # model) as opaque |V2 with no dtype attribute: not damage, an unrecorded type.
+    path = str(tmp_path / "bf16.h5")
+    with h5py.File(path, "w") as h5:
+        h5["a/vars/0"] = np.arange(4, dtype="float32")
+        h5["a/vars/1"] = np.arange(4, dtype="<u2").view("V2")
+    with _h5.open_file(path) as h5:
+        with pytest.raises(errors.UnsupportedFormatError) as caught:
+            h5.datasets()
+    said = str(caught.value)
+    assert "at `a/vars/1` holds dtype `|V2`" in said and "bfloat16" in said
+    assert "intact copy" not in said and "Fix: save the model as a TF checkpoint" in said

@@ -208,7 +208,9 @@ def test_inspect_verify_and_migrate(written, tmp_path):
                              str(tmp_path / "migrated"))
     model = writer.h5_net(keras)
     tf.train.Checkpoint(root=model).read(prefix).assert_existing_objects_matched()
-    np.testing.assert_array_equal(np.asarray(model(data["x"], training=False)), data["y"])
+    # written by tf_keras / Keras 2; in the Keras 3 session its other kernels may differ in
+    # the last float32 bit or two (4.5e-7 seen on one machine), as in assert_outputs' tests
+    assert_outputs(model, data, "tf_keras" if legacy_keras_env() else "keras3")
 
 
 def test_keras3_h5_model_restores_with_its_optimizer_state(tmp_path):
