@@ -302,7 +302,9 @@ class H5File:
             # a bfloat16 model): opaque bytes with no dtype attribute, so nothing says which
             # 2-byte type they are, and Keras's own loader cannot read them back either.
             where = f"`{_render.safe(self.shown)}` at `{_render.safe(path)}`"
-            raise errors.UnsupportedFormatError(
+            # CheckpointCorruptError as every unreadable dataset (verify lists it as a
+            # problem), with the true reason and its fix
+            raise errors.CheckpointCorruptError(
                 f"HDF5 file {where} holds dtype `{_render.safe(str(dtype))}`: opaque 2-byte "
                 "values with no `dtype` attribute, which is how Keras 2 and tf_keras save "
                 "bfloat16 weights. The file may be intact, but it does not record which 2-byte "
