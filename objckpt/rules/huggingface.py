@@ -27,6 +27,8 @@ _MODULES: dict[str, str] = {
     "gpt2": "objckpt.rules.hf_gpt2",
     "llama": "objckpt.rules.hf_llama",
     "mistral": "objckpt.rules.hf_mistral",
+    "qwen2": "objckpt.rules.hf_qwen",
+    "qwen3": "objckpt.rules.hf_qwen",
     "vit": "objckpt.rules.hf_vit",
 }
 _CONFIG_LIMIT = 1 << 20  # bytes of config.json read

@@ -32,7 +32,7 @@ NEW_FORM = "v5names"  # the folders make_hf_fixtures.py saves in transformers 5'
 # model_type -> keras-hub's converter module (its `backbone_cls`, `convert_backbone_config`).
 CONVERTERS = {"llama": "convert_llama3", "mistral": "convert_mistral", "gemma": "convert_gemma",
               "gemma2": "convert_gemma", "gpt2": "convert_gpt2", "bert": "convert_bert",
-              "vit": "convert_vit"}
+              "vit": "convert_vit", "qwen2": "convert_qwen", "qwen3": "convert_qwen3"}
 
 
 class Case(NamedTuple):
@@ -46,6 +46,9 @@ class Case(NamedTuple):
     # The task model's logits against transformers' (float32 models; rtol = atol), where
     # keras-hub's head computes differently from transformers' (None: the default).
     logits_tolerance: float | None = None
+    # Every float32 output against transformers' (rtol = atol; the logits' too unless
+    # `logits_tolerance` says), where keras-hub's backbone computes differently.
+    tolerance: float | None = None
     # The key form: "" for the names `save_pretrained` writes by default, NEW_FORM for
     # transformers 5's own (`save_original_format=False`; make_hf_fixtures.NEW_FORM), in
     # the dtypes `dtypes`.
@@ -113,6 +116,18 @@ CASES = (
          form=NEW_FORM, dtypes=("float32",)),
     Case("vit", "ViTForImageClassification", "ViTImageClassifier",
          head=("classifier.weight", "classifier.bias"), form=NEW_FORM),
+    Case("qwen2", "Qwen2Model", None, lacks=_LM_HEAD),
+    Case("qwen2", "Qwen2ForCausalLM", "QwenCausalLM"),
+    Case("qwen2", "Qwen2ForSequenceClassification", None, head=("score.weight",),
+         lacks=_LM_HEAD),
+    # tied: the token embedding is the output embedding too. keras-hub's Qwen3Attention
+    # normalises queries and keys with epsilon 1e-5 (its decoder does not pass the config's
+    # rms_norm_eps on), transformers with 1e-6: 4.6e-4 here (5.9e-7 with keras-hub's
+    # epsilon set to 1e-6).
+    Case("qwen3", "Qwen3Model", None, tolerance=2e-3),
+    Case("qwen3", "Qwen3ForCausalLM", "Qwen3CausalLM", tolerance=2e-3),
+    Case("qwen3", "Qwen3ForSequenceClassification", None, head=("score.weight",),
+         tolerance=2e-3),
 )
 
 

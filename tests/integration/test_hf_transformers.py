@@ -181,7 +181,8 @@ def test_backbone_restores_and_computes_what_transformers_computes(case, dtype):
     if dtype == "bfloat16":
         assert report.cast and set(report.cast.values()) == {"bfloat16 -> float32"}
     _assert_close(hf_cases.outputs(case, model, hf_cases.oracle(case, dtype), is_task=False),
-                  hf_cases.oracle(case, dtype), TOLERANCE["float32"], case.id)
+                  hf_cases.oracle(case, dtype), case.tolerance or TOLERANCE["float32"],
+                  case.id)
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.lacks], ids=_ids(
@@ -212,8 +213,8 @@ def test_task_model_restores_the_head_and_its_logits_are_transformers(case, dtyp
     for key in case.head:
         assert not any(line.startswith(key) for line in report.skipped), report.skipped
     _assert_close(hf_cases.outputs(case, model, hf_cases.oracle(case, dtype), is_task=True),
-                  hf_cases.oracle(case, dtype), case.logits_tolerance or TOLERANCE["float32"],
-                  case.id)
+                  hf_cases.oracle(case, dtype),
+                  case.logits_tolerance or case.tolerance or TOLERANCE["float32"], case.id)
 
 
 # --- one call -------------------------------------------------------------------------------
