@@ -105,6 +105,11 @@ ROWS = {
     # tied, as the small Qwen3s are; head_dim * heads != hidden_size
     "qwen3": ("qwen3", {**_DECODER, "tie_word_embeddings": True, "head_dim": 8},
               ("Qwen3Model", "Qwen3ForCausalLM", "Qwen3ForSequenceClassification")),
+    "distilbert": ("distilbert", {"vocab_size": VOCAB, "dim": 16, "n_layers": 2, "n_heads": 2,
+                                  "hidden_dim": 32, "activation": "gelu",
+                                  "max_position_embeddings": 32, "num_labels": 3},
+                   ("DistilBertModel", "DistilBertForMaskedLM",
+                    "DistilBertForSequenceClassification")),
 }
 
 

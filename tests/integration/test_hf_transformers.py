@@ -115,7 +115,7 @@ def _tensors(path: str) -> dict:
 def _unprefixed(name: str) -> str:
     """A tensor name without a base model's prefix (`model.`, `transformer.`, ...)."""
     first, _, rest = name.partition(".")
-    return rest if first in ("model", "transformer", "bert", "vit") else name
+    return rest if first in ("model", "transformer", "bert", "vit", "distilbert") else name
 
 
 def _assert_close(ours: dict, oracle: dict, tolerance: float, what: str):
