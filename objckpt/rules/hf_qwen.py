@@ -6,7 +6,9 @@ weights (heads * head_dim, hidden) <-> kernels (hidden, heads, head_dim), o (hid
 head_dim) <-> (heads, head_dim, hidden), MLP `Linear` weights transposed), as keras-hub's
 importers `convert_qwen.py` and `convert_qwen3.py` read it, plus what each adds:
 
-- Qwen2: biases on q/k/v, (heads * head_dim,) <-> (heads, head_dim);
+- Qwen2: biases on q/k/v, (heads * head_dim,) <-> (heads, head_dim); `head_dim` from the
+  config where it has one (transformers' default: hidden_size / num_attention_heads, the
+  only one keras-hub's `QwenBackbone` builds);
 - Qwen3: `head_dim` from the config (it may differ from hidden_size / num_attention_heads)
   and an RMS norm over each head's queries and keys (`q_norm`, `k_norm`: (head_dim,),
   keras-hub's `query_dense_layernorm` and `key_dense_layernorm`), no biases.
@@ -57,15 +59,15 @@ def rules(config: dict) -> RuleSet:
     name = _NAMES["qwen3" if qwen3 else "qwen2"]
     classes = {k: v for k, v in CLASSES.items() if k.startswith(name)}
     tasks = TASKS["qwen3" if qwen3 else "qwen2"]
-    given = config.get("head_dim") if qwen3 else None
-    if qwen3 and (type(given) is not int or given <= 0):
+    given = config.get("head_dim")  # Qwen2's too where its config.json has one
+    if (qwen3 or given is not None) and (type(given) is not int or given <= 0):
         from objckpt import errors
 
         raise errors.InvalidArgumentError(
-            f"The Qwen3 rule set needs `head_dim` (a positive int) from the Hugging Face "
-            f"config; received {given!r} (Qwen3's may differ from hidden_size / "
-            "num_attention_heads). Fix: pass the checkpoint's folder (its config.json), or "
-            "config={'head_dim': ..., ...}.")
+            f"The {name} rule set needs `head_dim` (a positive int) from the Hugging Face "
+            f"config{'' if qwen3 else ' where it has one'}; received {given!r} (it may "
+            "differ from hidden_size / num_attention_heads). Fix: pass the checkpoint's "
+            "folder (its config.json), or config={'head_dim': ..., ...}.")
     base = decoder_rules(config, name, head_dim=given or None,
                          lm_head=not config.get("tie_word_embeddings", False),
                          classes=classes, tasks=tasks)

@@ -94,6 +94,20 @@ def test_a_config_without_sizes_is_refused(name, missing):
         huggingface(name, config=config)
 
 
+@pytest.mark.parametrize("name", ["qwen2", "qwen3"])
+def test_a_head_dim_that_is_no_positive_int_is_refused(name):
+    with pytest.raises(errors.InvalidArgumentError, match=r"`head_dim`.*received 'x'.*Fix:"):
+        huggingface(name, config={**CONFIGS[name], "head_dim": "x"})
+
+
+def test_qwen2_reshapes_by_the_configs_head_dim():
+    """transformers' Qwen2 reads `head_dim` where config.json has one, so the set does."""
+    rules = _by_source(huggingface("qwen2", config={**QWEN2, "head_dim": 8}))
+    assert rules["model.layers.{i}.self_attn.q_proj.bias"].transform == Reshape((32,), (4, 8))
+    assert rules["model.layers.{i}.self_attn.o_proj.weight"].transform == Chain(
+        Transpose(), Reshape((32, 16), (4, 8, 16)))
+
+
 def test_distilbert_heads_and_the_prefix_export_writes():
     """A backbone's set writes DistilBertModel's bare names, a task model's `distilbert.`;
     restore reads both; the heads name the classes that hold them."""
