@@ -22,11 +22,14 @@ __all__ = ["for_model", "head_entries", "huggingface", "read_config", "supported
 # model_type -> the module holding its rule set (filled as sets are added).
 _MODULES: dict[str, str] = {
     "bert": "objckpt.rules.hf_bert",
+    "distilbert": "objckpt.rules.hf_distilbert",
     "gemma": "objckpt.rules.hf_gemma",
     "gemma2": "objckpt.rules.hf_gemma",
     "gpt2": "objckpt.rules.hf_gpt2",
     "llama": "objckpt.rules.hf_llama",
     "mistral": "objckpt.rules.hf_mistral",
+    "qwen2": "objckpt.rules.hf_qwen",
+    "qwen3": "objckpt.rules.hf_qwen",
     "vit": "objckpt.rules.hf_vit",
 }
 _CONFIG_LIMIT = 1 << 20  # bytes of config.json read

@@ -32,7 +32,8 @@ NEW_FORM = "v5names"  # the folders make_hf_fixtures.py saves in transformers 5'
 # model_type -> keras-hub's converter module (its `backbone_cls`, `convert_backbone_config`).
 CONVERTERS = {"llama": "convert_llama3", "mistral": "convert_mistral", "gemma": "convert_gemma",
               "gemma2": "convert_gemma", "gpt2": "convert_gpt2", "bert": "convert_bert",
-              "vit": "convert_vit"}
+              "vit": "convert_vit", "qwen2": "convert_qwen", "qwen3": "convert_qwen3",
+              "distilbert": "convert_distilbert"}
 
 
 class Case(NamedTuple):
@@ -46,6 +47,9 @@ class Case(NamedTuple):
     # The task model's logits against transformers' (float32 models; rtol = atol), where
     # keras-hub's head computes differently from transformers' (None: the default).
     logits_tolerance: float | None = None
+    # Every float32 output against transformers' (rtol = atol; the logits' too unless
+    # `logits_tolerance` says), where keras-hub's backbone computes differently.
+    tolerance: float | None = None
     # The key form: "" for the names `save_pretrained` writes by default, NEW_FORM for
     # transformers 5's own (`save_original_format=False`; make_hf_fixtures.NEW_FORM), in
     # the dtypes `dtypes`.
@@ -113,6 +117,26 @@ CASES = (
          form=NEW_FORM, dtypes=("float32",)),
     Case("vit", "ViTForImageClassification", "ViTImageClassifier",
          head=("classifier.weight", "classifier.bias"), form=NEW_FORM),
+    Case("qwen2", "Qwen2Model", None, lacks=_LM_HEAD),
+    Case("qwen2", "Qwen2ForCausalLM", "QwenCausalLM"),
+    Case("qwen2", "Qwen2ForSequenceClassification", None, head=("score.weight",),
+         lacks=_LM_HEAD),
+    # tied: the token embedding is the output embedding too. keras-hub's Qwen3Attention
+    # normalises queries and keys with epsilon 1e-5 (its decoder does not pass the config's
+    # rms_norm_eps on), transformers with 1e-6: 4.6e-4 here (5.9e-7 with keras-hub's
+    # epsilon set to 1e-6).
+    Case("qwen3", "Qwen3Model", None, tolerance=2e-3),
+    Case("qwen3", "Qwen3ForCausalLM", "Qwen3CausalLM", tolerance=2e-3),
+    Case("qwen3", "Qwen3ForSequenceClassification", None, head=("score.weight",),
+         tolerance=2e-3),
+    Case("distilbert", "DistilBertModel", None),
+    # keras-hub's MaskedLMHead normalises with epsilon 1e-5, DistilBERT's with 1e-12.
+    Case("distilbert", "DistilBertForMaskedLM", "DistilBertMaskedLM",
+         head=("vocab_transform.weight", "vocab_transform.bias", "vocab_layer_norm.weight",
+               "vocab_layer_norm.bias", "vocab_projector.bias"), logits_tolerance=2e-3),
+    Case("distilbert", "DistilBertForSequenceClassification", "DistilBertTextClassifier",
+         head=("pre_classifier.weight", "pre_classifier.bias", "classifier.weight",
+               "classifier.bias")),
 )
 
 
@@ -143,7 +167,7 @@ def task(case: Case, model):
     import keras_hub
 
     cls = getattr(keras_hub.models, case.task)
-    if case.task in ("BertTextClassifier", "ViTImageClassifier"):
+    if case.task in ("BertTextClassifier", "ViTImageClassifier", "DistilBertTextClassifier"):
         return cls(backbone=model, num_classes=len(config(case)["id2label"]),
                    preprocessor=None)
     return cls(backbone=model, preprocessor=None)
@@ -158,7 +182,7 @@ def keras_inputs(case: Case, feed: dict):
     out = {"token_ids": feed["input_ids"], "padding_mask": feed["attention_mask"]}
     if "token_type_ids" in feed:
         out["segment_ids"] = feed["token_type_ids"]
-    if case.task == "BertMaskedLM":
+    if case.task in ("BertMaskedLM", "DistilBertMaskedLM"):
         length = feed["input_ids"].shape[1]
         out["mask_positions"] = np.tile(np.arange(length, dtype="int32"),
                                         (feed["input_ids"].shape[0], 1))

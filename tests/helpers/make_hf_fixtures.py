@@ -8,6 +8,7 @@ Run it with an interpreter that has transformers and torch (CI's does not; the t
 only the files this script commits):
 
     python tests/helpers/make_hf_fixtures.py                      # writes tests/fixtures/hf/
+    python tests/helpers/make_hf_fixtures.py --only qwen2 qwen3   # those rows' folders only
     python tests/helpers/make_hf_fixtures.py --check-exports DIR  # transformers reads DIR
 
 First mode: for each row of ROWS (an architecture, a configuration of it, the Hub classes
@@ -99,6 +100,16 @@ ROWS = {
                     "intermediate_size": 32, "hidden_act": "gelu", "image_size": 16,
                     "patch_size": 4, "num_channels": 3, "qkv_bias": True, "num_labels": 3},
             ("ViTModel", "ViTForImageClassification")),
+    "qwen2": ("qwen2", {**_DECODER, "tie_word_embeddings": False},
+              ("Qwen2Model", "Qwen2ForCausalLM", "Qwen2ForSequenceClassification")),
+    # tied, as the small Qwen3s are; head_dim * heads != hidden_size
+    "qwen3": ("qwen3", {**_DECODER, "tie_word_embeddings": True, "head_dim": 8},
+              ("Qwen3Model", "Qwen3ForCausalLM", "Qwen3ForSequenceClassification")),
+    "distilbert": ("distilbert", {"vocab_size": VOCAB, "dim": 16, "n_layers": 2, "n_heads": 2,
+                                  "hidden_dim": 32, "activation": "gelu",
+                                  "max_position_embeddings": 32, "num_labels": 3},
+                   ("DistilBertModel", "DistilBertForMaskedLM",
+                    "DistilBertForSequenceClassification")),
 }
 
 
@@ -246,15 +257,27 @@ def _check_new_form(original: str, new: str) -> None:
             sys.exit(f"{new}: its config.json differs from {original}'s")
 
 
-def write_fixtures(out: str = FIXTURES) -> list:
+def write_fixtures(out: str = FIXTURES, only=()) -> list:
+    """Every row's folders (the folder `out` emptied first), or only those of the cases
+    `only` (the others' files left as they are: each row's seed is its place in ROWS)."""
     import torch
 
     torch.set_num_threads(1)
-    if os.path.isdir(out):
+    unknown = sorted(set(only) - set(ROWS))
+    if unknown:
+        sys.exit(f"--only: no row {unknown}; the rows are {sorted(ROWS)}")
+    if only:
+        for name in os.listdir(out) if os.path.isdir(out) else ():
+            if name.split("-")[0] in only:
+                path = os.path.join(out, name)
+                shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+    elif os.path.isdir(out):
         shutil.rmtree(out)
-    os.makedirs(out)
+    os.makedirs(out, exist_ok=True)
     written = []
     for index, (case, (model_type, config, classes)) in enumerate(ROWS.items()):
+        if only and case not in only:
+            continue
         for offset, cls in enumerate(classes):
             model = _build(model_type, config, cls, SEED + 100 * index + offset)
             for dtype in DTYPES:
@@ -328,11 +351,13 @@ def main(argv=None) -> int:
     parser.add_argument("--check-exports", metavar="DIR",
                         help="load each exported folder under DIR with transformers")
     parser.add_argument("--out", default=FIXTURES, help="where the fixtures go")
+    parser.add_argument("--only", nargs="+", default=(), metavar="CASE",
+                        help="write only these rows of ROWS (the other folders untouched)")
     args = parser.parse_args(argv)
     _check_versions()
     if args.check_exports:
         return check_exports(args.check_exports, args.out)
-    names = write_fixtures(args.out)
+    names = write_fixtures(args.out, args.only)
     print(f"wrote {len(names)} folders under {args.out}")
     return 0
 
