@@ -90,8 +90,7 @@ def streamed(src, the_plan: _match.Plan, variables, into=None):
 
     `into(variable)`, when given, is the variable each value is assigned to instead of
     the planned one (of the same shape and dtype): a clone's, created after the loader was
-    checked (`load_ensemble`); only a format read one tensor at a time (safetensors) is
-    streamed so, a TF checkpoint's values are fetched whole then."""
+    checked (`load_ensemble`), or none at all (`migrate` writes each value to its file)."""
     if into is None:
         def assign_to(variable, value):
             variable.assign(value, read_value=False)
@@ -100,8 +99,6 @@ def streamed(src, the_plan: _match.Plan, variables, into=None):
             into(variable).assign(value, read_value=False)
     if src is not None and src.stream is not None:
         return _streamed_by_tensor(src, the_plan, variables, assign_to)
-    if into is not None:  # a TF bundle into another obj's variables: fetched whole
-        return None
     if (src is None or src.bundle_keys is None or not src.prefix or "://" in src.prefix
             or not tf.executing_eagerly() or not the_plan.matches):
         return None

@@ -298,3 +298,82 @@ def test_mixed_precision_members_hold_their_float32_values(flavour):
     x = tf.ones((2, 16))
     np.testing.assert_allclose(ensemble(x, mode="loop").numpy(),
                                np.stack([n(x).numpy() for n in nets]), rtol=1e-3)
+
+
+class Counted(tf.Module):
+    """A training module: an int64 step counter beside float weights (the kernel above
+    `_fastio.MAP_BYTES`, so it takes the loader's read-into-a-new-tensor path)."""
+
+    def __init__(self, k: int = 0):
+        super().__init__()
+        self.step = tf.Variable(10 + k, dtype=tf.int64)
+        init = tf.random.stateless_normal
+        self.kernel = tf.Variable(init((512, 1024), seed=(k, 1)))
+        self.bias = tf.Variable(init((16,), seed=(k, 2)))
+
+    def __call__(self, x):
+        return tf.reduce_sum(self.kernel) * x + tf.reduce_sum(self.bias)
+
+
+def _loader_calls(monkeypatch) -> dict:
+    """Counts the TF checkpoint loader's verify and assign calls."""
+    from objckpt._bundle import fastio as _fastio
+
+    calls = {"verify": 0, "assign": 0}
+    for name in calls:
+        original = getattr(_fastio.Loader, name)
+
+        def counted(self, _original=original, _name=name):
+            calls[_name] += 1
+            return _original(self)
+
+        monkeypatch.setattr(_fastio.Loader, name, counted)
+    return calls
+
+
+def test_tf_checkpoints_stream_into_each_member_step_and_weights_exact(tmp_path, monkeypatch):
+    """Streamed from TF checkpoints (checksums first, then one tensor at a time into each
+    clone): every member's int64 step and weights are its checkpoint's, bit for bit, and
+    the template keeps its own (the loader assigned nothing into it)."""
+    from objckpt._bundle import fastio as _fastio
+
+    nets = [Counted(k) for k in range(3)]
+    prefixes = [objckpt.save(n, tmp_path / f"run{k}" / "ckpt") for k, n in enumerate(nets)]
+    monkeypatch.setattr(_fastio, "STREAM_BYTES", 1)
+    calls = _loader_calls(monkeypatch)
+    template = Counted(7)
+    before = values(objckpt.tree(template))
+    ensemble = objckpt.load_ensemble(template, prefixes)
+    assert calls == {"verify": 3, "assign": 3}  # streamed, every member checked first
+    assert [int(m.step) for m in ensemble.members] == [10, 11, 12]
+    for member, net in zip(ensemble.members, nets):
+        for name in ("step", "kernel", "bias"):
+            got, want = getattr(member, name), getattr(net, name)
+            assert got.dtype == want.dtype
+            assert got.numpy().tobytes() == want.numpy().tobytes(), name
+    after = values(objckpt.tree(template))
+    assert all(after[p].tobytes() == before[p].tobytes() for p in before)
+    x = tf.constant(2.0)
+    assert ensemble(x, mode="loop").numpy().tolist() == [float(n(x)) for n in nets]
+
+
+def test_a_damaged_last_tf_checkpoint_assigns_no_member(tmp_path, monkeypatch):
+    """The streamed route checks every member's checksums before any member exists: a
+    flipped byte in the last checkpoint's data raises naming that member, and no loader
+    assigned anything."""
+    from objckpt._bundle import fastio as _fastio
+
+    prefixes = [objckpt.save(Counted(k), tmp_path / f"run{k}" / "ckpt") for k in range(2)]
+    data = f"{prefixes[1]}.data-00000-of-00001"
+    raw = bytearray(open(data, "rb").read())
+    raw[len(raw) // 2] ^= 0xFF  # inside the kernel
+    with open(data, "wb") as f:
+        f.write(raw)
+    monkeypatch.setattr(_fastio, "STREAM_BYTES", 1)
+    calls = _loader_calls(monkeypatch)
+    template = Counted(7)
+    with pytest.raises(errors.CheckpointCorruptError, match=r"member 1 .*kernel") as caught:
+        objckpt.load_ensemble(template, prefixes)
+    assert "checksum" in str(caught.value)
+    assert calls == {"verify": 2, "assign": 0}
+    assert int(template.step) == 17
