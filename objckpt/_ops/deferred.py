@@ -430,8 +430,11 @@ class PendingRestore(_CreationWatch):
         `assert_done`) and nothing of the batch is assigned."""
         if not ready:
             return
-        unread = [entry for entry, _, value in ready if value is None]
-        read = iter(self._values(unread))
+        # Values of variables just created: streamed into them (checked from metadata
+        # first) where the source allows it, as those of the variables that existed.
+        unread = [(entry, variable) for entry, variable, value in ready if value is None]
+        read = iter(self._values([entry for entry, _ in unread],
+                                 [variable for _, variable in unread]))
         checked = [(entry, variable, next(read) if value is None else value)
                    for entry, variable, value in ready]
         wrong = {id(v) for v, _, _ in self._pipe.misfits([(v, value)

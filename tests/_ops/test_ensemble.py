@@ -315,36 +315,38 @@ class Counted(tf.Module):
         return tf.reduce_sum(self.kernel) * x + tf.reduce_sum(self.bias)
 
 
-def _loader_calls(monkeypatch) -> dict:
-    """Counts the TF checkpoint loader's verify and assign calls."""
-    from objckpt._bundle import fastio as _fastio
+def _fetch_calls(monkeypatch) -> list:
+    """The number of values of every fetch-stage call."""
+    from objckpt._planning import pipeline as _pipeline
 
-    calls = {"verify": 0, "assign": 0}
-    for name in calls:
-        original = getattr(_fastio.Loader, name)
+    calls = []
+    fetch = _pipeline.Pipeline.fetch
 
-        def counted(self, _original=original, _name=name):
-            calls[_name] += 1
-            return _original(self)
+    def counted(self, the_plan, variables, matches=None):
+        values = fetch(self, the_plan, variables, matches)
+        calls.append(len(values))
+        return values
 
-        monkeypatch.setattr(_fastio.Loader, name, counted)
+    monkeypatch.setattr(_pipeline.Pipeline, "fetch", counted)
     return calls
 
 
-def test_tf_checkpoints_stream_into_each_member_step_and_weights_exact(tmp_path, monkeypatch):
-    """Streamed from TF checkpoints (checksums first, then one tensor at a time into each
-    clone): every member's int64 step and weights are its checkpoint's, bit for bit, and
-    the template keeps its own (the loader assigned nothing into it)."""
+def test_tf_checkpoints_read_into_each_member_as_created_step_and_weights_exact(
+        tmp_path, monkeypatch):
+    """Above the streaming size each member's variables are created from values read one
+    at a time from its TF checkpoint (each variable adopts the tensor read): every
+    member's int64 step and weights are its checkpoint's, bit for bit, and the template
+    keeps its own."""
     from objckpt._bundle import fastio as _fastio
 
     nets = [Counted(k) for k in range(3)]
     prefixes = [objckpt.save(n, tmp_path / f"run{k}" / "ckpt") for k, n in enumerate(nets)]
     monkeypatch.setattr(_fastio, "STREAM_BYTES", 1)
-    calls = _loader_calls(monkeypatch)
+    calls = _fetch_calls(monkeypatch)
     template = Counted(7)
     before = values(objckpt.tree(template))
     ensemble = objckpt.load_ensemble(template, prefixes)
-    assert calls == {"verify": 3, "assign": 3}  # streamed, every member checked first
+    assert calls == [1] * 9  # 3 members x 3 variables, each read alone
     assert [int(m.step) for m in ensemble.members] == [10, 11, 12]
     for member, net in zip(ensemble.members, nets):
         for name in ("step", "kernel", "bias"):
@@ -355,25 +357,32 @@ def test_tf_checkpoints_stream_into_each_member_step_and_weights_exact(tmp_path,
     assert all(after[p].tobytes() == before[p].tobytes() for p in before)
     x = tf.constant(2.0)
     assert ensemble(x, mode="loop").numpy().tolist() == [float(n(x)) for n in nets]
+    # Below the streaming size: every member's values fetched at once, the same members.
+    monkeypatch.setattr(_fastio, "STREAM_BYTES", 1 << 40)
+    del calls[:]
+    again = objckpt.load_ensemble(template, prefixes)
+    assert calls == [3, 3, 3]
+    assert [int(m.step) for m in again.members] == [10, 11, 12]
 
 
-def test_a_damaged_last_tf_checkpoint_assigns_no_member(tmp_path, monkeypatch):
-    """The streamed route checks every member's checksums before any member exists: a
-    flipped byte in the last checkpoint's data raises naming that member, and no loader
-    assigned anything."""
+def test_a_damaged_last_tf_checkpoint_gives_no_ensemble(tmp_path, monkeypatch):
+    """A flipped byte in the last checkpoint's kernel, read as its member is created: the
+    error names that member and the entry, no ensemble is returned and the template keeps
+    its values."""
     from objckpt._bundle import fastio as _fastio
 
     prefixes = [objckpt.save(Counted(k), tmp_path / f"run{k}" / "ckpt") for k in range(2)]
     data = f"{prefixes[1]}.data-00000-of-00001"
     raw = bytearray(open(data, "rb").read())
-    raw[len(raw) // 2] ^= 0xFF  # inside the kernel
+    raw[raw.find(Counted(1).kernel.numpy().tobytes()) + 4096] ^= 0xFF
     with open(data, "wb") as f:
         f.write(raw)
     monkeypatch.setattr(_fastio, "STREAM_BYTES", 1)
-    calls = _loader_calls(monkeypatch)
     template = Counted(7)
-    with pytest.raises(errors.CheckpointCorruptError, match=r"member 1 .*kernel") as caught:
+    before = values(objckpt.tree(template))
+    with pytest.raises(errors.CheckpointCorruptError,
+                       match=r"member 1 .*damaged.*`kernel/\.ATTRIBUTES") as caught:
         objckpt.load_ensemble(template, prefixes)
-    assert "checksum" in str(caught.value)
-    assert calls == {"verify": 2, "assign": 0}
-    assert int(template.step) == 17
+    assert caught.value.source == str(prefixes[1])
+    after = values(objckpt.tree(template))
+    assert all(after[p].tobytes() == before[p].tobytes() for p in before)
