@@ -404,7 +404,8 @@ class PendingRestore(_CreationWatch):
     def _values(self, entries, variables=None) -> list:
         """The entries' values, read (and transformed) eagerly, outside any tf.function (the
         pipeline's fetch stage). Given the entries' `variables` (that exist now) and a
-        source read one tensor at a time, no value is read: each is a `_Streamed`
+        source read one tensor at a time (safetensors, a local TF checkpoint above the
+        streaming size), no value is read: each is a `_Streamed`
         placeholder (its source shape and dtype) whose checked loader reads it into its
         variable at the assign stage (`_apply_all`)."""
         if variables is not None and entries and all(e.transform is None for e in entries):

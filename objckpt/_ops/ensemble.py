@@ -1,9 +1,10 @@
 """Ensembles: N independent members of one architecture, each from its own source.
 
-`load_ensemble(template, sources)` clones the template once per source and
-restores each clone from its source (all validated before anything is
-assigned). Calling the `Ensemble` evaluates every member on the same input
-and stacks the outputs on a new leading axis.
+`load_ensemble(template, sources)` clones the template once per source, each
+clone's variables created from its source's values (every source checked from
+metadata before any member exists; a large one read one tensor at a time as the
+clone's variables are created). Calling the `Ensemble` evaluates every member on
+the same input and stacks the outputs on a new leading axis.
 
 Batched evaluation
 ------------------
@@ -112,9 +113,13 @@ def load_ensemble(template, sources: Sequence, *, rules=None, at: str | None = N
     Each member is an `objckpt.clone` of the template (its own variables; the
     template is not changed) filled from its source through the stages
     `objckpt.restore` runs (one pipeline: the same plan, checks and messages).
-    Every source is opened, planned and read before any member is filled, so a
-    bad source is reported (naming the member and the source) before any work
-    on the others.
+    Every source is opened, planned and checked from metadata before any member
+    is made, so a bad source is reported (naming the member and the source)
+    before any work on the others. A large file or checkpoint is read one
+    tensor at a time as its member's variables are created (each variable
+    adopts the tensor read: memory beyond the members stays near the largest
+    tensor); a value that cannot be read then raises, naming the member, and no
+    ensemble is returned (the template is never changed).
 
     Args:
       template: a built obj of the architecture: a Keras model of any flavour

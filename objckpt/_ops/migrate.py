@@ -148,10 +148,16 @@ def migrate(obj, source, prefix, *, rules=None, at: str | None = None, strict: b
       task and error) and nothing is written. A rule's transform that fails
       on one worker only, later, while values stream, is not agreed on.
 
+    Values stream one tensor at a time (memory beyond obj: about the largest tensor).
+    Everything is checked from metadata before a byte is read; what only reading shows
+    (a damaged or truncated source entry, a rule's transform that fails or gives a value
+    that does not fit) raises while values stream, and nothing is written at `prefix`.
+
     Raises:
-      StructureMismatchError: an incomplete, ambiguous or mismatched plan;
-        nothing is written.
-      CheckpointCorruptError: the written checkpoint failed verification.
+      StructureMismatchError: an incomplete, ambiguous or mismatched plan, or a rule's
+        transform whose value does not fit; nothing is written.
+      CheckpointCorruptError: a source entry that cannot be read, or the written
+        checkpoint failed verification; nothing is written.
 
     Example:
       >>> objckpt.migrate(keras3_model, "tf1/model.ckpt-1000", "migrated/ckpt",
