@@ -278,15 +278,15 @@ def _read_on_create(source, the_plan, variables) -> bool:
     """Whether a member's values are read as its variables are created (`_ReadOnCreate`):
     eagerly, from a file or checkpoint (not a Snapshot, whose values are in memory) of at
     least `_fastio.STREAM_BYTES` (below it, one read of everything is faster), into plain
-    variables (distributed ones are created with their values on every replica and
-    SyncOnRead ones assigned after, as `objckpt.restore` does: values fetched first)."""
+    variables (distributed ones are created with their values on every replica, and
+    SyncOnRead ones assigned after as `objckpt.restore` does: values fetched first)."""
     from objckpt._bundle import fastio as _fastio
 
     if not tf.executing_eagerly() or source.kind == "snapshot" or not the_plan.matches:
         return False
     targets = [variables[m.target] for m in the_plan.matches]
     if any(_compat.replica_parts(v) is not None or _compat.is_distributed_variable(type(v))
-           or v.synchronization == tf.VariableSynchronization.ON_READ for v in targets):
+           for v in targets):
         return False
     return sum(_nbytes(v) for v in targets) >= _fastio.STREAM_BYTES
 
@@ -303,14 +303,14 @@ def _member(pipe, template, value_of):
     aggregate (a SUM variable's replicas get value / replicas), as objckpt.restore does.
     Then the state Keras layers derive from variables is refreshed."""
     ids = list(value_of.keys())
-    given = value_of if isinstance(value_of, _ReadOnCreate) else dict(value_of)
-    read = given.read if isinstance(given, _ReadOnCreate) else given.__getitem__
+    lazy = isinstance(value_of, _ReadOnCreate)  # plain variables only: no strategy
+    read = value_of.read if lazy else dict(value_of).__getitem__
     member, copies = _clone.clone_with_values(template, value_of)
-    if getattr(value_of, "failure", None) is not None:
+    if lazy and value_of.failure is not None:
         raise value_of.failure
     pipe.assign_pairs([(copies[key], read(key)) for key in ids
-                       if key in value_of or copies[key].synchronization
-                       == tf.VariableSynchronization.ON_READ])
+                       if key in value_of or (not lazy and copies[key].synchronization
+                                              == tf.VariableSynchronization.ON_READ)])
     # Tensors cached from variables (Normalization's mean) come from the template's:
     # computed from this member's values; LoRA factors the source lacks are zeroed.
     pipe.refresh([copies[key] for key in ids], obj=member)
