@@ -13,6 +13,14 @@ and compared with the largest tensor plus the model's bytes.
 restore_on_create: an unbuilt Keras MLP (a) given values with
 `restore_on_create` then called once, against the same model built by a call
 and then restored with `objckpt.restore`; interleaved, fresh models each time.
+
+peak_memory: the peak anonymous memory (RssAnon sampled every ms) each restore
+path holds beyond the live model(s): restore, restore_on_create (variables that
+exist, and, from a TF checkpoint, variables created later), load_ensemble (two
+members), migrate and export, from a sharded safetensors folder and a TF
+checkpoint of the same tensors (512 MiB with a 64 MiB largest tensor by default),
+one fresh child process each. `python benchmarks/bench_migrate.py --peak-table
+[TOTAL_MIB LARGEST_MIB [DIR [OPERATIONS]]]` prints the table.
 """
 
 from __future__ import annotations
@@ -300,6 +308,7 @@ def _peak_child(operation: str, kind: str, spec_path: str, out: str) -> None:
     if operation == "load_ensemble":
         made = len(sources) * model_bytes
     gc.collect()
+    held = []
     with PeakAnon() as peak:
         if operation == "restore":
             objckpt.restore(target, sources[0])
@@ -313,7 +322,7 @@ def _peak_child(operation: str, kind: str, spec_path: str, out: str) -> None:
                 del built
             pending.assert_done()
         elif operation == "load_ensemble":
-            kept = objckpt.load_ensemble(target, sources)
+            held.append(objckpt.load_ensemble(target, sources))  # alive until the end
         elif operation == "migrate":
             objckpt.migrate(target, sources[0], os.path.join(out, "ckpt"), progress=False)
         elif operation == "export":

@@ -30,9 +30,9 @@ of a tree planned into this one before (the cached plan), a large local TF check
 (values fetched whole). `Pipeline.dry_run` runs stages 1-3 for `objckpt.plan`. migrate
 runs 1-3 and 5, then fetches one value at a time (small ones a few at a time) while it
 writes them. load_ensemble runs 1-3 and 5 for every member before any exists, and 4 before
-or, from a large file or checkpoint, as each member's variables are created. `restore_on_create` runs 1-5
-for the variables that exist and 4, 6 and 7 for each variable when it is created (the same
-pipeline, in a "not yet created" state: `Pipeline.plan_paths`).
+or, from a large file or checkpoint, as each member's variables are created.
+`restore_on_create` runs 1-5 for the variables that exist and 4, 6 and 7 for each variable
+when it is created (the same pipeline, in a "not yet created" state: `Pipeline.plan_paths`).
 
 Nothing before stage 6 assigns a variable or writes a file (building an optimizer that
 holds no state yet is the one change, as the next training step would make it anyway), so
