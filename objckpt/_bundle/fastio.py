@@ -491,7 +491,9 @@ class Loader:
                     raise self._corrupt(key, "was cut short while it was read")
                 # The variable adopts the new buffer (AssignVariableOp shares its input);
                 # the old one is freed, or kept by what shares it (a Snapshot), unchanged.
-                variable.assign(value, read_value=False)
+                # Through `assign_to`, as every value: the caller's variable may be another
+                # (a clone's) or no variable at all (a checkpoint being written).
+                self._assign_to(variable, value)
             return
         data = os.pread(fd, entry.size, entry.offset)
         if len(data) != entry.size:

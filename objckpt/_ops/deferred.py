@@ -404,7 +404,8 @@ class PendingRestore(_CreationWatch):
     def _values(self, entries, variables=None) -> list:
         """The entries' values, read (and transformed) eagerly, outside any tf.function (the
         pipeline's fetch stage). Given the entries' `variables` (that exist now) and a
-        source read one tensor at a time, no value is read: each is a `_Streamed`
+        source read one tensor at a time (safetensors, a local TF checkpoint above the
+        streaming size), no value is read: each is a `_Streamed`
         placeholder (its source shape and dtype) whose checked loader reads it into its
         variable at the assign stage (`_apply_all`)."""
         if variables is not None and entries and all(e.transform is None for e in entries):
@@ -430,8 +431,11 @@ class PendingRestore(_CreationWatch):
         `assert_done`) and nothing of the batch is assigned."""
         if not ready:
             return
-        unread = [entry for entry, _, value in ready if value is None]
-        read = iter(self._values(unread))
+        # Values of variables just created: streamed into them (checked from metadata
+        # first) where the source allows it, as those of the variables that existed.
+        unread = [(entry, variable) for entry, variable, value in ready if value is None]
+        read = iter(self._values([entry for entry, _ in unread],
+                                 [variable for _, variable in unread]))
         checked = [(entry, variable, next(read) if value is None else value)
                    for entry, variable, value in ready]
         wrong = {id(v) for v, _, _ in self._pipe.misfits([(v, value)

@@ -1,9 +1,10 @@
 """Ensembles: N independent members of one architecture, each from its own source.
 
-`load_ensemble(template, sources)` clones the template once per source and
-restores each clone from its source (all validated before anything is
-assigned). Calling the `Ensemble` evaluates every member on the same input
-and stacks the outputs on a new leading axis.
+`load_ensemble(template, sources)` clones the template once per source, each
+clone's variables created from its source's values (every source checked from
+metadata before any member exists; a large one read one tensor at a time as the
+clone's variables are created). Calling the `Ensemble` evaluates every member on
+the same input and stacks the outputs on a new leading axis.
 
 Batched evaluation
 ------------------
@@ -112,9 +113,13 @@ def load_ensemble(template, sources: Sequence, *, rules=None, at: str | None = N
     Each member is an `objckpt.clone` of the template (its own variables; the
     template is not changed) filled from its source through the stages
     `objckpt.restore` runs (one pipeline: the same plan, checks and messages).
-    Every source is opened, planned and read before any member is filled, so a
-    bad source is reported (naming the member and the source) before any work
-    on the others.
+    Every source is opened, planned and checked from metadata before any member
+    is made, so a bad source is reported (naming the member and the source)
+    before any work on the others. A large file or checkpoint is read one
+    tensor at a time as its member's variables are created (each variable
+    adopts the tensor read: memory beyond the members stays near the largest
+    tensor); a value that cannot be read then raises, naming the member, and no
+    ensemble is returned (the template is never changed).
 
     Args:
       template: a built obj of the architecture: a Keras model of any flavour
@@ -197,63 +202,119 @@ def load_ensemble(template, sources: Sequence, *, rules=None, at: str | None = N
         return Ensemble(_load_with_optimizers(pipe, template, sources, member_rules, failing,
                                               about, then))
     # Clones share the template's paths, so every source is opened, then planned against
-    # the template (once per distinct source structure) and read before any member
-    # exists, and the workers agree once; each member's variables are then created with
-    # their values.
-    # A source read one tensor at a time (safetensors, a large local TF checkpoint) is
-    # checked from metadata here and read straight into the member's variables once the
-    # member exists, so no member's values are held in memory beyond the largest tensor.
+    # the template (once per distinct source structure) and checked from metadata before
+    # any member exists, and the workers agree once; each member's variables are then
+    # created with their values. A large source (a file or checkpoint) is read as each
+    # variable of the member is created, one tensor at a time, the variable adopting the
+    # tensor read (`_ReadOnCreate`): nothing is held beyond the members but the tensor being
+    # read. Smaller ones, Snapshots and distributed variables: values fetched first.
     plans: dict = {}
-    loaded = []  # per member: (values by id(template variable), loader or None)
-    targets: list = []  # per member: id(template object) -> its clone's copy, once made
-    try:
-        with pipe.decided(lambda: variables, about=about, then=then):
-            opened = []
-            for failing[0], source in enumerate(sources):
-                opened.append(pipe.open(source))
-            for failing[0], (source, member_rule) in enumerate(zip(opened, member_rules)):
-                the_plan = _plan_for(pipe, variables, source, member_rule, plans)
-                targets.append({})
-                loader = pipe.fetch_streamed(
-                    source, the_plan, variables,
-                    into=lambda variable, copies=targets[-1]: copies[id(variable)])
-                if loader is not None:
-                    loaded.append(({id(variables[m.target]): None
-                                    for m in the_plan.matches}, loader))
-                    continue
-                values = pipe.fetch(the_plan, variables)
-                loaded.append(({id(variables[m.target]): v
-                                for m, v in zip(the_plan.matches, values)}, None))
-        network = _compat.network_variable_paths(template)
-        members, trees = [], []
-        for k, (value_of, loader) in enumerate(loaded):
-            given = dict(value_of)  # clone_with_values takes the values it creates from
-            if loader is not None:  # zeros, then the loader's tensors one at a time
-                value_of = {}
-            member, copies = _clone.clone_with_values(template, value_of)
-            if loader is not None:
-                targets[k].update(copies)
-                loaded[k] = (None, None)
-                pipe.assign_streamed(loader)
-            else:
-                # Assigned: what was not created from its value (a wrapper), and SyncOnRead
-                # variables under a strategy, which TF creates with the value on every
-                # replica but restores as a checkpoint's aggregate (a SUM variable's
-                # replicas get value / replicas), as objckpt.restore does.
-                pipe.assign_pairs([(copies[key], value) for key, value in given.items()
-                                   if key in value_of or copies[key].synchronization
-                                   == tf.VariableSynchronization.ON_READ])
-            # Tensors cached from variables (Normalization's mean) come from the
-            # template's: computed from this member's values; LoRA factors the source
-            # lacks are zeroed.
-            pipe.refresh([copies[key] for key in given], obj=member)
-            members.append(member)
-            trees.append({path: copies[id(v)] for path, v in network})
-    finally:  # a failure: the loaders not yet assigned let their files go
-        for _, loader in loaded:
-            if loader is not None:
-                loader.close()
+    loaded = []  # per member: {id(template variable): value}, or a _ReadOnCreate
+    with pipe.decided(lambda: variables, about=about, then=then):
+        opened = []
+        for failing[0], source in enumerate(sources):
+            opened.append(pipe.open(source))
+        for failing[0], (source, member_rule) in enumerate(zip(opened, member_rules)):
+            the_plan = _plan_for(pipe, variables, source, member_rule, plans)
+            if _read_on_create(source, the_plan, variables):
+                loaded.append(_ReadOnCreate(pipe, the_plan, variables))
+                continue
+            values = pipe.fetch(the_plan, variables)
+            loaded.append({id(variables[m.target]): v for m, v in zip(the_plan.matches, values)})
+    network = _compat.network_variable_paths(template)
+    members, trees = [], []
+    for failing[0], value_of in enumerate(loaded):
+        loaded[failing[0]] = None  # the member's values go with it
+        try:
+            member, copies = _member(pipe, template, value_of)
+        except errors.ObjckptError as err:
+            about(err)
+            raise then(err) from err
+        members.append(member)
+        trees.append({path: copies[id(v)] for path, v in network})
     return Ensemble._of_clones(members, trees)
+
+
+class _ReadOnCreate:
+    """A member's values by id(template variable), each read from its source (the fetch
+    stage: read, transformed, checked and cast) when the clone's variable is created
+    (`pop`, as `clone_with_values` takes it), so the variable adopts the tensor read and
+    no other value is held. A read that fails is kept (`failure`) and raised once the
+    walk ends (the clone, never returned, is dropped); later variables start as zeros."""
+
+    def __init__(self, pipe, the_plan, variables):
+        self._pipe, self._plan, self._variables = pipe, the_plan, variables
+        self._match_of = {id(variables[m.target]): m for m in the_plan.matches}
+        self.failure = None
+
+    def __len__(self) -> int:
+        return len(self._match_of)
+
+    def __contains__(self, key) -> bool:
+        return key in self._match_of
+
+    def keys(self) -> list:
+        return list(self._match_of)
+
+    def read(self, key):
+        """The value of the variable of id `key`, read now (kept in the mapping)."""
+        (value,) = self._pipe.fetch(self._plan, self._variables, [self._match_of[key]])
+        return value
+
+    def pop(self, key, default=None):
+        if key not in self._match_of or self.failure is not None:
+            self._match_of.pop(key, None)
+            return default
+        try:
+            value = self.read(key)
+        except Exception as err:  # noqa: BLE001 - raised by _member, after the walk
+            self.failure = err
+            return default
+        del self._match_of[key]
+        return value
+
+
+def _read_on_create(source, the_plan, variables) -> bool:
+    """Whether a member's values are read as its variables are created (`_ReadOnCreate`):
+    eagerly, from a file or checkpoint (not a Snapshot, whose values are in memory) of at
+    least `_fastio.STREAM_BYTES` (below it, one read of everything is faster), into plain
+    variables (distributed ones are created with their values on every replica, and
+    SyncOnRead ones assigned after as `objckpt.restore` does: values fetched first)."""
+    from objckpt._bundle import fastio as _fastio
+
+    if not tf.executing_eagerly() or source.kind == "snapshot" or not the_plan.matches:
+        return False
+    targets = [variables[m.target] for m in the_plan.matches]
+    if any(_compat.replica_parts(v) is not None or _compat.is_distributed_variable(type(v))
+           for v in targets):
+        return False
+    return sum(_nbytes(v) for v in targets) >= _fastio.STREAM_BYTES
+
+
+def _nbytes(variable) -> int:
+    return (variable.shape.num_elements() or 0) * variable.dtype.size
+
+
+def _member(pipe, template, value_of):
+    """(member, copies): a clone of the template whose variables are created from
+    `value_of` (a dict of values, or a `_ReadOnCreate`); what was not created from its
+    value (a wrapper) is assigned after, and so are SyncOnRead variables under a strategy,
+    which TF creates with the value on every replica but restores as a checkpoint's
+    aggregate (a SUM variable's replicas get value / replicas), as objckpt.restore does.
+    Then the state Keras layers derive from variables is refreshed."""
+    ids = list(value_of.keys())
+    lazy = isinstance(value_of, _ReadOnCreate)  # plain variables only: no strategy
+    read = value_of.read if lazy else dict(value_of).__getitem__
+    member, copies = _clone.clone_with_values(template, value_of)
+    if lazy and value_of.failure is not None:
+        raise value_of.failure
+    pipe.assign_pairs([(copies[key], read(key)) for key in ids
+                       if key in value_of or (not lazy and copies[key].synchronization
+                                              == tf.VariableSynchronization.ON_READ)])
+    # Tensors cached from variables (Normalization's mean) come from the template's:
+    # computed from this member's values; LoRA factors the source lacks are zeroed.
+    pipe.refresh([copies[key] for key in ids], obj=member)
+    return member, copies
 
 
 def _load_with_optimizers(pipe, template, sources, member_rules, failing, about,

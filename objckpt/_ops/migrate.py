@@ -1,13 +1,21 @@
 """Migration: a source's values written as an object-based checkpoint laid out for obj.
 
-The plan is the one `objckpt.plan` shows. Values are streamed: a group of
-tensors (one large tensor, or small ones up to `_GROUP_BYTES`) is read from
-the source, transformed, and written as one data shard with `SaveV2`; the
-shards are merged into one standard checkpoint with `MergeV2Checkpoints`, as
-TF's own sharded saver does. Peak memory stays near the largest tensor, not
-the checkpoint. Files are written under a temporary name and renamed, the
-index last; the merged result is read back (object graph, shapes, dtypes and
-every tensor's checksum) before it replaces anything at the prefix.
+The plan is the one `objckpt.plan` shows, checked from metadata (every entry's shape and
+dtype) before a byte is read. Values are streamed, one tensor at a time: the data file's
+layout follows from the planned shapes and dtypes (`_bundle.write`), so each value is read
+from the source (one large tensor alone, small ones a few MiB at a time), transformed,
+cast, checked against its variable, checksummed and written at its offset, then dropped;
+several threads read and write, the bytes in flight bounded by the largest tensor (or
+`_STREAM_SLACK`, where that is more), so peak memory stays near the largest tensor, not the
+checkpoint. Where objckpt's bundle writer cannot write (no native crc32c, a string
+variable, a graph being built), groups of tensors are written by `SaveV2` as shards merged
+by `MergeV2Checkpoints`, as TF's own sharded saver does.
+
+All or nothing: everything is written under a temporary name, and a read that fails while
+values stream (a damaged or truncated source, a rule's transform that raises or returns a
+value that does not fit) removes it, so nothing at the prefix changes and obj's variables
+are never written. The result is read back (object graph, shapes, dtypes and every
+tensor's checksum) before it replaces anything at the prefix, the index last.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import threading
 import time
 
 import tensorflow as tf
@@ -23,8 +32,10 @@ from objckpt import _compat, errors
 from objckpt._base import api as _api
 from objckpt._base import paths as _paths
 from objckpt._base import render as _render
+from objckpt._bundle import fastio as _fastio
 from objckpt._bundle import files as _files
 from objckpt._bundle import remote as _remote
+from objckpt._bundle import write as _bundlewrite
 from objckpt._inspect.verify import tensor_problems
 from objckpt._planning import match as _match
 from objckpt._planning import pipeline as _pipeline
@@ -32,7 +43,11 @@ from objckpt._planning import tree as _tree
 
 __all__ = ["migrate"]
 
-_GROUP_BYTES = 32 << 20  # small tensors are written together up to this size
+_GROUP_BYTES = 32 << 20  # SaveV2's route: small tensors are written together up to this size
+# The streamed route: source bytes in flight at once (the largest tensor's, or this many
+# where that is more), and small tensors read together up to `_READ_BYTES`.
+_STREAM_SLACK = 64 << 20
+_READ_BYTES = 4 << 20
 _PROGRESS_BYTES = 64 << 20  # inputs at least this big show progress on a terminal
 
 
@@ -59,8 +74,13 @@ class _Progress:
         self.total = max(total, 1)
         self.done = 0
         self.start = time.perf_counter()
+        self._lock = threading.Lock()
 
     def add(self, nbytes: int) -> None:
+        with self._lock:
+            self._add(nbytes)
+
+    def _add(self, nbytes: int) -> None:
         self.done += nbytes
         if self.enabled:
             rate = self.done / max(time.perf_counter() - self.start, 1e-9) / 1e6
@@ -128,10 +148,16 @@ def migrate(obj, source, prefix, *, rules=None, at: str | None = None, strict: b
       task and error) and nothing is written. A rule's transform that fails
       on one worker only, later, while values stream, is not agreed on.
 
+    Values stream one tensor at a time (memory beyond obj: about the largest tensor).
+    Everything is checked from metadata before a byte is read; what only reading shows
+    (a damaged or truncated source entry, a rule's transform that fails or gives a value
+    that does not fit) raises while values stream, and nothing is written at `prefix`.
+
     Raises:
-      StructureMismatchError: an incomplete, ambiguous or mismatched plan;
-        nothing is written.
-      CheckpointCorruptError: the written checkpoint failed verification.
+      StructureMismatchError: an incomplete, ambiguous or mismatched plan, or a rule's
+        transform whose value does not fit; nothing is written.
+      CheckpointCorruptError: a source entry that cannot be read, or the written
+        checkpoint failed verification; nothing is written.
 
     Example:
       >>> objckpt.migrate(keras3_model, "tf1/model.ckpt-1000", "migrated/ckpt",
@@ -167,12 +193,19 @@ def migrate(obj, source, prefix, *, rules=None, at: str | None = None, strict: b
     work = _remote.new_folder("migrate") if remote else _files.temp_prefix(prefix)
     tf.io.gfile.makedirs(work)
     meter = _Progress(sum(_nbytes(specs[p]) for p in paths), progress)
+    # With the edges TF writes besides each canonical path (a trained Keras 3 model's layers
+    # reach weights its optimizer lists first), as `objckpt.save` writes them.
+    graph = _tree.build_object_graph(paths, [_compat.variable_name(variables[p]) for p in paths],
+                                     variables.graph_aliases())
     try:
-        parts = _write_parts(pipe, work, paths, specs, fed, variables, the_plan, meter)
         merged = os.path.join(work, "merged")
-        with tf.device("/cpu:0"):
-            tf.raw_ops.MergeV2Checkpoints(checkpoint_prefixes=parts, destination_prefix=merged,
-                                          delete_old_dirs=False)
+        if not _write_streamed(pipe, src, merged, paths, specs, fed, variables, the_plan,
+                               meter, graph):
+            parts = _write_parts(pipe, work, paths, specs, fed, variables, the_plan, meter,
+                                 graph)
+            with tf.device("/cpu:0"):
+                tf.raw_ops.MergeV2Checkpoints(checkpoint_prefixes=parts,
+                                              destination_prefix=merged, delete_old_dirs=False)
         _verify(merged, prefix, specs)  # before it replaces anything at `prefix`
         # Under MultiWorkerMirroredStrategy the chief commits; the others, whose reads were
         # the same (collective) ones, drop their copy with `work`, as TF's non-chiefs do.
@@ -189,11 +222,102 @@ def migrate(obj, source, prefix, *, rules=None, at: str | None = None, strict: b
     return prefix
 
 
-def _write_parts(pipe, work, paths, specs, fed, variables, the_plan, meter) -> list[str]:
-    names = [_compat.variable_name(variables[p]) for p in paths]
-    # With the edges TF writes besides each canonical path (a trained Keras 3 model's layers
-    # reach weights its optimizer lists first), as `objckpt.save` writes them.
-    graph = _tree.build_object_graph(paths, names, variables.graph_aliases())
+def _write_streamed(pipe, src, merged, paths, specs, fed, variables, the_plan, meter,
+                    graph) -> bool:
+    """Writes the checkpoint at the prefix `merged` one tensor at a time with objckpt's
+    bundle writer (one data file, one index); False where it cannot (nothing written then):
+    no native crc32c, a graph being built, or a variable of a dtype it does not write
+    (strings)."""
+    crc = _fastio.native_crc32c()
+    placeholders = [tf.TensorSpec(specs[p][0], specs[p][1]) for p in paths]
+    if (crc is None or not tf.executing_eagerly() or any(s.dtype == tf.string
+                                                         for s in placeholders)
+            or not _bundlewrite.supported(placeholders)):
+        return False
+    keys = [_paths.checkpoint_key(p) for p in paths] + [_compat.OBJECT_GRAPH_KEY]
+    items = _bundlewrite.plan(keys, [*placeholders, tf.constant(graph.SerializeToString())],
+                              crc)
+    item_of = dict(zip(paths, items))
+    fd = os.open(f"{merged}.data-00000-of-00001", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.ftruncate(fd, _bundlewrite.data_bytes(items))
+
+        def write(path, value) -> None:
+            item = item_of[path]
+            if value.dtype != specs[path][1]:
+                value = tf.cast(value, specs[path][1])
+            if tuple(value.shape) != tuple(specs[path][0]):  # the fetch stage checked it
+                raise errors.StructureMismatchError(
+                    f"objckpt.migrate: the value for `{path}` has shape "
+                    f"{tuple(value.shape)}, not the {tuple(specs[path][0])} planned for it. "
+                    "Nothing was written. Fix: make the rule's transform return the "
+                    "variable's shape.", (path,))
+            item.tensor = value
+            try:
+                _bundlewrite.write_item(fd, item, crc)
+            finally:
+                item.tensor = None
+            meter.add(item.size)
+
+        _bundlewrite.write_item(fd, items[-1], crc)  # the object graph
+        _stream_matches(pipe, src, [fed[p] for p in paths if p in fed], specs, variables,
+                        the_plan, write)
+        for path in paths:  # obj's own values (strict=False), in order (a collective each
+            if path not in fed:  # for a SyncOnRead variable under a multi-worker strategy)
+                write(path, _compat.read_value(variables[path]))
+    finally:
+        os.close(fd)
+    with open(f"{merged}.index", "wb") as f:
+        f.write(_bundlewrite.index(items, crc))
+    return True
+
+
+def _stream_matches(pipe, src, matches, specs, variables, the_plan, write) -> None:
+    """Every match's value fetched (read, transformed, checked and cast by the pipeline's
+    fetch stage) and passed to `write(path, value)`, then dropped: one large tensor at a
+    time, small ones a few MiB at a time; on several threads for a local TF checkpoint or a
+    format read one tensor at a time, the bytes read and not yet written bounded by the
+    largest tensor (or `_STREAM_SLACK`). The first failure stops the jobs not started."""
+    if not matches:
+        return
+    # A transformed or cast value is held twice for a moment: as read and as it becomes.
+    sizes = [_nbytes(specs[m.target]) * (2 if m.transform is not None or m.cast else 1)
+             for m in matches]
+    jobs, job, job_bytes = [], [], 0
+    for m, size in zip(matches, sizes):
+        if size >= _READ_BYTES:  # alone
+            jobs.append(([m], size))
+            continue
+        if job and job_bytes + size > _READ_BYTES:
+            jobs.append((job, job_bytes))
+            job, job_bytes = [], 0
+        job.append(m)
+        job_bytes += size
+    if job:
+        jobs.append((job, job_bytes))
+    gate = _fastio.Budget(max(max(sizes), _STREAM_SLACK))
+    failed = threading.Event()
+
+    def run(entry) -> None:
+        group, nbytes = entry
+        if failed.is_set():
+            return
+        try:
+            with gate.hold(nbytes):
+                for match, value in zip(group, pipe.fetch(the_plan, variables, group)):
+                    write(match.target, value)
+                    del value
+        except BaseException:
+            failed.set()
+            raise
+
+    parallel = src.stream is not None or (src.bundle_keys is not None and src.prefix
+                                          and not _remote.is_remote(src.prefix))
+    _fastio.run_all(run, jobs, _fastio.threads() if parallel else 1)
+
+
+def _write_parts(pipe, work, paths, specs, fed, variables, the_plan, meter,
+                 graph) -> list[str]:
     parts, group, group_bytes = [], [], 0
 
     def flush():

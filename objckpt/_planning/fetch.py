@@ -80,28 +80,18 @@ def converted(value, variable):
     return _compat.cast_value(value, variable)
 
 
-def streamed(src, the_plan: _match.Plan, variables, into=None):
+def streamed(src, the_plan: _match.Plan, variables):
     """A `_fastio.Loader` restoring the plan from a local TF checkpoint one tensor at a
     time after checking every checksum, or None (then values are fetched as a whole):
     inside a `tf.function`, with a rule's transform or a dtype cast, for distributed
     variables, and below
     `_fastio.STREAM_BYTES` (where reading everything at once and one fused assign is faster
-    and holding a second copy costs little).
+    and holding a second copy costs little)."""
+    def assign_to(variable, value):
+        variable.assign(value, read_value=False)
 
-    `into(variable)`, when given, is the variable each value is assigned to instead of
-    the planned one (of the same shape and dtype): a clone's, created after the loader was
-    checked (`load_ensemble`); only a format read one tensor at a time (safetensors) is
-    streamed so, a TF checkpoint's values are fetched whole then."""
-    if into is None:
-        def assign_to(variable, value):
-            variable.assign(value, read_value=False)
-    else:
-        def assign_to(variable, value):
-            into(variable).assign(value, read_value=False)
     if src is not None and src.stream is not None:
         return _streamed_by_tensor(src, the_plan, variables, assign_to)
-    if into is not None:  # a TF bundle into another obj's variables: fetched whole
-        return None
     if (src is None or src.bundle_keys is None or not src.prefix or "://" in src.prefix
             or not tf.executing_eagerly() or not the_plan.matches):
         return None
@@ -153,27 +143,42 @@ def _streamed_by_tensor(src, the_plan: _match.Plan, variables, assign_to):
 
 def streamed_pairs(src, pairs):
     """A loader (not yet checked) restoring `(source key, variable, label)` pairs one tensor
-    at a time from a format that reads so (`restore_on_create`'s variables that exist), or
-    None (then values are fetched whole): inside a `tf.function`, for distributed variables
-    or ones of unknown shape, below `_fastio.STREAM_BYTES`, or when any entry's shape
-    differs from its variable's or its dtype widens into it only by a lossy cast (the
-    fetched route reports those as it always has)."""
-    if src is None or src.stream is None or not pairs or not tf.executing_eagerly():
+    at a time (`restore_on_create`'s variables, existing or just created) from a format that
+    reads so, or from a local TF checkpoint (checksums checked first, as `streamed` reads
+    it), or None (then values are fetched whole): inside a `tf.function`, for distributed
+    variables or ones of unknown shape, below `_fastio.STREAM_BYTES`, or when any entry's
+    shape differs from its variable's or its dtype widens into it only by a lossy cast (a
+    TF checkpoint's: by any cast; the fetched route reports those as it always has)."""
+    if src is None or not pairs or not tf.executing_eagerly():
+        return None
+    bundle = (src.stream is None and src.bundle_keys is not None and bool(src.prefix)
+              and "://" not in src.prefix)
+    if src.stream is None and not bundle:
         return None
     for key, v, _ in pairs:
         shape, dtype = src.specs[key][:2]
         if (_compat.replica_parts(v) is not None or not v.shape.is_fully_defined()
                 or _compat.is_distributed_variable(type(v))
                 or tuple(shape) != tuple(v.shape)
-                or not _compat.lossless(dtype, v.dtype.base_dtype)):
+                or not _compat.lossless(dtype, v.dtype.base_dtype)
+                or (bundle and dtype != v.dtype.base_dtype)):
             return None
     from objckpt._bundle import fastio as _fastio
 
     if sum(v.shape.num_elements() * v.dtype.size for _, v, _ in pairs) < _fastio.STREAM_BYTES:
         return None
-    loader = src.stream(
-        [(key, v, label, None) for key, v, label in pairs],
-        lambda variable, value: variable.assign(value, read_value=False), converted)
+
+    def assign_to(variable, value):
+        variable.assign(value, read_value=False)
+
+    if bundle:
+        keys = src.bundle_keys([key for key, _, _ in pairs])
+        label_of = dict(zip(keys, (label for _, _, label in pairs)))
+        return _fastio.Loader(src.prefix, [(key, v, label) for key, (_, v, label)
+                                           in zip(keys, pairs)], assign_to,
+                              lambda key: f"for {label_of.get(key, key)}")
+    loader = src.stream([(key, v, label, None) for key, v, label in pairs], assign_to,
+                        converted)
     if loader.specs is None:
         loader.close()
         return None

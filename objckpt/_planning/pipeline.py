@@ -28,10 +28,11 @@ this very tree (nothing to open, plan or check: the whole tree assigned fused), 
 of a tree planned into this one before (the cached plan), a large local TF checkpoint
 (streamed: checked now, read into the variables at the assign stage), or any other source
 (values fetched whole). `Pipeline.dry_run` runs stages 1-3 for `objckpt.plan`. migrate
-runs 1-3 and 5, then fetches a group of values at a time while it writes them.
-load_ensemble runs 1-5 for every member before any exists. `restore_on_create` runs 1-5
-for the variables that exist and 4, 6 and 7 for each variable when it is created (the same
-pipeline, in a "not yet created" state: `Pipeline.plan_paths`).
+runs 1-3 and 5, then fetches one value at a time (small ones a few at a time) while it
+writes them. load_ensemble runs 1-3 and 5 for every member before any exists, and 4 before
+or, from a large file or checkpoint, as each member's variables are created.
+`restore_on_create` runs 1-5 for the variables that exist and 4, 6 and 7 for each variable
+when it is created (the same pipeline, in a "not yet created" state: `Pipeline.plan_paths`).
 
 Nothing before stage 6 assigns a variable or writes a file (building an optimizer that
 holds no state yet is the one change, as the next training step would make it anyway), so
@@ -226,13 +227,12 @@ class Pipeline:
         self._enter("fetch")
         return _fetch.fetch_entries(src, entries)
 
-    def fetch_streamed(self, src: _sources.Source, the_plan: _match.Plan, variables, *,
-                       into=None):
+    def fetch_streamed(self, src: _sources.Source, the_plan: _match.Plan, variables):
         """Stage 4 on the streamed route, where the source allows it (`_fetch.streamed`):
         a loader whose every entry was checked from metadata, nothing read or assigned
         (`assign_streamed` reads and assigns it later, one tensor at a time), or None
-        (then `fetch`). `into` maps a planned variable to the one assigned."""
-        return self.verify_streamed(_fetch.streamed(src, the_plan, variables, into))
+        (then `fetch`)."""
+        return self.verify_streamed(_fetch.streamed(src, the_plan, variables))
 
     def fetch_streamed_pairs(self, src: _sources.Source, pairs):
         """Stage 4 on the streamed route for `(source key, variable, label)` pairs read

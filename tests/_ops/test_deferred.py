@@ -268,3 +268,127 @@ def test_cancel_stops_waiting_and_unhooks():
     assert fresh.__dict__.get("build") is before and pending.done
     fresh(tf.ones((1, 2)))
     assert not np.array_equal(fresh.kernel.numpy(), saved[next(iter(saved))].numpy())
+
+
+# --- streamed: values read one tensor at a time into existing and new variables -------
+
+
+class _Steps(tf.Module):
+    """An int64 step counter and a kernel above `_fastio.MAP_BYTES`; `build()` creates
+    them (lazily), as a module's first call would."""
+
+    def build(self, seed=None):
+        self.step = tf.Variable(0 if seed is None else 10 + seed, dtype=tf.int64)
+        self.inner = tf.Module()
+        init = tf.zeros if seed is None else (
+            lambda shape: tf.random.stateless_normal(shape, seed=(seed, 1)))
+        self.inner.kernel = tf.Variable(init((512, 1024)))
+        return self
+
+
+def _loader_calls(monkeypatch) -> dict:
+    """Counts the TF checkpoint loader's verify and assign calls."""
+    from objckpt._bundle import fastio as _fastio
+
+    calls = {"verify": 0, "assign": 0}
+    for name in calls:
+        original = getattr(_fastio.Loader, name)
+
+        def counted(self, _original=original, _name=name):
+            calls[_name] += 1
+            return _original(self)
+
+        monkeypatch.setattr(_fastio.Loader, name, counted)
+    return calls
+
+
+@pytest.mark.parametrize("when", ["existing", "created later"])
+def test_a_tf_checkpoint_streams_into_variables(when, tmp_path, monkeypatch):
+    """Above the streaming size a TF checkpoint is read one tensor at a time (checksums
+    first) into the variables that exist and into those created later (each batch as it is
+    created), bit-equal to the saved values, int64 step included."""
+    from objckpt._bundle import fastio as _fastio
+
+    saved = _Steps().build(seed=4)
+    prefix = objckpt.save(saved, str(tmp_path / "ckpt"))
+    monkeypatch.setattr(_fastio, "STREAM_BYTES", 1)
+    calls = _loader_calls(monkeypatch)
+    module = _Steps().build() if when == "existing" else _Steps()
+    pending = objckpt.restore_on_create(module, prefix)
+    if when == "created later":
+        assert calls == {"verify": 0, "assign": 0} and len(pending.pending) == 2
+        module.build()
+    pending.assert_done()
+    assert calls["verify"] == calls["assign"] >= 1
+    assert int(module.step) == 14
+    assert module.inner.kernel.numpy().tobytes() == saved.inner.kernel.numpy().tobytes()
+
+
+def test_a_damaged_tf_checkpoint_streamed_changes_nothing(tmp_path, monkeypatch):
+    """A flipped byte in the kernel: the streamed route's checksums refuse it before
+    anything is assigned, naming the entry; the step keeps its value."""
+    from objckpt._bundle import fastio as _fastio
+
+    saved = _Steps().build(seed=5)
+    prefix = objckpt.save(saved, str(tmp_path / "ckpt"))
+    data = f"{prefix}.data-00000-of-00001"
+    raw = bytearray(open(data, "rb").read())
+    raw[raw.find(saved.inner.kernel.numpy().tobytes()) + 99] ^= 0x10
+    with open(data, "wb") as f:
+        f.write(raw)
+    monkeypatch.setattr(_fastio, "STREAM_BYTES", 1)
+    calls = _loader_calls(monkeypatch)
+    module = _Steps().build()
+    with pytest.raises(errors.CheckpointCorruptError, match=r"inner/kernel.*checksum"):
+        objckpt.restore_on_create(module, prefix)
+    assert calls == {"verify": 1, "assign": 0}
+    assert int(module.step) == 0 and not module.inner.kernel.numpy().any()
+
+
+@pytest.mark.parametrize("flavour", KERAS_FLAVOURS)
+@pytest.mark.parametrize("kind", ["safetensors", "tf"])
+def test_a_keras_model_built_later_streams_each_layer(flavour, kind, tmp_path, monkeypatch):
+    """A Keras model built after restore_on_create: the values of the layers, as they
+    build, are read one tensor at a time (a safetensors export through the plan, a TF
+    checkpoint by path), none fetched whole, and the model ends bit-equal to the one
+    saved."""
+    from objckpt._bundle import fastio as _fastio
+    from objckpt._formats import safetensors as _st
+
+    keras = keras_for(flavour)
+
+    def make(seed):
+        tf.random.set_seed(seed)
+        return keras.Sequential([keras.layers.Dense(256), keras.layers.Dense(64)])
+
+    saved = make(1)
+    saved(tf.ones((1, 128)))
+    if kind == "safetensors":
+        pytest.importorskip("safetensors")
+        source = objckpt.export(saved, str(tmp_path / "model.safetensors"))
+    else:
+        source = objckpt.save(saved, str(tmp_path / "ckpt"))
+    streamed = []
+    for cls in (_fastio.Loader, _st._Streamer):
+        def counted(self, _original=cls.assign):
+            streamed.append(type(self).__name__)
+            return _original(self)
+
+        monkeypatch.setattr(cls, "assign", counted)
+    from objckpt._planning import pipeline as _pipeline
+
+    whole = []
+    fetch_entries = _pipeline.Pipeline.fetch_entries
+    monkeypatch.setattr(_pipeline.Pipeline, "fetch_entries",
+                        lambda self, src, entries: whole.extend(entries)
+                        or fetch_entries(self, src, entries))
+    monkeypatch.setattr(_fastio, "STREAM_BYTES", 1)
+    model = make(2)
+    pending = objckpt.restore_on_create(model, source)
+    assert not streamed
+    model(tf.ones((1, 128)))
+    pending.assert_done()
+    assert set(streamed) == {"_Streamer" if kind == "safetensors" else "Loader"}
+    assert whole == []  # no value fetched whole
+    assert [w.tobytes() for w in model.get_weights()] == [
+        w.tobytes() for w in saved.get_weights()]

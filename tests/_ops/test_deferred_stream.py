@@ -110,10 +110,10 @@ def test_keras_model_streamed_by_both_doors(flavour, tmp_path, monkeypatch):
     want = [_bits(w) for w in exported.get_weights()]
     calls = _counted(monkeypatch)
     ensemble = objckpt.load_ensemble(build(2), [path, path])
-    assert calls["assign"] == 2
+    assert calls["assign"] == 0  # members created from values read one at a time
     for member in ensemble.members:
         assert [_bits(w) for w in member.get_weights()] == want
     model = build(3)
     objckpt.restore_on_create(model, path).assert_done()
-    assert calls["assign"] == 3
+    assert calls["assign"] == 1
     assert [_bits(w) for w in model.get_weights()] == want

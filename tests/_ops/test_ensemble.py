@@ -298,3 +298,123 @@ def test_mixed_precision_members_hold_their_float32_values(flavour):
     x = tf.ones((2, 16))
     np.testing.assert_allclose(ensemble(x, mode="loop").numpy(),
                                np.stack([n(x).numpy() for n in nets]), rtol=1e-3)
+
+
+class Counted(tf.Module):
+    """A training module: an int64 step counter beside float weights (the kernel above
+    `_fastio.MAP_BYTES`, so it takes the loader's read-into-a-new-tensor path)."""
+
+    def __init__(self, k: int = 0):
+        super().__init__()
+        self.step = tf.Variable(10 + k, dtype=tf.int64)
+        init = tf.random.stateless_normal
+        self.kernel = tf.Variable(init((512, 1024), seed=(k, 1)))
+        self.bias = tf.Variable(init((16,), seed=(k, 2)))
+
+    def __call__(self, x):
+        return tf.reduce_sum(self.kernel) * x + tf.reduce_sum(self.bias)
+
+
+def _fetch_calls(monkeypatch) -> list:
+    """The number of values of every fetch-stage call."""
+    from objckpt._planning import pipeline as _pipeline
+
+    calls = []
+    fetch = _pipeline.Pipeline.fetch
+
+    def counted(self, the_plan, variables, matches=None):
+        values = fetch(self, the_plan, variables, matches)
+        calls.append(len(values))
+        return values
+
+    monkeypatch.setattr(_pipeline.Pipeline, "fetch", counted)
+    return calls
+
+
+def test_tf_checkpoints_read_into_each_member_as_created_step_and_weights_exact(
+        tmp_path, monkeypatch):
+    """Above the streaming size each member's variables are created from values read one
+    at a time from its TF checkpoint (each variable adopts the tensor read): every
+    member's int64 step and weights are its checkpoint's, bit for bit, and the template
+    keeps its own."""
+    from objckpt._bundle import fastio as _fastio
+
+    nets = [Counted(k) for k in range(3)]
+    prefixes = [objckpt.save(n, tmp_path / f"run{k}" / "ckpt") for k, n in enumerate(nets)]
+    monkeypatch.setattr(_fastio, "STREAM_BYTES", 1)
+    calls = _fetch_calls(monkeypatch)
+    template = Counted(7)
+    before = values(objckpt.tree(template))
+    ensemble = objckpt.load_ensemble(template, prefixes)
+    assert calls == [1] * 9  # 3 members x 3 variables, each read alone
+    assert [int(m.step) for m in ensemble.members] == [10, 11, 12]
+    for member, net in zip(ensemble.members, nets):
+        for name in ("step", "kernel", "bias"):
+            got, want = getattr(member, name), getattr(net, name)
+            assert got.dtype == want.dtype
+            assert got.numpy().tobytes() == want.numpy().tobytes(), name
+    after = values(objckpt.tree(template))
+    assert all(after[p].tobytes() == before[p].tobytes() for p in before)
+    x = tf.constant(2.0)
+    assert ensemble(x, mode="loop").numpy().tolist() == [float(n(x)) for n in nets]
+    # Below the streaming size: every member's values fetched at once, the same members.
+    monkeypatch.setattr(_fastio, "STREAM_BYTES", 1 << 40)
+    del calls[:]
+    again = objckpt.load_ensemble(template, prefixes)
+    assert calls == [3, 3, 3]
+    assert [int(m.step) for m in again.members] == [10, 11, 12]
+
+
+def test_a_damaged_last_tf_checkpoint_gives_no_ensemble(tmp_path, monkeypatch):
+    """A flipped byte in the last checkpoint's kernel, read as its member is created: the
+    error names that member and the entry, no ensemble is returned and the template keeps
+    its values."""
+    from objckpt._bundle import fastio as _fastio
+
+    prefixes = [objckpt.save(Counted(k), tmp_path / f"run{k}" / "ckpt") for k in range(2)]
+    data = f"{prefixes[1]}.data-00000-of-00001"
+    raw = bytearray(open(data, "rb").read())
+    raw[raw.find(Counted(1).kernel.numpy().tobytes()) + 4096] ^= 0xFF
+    with open(data, "wb") as f:
+        f.write(raw)
+    monkeypatch.setattr(_fastio, "STREAM_BYTES", 1)
+    template = Counted(7)
+    before = values(objckpt.tree(template))
+    with pytest.raises(errors.CheckpointCorruptError,
+                       match=r"member 1 .*damaged.*`kernel/\.ATTRIBUTES") as caught:
+        objckpt.load_ensemble(template, prefixes)
+    assert caught.value.source == str(prefixes[1])
+    after = values(objckpt.tree(template))
+    assert all(after[p].tobytes() == before[p].tobytes() for p in before)
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_members_read_as_created_from_checkpoints_in_every_flavour(flavour, tmp_path,
+                                                                   monkeypatch):
+    """Above the streaming size, members of every flavour (Dense and BatchNormalization,
+    moving statistics included) are created from values read one at a time from their
+    checkpoints: bit-equal to the networks saved, outputs equal."""
+    from objckpt._bundle import fastio as _fastio
+
+    x = tf.random.stateless_normal((5, 16), seed=(3, 4))
+    nets = [mlp(flavour, seed) for seed in range(3)]
+    for k, net in enumerate(nets):
+        call(net, x)
+        for variable in objckpt.tree(net).values():
+            if variable.dtype.is_floating:
+                variable.assign(variable * (1.0 + 0.1 * k) + 0.5 * k)
+    prefixes = [objckpt.save(n, tmp_path / f"run{k}" / "ckpt") for k, n in enumerate(nets)]
+    template = mlp(flavour, 99)
+    call(template, x)
+    monkeypatch.setattr(_fastio, "STREAM_BYTES", 1)
+    calls = _fetch_calls(monkeypatch)
+    ensemble = objckpt.load_ensemble(template, prefixes)
+    count = len(objckpt.tree(template))
+    assert calls == [1] * (3 * count)
+    for member, net in zip(ensemble.members, nets):
+        got = dict(objckpt._compat.network_variable_paths(member))
+        for path, want in objckpt._compat.network_variable_paths(net):
+            assert got[path].numpy().tobytes() == want.numpy().tobytes(), path
+    np.testing.assert_allclose(ensemble(x, mode="loop").numpy(),
+                               np.stack([call(n, x).numpy() for n in nets]), rtol=1e-5,
+                               atol=1e-5)

@@ -40,8 +40,11 @@ def test_members_streamed_bit_equal_to_load_file(optimizer_state, tmp_path, monk
     calls = _counted(monkeypatch)
     template = _module(_written(20))
     ensemble = objckpt.load_ensemble(template, paths, optimizer_state=optimizer_state)
-    assert calls["verify"] == 2 and calls["assign"] == 2
-    assert calls["close"] >= 2
+    # Without optimizer state each member's variables are created from values read one at
+    # a time; with it the members exist first and the loader streams into each.
+    streamed = 2 if optimizer_state is True else 0
+    assert calls["verify"] == streamed and calls["assign"] == streamed
+    assert calls["close"] >= streamed
     for member, path in zip(ensemble.members, paths):
         oracle = st_numpy.load_file(path)
         got = _values(member)

@@ -146,9 +146,13 @@ def test_source_neither_object_nor_name_based(tmp_path):
     assert not list(tmp_path.glob("out*"))
 
 
-def test_migrate_streams_in_shards_and_verifies(tf1, tmp_path, monkeypatch, capsys):
+def test_migrate_without_own_writer_writes_shards_and_verifies(tf1, tmp_path, monkeypatch,
+                                                              capsys):
+    """Where objckpt's bundle writer cannot write (no native crc32c here), groups of
+    tensors are written by SaveV2 as shards and merged."""
     from objckpt._ops import migrate as _migrate
 
+    monkeypatch.setattr(_migrate._fastio, "native_crc32c", lambda: None)
     monkeypatch.setattr(_migrate, "_GROUP_BYTES", 1024)  # force one shard per big tensor
     model = tf1_rewrite(keras_for("keras3"))
     prefix = objckpt.migrate(model, tf1["prefix"], str(tmp_path / "ckpt"), rules=RULES,
@@ -235,3 +239,169 @@ def test_optimizer_state_asked_but_nowhere_to_move_it(tf1):
     report = objckpt.restore(model, tf1["prefix"], rules=RULES, optimizer_state=True,
                              strict=False)
     assert len(report.restored) == 8 and "model_001/conv/kernel/Adam" in report.unexpected
+
+
+# --- streamed: one tensor at a time, all or nothing ---------------------------------
+
+
+def _sharded_folder(folder, values: dict, shards: int = 2) -> None:
+    """A Hugging Face style folder: `shards` safetensors files and their index."""
+    import json
+
+    st_numpy = pytest.importorskip("safetensors.numpy")
+    names = list(values)
+    weight_map = {}
+    for k in range(shards):
+        part = {n: values[n] for n in names[k::shards]}
+        name = f"model-{k + 1:05d}-of-{shards:05d}.safetensors"
+        st_numpy.save_file(part, str(folder / name))
+        weight_map.update(dict.fromkeys(part, name))
+    (folder / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": weight_map}))
+
+
+def _fetched_sizes(monkeypatch) -> list:
+    """The bytes of every fetch-stage call's values, as the pipeline returns them."""
+    from objckpt._planning import pipeline as _pipeline
+
+    calls = []
+    fetch = _pipeline.Pipeline.fetch
+
+    def counted(self, the_plan, variables, matches=None):
+        values = fetch(self, the_plan, variables, matches)
+        calls.append([int(np.prod(v.shape)) * v.dtype.size for v in values])
+        return values
+
+    monkeypatch.setattr(_pipeline.Pipeline, "fetch", counted)
+    return calls
+
+
+def test_a_sharded_safetensors_folder_streams_into_one_checkpoint_bit_equal(
+        tmp_path, monkeypatch):
+    """A folder of two shards (float32, bfloat16 widened into float32, int64, bool, and a
+    kernel stored transposed, turned by a rule's transform) is migrated one tensor at a
+    time: large tensors read alone, small ones together up to the read size, into one data
+    file that TF reads back bit-equal to the files' values."""
+    from objckpt._ops import migrate as _migrate
+    from tests._formats.test_safetensors_stream import _bits, _module, _values, _written
+
+    written = _written(40)
+    stored = dict(written)
+    stored["proj/kernel_t"] = np.ascontiguousarray(stored.pop("proj/kernel").T)
+    folder = tmp_path / "hub"
+    folder.mkdir()
+    _sharded_folder(folder, stored)
+    wanted = dict(written)
+    wanted["half/kernel"] = written["half/kernel"].astype(np.float32)  # widened: lossless
+    model = _module(wanted)
+    sizes = _fetched_sizes(monkeypatch)
+    monkeypatch.setattr(_migrate, "_READ_BYTES", 1 << 20)
+    rules = [(r"^proj/kernel_t$", "proj/kernel", tf.transpose)]
+    prefix = objckpt.migrate(model, str(folder), str(tmp_path / "out" / "ckpt"), rules=rules)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "ckpt.data-00000-of-00001", "ckpt.index"]
+    assert sorted(len(call) for call in sizes) == [1, 1, 1, 3]  # 3 large alone, 3 small
+    assert all(len(call) == 1 or sum(call) <= 1 << 20 for call in sizes)
+    assert all(not np.any(v) for v in _values(model).values())  # obj only gave the layout
+    fresh = _module(wanted)
+    tf.train.Checkpoint(root=fresh).read(prefix).assert_consumed()
+    assert {p: _bits(v) for p, v in _values(fresh).items()} == {
+        p: _bits(v) for p, v in wanted.items()}
+
+
+def _data_file(prefix: str) -> str:
+    return f"{prefix}.data-00000-of-00001"
+
+
+def test_a_read_that_fails_mid_stream_leaves_the_prefix_as_it_was(tmp_path):
+    """A TF checkpoint whose last tensor's bytes were damaged after it was written: migrate
+    checks the plan from metadata, streams the first tensors, then TF's checksum of the
+    damaged one fails. The error names the entry; the checkpoint already at the prefix is
+    byte for byte what it was, no temporary file is left, and obj is unchanged."""
+    def module(seed: int) -> tf.Module:
+        m = tf.Module()
+        rng = np.random.default_rng(seed)
+        for i in range(4):
+            setattr(m, f"w{i}", tf.Variable(rng.standard_normal((256, 256), np.float32)))
+        return m
+
+    source_model = module(1)
+    source = objckpt.save(source_model, str(tmp_path / "src" / "ckpt"))
+    raw = bytearray(open(_data_file(source), "rb").read())
+    at = raw.find(source_model.w3.numpy().tobytes())
+    assert at >= 0
+    raw[at + 1000] ^= 0x55
+    with open(_data_file(source), "wb") as f:
+        f.write(raw)
+    destination = str(tmp_path / "dst" / "ckpt")
+    objckpt.save(module(2), destination)
+    before = {p.name: p.read_bytes() for p in (tmp_path / "dst").iterdir()}
+    target = module(3)
+    kept = {p: v.numpy().tobytes() for p, v in objckpt.tree(target).items()}
+    with pytest.raises(errors.CheckpointCorruptError, match=r"damaged.*`w3/\.ATTRIBUTES"):
+        objckpt.migrate(target, source, destination)
+    assert {p.name: p.read_bytes() for p in (tmp_path / "dst").iterdir()} == before
+    assert {p: v.numpy().tobytes() for p, v in objckpt.tree(target).items()} == kept
+
+
+def test_a_transform_that_does_not_fit_mid_stream_writes_nothing(tmp_path):
+    """From safetensors, a rule's transform whose output shape is only known from its
+    values returns the wrong shape for one entry: the fetch stage refuses it by name, and
+    nothing is written at the prefix (no folder left either)."""
+    st_numpy = pytest.importorskip("safetensors.numpy")
+    rng = np.random.default_rng(4)
+    values = {f"w{i}": rng.standard_normal((64, 32), np.float32) for i in range(3)}
+    values["w2"][5, 5] = 1000.0  # the marker squeeze_last finds
+    path = str(tmp_path / "m.safetensors")
+    st_numpy.save_file(values, path)
+    model = tf.Module()
+    for name, value in values.items():
+        setattr(model, name, tf.Variable(tf.zeros(value.shape)))
+
+    def squeeze_last(t):  # (None, 32) when traced: right for w0 and w1, a row short for w2
+        return t[:tf.shape(t)[0] - tf.cast(tf.reduce_max(t) == 1000.0, tf.int32)]
+
+    with pytest.raises(errors.StructureMismatchError, match=r"transform of `w2` gave"):
+        objckpt.migrate(model, path, str(tmp_path / "out" / "ckpt"),
+                        rules=[(r"^(w\d)$", r"\1", squeeze_last)])
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads /proc (Linux)")
+@pytest.mark.parametrize("kind", ["safetensors", "tf"])
+def test_peak_memory_bounded_by_the_largest_tensor(kind, tmp_path):
+    """A 302 MB source of six 50 MB tensors (a safetensors folder of two shards, or a TF
+    checkpoint): migrate holds at most the largest tensor + its streaming slack + 48 MiB
+    of margin beyond obj (reading every value first would hold the source's size)."""
+    from objckpt._ops import migrate as _migrate
+    from tests._formats.test_safetensors_stream import _module, _PeakAnon
+
+    rng = np.random.default_rng(15)
+    written = {f"block{i}/kernel": rng.standard_normal((3200, 4096), dtype=np.float32)
+               for i in range(6)}
+    written.update({f"block{i}/bias": rng.standard_normal(4096, dtype=np.float32)
+                    for i in range(6)})
+    largest = max(v.nbytes for v in written.values())
+    if kind == "safetensors":
+        source = tmp_path / "hub"
+        source.mkdir()
+        _sharded_folder(source, written)
+        source = str(source)
+    else:
+        maker = _module(written)
+        for path, variable in objckpt.tree(maker).items():
+            variable.assign(written[path])
+        source = objckpt.save(maker, str(tmp_path / "src" / "ckpt"))
+        del maker
+    model = _module(written)
+    shapes = {p: v.shape for p, v in written.items()}
+    del written
+    out = str(tmp_path / "out" / "ckpt")
+    with _PeakAnon() as peak:
+        objckpt.migrate(model, source, out)
+    bound = largest + _migrate._STREAM_SLACK + (48 << 20)
+    assert peak.growth < bound, (peak.growth, bound)
+    reader = tf.train.load_checkpoint(out)
+    for path, shape in shapes.items():
+        assert reader.get_tensor(f"{path}/.ATTRIBUTES/VARIABLE_VALUE").shape == shape
