@@ -275,6 +275,7 @@ class _Work:
         self.labels = [f"Source {k}" for k in range(len(plans))]  # each source, for errors
         self.log = None  # the undo log of the streamed route (None: held, or none written)
         self.check = True  # file windows' checksums checked as read (False: checked first)
+        self.assigned = 0  # variables assigned on the streamed route so far
 
     @classmethod
     def decide(cls, obj, variables, plans, shares, non_weights) -> _Work:
@@ -381,7 +382,7 @@ class _Work:
         instead, in a pass of their own."""
         self.prepare(variables, k, pipe.cast)
         try:
-            self.log = _undolog.UndoLog()
+            self.log = _undolog.UndoLog(self._assigned_bytes(variables))
         except OSError as err:
             self._checked_first(err)
         try:
@@ -390,6 +391,13 @@ class _Work:
             self.undo(err)  # nothing else failed: no message to change
             self._checked_first(err.__cause__)
             self._assign_each(obj, pipe, variables)
+
+    def _assigned_bytes(self, variables) -> int:
+        """The bytes of every variable the streamed route assigns (fixed shapes only)."""
+        paths = [*self.means, *self.taken, *(path for path, _ in self.fresh)]
+        return sum(variables[p].shape.num_elements() * variables[p].dtype.size for p in paths
+                   if variables[p].shape.is_fully_defined()
+                   and variables[p].dtype.base_dtype != tf.string)
 
     def _checked_first(self, reason) -> None:
         """Without an undo log: every checksum of the TF checkpoints checked before the
@@ -413,9 +421,14 @@ class _Work:
             self._assign(variable, path, _compat.fresh_slot_value(obj, role, variable))
 
     def _assign(self, variable, path, value) -> None:
-        if self.log is not None:
-            self.log.record(variable, path)  # before: the old value is safe on disk
+        if self.log is not None:  # first: the old value safe on disk
+            # a distributed variable's replicas one by one (a SyncOnRead one's replicas
+            # differ: its value read whole is their aggregate)
+            parts = _compat.replica_parts(variable)
+            for i, part in enumerate(parts or (variable,)):
+                self.log.record(part, path if parts is None else f"{path} (replica {i})")
         variable.assign(value, read_value=False)
+        self.assigned += 1
 
     def undo(self, err) -> None:
         """After a failure on the streamed route: every variable assigned so far gets its
@@ -424,7 +437,7 @@ class _Work:
         log, self.log = self.log, None
         if log is None:
             return
-        count = len(log)
+        count, self.assigned = self.assigned, 0
         try:
             failed = log.undo()
         finally:

@@ -227,17 +227,20 @@ def stream_mean(streams: list, size: int, out) -> None:
     finished (its checksum checked) at the end."""
     if streams:
         acc, scratch = streams[0][1].workspace.window()
+        weights = [np.float64(weight) for weight, _ in streams]
         for start in range(0, size, WINDOW):
             count = min(WINDOW, size - start)
-            for i, (weight, stream) in enumerate(streams):
-                values = stream.read(count)
-                if i == 0:  # (every float is converted to float64 exactly)
-                    np.multiply(values, np.float64(weight), out=acc[:count], dtype=np.float64)
-                else:
-                    np.multiply(values, np.float64(weight), out=scratch[:count],
-                                dtype=np.float64)
-                    np.add(acc[:count], scratch[:count], out=acc[:count])
-            out[start:start + count] = acc[:count]
+            total, part = acc[:count], scratch[:count]
+            for i, (_, stream) in enumerate(streams):
+                # converted exactly into float64 by a plain copy, then weighted: the bits of
+                # `np.multiply(values, weight, dtype=np.float64)`, without its slow
+                # buffered cast
+                into = total if i == 0 else part
+                into[...] = stream.read(count)
+                np.multiply(into, weights[i], out=into)
+                if i:
+                    np.add(total, part, out=total)
+            out[start:start + count] = total
     else:
         out[...] = 0
     for _, stream in streams:

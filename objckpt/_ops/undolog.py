@@ -13,6 +13,7 @@ and `assign(value, read_value=False)`.
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 
@@ -34,10 +35,24 @@ class UndoLog:
     (no space left).
     """
 
-    def __init__(self, directory: str | None = None):
+    def __init__(self, nbytes: int = 0, directory: str | None = None):
+        """Makes the file and reserves `nbytes` of disk for it (what will be recorded, as far
+        as known: writes into reserved blocks are faster, and a disk without that much room
+        fails here, before anything is assigned)."""
         self._file = tempfile.TemporaryFile(dir=directory)
         self._fd = self._file.fileno()
         self._end = 0
+        try:
+            if nbytes > 0 and hasattr(os, "posix_fallocate"):
+                try:
+                    os.posix_fallocate(self._fd, 0, nbytes)
+                except OSError as err:
+                    if err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+                        raise
+                    # a file system that cannot reserve (EOPNOTSUPP, EINVAL): written as it is
+        except BaseException:
+            self._file.close()
+            raise
         # (name, variable, offset, dtype, shape); offset None: `dtype` is the old value
         # itself, for values without fixed-size bytes (strings: small, held in memory)
         self._entries: list = []
@@ -56,7 +71,8 @@ class UndoLog:
         if value.dtype.hasobject or value.dtype.kind in "SUV":
             self._entries.append((name, variable, None, value.copy(), value.shape))
             return
-        value = np.ascontiguousarray(value)
+        if not value.flags.c_contiguous:
+            value = value.copy(order="C")  # (np.ascontiguousarray makes a scalar 1-d)
         raw = memoryview(value.reshape(-1).view(np.uint8))
         offset = self._end
         try:

@@ -1,0 +1,306 @@
+"""objckpt.average on its streamed route (above HELD_BYTES): one pass over the files, each
+variable assigned as soon as its mean is computed, and still all or nothing for every source
+kind: every variable assigned before a failure gets its old value back from the undo log."""
+
+import errno
+import shutil
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import objckpt
+from objckpt import errors
+from objckpt._bundle import index as _bundle
+from objckpt._ops import average as _average
+from objckpt._ops import averaging as _averaging
+from objckpt._ops import undolog as _undolog
+from objckpt._planning import pipeline as _pipeline
+
+from flavours import dense_bn, mirrored
+
+
+@pytest.fixture(autouse=True)
+def streamed(monkeypatch):
+    """Every average here takes the streamed route, as a model above HELD_BYTES does."""
+    monkeypatch.setattr(_average, "HELD_BYTES", 0)
+
+
+@pytest.fixture
+def sources(tmp_path):
+    """Three checkpoints of one Dense + BatchNorm model (compiled Adam, slots), each after
+    one more training step: weights, slots and iterations all differ."""
+    model = dense_bn(0)
+    rng = np.random.default_rng(5)
+    prefixes = []
+    for k in range(3):
+        model.train_on_batch(rng.normal(size=(4, 3)).astype("float32"),
+                             rng.normal(size=(4, 2)).astype("float32"))
+        prefixes.append(objckpt.save(model, str(tmp_path / f"ckpt-{k}")))
+    return prefixes
+
+
+def _owned(model) -> list:
+    """Every variable of the model and of its optimizer, found without objckpt."""
+    owned = model.optimizer.variables
+    owned = owned() if callable(owned) else owned
+    found, seen = [], set()
+    for variable in [*model.variables, *owned]:
+        if id(variable) not in seen:
+            seen.add(id(variable))
+            found.append(variable)
+    return found
+
+
+def _state(model) -> list:
+    """(name, dtype, shape, bytes) of every variable of the model and its optimizer, and of
+    every replica's component of a distributed one."""
+    out = []
+    for variable in _owned(model):
+        for part in getattr(variable, "values", (variable,)):
+            value = np.array(part.numpy())
+            out.append((part.name, value.dtype, value.shape, value.tobytes()))
+    return out
+
+
+def _assert_unchanged(before, model) -> None:
+    after = _state(model)
+    assert len(after) == len(before)
+    changed = [b[0] for b, a in zip(before, after) if a != b]
+    assert not changed, f"changed: {changed}"
+
+
+def _damaged(prefix: str, key: str, out: str) -> str:
+    """A copy of the checkpoint with one bit of entry `key`'s data flipped."""
+    index = _bundle.read_index(prefix)
+    entry = index.entries[key]
+    shutil.copyfile(prefix + ".index", out + ".index")
+    for shard in range(index.num_shards):
+        name = _bundle.shard_name(prefix, shard, index.num_shards)
+        copy = _bundle.shard_name(out, shard, index.num_shards)
+        shutil.copyfile(name, copy)
+        if shard == entry.shard:
+            with open(copy, "r+b") as f:
+                f.seek(entry.offset + entry.size - 1)
+                byte = f.read(1)[0]
+                f.seek(entry.offset + entry.size - 1)
+                f.write(bytes([byte ^ 0x01]))
+    return out
+
+
+@pytest.fixture
+def undone(monkeypatch):
+    """The number of values each undo put back (proves the failure came after some were
+    assigned): one per variable, one per replica of a distributed one."""
+    counts = []
+    real = _undolog.UndoLog.undo
+
+    def spy(self):
+        counts.append(len(self))
+        return real(self)
+
+    monkeypatch.setattr(_undolog.UndoLog, "undo", spy)
+    return counts
+
+
+def _reference(prefixes) -> tuple:
+    """A clean average of the sources into a fresh model: (report, state)."""
+    model = dense_bn(1)
+    report = objckpt.average(model, prefixes)
+    return report, _state(model)
+
+
+@pytest.mark.parametrize("which", ["averaged", "taken"])
+def test_a_checksum_failing_in_the_last_variable_of_the_last_source_changes_nothing(
+        sources, tmp_path, undone, which):
+    report, _ = _reference(sources)
+    assert report.taken and "optimizer/_iterations" in report.taken or any(
+        "iterations" in p for p in report.taken)
+    path = report.averaged[-1] if which == "averaged" else report.taken[-1]
+    key = objckpt.read_tree(sources[2])[path].key
+    bad = _damaged(sources[2], key, str(tmp_path / "damaged"))
+    target = dense_bn(1)
+    before = _state(target)
+    with pytest.raises(errors.CheckpointCorruptError) as info:
+        objckpt.average(target, [sources[0], sources[1], bad])
+    message = str(info.value)
+    assert "damaged" in message and key in message
+    assert "Nothing was changed" in message
+    # every variable before the failing one had been assigned, and was put back
+    assigned = (len(report.averaged) - 1 if which == "averaged"
+                else len(report.averaged) + len(report.taken) - 1)
+    assert undone == [assigned]
+    _assert_unchanged(before, target)
+    if which == "averaged":  # read by the averaging pass itself, which names the source
+        assert "Source 2 of 3" in message
+
+
+def test_the_single_pass_equals_the_held_route_bit_for_bit(sources, monkeypatch):
+    _, streamed = _reference(sources)
+    monkeypatch.setattr(_average, "HELD_BYTES", 1 << 40)
+    _, held = _reference(sources)
+    assert streamed == held
+
+
+@pytest.mark.parametrize("kind", ["safetensors", "weights.h5"])
+def test_another_format_failing_to_read_half_way_changes_nothing(sources, tmp_path,
+                                                                 monkeypatch, undone, kind):
+    report, _ = _reference(sources)
+    member = dense_bn(0)
+    objckpt.restore(member, sources[1])
+    if kind == "safetensors":
+        other = objckpt.export(member, str(tmp_path / "member.safetensors"))
+    else:
+        other = str(tmp_path / "member.weights.h5")
+        member.save_weights(other)
+    mixed = [sources[0], other, sources[2]]
+    # a weights file holds no optimizer state here (tf_keras writes it apart from its slots)
+    options = {} if kind == "safetensors" else {"optimizer_state": False, "strict": False}
+    # the same mean as the checkpoint it was written from, read whole through the fetch stage
+    model = dense_bn(1)
+    objckpt.average(model, mixed, **options)
+    clean = dense_bn(1)
+    objckpt.average(clean, sources, **options)
+    assert _state(model) == _state(clean)
+    calls = []
+    real = _pipeline.Pipeline.fetch
+
+    def failing(self, the_plan, variables, matches=None):
+        calls.append(1)
+        if len(calls) == len(report.averaged):  # the last weight of the file
+            raise OSError(errno.EIO, "Input/output error (injected)")
+        return real(self, the_plan, variables, matches)
+
+    monkeypatch.setattr(_pipeline.Pipeline, "fetch", failing)
+    target = dense_bn(1)
+    before = _state(target)
+    with pytest.raises(OSError, match="injected") as info:
+        objckpt.average(target, mixed, **options)
+    assert undone == [len(report.averaged) - 1]
+    if hasattr(info.value, "add_note"):  # Python 3.11: the note says so
+        assert any("Nothing was changed" in note for note in info.value.__notes__)
+    _assert_unchanged(before, target)
+
+
+def test_an_interrupt_half_way_changes_nothing(sources, monkeypatch, undone):
+    report, _ = _reference(sources)
+    calls = []
+    real = _averaging.Stream.read
+
+    def interrupted(self, count):
+        calls.append(1)
+        if len(calls) == 3 * 4 + 1:  # every small variable is one window of each source
+            raise KeyboardInterrupt
+        return real(self, count)
+
+    monkeypatch.setattr(_averaging.Stream, "read", interrupted)
+    target = dense_bn(1)
+    before = _state(target)
+    with pytest.raises(KeyboardInterrupt):
+        objckpt.average(target, sources)
+    assert undone == [4] and len(report.averaged) > 4
+    _assert_unchanged(before, target)
+
+
+def test_without_an_undo_log_checksums_are_checked_first(sources, tmp_path, monkeypatch):
+    _, want = _reference(sources)
+
+    def no_file(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system (injected)")
+
+    monkeypatch.setattr(_undolog.tempfile, "TemporaryFile", no_file)
+    model = dense_bn(1)
+    report = objckpt.average(model, sources)
+    assert _state(model) == want
+    assert any("No undo log" in note and "Read-only" in note for note in report.notes)
+    report_text = str(report)
+    assert "checked in a pass of their own" in report_text
+    # still all or nothing for TF checkpoints: checked before the first assignment
+    path = report.averaged[-1]
+    bad = _damaged(sources[2], objckpt.read_tree(sources[2])[path].key,
+                   str(tmp_path / "damaged"))
+    target = dense_bn(1)
+    before = _state(target)
+    with pytest.raises(errors.CheckpointCorruptError, match="Source 2 of 3"):
+        objckpt.average(target, [sources[0], sources[1], bad])
+    _assert_unchanged(before, target)
+
+
+def test_an_undo_log_that_fills_the_disk_half_way_falls_back(sources, monkeypatch, undone):
+    _, want = _reference(sources)
+    writes = []
+    real = _undolog._write_all
+
+    def full(fd, view, offset):
+        writes.append(1)
+        if len(writes) == 3:
+            raise OSError(errno.ENOSPC, "No space left on device (injected)")
+        return real(fd, view, offset)
+
+    monkeypatch.setattr(_undolog, "_write_all", full)
+    model = dense_bn(1)
+    report = objckpt.average(model, sources)
+    assert undone == [2]  # the two assigned were put back, then averaged again
+    assert _state(model) == want
+    assert any("No undo log" in note and "No space" in note for note in report.notes)
+
+
+def test_distributed_variables_are_put_back_on_every_replica(sources, tmp_path, undone):
+    report, _ = _reference(sources)
+    path = report.averaged[-1]
+    bad = _damaged(sources[2], objckpt.read_tree(sources[2])[path].key,
+                   str(tmp_path / "damaged"))
+    with mirrored(2).scope():
+        target = dense_bn(1)
+    weights = [objckpt.tree(target)[p] for p in report.averaged]
+    assert all(len(v.values) == 2 for v in weights)  # (tf variables: distributed ones)
+    before = _state(target), _replicas(weights)
+    with pytest.raises(errors.CheckpointCorruptError, match="Source 2 of 3"):
+        objckpt.average(target, [sources[0], sources[1], bad])
+    assert undone == [2 * (len(report.averaged) - 1)]  # each replica logged
+    _assert_unchanged(before[0], target)
+    assert _replicas(weights) == before[1]
+    objckpt.average(target, sources)  # and averaged into every replica
+    assert all(first == second for first, second in _replicas(weights))
+    averaged = dense_bn(1)
+    objckpt.average(averaged, sources)
+    assert [part for part, _ in _replicas(weights)] == [
+        np.array(objckpt.tree(averaged)[p].numpy()).tobytes() for p in report.averaged]
+
+
+def _replicas(variables) -> list:
+    return [tuple(np.array(part.numpy()).tobytes() for part in v.values) for v in variables]
+
+
+# --- the undo log itself ----------------------------------------------------------------------
+
+def test_undo_log_gives_back_every_dtype_and_shape_bit_for_bit():
+    values = [np.array([1.5, -0.0, np.inf], np.float16),
+              tf.constant([1.0, -2.5], tf.bfloat16),
+              np.frombuffer(np.array([0x7FC00001, 0x80000000], np.uint32).tobytes(),
+                            np.float32),  # a NaN payload and -0.0
+              np.array(7, np.int64), np.array([True, False]), np.array([b"a", b"bc"])]
+    variables = [tf.Variable(v) for v in values]
+    relaxed = tf.Variable(np.arange(6, dtype=np.float32), shape=tf.TensorShape(None))
+    variables.append(relaxed)
+    before = [_bits(v) for v in variables]
+    log = _undolog.UndoLog(1 << 10)
+    for k, variable in enumerate(variables):
+        log.record(variable, f"v{k}")
+        new = (tf.zeros((2, 2)) if variable is relaxed
+               else tf.zeros_like(variable) if variable.dtype != tf.string
+               else tf.constant([b"x", b"y"]))
+        variable.assign(new, read_value=False)
+    assert len(log) == len(variables) and log.nbytes > 0
+    assert relaxed.numpy().shape == (2, 2)
+    assert log.undo() == []
+    log.close()
+    assert [_bits(v) for v in variables] == before
+    assert relaxed.numpy().shape == (6,)
+    assert [v.dtype for v in variables][:2] == [tf.float16, tf.bfloat16]
+
+
+def _bits(variable):
+    value = np.array(variable.numpy())
+    return (value.dtype, value.shape,
+            value.tolist() if value.dtype.hasobject else value.tobytes())
