@@ -4,12 +4,21 @@ Every source goes through the one restore pipeline (`_planning.pipeline`): opene
 onto the obj (rules, at, strict, optimizer_state, every strategy) and checked from its
 metadata; then the plans are checked against each other (each weight fed by every source),
 all before anything is read into a variable. Values are then read one variable at a time.
-Where every source is a local TF checkpoint (checksums checked first), a window of the
-variable's elements is read from each source in turn and added into a float64 window that
-stays in the cache (`averaging.stream_mean`), and the mean is written straight into the new
-tensor the variable adopts; other sources' values are added whole into a float64
-`averaging.Mean`. Memory beyond the obj stays about the largest tensor (files) or a few
-times it (other sources), whatever the number of sources.
+Where every source is a local TF checkpoint, a window of the variable's elements is read
+from each source in turn (its checksum extended as it is read) and added into a float64
+window that stays in the cache (`averaging.stream_mean`), and the mean is written straight
+into the new tensor the variable adopts; other sources' values are added whole into a
+float64 `averaging.Mean`. Memory beyond the obj stays about the largest tensor (files) or a
+few times it (other sources), whatever the number of sources.
+
+Small models (below HELD_BYTES) have every mean computed before the first assignment. Larger
+ones are assigned one variable at a time, in one pass over the files, and stay all or
+nothing through an undo log (`undolog`): each variable's old value is appended to an
+anonymous temporary file before it is assigned, and any failure after that (a checksum
+checked at the end of a variable's streams, a read error of any format, an interrupt) gives
+every assigned variable its old value back before the error propagates. Without a log (no
+temporary file can be written), every TF checkpoint's checksums are checked in a pass of
+their own first, as the report's notes say.
 """
 
 from __future__ import annotations
@@ -33,8 +42,8 @@ from objckpt._planning import tree as _tree
 __all__ = ["AverageReport", "average"]
 
 # Below this many bytes of averaged values, every mean is computed before the first
-# assignment (a second copy of a small model costs little); above, TF checkpoints' checksums
-# are all checked first, then each mean is assigned as soon as it is computed.
+# assignment (a second copy of a small model costs little); above, each mean is assigned as
+# soon as it is computed, the variable's old value logged first (`undolog`).
 HELD_BYTES = 16 << 20
 
 
@@ -95,10 +104,15 @@ def average(obj, sources, *, weights=None, rules=None, at: str | None = None,
     every variable keeps its value. Values are then streamed one variable at a time into a
     float64 accumulator and rounded once into the variable's dtype (float16 and bfloat16
     included), so memory beyond obj is about the largest tensor for TF checkpoints (read a
-    window of every source at a time) and a few times it for other sources, whatever N. Below
-    16 MiB of weights every mean is computed before the first assignment; above, every TF
-    checkpoint's checksums are checked first (a value of another format that fails to read
-    half way leaves the variables before it averaged).
+    window of every source at a time, checksums checked as the bytes are read) and a few
+    times it for other sources, whatever N. Below 16 MiB of weights every mean is computed
+    before the first assignment. Above, each variable is assigned as soon as its mean is
+    computed and its checksums checked, its old value first appended to an undo log (an
+    anonymous temporary file: disk, not memory, one copy of what is assigned); any failure
+    after the first assignment (a checksum, a read error of any format, an interrupt) gives
+    every assigned variable its old value back, bit for bit, and the error, saying that
+    nothing was changed, propagates. Where no temporary file can be written, every TF
+    checkpoint's checksums are checked first instead, and the report's notes say so.
 
     Only weights are averaged: the floating-point variables of the network. What is not a
     weight (integer variables, counters such as the optimizer's iterations, random-generator
@@ -382,7 +396,7 @@ class _Work:
         instead, in a pass of their own."""
         self.prepare(variables, k, pipe.cast)
         try:
-            self.log = _undolog.UndoLog(self._assigned_bytes(variables))
+            self.log = _undolog.UndoLog()
         except OSError as err:
             self._checked_first(err)
         try:
@@ -391,13 +405,6 @@ class _Work:
             self.undo(err)  # nothing else failed: no message to change
             self._checked_first(err.__cause__)
             self._assign_each(obj, pipe, variables)
-
-    def _assigned_bytes(self, variables) -> int:
-        """The bytes of every variable the streamed route assigns (fixed shapes only)."""
-        paths = [*self.means, *self.taken, *(path for path, _ in self.fresh)]
-        return sum(variables[p].shape.num_elements() * variables[p].dtype.size for p in paths
-                   if variables[p].shape.is_fully_defined()
-                   and variables[p].dtype.base_dtype != tf.string)
 
     def _checked_first(self, reason) -> None:
         """Without an undo log: every checksum of the TF checkpoints checked before the
