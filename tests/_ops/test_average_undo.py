@@ -194,15 +194,15 @@ def test_another_format_failing_to_read_half_way_changes_nothing(sources, tmp_pa
 def test_an_interrupt_half_way_changes_nothing(sources, monkeypatch, undone, writes):
     report, _ = _reference(sources)
     calls = []
-    real = _averaging.Stream.read
+    real = _averaging.Stream.read_into
 
-    def interrupted(self, count):
+    def interrupted(self, view):
         calls.append(1)
         if len(calls) == 3 * 4 + 1:  # every small variable is one window of each source
             raise KeyboardInterrupt
-        return real(self, count)
+        return real(self, view)
 
-    monkeypatch.setattr(_averaging.Stream, "read", interrupted)
+    monkeypatch.setattr(_averaging.Stream, "read_into", interrupted)
     target = dense_bn(1)
     before = _state(target)
     with pytest.raises(KeyboardInterrupt):
