@@ -341,3 +341,88 @@ def test_a_write_failing_in_the_background_is_undone_from_memory(monkeypatch):
     assert log.undo() == []
     log.close()
     assert [v.numpy().tolist() for v in variables] == [[0.0] * 3, [1.0] * 3, [2.0] * 3]
+
+
+# --- reading ahead: a large tensor's windows read by a background thread ---------------------
+
+@pytest.fixture
+def read_ahead(monkeypatch):
+    """Windows of 4 elements: every tensor of 8 elements or more is read ahead by the
+    background thread, as a large one is; returns the number of times it ran."""
+    monkeypatch.setattr(_averaging, "WINDOW", 4)
+    runs = []
+    real = _averaging._read_ahead
+
+    def spy(*args):
+        runs.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(_averaging, "_read_ahead", spy)
+    return runs
+
+
+def _readers() -> list:
+    import threading
+
+    return [t for t in threading.enumerate() if t.name == "objckpt-average-reader"]
+
+
+def test_read_ahead_gives_the_same_bits_and_checks_every_source(sources, tmp_path, undone,
+                                                                 read_ahead):
+    report, streamed = _reference(sources)
+    _averaging.WINDOW = 1 << 16
+    held = dense_bn(1)
+    _average.HELD_BYTES = 1 << 40
+    try:
+        objckpt.average(held, sources)
+    finally:
+        _average.HELD_BYTES = 0
+    assert _state(held) == streamed
+    sizes = [objckpt.tree(held)[p].shape.num_elements() for p in report.averaged]
+    assert len(read_ahead) == sum(size >= 2 * 4 for size in sizes) == 2  # the two kernels
+    _averaging.WINDOW = 4
+    # the first kernel (12 elements: 3 windows) damaged in its last window, last source
+    path = report.averaged[sizes.index(12)]
+    bad = _damaged(sources[2], objckpt.read_tree(sources[2])[path].key,
+                   str(tmp_path / "damaged"))
+    target = dense_bn(1)
+    before = _state(target)
+    with pytest.raises(errors.CheckpointCorruptError, match="Source 2 of 3.*checksum"):
+        objckpt.average(target, [sources[0], sources[1], bad])
+    assert undone == [sizes.index(12)]
+    _assert_unchanged(before, target)
+    assert not _readers()
+
+
+def test_a_read_error_in_the_reading_thread_reaches_the_caller(sources, monkeypatch, undone,
+                                                                read_ahead):
+    report, _ = _reference(sources)
+    real = _averaging.Stream.read_into
+
+    def failing(self, view):
+        # the second window of the second kernel (4 x 2 float32: 32 bytes, read ahead)
+        if self.entry.size == 32 and self.pos:
+            raise OSError(errno.EIO, "Input/output error (injected)")
+        return real(self, view)
+
+    monkeypatch.setattr(_averaging.Stream, "read_into", failing)
+    target = dense_bn(1)
+    before = _state(target)
+    with pytest.raises(OSError, match="injected"):
+        objckpt.average(target, sources)
+    sizes = [objckpt.tree(target)[p].shape.num_elements() for p in report.averaged]
+    assert sizes.count(8) == 1 and undone == [sizes.index(8)]  # those before it put back
+    assert undone[0] > 0
+    _assert_unchanged(before, target)
+    assert not _readers()
+
+
+def test_the_writer_reads_ahead_to_the_same_bytes(sources, tmp_path, read_ahead):
+    _averaging.WINDOW = 1 << 16
+    whole = objckpt.average_checkpoints(sources, str(tmp_path / "whole"))["prefix"]
+    _averaging.WINDOW = 4
+    ahead = objckpt.average_checkpoints(sources, str(tmp_path / "ahead"))["prefix"]
+    assert read_ahead
+    for suffix in (".index", ".data-00000-of-00001"):
+        with open(whole + suffix, "rb") as a, open(ahead + suffix, "rb") as b:
+            assert a.read() == b.read()
