@@ -426,3 +426,27 @@ def test_the_writer_reads_ahead_to_the_same_bytes(sources, tmp_path, read_ahead)
     for suffix in (".index", ".data-00000-of-00001"):
         with open(whole + suffix, "rb") as a, open(ahead + suffix, "rb") as b:
             assert a.read() == b.read()
+
+
+@pytest.mark.parametrize("window", [1 << 16, 4])
+def test_equal_power_of_two_weights_weighted_once_give_the_same_bits(sources, monkeypatch,
+                                                                     window):
+    monkeypatch.setattr(_averaging, "WINDOW", window)
+    for chosen in ([sources[0], sources[2]], [*sources, sources[0]],
+                   [sources[0], sources[1]] * 4):  # weights 1/2, 1/4, 1/8
+        _, streamed = _reference(chosen)
+        monkeypatch.setattr(_average, "HELD_BYTES", 1 << 40)
+        _, held = _reference(chosen)
+        monkeypatch.setattr(_average, "HELD_BYTES", 0)
+        assert streamed == held
+        # and as the float64 reference: each weight applied to each value, summed in order
+        model = dense_bn(1)
+        report = objckpt.average(model, chosen)
+        for path in report.averaged:
+            stored = [tf.train.load_checkpoint(p).get_tensor(
+                objckpt.read_tree(p)[path].key).astype(np.float64) for p in chosen]
+            total = stored[0] * (1 / len(chosen))
+            for value in stored[1:]:
+                total = total + value * (1 / len(chosen))
+            assert np.array_equal(np.array(objckpt.tree(model)[path].numpy()),
+                                  total.astype(np.float32)), path
