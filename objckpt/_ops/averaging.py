@@ -6,7 +6,9 @@ runs) share this module's pieces:
 - `normalized_weights`: N finite, non-negative weights with a positive sum, divided by it;
 - `stream_mean`: the weighted mean of one tensor of N checkpoint files (`BundleFile`), a
   window of elements at a time over every source, in a float64 window that stays in the
-  cache, rounded once into the target dtype (memory: the output and a few small buffers);
+  cache, rounded once into the target dtype, each source's checksum extended as its bytes
+  are read and checked at the end; a large tensor's next window is read ahead by a
+  background thread while this one is added (memory: the output and a few small buffers);
 - `Mean`: the same for whole values (other sources), accumulated in float64 one source at a
   time (memory: the float64 accumulator, the value being added, a small chunk);
 - `average_checkpoints`: N TF checkpoints of one structure averaged into a new checkpoint

@@ -284,65 +284,6 @@ def _replicas(variables) -> list:
     return [tuple(np.array(part.numpy()).tobytes() for part in v.values) for v in variables]
 
 
-# --- the undo log itself ----------------------------------------------------------------------
-
-def test_undo_log_gives_back_every_dtype_and_shape_bit_for_bit(writes):
-    values = [np.array([1.5, -0.0, np.inf], np.float16),
-              tf.constant([1.0, -2.5], tf.bfloat16),
-              np.frombuffer(np.array([0x7FC00001, 0x80000000], np.uint32).tobytes(),
-                            np.float32),  # a NaN payload and -0.0
-              np.array(7, np.int64), np.array([True, False]), np.array([b"a", b"bc"])]
-    variables = [tf.Variable(v) for v in values]
-    relaxed = tf.Variable(np.arange(6, dtype=np.float32), shape=tf.TensorShape(None))
-    variables.append(relaxed)
-    before = [_bits(v) for v in variables]
-    log = _undolog.UndoLog()
-    for k, variable in enumerate(variables):
-        log.record(variable, f"v{k}")
-        new = (tf.zeros((2, 2)) if variable is relaxed
-               else tf.zeros_like(variable) if variable.dtype != tf.string
-               else tf.constant([b"x", b"y"]))
-        variable.assign(new, read_value=False)
-    assert len(log) == len(variables) and log.nbytes > 0
-    assert relaxed.numpy().shape == (2, 2)
-    assert log.undo() == []
-    log.close()
-    assert [_bits(v) for v in variables] == before
-    assert relaxed.numpy().shape == (6,)
-    assert [v.dtype for v in variables][:2] == [tf.float16, tf.bfloat16]
-
-
-def _bits(variable):
-    value = np.array(variable.numpy())
-    return (value.dtype, value.shape,
-            value.tolist() if value.dtype.hasobject else value.tobytes())
-
-
-def test_a_write_failing_in_the_background_is_undone_from_memory(monkeypatch):
-    monkeypatch.setattr(_undolog, "ASYNC_BYTES", 0)
-    calls = []
-    real = _undolog._write_all
-
-    def failing(fd, view, offset):
-        calls.append(1)
-        if len(calls) == 2:
-            raise OSError(errno.ENOSPC, "No space left on device (injected)")
-        return real(fd, view, offset)
-
-    monkeypatch.setattr(_undolog, "_write_all", failing)
-    variables = [tf.Variable(np.full((3,), k, np.float32)) for k in range(3)]
-    log = _undolog.UndoLog()
-    for variable in variables[:2]:
-        log.record(variable)
-        variable.assign(tf.fill((3,), -1.0), read_value=False)
-    with pytest.raises(_undolog.LogFailed, match="No space") as info:
-        log.record(variables[2])  # the second write failed: found before the third assign
-    assert isinstance(info.value.__cause__, OSError)
-    assert log.undo() == []
-    log.close()
-    assert [v.numpy().tolist() for v in variables] == [[0.0] * 3, [1.0] * 3, [2.0] * 3]
-
-
 # --- reading ahead: a large tensor's windows read by a background thread ---------------------
 
 @pytest.fixture
