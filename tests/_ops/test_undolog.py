@@ -10,10 +10,16 @@ import tensorflow as tf
 from objckpt._ops import undolog as _undolog
 
 
-@pytest.fixture(params=["written at once", "written by a thread"])
+@pytest.fixture(params=["written at once", "by a thread, direct",
+                        "by a thread, through the page cache"])
 def writes(request, monkeypatch):
-    if request.param == "written by a thread":
+    """Small values written at once; large ones (every value, with a threshold of 0) by a
+    background thread, with direct I/O where the file system has it (tmp_path's, here), or
+    through the page cache where it has none."""
+    if request.param != "written at once":
         monkeypatch.setattr(_undolog, "ASYNC_BYTES", 0)
+    if request.param.endswith("page cache"):
+        monkeypatch.setattr(_undolog, "_set_direct", lambda fd, on: False)
     return request.param
 
 
@@ -22,7 +28,10 @@ def test_undo_log_gives_back_every_dtype_and_shape_bit_for_bit(writes):
               tf.constant([1.0, -2.5], tf.bfloat16),
               np.frombuffer(np.array([0x7FC00001, 0x80000000], np.uint32).tobytes(),
                             np.float32),  # a NaN payload and -0.0
-              np.array(7, np.int64), np.array([True, False]), np.array([b"a", b"bc"])]
+              np.array(7, np.int64), np.array([True, False]), np.array([b"a", b"bc"]),
+              # more than the 8 MiB staging buffer of direct writes, not a whole block
+              np.random.default_rng(0).normal(size=(2_100_001,)).astype(np.float32),
+              np.array([3.0, 4.0])]  # after it: its offset aligned
     variables = [tf.Variable(v) for v in values]
     relaxed = tf.Variable(np.arange(6, dtype=np.float32), shape=tf.TensorShape(None))
     variables.append(relaxed)
