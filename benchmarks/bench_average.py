@@ -12,9 +12,10 @@ model created before the clock starts), interleaved round by round (the order re
 other round), the first round a warm-up that also fills the page cache; each figure is the
 median over the other rounds:
 
-- `objckpt.average(obj, 8 prefixes)`: plans every source, checks every checksum (one read
-  of every byte: nothing may change before all are checked), then reads them again one
-  variable at a time, a window of every source at a time added in float64, into obj;
+- `objckpt.average(obj, 8 prefixes)`: plans every source, then reads every byte once, one
+  variable at a time, a window of every source at a time (checksums extended as read, the
+  next window read ahead by a thread) added in float64, each variable's old value written
+  to the undo log (an anonymous temporary file) before its mean is assigned;
 - `objckpt.average_checkpoints(8 prefixes, out)`: the model-free writer (what `objckpt
   average` runs), without TensorFlow; writes the averaged checkpoint;
 - the way users write it: `tf.train.load_checkpoint(prefix).get_tensor(name)` of every

@@ -4,12 +4,21 @@ Every source goes through the one restore pipeline (`_planning.pipeline`): opene
 onto the obj (rules, at, strict, optimizer_state, every strategy) and checked from its
 metadata; then the plans are checked against each other (each weight fed by every source),
 all before anything is read into a variable. Values are then read one variable at a time.
-Where every source is a local TF checkpoint (checksums checked first), a window of the
-variable's elements is read from each source in turn and added into a float64 window that
-stays in the cache (`averaging.stream_mean`), and the mean is written straight into the new
-tensor the variable adopts; other sources' values are added whole into a float64
-`averaging.Mean`. Memory beyond the obj stays about the largest tensor (files) or a few
-times it (other sources), whatever the number of sources.
+Where every source is a local TF checkpoint, a window of the variable's elements is read
+from each source in turn (its checksum extended as it is read) and added into a float64
+window that stays in the cache (`averaging.stream_mean`), and the mean is written straight
+into the new tensor the variable adopts; other sources' values are added whole into a
+float64 `averaging.Mean`. Memory beyond the obj stays about the largest tensor (files) or a
+few times it (other sources), whatever the number of sources.
+
+Small models (below HELD_BYTES) have every mean computed before the first assignment. Larger
+ones are assigned one variable at a time, in one pass over the files, and stay all or
+nothing through an undo log (`undolog`): each variable's old value is appended to an
+anonymous temporary file before it is assigned, and any failure after that (a checksum
+checked at the end of a variable's streams, a read error of any format, an interrupt) gives
+every assigned variable its old value back before the error propagates. Without a log (no
+temporary file can be written), every TF checkpoint's checksums are checked in a pass of
+their own first, as the report's notes say.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ from objckpt import _compat, errors
 from objckpt._base import render as _render
 from objckpt._ops import averaging as _averaging
 from objckpt._ops import batchnorm as _batchnorm
+from objckpt._ops import undolog as _undolog
 from objckpt._planning import match as _match
 from objckpt._planning import pipeline as _pipeline
 from objckpt._planning import targets as _targets
@@ -32,8 +42,8 @@ from objckpt._planning import tree as _tree
 __all__ = ["AverageReport", "average"]
 
 # Below this many bytes of averaged values, every mean is computed before the first
-# assignment (a second copy of a small model costs little); above, TF checkpoints' checksums
-# are all checked first, then each mean is assigned as soon as it is computed.
+# assignment (a second copy of a small model costs little); above, each mean is assigned as
+# soon as it is computed, the variable's old value logged first (`undolog`).
 HELD_BYTES = 16 << 20
 
 
@@ -94,10 +104,15 @@ def average(obj, sources, *, weights=None, rules=None, at: str | None = None,
     every variable keeps its value. Values are then streamed one variable at a time into a
     float64 accumulator and rounded once into the variable's dtype (float16 and bfloat16
     included), so memory beyond obj is about the largest tensor for TF checkpoints (read a
-    window of every source at a time) and a few times it for other sources, whatever N. Below
-    16 MiB of weights every mean is computed before the first assignment; above, every TF
-    checkpoint's checksums are checked first (a value of another format that fails to read
-    half way leaves the variables before it averaged).
+    window of every source at a time, checksums checked as the bytes are read) and a few
+    times it for other sources, whatever N. Below 16 MiB of weights every mean is computed
+    before the first assignment. Above, each variable is assigned as soon as its mean is
+    computed and its checksums checked, its old value first appended to an undo log (an
+    anonymous temporary file: disk, not memory, one copy of what is assigned); any failure
+    after the first assignment (a checksum, a read error of any format, an interrupt) gives
+    every assigned variable its old value back, bit for bit, and the error, saying that
+    nothing was changed, propagates. Where no temporary file can be written, every TF
+    checkpoint's checksums are checked first instead, and the report's notes say so.
 
     Only weights are averaged: the floating-point variables of the network. What is not a
     weight (integer variables, counters such as the optimizer's iterations, random-generator
@@ -176,31 +191,30 @@ def average(obj, sources, *, weights=None, rules=None, at: str | None = None,
         new.source = errors.describe_source(sources[k[0]])
         return new
 
-    held = None
-    with pipe.decided(lambda: variables, then=then):
-        variables, plans = _planned(pipe, variables, sources, k)
-        k[0] = None  # the checks across sources name each source themselves
-        work = _Work.decide(obj, variables, plans, shares, non_weights)
-        work.reading = k  # a value that fails to read names its source
-        if work.nbytes < HELD_BYTES:
-            held = work.compute_all(pipe, variables)
-        else:
-            try:
-                work.verify(plans, variables, k, pipe.cast)
-            except BaseException:
-                work.close()
-                raise
+    held = work = None
+    try:
+        with pipe.decided(lambda: variables, then=then):
+            variables, plans = _planned(pipe, variables, sources, k)
+            k[0] = None  # the checks across sources name each source themselves
+            work = _Work.decide(obj, variables, plans, shares, non_weights)
+            work.reading = k  # a value that fails to read names its source
+            work.labels = [f"Source {i} of {len(sources)} ({_label(s)})"
+                           for i, s in enumerate(sources)]
+            if work.nbytes < HELD_BYTES:
+                held = work.compute_all(pipe, variables)
+            else:  # assigned one at a time, each old value logged first
+                work.stream_into(obj, pipe, variables, k)
+    except BaseException as err:
+        if work is not None:
+            work.close()
+            work.undo(err)  # every variable assigned gets its old value back
+        raise
+    work.close()
     if held is not None:
         for target, value in held:
             variables[target].assign(value, read_value=False)
-    else:
-        try:
-            for target, value in work.each(pipe, variables):
-                variables[target].assign(value, read_value=False)
-                del value
-        finally:
-            work.close()
-    work.start_fresh(obj, variables)
+        del held
+        work.start_fresh(obj, variables)
     written = [*work.averaged_paths(), *work.taken_paths()]
     _compat.refresh_derived_state(obj, lambda: [variables[p] for p in written], key=variables,
                                   merged=not all(src.keyed_by_path for src, _ in plans))
@@ -272,6 +286,10 @@ class _Work:
         self.batchnorm_averaged = False
         self.workspace = _averaging.Workspace()
         self.reading = [None]  # the source being read, for its error
+        self.labels = [f"Source {k}" for k in range(len(plans))]  # each source, for errors
+        self.log = None  # the undo log of the streamed route (None: held, or none written)
+        self.check = True  # file windows' checksums checked as read (False: checked first)
+        self.assigned = 0  # variables assigned on the streamed route so far
 
     @classmethod
     def decide(cls, obj, variables, plans, shares, non_weights) -> _Work:
@@ -330,16 +348,13 @@ class _Work:
                           for p in means if variables[p].shape.is_fully_defined())
         return work
 
-    def verify(self, plans, variables, k, cast: str = "lossless") -> None:
-        """Checks every checksum of the local TF checkpoints among the sources first (their
-        values are read again, unchecked, as they are averaged): nothing assigned yet."""
-        from objckpt._bundle import fastio as _fastio
+    def prepare(self, variables, k, cast: str = "lossless") -> None:
+        """Opens the local TF checkpoints among the sources and checks, from their index,
+        each entry that is read in pieces (`files`, `keys`, `dtypes`); reads no value."""
         from objckpt._bundle import index as _bundle
 
-        crc = (_averaging.crc32c(fallback=False) or _fastio.native_crc32c()
-               or _averaging.crc32c())
-        jobs = []  # (source index, file, keys to check)
-        for index, (src, the_plan) in enumerate(plans):
+        crc = _crc32c()
+        for index, (src, the_plan) in enumerate(self._plans):
             if src.bundle_keys is None or not src.prefix or "://" in src.prefix:
                 continue
             matches = [m for m in the_plan.matches if m.transform is None and (
@@ -347,8 +362,8 @@ class _Work:
             if not matches:
                 continue
             k[0] = index
-            file = _averaging.BundleFile(_bundle.read_index(src.prefix),
-                                         f"source {index}", crc, self.workspace.read_buffer())
+            file = _averaging.BundleFile(_bundle.read_index(src.prefix), self.labels[index],
+                                         crc, self.workspace.read_buffer())
             self.files[index] = file
             keys = src.bundle_keys([m.source for m in matches])
             for key, match in zip(keys, matches):
@@ -370,10 +385,80 @@ class _Work:
                         "checkpoints that are not being written.", source=src.prefix)
                 self.keys[(index, match.target)] = key
                 self.dtypes[(index, match.target)] = stored  # None: the variable's dtype
-            jobs.append((index, file, [self.keys[(index, m.target)] for m in matches
-                                       if (index, m.target) in self.keys]))
-        _verify_all(jobs, k)
         k[0] = None
+
+    def stream_into(self, obj, pipe, variables, k) -> None:
+        """The streamed route: each variable's mean (or taken value, or fresh slot value)
+        computed and assigned one at a time, every file window's checksum checked as it is
+        read and each stream's whole checksum before its mean is assigned. Each variable's
+        old value goes to the undo log first (`undo` puts them back). Without a log (no
+        temporary file can be written), every TF checkpoint's checksums are checked first
+        instead, in a pass of their own."""
+        self.prepare(variables, k, pipe.cast)
+        try:
+            self.log = _undolog.UndoLog()
+        except OSError as err:
+            self._checked_first(err)
+        try:
+            self._assign_each(obj, pipe, variables)
+        except _undolog.LogFailed as err:
+            self.undo(err)  # nothing else failed: no message to change
+            self._checked_first(err.__cause__)
+            self._assign_each(obj, pipe, variables)
+
+    def _checked_first(self, reason) -> None:
+        """Without an undo log: every checksum of the TF checkpoints checked before the
+        first assignment, in a pass of their own; the report's notes say so."""
+        self.log, self.check = None, False
+        self.notes = (*self.notes, (
+            f"No undo log could be written ({_render.safe_text(str(reason))[:200]}): every TF "
+            "checkpoint's checksums were checked in a pass of their own before the first "
+            "assignment; a value of another format failing to read half way would have left "
+            "the variables before it averaged."))
+        for file in self.files.values():
+            file.verify([key for (index, _), key in self.keys.items()
+                         if self.files.get(index) is file])
+
+    def _assign_each(self, obj, pipe, variables) -> None:
+        for path, value in self.each(pipe, variables):
+            self._assign(variables[path], path, value)
+            del value
+        for path, role in self.fresh:
+            variable = variables[path]
+            self._assign(variable, path, _compat.fresh_slot_value(obj, role, variable))
+
+    def _assign(self, variable, path, value) -> None:
+        if self.log is not None:  # first: the old value safe on disk
+            # a distributed variable's replicas one by one (a SyncOnRead one's replicas
+            # differ: its value read whole is their aggregate)
+            parts = _compat.replica_parts(variable)
+            for i, part in enumerate(parts or (variable,)):
+                self.log.record(part, path if parts is None else f"{path} (replica {i})")
+        variable.assign(value, read_value=False)
+        self.assigned += 1
+
+    def undo(self, err) -> None:
+        """After a failure on the streamed route: every variable assigned so far gets its
+        old value back from the undo log, and err's message says that nothing was changed.
+        Raises an ObjckptError naming the variables that could not be put back."""
+        log, self.log = self.log, None
+        if log is None:
+            return
+        count, self.assigned = self.assigned, 0
+        try:
+            failed = log.undo()
+        finally:
+            log.close()
+        if failed:
+            names = ", ".join(f"`{_render.safe(path)}`" for path, _ in failed[:10])
+            raise errors.ObjckptError(
+                f"objckpt.average failed ({type(err).__name__}: "
+                f"{_render.safe_text(str(err))[:300]}) after assigning {count} variable(s), "
+                f"and {len(failed)} of them could not be given their old values back: "
+                f"{names}. They hold their average; every other variable is as it was. Fix: "
+                "restore obj from a checkpoint.", obj=failed[0][0]) from failed[0][1]
+        if not isinstance(err, _undolog.LogFailed):
+            _say_unchanged(err, count)
 
     def close(self) -> None:
         for file in self.files.values():
@@ -385,10 +470,10 @@ class _Work:
         key = self.keys.get((k, path))
         variable = variables[path]
         if key is not None and variable.shape.is_fully_defined():
-            # checked in `verify`: read in pieces, not checked again
+            # read in pieces, the checksum checked at the end (unless checked first)
             mean = mean or _averaging.Mean(variable.shape, self.shares, self.workspace)
             dtype = self._stored(k, path, variable)
-            for start, values in self.files[k].pieces(key, dtype, check=False):
+            for start, values in self.files[k].pieces(key, dtype, check=self.check):
                 mean.add(k, values, start)
             return mean
         self.reading[0] = k
@@ -421,12 +506,13 @@ class _Work:
             # (AssignVariableOp shares its input): no second copy of the mean.
             value, out = _empty_tensor(dtype, variable.shape)
         if size is not None and all((k, path) in self.keys for k in weighted):
-            # Every source a checked file: a window of every source at a time, in the cache.
+            # Every source a local file: a window of every source at a time, in the cache,
+            # each checksum checked as it is read (unless checked first).
             if out is None:
                 out = value = np.empty(tuple(variable.shape), dtype.as_numpy_dtype)
             streams = [(self.shares[k], self.files[k].stream(
                 self.keys[(k, path)], self._stored(k, path, variable), self.workspace,
-                check=False))
+                check=self.check))
                 for k in weighted]
             _averaging.stream_mean(streams, size, out.reshape(-1))
             return value
@@ -439,7 +525,8 @@ class _Work:
         return mean.result(dtype.as_numpy_dtype)
 
     def each(self, pipe, variables):
-        """(path, value) for every variable that gets one, computed one at a time."""
+        """(path, value) for every variable that gets one (but fresh slots), computed one at
+        a time."""
         for path in self.means:
             yield path, self._mean(pipe, variables, path)
         for path, match in self.taken.items():
@@ -489,12 +576,28 @@ class _Widened(tuple):
         return {path: cls((variable.shape, tf.float64))}
 
 
-def _verify_all(jobs, k) -> None:
-    """Checks every (source index, file, keys) job's checksums in source order; an error
-    names its source (`k`)."""
-    for index, file, keys in jobs:
-        k[0] = index
-        file.verify(keys)
+def _crc32c():
+    """The fastest crc32c there is: google-crc32c's, else TF's own, else objckpt's NumPy one."""
+    from objckpt._bundle import fastio as _fastio
+
+    return (_averaging.crc32c(fallback=False) or _fastio.native_crc32c()
+            or _averaging.crc32c())
+
+
+def _say_unchanged(err, count: int) -> None:
+    """Says in err's message (before its fix), or a note of it, that nothing was changed."""
+    text = (f"Nothing was changed: the {count} variable(s) objckpt.average had assigned were "
+            "given their old values back." if count else "Nothing was changed.")
+    if isinstance(err, errors.ObjckptError) and err.args and isinstance(err.args[0], str):
+        message = err.args[0]
+        if not count and "othing was changed" in message:
+            return
+        at = message.rfind("Fix:")
+        message = (f"{message[:at]}{text} {message[at:]}" if at > 0
+                   else f"{message.rstrip()} {text}")
+        err.args = (message, *err.args[1:])
+    elif hasattr(err, "add_note"):  # Python 3.11
+        err.add_note(f"objckpt.average: {text}")
 
 
 # float32, float64, float16: dtypes NumPy writes into a tensor TF allocated; means at least

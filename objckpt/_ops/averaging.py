@@ -6,7 +6,9 @@ runs) share this module's pieces:
 - `normalized_weights`: N finite, non-negative weights with a positive sum, divided by it;
 - `stream_mean`: the weighted mean of one tensor of N checkpoint files (`BundleFile`), a
   window of elements at a time over every source, in a float64 window that stays in the
-  cache, rounded once into the target dtype (memory: the output and a few small buffers);
+  cache, rounded once into the target dtype, each source's checksum extended as its bytes
+  are read and checked at the end; a large tensor's next window is read ahead by a
+  background thread while this one is added (memory: the output and a few small buffers);
 - `Mean`: the same for whole values (other sources), accumulated in float64 one source at a
   time (memory: the float64 accumulator, the value being added, a small chunk);
 - `average_checkpoints`: N TF checkpoints of one structure averaged into a new checkpoint
@@ -20,6 +22,8 @@ from __future__ import annotations
 
 import math
 import os
+import queue
+import threading
 import uuid
 from collections.abc import Sequence
 
@@ -127,13 +131,21 @@ class Workspace:
     """Buffers reused from one tensor to the next (no fresh pages to fault in for each):
     the float64 accumulator and a small scratch chunk."""
 
-    __slots__ = ("_acc", "_out", "_read", "_window", "scratch")
+    __slots__ = ("_acc", "_out", "_read", "_slots", "_window", "scratch")
 
     def __init__(self):
         self._acc = np.empty(0, np.float64)
         self.scratch = np.empty(CHUNK, np.float64)
         self._read = self._window = None
         self._out = np.empty(0, np.uint8)
+        self._slots = (np.empty(0, np.uint8),) * 2
+
+    def slots(self, nbytes: int):
+        """Two buffers of at least `nbytes` for `stream_mean`'s reading ahead."""
+        if self._slots[0].size < nbytes:
+            self._slots = ()
+            self._slots = (np.empty(nbytes, np.uint8), np.empty(nbytes, np.uint8))
+        return self._slots
 
     def window(self):
         """(accumulator, scratch): WINDOW float64 elements each, for `stream_mean`."""
@@ -216,55 +228,126 @@ class Mean:
 READ_BYTES = 8 << 20
 # Elements of one tensor averaged at a time over every source (`stream_mean`): the float64
 # window stays in the cache while each source's values for it are added.
-WINDOW = 1 << 17
+WINDOW = 1 << 16
+# A tensor of at least this many windows is read ahead by a background thread (the next
+# window of every source read and checked while this one is added), when a window of every
+# source takes at most PREFETCH_BYTES (two such slots are kept).
+PREFETCH_WINDOWS = 2
+PREFETCH_BYTES = 16 << 20
 
 
 def stream_mean(streams: list, size: int, out) -> None:
     """Writes into `out` (flat, `size` elements of the target dtype) the weighted mean of
     `streams` ([(weight, Stream)], each giving its tensor's values in order), a window of
     WINDOW elements at a time: each source's values for the window are added into a float64
-    accumulator that stays in the cache, then rounded once into `out`. Each stream is
-    finished (its checksum checked) at the end."""
-    if streams:
-        acc, scratch = streams[0][1].workspace.window()
-        for start in range(0, size, WINDOW):
-            count = min(WINDOW, size - start)
-            for i, (weight, stream) in enumerate(streams):
-                values = stream.read(count)
-                if i == 0:  # (every float is converted to float64 exactly)
-                    np.multiply(values, np.float64(weight), out=acc[:count], dtype=np.float64)
-                else:
-                    np.multiply(values, np.float64(weight), out=scratch[:count],
-                                dtype=np.float64)
-                    np.add(acc[:count], scratch[:count], out=acc[:count])
-            out[start:start + count] = acc[:count]
-    else:
+    accumulator that stays in the cache, then rounded once into `out`. A large tensor's
+    windows are read ahead by a background thread (reads and checksums beside the sums).
+    Each stream is finished (its whole checksum checked) at the end."""
+    if not streams:
         out[...] = 0
+        return
+    acc, scratch = streams[0][1].workspace.window()
+    weights = [np.float64(weight) for weight, _ in streams]
+    # Equal weights that are a power of two (2, 4, 8 ... sources) over values of at most 32
+    # bits: weighting each value is exact and commutes with every rounding of the sum (no
+    # value comes near float64's limits), so the sum is weighted once, to the same bits.
+    once = (len(set(weights)) == 1 and math.frexp(weights[0])[0] == 0.5
+            and all(stream.itemsize <= 4 for _, stream in streams))
+    windows = _windows([stream for _, stream in streams], size)
+    try:
+        for start, count, values in windows:
+            total, part = acc[:count], scratch[:count]
+            for i, weight in enumerate(weights):
+                # converted exactly into float64 by a plain copy, then weighted: the bits of
+                # `np.multiply(values, weight, dtype=np.float64)`, without its slow
+                # buffered cast
+                into = total if i == 0 else part
+                into[...] = values(i)
+                if not once:
+                    np.multiply(into, weight, out=into)
+                if i:
+                    np.add(total, part, out=total)
+            if once:
+                np.multiply(total, weights[0], out=total)
+            out[start:start + count] = total
+    finally:
+        windows.close()  # the reading thread stopped, whatever happened
     for _, stream in streams:
         stream.finish()
 
 
-class Stream:
-    """One entry of a `BundleFile` read in order, `read(count)` elements at a time into the
-    workspace's read buffer (valid until the next read); `finish()` checks the checksum of
-    everything read (with `check`), which must be the whole entry."""
+def _windows(streams: list, size: int):
+    """(start, count, values) for each window: `values(i)` gives stream i's `count` values
+    (valid until the next window), read here or by a background thread ahead."""
+    itemsize = max(stream.itemsize for stream in streams)
+    nbytes = len(streams) * (min(WINDOW, size) * itemsize + 64)  # each stream's 64-aligned
+    if -(-size // WINDOW) < PREFETCH_WINDOWS or nbytes > PREFETCH_BYTES:
+        for start in range(0, size, WINDOW):
+            count = min(WINDOW, size - start)
+            yield start, count, lambda i, count=count: streams[i].read(count)
+        return
+    free, full = queue.SimpleQueue(), queue.SimpleQueue()
+    for slot in streams[0].workspace.slots(nbytes):
+        free.put(slot)
+    thread = threading.Thread(target=_read_ahead, args=(streams, size, free, full),
+                              name="objckpt-average-reader", daemon=True)
+    thread.start()
+    try:
+        for start in range(0, size, WINDOW):
+            got = full.get()
+            if isinstance(got, BaseException):
+                raise got
+            slot, views = got
+            yield start, views[0].size, views.__getitem__
+            free.put(slot)
+    finally:
+        free.put(None)  # stops the thread at its next window
+        thread.join()
 
-    __slots__ = ("_crc", "_file", "_item", "check", "dtype", "entry", "key", "pos",
+
+def _read_ahead(streams: list, size: int, free, full) -> None:
+    """The background thread of `_windows`: each window of every stream read and checked
+    into a free slot, handed over in order; an error handed over instead."""
+    try:
+        for start in range(0, size, WINDOW):
+            slot = free.get()
+            if slot is None:
+                return
+            count, at, views = min(WINDOW, size - start), 0, []
+            for stream in streams:
+                nbytes = count * stream.itemsize
+                views.append(stream.read_into(slot[at:at + nbytes]))
+                at += -(-nbytes // 64) * 64
+            full.put((slot, views))
+    except BaseException as err:  # noqa: BLE001 (raised by the caller)
+        full.put(err)
+
+
+class Stream:
+    """One entry of a `BundleFile` read in order: `read(count)` elements at a time into the
+    workspace's read buffer (valid until the next read), or `read_into(view)` a given
+    buffer; `finish()` checks the checksum of everything read (with `check`), which must be
+    the whole entry."""
+
+    __slots__ = ("_crc", "_file", "check", "dtype", "entry", "itemsize", "key", "pos",
                  "workspace")
 
     def __init__(self, file, key: str, dtype, check: bool, workspace):
         self._file, self.key, self.check, self.workspace = file, key, check, workspace
         self.entry = file.entry_for(key)
         self.dtype = np.dtype(dtype)
-        self._item, self.pos, self._crc = self.dtype.itemsize, 0, 0
+        self.itemsize, self.pos, self._crc = self.dtype.itemsize, 0, 0
 
     def read(self, count: int):
-        nbytes = count * self._item
-        view = self.workspace.read_buffer()[:nbytes]
+        return self.read_into(self.workspace.read_buffer()[:count * self.itemsize])
+
+    def read_into(self, view):
+        """Fills `view` (uint8, a whole number of elements) with the next bytes, extends the
+        checksum with them; returns them as values."""
         self._file.read_into(self.key, self.entry, view, self.pos)
         if self.check:
             self._crc = self._file.crc(view, self._crc)
-        self.pos += nbytes
+        self.pos += view.nbytes
         return view.view(self.dtype)
 
     def finish(self) -> None:

@@ -1,0 +1,219 @@
+"""An undo log: the values variables had before an operation assigned them, kept on disk.
+
+An operation that assigns one variable at a time (`objckpt.average` of a large model, to keep
+its memory about the largest tensor) stays all or nothing with it: before a variable is
+assigned, `record` takes its current value to append to an anonymous temporary file
+(`tempfile.TemporaryFile`: no name, gone when closed or when the process ends); on any
+failure after the first assignment, `undo` gives every recorded variable its old value back,
+bit for bit, one at a time.
+
+The log costs disk (one copy of what was assigned), not memory: a value is written from the
+variable's own buffer (a CPU variable's `numpy()` is a view of it, which also keeps that
+buffer alive and unchanged when the variable is assigned a new tensor) and read back one at
+a time. A large value is written by a background thread while the caller computes the next
+one (one write at most in flight: one old value held beyond the variables; `undo` puts it
+back from memory when its write failed), to a second file opened for direct I/O where the
+file system allows it (through one aligned staging buffer): the log is written at the
+disk's speed and neither fills the page cache nor waits on its write-back. No TensorFlow
+here: a variable is anything with `numpy()` and `assign(value, read_value=False)`.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import tempfile
+import threading
+
+import numpy as np
+
+__all__ = ["ASYNC_BYTES", "LogFailed", "UndoLog"]
+
+# Values at least this large are written by a background thread while the caller goes on,
+# to the direct-I/O file; smaller ones at once, through the page cache.
+ASYNC_BYTES = 1 << 20
+# Direct I/O: offsets, lengths and the staging buffer's address are multiples of this; the
+# staging buffer's size.
+_ALIGN = 4096
+_STAGE = 8 << 20
+
+
+class LogFailed(Exception):
+    """The log could not be written (its `__cause__`: the OSError). Every variable recorded
+    can still be undone (the one whose write failed, from memory)."""
+
+
+class UndoLog:
+    """Old values of variables, appended to anonymous temporary files.
+
+    Raises OSError from the constructor when no temporary file can be made (a read-only or
+    missing temporary directory); `record` raises `LogFailed` when an earlier write failed
+    (no space left): call `undo` then.
+    """
+
+    def __init__(self, directory: str | None = None):
+        self._small = tempfile.TemporaryFile(dir=directory)
+        try:
+            self._large = tempfile.TemporaryFile(dir=directory)
+        except BaseException:
+            self._small.close()
+            raise
+        self._direct = _set_direct(self._large.fileno(), True)
+        self._stage = None  # the aligned staging buffer of direct writes (made on first use)
+        self._ends = {self._small.fileno(): 0, self._large.fileno(): 0}
+        # [name, variable, fd, offset, dtype, shape, held]: `held` is the old value itself
+        # while its write is in flight, when the write failed, or for values without
+        # fixed-size bytes (strings: small), else None (read back from `fd` at `offset`)
+        self._entries: list = []
+        self._pending = None  # (thread, entry, [error]) of the write in flight
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes written (direct writes padded to whole blocks)."""
+        return sum(self._ends.values())
+
+    def record(self, variable, name: str = "") -> None:
+        """Takes `variable`'s current value to append (`name`: how `undo` names it); call
+        it before assigning the variable. Raises `LogFailed` when an earlier write failed."""
+        self._settle(raising=True)
+        value = np.asarray(variable.numpy())
+        if value.dtype.hasobject or value.dtype.kind in "SUV":
+            self._entries.append([name, variable, None, None, value.dtype, value.shape,
+                                  value.copy()])
+            return
+        if not value.flags.c_contiguous:
+            value = value.copy(order="C")  # (np.ascontiguousarray makes a scalar 1-d)
+        raw = memoryview(value.reshape(-1).view(np.uint8))
+        if raw.nbytes < ASYNC_BYTES:  # small: written now (a thread costs more)
+            fd = self._small.fileno()
+            offset = self._ends[fd]
+            try:
+                _write_all(fd, raw, offset)
+            except OSError as err:
+                raise LogFailed(f"the undo log could not be written: {err}") from err
+            self._ends[fd] = offset + raw.nbytes
+            self._entries.append([name, variable, fd, offset, value.dtype, value.shape, None])
+            return
+        fd = self._large.fileno()
+        offset = self._ends[fd]
+        self._ends[fd] = offset + -(-raw.nbytes // _ALIGN) * _ALIGN  # the next one aligned
+        entry = [name, variable, fd, offset, value.dtype, value.shape, value]
+        self._entries.append(entry)
+        failure: list = []
+        thread = threading.Thread(target=self._write_large, args=(raw, offset, failure),
+                                  name="objckpt-undo-log", daemon=True)
+        self._pending = (thread, entry, failure)
+        thread.start()
+
+    def _write_large(self, raw, offset: int, failure: list) -> None:
+        """The background thread: `raw` at `offset` of the large file, direct where it can
+        be (falls back to the page cache where the file system refuses a direct write)."""
+        fd = self._large.fileno()
+        try:
+            if self._direct:
+                try:
+                    self._write_direct(fd, raw, offset)
+                    return
+                except OSError as err:
+                    if err.errno != errno.EINVAL:  # (EINVAL: refused, not failed)
+                        raise
+                    self._direct = _set_direct(fd, False)  # written again, plainly
+            _write_all(fd, raw, offset)
+        except BaseException as err:  # noqa: BLE001 (the caller raises it)
+            failure.append(err)
+
+    def _write_direct(self, fd: int, raw, offset: int) -> None:
+        if self._stage is None:
+            block = np.empty(_STAGE + _ALIGN, np.uint8)
+            start = (-block.ctypes.data) % _ALIGN
+            self._stage = block[start:start + _STAGE]
+        source = np.frombuffer(raw, np.uint8)
+        for done in range(0, source.size, _STAGE):
+            count = min(_STAGE, source.size - done)
+            self._stage[:count] = source[done:done + count]
+            padded = -(-count // _ALIGN) * _ALIGN  # the tail's padding: never read back
+            _write_all(fd, memoryview(self._stage[:padded]), offset + done)
+
+    def _settle(self, raising: bool) -> None:
+        """Waits for the write in flight; its entry then reads back from disk, or keeps its
+        value in memory when the write failed (`LogFailed` when `raising`)."""
+        if self._pending is None:
+            return
+        thread, entry, failure = self._pending
+        thread.join()
+        self._pending = None
+        if failure:
+            if raising:
+                raise LogFailed(f"the undo log could not be written: {failure[0]}") \
+                    from failure[0]
+            return
+        entry[6] = None  # on disk: the old buffer is let go
+
+    def undo(self) -> list:
+        """Gives every recorded variable its old value back, the last recorded first, one at
+        a time; returns `[(name, exception)]` for those that could not be (none: all were)."""
+        failed = []
+        self._settle(raising=False)
+        if self._direct:  # read back through the page cache (no alignment needed)
+            self._direct = _set_direct(self._large.fileno(), False)
+        for name, variable, fd, offset, dtype, shape, held in reversed(self._entries):
+            try:
+                if held is not None:
+                    value = held
+                else:
+                    value = np.empty(shape, dtype)
+                    _read_all(fd, memoryview(value.reshape(-1).view(np.uint8)), offset)
+                variable.assign(value, read_value=False)
+                del value
+            except BaseException as err:  # noqa: BLE001 (every other one still undone)
+                failed.append((name, err))
+        self._entries.clear()
+        return failed
+
+    def close(self) -> None:
+        """Waits for the write in flight, drops every entry and deletes the files."""
+        try:
+            self._settle(raising=False)
+        finally:
+            self._entries.clear()
+            self._small.close()
+            self._large.close()
+
+
+def _set_direct(fd: int, on: bool) -> bool:
+    """Turns direct I/O on or off for `fd`; whether it is on (False where the platform or
+    the file system has none: tmpfs, macOS, Windows)."""
+    direct = getattr(os, "O_DIRECT", 0)
+    try:
+        import fcntl
+    except ImportError:
+        return False
+    if not direct:
+        return False
+    try:
+        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+        fcntl.fcntl(fd, fcntl.F_SETFL, (flags | direct) if on else (flags & ~direct))
+    except OSError:
+        return False
+    return on
+
+
+def _write_all(fd: int, view, offset: int) -> None:
+    while len(view):
+        done = os.pwrite(fd, view, offset)
+        if done <= 0:
+            raise OSError(f"pwrite wrote {done} bytes")
+        view, offset = view[done:], offset + done
+
+
+def _read_all(fd: int, view, offset: int) -> None:
+    got = 0
+    while got < len(view):
+        count = os.preadv(fd, [view[got:]], offset + got)
+        if count <= 0:
+            raise OSError(f"the undo log is {offset + got} bytes long, shorter than it was "
+                          "written")
+        got += count

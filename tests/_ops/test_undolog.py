@@ -1,0 +1,83 @@
+"""The undo log (`_ops.undolog`): old values written to an anonymous temporary file (at once,
+or by a background thread) and put back bit for bit, whatever their dtype and shape."""
+
+import errno
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from objckpt._ops import undolog as _undolog
+
+
+@pytest.fixture(params=["written at once", "by a thread, direct",
+                        "by a thread, through the page cache"])
+def writes(request, monkeypatch):
+    """Small values written at once; large ones (every value, with a threshold of 0) by a
+    background thread, with direct I/O where the file system has it (tmp_path's, here), or
+    through the page cache where it has none."""
+    if request.param != "written at once":
+        monkeypatch.setattr(_undolog, "ASYNC_BYTES", 0)
+    if request.param.endswith("page cache"):
+        monkeypatch.setattr(_undolog, "_set_direct", lambda fd, on: False)
+    return request.param
+
+
+def test_undo_log_gives_back_every_dtype_and_shape_bit_for_bit(writes):
+    values = [np.array([1.5, -0.0, np.inf], np.float16),
+              tf.constant([1.0, -2.5], tf.bfloat16),
+              np.frombuffer(np.array([0x7FC00001, 0x80000000], np.uint32).tobytes(),
+                            np.float32),  # a NaN payload and -0.0
+              np.array(7, np.int64), np.array([True, False]), np.array([b"a", b"bc"]),
+              # more than the 8 MiB staging buffer of direct writes, not a whole block
+              np.random.default_rng(0).normal(size=(2_100_001,)).astype(np.float32),
+              np.array([3.0, 4.0])]  # after it: its offset aligned
+    variables = [tf.Variable(v) for v in values]
+    relaxed = tf.Variable(np.arange(6, dtype=np.float32), shape=tf.TensorShape(None))
+    variables.append(relaxed)
+    before = [_bits(v) for v in variables]
+    log = _undolog.UndoLog()
+    for k, variable in enumerate(variables):
+        log.record(variable, f"v{k}")
+        new = (tf.zeros((2, 2)) if variable is relaxed
+               else tf.zeros_like(variable) if variable.dtype != tf.string
+               else tf.constant([b"x", b"y"]))
+        variable.assign(new, read_value=False)
+    assert len(log) == len(variables) and log.nbytes > 0
+    assert relaxed.numpy().shape == (2, 2)
+    assert log.undo() == []
+    log.close()
+    assert [_bits(v) for v in variables] == before
+    assert relaxed.numpy().shape == (6,)
+    assert [v.dtype for v in variables][:2] == [tf.float16, tf.bfloat16]
+
+
+def _bits(variable):
+    value = np.array(variable.numpy())
+    return (value.dtype, value.shape,
+            value.tolist() if value.dtype.hasobject else value.tobytes())
+
+
+def test_a_write_failing_in_the_background_is_undone_from_memory(monkeypatch):
+    monkeypatch.setattr(_undolog, "ASYNC_BYTES", 0)
+    calls = []
+    real = _undolog._write_all
+
+    def failing(fd, view, offset):
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device (injected)")
+        return real(fd, view, offset)
+
+    monkeypatch.setattr(_undolog, "_write_all", failing)
+    variables = [tf.Variable(np.full((3,), k, np.float32)) for k in range(3)]
+    log = _undolog.UndoLog()
+    for variable in variables[:2]:
+        log.record(variable)
+        variable.assign(tf.fill((3,), -1.0), read_value=False)
+    with pytest.raises(_undolog.LogFailed, match="No space") as info:
+        log.record(variables[2])  # the second write failed: found before the third assign
+    assert isinstance(info.value.__cause__, OSError)
+    assert log.undo() == []
+    log.close()
+    assert [v.numpy().tolist() for v in variables] == [[0.0] * 3, [1.0] * 3, [2.0] * 3]
