@@ -99,8 +99,9 @@ ABOUT = {
         "it). Target: extra memory at most the largest tensor + 256 MiB."),
     "average": (
         "Averaging 8 checkpoints of one model: `objckpt.average(obj, prefixes)` (every source "
-        "planned and its checksums checked first, then read again one variable at a time, a "
-        "window of every source at a time added in float64) and the model-free writer "
+        "planned first, then read once, one variable at a time: a window of every source at "
+        "a time added in float64, its checksum extended as it is read, each mean assigned "
+        "once its checksums matched, the old value kept in an undo log) and the model-free writer "
         "`objckpt.average_checkpoints` (one read, checksums checked as it goes; what "
         "`objckpt average` runs, without TensorFlow) against the way users write it (every "
         "variable of all 8 checkpoints read into NumPy with `tf.train.load_checkpoint`, "
