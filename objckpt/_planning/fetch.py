@@ -92,6 +92,9 @@ def streamed(src, the_plan: _match.Plan, variables, into=None):
     the planned one (of the same shape and dtype): a clone's, created after the loader was
     checked (`load_ensemble`); only a format read one tensor at a time (safetensors) is
     streamed so, a TF checkpoint's values are fetched whole then."""
+    opened = getattr(the_plan, "opened", None)  # a Plan: entries a Stack makes one, as one
+    if src is not None and opened is not None:
+        src = opened(src)
     if into is None:
         def assign_to(variable, value):
             variable.assign(value, read_value=False)
