@@ -332,8 +332,8 @@ def _fan_out_note(work: _Work) -> None:
 
 
 def _stack_note(work: _Work) -> None:
-    """Notes the entries stacked into one variable each (a Stack rule's), and the groups
-    that cannot be assembled although no variable took them."""
+    """Notes the entries made into one variable each (Stack and Concat rules'), and the
+    groups that cannot be assembled although no variable took them."""
     fed = {entry[0]: target for target, entry in work.chosen.items()}
     made = [f"`{_render.safe(g.full)}` -> {work.targets.label(fed[key])}"
             for key, g in work.stacks.items() if key in fed]
@@ -341,8 +341,9 @@ def _stack_note(work: _Work) -> None:
         parts = sum(len(g.parts) for key, g in work.stacks.items() if key in fed)
         more = len(made) - _FANNED_LISTED
         work.notes.append(
-            f"{parts:,} source entries stacked into {len(made):,} variable(s) by Stack rules "
-            f"(each braced key stands for its entries): {'; '.join(made[:_FANNED_LISTED])}"
+            f"{parts:,} source entries made into {len(made):,} variable(s) by Stack or "
+            "Concat rules (a braced key stands for its entries, ` + ` joins parts): "
+            f"{'; '.join(made[:_FANNED_LISTED])}"
             + (f"; and {more} more" if more > 0 else ""))
     work.notes.extend(g.problem for key, g in work.stacks.items()
                       if g.problem and key not in fed)

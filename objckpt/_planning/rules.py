@@ -53,6 +53,7 @@ class ParsedRule:
     # each entry goes through before it is stacked.
     stack: object = None
     part: Callable | None = None
+    concat: object = None  # a Concat last: this rule's entries are one part of the variable
 
     def __str__(self) -> str:
         if self.label is not None:
@@ -112,7 +113,8 @@ def parse_rules(rules) -> tuple[ParsedRule, ...]:
         extra = {}
         if isinstance(given, _ruleset.Rule):
             extra = dict(head=given.head, absent=given.absent, unused_by=given.unused_by,
-                         target=given.target_regex, stack=given.stack, part=given.part)
+                         target=given.target_regex, stack=given.stack, part=given.part,
+                         concat=given.concat)
         parsed.append(ParsedRule(index, regex, replacement, transform, label,
                                  optional=bool(getattr(rules, "alternatives", False)),
                                  **extra))
@@ -193,15 +195,17 @@ def rewrite_view(view: dict, rules: tuple[ParsedRule, ...], *, keep=None,
             continue
         pairs = rewrite_all(key, rules, stacks)
         new, rule = pairs[0]
-        if rule is not None and rule.stack is not None and new is not None and not (
-                stacks and key in stacks):  # a caller that plans entry by entry
+        if rule is not None and (rule.stack is not None or rule.concat is not None) and \
+                new is not None and not (stacks and key in stacks):  # planned entry by entry
             raise errors.InvalidArgumentError(
-                f"{rule} stacks several source entries into one variable, which a restore "
+                f"{rule} makes one variable of several source entries, which a restore "
                 f"that places each entry as its variable is created (restore_on_create) "
                 f"cannot do: `{_render.safe(full)}` is one of them. Fix: build the obj "
                 "first (call it on a batch), then objckpt.restore(obj, source, rules=...).")
         if rule is not None:
             fired.update(r.index for _, r in pairs)
+            if stacks and key in stacks:  # every rule whose entries the key stands for
+                fired.update(r.index for r, _ in stacks[key].pieces)
             taken.append((key, new, rule))
         if new is None:
             skipped.append(f"{full}: dropped by {rule}")

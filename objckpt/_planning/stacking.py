@@ -31,17 +31,19 @@ __all__ = ["Stacked", "restacked", "stacked_view"]
 
 @dataclasses.dataclass(frozen=True)
 class Stacked:
-    """One group of entries a Stack rule makes one variable of.
+    """One group of entries that rules make one variable of.
 
     Attributes:
-      key: the group's key within `at` (the entries' key with the indexes in braces).
+      key: the group's key within `at` (each rule's entries' key with the indexes in
+        braces, ` + ` between a Concat's parts).
       full: the same as a source key.
-      rule: the Stack rule.
-      target: the key the rule rewrites every entry to (the variable's object path).
-      parts: the entries' source keys, in index order ("" where one is missing).
-      shape: the stacked shape (after each part's transform).
-      dtype: the parts' dtype.
+      rule: the (first) rule.
+      target: the key the rules rewrite every entry to (the variable's object path).
+      parts: every entry's source key ("" where one is missing), in assembly order.
+      shape: the variable's shape (after each entry's transform).
+      dtype: the entries' dtype.
       problem: why the group cannot be assembled, or "".
+      pieces: (rule, its entries' source keys in Stack order) per rule, in Concat order.
     """
 
     key: str
@@ -52,6 +54,7 @@ class Stacked:
     shape: tuple
     dtype: object
     problem: str = ""
+    pieces: tuple = ()
 
 
 def _braced(key: str, span: tuple, count: int) -> str:
@@ -68,42 +71,164 @@ def _index(text: str, count: int) -> int | None:
     return value if value < count else None
 
 
+def _places(rule) -> bool:
+    return rule is not None and (rule.stack is not None or rule.concat is not None)
+
+
 def stacked_view(source: Source, view: dict, rules) -> tuple:
     """(source, view, {group key: Stacked}): the source and the view (key within `at` ->
-    full key) as planning sees them when rules stack entries, else as given."""
-    if not any(rule.stack is not None for rule in rules):
+    full key) as planning sees them when rules stack or join entries, else as given."""
+    if not any(_places(rule) for rule in rules):
         return source, view, {}
-    found: dict = {}  # (rule index, target) -> {index text: (key, full, span)}
+    found: dict = {}  # group id -> {rule index: {index text: (key, full, span)}}
     out: dict = {}
     for key, full in view.items():
         new, rule = rewrite(key, rules)
-        if rule is None or rule.stack is None or new is None:
+        if new is None or not _places(rule):
             out[key] = full
             continue
-        match = rule.regex.search(key)
-        group = found.setdefault((rule.index, new), {})
-        group.setdefault(match.group(rule.stack.over), (key, full, match.span(rule.stack.over)))
-        if (rule.index, new) not in out:  # the group's place among the keys
-            out[(rule.index, new)] = None
-    groups, specs = {}, source.specs
-    for (index, target), members in found.items():
-        stacked = _group(source, rules[index], target, members)
-        if stacked.full in specs or stacked.key in out:
-            raise errors.InvalidArgumentError(
-                f"{rules[index]}: the key `{_render.safe(stacked.full)}` that stands for its "
-                "stacked entries is also a key of the source. Fix: rename the entry, or drop "
-                "it with a rule (regex, None).")
-        groups[stacked.key] = stacked
-    view = {}
-    for key, full in out.items():
-        if isinstance(key, tuple):
-            target = key[1]
-            stacked = next(g for g in groups.values()
-                           if g.rule.index == key[0] and g.target == target)
-            view[stacked.key] = stacked.full
+        gid = ("join", new) if rule.concat is not None else ("stack", rule.index, new)
+        members = found.setdefault(gid, {}).setdefault(rule.index, {})
+        if rule.stack is not None:
+            match = rule.regex.search(key)
+            members.setdefault(match.group(rule.stack.over),
+                               (key, full, match.span(rule.stack.over)))
         else:
-            view[key] = full
+            members.setdefault("", (key, full, None))
+        out.setdefault(gid, None)  # the group's place among the keys
+    groups, by_gid = {}, {}
+    for gid, pieces in found.items():
+        stacked = _group(source, rules, gid[-1], pieces)
+        if stacked.full in source.specs or stacked.key in out or stacked.key in groups:
+            raise errors.InvalidArgumentError(
+                f"{stacked.rule}: the key `{_render.safe(stacked.full)}` that stands for its "
+                "entries made one is also a key of the source. Fix: rename the entry, or "
+                "drop it with a rule (regex, None).")
+        groups[stacked.key] = by_gid[gid] = stacked
+    view = {(by_gid[k].key if isinstance(k, tuple) else k):
+            (by_gid[k].full if isinstance(k, tuple) else full) for k, full in out.items()}
     return restacked(source, {g.full: g for g in groups.values()}), view, groups
+
+
+def _piece(source: Source, rule: ParsedRule, members: dict) -> tuple:
+    """(entries' full keys in Stack order, key, full key, problems, shape after the rule's
+    per-entry transform and Stack, dtype) of one rule's entries in a group."""
+    problems = []
+    first_key, first_full, span = next(iter(members.values()))
+    shift = len(first_full) - len(first_key)
+    if rule.stack is None:
+        parts, key, full = (first_full,), first_key, first_full
+    else:
+        stack, count = rule.stack, rule.stack.count
+        key = _braced(first_key, span, count)
+        full = first_full[:shift] + key if first_full.endswith(first_key) else key
+        parts = [""] * count
+        for text, (_, entry_full, _) in members.items():
+            index = _index(text, count)
+            if index is None:
+                problems.append(f"entry `{_render.safe(entry_full)}` has {{{stack.over}}} = "
+                                f"`{_render.safe(text)}`, not an index in 0..{count - 1}")
+            else:
+                parts[index] = entry_full
+        missing = [k for k, part in enumerate(parts) if not part]
+        if missing:
+            start, stop = span
+            names = [f"`{_render.safe(first_full[:shift + start] + str(k) + first_key[stop:])}`"
+                     for k in missing]
+            problems.append(f"the source lacks {len(missing)} of its {count} entries: "
+                            + ", ".join(names[:8]) + (", ..." if len(names) > 8 else ""))
+    present = [p for p in parts if p]
+    shape, dtype = source.specs[present[0]]
+    for part in present[1:]:
+        if source.specs[part] != (shape, dtype):
+            other_shape, other_dtype = source.specs[part]
+            problems.append(
+                f"entry `{_render.safe(part)}` is {other_dtype.name}{tuple(other_shape)} but "
+                f"`{_render.safe(present[0])}` is {dtype.name}{tuple(shape)}: the stacked "
+                "entries must share one shape and dtype")
+            break
+    out_shape = tuple(shape)
+    try:
+        if rule.part is not None:
+            output_shape = getattr(rule.part, "output_shape", None)
+            if not callable(output_shape):
+                raise errors.InvalidArgumentError(
+                    f"the transform before its Stack or Concat, {rule.part!r}, has no "
+                    "output_shape (the variable's shape must be known from metadata). Fix: "
+                    "use objckpt.rules' Transpose, ConvKernel, Reshape or Chain")
+            out_shape = tuple(output_shape(out_shape))
+        if rule.stack is not None:
+            out_shape = rule.stack.output_shape(out_shape)
+    except (errors.ObjckptError, NotImplementedError) as err:
+        problems.append(_render.first_line(err))
+        out_shape = None
+    return tuple(parts), key, full, problems, out_shape, dtype
+
+
+def _group(source: Source, rules, target: str, pieces: dict) -> Stacked:
+    """The group of entries one variable is made of, checked from metadata."""
+    lead = rules[min(pieces)]
+    built = [(rules[i], *_piece(source, rules[i], members)) for i, members in pieces.items()]
+    problems = [p for *_, piece_problems, _, _ in built for p in piece_problems]
+    dtype = built[0][-1]
+    shape = None
+    if lead.concat is not None:
+        built.sort(key=lambda b: b[0].concat.index)
+        shape, problems = _joined(rules, target, built, problems)
+    elif built[0][-2] is not None:
+        shape = built[0][-2]
+    for rule, parts, *_ in built[1:]:
+        if source.specs[next(p for p in parts if p)][1] != dtype:
+            problems.append(f"the entries of {rule} are not {dtype.name}, as those of "
+                            f"{built[0][0]} are")
+    key = " + ".join(b[2] for b in built)
+    full = " + ".join(b[3] for b in built)
+    problem = ""
+    if problems:
+        problem = (f"made of the entries `{_render.safe(full)}` by "
+                   f"{' and '.join(str(b[0]) for b in built)}, but " + "; ".join(problems))
+    if shape is None:
+        first = source.specs[next(p for p in built[0][1] if p)][0]
+        shape = (len(built[0][1]), *first)
+    return Stacked(key, full, lead, target, tuple(p for b in built for p in b[1]),
+                   tuple(shape), dtype, problem, tuple((b[0], b[1]) for b in built))
+
+
+def _joined(rules, target: str, built: list, problems: list) -> tuple:
+    """(the joined shape or None, problems) of a Concat group's pieces."""
+    problems = list(problems)
+    cut = built[0][0].concat
+    indexes = [b[0].concat.index for b in built]
+    for rule, *_ in built:
+        if not rule.concat.same_cut(cut):
+            problems.append(f"{rule} and {built[0][0]} cut `{_render.safe(target)}` "
+                            "differently (each Concat needs the same axis and parts)")
+            return None, problems
+    for index in sorted(set(indexes)):
+        if indexes.count(index) > 1:
+            problems.append(f"{indexes.count(index)} rules give part {index}")
+    for index in range(cut.count):
+        if index not in indexes:
+            named = [str(r) for r in rules if r.concat is not None and r.concat.index == index
+                     and r.target is not None and r.target.match(target)]
+            problems.append(f"no entry gives part {index} of {cut.count}"
+                            + (f" (the source lacks what {' or '.join(named)} reads)"
+                               if named else ""))
+    if problems or any(b[-2] is None for b in built):
+        return None, problems
+    whole = None
+    for rule, *_, shape, _ in built:
+        try:
+            made = rule.concat.output_shape(shape)
+        except errors.ObjckptError as err:
+            problems.append(_render.first_line(err))
+            return None, problems
+        if whole is not None and made != whole:
+            problems.append(f"the entries of {rule} give part shape {shape}, which does not "
+                            f"join the others' into {whole}")
+            return None, problems
+        whole = made
+    return whole, problems
 
 
 def restacked(source: Source, groups: dict) -> Source:
@@ -120,84 +245,34 @@ def restacked(source: Source, groups: dict) -> Source:
                                stream=stream, bundle_keys=None, structure=None)
 
 
-def _group(source: Source, rule: ParsedRule, target: str, members: dict) -> Stacked:
-    """The group of one Stack rule and target, checked from metadata."""
-    stack, count = rule.stack, rule.stack.count
-    first_key, first_full, span = next(iter(members.values()))
-    key = _braced(first_key, span, count)
-    shift = len(first_full) - len(first_key)
-    full = (first_full[:shift] + key if first_full.endswith(first_key) else key)
-    parts, problems = [""] * count, []
-    for text, (entry, entry_full, _) in members.items():
-        index = _index(text, count)
-        if index is None:
-            problems.append(f"entry `{_render.safe(entry_full)}` has {{{stack.over}}} = "
-                            f"`{_render.safe(text)}`, not an index in 0..{count - 1}")
-        else:
-            parts[index] = entry_full
-    missing = [k for k, part in enumerate(parts) if not part]
-    if missing:
-        start, stop = span
-        names = [f"`{_render.safe(first_full[:shift + start] + str(k) + first_key[stop:])}`"
-                 for k in missing]
-        problems.append(f"the source lacks {len(missing)} of its {count} entries: "
-                        + ", ".join(names[:8]) + (", ..." if len(names) > 8 else ""))
-    present = [p for p in parts if p]
-    shape, dtype = source.specs[present[0]] if present else ((), None)
-    for part in present[1:]:
-        if source.specs[part] != (shape, dtype):
-            other_shape, other_dtype = source.specs[part]
-            problems.append(
-                f"entry `{_render.safe(part)}` is {other_dtype.name}{tuple(other_shape)} but "
-                f"`{_render.safe(present[0])}` is {dtype.name}{tuple(shape)}: the stacked "
-                "entries must share one shape and dtype")
-            break
-    stacked_shape = tuple(shape)
-    try:
-        if rule.part is not None:
-            output_shape = getattr(rule.part, "output_shape", None)
-            if not callable(output_shape):
-                raise errors.InvalidArgumentError(
-                    f"the transform before its Stack, {rule.part!r}, has no output_shape "
-                    "(the stacked shape must be known from metadata). Fix: use "
-                    "objckpt.rules' Transpose, ConvKernel, Reshape or Chain")
-            stacked_shape = tuple(output_shape(stacked_shape))
-        stacked_shape = stack.output_shape(stacked_shape)
-    except (errors.ObjckptError, NotImplementedError) as err:
-        problems.append(_render.first_line(err))
-        stacked_shape = (count, *shape)
-    problem = ""
-    if problems:
-        problem = (f"stacked from the {count} entries `{_render.safe(full)}` by {rule}, but "
-                   + "; ".join(problems))
-    return Stacked(key, full, rule, target, tuple(parts), stacked_shape, dtype, problem)
-
-
 def _assembled(source: Source, group: Stacked):
-    """The group's stacked value: a buffer of its shape, each part read, transformed and
-    copied in, one at a time."""
+    """The group's value: a buffer of its shape, each entry read, transformed and copied into
+    its place (its Concat's region, its Stack's index), one at a time."""
     import numpy as np
     import tensorflow as tf
 
     if group.problem:  # the check stage refuses such a plan: never read
         raise errors.StructureMismatchError(group.problem)
     buffer = np.empty(group.shape, group.dtype.as_numpy_dtype)
-    axis = group.rule.stack.axis % len(group.shape)
-    want = group.shape[:axis] + group.shape[axis + 1:]
-    for index, part in enumerate(group.parts):
-        (value,) = source.fetch([part])
-        if group.rule.part is not None:
-            value = group.rule.part(value)
-        value = value.numpy() if hasattr(value, "numpy") else np.asarray(value)
-        if tuple(value.shape) != want or value.dtype != buffer.dtype:
-            raise errors.CheckpointCorruptError(
-                f"{source.description}: entry `{_render.safe(part)}` read as "
-                f"{value.dtype.name}{tuple(value.shape)}, but its metadata promised "
-                f"{buffer.dtype.name}{want} (after {group.rule}); nothing was changed. Fix: "
-                "restore from another checkpoint, or write this one again.",
-                source=source.description)
-        buffer[(slice(None),) * axis + (index,)] = value
-        del value
+    for rule, parts in group.pieces:
+        region = buffer if rule.concat is None else buffer[rule.concat.region(group.shape)]
+        for index, part in enumerate(parts):
+            slot = region
+            if rule.stack is not None:
+                slot = region[(slice(None),) * (rule.stack.axis % region.ndim) + (index,)]
+            (value,) = source.fetch([part])
+            if rule.part is not None:
+                value = rule.part(value)
+            value = value.numpy() if hasattr(value, "numpy") else np.asarray(value)
+            if value.shape != slot.shape or value.dtype != buffer.dtype:
+                raise errors.CheckpointCorruptError(
+                    f"{source.description}: entry `{_render.safe(part)}` read as "
+                    f"{value.dtype.name}{tuple(value.shape)}, but its metadata promised "
+                    f"{buffer.dtype.name}{slot.shape} (after {rule}); nothing was changed. "
+                    "Fix: restore from another checkpoint, or write this one again.",
+                    source=source.description)
+            slot[...] = value
+            del value
     return tf.convert_to_tensor(buffer)
 
 

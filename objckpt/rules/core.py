@@ -9,8 +9,8 @@ from collections.abc import Callable, Sequence
 
 from objckpt import errors
 
-__all__ = ["NOWHERE", "Chain", "ConvKernel", "Reshape", "Rule", "RuleSet", "Split", "Stack",
-           "Transform", "Transpose", "Unstack", "split_of", "stack_of"]
+__all__ = ["NOWHERE", "Chain", "Concat", "ConvKernel", "Reshape", "Rule", "RuleSet", "Split",
+           "Stack", "Transform", "Transpose", "Unstack", "placement_of", "split_of", "stack_of"]
 
 # The target of a head entry that no model has a variable for (a tied decoder, a head
 # keras-hub has no layer for): `Rule(entry, f"{NOWHERE}/{entry}", head=...)` sets it aside.
@@ -463,6 +463,82 @@ class Unstack(Transform):
             "Fix: restore with the rule's Stack, which stacks every part.")
 
 
+@dataclasses.dataclass(frozen=True)
+class Concat(Transform):
+    """Part `index` of a variable made of `parts` equal parts (or parts of the given `sizes`)
+    along `axis`: the other way round from `Split`. Several rules with different source
+    patterns and one target, each with a Concat (last in its transform) of the same cut and
+    its own index, make one variable of their entries (a Keras fused gate/up kernel of two
+    torch weights; after a `Stack`, per expert: Qwen MoE's `gate_up` bank). Every part's
+    shape is checked from metadata; a part no entry gives is an error naming its rule.
+    Its inverse is the Split of the same cut and index (export writes each part)."""
+
+    axis: int
+    parts: int | None = None
+    sizes: tuple | None = None
+    index: int = 0
+
+    def __post_init__(self):
+        _, _, sizes = _split_arguments(self.axis, self.parts, self.sizes, self.index)
+        object.__setattr__(self, "sizes", sizes)
+
+    @property
+    def count(self) -> int:
+        """How many parts make the variable."""
+        return self.parts if self.parts is not None else len(self.sizes)
+
+    def same_cut(self, other) -> bool:
+        """Whether `other` is a Concat of the same variable the same way (index aside)."""
+        return isinstance(other, Concat) and (other.axis, other.parts, other.sizes) == (
+            self.axis, self.parts, self.sizes)
+
+    def split(self) -> Split:
+        return Split(self.axis, self.parts, self.sizes, self.index)
+
+    def output_shape(self, shape: tuple) -> tuple:
+        """The whole variable's shape, from part `index`'s `shape`."""
+        shape = tuple(shape)
+        if not -len(shape) <= self.axis < len(shape):
+            raise errors.InvalidArgumentError(
+                f"{self!r} joins along axis {self.axis}, but its part has shape {shape}. "
+                f"Fix: pass an axis in {-len(shape)}..{len(shape) - 1}.")
+        axis = self.axis % len(shape)
+        if self.sizes is not None and shape[axis] != self.sizes[self.index]:
+            raise errors.InvalidArgumentError(
+                f"{self!r}: part {self.index} has {shape[axis]} along axis {self.axis}, not "
+                f"{self.sizes[self.index]}. Fix: correct sizes, or attach the rule to the "
+                "entries it was written for.")
+        whole = shape[axis] * self.parts if self.parts is not None else sum(self.sizes)
+        return shape[:axis] + (whole,) + shape[axis + 1:]
+
+    def region(self, shape: tuple) -> tuple:
+        """The index (slices) of part `index` in the whole variable of `shape`."""
+        axis, start, stop = self.split()._bounds(tuple(shape))
+        return (slice(None),) * axis + (slice(start, stop),)
+
+    def __call__(self, value):
+        raise errors.InvalidArgumentError(
+            f"{self!r} places one part of a variable, made whole by restore from every "
+            "rule of its cut; it does not run on one value. Fix: restore with the rules of "
+            "all its parts.")
+
+    def inverse(self) -> Split:
+        return self.split()
+
+
+def placement_of(transform) -> tuple:
+    """(Concat or None, Stack or None, what each entry goes through first or None) of a
+    transform: a Concat last, a Stack last (or before the Concat), the rest first."""
+    concat = None
+    if isinstance(transform, Concat):
+        return transform, None, None
+    if isinstance(transform, Chain) and isinstance(transform.transforms[-1], Concat):
+        concat, rest = transform.transforms[-1], transform.transforms[:-1]
+        transform = Chain(*rest) if len(rest) > 1 else rest[0]
+    stack, part = stack_of(transform)
+    return concat, stack, part
+
+
 def stack_of(transform) -> tuple:
     """(the Stack a transform ends with, what each part goes through before it or None),
     or (None, transform) when it ends with none: a `Stack`, or a `Chain` whose last
@@ -593,7 +669,8 @@ class Rule:
         self._target_fields = _fields(target, "target", shown)
         only_source = _names(self._source_fields) - _names(self._target_fields)
         only_target = _names(self._target_fields) - _names(self._source_fields)
-        self.stack, self.part = stack_of(transform)  # many entries -> one variable
+        # many entries -> one variable: a Concat of parts, a Stack of entries, or both
+        self.concat, self.stack, self.part = placement_of(transform)
         if self.stack is not None:
             over = self.stack.over
             if over not in _names(self._source_fields) or over in _names(
@@ -638,6 +715,12 @@ class Rule:
         return "".join(literal + (groups[field] if field else "")
                        for literal, field in self._source_fields)
 
+    def _placed(self, inverse):
+        """An entry's export transform: its Concat's Split first, then `inverse`."""
+        if self.concat is None:
+            return inverse
+        return self.concat.split() if inverse is None else Chain(self.concat.split(), inverse)
+
     def source_names(self, path: str, where: str = "") -> list | None:
         """[(source name, inverse transform)] an object path the target matches is written
         as (None: no match): one, or a Stack's `count` entries, each with its `Unstack`
@@ -646,13 +729,16 @@ class Rule:
             name = self.source_name(path)
             if name is None:
                 return None
+            if self.concat is not None:  # its part of the variable, split off
+                return [(name, self._placed(inverse_of(self.part, where or repr(self))))]
             _, rest = split_of(self.transform)  # a Split's part: export concatenates
             return [(name, inverse_of(rest, where or repr(self)))]
         if self.target_regex.match(path) is None:
             return None
         back = inverse_of(self.part, where or repr(self))
         return [(self.source_name(path, **{self.stack.over: str(k)}),
-                 Chain(self.stack.part(k), back) if back is not None else self.stack.part(k))
+                 self._placed(Chain(self.stack.part(k), back) if back is not None
+                              else self.stack.part(k)))
                 for k in range(self.stack.count)]
 
     def __repr__(self) -> str:
@@ -754,7 +840,8 @@ class RuleSet(Sequence):
     def export_names(self, path: str, *aliases: str):
         """([(source name, inverse transform)], rule) for an object path, matched as
         `export_name` matches it; a Stack rule's path gives its `count` entries (index
-        order), any other one. None when no rule's target matches it."""
+        order), a Concat's every part's (from the rules of its cut), any other one. None
+        when no rule's target matches it."""
         forms = []
         for form in (path, *aliases):  # stripped first: a placeholder takes `kernel`, not
             forms += ["/".join(e.lstrip("_") or e for e in form.split("/")), form]  # `_kernel`
@@ -763,8 +850,29 @@ class RuleSet(Sequence):
             for form in forms:
                 names = rule.source_names(form, f"rule {index} {rule!r}")
                 if names is not None:
+                    if rule.concat is not None:  # every part, from its rule of the cut
+                        names = self._parts(index, rule, form, names)
                     return names, rule
         return None
+
+    def _parts(self, first: int, rule: Rule, form: str, names: list) -> list:
+        """The names and transforms of every part of a Concat's variable, in index order:
+        the first rule's, then one per later rule of the same cut that matches `form`."""
+        parts = {rule.concat.index: names}
+        for index, other in enumerate(self._rules[first + 1:], first + 1):
+            if other.concat is not None and other.concat.same_cut(rule.concat) and \
+                    other.concat.index not in parts:
+                found = other.source_names(form, f"rule {index} {other!r}")
+                if found is not None:
+                    parts[other.concat.index] = found
+        missing = [k for k in range(rule.concat.count) if k not in parts]
+        if missing:
+            raise errors.InvalidArgumentError(
+                f"{rule!r} writes `{form}` as part {rule.concat.index} of "
+                f"{rule.concat.count}, but no rule of the same cut gives part(s) {missing}. "
+                "Fix: give each part 0.."
+                f"{rule.concat.count - 1} a rule with the same target and Concat cut.")
+        return [name for k in sorted(parts) for name in parts[k]]
 
     def __repr__(self) -> str:
         return "RuleSet([" + ", ".join(map(repr, self._rules)) + "])"

@@ -19,7 +19,7 @@ import objckpt
 from objckpt import errors
 from objckpt._bundle import fastio as _fastio
 from objckpt._planning import stacking as _stacking
-from objckpt.rules import Chain, Reshape, Rule, RuleSet, Stack, Transpose
+from objckpt.rules import Chain, Concat, Reshape, Rule, RuleSet, Stack, Transpose
 
 keras_hub = pytest.importorskip("keras_hub", reason="keras-hub is not installed here")
 keras = pytest.importorskip("keras")
@@ -145,8 +145,8 @@ def test_mixtral_experts_restore_as_keras_hubs_importer_and_export_back(restored
     assert {m.source for m in stacked} == {
         f"model.layers.{i}.block_sparse_moe.experts.{{0..2}}.{name}.weight"
         for i in range(LAYERS) for name, _, _ in EXPERT_WEIGHTS}
-    assert (f"{3 * EXPERTS * LAYERS} source entries stacked into {3 * LAYERS} variable(s) "
-            "by Stack rules") in the_plan.describe()
+    assert (f"{3 * EXPERTS * LAYERS} source entries made into {3 * LAYERS} variable(s) "
+            "by Stack or Concat rules") in the_plan.describe()
     report = objckpt.restore(backbone, folder + "/model.safetensors", rules=rules)
     assert len(report.restored) == len(backbone.weights)
     assert not report.unexpected and not report.missing
@@ -205,3 +205,89 @@ def test_a_missing_expert_leaves_the_backbone_as_it_was(restored, tmp_path):
             "`model.layers.1.block_sparse_moe.experts.2.w3.weight`") in said
     assert "expert_feedforward_intermediate_dense" in said
     assert [np.asarray(w.numpy()).tobytes() for w in backbone.weights] == before
+
+
+# --- Qwen3 MoE: per expert, gate and up joined, then stacked -----------------------------------
+
+QWEN = {"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "vocab_size": VOCAB,
+        "hidden_size": HIDDEN, "head_dim": HEAD_DIM, "num_hidden_layers": LAYERS,
+        "num_attention_heads": HEADS, "num_key_value_heads": KV, "intermediate_size": INNER,
+        "moe_intermediate_size": 5, "num_experts": EXPERTS, "num_experts_per_tok": 2,
+        "norm_topk_prob": True, "decoder_sparse_step": 1, "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0, "sliding_window": None, "router_aux_loss_coef": 0.001,
+        "tie_word_embeddings": False, "mlp_only_layers": []}
+
+
+def _qwen_entries(seed: int = 1) -> dict:
+    rng = np.random.default_rng(seed)
+    moe = QWEN["moe_intermediate_size"]
+
+    def weight(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+
+    out = {"model.embed_tokens.weight": weight(VOCAB, HIDDEN),
+           "lm_head.weight": weight(VOCAB, HIDDEN), "model.norm.weight": weight(HIDDEN)}
+    for i in range(LAYERS):
+        layer = f"model.layers.{i}."
+        for name, shape in (("input_layernorm", (HIDDEN,)),
+                            ("post_attention_layernorm", (HIDDEN,)),
+                            ("self_attn.q_proj", (HEADS * HEAD_DIM, HIDDEN)),
+                            ("self_attn.k_proj", (KV * HEAD_DIM, HIDDEN)),
+                            ("self_attn.v_proj", (KV * HEAD_DIM, HIDDEN)),
+                            ("self_attn.o_proj", (HIDDEN, HEADS * HEAD_DIM)),
+                            ("self_attn.q_norm", (HEAD_DIM,)), ("self_attn.k_norm", (HEAD_DIM,)),
+                            ("mlp.gate", (EXPERTS, HIDDEN))):
+            out[f"{layer}{name}.weight"] = weight(*shape)
+        for e in range(EXPERTS):
+            for name, shape in (("gate_proj", (moe, HIDDEN)), ("up_proj", (moe, HIDDEN)),
+                                ("down_proj", (HIDDEN, moe))):
+                out[f"{layer}mlp.experts.{e}.{name}.weight"] = weight(*shape)
+    return out
+
+
+def test_qwen3_moe_gate_up_and_down_banks_as_keras_hubs_importer(tmp_path):
+    """The expert banks only (strict=False): Concat of gate and up per expert, then Stack;
+    bit-equal to keras-hub's own import of the folder, and exported back byte-equal."""
+    keras.backend.clear_session()
+    backbone = keras_hub.models.Qwen3MoeBackbone(
+        vocabulary_size=VOCAB, hidden_dim=HIDDEN, head_dim=HEAD_DIM, num_layers=LAYERS,
+        num_query_heads=HEADS, num_key_value_heads=KV, intermediate_dim=INNER,
+        moe_intermediate_dim=QWEN["moe_intermediate_size"], num_experts=EXPERTS, top_k=2,
+        norm_top_k_prob=True, decoder_sparse_step=1, layer_norm_epsilon=1e-6,
+        rope_max_wavelength=10000, sliding_window_size=None,
+        router_aux_loss_coefficient=0.001, tie_word_embeddings=False)
+    entries = _qwen_entries()
+    folder = tmp_path / "qwen3_moe"
+    folder.mkdir()
+    safetensors_numpy.save_file(entries, str(folder / "model.safetensors"),
+                                metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(QWEN))
+    oracle = keras_hub.models.Qwen3MoeBackbone.from_preset(str(folder))
+    rules, banks = [], []
+    for i in range(LAYERS):
+        block = f"transformer_layer_{i}/" + backbone.get_layer(f"transformer_layer_{i}").mlp.name
+        experts = f"model.layers.{i}.mlp.experts.{{e}}"
+        rules += [Rule(f"{experts}.{name}.weight",
+                       f"{block}/experts/expert_feedforward_gate_dense",
+                       Chain(Transpose(), Stack("e", EXPERTS), Concat(-1, parts=2, index=k)))
+                  for k, name in enumerate(("gate_proj", "up_proj"))]
+        rules.append(Rule(f"{experts}.down_proj.weight",
+                          f"{block}/experts/expert_feedforward_output_dense",
+                          Chain(Transpose(), Stack("e", EXPERTS))))
+        banks += [f"{block}/experts/expert_feedforward_{n}" for n in ("gate_dense", "output_dense")]
+    rules = RuleSet(rules)
+    report = objckpt.restore(backbone, str(folder / "model.safetensors"), rules=rules,
+                             strict=False)
+    assert len(report.restored) == 2 * LAYERS
+    at = {w.path: k for k, w in enumerate(backbone.weights)}  # the oracle's names differ
+    for bank in banks:  # (Keras numbers its layers' names), its order does not
+        mine, theirs = backbone.weights[at[bank]], oracle.weights[at[bank]]
+        assert mine.shape == theirs.shape, bank
+        assert np.asarray(mine.numpy()).tobytes() == np.asarray(theirs.numpy()).tobytes(), bank
+    out = objckpt.export(backbone, tmp_path / "out" / "model.safetensors", rules=rules,
+                         strict=False)
+    written = safetensors_numpy.load_file(out)
+    experts = [k for k in entries if ".experts." in k]
+    assert len(experts) == 3 * EXPERTS * LAYERS
+    for name in experts:
+        assert written[name].tobytes() == entries[name].tobytes(), name

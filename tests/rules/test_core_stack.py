@@ -15,7 +15,7 @@ import tensorflow as tf
 
 import objckpt
 from objckpt import errors
-from objckpt.rules import Chain, Reshape, Rule, RuleSet, Stack, Transpose, Unstack
+from objckpt.rules import Chain, Concat, Reshape, Rule, RuleSet, Split, Stack, Transpose, Unstack
 
 import flavours
 from flavours import keras_for
@@ -160,8 +160,9 @@ def test_per_expert_entries_restore_into_one_bank_and_export_back(flavour, tmp_p
     assert by_target["experts"].source == "moe.experts.{0..2}.w1.weight"
     assert by_target["experts"].transform is None  # the value read is the stacked one
     shown = the_plan.describe()
-    assert ("3 source entries stacked into 1 variable(s) by Stack rules (each braced key "
-            "stands for its entries): `moe.experts.{0..2}.w1.weight` -> `experts`") in shown
+    assert ("3 source entries made into 1 variable(s) by Stack or Concat rules (a braced key "
+            "stands for its entries, ` + ` joins parts): `moe.experts.{0..2}.w1.weight` -> "
+            "`experts`") in shown
     report = objckpt.restore(obj, source, rules=MOE)
     assert sorted(report.restored) == ["experts", "gate"]
     assert not report.unexpected and not report.missing
@@ -241,8 +242,8 @@ def test_a_per_entry_transform_runs_before_the_stack(tmp_path):
 
 def test_restore_on_create_refuses_a_stack_rule_by_name(tmp_path):
     source = _write(_arrays(), tmp_path / "moe.safetensors")
-    with pytest.raises(errors.InvalidArgumentError, match=r"stacks several source entries "
-                                                          r"into one variable.*restore_on_create"):
+    with pytest.raises(errors.InvalidArgumentError, match=r"makes one variable of several "
+                                                          r"source entries.*restore_on_create"):
         objckpt.restore_on_create(_moe("module"), source, rules=MOE)
 
 
@@ -273,3 +274,78 @@ def test_bfloat16_entries_stack_and_widen_as_the_casting_policy_says(tmp_path):
     want = np.stack([arrays[f"moe.experts.{e}.w1.weight"].astype(np.float32).T
                      for e in range(EXPERTS)])
     assert obj.experts.numpy().tobytes() == want.tobytes()
+
+
+# --- Concat: several rules' entries, one variable ---------------------------------------------
+
+# Qwen MoE's layout in keras-hub: per expert, gate_proj and up_proj (INNER, HID) transposed and
+# joined along the last axis, the experts stacked: one (EXPERTS, HID, 2 * INNER) bank.
+GATE_UP = RuleSet([
+    Rule("mlp.experts.{e}.gate_proj.weight", "gate_up",
+         Chain(Transpose(), Stack("e", EXPERTS), Concat(-1, parts=2, index=0))),
+    Rule("mlp.experts.{e}.up_proj.weight", "gate_up",
+         Chain(Transpose(), Stack("e", EXPERTS), Concat(-1, parts=2, index=1))),
+])
+
+
+def _gate_up_arrays(seed: int = 6) -> dict:
+    rng = np.random.default_rng(seed)
+    out = {f"mlp.experts.{e}.{name}.weight": rng.standard_normal((INNER, HID)).astype(np.float32)
+           for e in range(EXPERTS) for name in ("gate_proj", "up_proj")}
+    return out
+
+
+def test_concat_and_stack_make_qwen_moes_gate_up_bank_and_export_it_back(tmp_path):
+    obj = tf.Module()
+    obj.gate_up = tf.Variable(tf.zeros((EXPERTS, HID, 2 * INNER)))
+    arrays = _gate_up_arrays()
+    source = _write(arrays, tmp_path / "moe.safetensors")
+    rules = GATE_UP
+    the_plan = objckpt.plan(obj, source, rules=rules)
+    assert the_plan.complete, the_plan.describe()
+    assert [m.source for m in the_plan.matches] == [
+        "mlp.experts.{0..2}.gate_proj.weight + mlp.experts.{0..2}.up_proj.weight"]
+    objckpt.restore(obj, source, rules=rules)
+    # keras-hub's convert_qwen_moe.py, in NumPy
+    want = np.stack([np.concatenate([arrays[f"mlp.experts.{e}.gate_proj.weight"].T,
+                                     arrays[f"mlp.experts.{e}.up_proj.weight"].T], axis=-1)
+                     for e in range(EXPERTS)])
+    assert obj.gate_up.numpy().tobytes() == want.tobytes()
+    out = objckpt.export(obj, tmp_path / "out.safetensors", rules=rules)
+    with open(out, "rb") as a, open(source, "rb") as b:
+        assert a.read() == b.read()
+
+
+def test_concat_alone_fuses_entries_of_given_sizes_both_ways(tmp_path):
+    obj = tf.Module()
+    obj.qkv = tf.Variable(tf.zeros((HID, HID + 4)))
+    rng = np.random.default_rng(7)
+    arrays = {"attn.q.weight": rng.standard_normal((HID, HID)).astype(np.float32),
+              "attn.k.weight": rng.standard_normal((2, HID)).astype(np.float32),
+              "attn.v.weight": rng.standard_normal((2, HID)).astype(np.float32)}
+    rules = RuleSet([Rule(f"attn.{n}.weight", "qkv",
+                          Chain(Transpose(), Concat(-1, sizes=(HID, 2, 2), index=i)))
+                     for i, n in enumerate("qkv")])
+    source = _write(arrays, tmp_path / "qkv.safetensors")
+    objckpt.restore(obj, source, rules=rules)
+    want = np.concatenate([arrays[f"attn.{n}.weight"].T for n in "qkv"], axis=-1)
+    assert obj.qkv.numpy().tobytes() == want.tobytes()
+    out = objckpt.export(obj, tmp_path / "out.safetensors", rules=rules)
+    with open(out, "rb") as a, open(source, "rb") as b:
+        assert a.read() == b.read()
+    del arrays["attn.v.weight"]
+    before = obj.qkv.numpy().tobytes()
+    with pytest.raises(errors.StructureMismatchError, match=r"no entry gives part 2 of 3 \(the "
+                                                            r"source lacks what rule 2"), \
+            pytest.warns(UserWarning, match=r"matched no key .* rule 2 "):
+        objckpt.restore(obj, _write(arrays, tmp_path / "qk.safetensors"), rules=rules)
+    assert obj.qkv.numpy().tobytes() == before
+
+
+def test_concat_validates_its_cut_and_has_the_split_as_inverse():
+    with pytest.raises(errors.InvalidArgumentError, match="index must be an int in 0..1"):
+        Concat(-1, parts=2, index=2)
+    assert Concat(-1, parts=2, index=1).inverse() == Split(-1, parts=2, index=1)
+    assert Concat(0, sizes=(2, 3), index=1).output_shape((3, 4)) == (5, 4)
+    with pytest.raises(errors.InvalidArgumentError, match="part 1 has 4 along axis 0, not 3"):
+        Concat(0, sizes=(2, 3), index=1).output_shape((4, 4))
