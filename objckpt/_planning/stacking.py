@@ -253,7 +253,7 @@ def _assembled(source: Source, group: Stacked):
 
     if group.problem:  # the check stage refuses such a plan: never read
         raise errors.StructureMismatchError(group.problem)
-    buffer = np.empty(group.shape, group.dtype.as_numpy_dtype)
+    made, buffer = _empty(group.shape, group.dtype)
     for rule, parts in group.pieces:
         region = buffer if rule.concat is None else buffer[rule.concat.region(group.shape)]
         for index, part in enumerate(parts):
@@ -272,8 +272,31 @@ def _assembled(source: Source, group: Stacked):
                     "Fix: restore from another checkpoint, or write this one again.",
                     source=source.description)
             slot[...] = value
-            del value
-    return tf.convert_to_tensor(buffer)
+            del value, slot
+        del region
+    if made is None:  # a dtype TF's Empty kernel or DLPack lacks (bfloat16): one copy more
+        return tf.convert_to_tensor(buffer)
+    del buffer
+    return made
+
+
+def _empty(shape: tuple, dtype) -> tuple:
+    """(a new tensor TF allocated, a writable NumPy view of its buffer), so the assembled
+    value is not copied again; (None, a NumPy array) where TF cannot give one."""
+    import numpy as np
+
+    from objckpt._bundle import fastio as _fastio
+
+    numpy_dtype = np.dtype(dtype.as_numpy_dtype)
+    if dtype.name in _DIRECT and all(d > 0 for d in shape):
+        made, raw = _fastio.empty_tensor(dtype, shape)
+        return made, np.frombuffer(raw, numpy_dtype).reshape(shape)
+    return None, np.empty(shape, numpy_dtype)
+
+
+# The dtypes TF's CPU `Empty` kernel takes in every supported TF and DLPack carries
+# (`_fastio.empty_tensor`).
+_DIRECT = frozenset({"float32", "float64", "int32", "uint8", "int64", "float16"})
 
 
 def _fetcher(source: Source, groups: dict):

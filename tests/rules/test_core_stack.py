@@ -349,3 +349,31 @@ def test_concat_validates_its_cut_and_has_the_split_as_inverse():
     assert Concat(0, sizes=(2, 3), index=1).output_shape((3, 4)) == (5, 4)
     with pytest.raises(errors.InvalidArgumentError, match="part 1 has 4 along axis 0, not 3"):
         Concat(0, sizes=(2, 3), index=1).output_shape((4, 4))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_group_is_assembled_in_the_tensor_it_is_read_as(dtype, monkeypatch, tmp_path):
+    """float32: each part is copied into the tensor TF allocated, which is the value read
+    (no second copy of the stacked tensor); bfloat16 (no Empty kernel): a NumPy buffer,
+    converted once."""
+    from objckpt._planning import stacking as _stacking
+
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    made = []
+    real = _stacking._empty
+
+    def spy(shape, kind):
+        out = real(shape, kind)
+        made.append(out[0])
+        return out
+
+    monkeypatch.setattr(_stacking, "_empty", spy)
+    arrays = _arrays(8)
+    if dtype == "bfloat16":
+        arrays = {k: v.astype(ml_dtypes.bfloat16) for k, v in arrays.items()}
+    source = _write(arrays, tmp_path / "moe.safetensors")
+    the_plan = objckpt.plan(_moe("module"), source, rules=MOE)
+    (value,) = the_plan.fetch(["moe.experts.{0..2}.w1.weight"])
+    want = np.stack([arrays[f"moe.experts.{e}.w1.weight"].T for e in range(EXPERTS)])
+    assert np.asarray(value.numpy()).tobytes() == want.tobytes()
+    assert len(made) == 1 and (made[0] is value if dtype == "float32" else made[0] is None)
