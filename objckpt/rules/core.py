@@ -711,8 +711,8 @@ class Rule:
         found = self.target_regex.match(path)
         if found is None:
             return None
-        groups = {**found.groupdict(), **more}
-        return "".join(literal + (groups[field] if field else "")
+        groups = {**found.groupdict(), **more}  # a Stack's `over` not given: kept braced
+        return "".join(literal + (groups.get(field, f"{{{field}}}") if field else "")
                        for literal, field in self._source_fields)
 
     def _placed(self, inverse):

@@ -144,6 +144,8 @@ def test_export_names_gives_every_entry_of_a_stack_in_index_order():
     assert rules.export_names("layer_1/norm") == ([("layers.1.norm", None)], rules[1])
     assert rules.export_name("layer_1/norm") == ("layers.1.norm", None, rules[1])
     assert rules.export_names("layer_1/other") is None
+    assert rules[0].source_name("layer_1/bank") == "layers.1.experts.{e}.w"  # the pattern
+    assert rules[0].source_name("layer_1/bank", e="2") == "layers.1.experts.2.w"
     with pytest.raises(errors.InvalidArgumentError, match="as 3 entries"):
         rules.export_name("layer_1/bank")
 
