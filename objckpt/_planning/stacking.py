@@ -1,4 +1,4 @@
-"""Many entries into one variable: the entries a rule with a `Stack` takes, made one.
+"""Many entries into one variable: the entries of `Stack` and `Concat` rules, made one.
 
 A rule whose transform ends with `objckpt.rules.Stack(over, count, axis)` (a mixture of
 experts: `model.layers.{i}.mlp.experts.{e}.w1.weight` -> one expert bank per layer) takes
@@ -8,7 +8,9 @@ braces (`model.layers.0.mlp.experts.{0..7}.w1.weight`), of the stacked shape. So
 has one match per variable, the group's entries are all used, and a group that cannot be
 assembled (an index missing or out of range, parts of different shapes or dtypes, a
 per-entry transform whose output is unknown from metadata) is a mismatch of its variable,
-naming the entry: a restore refuses it before reading a byte.
+naming the entry: a restore refuses it before reading a byte. Rules of one target whose
+transforms end with `objckpt.rules.Concat` (each its part, after a Stack or not) make one
+group likewise, its key their keys joined by ` + `; a part no entry gives names its rule.
 
 `stacked_view` gives the source as planning sees it: its own entries but the grouped
 ones, plus one per group, whose value is assembled when read (a buffer of the stacked
@@ -170,11 +172,11 @@ def _group(source: Source, rules, target: str, pieces: dict) -> Stacked:
     lead = rules[min(pieces)]
     built = [(rules[i], *_piece(source, rules[i], members)) for i, members in pieces.items()]
     problems = [p for *_, piece_problems, _, _ in built for p in piece_problems]
-    dtype = built[0][-1]
     shape = None
     if lead.concat is not None:
         built.sort(key=lambda b: b[0].concat.index)
         shape, problems = _joined(rules, target, built, problems)
+    dtype = built[0][-1]
     elif built[0][-2] is not None:
         shape = built[0][-2]
     for rule, parts, *_ in built[1:]:
