@@ -176,9 +176,9 @@ def _group(source: Source, rules, target: str, pieces: dict) -> Stacked:
     if lead.concat is not None:
         built.sort(key=lambda b: b[0].concat.index)
         shape, problems = _joined(rules, target, built, problems)
-    dtype = built[0][-1]
     elif built[0][-2] is not None:
         shape = built[0][-2]
+    dtype = built[0][-1]
     for rule, parts, *_ in built[1:]:
         if source.specs[next(p for p in parts if p)][1] != dtype:
             problems.append(f"the entries of {rule} are not {dtype.name}, as those of "
