@@ -171,42 +171,20 @@ def _entries(obj, snap, rule_set, strict: bool, optimizer_state, path: str,
         if key in targets.optimizer_paths and not keep_optimizer:
             left_out[own] = _OPTIMIZER
             continue
-        name, inverse, rule = own, None, None
+        names, rule = [(own, None)], None
         if rule_set is not None:
-            found = rule_set.export_name(own, *aliases)
+            found = rule_set.export_names(own, *aliases)  # a Stack rule's: several
             if found is None:
                 unmatched.append(own)
                 if strict:
                     continue
             else:
-                name, inverse, rule = found
+                names, rule = found
                 if kinds & set(getattr(rule, "unused_by", ())):  # a part the class lacks
                     left_out[own] = f"{rule.absent}; unused by {type(obj).__name__}"
                     continue
-        shown = _render.safe(own)
-        dtype = getattr(value.dtype, "name", str(value.dtype))
-        if dtype not in _writer.DTYPES:
-            raise errors.UnsupportedObjectError(
-                f"`{shown}` is a {dtype} variable; safetensors has no {dtype} dtype (it holds "
-                f"{', '.join(sorted(_writer.DTYPES))}). Nothing was written to `{_render.safe(path)}`. "
-                "Fix: give the variable one of those dtypes, or save the whole obj with "
-                "objckpt.save (TF's format holds every dtype).", obj=own, source=path)
-        if name == "__metadata__":
-            raise errors.InvalidArgumentError(
-                f"`{shown}` would be written as `__metadata__`, the name safetensors "
-                "reserves for its metadata. Fix: map it to another name with a "
-                "rule.", source=path)
-        if name in origin and not _shares_source(origin[name][0][1], rule):
-            both = [(origin[name][0]), (shown, rule)]
-            said = " and ".join(f"`{p}`" + (f" (by {r!r})" if r is not None else
-                                            " (its own path)") for p, r in both)
-            raise errors.InvalidArgumentError(
-                f"Two variables would be written as `{_render.safe(name)}`: {said}. "
-                "A name holds one tensor. Fix: make the rules' source names distinct "
-                "(a placeholder for what differs), or put the more specific rule "
-                "first.", source=path)
-        origin.setdefault(name, []).append((shown, rule))
-        out.setdefault(name, []).append(_tensor(name, shown, value, inverse, rule, dtype, path))
+        for name, inverse in names:
+            _add(out, origin, name, own, value, inverse, rule, path)
     if strict and unmatched:
         listed = [f"`{_render.safe(k)}`" for k in unmatched]
         raise errors.StructureMismatchError(
@@ -216,6 +194,36 @@ def _entries(obj, snap, rule_set, strict: bool, optimizer_state, path: str,
             "them, or pass strict=False to write them under their object paths.",
             problems=[f"{k}: matches no rule" for k in unmatched], source=path)
     return {name: _one(parts, path) for name, parts in out.items()}
+
+
+def _add(out: dict, origin: dict, name: str, own: str, value, inverse, rule,
+         path: str) -> None:
+    """One tensor to write under `name`, checked: a dtype safetensors holds, not the
+    header's reserved name, no other variable's name unless their rules share a source."""
+    shown = _render.safe(own)
+    dtype = getattr(value.dtype, "name", str(value.dtype))
+    if dtype not in _writer.DTYPES:
+        raise errors.UnsupportedObjectError(
+            f"`{shown}` is a {dtype} variable; safetensors has no {dtype} dtype (it holds "
+            f"{', '.join(sorted(_writer.DTYPES))}). Nothing was written to `{_render.safe(path)}`. "
+            "Fix: give the variable one of those dtypes, or save the whole obj with "
+            "objckpt.save (TF's format holds every dtype).", obj=own, source=path)
+    if name == "__metadata__":
+        raise errors.InvalidArgumentError(
+            f"`{shown}` would be written as `__metadata__`, the name safetensors "
+            "reserves for its metadata. Fix: map it to another name with a "
+            "rule.", source=path)
+    if name in origin and not _shares_source(origin[name][0][1], rule):
+        both = [(origin[name][0]), (shown, rule)]
+        said = " and ".join(f"`{p}`" + (f" (by {r!r})" if r is not None else
+                                        " (its own path)") for p, r in both)
+        raise errors.InvalidArgumentError(
+            f"Two variables would be written as `{_render.safe(name)}`: {said}. "
+            "A name holds one tensor. Fix: make the rules' source names distinct "
+            "(a placeholder for what differs), or put the more specific rule "
+            "first.", source=path)
+    origin.setdefault(name, []).append((shown, rule))
+    out.setdefault(name, []).append(_tensor(name, shown, value, inverse, rule, dtype, path))
 
 
 def _shares_source(first, rule) -> bool:

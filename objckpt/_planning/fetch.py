@@ -90,6 +90,9 @@ def streamed(src, the_plan: _match.Plan, variables):
     def assign_to(variable, value):
         variable.assign(value, read_value=False)
 
+    opened = getattr(the_plan, "opened", None)  # a Plan: entries a Stack makes one, as one
+    if src is not None and opened is not None:
+        src = opened(src)
     if src is not None and src.stream is not None:
         return _streamed_by_tensor(src, the_plan, variables, assign_to)
     if (src is None or src.bundle_keys is None or not src.prefix or "://" in src.prefix

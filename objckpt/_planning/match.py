@@ -56,6 +56,7 @@ from objckpt._planning.optstate import place_optimizer_state
 from objckpt._planning.plans import Match, Plan, check_match, labelled
 from objckpt._planning.rules import parse_rules, rewrite_view, warn_unused
 from objckpt._planning.sources import Source
+from objckpt._planning.stacking import stacked_view
 from objckpt._planning.strategies import match_structure
 from objckpt._planning.targets import Targets, candidates, index_targets, is_optimizer_key
 from objckpt.rules.core import NOWHERE
@@ -81,12 +82,14 @@ def make_plan(source: Source, obj, variables, *, rules=(), at=None,
             if note:
                 notes.append(note)
     kinds = {kind.__name__ for kind in type(obj).__mro__}
-    result = _match(source, targets, view, parsed, optimizer_state, cast, kinds)
+    source, view, stacks = stacked_view(source, view, parsed)  # many entries -> one
+    result = _match(source, targets, view, parsed, optimizer_state, cast, kinds, stacks)
     owners = targets.slot_owners()
     return dataclasses.replace(result, at=at, notes=tuple(notes) + result.notes, _source=source,
                                mismatched=labelled(result.mismatched, targets),
                                _labels={p: targets.display(p, owners) for p in targets.paths},
-                               _slot_owners=owners)
+                               _slot_owners=owners,
+                               _stacks={g.full: g for g in stacks.values()})
 
 
 def optimizer_mode(optimizer_state):
@@ -199,6 +202,8 @@ class _Work:
     fanned: dict = dataclasses.field(default_factory=dict)
     forced: set = dataclasses.field(default_factory=set)  # unmatched although it feeds some
     kinds: set = dataclasses.field(default_factory=set)  # the obj's class names (its MRO)
+    # Keys that stand for the entries a Stack rule makes one variable of (`_stacking`).
+    stacks: dict = dataclasses.field(default_factory=dict)
 
     def canon(self, full: str) -> str:
         """The key a tensor is stored under (a network alias names the same tensor)."""
@@ -206,8 +211,9 @@ class _Work:
 
 
 def _match(source: Source, targets: Targets, view: dict, rules, optimizer_state,
-           cast: str = "lossless", kinds=()) -> Plan:
-    work = _Work(source, targets, view, rules, optimizer_state, cast=cast, kinds=set(kinds))
+           cast: str = "lossless", kinds=(), stacks=None) -> Plan:
+    work = _Work(source, targets, view, rules, optimizer_state, cast=cast, kinds=set(kinds),
+                 stacks=dict(stacks or {}))
     _claim(work)  # exact, rules, underscores, names; optimizer entries set aside
     _choose(work)  # one key per target, or ambiguous
     if source.kind != "name":  # saved names, then structure, over what is left
@@ -229,7 +235,8 @@ def _claim(work: _Work) -> None:
     # the same tensor as its layer path: that edge is no optimizer state of its own.
     network_tensors = {work.canon(full) for key, full in view.items()
                        if not is_optimizer_key(key)}
-    rewritten = rewrite_view(view, work.rules, keep=lambda key: key in targets.paths)
+    rewritten = rewrite_view(view, work.rules, keep=lambda key: key in targets.paths,
+                             stacks=work.stacks)
     fanning = {r.index for lead in work.rules for r in lead.also}  # later rules of a group
     work.skipped.extend(rewritten.skipped)
     work.unused_rules = rewritten.unused
@@ -322,6 +329,24 @@ def _fan_out_note(work: _Work) -> None:
             "several variables each, by rules "
             f"that share a source pattern (a Split's parts, or tied weights): "
             f"{'; '.join(fed[:_FANNED_LISTED])}" + (f"; and {more} more" if more > 0 else ""))
+
+
+def _stack_note(work: _Work) -> None:
+    """Notes the entries made into one variable each (Stack and Concat rules'), and the
+    groups that cannot be assembled although no variable took them."""
+    fed = {entry[0]: target for target, entry in work.chosen.items()}
+    made = [f"`{_render.safe(g.full)}` -> {work.targets.label(fed[key])}"
+            for key, g in work.stacks.items() if key in fed]
+    if made:
+        parts = sum(len(g.parts) for key, g in work.stacks.items() if key in fed)
+        more = len(made) - _FANNED_LISTED
+        work.notes.append(
+            f"{parts:,} source entries made into {len(made):,} variable(s) by Stack or "
+            "Concat rules (a braced key stands for its entries, ` + ` joins parts): "
+            f"{'; '.join(made[:_FANNED_LISTED])}"
+            + (f"; and {more} more" if more > 0 else ""))
+    work.notes.extend(g.problem for key, g in work.stacks.items()
+                      if g.problem and key not in fed)
 
 
 def _choose(work: _Work) -> None:
@@ -450,8 +475,12 @@ def _result(work: _Work) -> Plan:
         if target not in chosen:
             continue
         key, strategy, rule = chosen[target]
+        if key in work.stacks and work.stacks[key].problem:  # cannot be assembled
+            mismatched.append(f"{targets.label(target)}: {work.stacks[key].problem}")
+            continue
+        transform = None if rule is None or key in work.stacks else rule.transform
         match, problem = check_match(Match(target, view[key], strategy, str(rule) if rule else "",
-                                        rule.transform if rule is not None else None),
+                                        transform),
                                   source, targets.paths[target], shown,
                                   targets.shown(target), work.cast)
         if problem:
@@ -459,6 +488,7 @@ def _result(work: _Work) -> Plan:
         else:
             matches.append(match)
     _fan_out_note(work)
+    _stack_note(work)
     used = {work.canon(view[entry[0]]) for entry in chosen.values()}
     seen, unmatched = set(), []
     for key in [*work.unmatched, *sorted(work.forced)]:  # one tensor listed once; not at all

@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from objckpt import _compat, errors
 from objckpt._base import render as _render
+from objckpt._planning import stacking as _stacking
 from objckpt._planning.sources import Source
 from objckpt._planning.targets import Targets, label
 
@@ -105,6 +106,17 @@ class Plan:
     _slot_owners: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
     # {unmatched source key: the key a rule rewrote it to}, for keys a rule changed
     _rewritten: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    # {source key: _stacking.Stacked} of the keys that stand for entries a Stack rule
+    # stacks into one variable
+    _stacks: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
+
+    def opened(self, src):
+        """The source `src` as this plan reads it: where its rules stack entries into one
+        variable, a view of `src` that has the stacked keys (`_stacking.restacked`); else
+        `src` itself."""
+        if not self._stacks or src is None or all(k in src.specs for k in self._stacks):
+            return src  # none, or a view that has them already
+        return _stacking.restacked(src, self._stacks)
 
     def rewritten_key(self, key: str) -> str | None:
         """The key a rule rewrote the unmatched source entry `key` to; None when no rule
@@ -210,7 +222,7 @@ class Plan:
             raise errors.InvalidArgumentError(
                 f"This plan of {self.source} no longer holds its source (a cached plan); "
                 "Fix: make a new one with objckpt.plan(obj, source).")
-        return self._source.fetch(keys)
+        return self.opened(self._source).fetch(keys)
 
     def detached(self) -> Plan:
         """This plan without its source (it keeps no source tensors alive)."""

@@ -24,8 +24,8 @@ from objckpt import rules as _ruleset
 from objckpt._base import render as _render
 from objckpt._planning import sources as _sources
 
-__all__ = ["ParsedRule", "Rewritten", "parse_rules", "rewrite", "rewrite_all", "rewrite_view",
-           "warn_unused", "why_shadowed"]
+__all__ = ["ParsedRule", "Rewritten", "Stacked", "parse_rules", "rewrite", "rewrite_all",
+           "rewrite_view", "stacked_view", "warn_unused", "why_shadowed"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +48,12 @@ class ParsedRule:
     absent: str = ""
     unused_by: tuple = ()
     target: re.Pattern | None = None
+    # From an objckpt.rules.Rule whose transform ends with a Stack: the entries that differ
+    # only in its `over` placeholder make one variable (`stacked_view`); `part` is what
+    # each entry goes through before it is stacked.
+    stack: object = None
+    part: Callable | None = None
+    concat: object = None  # a Concat last: this rule's entries are one part of the variable
 
     def __str__(self) -> str:
         if self.label is not None:
@@ -107,7 +113,8 @@ def parse_rules(rules) -> tuple[ParsedRule, ...]:
         extra = {}
         if isinstance(given, _ruleset.Rule):
             extra = dict(head=given.head, absent=given.absent, unused_by=given.unused_by,
-                         target=given.target_regex)
+                         target=given.target_regex, stack=given.stack, part=given.part,
+                         concat=given.concat)
         parsed.append(ParsedRule(index, regex, replacement, transform, label,
                                  optional=bool(getattr(rules, "alternatives", False)),
                                  **extra))
@@ -130,9 +137,12 @@ def _fan_out(parsed: list, given) -> tuple:
     return tuple(parsed)
 
 
-def rewrite_all(key: str, rules: tuple[ParsedRule, ...]) -> list:
+def rewrite_all(key: str, rules: tuple[ParsedRule, ...], stacks=None) -> list:
     """[(rewritten key or None, rule)]: `rewrite`'s one pair, then one per rule that shares
-    the firing rule's source pattern (`ParsedRule.also`), in rule order."""
+    the firing rule's source pattern (`ParsedRule.also`), in rule order. A key that stands
+    for stacked entries (in `stacks`, see `stacked_view`) is its Stack rule's."""
+    if stacks and key in stacks:
+        return [(stacks[key].target, stacks[key].rule)]
     new, rule = rewrite(key, rules)
     if rule is None or new is None or not rule.also:
         return [(new, rule)]
@@ -161,13 +171,14 @@ class Rewritten:
     """A source view rewritten by rules (see `rewrite_view`)."""
 
     entries: list  # (key, full key, rewritten key, rule or None) for every entry kept
+    # (`stacked_view`: a key standing for a Stack's entries is one entry here)
     skipped: list  # "full: why" for every entry left out, in source order
     unused: list  # the rules that matched no key, as text
     shadowed: list = dataclasses.field(default_factory=list)  # why each shadowed rule never applied
 
 
 def rewrite_view(view: dict, rules: tuple[ParsedRule, ...], *, keep=None,
-                 note_bookkeeping: bool = True) -> Rewritten:
+                 note_bookkeeping: bool = True, stacks=None) -> Rewritten:
     """Rewrites every key of a source view ({key within `at`: full key}) by the rules.
 
     Checkpoint bookkeeping (`save_counter`, the object graph) is left out unless
@@ -182,10 +193,19 @@ def rewrite_view(view: dict, rules: tuple[ParsedRule, ...], *, keep=None,
             if note_bookkeeping:
                 skipped.append(f"{full}: checkpoint bookkeeping")
             continue
-        pairs = rewrite_all(key, rules)
+        pairs = rewrite_all(key, rules, stacks)
         new, rule = pairs[0]
+        if rule is not None and (rule.stack is not None or rule.concat is not None) and \
+                new is not None and not (stacks and key in stacks):  # planned entry by entry
+            raise errors.InvalidArgumentError(
+                f"{rule} makes one variable of several source entries, which a restore "
+                f"that places each entry as its variable is created (restore_on_create) "
+                f"cannot do: `{_render.safe(full)}` is one of them. Fix: build the obj "
+                "first (call it on a batch), then objckpt.restore(obj, source, rules=...).")
         if rule is not None:
             fired.update(r.index for _, r in pairs)
+            if stacks and key in stacks:  # every rule whose entries the key stands for
+                fired.update(r.index for r, _ in stacks[key].pieces)
             taken.append((key, new, rule))
         if new is None:
             skipped.append(f"{full}: dropped by {rule}")

@@ -16,8 +16,14 @@ Several rules with the same source pattern feed one tensor to several variables:
 with a `Split(axis, parts=..., index=k)` first takes its part (GPT-2's fused `c_attn` ->
 query, key, value; export concatenates them back), and without a Split the weights are
 tied (the tensor feeds each target; export writes it once, checking they agree).
+The other way round, a `Stack(over, count)` last in a rule's transform makes one variable of
+the entries that differ only in its `over` placeholder (a mixture of experts' per-expert
+weights -> keras-hub's expert bank); export writes each entry back (`Unstack`). And
+several rules of one target, each ending with a `Concat(axis, parts=..., index=k)`, make one
+variable of their parts (the way back from a `Split`: torch's q, k, v into one fused kernel;
+after a Stack, Qwen MoE's per-expert gate and up weights into one `gate_up` bank).
 
-Transforms (`Transpose`, `ConvKernel`, `Reshape`, `Split`, `Chain`) are callables on a
+Transforms (`Transpose`, `ConvKernel`, `Reshape`, `Split`, `Stack`, `Chain`) are callables on a
 `tf.Tensor` (or a NumPy array) that move bytes without arithmetic, so a round
 trip through a transform and its `inverse()` is bit-exact.
 
@@ -50,15 +56,18 @@ from __future__ import annotations
 
 from objckpt.rules.core import (
     Chain,
+    Concat,
     ConvKernel,
     Reshape,
     Rule,
     RuleSet,
     Split,
+    Stack,
     Transform,
     Transpose,
+    Unstack,
 )
 from objckpt.rules.huggingface import huggingface, supported
 
-__all__ = ["Chain", "ConvKernel", "Reshape", "Rule", "RuleSet", "Split", "Transform",
-           "Transpose", "huggingface", "supported"]
+__all__ = ["Chain", "Concat", "ConvKernel", "Reshape", "Rule", "RuleSet", "Split", "Stack", "Transform",
+           "Transpose", "Unstack", "huggingface", "supported"]

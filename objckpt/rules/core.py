@@ -9,8 +9,8 @@ from collections.abc import Callable, Sequence
 
 from objckpt import errors
 
-__all__ = ["NOWHERE", "Chain", "ConvKernel", "Reshape", "Rule", "RuleSet", "Split", "Transform",
-           "Transpose", "split_of"]
+__all__ = ["NOWHERE", "Chain", "Concat", "ConvKernel", "Reshape", "Rule", "RuleSet", "Split",
+           "Stack", "Transform", "Transpose", "Unstack", "placement_of", "split_of", "stack_of"]
 
 # The target of a head entry that no model has a variable for (a tied decoder, a head
 # keras-hub has no layer for): `Rule(entry, f"{NOWHERE}/{entry}", head=...)` sets it aside.
@@ -345,6 +345,213 @@ def split_of(transform) -> tuple:
     return None, transform
 
 
+@dataclasses.dataclass(frozen=True)
+class Stack(Transform):
+    """Many entries -> one variable: the entries a rule's source pattern matches that differ
+    only in the placeholder `over` (`e` of `model.layers.{i}.mlp.experts.{e}.w1.weight`),
+    stacked along a new `axis` of size `count`, entry `{over}=k` at index k (a mixture of
+    experts' per-expert weights -> keras-hub's one expert bank).
+
+    `over` is the one placeholder a rule may have in its source only. A Stack is a rule's
+    transform on its own or last in a `Chain`; what comes before it in the chain transforms
+    each entry (`Chain(Transpose(), Stack("e", 8))`: each torch weight transposed, then
+    stacked). Every part's shape and dtype is checked from metadata before a byte is read,
+    and an index missing from 0..count-1 is an error that names its entry. Its inverse at
+    export: `Unstack(axis, k)` per index k, each through the inverse of the per-entry
+    transform, written under the entry's name.
+    """
+
+    over: str
+    count: int
+    axis: int = 0
+
+    def __post_init__(self):
+        shown = f"Stack(over={self.over!r}, count={self.count!r}, axis={self.axis!r})"
+        if not isinstance(self.over, str) or not self.over.isidentifier():
+            raise errors.InvalidArgumentError(
+                f"{shown}: over must name the source placeholder that numbers the entries "
+                "(a plain name). Fix: pass e.g. Stack('e', 8) for experts.{e}.")
+        if type(self.count) is not int or self.count < 1:
+            raise errors.InvalidArgumentError(
+                f"{shown}: count must be an int >= 1 (how many entries are stacked). Fix: "
+                "pass the number of experts, e.g. Stack('e', 8).")
+        if type(self.axis) is not int:
+            raise errors.InvalidArgumentError(
+                f"{shown}: axis must be an int (negative counts from the end of the "
+                "stacked shape). Fix: pass e.g. axis=0.")
+
+    def _axis(self, rank: int) -> int:
+        """The new axis as a non-negative int in a stacked value of `rank` + 1 axes."""
+        if not -(rank + 1) <= self.axis <= rank:
+            raise errors.InvalidArgumentError(
+                f"{self!r} stacks along axis {self.axis}, but its parts have {rank} axes "
+                f"(the stacked value {rank + 1}). Fix: pass an axis in "
+                f"{-(rank + 1)}..{rank}.")
+        return self.axis % (rank + 1)
+
+    def __call__(self, values):
+        """The parts (a sequence of `count` values, index order) stacked."""
+        values = list(values)
+        if len(values) != self.count:
+            raise errors.InvalidArgumentError(
+                f"{self!r} stacks {self.count} parts but received {len(values)}. Fix: give "
+                "one value per index.")
+        axis = self._axis(len(values[0].shape))
+        if all(_is_numpy(v) for v in values):
+            import numpy as np
+
+            return np.stack(values, axis=axis)
+        import tensorflow as tf
+
+        return tf.stack(values, axis=axis)
+
+    def output_shape(self, shape: tuple) -> tuple:
+        """The stacked shape of parts of `shape`."""
+        shape = tuple(shape)
+        axis = self._axis(len(shape))
+        return shape[:axis] + (self.count,) + shape[axis:]
+
+    def part(self, index: int) -> Unstack:
+        """The transform that takes part `index` out of a stacked value (export)."""
+        return Unstack(self.axis, index)
+
+    def inverse(self) -> Transform:
+        raise errors.InvalidArgumentError(
+            f"{self!r} makes one variable of {self.count} entries, so its inverse is "
+            f"{self.count} transforms, not one. Fix: let objckpt.export write the entries "
+            "(RuleSet.export_names gives each its name and its Unstack).")
+
+
+@dataclasses.dataclass(frozen=True)
+class Unstack(Transform):
+    """Part `index` of a value along `axis`, that axis removed (`value[index]` for axis 0):
+    the export side of a `Stack`."""
+
+    axis: int
+    index: int
+
+    def __post_init__(self):
+        if type(self.axis) is not int or type(self.index) is not int or self.index < 0:
+            raise errors.InvalidArgumentError(
+                f"Unstack needs an int axis and an int index >= 0. Received: "
+                f"Unstack({self.axis!r}, {self.index!r}). Fix: pass e.g. Unstack(0, 3).")
+
+    def _where(self, shape: tuple | None) -> int:
+        if shape is None or not -len(shape) <= self.axis < len(shape) or (
+                shape[self.axis] is not None and self.index >= shape[self.axis]):
+            raise errors.InvalidArgumentError(
+                f"{self!r} takes part {self.index} along axis {self.axis}, but received a "
+                f"value of shape {shape}. Fix: attach it to the stacked variable it was "
+                "made for.")
+        return self.axis % len(shape)
+
+    def __call__(self, value):
+        axis = self._where(_static_shape(value))
+        cut = tuple(self.index if a == axis else slice(None) for a in range(len(value.shape)))
+        if _is_numpy(value):
+            return value[cut].copy()  # C-contiguous, as TF's
+        return value[cut]
+
+    def output_shape(self, shape: tuple) -> tuple:
+        shape = tuple(shape)
+        axis = self._where(shape)
+        return shape[:axis] + shape[axis + 1:]
+
+    def inverse(self) -> Transform:
+        raise errors.InvalidArgumentError(
+            f"{self!r} keeps one part of a stacked value, so it has no inverse on its own. "
+            "Fix: restore with the rule's Stack, which stacks every part.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Concat(Transform):
+    """Part `index` of a variable made of `parts` equal parts (or parts of the given `sizes`)
+    along `axis`: the other way round from `Split`. Several rules with different source
+    patterns and one target, each with a Concat (last in its transform) of the same cut and
+    its own index, make one variable of their entries (a Keras fused gate/up kernel of two
+    torch weights; after a `Stack`, per expert: Qwen MoE's `gate_up` bank). Every part's
+    shape is checked from metadata; a part no entry gives is an error naming its rule.
+    Its inverse is the Split of the same cut and index (export writes each part)."""
+
+    axis: int
+    parts: int | None = None
+    sizes: tuple | None = None
+    index: int = 0
+
+    def __post_init__(self):
+        _, _, sizes = _split_arguments(self.axis, self.parts, self.sizes, self.index)
+        object.__setattr__(self, "sizes", sizes)
+
+    @property
+    def count(self) -> int:
+        """How many parts make the variable."""
+        return self.parts if self.parts is not None else len(self.sizes)
+
+    def same_cut(self, other) -> bool:
+        """Whether `other` is a Concat of the same variable the same way (index aside)."""
+        return isinstance(other, Concat) and (other.axis, other.parts, other.sizes) == (
+            self.axis, self.parts, self.sizes)
+
+    def split(self) -> Split:
+        return Split(self.axis, self.parts, self.sizes, self.index)
+
+    def output_shape(self, shape: tuple) -> tuple:
+        """The whole variable's shape, from part `index`'s `shape`."""
+        shape = tuple(shape)
+        if not -len(shape) <= self.axis < len(shape):
+            raise errors.InvalidArgumentError(
+                f"{self!r} joins along axis {self.axis}, but its part has shape {shape}. "
+                f"Fix: pass an axis in {-len(shape)}..{len(shape) - 1}.")
+        axis = self.axis % len(shape)
+        if self.sizes is not None and shape[axis] != self.sizes[self.index]:
+            raise errors.InvalidArgumentError(
+                f"{self!r}: part {self.index} has {shape[axis]} along axis {self.axis}, not "
+                f"{self.sizes[self.index]}. Fix: correct sizes, or attach the rule to the "
+                "entries it was written for.")
+        whole = shape[axis] * self.parts if self.parts is not None else sum(self.sizes)
+        return shape[:axis] + (whole,) + shape[axis + 1:]
+
+    def region(self, shape: tuple) -> tuple:
+        """The index (slices) of part `index` in the whole variable of `shape`."""
+        axis, start, stop = self.split()._bounds(tuple(shape))
+        return (slice(None),) * axis + (slice(start, stop),)
+
+    def __call__(self, value):
+        raise errors.InvalidArgumentError(
+            f"{self!r} places one part of a variable, made whole by restore from every "
+            "rule of its cut; it does not run on one value. Fix: restore with the rules of "
+            "all its parts.")
+
+    def inverse(self) -> Split:
+        return self.split()
+
+
+def placement_of(transform) -> tuple:
+    """(Concat or None, Stack or None, what each entry goes through first or None) of a
+    transform: a Concat last, a Stack last (or before the Concat), the rest first."""
+    concat = None
+    if isinstance(transform, Concat):
+        return transform, None, None
+    if isinstance(transform, Chain) and isinstance(transform.transforms[-1], Concat):
+        concat, rest = transform.transforms[-1], transform.transforms[:-1]
+        transform = Chain(*rest) if len(rest) > 1 else rest[0]
+    stack, part = stack_of(transform)
+    return concat, stack, part
+
+
+def stack_of(transform) -> tuple:
+    """(the Stack a transform ends with, what each part goes through before it or None),
+    or (None, transform) when it ends with none: a `Stack`, or a `Chain` whose last
+    transform is one."""
+    if isinstance(transform, Stack):
+        return transform, None
+    if isinstance(transform, Chain) and isinstance(transform.transforms[-1], Stack):
+        rest = transform.transforms[:-1]
+        return transform.transforms[-1], (Chain(*rest) if len(rest) > 1 else
+                                          rest[0] if rest else None)
+    return None, transform
+
+
 class Chain(Transform):
     """Applies transforms in order (`Chain(a, b)(x) == b(a(x))`); its inverse applies their
     inverses in the reverse order."""
@@ -462,6 +669,18 @@ class Rule:
         self._target_fields = _fields(target, "target", shown)
         only_source = _names(self._source_fields) - _names(self._target_fields)
         only_target = _names(self._target_fields) - _names(self._source_fields)
+        # many entries -> one variable: a Concat of parts, a Stack of entries, or both
+        self.concat, self.stack, self.part = placement_of(transform)
+        if self.stack is not None:
+            over = self.stack.over
+            if over not in _names(self._source_fields) or over in _names(
+                    self._target_fields):
+                raise errors.InvalidArgumentError(
+                    f"{shown}: its {self.stack!r} stacks the entries that differ in "
+                    f"{{{over}}}, so {{{over}}} must appear in the source and not in the "
+                    f"target. Fix: write the source as e.g. 'experts.{{{over}}}.w1.weight' "
+                    f"and leave {{{over}}} out of the target.")
+            only_source -= {over}
         if only_source or only_target:
             side, names = ("source", only_source) if only_source else ("target", only_target)
             listed = ", ".join("{" + n + "}" for n in sorted(names))
@@ -486,14 +705,41 @@ class Rule:
         takes a Rule as the rule of its restore direction."""
         return iter(self.regex_rule())
 
-    def source_name(self, path: str) -> str | None:
-        """The source name of an object path the target matches, else None."""
+    def source_name(self, path: str, **more) -> str | None:
+        """The source name of an object path the target matches, else None; `more` fills
+        the placeholders the target lacks (a Stack's `over`: `source_name(p, e="3")`)."""
         found = self.target_regex.match(path)
         if found is None:
             return None
-        groups = found.groupdict()
-        return "".join(literal + (groups[field] if field else "")
+        groups = {**found.groupdict(), **more}  # a Stack's `over` not given: kept braced
+        return "".join(literal + (groups.get(field, f"{{{field}}}") if field else "")
                        for literal, field in self._source_fields)
+
+    def _placed(self, inverse):
+        """An entry's export transform: its Concat's Split first, then `inverse`."""
+        if self.concat is None:
+            return inverse
+        return self.concat.split() if inverse is None else Chain(self.concat.split(), inverse)
+
+    def source_names(self, path: str, where: str = "") -> list | None:
+        """[(source name, inverse transform)] an object path the target matches is written
+        as (None: no match): one, or a Stack's `count` entries, each with its `Unstack`
+        and the inverse of the per-entry transform."""
+        if self.stack is None:
+            name = self.source_name(path)
+            if name is None:
+                return None
+            if self.concat is not None:  # its part of the variable, split off
+                return [(name, self._placed(inverse_of(self.part, where or repr(self))))]
+            _, rest = split_of(self.transform)  # a Split's part: export concatenates
+            return [(name, inverse_of(rest, where or repr(self)))]
+        if self.target_regex.match(path) is None:
+            return None
+        back = inverse_of(self.part, where or repr(self))
+        return [(self.source_name(path, **{self.stack.over: str(k)}),
+                 self._placed(Chain(self.stack.part(k), back) if back is not None
+                              else self.stack.part(k)))
+                for k in range(self.stack.count)]
 
     def __repr__(self) -> str:
         extra = f", {self.transform!r}" if self.transform is not None else ""
@@ -581,19 +827,52 @@ class RuleSet(Sequence):
         target matches it. A target matches what restore would match: the object path (or
         an alias: the path through the layers, the variable's name), with leading
         underscores stripped from each edge (tried first) or as it is."""
+        found = self.export_names(path, *aliases)
+        if found is None:
+            return None
+        names, rule = found
+        if rule.stack is not None:
+            raise errors.InvalidArgumentError(
+                f"{rule!r} writes `{path}` as {len(names)} entries (its {rule.stack!r}), not "
+                "one. Fix: call RuleSet.export_names for the names and transforms of all.")
+        return names[0][0], names[0][1], rule
+
+    def export_names(self, path: str, *aliases: str):
+        """([(source name, inverse transform)], rule) for an object path, matched as
+        `export_name` matches it; a Stack rule's path gives its `count` entries (index
+        order), a Concat's every part's (from the rules of its cut), any other one. None
+        when no rule's target matches it."""
         forms = []
         for form in (path, *aliases):  # stripped first: a placeholder takes `kernel`, not
             forms += ["/".join(e.lstrip("_") or e for e in form.split("/")), form]  # `_kernel`
         forms = list(dict.fromkeys(f for f in forms if f))
         for index, rule in enumerate(self._rules):
             for form in forms:
-                name = rule.source_name(form)
-                if name is not None:
-                    # A rule that takes one part of a tensor (Split first): the inverse of
-                    # the rest; export concatenates the parts (see `split_of`).
-                    _, rest = split_of(rule.transform)
-                    return name, inverse_of(rest, f"rule {index} {rule!r}"), rule
+                names = rule.source_names(form, f"rule {index} {rule!r}")
+                if names is not None:
+                    if rule.concat is not None:  # every part, from its rule of the cut
+                        names = self._parts(index, rule, form, names)
+                    return names, rule
         return None
+
+    def _parts(self, first: int, rule: Rule, form: str, names: list) -> list:
+        """The names and transforms of every part of a Concat's variable, in index order:
+        the first rule's, then one per later rule of the same cut that matches `form`."""
+        parts = {rule.concat.index: names}
+        for index, other in enumerate(self._rules[first + 1:], first + 1):
+            if other.concat is not None and other.concat.same_cut(rule.concat) and \
+                    other.concat.index not in parts:
+                found = other.source_names(form, f"rule {index} {other!r}")
+                if found is not None:
+                    parts[other.concat.index] = found
+        missing = [k for k in range(rule.concat.count) if k not in parts]
+        if missing:
+            raise errors.InvalidArgumentError(
+                f"{rule!r} writes `{form}` as part {rule.concat.index} of "
+                f"{rule.concat.count}, but no rule of the same cut gives part(s) {missing}. "
+                "Fix: give each part 0.."
+                f"{rule.concat.count - 1} a rule with the same target and Concat cut.")
+        return [name for k in sorted(parts) for name in parts[k]]
 
     def __repr__(self) -> str:
         return "RuleSet([" + ", ".join(map(repr, self._rules)) + "])"
