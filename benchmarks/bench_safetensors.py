@@ -80,15 +80,29 @@ def _scramble(model, seed: int) -> None:
 
 
 def bench_safetensors(repeats: int = 3, layers: int = 2):
-    """The result (seconds, ratios) or (None, why it was not measured)."""
+    """The result (seconds, ratios) or (None, why it was not measured); its folder removed
+    when it returns."""
     try:
-        import keras_hub
-        import safetensors.numpy as safetensors_numpy
+        import keras_hub  # noqa: F401
+        import safetensors.numpy  # noqa: F401
     except ImportError as err:
         return None, f"needs keras-hub and safetensors (Keras 3): {err}"
-    from objckpt.rules import huggingface
+    import shutil
 
     workdir = tempfile.mkdtemp(prefix="objckpt-bench-safetensors-")
+    try:
+        return _bench_folder(workdir, repeats, layers)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _bench_folder(workdir: str, repeats: int, layers: int):
+    """`bench_safetensors` in the scratch folder `workdir`."""
+    import keras_hub
+    import safetensors.numpy as safetensors_numpy
+
+    from objckpt.rules import huggingface
+
     folder = os.path.join(workdir, "hf")
     os.makedirs(folder)
     config = _config(layers)
