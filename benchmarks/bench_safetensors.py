@@ -80,15 +80,29 @@ def _scramble(model, seed: int) -> None:
 
 
 def bench_safetensors(repeats: int = 3, layers: int = 2):
-    """The result (seconds, ratios) or (None, why it was not measured)."""
+    """The result (seconds, ratios) or (None, why it was not measured); its folder removed
+    when it returns."""
     try:
-        import keras_hub
-        import safetensors.numpy as safetensors_numpy
+        import keras_hub  # noqa: F401
+        import safetensors.numpy  # noqa: F401
     except ImportError as err:
         return None, f"needs keras-hub and safetensors (Keras 3): {err}"
-    from objckpt.rules import huggingface
+    import shutil
 
     workdir = tempfile.mkdtemp(prefix="objckpt-bench-safetensors-")
+    try:
+        return _bench_folder(workdir, repeats, layers)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _bench_folder(workdir: str, repeats: int, layers: int):
+    """`bench_safetensors` in the scratch folder `workdir`."""
+    import keras_hub
+    import safetensors.numpy as safetensors_numpy
+
+    from objckpt.rules import huggingface
+
     folder = os.path.join(workdir, "hf")
     os.makedirs(folder)
     config = _config(layers)
@@ -195,11 +209,22 @@ def bench_safetensors(repeats: int = 3, layers: int = 2):
 # --- peak memory at full size: one child process per operation ----------------------------
 
 TARGET_MEMORY = "<= 1x"  # extra memory / (largest tensor + 256 MiB)
+TARGET_CHECKPOINT = ">= 1x"  # safetensors throughput / the TF checkpoint's, same tensors
 MEMORY_SLACK = 256 << 20
+MEMORY_ROUNDS = 3  # runs of each of objckpt's restores per case (the others: one)
 _SIZES = {  # name: (hidden, intermediate, heads, layers, dtype, max shard size)
     "single": (2048, 5632, 16, 10, "float32", None),
     "sharded": (2048, 5632, 16, 41, "bfloat16", "1GB"),
 }
+# case: (the folder's size, the backbone's dtype). A case whose backbone has the folder's
+# dtype is also restored from a TF checkpoint of the same tensors (`objckpt.save` of the
+# exported backbone); the bfloat16 folder into a float32 backbone is cast as it is read.
+CASES = {
+    "single": ("single", "float32"),
+    "sharded": ("sharded", "bfloat16"),
+    "sharded-float32": ("sharded", "float32"),
+}
+_DIGEST_STRIDE = 97  # every 97th element (and the first and last 4096) of each variable
 
 
 def _status(field: bytes) -> int:
@@ -235,8 +260,16 @@ class _Peak:
         self.peak = max(self.peak, _status(b"RssAnon:"))
 
 
+def _layers(size: str) -> int:
+    """Decoder layers of `size`: OBJCKPT_BENCH_LAYERS where set (smaller runs while
+    developing: `--memory-layers`), else the full size's."""
+    given = os.environ.get("OBJCKPT_BENCH_LAYERS", "").strip()
+    return int(given) if given else _SIZES[size][3]
+
+
 def _sized_config(size: str) -> dict:
-    hidden, intermediate, heads, layers, dtype, _ = _SIZES[size]
+    hidden, intermediate, heads, _, dtype, _ = _SIZES[size]
+    layers = _layers(size)
     config = _config(layers)
     config.update(hidden_size=hidden, intermediate_size=intermediate, num_attention_heads=heads,
                   num_key_value_heads=heads, head_dim=hidden // heads, torch_dtype=dtype)
@@ -244,38 +277,61 @@ def _sized_config(size: str) -> dict:
 
 
 def _sized_backbone(keras_hub, size: str, dtype: str):
-    hidden, intermediate, heads, layers, _, _ = _SIZES[size]
+    hidden, intermediate, heads, _, _, _ = _SIZES[size]
     return keras_hub.models.Llama3Backbone(
-        vocabulary_size=VOCAB, num_layers=layers, num_query_heads=heads,
+        vocabulary_size=VOCAB, num_layers=_layers(size), num_query_heads=heads,
         num_key_value_heads=heads, hidden_dim=hidden, intermediate_dim=intermediate,
         tie_word_embeddings=True, dtype=dtype)
 
 
+def _digest(model, dtype: str | None = None) -> str:
+    """A digest of every variable's values (sampled: every `_DIGEST_STRIDE`-th element and
+    the first and last 4096), cast to `dtype` first where given; equal digests: the same
+    values in the same layouts."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for path, variable in objckpt.tree(model).items():
+        flat = np.asarray(variable.numpy()).reshape(-1)
+        sample = np.concatenate([flat[:4096], flat[::_DIGEST_STRIDE], flat[-4096:]])
+        if dtype is not None:
+            sample = sample.astype(dtype)
+        digest.update(path.encode() + str(sample.dtype).encode() + sample.tobytes())
+    return digest.hexdigest()
+
+
 def _child(operation: str, folder: str, size: str, dtype: str) -> dict:
     """One operation at full size in this (fresh) process: peak RssAnon beyond the model
-    (for from_preset, beyond the model it builds) and seconds."""
+    (for from_preset, beyond the model it builds) and seconds; for restores, the digest of
+    the values they left (`_digest`), measured after the timing."""
     import keras_hub
     from safetensors import safe_open
 
     from objckpt.rules import huggingface
 
     if operation == "make":
-        made, nbytes, largest = _make_folder(folder, size)
-        return {"folder": made, "bytes": nbytes, "largest": largest}
+        return _make_folder(folder, size)
     if operation == "from_preset":
         gc.collect()
         with _Peak() as peak:
-            model = keras_hub.models.Backbone.from_preset(folder)
+            model = keras_hub.models.Backbone.from_preset(folder, dtype=dtype)
         model_bytes = sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize
                           for v in model.weights)
         return {"extra": peak.peak - peak.base - model_bytes, "s": peak.seconds,
                 "dtype": str(model.weights[0].dtype)}
     target = _sized_backbone(keras_hub, size, dtype)
+    if operation == "checkpoint":  # the TF checkpoint beside the folder: same tensors
+        prefix = os.path.join(folder, "checkpoint", "ckpt")
+        gc.collect()
+        with _Peak() as peak:
+            objckpt.restore(target, prefix)
+        return {"extra": peak.peak - peak.base, "s": peak.seconds, "digest": _digest(target)}
     rules = huggingface(folder)
     if operation == "objckpt":
         gc.collect()
         with _Peak() as peak:
             objckpt.restore(target, folder, rules=rules)
+        return {"extra": peak.peak - peak.base, "s": peak.seconds, "digest": _digest(target)}
     else:  # the limit: safe_open + per-tensor assign, the plan's map made beforehand
         variables = objckpt.tree(target)
         the_plan = objckpt.plan(target, folder, rules=rules)
@@ -296,16 +352,20 @@ def _child(operation: str, folder: str, size: str, dtype: str) -> dict:
                 if handle is None:
                     handle = handles[where[name]] = safe_open(where[name], framework="numpy")
                 value = tf.constant(handle.get_tensor(name))
-                variable.assign(transform(value) if transform is not None else value,
-                                read_value=False)
+                value = transform(value) if transform is not None else value
+                if value.dtype != variable.dtype:  # bfloat16 into float32: widened
+                    value = tf.cast(value, variable.dtype)
+                variable.assign(value, read_value=False)
                 del value
             handles.clear()
-    return {"extra": peak.peak - peak.base, "s": peak.seconds}
+    return {"extra": peak.peak - peak.base, "s": peak.seconds, "digest": _digest(target)}
 
 
-def _make_folder(workdir: str, size: str) -> tuple[str, int, int]:
-    """(folder, bytes of its safetensors files, the largest tensor's bytes): what
-    `objckpt.export` writes for a freshly initialised backbone of `size`."""
+def _make_folder(workdir: str, size: str) -> dict:
+    """What `objckpt.export` writes for a freshly initialised backbone of `size` (its
+    safetensors folder, their bytes, the largest tensor's bytes) and, in the folder's
+    `checkpoint/`, `objckpt.save` of the same backbone (a TF checkpoint of the same
+    tensors; its data bytes); the digests of its values as they are and as float32."""
     import keras_hub
 
     _, _, _, _, dtype, shard = _SIZES[size]
@@ -317,12 +377,18 @@ def _make_folder(workdir: str, size: str) -> tuple[str, int, int]:
 
     source = _sized_backbone(keras_hub, size, dtype)
     objckpt.export(source, folder, rules=huggingface(folder), max_shard_size=shard)
+    objckpt.save(source, os.path.join(folder, "checkpoint", "ckpt"))
     largest = max(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in source.weights)
+    digests = {dtype: _digest(source), "float32": _digest(source, "float32")}
     del source
     gc.collect()
     nbytes = sum(os.path.getsize(os.path.join(folder, n)) for n in os.listdir(folder)
                  if n.endswith(".safetensors"))
-    return folder, nbytes, largest
+    data = os.path.join(folder, "checkpoint")
+    checkpoint_bytes = sum(os.path.getsize(os.path.join(data, n)) for n in os.listdir(data)
+                           if ".data-" in n)
+    return {"folder": folder, "bytes": nbytes, "largest": largest, "digests": digests,
+            "checkpoint_bytes": checkpoint_bytes}
 
 
 def _run_child(operation: str, folder: str, size: str, dtype: str):
@@ -339,78 +405,144 @@ def _run_child(operation: str, folder: str, size: str, dtype: str):
 
 
 def _read_through(folder: str) -> None:
-    """Reads every file of `folder` once (into the page cache)."""
+    """Reads every file directly in `folder` once (into the page cache)."""
     for name in sorted(os.listdir(folder)):
-        with open(os.path.join(folder, name), "rb") as f:
+        path = os.path.join(folder, name)
+        if not os.path.isfile(path):
+            continue
+        with open(path, "rb") as f:
             while f.read(64 << 20):
                 pass
 
 
-def bench_memory(sizes=("single", "sharded")) -> list:
-    """[(title, result)]: for each size, peak extra memory and time of objckpt.restore,
-    safe_open + assign (the limit) and keras-hub's from_preset, each in its own process."""
+def bench_memory(cases=tuple(CASES), rounds: int = MEMORY_ROUNDS) -> list:
+    """[(title, result)]: for each case, peak extra memory and time of objckpt.restore,
+    safe_open + assign (the limit), keras-hub's from_preset and, where the backbone has the
+    folder's dtype, objckpt.restore from a TF checkpoint of the same tensors, each in its
+    own process, the page cache warmed alike (every file it reads read once just before);
+    objckpt's restores `rounds` times each, interleaved (medians). Each restore's values
+    are checked (`_digest`) against the exported backbone's."""
     try:
         import keras_hub  # noqa: F401
         import safetensors  # noqa: F401
     except ImportError as err:
         return [("skipped", f"needs keras-hub and safetensors (Keras 3): {err}")]
-    out = []
-    for size in sizes:
-        workdir = tempfile.mkdtemp(prefix="objckpt-bench-safetensors-mem-")
-        try:
-            dtype = _SIZES[size][4]
-            made = _run_child("make", workdir, size, dtype)  # its model freed with its process
-            if isinstance(made, str):
-                out.append((size, f"the {size} folder could not be written: {made}"))
-                continue
-            folder, nbytes, largest = made["folder"], made["bytes"], made["largest"]
-            names = {"objckpt": "objckpt.restore(backbone, folder, rules=huggingface(folder))",
-                     "limit": "safe_open + per-tensor assign (the limit)",
-                     "from_preset": "keras_hub Backbone.from_preset(folder)"}
-            got, notes = {}, []
-            for operation in names:
-                _read_through(folder)  # every operation reads from the page cache
-                found = _run_child(operation, folder, size, dtype)
-                if isinstance(found, str):
-                    notes.append(f"{names[operation]} failed: {found}")
-                    continue
-                got[operation] = found
-            bound = largest + MEMORY_SLACK
-            seconds = {names[k]: v["s"] for k, v in got.items()}
-            rows = []
-            for k, v in got.items():
-                notes.append(f"{names[k]}: {v['s']:.2f} s, peak extra anonymous memory "
-                             f"{v['extra'] / 2**20:,.0f} MiB"
-                             + (f" (it built a {v['dtype']} backbone)" if "dtype" in v else ""))
-            if "objckpt" in got:
-                ratio = got["objckpt"]["extra"] / bound
-                rows.append(("objckpt.restore extra memory / (largest tensor + 256 MiB)", ratio,
-                             TARGET_MEMORY, ratio <= 1, (ratio, ratio)))
-            if "objckpt" in got and "limit" in got:
-                ratio = got["objckpt"]["s"] / got["limit"]["s"]
-                rows.append(("objckpt.restore time / (safe_open + assign)", ratio,
-                             TARGET_LIMIT, ratio <= 1.1, (ratio, ratio)))
-            if "objckpt" in got and "from_preset" in got:
-                ratio = got["from_preset"]["s"] / got["objckpt"]["s"]
-                rows.append(("keras-hub from_preset time (builds the backbone too) / "
-                             "objckpt.restore time", ratio, TARGET_KERAS_HUB, ratio >= 1,
-                             (ratio, ratio)))
-            hidden, _, _, layers, _, shard = _SIZES[size]
-            files = sum(n.endswith(".safetensors") for n in os.listdir(folder))
-            model = (f"Llama3Backbone, hidden {hidden}, {layers} layers, vocabulary {VOCAB}, "
-                     f"tied, {dtype} into a {dtype} backbone: {nbytes / 2**30:.2f} GiB in "
-                     f"{files} safetensors file{'s' * (files != 1)}, largest tensor "
-                     f"{largest / 2**20:,.0f} MiB")
-            out.append((f"{size} folder at full size, peak memory (one process each)",
-                        {"model": model, "bytes": nbytes, "largest": largest, "s": seconds,
-                         "spread": {k: (v, v) for k, v in seconds.items()},
-                         "extra_bytes": {names[k]: v["extra"] for k, v in got.items()},
-                         "ratios": rows, "notes": notes}))
-        finally:
-            import shutil
+    import shutil
 
+    out, made, workdirs = [], {}, []
+    try:
+        for case in cases:
+            size, dtype = CASES[case]
+            if size not in made:
+                workdir = tempfile.mkdtemp(prefix="objckpt-bench-safetensors-mem-")
+                workdirs.append(workdir)
+                # its model freed with its process
+                made[size] = _run_child("make", workdir, size, _SIZES[size][4])
+            if isinstance(made[size], str):
+                out.append((case, f"the {size} folder could not be written: {made[size]}"))
+                continue
+            out.append(_memory_case(case, made[size], rounds))
+    finally:
+        for workdir in workdirs:
             shutil.rmtree(workdir, ignore_errors=True)
     return out
+
+
+_NAMES = {"objckpt": "objckpt.restore(backbone, folder, rules=huggingface(folder))",
+          "checkpoint": "objckpt.restore(backbone, prefix): a TF checkpoint of the same tensors",
+          "limit": "safe_open + per-tensor assign (the limit)",
+          "from_preset": "keras_hub Backbone.from_preset(folder, dtype=...)"}
+
+
+def _memory_case(case: str, made: dict, rounds: int) -> tuple:
+    """(title, result) of one case of `bench_memory`, its folder made already; objckpt's
+    restores run `rounds` times each (interleaved), the others once."""
+    size, dtype = CASES[case]
+    folder_dtype = _SIZES[size][4]
+    folder, nbytes, largest = made["folder"], made["bytes"], made["largest"]
+    operations = ["objckpt", "limit", "from_preset"]
+    if dtype == folder_dtype:
+        operations.insert(1, "checkpoint")
+    # objckpt's two restores again, interleaved (the order reversed every other round)
+    again = [op for op in operations if op in ("objckpt", "checkpoint")]
+    order = list(operations)
+    for round_ in range(1, rounds):
+        order += again[::-1] if round_ % 2 else again
+    runs, notes = {}, []
+    for operation in order:
+        # every operation reads from the page cache, warmed alike
+        _read_through(os.path.join(folder, "checkpoint") if operation == "checkpoint"
+                      else folder)
+        found = _run_child(operation, folder, size, dtype)
+        if isinstance(found, str):
+            notes.append(f"{_NAMES[operation]} failed: {found}")
+            continue
+        expected = made["digests"][dtype if dtype == folder_dtype else "float32"]
+        if "digest" in found and found["digest"] != expected:
+            raise AssertionError(f"{case}: {_NAMES[operation]} did not restore the exported "
+                                 "values")
+        runs.setdefault(operation, []).append(found)
+    # per operation: the median time, its spread, the largest extra memory of its runs
+    got = {op: {**found[0], "s": statistics.median(r["s"] for r in found),
+                "spread": (min(r["s"] for r in found), max(r["s"] for r in found)),
+                "extra": max(r["extra"] for r in found), "runs": len(found)}
+           for op, found in runs.items()}
+    itemsize = 4 if dtype == "float32" else 2
+    largest_after = largest * itemsize // (4 if folder_dtype == "float32" else 2)
+    bound = largest_after + MEMORY_SLACK
+    read = {"objckpt": nbytes, "limit": nbytes, "from_preset": nbytes,
+            "checkpoint": made["checkpoint_bytes"]}
+    for k, v in got.items():
+        runs_of = (f", median of {v['runs']} runs, each in a fresh process"
+                   if v["runs"] > 1 else "")
+        notes.append(f"{_NAMES[k]}: {v['s']:.2f} s ({read[k] / v['s'] / 2**30:.2f} GiB/s of "
+                     f"its files{runs_of}), peak extra anonymous memory "
+                     f"{v['extra'] / 2**20:,.0f} MiB"
+                     + (" (the largest of its runs)" if v["runs"] > 1 else "")
+                     + (f" (it built a {v['dtype']} backbone)" if "dtype" in v else ""))
+    rows = []
+    if "objckpt" in got:
+        ratio = got["objckpt"]["extra"] / bound
+        rows.append(("objckpt.restore extra memory / (largest tensor in the backbone's dtype "
+                     "+ 256 MiB)", ratio, TARGET_MEMORY, ratio <= 1, (ratio, ratio)))
+    if "objckpt" in got and "checkpoint" in got:
+        ratio = ((nbytes / got["objckpt"]["s"])
+                 / (made["checkpoint_bytes"] / got["checkpoint"]["s"]))
+        per_round = [(nbytes / a["s"]) / (made["checkpoint_bytes"] / b["s"])
+                     for a, b in zip(runs["objckpt"], runs["checkpoint"])]
+        rows.append(("objckpt.restore throughput (bytes/s): safetensors folder / TF checkpoint "
+                     "of the same tensors", ratio, TARGET_CHECKPOINT, ratio >= 1,
+                     (min(per_round), max(per_round))))
+    if "objckpt" in got and "limit" in got:
+        ratio = got["objckpt"]["s"] / got["limit"]["s"]
+        rows.append(("objckpt.restore time / (safe_open + assign)", ratio,
+                     TARGET_LIMIT, ratio <= 1.1, (ratio, ratio)))
+    if "objckpt" in got and "from_preset" in got:
+        ratio = got["from_preset"]["s"] / got["objckpt"]["s"]
+        rows.append(("keras-hub from_preset time (builds the backbone too) / "
+                     "objckpt.restore time", ratio, TARGET_KERAS_HUB, ratio >= 1,
+                     (ratio, ratio)))
+    if dtype != folder_dtype:
+        notes.append(f"no TF-checkpoint row: its tensors are {folder_dtype}, and a "
+                     f"{folder_dtype} TF checkpoint restored into a {dtype} backbone is read "
+                     "whole before it is cast (objckpt streams a TF checkpoint only without "
+                     "casts)")
+    hidden, _, _, _, _, _ = _SIZES[size]
+    files = sum(n.endswith(".safetensors") for n in os.listdir(folder))
+    model = (f"Llama3Backbone, hidden {hidden}, {_layers(size)} layers, vocabulary {VOCAB}, "
+             f"tied, {folder_dtype} into a {dtype} backbone: {nbytes / 2**30:.2f} GiB in "
+             f"{files} safetensors file{'s' * (files != 1)}, largest tensor "
+             f"{largest / 2**20:,.0f} MiB ({largest_after / 2**20:,.0f} MiB in the backbone)")
+    seconds = {_NAMES[k]: v["s"] for k, v in got.items()}
+    spread = {_NAMES[k]: v["spread"] for k, v in got.items()}
+    title = (f"{case} folder at full size, peak memory (one process each)"
+             if not os.environ.get("OBJCKPT_BENCH_LAYERS") else
+             f"{case} folder, {_layers(size)} layers, peak memory (one process each)")
+    return (title, {"model": model, "bytes": nbytes, "largest": largest,
+                    "checkpoint_bytes": made["checkpoint_bytes"], "s": seconds,
+                    "spread": spread,
+                    "extra_bytes": {_NAMES[k]: v["extra"] for k, v in got.items()},
+                    "ratios": rows, "notes": notes})
 
 
 def print_result(result: dict, title: str | None = None) -> None:
@@ -435,7 +567,13 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--memory", action="store_true",
                         help="also the full-size peak-memory runs (>= 2 GiB, >= 4 GiB)")
-    parser.add_argument("--sizes", default="single,sharded")
+    parser.add_argument("--cases", default=",".join(CASES),
+                        help=f"with --memory: the cases to run ({', '.join(CASES)})")
+    parser.add_argument("--memory-rounds", type=int, default=MEMORY_ROUNDS,
+                        help="with --memory: runs of each objckpt restore (medians)")
+    parser.add_argument("--memory-layers", type=int,
+                        help="with --memory: decoder layers of every folder instead of the "
+                        "full sizes' (smaller runs while developing)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
     parser.add_argument("--size", help=argparse.SUPPRESS)
@@ -444,8 +582,10 @@ def main(argv=None) -> int:
     if args.child:
         print(json.dumps(_child(args.child, args.folder, args.size, args.dtype)), flush=True)
         return 0
+    if args.memory_layers:
+        os.environ["OBJCKPT_BENCH_LAYERS"] = str(args.memory_layers)  # the children read it
     if args.memory:
-        for title, result in bench_memory(tuple(args.sizes.split(","))):
+        for title, result in bench_memory(tuple(args.cases.split(",")), args.memory_rounds):
             if isinstance(result, str):
                 print(f"skipped: {result}")
             else:

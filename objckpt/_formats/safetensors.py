@@ -620,9 +620,27 @@ def _output_spec(tensor: Tensor, transform):
     return tuple(out.shape.as_list()), out.dtype, traced
 
 
-# Bytes of new tensors in flight at once while streaming: the largest tensor's, or this
-# many where that is less (several small tensors read in parallel).
+# Bytes of new tensors in flight at once while streaming: what the largest entry holds
+# while it is read, transformed and cast (`_held`), or this many where that is less
+# (several small tensors read in parallel).
 STREAM_SLACK = 64 << 20
+
+
+def _held(tensor: Tensor, variable, spec) -> int:
+    """Bytes of new tensors one entry holds at most while it is streamed: its bytes as read,
+    its transform's output beside them, and the cast of that output to the variable's dtype
+    (each only where there is one)."""
+    shape, dtype, apply = spec
+    elements = 1
+    for dim in shape:
+        elements *= int(dim)
+    held = tensor.nbytes
+    if apply is not None:
+        held += elements * dtype.size
+    wanted = variable.dtype.base_dtype
+    if wanted != dtype:
+        held += elements * wanted.size
+    return held
 # Read straight into a tensor of their own dtype (NumPy reads them through DLPack); the
 # others into bytes, bit-cast.
 _DIRECT = frozenset({"F32", "F64", "I32", "U8", "I64", "F16"})
@@ -637,8 +655,9 @@ class _Streamer:
     checksums) and that no file changed, assigning nothing; `assign()` then reads each
     tensor (`_Reader.tensor`), transforms it, passes it through `convert(value, variable)`
     (the one place a value is converted just before assignment) and assigns it with
-    `assign_to(variable, value)`, on several threads, new tensors in flight bounded by the
-    largest tensor (or `STREAM_SLACK` bytes, where that is more). `specs` is None when
+    `assign_to(variable, value)`, on several threads, new tensors in flight bounded by what
+    the largest entry holds as it is read, transformed and cast (`_held`; or
+    `STREAM_SLACK` bytes, where that is more). `specs` is None when
     some transform's output is not known from metadata (then the caller reads values
     whole)."""
 
@@ -653,7 +672,9 @@ class _Streamer:
         found = [_output_spec(t, transform) for t, _, _, transform in entries]
         self.specs = None if any(f is None for f in found) else found
         self._sizes = [t.nbytes for t, _, _, _ in entries]
-        limit = max(max(self._sizes, default=0), STREAM_SLACK)
+        self._held = (self._sizes if self.specs is None else
+                      [_held(t, v, spec) for (t, v, _, _), spec in zip(entries, self.specs)])
+        limit = max(max(self._held, default=0), STREAM_SLACK)
         self._gate = _fastio.Budget(limit)
 
     def close(self) -> None:
@@ -699,7 +720,7 @@ class _Streamer:
     def _assign_one(self, index: int) -> None:
         tensor, variable, _, _ = self.entries[index]
         apply = self.specs[index][2]
-        with self._gate.hold(tensor.nbytes):
+        with self._gate.hold(self._held[index]):
             value = self.reader.tensor(tensor)
             if apply is not None:
                 value = apply(value)

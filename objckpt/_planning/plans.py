@@ -19,6 +19,7 @@ from objckpt._base import render as _render
 from objckpt._planning import stacking as _stacking
 from objckpt._planning.sources import Source
 from objckpt._planning.targets import Targets, label
+from objckpt.rules import core as _core
 
 __all__ = ["Match", "Plan", "check_match", "labelled"]
 
@@ -331,15 +332,45 @@ def labelled(problems, targets: Targets) -> tuple[str, ...]:
     return tuple(lines)
 
 
+# What `_traced` found for objckpt's own transforms, by (transform, shape, dtype): a model's
+# layers share a few transforms and shapes, and each trace costs milliseconds.
+_TRACED: dict = {}
+_TRACED_MAX = 4096
+
+
+def _own(transform) -> bool:
+    """Whether `transform` is made only of `objckpt.rules`' transforms (values: equal ones
+    give equal results on equal specs)."""
+    if type(transform) is _core.Chain:
+        return all(_own(t) for t in transform.transforms)
+    return type(transform) in (_core.Transpose, _core.Reshape, _core.ConvKernel, _core.Split)
+
+
 def _transformed(transform, shape, dtype, rule: str):
     """Shape and dtype a rule's transform produces, from metadata (traced, not run)."""
+    if not _own(transform):
+        shape, dtype, problem = _traced(transform, shape, dtype)
+    else:
+        key = (transform, tuple(shape), dtype)
+        found = _TRACED.get(key)
+        if found is None:
+            found = _traced(transform, shape, dtype)
+            if len(_TRACED) >= _TRACED_MAX:
+                _TRACED.clear()
+            _TRACED[key] = found
+        shape, dtype, problem = found
+    return shape, dtype, (f"{rule}: {problem}" if problem else "")
+
+
+def _traced(transform, shape, dtype):
+    """(shape, dtype, problem or "") of `transform` traced on a spec of `shape`, `dtype`."""
     try:
         fn = tf.function(transform, autograph=False)
         out = fn.get_concrete_function(tf.TensorSpec(shape, dtype)).structured_outputs
         out = tf.nest.flatten(out)
         if len(out) != 1:
-            return shape, dtype, f"{rule}: the transform returns {len(out)} tensors, not one"
+            return shape, dtype, f"the transform returns {len(out)} tensors, not one"
         return tuple(out[0].shape), out[0].dtype, ""
     except Exception as err:  # the user's callable: any failure is reported, not raised
-        return shape, dtype, (f"{rule}: the transform fails on a {dtype.name}{tuple(shape)} "
+        return shape, dtype, (f"the transform fails on a {dtype.name}{tuple(shape)} "
                               f"input: {type(err).__name__}: {_render.first_line(err)}")

@@ -454,3 +454,94 @@ def test_cli_inspect_graph_and_verify_without_tensorflow(every_dtype, tmp_path):
     refused = run_cli("inspect", str(bad))
     assert refused.returncode != 0 and "Fix:" in refused.stderr
     assert "Traceback" not in refused.stderr
+
+
+def _layers_module(count: int, shape: tuple, dtype=tf.float32) -> tf.Module:
+    """A tf.Module with `layer{i}/kernel` variables of `shape` and `dtype`, all zero."""
+    module = tf.Module()
+    for i in range(count):
+        layer = tf.Module()
+        layer.kernel = tf.Variable(tf.zeros(shape, dtype))
+        setattr(module, f"layer{i}", layer)
+    return module
+
+
+def test_plan_traces_each_own_transform_once_per_shape(tmp_path, monkeypatch):
+    """A model's layers share a transform and a shape: objckpt's own transforms are traced
+    once for all of them (the plan and the restore are what they were); a callable of the
+    user's is traced for each entry. A transform that fails names each rule that uses it."""
+    from objckpt._planning import plans as _plans
+
+    rng = np.random.default_rng(17)
+    written = {f"model.layers.{i}.weight": rng.standard_normal((6, 4)).astype(np.float32)
+               for i in range(5)}
+    path = str(tmp_path / "model.safetensors")
+    safetensors.numpy.save_file(written, path)
+    traced = []
+    trace = _plans._traced
+
+    def counted(transform, shape, dtype):
+        traced.append(transform)
+        return trace(transform, shape, dtype)
+
+    monkeypatch.setattr(_plans, "_traced", counted)
+    monkeypatch.setattr(_plans, "_TRACED", {})
+    rules = [(r"^model\.layers\.(\d+)\.weight$", r"layer\1/kernel", objckpt.rules.Transpose())]
+    module = _layers_module(5, (4, 6))
+    plan = objckpt.plan(module, path, rules=rules)
+    assert plan.complete and len(plan.matches) == 5 and len(traced) == 1, plan.describe()
+    objckpt.restore(module, path, rules=rules)
+    assert len(traced) == 1
+    for i in range(5):
+        assert getattr(module, f"layer{i}").kernel.numpy().tobytes() == \
+            np.ascontiguousarray(written[f"model.layers.{i}.weight"].T).tobytes()
+    traced.clear()
+    objckpt.plan(_layers_module(5, (4, 6)), path,
+                 rules=[(r"^model\.layers\.(\d+)\.weight$", r"layer\1/kernel", tf.transpose)])
+    assert len(traced) == 5
+    # one Reshape expecting another shape, under two rules: each problem names its rule
+    wrong = objckpt.rules.Reshape((4, 6), (24,))
+    two = [(r"^model\.layers\.0\.weight$", "layer0/kernel", wrong),
+           (r"^model\.layers\.1\.weight$", "layer1/kernel", wrong)]
+    traced.clear()
+    plan = objckpt.plan(_layers_module(2, (24,)), path, rules=two, strict=False)
+    problems = [str(p) for p in plan.mismatched]
+    assert len(traced) == 1 and len(problems) == 2, problems
+    for i in (0, 1):
+        assert any(p.startswith(f"`layer{i}/kernel`: rule {i} (") and "expects a value of "
+                   "shape (4, 6)" in p for p in problems), problems
+
+
+@pytest.mark.skipif(tuple(int(p) for p in tf.__version__.split(".")[:2]) < (2, 13),
+                    reason="TF 2.12: its bfloat16 is not ml_dtypes' (tf.constant refuses it)")
+def test_streamed_budget_counts_the_transform_and_the_cast(tmp_path, monkeypatch):
+    """bfloat16 (out, in) weights into float32 (in, out) kernels, streamed: values widened
+    bit-exactly, and each entry counted in the streaming budget with its bytes as read, as
+    transposed and as cast (2 + 2 + 4 bytes per element), the budget's limit the largest."""
+    rng = np.random.default_rng(19)
+    shapes = [(2048, 1024), (1024, 2048), (512, 64)]  # above the streaming threshold
+    written = {f"model.layers.{i}.weight": rng.standard_normal(s).astype(ml_dtypes.bfloat16)
+               for i, s in enumerate(shapes)}
+    path = str(tmp_path / "model.safetensors")
+    safetensors.numpy.save_file(written, path)
+    module = tf.Module()
+    for i, (rows, cols) in enumerate(shapes):
+        layer = tf.Module()
+        layer.kernel = tf.Variable(tf.zeros((cols, rows), tf.float32))
+        setattr(module, f"layer{i}", layer)
+    held = []
+    assign = _st._Streamer.assign
+
+    def recorded(self):
+        held.append(list(self._held))
+        return assign(self)
+
+    monkeypatch.setattr(_st._Streamer, "assign", recorded)
+    report = objckpt.restore(
+        module, path,
+        rules=[(r"^model\.layers\.(\d+)\.weight$", r"layer\1/kernel", objckpt.rules.Transpose())])
+    assert len(report.restored) == 3
+    assert held == [[rows * cols * 8 for rows, cols in shapes]]
+    for i in range(3):
+        expected = np.ascontiguousarray(written[f"model.layers.{i}.weight"].T).astype(np.float32)
+        assert getattr(module, f"layer{i}").kernel.numpy().tobytes() == expected.tobytes()
