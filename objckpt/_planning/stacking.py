@@ -254,7 +254,9 @@ def _assembled(source: Source, group: Stacked):
     import tensorflow as tf
 
     if group.problem:  # the check stage refuses such a plan: never read
-        raise errors.StructureMismatchError(group.problem)
+        raise errors.StructureMismatchError(
+            f"{group.problem}. Nothing was changed. Fix: give the source every entry the "
+            "Stack or Concat rule reads, each of one shape and dtype, or change the rule.")
     made, buffer = _empty(group.shape, group.dtype)
     for rule, parts in group.pieces:
         region = buffer if rule.concat is None else buffer[rule.concat.region(group.shape)]
@@ -341,7 +343,9 @@ class _StackLoader:
         if wrong:
             raise errors.StructureMismatchError(
                 f"{len(wrong)} stacked value(s) from {self.source.description} do not fit; "
-                "nothing was changed:\n" + "\n".join(_render.listed(wrong)), tuple(wrong))
+                "nothing was changed:\n" + "\n".join(_render.listed(wrong))
+                + "\nFix: give the source every entry the Stack or Concat rule reads, each of "
+                "the shape and dtype the variable needs, or change the rule.", tuple(wrong))
 
     def assign(self) -> None:
         for group, variable, _, _ in self.entries:
