@@ -4,17 +4,28 @@ Every value is read (a rule's transform applied) and checked against the variabl
 be assigned to (`_compat.misfit`, the one rule) before anything is assigned or written. A
 large local TF checkpoint is not read into memory at all: `streamed` gives a loader that
 checks every checksum now and reads each tensor into its variable at the assign stage.
+
+A streamed loader (`Streamed`) stays all or nothing past its checks: before each variable
+is assigned its old value goes to an undo log (`_bundle.undolog`, written before the
+assignment: no old value held in memory), and any failure after the first assignment (a
+file cut short or changed while read, an I/O error, MemoryError, KeyboardInterrupt) puts
+every variable back, bit for bit, and says so in the error.
 """
 
 from __future__ import annotations
+
+import threading
+import warnings
 
 import tensorflow as tf
 
 from objckpt import _compat, errors
 from objckpt._base import render as _render
+from objckpt._bundle import undolog as _undolog
 from objckpt._planning import match as _match
 
-__all__ = ["converted", "fetch_entries", "fetch_values", "streamed", "streamed_pairs"]
+__all__ = ["Streamed", "converted", "fetch_entries", "fetch_values", "streamed",
+           "streamed_pairs"]
 
 
 def fetch_values(the_plan: _match.Plan, variables, matches=None,
@@ -87,11 +98,8 @@ def streamed(src, the_plan: _match.Plan, variables):
     variables, and below
     `_fastio.STREAM_BYTES` (where reading everything at once and one fused assign is faster
     and holding a second copy costs little)."""
-    def assign_to(variable, value):
-        variable.assign(value, read_value=False)
-
     if src is not None and src.stream is not None:
-        return _streamed_by_tensor(src, the_plan, variables, assign_to)
+        return _streamed_by_tensor(src, the_plan, variables)
     if (src is None or src.bundle_keys is None or not src.prefix or "://" in src.prefix
             or not tf.executing_eagerly() or not the_plan.matches):
         return None
@@ -107,12 +115,13 @@ def streamed(src, the_plan: _match.Plan, variables):
         return None
     keys = src.bundle_keys([m.source for m in the_plan.matches])
     label_of = {key: the_plan.label(m.target) for key, m in zip(keys, the_plan.matches)}
-    return _fastio.Loader(
-        src.prefix, [(key, v, label_of[key]) for key, v in zip(keys, targets)], assign_to,
-        lambda key: f"for {label_of.get(key, key)}")
+    recorder = _Recorder([(v, label_of[key]) for key, v in zip(keys, targets)])
+    return Streamed(_fastio.Loader(
+        src.prefix, [(key, v, label_of[key]) for key, v in zip(keys, targets)], recorder,
+        lambda key: f"for {label_of.get(key, key)}"), recorder, checked=True)
 
 
-def _streamed_by_tensor(src, the_plan: _match.Plan, variables, assign_to):
+def _streamed_by_tensor(src, the_plan: _match.Plan, variables):
     """The loader of a format that reads one tensor at a time (safetensors: metadata
     checked now, each tensor read, transformed, converted and assigned at the assign stage,
     so no more than the largest tensor and a bounded slack is held beyond the model), or
@@ -132,13 +141,15 @@ def _streamed_by_tensor(src, the_plan: _match.Plan, variables, assign_to):
 
     if sum(v.shape.num_elements() * v.dtype.size for v in targets) < _fastio.STREAM_BYTES:
         return None
+    labels = [the_plan.label(m.target) for m in the_plan.matches]
+    recorder = _Recorder(list(zip(targets, labels)))
     loader = src.stream(
-        [(m.source, v, the_plan.label(m.target), m.transform)
-         for m, v in zip(the_plan.matches, targets)], assign_to, converted)
+        [(m.source, v, label, m.transform)
+         for m, v, label in zip(the_plan.matches, targets, labels)], recorder, converted)
     if loader.specs is None:
         loader.close()
         return None
-    return loader
+    return Streamed(loader, recorder)
 
 
 def streamed_pairs(src, pairs):
@@ -168,18 +179,165 @@ def streamed_pairs(src, pairs):
     if sum(v.shape.num_elements() * v.dtype.size for _, v, _ in pairs) < _fastio.STREAM_BYTES:
         return None
 
-    def assign_to(variable, value):
-        variable.assign(value, read_value=False)
-
+    recorder = _Recorder([(v, label) for _, v, label in pairs])
     if bundle:
         keys = src.bundle_keys([key for key, _, _ in pairs])
         label_of = dict(zip(keys, (label for _, _, label in pairs)))
-        return _fastio.Loader(src.prefix, [(key, v, label) for key, (_, v, label)
-                                           in zip(keys, pairs)], assign_to,
-                              lambda key: f"for {label_of.get(key, key)}")
-    loader = src.stream([(key, v, label, None) for key, v, label in pairs], assign_to,
+        return Streamed(_fastio.Loader(src.prefix, [(key, v, label) for key, (_, v, label)
+                                                    in zip(keys, pairs)], recorder,
+                                       lambda key: f"for {label_of.get(key, key)}"),
+                        recorder, checked=True)
+    loader = src.stream([(key, v, label, None) for key, v, label in pairs], recorder,
                         converted)
     if loader.specs is None:
         loader.close()
         return None
-    return loader
+    return Streamed(loader, recorder)
+
+
+class Streamed:
+    """A checked streamed loader (`loader`: `verify()`, then `assign()`, `close()`) whose
+    assignments are undone when one fails: `assign(operation)` logs each variable's old
+    value before it is assigned (`_Recorder`) and, on any exception after the first
+    assignment, gives every variable assigned its old value back and says in the error that
+    nothing was changed. Where no undo log can be written (no temporary file; the disk
+    full), the values are assigned without one, as before, with a RuntimeWarning that says
+    so (`checked`: every checksum was checked before, a local TF checkpoint's)."""
+
+    def __init__(self, loader, recorder, checked: bool = False):
+        self.loader = loader
+        self._recorder = recorder
+        self._checked = checked
+
+    def __getattr__(self, name):
+        return getattr(self.loader, name)
+
+    def verify(self) -> None:
+        self.loader.verify()
+
+    def close(self) -> None:
+        self.loader.close()
+
+    def assign(self, operation: str = "objckpt.restore") -> None:
+        """Reads and assigns every value, all or nothing (`operation` names the call in
+        the error)."""
+        recorder = self._recorder
+        try:
+            recorder.start(_undolog.UndoLog(background=False))
+        except OSError as err:
+            self._without_log(err, operation)
+            return
+        try:
+            self.loader.assign()
+        except BaseException as err:
+            recorder.stop()  # no assignment after this (threads of a KeyboardInterrupt)
+            failed = recorder.log_failed
+            if failed is None or not isinstance(err, (_undolog.LogFailed, _Stopped)):
+                self._undo(err, operation)
+                raise
+            self._undo(None, operation)  # the log could not be written: without one
+            self._without_log(failed.__cause__ or failed, operation)
+            return
+        recorder.finish().close()
+
+    def _without_log(self, reason, operation: str) -> None:
+        self._recorder.start(None)
+        warnings.warn(
+            f"{operation}: no undo log could be written "
+            f"({_render.safe_text(str(reason))[:200]}): the values were assigned one at a "
+            "time without one" + (", every checksum checked first" if self._checked else "")
+            + "; a value failing to read half way would have left the variables before it "
+            "restored. Fix: give the temporary directory (TMPDIR) room for one copy of the "
+            "variables restored.", RuntimeWarning, stacklevel=4)
+        self.loader.assign()
+
+    def _undo(self, err, operation: str) -> None:
+        """Every variable assigned so far gets its old value back; err's message (None:
+        none) says that nothing was changed. Raises an ObjckptError naming the variables
+        that could not be put back."""
+        recorder = self._recorder
+        count = recorder.assigned
+        log = recorder.finish()
+        try:
+            failed = log.undo()
+        finally:
+            log.close()
+        if failed:
+            names = ", ".join(f"`{_render.safe(name)}`" for name, _ in failed[:10])
+            raise errors.ObjckptError(
+                f"{operation} failed ({type(err).__name__}: "
+                f"{_render.safe_text(str(err))[:300]}) after assigning {count} variable(s), "
+                f"and {len(failed)} of them could not be given their old values back: "
+                f"{names}. They hold their new values; every other variable is as it was. "
+                "Fix: restore obj again.", obj=failed[0][0]) from failed[0][1]
+        if err is not None:
+            say_unchanged(err, count, operation)
+
+
+class _Stopped(Exception):
+    """Raised in a loader's thread that would assign after the assignments were stopped."""
+
+
+class _Recorder:
+    """A streamed loader's `assign_to(variable, value)`: the variable's old value logged
+    (when a log is started) before it is assigned; safe across the loader's threads. After
+    `stop()` no variable is assigned (`_Stopped`)."""
+
+    def __init__(self, pairs):
+        self._label = {id(v): label for v, label in pairs}
+        self._lock = threading.Condition()
+        self.log = None
+        self.log_failed = None  # the LogFailed of a write that failed
+        self.assigned = 0
+        self._busy = 0
+        self._stopped = False
+
+    def start(self, log) -> None:
+        self.log, self.log_failed, self.assigned = log, None, 0
+        self._busy, self._stopped = 0, False
+
+    def finish(self):
+        """The log, no longer recorded into."""
+        log, self.log = self.log, None
+        return log
+
+    def __call__(self, variable, value) -> None:
+        with self._lock:
+            if self._stopped:
+                raise _Stopped()
+            if self.log is not None:
+                try:
+                    self.log.record(variable, self._label.get(id(variable), variable.name))
+                except _undolog.LogFailed as err:
+                    self.log_failed, self._stopped = err, True
+                    raise
+            self._busy += 1
+        try:
+            variable.assign(value, read_value=False)
+        finally:
+            with self._lock:
+                self._busy -= 1
+                self.assigned += 1
+                self._lock.notify_all()
+
+    def stop(self) -> None:
+        """No assignment after this one: waits for those under way."""
+        with self._lock:
+            self._stopped = True
+            self._lock.wait_for(lambda: self._busy == 0)
+
+
+def say_unchanged(err, count: int, operation: str) -> None:
+    """Says in err's message (before its fix), or a note of it, that nothing was changed."""
+    text = (f"Nothing was changed: the {count} variable(s) {operation} had assigned were "
+            "given their old values back." if count else "Nothing was changed.")
+    if isinstance(err, errors.ObjckptError) and err.args and isinstance(err.args[0], str):
+        message = err.args[0]
+        if not count and "othing was changed" in message:
+            return
+        at = message.rfind("Fix:")
+        message = (f"{message[:at]}{text} {message[at:]}" if at > 0
+                   else f"{message.rstrip()} {text}")
+        err.args = (message, *err.args[1:])
+    elif hasattr(err, "add_note"):  # Python 3.11
+        err.add_note(f"{operation}: {text}")

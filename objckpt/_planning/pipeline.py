@@ -257,7 +257,7 @@ class Pipeline:
         assigned one at a time; the loader is closed."""
         self._enter("assign")
         try:
-            loader.assign()
+            loader.assign(self.operation)  # all or nothing (`_fetch.Streamed`)
         finally:
             loader.close()
 
@@ -303,7 +303,7 @@ class Pipeline:
             loader, self._loader = self._loader, None
         if loader is not None:
             try:
-                loader.assign()
+                loader.assign(self.operation)  # all or nothing (`_fetch.Streamed`)
             finally:
                 loader.close()
         else:

@@ -1,4 +1,4 @@
-"""The undo log (`_ops.undolog`): old values written to an anonymous temporary file (at once,
+"""The undo log (`_bundle.undolog`): old values written to an anonymous temporary file (at once,
 or by a background thread) and put back bit for bit, whatever their dtype and shape."""
 
 import errno
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from objckpt._ops import undolog as _undolog
+from objckpt._bundle import undolog as _undolog
 
 
 @pytest.fixture(params=["written at once", "by a thread, direct",
