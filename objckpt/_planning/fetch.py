@@ -24,7 +24,7 @@ from objckpt._base import render as _render
 from objckpt._bundle import undolog as _undolog
 from objckpt._planning import match as _match
 
-__all__ = ["Streamed", "converted", "fetch_entries", "fetch_values", "streamed",
+__all__ = ["Batch", "Streamed", "converted", "fetch_entries", "fetch_values", "streamed",
            "streamed_pairs"]
 
 
@@ -200,14 +200,15 @@ class Streamed:
     assignments are undone when one fails: `assign(operation)` logs each variable's old
     value before it is assigned (`_Recorder`) and, on any exception after the first
     assignment, gives every variable assigned its old value back and says in the error that
-    nothing was changed. Where no undo log can be written (no temporary file; the disk
-    full), the values are assigned without one, as before, with a RuntimeWarning that says
-    so (`checked`: every checksum was checked before, a local TF checkpoint's)."""
+    nothing was changed (`Batch`: one log across several loaders and values read whole).
+    Where no undo log can be written (no temporary file; the disk full), the values are
+    assigned without one, as before, with a RuntimeWarning that says so (`checked`: every
+    checksum was checked before, a local TF checkpoint's)."""
 
     def __init__(self, loader, recorder, checked: bool = False):
         self.loader = loader
+        self.checked = checked
         self._recorder = recorder
-        self._checked = checked
 
     def __getattr__(self, name):
         return getattr(self.loader, name)
@@ -221,43 +222,93 @@ class Streamed:
     def assign(self, operation: str = "objckpt.restore") -> None:
         """Reads and assigns every value, all or nothing (`operation` names the call in
         the error)."""
+        Batch(operation, (self,)).assign()
+
+    def assign_logged(self, log) -> None:
+        """Reads and assigns every value, each old value into `log` first (None: none).
+        Raises LogFailed (its write failed: every variable it logged can be undone)."""
         recorder = self._recorder
-        try:
-            recorder.start(_undolog.UndoLog(background=False))
-        except OSError as err:
-            self._without_log(err, operation)
-            return
+        recorder.start(log)
         try:
             self.loader.assign()
         except BaseException as err:
             recorder.stop()  # no assignment after this (threads of a KeyboardInterrupt)
             failed = recorder.log_failed
-            if failed is None or not isinstance(err, (_undolog.LogFailed, _Stopped)):
-                self._undo(err, operation)
-                raise
-            self._undo(None, operation)  # the log could not be written: without one
-            self._without_log(failed.__cause__ or failed, operation)
-            return
-        recorder.finish().close()
+            if failed is not None and isinstance(err, (_undolog.LogFailed, _Stopped)):
+                raise failed from failed.__cause__
+            raise
+        finally:
+            recorder.log = None
 
-    def _without_log(self, reason, operation: str) -> None:
-        self._recorder.start(None)
+
+class Batch:
+    """Stage 6 of several streamed loaders (and of `(variable, value)` pairs read whole,
+    `pairs`, assigned first by `assign_pairs(pairs)`), all or nothing: one undo log across
+    them (`_bundle.undolog`, each value written before its variable is assigned: no old
+    value held in memory), created when there is a loader. Any exception after the first
+    assignment gives every variable assigned its old value back and says so in the error;
+    an undo log that cannot be written (no temporary file, the disk full) is given up, what
+    it logged put back and everything assigned again without one, with a RuntimeWarning."""
+
+    def __init__(self, operation: str, loaders, pairs=(), assign_pairs=None):
+        self.operation = operation
+        self.loaders = list(loaders)
+        self.pairs = list(pairs)
+        self._assign_pairs = assign_pairs
+        self.assigned = 0  # variables assigned so far (the error says how many)
+
+    def assign(self) -> None:
+        if not self.loaders:
+            self._assign_all(None)
+            return
+        try:
+            log = _undolog.UndoLog(background=False)
+        except OSError as err:
+            self._without_log(err)
+            return
+        try:
+            self._assign_all(log)
+        except _undolog.LogFailed as err:
+            self._undo(log, None)
+            self._without_log(err.__cause__ or err)
+            return
+        except BaseException as err:
+            self._undo(log, err)
+            raise
+        log.close()
+
+    def _assign_all(self, log) -> None:
+        if self.pairs:
+            if log is not None:
+                for variable, _ in self.pairs:
+                    parts = _compat.replica_parts(variable)
+                    for part in parts or (variable,):
+                        log.record(part, variable.name)
+            self._assign_pairs(self.pairs)
+            self.assigned += len(self.pairs)
+        for loader in self.loaders:
+            try:
+                loader.assign_logged(log)
+            finally:
+                self.assigned += loader._recorder.assigned
+
+    def _without_log(self, reason) -> None:
         warnings.warn(
-            f"{operation}: no undo log could be written "
+            f"{self.operation}: no undo log could be written "
             f"({_render.safe_text(str(reason))[:200]}): the values were assigned one at a "
-            "time without one" + (", every checksum checked first" if self._checked else "")
+            "time without one" + (", every checksum checked first"
+                                  if all(loader.checked for loader in self.loaders) else "")
             + "; a value failing to read half way would have left the variables before it "
             "restored. Fix: give the temporary directory (TMPDIR) room for one copy of the "
-            "variables restored.", RuntimeWarning, stacklevel=4)
-        self.loader.assign()
+            "variables restored.", RuntimeWarning, stacklevel=5)
+        self.assigned = 0
+        self._assign_all(None)
 
-    def _undo(self, err, operation: str) -> None:
-        """Every variable assigned so far gets its old value back; err's message (None:
-        none) says that nothing was changed. Raises an ObjckptError naming the variables
-        that could not be put back."""
-        recorder = self._recorder
-        count = recorder.assigned
-        log = recorder.finish()
+    def _undo(self, log, err) -> None:
+        """Every variable logged gets its old value back; err's message (None: none) says
+        that nothing was changed. Raises an ObjckptError naming the variables that could
+        not be put back."""
+        count, self.assigned = self.assigned, 0
         try:
             failed = log.undo()
         finally:
@@ -265,13 +316,13 @@ class Streamed:
         if failed:
             names = ", ".join(f"`{_render.safe(name)}`" for name, _ in failed[:10])
             raise errors.ObjckptError(
-                f"{operation} failed ({type(err).__name__}: "
+                f"{self.operation} failed ({type(err).__name__}: "
                 f"{_render.safe_text(str(err))[:300]}) after assigning {count} variable(s), "
                 f"and {len(failed)} of them could not be given their old values back: "
                 f"{names}. They hold their new values; every other variable is as it was. "
                 "Fix: restore obj again.", obj=failed[0][0]) from failed[0][1]
         if err is not None:
-            say_unchanged(err, count, operation)
+            say_unchanged(err, count, self.operation)
 
 
 class _Stopped(Exception):
@@ -295,11 +346,6 @@ class _Recorder:
     def start(self, log) -> None:
         self.log, self.log_failed, self.assigned = log, None, 0
         self._busy, self._stopped = 0, False
-
-    def finish(self):
-        """The log, no longer recorded into."""
-        log, self.log = self.log, None
-        return log
 
     def __call__(self, variable, value) -> None:
         with self._lock:

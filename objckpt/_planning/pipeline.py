@@ -310,6 +310,15 @@ class Pipeline:
             _assign.assign_plan(variables, the_plan, values)
         _assign.start_fresh(self.obj if obj is None else obj, variables, the_plan)
 
+    def assign_batch(self, pairs, loaders) -> None:
+        """Stage 6 for `(variable, value)` pairs read whole and checked streamed loaders
+        (`restore_on_create`'s batch), all or nothing across them: one undo log
+        (`_fetch.Batch`); the loaders are left open."""
+        self._enter("assign")
+        _fetch.Batch(self.operation, loaders,
+                     [(variable, _compat.cast_value(value, variable)) for variable, value in pairs],
+                     _assign.assign_pairs).assign()
+
     def assign_pairs(self, pairs) -> None:
         """Stage 6 for `(variable, value)` pairs, eagerly, each replica as
         `tf.train.Checkpoint` restores it (`restore_on_create`, load_ensemble's replicas)."""

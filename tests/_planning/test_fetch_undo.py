@@ -19,6 +19,8 @@ from objckpt._bundle import fastio as _fastio
 from objckpt._bundle import undolog as _undolog
 from objckpt._formats import safetensors as _st
 from objckpt._planning import fetch as _fetch
+from objckpt._planning import pipeline as _pipeline
+from objckpt._planning import sources as _sources
 
 from flavours import dense_bn
 
@@ -156,20 +158,55 @@ def test_memory_error_in_restore_on_create_of_existing_variables(exported, threa
     path, _, _ = exported
     model = dense_bn(2)
     before = _state(model)
-    streams = []
-    assign = _fetch.Streamed.assign
+    batches = []
+    assign = _fetch.Batch.assign
 
-    def counted(self, operation="objckpt.restore"):
-        streams.append(operation)
-        return assign(self, operation)
+    def counted(self):
+        batches.append((self.operation, len(self.loaders)))
+        return assign(self)
 
-    monkeypatch.setattr(_fetch.Streamed, "assign", counted)
+    monkeypatch.setattr(_fetch.Batch, "assign", counted)
     _failing_at(monkeypatch, _st._Reader, "tensor", 3, MemoryError)
     with pytest.raises(MemoryError) as info:
         objckpt.restore_on_create(model, path)
-    assert streams == ["objckpt.restore_on_create"]
+    assert batches == [("objckpt.restore_on_create", 1)]
     assert any("objckpt.restore_on_create: Nothing was changed: the " in note
                for note in getattr(info.value, "__notes__", []))
+    _assert_unchanged(before, model)
+
+
+def test_one_batch_of_values_read_whole_and_two_loaders_is_undone_as_one(exported,
+                                                                         monkeypatch):
+    """restore_on_create's batch (`Pipeline.assign_batch`): values read whole, then two
+    streamed loaders; the second fails half way: the values read whole and the first
+    loader's are put back too."""
+    path, _, _ = exported
+    monkeypatch.setattr(_fastio, "threads", lambda *args, **kwargs: 1)
+    model = dense_bn(2)
+    before = _state(model)
+    src = _sources.open_source(path)
+    tree = objckpt.tree(model)
+    target = {m.source: tree[m.target] for m in objckpt.plan(model, path).matches}
+    keys = list(target)
+    assert len(keys) >= 5
+    whole_key, first, second = keys[0], keys[1:3], keys[3:]
+    whole = [(target[whole_key], src.fetch([whole_key])[0])]
+    pipe = _pipeline.Pipeline("objckpt.restore_on_create", model, path)
+    loaders = [pipe.fetch_streamed_pairs(src, [(key, target[key], key) for key in group])
+               for group in (first, second)]
+    assert all(isinstance(loader, _fetch.Streamed) for loader in loaders)
+    reads = _failing_at(monkeypatch, _st._Reader, "tensor", len(first) + 2,
+                        lambda: OSError(errno.EIO, "Input/output error"))
+    try:
+        with pytest.raises(OSError, match="Input/output error") as info:
+            pipe.assign_batch(whole, loaders)
+    finally:
+        for loader in loaders:
+            loader.close()
+    assert reads[0] == len(first) + 2
+    assert (f"objckpt.restore_on_create: Nothing was changed: the {len(first) + 2} "
+            "variable(s) objckpt.restore_on_create had assigned were given their old values "
+            "back.") in info.value.__notes__
     _assert_unchanged(before, model)
 
 
