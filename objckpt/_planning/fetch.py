@@ -219,6 +219,11 @@ class Streamed:
     def close(self) -> None:
         self.loader.close()
 
+    @property
+    def assigned(self) -> int:
+        """Variables its last `assign_logged` assigned."""
+        return self._recorder.assigned
+
     def assign(self, operation: str = "objckpt.restore") -> None:
         """Reads and assigns every value, all or nothing (`operation` names the call in
         the error)."""
@@ -290,7 +295,7 @@ class Batch:
             try:
                 loader.assign_logged(log)
             finally:
-                self.assigned += loader._recorder.assigned
+                self.assigned += loader.assigned
 
     def _without_log(self, reason) -> None:
         warnings.warn(

@@ -36,7 +36,9 @@ when it is created (the same pipeline, in a "not yet created" state: `Pipeline.p
 
 Nothing before stage 6 assigns a variable or writes a file (building an optimizer that
 holds no state yet is the one change, as the next training step would make it anyway), so
-a failure in any stage leaves every variable as it was.
+a failure in any stage leaves every variable as it was. On the streamed routes stage 6
+itself stays all or nothing: each old value goes to an undo log before its variable is
+assigned, and a failure half way puts every variable back (`_fetch.Batch`).
 """
 
 from __future__ import annotations
