@@ -17,6 +17,7 @@ from __future__ import annotations
 import threading
 import warnings
 
+import numpy as np
 import tensorflow as tf
 
 from objckpt import _compat, errors
@@ -288,7 +289,7 @@ class Batch:
                 for variable, _ in self.pairs:
                     parts = _compat.replica_parts(variable)
                     for part in parts or (variable,):
-                        log.record(part, variable.name)
+                        log.record(_Viewed(part), variable.name)
             self._assign_pairs(self.pairs)
             self.assigned += len(self.pairs)
         for loader in self.loaders:
@@ -330,6 +331,23 @@ class Batch:
             say_unchanged(err, count, self.operation)
 
 
+class _Viewed:
+    """A variable as the undo log takes it: `numpy()` a view of its buffer (a CPU
+    variable's: its read value's NumPy view, where `variable.numpy()` copies), so that
+    logging an old value holds no copy of it; `assign` the variable's."""
+
+    __slots__ = ("variable",)
+
+    def __init__(self, variable):
+        self.variable = variable
+
+    def numpy(self):
+        return np.asarray(self.variable.read_value())
+
+    def assign(self, value, read_value: bool = False) -> None:
+        self.variable.assign(value, read_value=read_value)
+
+
 class _Stopped(Exception):
     """Raised in a loader's thread that would assign after the assignments were stopped."""
 
@@ -358,7 +376,8 @@ class _Recorder:
                 raise _Stopped()
             if self.log is not None:
                 try:
-                    self.log.record(variable, self._label.get(id(variable), variable.name))
+                    self.log.record(_Viewed(variable),
+                                    self._label.get(id(variable), variable.name))
                 except _undolog.LogFailed as err:
                     self.log_failed, self._stopped = err, True
                     raise

@@ -307,3 +307,21 @@ def test_the_log_holds_no_old_value_in_memory(monkeypatch):
     finally:
         log.close()
     assert all(np.array_equal(v.value, o) for v, o in zip(variables, old))
+
+
+def test_the_old_value_is_logged_from_the_variables_own_buffer(exported, monkeypatch):
+    """No copy of an old value is made to log it: what the log reads is a view of the
+    variable's buffer (`variable.numpy()` copies)."""
+    _, prefix, _ = exported
+    shared = []
+    record = _undolog.UndoLog.record
+
+    def spy(self, variable, name=""):
+        value = variable.numpy()
+        own = np.asarray(variable.variable.read_value())
+        shared.append(value.size == 0 or value.ctypes.data == own.ctypes.data)
+        return record(self, variable, name)
+
+    monkeypatch.setattr(_undolog.UndoLog, "record", spy)
+    objckpt.restore(dense_bn(2), prefix)
+    assert shared and all(shared)
