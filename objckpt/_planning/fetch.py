@@ -239,11 +239,13 @@ class Streamed:
             self.loader.assign()
         except BaseException as err:
             recorder.stop()  # no assignment after this (threads of a KeyboardInterrupt)
-            failed = recorder.log_failed
-            if failed is not None and isinstance(err, (_undolog.LogFailed, _Stopped)):
-                raise failed from failed.__cause__
+            if isinstance(err, _Stopped):  # (the writing thread's failure stopped them)
+                failed = recorder.log_failed or recorder.writer_error
+                if failed is not None:
+                    raise failed from failed.__cause__
             raise
         finally:
+            recorder.join()
             recorder.log = None
 
 
@@ -353,34 +355,59 @@ class _Stopped(Exception):
 
 
 class _Recorder:
-    """A streamed loader's `assign_to(variable, value)`: the variable's old value logged
-    (when a log is started) before it is assigned; safe across the loader's threads. After
+    """A streamed loader's `assign_to(variable, value)`, safe across the loader's threads:
+    when a log is started, a thread of its own writes every variable's old value to it
+    ahead of the loader, in the plan's order (from the variable's own buffer: nothing held),
+    while the loader reads; a variable is assigned once its old value is logged. After
     `stop()` no variable is assigned (`_Stopped`)."""
 
     def __init__(self, pairs):
-        self._label = {id(v): label for v, label in pairs}
+        self._pairs = list(pairs)  # [(variable, label)], in the plan's order
         self._lock = threading.Condition()
         self.log = None
         self.log_failed = None  # the LogFailed of a write that failed
+        self.writer_error = None  # any other error of the writing thread
         self.assigned = 0
         self._busy = 0
         self._stopped = False
+        self._logged: dict = {}  # id(variable) -> threading.Event, set once logged
+        self._writer = None
 
     def start(self, log) -> None:
-        self.log, self.log_failed, self.assigned = log, None, 0
+        """Starts assigning: with `log` (None: none), its writing thread started."""
+        self.log, self.log_failed, self.writer_error, self.assigned = log, None, None, 0
         self._busy, self._stopped = 0, False
+        self._logged, self._writer = {}, None
+        if log is not None:
+            self._logged = {id(v): threading.Event() for v, _ in self._pairs}
+            self._writer = threading.Thread(target=self._write_ahead, daemon=True,
+                                            name="objckpt-undo-log")
+            self._writer.start()
+
+    def _write_ahead(self) -> None:
+        try:
+            for variable, label in self._pairs:
+                if self._stopped:
+                    return
+                self.log.record(_Viewed(variable), label)
+                self._logged[id(variable)].set()
+        except _undolog.LogFailed as err:
+            self.log_failed = err
+        except BaseException as err:  # noqa: BLE001 (raised by the loader's assign)
+            self.writer_error = err
+        finally:
+            if self.log_failed is not None or self.writer_error is not None:
+                self._stopped = True
+            for event in self._logged.values():
+                event.set()  # the waiting assignments see `_stopped`
 
     def __call__(self, variable, value) -> None:
+        logged = self._logged.get(id(variable))
+        if logged is not None:
+            logged.wait()
         with self._lock:
             if self._stopped:
                 raise _Stopped()
-            if self.log is not None:
-                try:
-                    self.log.record(_Viewed(variable),
-                                    self._label.get(id(variable), variable.name))
-                except _undolog.LogFailed as err:
-                    self.log_failed, self._stopped = err, True
-                    raise
             self._busy += 1
         try:
             variable.assign(value, read_value=False)
@@ -391,10 +418,18 @@ class _Recorder:
                 self._lock.notify_all()
 
     def stop(self) -> None:
-        """No assignment after this one: waits for those under way."""
+        """No assignment after this one: waits for those under way, and the writing
+        thread."""
         with self._lock:
             self._stopped = True
             self._lock.wait_for(lambda: self._busy == 0)
+        self.join()
+
+    def join(self) -> None:
+        """Waits for the writing thread (none: returns)."""
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.join()
 
 
 def say_unchanged(err, count: int, operation: str) -> None:
