@@ -7,10 +7,11 @@ assigned, `record` takes its current value to append to an anonymous temporary f
 failure after the first assignment, `undo` gives every recorded variable its old value back,
 bit for bit, one at a time.
 
-The log costs disk (one copy of what was assigned), not memory: a value is written from the
-variable's own buffer (a CPU variable's `numpy()` is a view of it, which also keeps that
-buffer alive and unchanged when the variable is assigned a new tensor) and read back one at
-a time. A large value is written by a background thread while the caller computes the next
+The log costs disk (one copy of what was assigned), not memory: a value is written from what
+the variable's `numpy()` gives and read back one at a time. TF's `Variable.numpy()` copies
+the buffer; a streamed restore passes a view of it instead (`_planning.fetch`: the read
+value's NumPy view, which keeps that buffer alive and unchanged while it is held, even when
+the variable is assigned a new tensor). A large value is written by a background thread while the caller computes the next
 one (one write at most in flight: one old value held beyond the variables; `undo` puts it
 back from memory when its write failed), to a second file opened for direct I/O where the
 file system allows it (through one aligned staging buffer): the log is written at the
