@@ -33,7 +33,7 @@ from objckpt import _compat, errors
 from objckpt._base import render as _render
 from objckpt._ops import averaging as _averaging
 from objckpt._ops import batchnorm as _batchnorm
-from objckpt._ops import undolog as _undolog
+from objckpt._bundle import undolog as _undolog
 from objckpt._planning import match as _match
 from objckpt._planning import pipeline as _pipeline
 from objckpt._planning import targets as _targets

@@ -465,11 +465,8 @@ class PendingRestore(_CreationWatch):
         loaders, self._loaders = self._loaders, []
         whole = [(variable, value) for _, variable, value in checked
                  if not isinstance(value, _Streamed)]
-        try:
-            if whole or not loaders:
-                self._pipe.assign_pairs(whole)
-            while loaders:  # the placeholders' values, one tensor at a time
-                self._pipe.assign_streamed(loaders.pop(0))
+        try:  # the placeholders' values one tensor at a time; all or nothing across them
+            self._pipe.assign_batch(whole, loaders)
         finally:
             for loader in loaders:
                 loader.close()

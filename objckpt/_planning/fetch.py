@@ -4,17 +4,29 @@ Every value is read (a rule's transform applied) and checked against the variabl
 be assigned to (`_compat.misfit`, the one rule) before anything is assigned or written. A
 large local TF checkpoint is not read into memory at all: `streamed` gives a loader that
 checks every checksum now and reads each tensor into its variable at the assign stage.
+
+A streamed loader (`Streamed`) stays all or nothing past its checks: before each variable
+is assigned its old value goes to an undo log (`_bundle.undolog`, written before the
+assignment: no old value held in memory), and any failure after the first assignment (a
+file cut short or changed while read, an I/O error, MemoryError, KeyboardInterrupt) puts
+every variable back, bit for bit, and says so in the error.
 """
 
 from __future__ import annotations
 
+import threading
+import warnings
+
+import numpy as np
 import tensorflow as tf
 
 from objckpt import _compat, errors
 from objckpt._base import render as _render
+from objckpt._bundle import undolog as _undolog
 from objckpt._planning import match as _match
 
-__all__ = ["converted", "fetch_entries", "fetch_values", "streamed", "streamed_pairs"]
+__all__ = ["Batch", "Streamed", "converted", "fetch_entries", "fetch_values", "streamed",
+           "streamed_pairs"]
 
 
 def fetch_values(the_plan: _match.Plan, variables, matches=None,
@@ -87,14 +99,11 @@ def streamed(src, the_plan: _match.Plan, variables):
     variables, and below
     `_fastio.STREAM_BYTES` (where reading everything at once and one fused assign is faster
     and holding a second copy costs little)."""
-    def assign_to(variable, value):
-        variable.assign(value, read_value=False)
-
     opened = getattr(the_plan, "opened", None)  # a Plan: entries a Stack makes one, as one
     if src is not None and opened is not None:
         src = opened(src)
     if src is not None and src.stream is not None:
-        return _streamed_by_tensor(src, the_plan, variables, assign_to)
+        return _streamed_by_tensor(src, the_plan, variables)
     if (src is None or src.bundle_keys is None or not src.prefix or "://" in src.prefix
             or not tf.executing_eagerly() or not the_plan.matches):
         return None
@@ -110,12 +119,13 @@ def streamed(src, the_plan: _match.Plan, variables):
         return None
     keys = src.bundle_keys([m.source for m in the_plan.matches])
     label_of = {key: the_plan.label(m.target) for key, m in zip(keys, the_plan.matches)}
-    return _fastio.Loader(
-        src.prefix, [(key, v, label_of[key]) for key, v in zip(keys, targets)], assign_to,
-        lambda key: f"for {label_of.get(key, key)}")
+    recorder = _Recorder([(v, label_of[key]) for key, v in zip(keys, targets)])
+    return Streamed(_fastio.Loader(
+        src.prefix, [(key, v, label_of[key]) for key, v in zip(keys, targets)], recorder,
+        lambda key: f"for {label_of.get(key, key)}"), recorder, checked=True)
 
 
-def _streamed_by_tensor(src, the_plan: _match.Plan, variables, assign_to):
+def _streamed_by_tensor(src, the_plan: _match.Plan, variables):
     """The loader of a format that reads one tensor at a time (safetensors: metadata
     checked now, each tensor read, transformed, converted and assigned at the assign stage,
     so no more than the largest tensor and a bounded slack is held beyond the model), or
@@ -135,13 +145,15 @@ def _streamed_by_tensor(src, the_plan: _match.Plan, variables, assign_to):
 
     if sum(v.shape.num_elements() * v.dtype.size for v in targets) < _fastio.STREAM_BYTES:
         return None
+    labels = [the_plan.label(m.target) for m in the_plan.matches]
+    recorder = _Recorder(list(zip(targets, labels)))
     loader = src.stream(
-        [(m.source, v, the_plan.label(m.target), m.transform)
-         for m, v in zip(the_plan.matches, targets)], assign_to, converted)
+        [(m.source, v, label, m.transform)
+         for m, v, label in zip(the_plan.matches, targets, labels)], recorder, converted)
     if loader.specs is None:
         loader.close()
         return None
-    return loader
+    return Streamed(loader, recorder)
 
 
 def streamed_pairs(src, pairs):
@@ -171,18 +183,269 @@ def streamed_pairs(src, pairs):
     if sum(v.shape.num_elements() * v.dtype.size for _, v, _ in pairs) < _fastio.STREAM_BYTES:
         return None
 
-    def assign_to(variable, value):
-        variable.assign(value, read_value=False)
-
+    recorder = _Recorder([(v, label) for _, v, label in pairs])
     if bundle:
         keys = src.bundle_keys([key for key, _, _ in pairs])
         label_of = dict(zip(keys, (label for _, _, label in pairs)))
-        return _fastio.Loader(src.prefix, [(key, v, label) for key, (_, v, label)
-                                           in zip(keys, pairs)], assign_to,
-                              lambda key: f"for {label_of.get(key, key)}")
-    loader = src.stream([(key, v, label, None) for key, v, label in pairs], assign_to,
+        return Streamed(_fastio.Loader(src.prefix, [(key, v, label) for key, (_, v, label)
+                                                    in zip(keys, pairs)], recorder,
+                                       lambda key: f"for {label_of.get(key, key)}"),
+                        recorder, checked=True)
+    loader = src.stream([(key, v, label, None) for key, v, label in pairs], recorder,
                         converted)
     if loader.specs is None:
         loader.close()
         return None
-    return loader
+    return Streamed(loader, recorder)
+
+
+class Streamed:
+    """A checked streamed loader (`loader`: `verify()`, then `assign()`, `close()`) whose
+    assignments are undone when one fails: `assign(operation)` logs each variable's old
+    value before it is assigned (`_Recorder`) and, on any exception after the first
+    assignment, gives every variable assigned its old value back and says in the error that
+    nothing was changed (`Batch`: one log across several loaders and values read whole).
+    Where no undo log can be written (no temporary file; the disk full), the values are
+    assigned without one, as before, with a RuntimeWarning that says so (`checked`: every
+    checksum was checked before, a local TF checkpoint's)."""
+
+    def __init__(self, loader, recorder, checked: bool = False):
+        self.loader = loader
+        self.checked = checked
+        self._recorder = recorder
+
+    def __getattr__(self, name):
+        return getattr(self.loader, name)
+
+    def verify(self) -> None:
+        self.loader.verify()
+
+    def close(self) -> None:
+        self.loader.close()
+
+    @property
+    def assigned(self) -> int:
+        """Variables its last `assign_logged` assigned."""
+        return self._recorder.assigned
+
+    def assign(self, operation: str = "objckpt.restore") -> None:
+        """Reads and assigns every value, all or nothing (`operation` names the call in
+        the error)."""
+        Batch(operation, (self,)).assign()
+
+    def assign_logged(self, log) -> None:
+        """Reads and assigns every value, each old value into `log` first (None: none).
+        Raises LogFailed (its write failed: every variable it logged can be undone)."""
+        recorder = self._recorder
+        recorder.start(log)
+        try:
+            self.loader.assign()
+        except BaseException as err:
+            recorder.stop()  # no assignment after this (threads of a KeyboardInterrupt)
+            if isinstance(err, _Stopped):  # (the writing thread's failure stopped them)
+                failed = recorder.log_failed or recorder.writer_error
+                if failed is not None:
+                    raise failed from failed.__cause__
+            raise
+        finally:
+            recorder.join()
+            recorder.log = None
+
+
+class Batch:
+    """Stage 6 of several streamed loaders (and of `(variable, value)` pairs read whole,
+    `pairs`, assigned first by `assign_pairs(pairs)`), all or nothing: one undo log across
+    them (`_bundle.undolog`, each value written before its variable is assigned: no old
+    value held in memory), created when there is a loader. Any exception after the first
+    assignment gives every variable assigned its old value back and says so in the error;
+    an undo log that cannot be written (no temporary file, the disk full) is given up, what
+    it logged put back and everything assigned again without one, with a RuntimeWarning."""
+
+    def __init__(self, operation: str, loaders, pairs=(), assign_pairs=None):
+        self.operation = operation
+        self.loaders = list(loaders)
+        self.pairs = list(pairs)
+        self._assign_pairs = assign_pairs
+        self.assigned = 0  # variables assigned so far (the error says how many)
+
+    def assign(self) -> None:
+        if not self.loaders:
+            self._assign_all(None)
+            return
+        try:
+            log = _undolog.UndoLog(background=False)
+        except OSError as err:
+            self._without_log(err)
+            return
+        try:
+            self._assign_all(log)
+        except _undolog.LogFailed as err:
+            self._undo(log, None)
+            self._without_log(err.__cause__ or err)
+            return
+        except BaseException as err:
+            self._undo(log, err)
+            raise
+        log.close()
+
+    def _assign_all(self, log) -> None:
+        if self.pairs:
+            if log is not None:
+                for variable, _ in self.pairs:
+                    parts = _compat.replica_parts(variable)
+                    for part in parts or (variable,):
+                        log.record(_Viewed(part), variable.name)
+            self._assign_pairs(self.pairs)
+            self.assigned += len(self.pairs)
+        for loader in self.loaders:
+            try:
+                loader.assign_logged(log)
+            finally:
+                self.assigned += loader.assigned
+
+    def _without_log(self, reason) -> None:
+        warnings.warn(
+            f"{self.operation}: no undo log could be written "
+            f"({_render.safe_text(str(reason))[:200]}): the values were assigned one at a "
+            "time without one" + (", every checksum checked first"
+                                  if all(loader.checked for loader in self.loaders) else "")
+            + "; a value failing to read half way would have left the variables before it "
+            "restored. Fix: give the temporary directory (TMPDIR) room for one copy of the "
+            "variables restored.", RuntimeWarning, stacklevel=5)
+        self.assigned = 0
+        self._assign_all(None)
+
+    def _undo(self, log, err) -> None:
+        """Every variable logged gets its old value back; err's message (None: none) says
+        that nothing was changed. Raises an ObjckptError naming the variables that could
+        not be put back."""
+        count, self.assigned = self.assigned, 0
+        try:
+            failed = log.undo()
+        finally:
+            log.close()
+        if failed:
+            names = ", ".join(f"`{_render.safe(name)}`" for name, _ in failed[:10])
+            raise errors.ObjckptError(
+                f"{self.operation} failed ({type(err).__name__}: "
+                f"{_render.safe_text(str(err))[:300]}) after assigning {count} variable(s), "
+                f"and {len(failed)} of them could not be given their old values back: "
+                f"{names}. They hold their new values; every other variable is as it was. "
+                "Fix: restore obj again.", obj=failed[0][0]) from failed[0][1]
+        if err is not None:
+            say_unchanged(err, count, self.operation)
+
+
+class _Viewed:
+    """A variable as the undo log takes it: `numpy()` a view of its buffer (a CPU
+    variable's: its read value's NumPy view, where `variable.numpy()` copies), so that
+    logging an old value holds no copy of it; `assign` the variable's."""
+
+    __slots__ = ("variable",)
+
+    def __init__(self, variable):
+        self.variable = variable
+
+    def numpy(self):
+        return np.asarray(self.variable.read_value())
+
+    def assign(self, value, read_value: bool = False) -> None:
+        self.variable.assign(value, read_value=read_value)
+
+
+class _Stopped(Exception):
+    """Raised in a loader's thread that would assign after the assignments were stopped."""
+
+
+class _Recorder:
+    """A streamed loader's `assign_to(variable, value)`, safe across the loader's threads:
+    when a log is started, a thread of its own writes every variable's old value to it
+    ahead of the loader, in the plan's order (from the variable's own buffer: nothing held),
+    while the loader reads; a variable is assigned once its old value is logged. After
+    `stop()` no variable is assigned (`_Stopped`)."""
+
+    def __init__(self, pairs):
+        self._pairs = list(pairs)  # [(variable, label)], in the plan's order
+        self._lock = threading.Condition()
+        self.log = None
+        self.log_failed = None  # the LogFailed of a write that failed
+        self.writer_error = None  # any other error of the writing thread
+        self.assigned = 0
+        self._busy = 0
+        self._stopped = False
+        self._logged: dict = {}  # id(variable) -> threading.Event, set once logged
+        self._writer = None
+
+    def start(self, log) -> None:
+        """Starts assigning: with `log` (None: none), its writing thread started."""
+        self.log, self.log_failed, self.writer_error, self.assigned = log, None, None, 0
+        self._busy, self._stopped = 0, False
+        self._logged, self._writer = {}, None
+        if log is not None:
+            self._logged = {id(v): threading.Event() for v, _ in self._pairs}
+            self._writer = threading.Thread(target=self._write_ahead, daemon=True,
+                                            name="objckpt-undo-log")
+            self._writer.start()
+
+    def _write_ahead(self) -> None:
+        try:
+            for variable, label in self._pairs:
+                if self._stopped:
+                    return
+                self.log.record(_Viewed(variable), label)
+                self._logged[id(variable)].set()
+        except _undolog.LogFailed as err:
+            self.log_failed = err
+        except BaseException as err:  # noqa: BLE001 (raised by the loader's assign)
+            self.writer_error = err
+        finally:
+            if self.log_failed is not None or self.writer_error is not None:
+                self._stopped = True
+            for event in self._logged.values():
+                event.set()  # the waiting assignments see `_stopped`
+
+    def __call__(self, variable, value) -> None:
+        logged = self._logged.get(id(variable))
+        if logged is not None:
+            logged.wait()
+        with self._lock:
+            if self._stopped:
+                raise _Stopped()
+            self._busy += 1
+        try:
+            variable.assign(value, read_value=False)
+        finally:
+            with self._lock:
+                self._busy -= 1
+                self.assigned += 1
+                self._lock.notify_all()
+
+    def stop(self) -> None:
+        """No assignment after this one: waits for those under way, and the writing
+        thread."""
+        with self._lock:
+            self._stopped = True
+            self._lock.wait_for(lambda: self._busy == 0)
+        self.join()
+
+    def join(self) -> None:
+        """Waits for the writing thread (none: returns)."""
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.join()
+
+
+def say_unchanged(err, count: int, operation: str) -> None:
+    """Says in err's message (before its fix), or a note of it, that nothing was changed."""
+    text = (f"Nothing was changed: the {count} variable(s) {operation} had assigned were "
+            "given their old values back." if count else "Nothing was changed.")
+    if isinstance(err, errors.ObjckptError) and err.args and isinstance(err.args[0], str):
+        message = err.args[0]
+        if not count and "othing was changed" in message:
+            return
+        at = message.rfind("Fix:")
+        message = (f"{message[:at]}{text} {message[at:]}" if at > 0
+                   else f"{message.rstrip()} {text}")
+        err.args = (message, *err.args[1:])
+    elif hasattr(err, "add_note"):  # Python 3.11
+        err.add_note(f"{operation}: {text}")

@@ -36,7 +36,9 @@ when it is created (the same pipeline, in a "not yet created" state: `Pipeline.p
 
 Nothing before stage 6 assigns a variable or writes a file (building an optimizer that
 holds no state yet is the one change, as the next training step would make it anyway), so
-a failure in any stage leaves every variable as it was.
+a failure in any stage leaves every variable as it was. On the streamed routes stage 6
+itself stays all or nothing: each old value goes to an undo log before its variable is
+assigned, and a failure half way puts every variable back (`_fetch.Batch`).
 """
 
 from __future__ import annotations
@@ -257,7 +259,7 @@ class Pipeline:
         assigned one at a time; the loader is closed."""
         self._enter("assign")
         try:
-            loader.assign()
+            loader.assign(self.operation)  # all or nothing (`_fetch.Streamed`)
         finally:
             loader.close()
 
@@ -303,12 +305,21 @@ class Pipeline:
             loader, self._loader = self._loader, None
         if loader is not None:
             try:
-                loader.assign()
+                loader.assign(self.operation)  # all or nothing (`_fetch.Streamed`)
             finally:
                 loader.close()
         else:
             _assign.assign_plan(variables, the_plan, values)
         _assign.start_fresh(self.obj if obj is None else obj, variables, the_plan)
+
+    def assign_batch(self, pairs, loaders) -> None:
+        """Stage 6 for `(variable, value)` pairs read whole and checked streamed loaders
+        (`restore_on_create`'s batch), all or nothing across them: one undo log
+        (`_fetch.Batch`); the loaders are left open."""
+        self._enter("assign")
+        _fetch.Batch(self.operation, loaders,
+                     [(variable, _compat.cast_value(value, variable)) for variable, value in pairs],
+                     _assign.assign_pairs).assign()
 
     def assign_pairs(self, pairs) -> None:
         """Stage 6 for `(variable, value)` pairs, eagerly, each replica as

@@ -12,9 +12,9 @@ import tensorflow as tf
 import objckpt
 from objckpt import errors
 from objckpt._bundle import index as _bundle
+from objckpt._bundle import undolog as _undolog
 from objckpt._ops import average as _average
 from objckpt._ops import averaging as _averaging
-from objckpt._ops import undolog as _undolog
 from objckpt._planning import pipeline as _pipeline
 
 from flavours import dense_bn, mirrored, session_flavour

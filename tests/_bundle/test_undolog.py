@@ -1,4 +1,4 @@
-"""The undo log (`_ops.undolog`): old values written to an anonymous temporary file (at once,
+"""The undo log (`_bundle.undolog`): old values written to an anonymous temporary file (at once,
 or by a background thread) and put back bit for bit, whatever their dtype and shape."""
 
 import errno
@@ -7,19 +7,27 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from objckpt._ops import undolog as _undolog
+from objckpt._bundle import undolog as _undolog
 
 
 @pytest.fixture(params=["written at once", "by a thread, direct",
-                        "by a thread, through the page cache"])
+                        "by a thread, through the page cache", "large ones at once, direct"])
 def writes(request, monkeypatch):
     """Small values written at once; large ones (every value, with a threshold of 0) by a
     background thread, with direct I/O where the file system has it (tmp_path's, here), or
-    through the page cache where it has none."""
+    through the page cache where it has none, or (background=False, as restore writes
+    them) before `record` returns."""
     if request.param != "written at once":
         monkeypatch.setattr(_undolog, "ASYNC_BYTES", 0)
     if request.param.endswith("page cache"):
         monkeypatch.setattr(_undolog, "_set_direct", lambda fd, on: False)
+    if request.param.startswith("large ones at once"):
+        made = _undolog.UndoLog
+
+        def at_once(*args, **kwargs):
+            return made(*args, background=False, **kwargs)
+
+        monkeypatch.setattr(_undolog, "UndoLog", at_once)
     return request.param
 
 
@@ -78,6 +86,39 @@ def test_a_write_failing_in_the_background_is_undone_from_memory(monkeypatch):
     with pytest.raises(_undolog.LogFailed, match="No space") as info:
         log.record(variables[2])  # the second write failed: found before the third assign
     assert isinstance(info.value.__cause__, OSError)
+    assert log.undo() == []
+    log.close()
+    assert [v.numpy().tolist() for v in variables] == [[0.0] * 3, [1.0] * 3, [2.0] * 3]
+
+
+def test_a_write_failing_at_once_is_raised_by_its_record_and_the_variable_not_logged(
+        monkeypatch):
+    """background=False (restore): the write of a large value fails in `record` itself,
+    before the caller assigns it; what was logged before is undone, the next value goes
+    where the failed one would have."""
+    monkeypatch.setattr(_undolog, "ASYNC_BYTES", 0)
+    calls = []
+    real = _undolog._write_all
+
+    def failing(fd, view, offset):
+        calls.append(offset)
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device (injected)")
+        return real(fd, view, offset)
+
+    monkeypatch.setattr(_undolog, "_write_all", failing)
+    variables = [tf.Variable(np.full((3,), k, np.float32)) for k in range(3)]
+    log = _undolog.UndoLog(background=False)
+    log.record(variables[0])
+    assert log._entries[0][6] is None  # on disk when record returned: nothing held
+    variables[0].assign(tf.fill((3,), -1.0), read_value=False)
+    with pytest.raises(_undolog.LogFailed, match="No space") as info:
+        log.record(variables[1])
+    assert isinstance(info.value.__cause__, OSError)
+    assert len(log) == 1
+    log.record(variables[2])
+    assert calls[2] == calls[1]  # written where the failed one was
+    variables[2].assign(tf.fill((3,), -1.0), read_value=False)
     assert log.undo() == []
     log.close()
     assert [v.numpy().tolist() for v in variables] == [[0.0] * 3, [1.0] * 3, [2.0] * 3]

@@ -7,14 +7,18 @@ assigned, `record` takes its current value to append to an anonymous temporary f
 failure after the first assignment, `undo` gives every recorded variable its old value back,
 bit for bit, one at a time.
 
-The log costs disk (one copy of what was assigned), not memory: a value is written from the
-variable's own buffer (a CPU variable's `numpy()` is a view of it, which also keeps that
-buffer alive and unchanged when the variable is assigned a new tensor) and read back one at
-a time. A large value is written by a background thread while the caller computes the next
+The log costs disk (one copy of what was assigned), not memory: a value is written from what
+the variable's `numpy()` gives and read back one at a time. TF's `Variable.numpy()` copies
+the buffer; a streamed restore passes a view of it instead (`_planning.fetch`: the read
+value's NumPy view, which keeps that buffer alive and unchanged while it is held, even when
+the variable is assigned a new tensor). A large value is written by a background thread while the caller computes the next
 one (one write at most in flight: one old value held beyond the variables; `undo` puts it
 back from memory when its write failed), to a second file opened for direct I/O where the
 file system allows it (through one aligned staging buffer): the log is written at the
-disk's speed and neither fills the page cache nor waits on its write-back. No TensorFlow
+disk's speed and neither fills the page cache nor waits on its write-back. With
+`background=False` (a streamed restore, whose memory target leaves no room for a second old
+value) the large value is written the same way before `record` returns, so nothing beyond the
+variables and the staging buffer is held. No TensorFlow
 here: a variable is anything with `numpy()` and `assign(value, read_value=False)`.
 """
 
@@ -48,10 +52,12 @@ class UndoLog:
 
     Raises OSError from the constructor when no temporary file can be made (a read-only or
     missing temporary directory); `record` raises `LogFailed` when an earlier write failed
-    (no space left): call `undo` then.
+    (no space left; with `background=False`, when its own write failed): call `undo` then.
+    `background`: large values written by a background thread (True) or before `record`
+    returns (False: no old value held beyond the variable's own buffer).
     """
 
-    def __init__(self, directory: str | None = None):
+    def __init__(self, directory: str | None = None, background: bool = True):
         self._small = tempfile.TemporaryFile(dir=directory)
         try:
             self._large = tempfile.TemporaryFile(dir=directory)
@@ -66,6 +72,7 @@ class UndoLog:
         # fixed-size bytes (strings: small), else None (read back from `fd` at `offset`)
         self._entries: list = []
         self._pending = None  # (thread, entry, [error]) of the write in flight
+        self._background = background
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -101,8 +108,19 @@ class UndoLog:
         offset = self._ends[fd]
         self._ends[fd] = offset + -(-raw.nbytes // _ALIGN) * _ALIGN  # the next one aligned
         entry = [name, variable, fd, offset, value.dtype, value.shape, value]
-        self._entries.append(entry)
         failure: list = []
+        if not self._background:  # written now: the old value is not held past `record`
+            self._write_large(raw, offset, failure)
+            if failure:
+                self._ends[fd] = offset  # (not recorded: the caller has not assigned it)
+                if not isinstance(failure[0], Exception):
+                    raise failure[0]  # KeyboardInterrupt: as it came
+                raise LogFailed(f"the undo log could not be written: {failure[0]}") \
+                    from failure[0]
+            entry[6] = None
+            self._entries.append(entry)
+            return
+        self._entries.append(entry)
         thread = threading.Thread(target=self._write_large, args=(raw, offset, failure),
                                   name="objckpt-undo-log", daemon=True)
         self._pending = (thread, entry, failure)
