@@ -87,7 +87,9 @@ class UndoLog:
         it before assigning the variable. Raises `LogFailed` when an earlier write failed."""
         self._settle(raising=True)
         value = np.asarray(variable.numpy())
-        if value.dtype.hasobject or value.dtype.kind in "SUV":
+        # strings and structured values kept as they are; bfloat16 and float8 (ml_dtypes'
+        # types, of kind "V" with no fields) are plain bytes, written like any number
+        if value.dtype.hasobject or value.dtype.kind in "SU" or value.dtype.fields:
             self._entries.append([name, variable, None, None, value.dtype, value.shape,
                                   value.copy()])
             return

@@ -122,3 +122,20 @@ def test_a_write_failing_at_once_is_raised_by_its_record_and_the_variable_not_lo
     assert log.undo() == []
     log.close()
     assert [v.numpy().tolist() for v in variables] == [[0.0] * 3, [1.0] * 3, [2.0] * 3]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_a_narrow_float_is_written_as_bytes_not_held(dtype, monkeypatch):
+    """bfloat16 (ml_dtypes' type, of NumPy kind "V") is logged like any number: written to
+    the file, no copy kept in memory (a copy of every old value held a whole bfloat16 model
+    in memory); and put back bit for bit."""
+    monkeypatch.setattr(_undolog, "ASYNC_BYTES", 0)
+    variable = tf.Variable(tf.cast(tf.range(-3.0, 5.0) / 3, dtype))
+    before = _bits(variable)
+    log = _undolog.UndoLog(background=False)
+    log.record(variable)
+    assert log._entries[0][6] is None and log.nbytes > 0
+    variable.assign(tf.zeros_like(variable), read_value=False)
+    assert log.undo() == []
+    log.close()
+    assert _bits(variable) == before
