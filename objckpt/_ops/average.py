@@ -34,6 +34,7 @@ from objckpt._base import render as _render
 from objckpt._ops import averaging as _averaging
 from objckpt._ops import batchnorm as _batchnorm
 from objckpt._bundle import undolog as _undolog
+from objckpt._planning import fetch as _fetch
 from objckpt._planning import match as _match
 from objckpt._planning import pipeline as _pipeline
 from objckpt._planning import targets as _targets
@@ -433,7 +434,9 @@ class _Work:
             # differ: its value read whole is their aggregate)
             parts = _compat.replica_parts(variable)
             for i, part in enumerate(parts or (variable,)):
-                self.log.record(part, path if parts is None else f"{path} (replica {i})")
+                # a plain variable logged from a view of its buffer (`numpy()` copies it)
+                logged = _fetch.viewed(part) if parts is None else part
+                self.log.record(logged, path if parts is None else f"{path} (replica {i})")
         variable.assign(value, read_value=False)
         self.assigned += 1
 

@@ -353,6 +353,11 @@ class _Viewed:
         self.variable.assign(value, read_value=read_value)
 
 
+def viewed(variable) -> _Viewed:
+    """`variable` as the undo log takes it from its own buffer (no copy of the old value)."""
+    return _Viewed(variable)
+
+
 class _Stopped(Exception):
     """Raised in a loader's thread that would assign after the assignments were stopped."""
 
