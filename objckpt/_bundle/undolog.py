@@ -9,7 +9,7 @@ bit for bit, one at a time.
 
 The log costs disk (one copy of what was assigned), not memory: a value is written from what
 the variable's `numpy()` gives and read back one at a time. TF's `Variable.numpy()` copies
-the buffer; a streamed restore passes a view of it instead (`_planning.fetch`: the read
+the buffer; streamed restores and `average` pass a view of it instead (`Viewed`: the read
 value's NumPy view, which keeps that buffer alive and unchanged while it is held, even when
 the variable is assigned a new tensor). A large value is written by a background thread while the caller computes the next
 one (one write at most in flight: one old value held beyond the variables; `undo` puts it
@@ -31,7 +31,10 @@ import threading
 
 import numpy as np
 
-__all__ = ["ASYNC_BYTES", "LogFailed", "UndoLog"]
+from objckpt import errors
+from objckpt._base import render as _render
+
+__all__ = ["ASYNC_BYTES", "LogFailed", "UndoLog", "Viewed", "say_unchanged", "undo_after"]
 
 # Values at least this large are written by a background thread while the caller goes on,
 # to the direct-I/O file; smaller ones at once, through the page cache.
@@ -237,3 +240,63 @@ def _read_all(fd: int, view, offset: int) -> None:
             raise OSError(f"the undo log is {offset + got} bytes long, shorter than it was "
                           "written")
         got += count
+
+
+class Viewed:
+    """A variable as the undo log takes it: `numpy()` a view of its buffer (a CPU
+    variable's: its read value's NumPy view, where `variable.numpy()` copies), so that
+    logging an old value holds no copy of it; `assign` the variable's."""
+
+    __slots__ = ("variable",)
+
+    def __init__(self, variable):
+        self.variable = variable
+
+    def numpy(self):
+        return np.asarray(self.variable.read_value())
+
+    def assign(self, value, read_value: bool = False) -> None:
+        self.variable.assign(value, read_value=read_value)
+
+
+def viewed(variable) -> _Viewed:
+    """`variable` as the undo log takes it from its own buffer (no copy of the old value)."""
+    return _Viewed(variable)
+
+
+def undo_after(log: UndoLog, err, count: int, operation: str, holding: str,
+               fix: str) -> None:
+    """After `err` (None: none) ended an operation that had assigned `count` variables: every
+    variable in `log` gets its old value back, the log is closed, and err's message says
+    that nothing was changed. Raises an ObjckptError naming the variables that could not be
+    put back (`holding`: what they hold then; `fix`: what to do)."""
+    try:
+        failed = log.undo()
+    finally:
+        log.close()
+    if failed:
+        names = ", ".join(f"`{_render.safe(name)}`" for name, _ in failed[:10])
+        raise errors.ObjckptError(
+            f"{operation} failed ({type(err).__name__}: "
+            f"{_render.safe_text(str(err))[:300]}) after assigning {count} variable(s), "
+            f"and {len(failed)} of them could not be given their old values back: "
+            f"{names}. They hold {holding}; every other variable is as it was. Fix: {fix}",
+            obj=failed[0][0]) from failed[0][1]
+    if err is not None and not isinstance(err, LogFailed):
+        say_unchanged(err, count, operation)
+
+
+def say_unchanged(err, count: int, operation: str) -> None:
+    """Says in err's message (before its fix), or a note of it, that nothing was changed."""
+    text = (f"Nothing was changed: the {count} variable(s) {operation} had assigned were "
+            "given their old values back." if count else "Nothing was changed.")
+    if isinstance(err, errors.ObjckptError) and err.args and isinstance(err.args[0], str):
+        message = err.args[0]
+        if not count and "othing was changed" in message:
+            return
+        at = message.rfind("Fix:")
+        message = (f"{message[:at]}{text} {message[at:]}" if at > 0
+                   else f"{message.rstrip()} {text}")
+        err.args = (message, *err.args[1:])
+    elif hasattr(err, "add_note"):  # Python 3.11
+        err.add_note(f"{operation}: {text}")

@@ -34,7 +34,6 @@ from objckpt._base import render as _render
 from objckpt._ops import averaging as _averaging
 from objckpt._ops import batchnorm as _batchnorm
 from objckpt._bundle import undolog as _undolog
-from objckpt._planning import fetch as _fetch
 from objckpt._planning import match as _match
 from objckpt._planning import pipeline as _pipeline
 from objckpt._planning import targets as _targets
@@ -435,7 +434,7 @@ class _Work:
             parts = _compat.replica_parts(variable)
             for i, part in enumerate(parts or (variable,)):
                 # a plain variable logged from a view of its buffer (`numpy()` copies it)
-                logged = _fetch.viewed(part) if parts is None else part
+                logged = _undolog.Viewed(part) if parts is None else part
                 self.log.record(logged, path if parts is None else f"{path} (replica {i})")
         variable.assign(value, read_value=False)
         self.assigned += 1
@@ -448,20 +447,8 @@ class _Work:
         if log is None:
             return
         count, self.assigned = self.assigned, 0
-        try:
-            failed = log.undo()
-        finally:
-            log.close()
-        if failed:
-            names = ", ".join(f"`{_render.safe(path)}`" for path, _ in failed[:10])
-            raise errors.ObjckptError(
-                f"objckpt.average failed ({type(err).__name__}: "
-                f"{_render.safe_text(str(err))[:300]}) after assigning {count} variable(s), "
-                f"and {len(failed)} of them could not be given their old values back: "
-                f"{names}. They hold their average; every other variable is as it was. Fix: "
-                "restore obj from a checkpoint.", obj=failed[0][0]) from failed[0][1]
-        if not isinstance(err, _undolog.LogFailed):
-            _say_unchanged(err, count)
+        _undolog.undo_after(log, err, count, "objckpt.average", "their average",
+                            "restore obj from a checkpoint.")
 
     def close(self) -> None:
         for file in self.files.values():
@@ -585,22 +572,6 @@ def _crc32c():
 
     return (_averaging.crc32c(fallback=False) or _fastio.native_crc32c()
             or _averaging.crc32c())
-
-
-def _say_unchanged(err, count: int) -> None:
-    """Says in err's message (before its fix), or a note of it, that nothing was changed."""
-    text = (f"Nothing was changed: the {count} variable(s) objckpt.average had assigned were "
-            "given their old values back." if count else "Nothing was changed.")
-    if isinstance(err, errors.ObjckptError) and err.args and isinstance(err.args[0], str):
-        message = err.args[0]
-        if not count and "othing was changed" in message:
-            return
-        at = message.rfind("Fix:")
-        message = (f"{message[:at]}{text} {message[at:]}" if at > 0
-                   else f"{message.rstrip()} {text}")
-        err.args = (message, *err.args[1:])
-    elif hasattr(err, "add_note"):  # Python 3.11
-        err.add_note(f"objckpt.average: {text}")
 
 
 # float32, float64, float16: dtypes NumPy writes into a tensor TF allocated; means at least

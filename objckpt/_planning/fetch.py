@@ -17,7 +17,6 @@ from __future__ import annotations
 import threading
 import warnings
 
-import numpy as np
 import tensorflow as tf
 
 from objckpt import _compat, errors
@@ -294,7 +293,7 @@ class Batch:
                 for variable, _ in self.pairs:
                     parts = _compat.replica_parts(variable)
                     for part in parts or (variable,):
-                        log.record(_Viewed(part), variable.name)
+                        log.record(_undolog.Viewed(part), variable.name)
             self._assign_pairs(self.pairs)
             self.assigned += len(self.pairs)
         for loader in self.loaders:
@@ -320,42 +319,8 @@ class Batch:
         that nothing was changed. Raises an ObjckptError naming the variables that could
         not be put back."""
         count, self.assigned = self.assigned, 0
-        try:
-            failed = log.undo()
-        finally:
-            log.close()
-        if failed:
-            names = ", ".join(f"`{_render.safe(name)}`" for name, _ in failed[:10])
-            raise errors.ObjckptError(
-                f"{self.operation} failed ({type(err).__name__}: "
-                f"{_render.safe_text(str(err))[:300]}) after assigning {count} variable(s), "
-                f"and {len(failed)} of them could not be given their old values back: "
-                f"{names}. They hold their new values; every other variable is as it was. "
-                "Fix: restore obj again.", obj=failed[0][0]) from failed[0][1]
-        if err is not None:
-            say_unchanged(err, count, self.operation)
-
-
-class _Viewed:
-    """A variable as the undo log takes it: `numpy()` a view of its buffer (a CPU
-    variable's: its read value's NumPy view, where `variable.numpy()` copies), so that
-    logging an old value holds no copy of it; `assign` the variable's."""
-
-    __slots__ = ("variable",)
-
-    def __init__(self, variable):
-        self.variable = variable
-
-    def numpy(self):
-        return np.asarray(self.variable.read_value())
-
-    def assign(self, value, read_value: bool = False) -> None:
-        self.variable.assign(value, read_value=read_value)
-
-
-def viewed(variable) -> _Viewed:
-    """`variable` as the undo log takes it from its own buffer (no copy of the old value)."""
-    return _Viewed(variable)
+        _undolog.undo_after(log, err, count, self.operation, "their new values",
+                            "restore obj again.")
 
 
 class _Stopped(Exception):
@@ -397,7 +362,7 @@ class _Recorder:
             for variable, label in self._pairs:
                 if self._stopped:
                     return
-                self.log.record(_Viewed(variable), label)
+                self.log.record(_undolog.Viewed(variable), label)
                 self._logged[id(variable)].set()
         except _undolog.LogFailed as err:
             self.log_failed = err
@@ -438,19 +403,3 @@ class _Recorder:
         writer, self._writer = self._writer, None
         if writer is not None:
             writer.join()
-
-
-def say_unchanged(err, count: int, operation: str) -> None:
-    """Says in err's message (before its fix), or a note of it, that nothing was changed."""
-    text = (f"Nothing was changed: the {count} variable(s) {operation} had assigned were "
-            "given their old values back." if count else "Nothing was changed.")
-    if isinstance(err, errors.ObjckptError) and err.args and isinstance(err.args[0], str):
-        message = err.args[0]
-        if not count and "othing was changed" in message:
-            return
-        at = message.rfind("Fix:")
-        message = (f"{message[:at]}{text} {message[at:]}" if at > 0
-                   else f"{message.rstrip()} {text}")
-        err.args = (message, *err.args[1:])
-    elif hasattr(err, "add_note"):  # Python 3.11
-        err.add_note(f"{operation}: {text}")
