@@ -18,6 +18,7 @@ from objckpt._ops import averaging as _averaging
 from objckpt._planning import pipeline as _pipeline
 
 from flavours import dense_bn, mirrored, session_flavour
+from support import assert_state_unchanged, owned_state
 
 
 @pytest.fixture(autouse=True)
@@ -47,36 +48,6 @@ def sources(tmp_path):
                              rng.normal(size=(4, 2)).astype("float32"))
         prefixes.append(objckpt.save(model, str(tmp_path / f"ckpt-{k}")))
     return prefixes
-
-
-def _owned(model) -> list:
-    """Every variable of the model and of its optimizer, found without objckpt."""
-    owned = model.optimizer.variables
-    owned = owned() if callable(owned) else owned
-    found, seen = [], set()
-    for variable in [*model.variables, *owned]:
-        if id(variable) not in seen:
-            seen.add(id(variable))
-            found.append(variable)
-    return found
-
-
-def _state(model) -> list:
-    """(name, dtype, shape, bytes) of every variable of the model and its optimizer, and of
-    every replica's component of a distributed one."""
-    out = []
-    for variable in _owned(model):
-        for part in getattr(variable, "values", (variable,)):
-            value = np.array(part.numpy())
-            out.append((part.name, value.dtype, value.shape, value.tobytes()))
-    return out
-
-
-def _assert_unchanged(before, model) -> None:
-    after = _state(model)
-    assert len(after) == len(before)
-    changed = [b[0] for b, a in zip(before, after) if a != b]
-    assert not changed, f"changed: {changed}"
 
 
 def _damaged(prefix: str, key: str, out: str) -> str:
@@ -116,7 +87,7 @@ def _reference(prefixes) -> tuple:
     """A clean average of the sources into a fresh model: (report, state)."""
     model = dense_bn(1)
     report = objckpt.average(model, prefixes)
-    return report, _state(model)
+    return report, owned_state(model)
 
 
 @pytest.mark.parametrize("which", ["averaged", "taken"])
@@ -130,7 +101,7 @@ def test_a_checksum_failing_in_the_last_variable_of_the_last_source_changes_noth
     key = objckpt.read_tree(sources[2])[path].key
     bad = _damaged(sources[2], key, str(tmp_path / "damaged"))
     target = dense_bn(1)
-    before = _state(target)
+    before = owned_state(target)
     with pytest.raises(errors.CheckpointCorruptError) as info:
         objckpt.average(target, [sources[0], sources[1], bad])
     message = str(info.value)
@@ -140,7 +111,7 @@ def test_a_checksum_failing_in_the_last_variable_of_the_last_source_changes_noth
     assigned = (len(report.averaged) - 1 if which == "averaged"
                 else len(report.averaged) + len(report.taken) - 1)
     assert undone == [assigned]
-    _assert_unchanged(before, target)
+    assert_state_unchanged(before, target)
     if which == "averaged":  # read by the averaging pass itself, which names the source
         assert "Source 2 of 3" in message
 
@@ -173,7 +144,7 @@ def test_another_format_failing_to_read_half_way_changes_nothing(sources, tmp_pa
     objckpt.average(model, mixed, **options)
     clean = dense_bn(1)
     objckpt.average(clean, sources, **options)
-    assert _state(model) == _state(clean)
+    assert owned_state(model) == owned_state(clean)
     calls = []
     real = _pipeline.Pipeline.fetch
 
@@ -185,13 +156,13 @@ def test_another_format_failing_to_read_half_way_changes_nothing(sources, tmp_pa
 
     monkeypatch.setattr(_pipeline.Pipeline, "fetch", failing)
     target = dense_bn(1)
-    before = _state(target)
+    before = owned_state(target)
     with pytest.raises(OSError, match="injected") as info:
         objckpt.average(target, mixed, **options)
     assert undone == [len(report.averaged) - 1]
     if hasattr(info.value, "add_note"):  # Python 3.11: the note says so
         assert any("Nothing was changed" in note for note in info.value.__notes__)
-    _assert_unchanged(before, target)
+    assert_state_unchanged(before, target)
 
 
 def test_an_interrupt_half_way_changes_nothing(sources, monkeypatch, undone, writes):
@@ -207,11 +178,11 @@ def test_an_interrupt_half_way_changes_nothing(sources, monkeypatch, undone, wri
 
     monkeypatch.setattr(_averaging.Stream, "read_into", interrupted)
     target = dense_bn(1)
-    before = _state(target)
+    before = owned_state(target)
     with pytest.raises(KeyboardInterrupt):
         objckpt.average(target, sources)
     assert undone == [4] and len(report.averaged) > 4
-    _assert_unchanged(before, target)
+    assert_state_unchanged(before, target)
 
 
 def test_without_an_undo_log_checksums_are_checked_first(sources, tmp_path, monkeypatch):
@@ -223,7 +194,7 @@ def test_without_an_undo_log_checksums_are_checked_first(sources, tmp_path, monk
     monkeypatch.setattr(_undolog.tempfile, "TemporaryFile", no_file)
     model = dense_bn(1)
     report = objckpt.average(model, sources)
-    assert _state(model) == want
+    assert owned_state(model) == want
     assert any("No undo log" in note and "Read-only" in note for note in report.notes)
     report_text = str(report)
     assert "checked in a pass of their own" in report_text
@@ -232,10 +203,10 @@ def test_without_an_undo_log_checksums_are_checked_first(sources, tmp_path, monk
     bad = _damaged(sources[2], objckpt.read_tree(sources[2])[path].key,
                    str(tmp_path / "damaged"))
     target = dense_bn(1)
-    before = _state(target)
+    before = owned_state(target)
     with pytest.raises(errors.CheckpointCorruptError, match="Source 2 of 3"):
         objckpt.average(target, [sources[0], sources[1], bad])
-    _assert_unchanged(before, target)
+    assert_state_unchanged(before, target)
 
 
 def test_an_undo_log_that_fills_the_disk_half_way_falls_back(sources, monkeypatch, undone,
@@ -258,7 +229,7 @@ def test_an_undo_log_that_fills_the_disk_half_way_falls_back(sources, monkeypatc
     # (a thread's failure is seen when the next value is recorded, or by then already: 3
     # variables put back, or 2 when the third had not been assigned yet)
     assert undone == [2] if writes == "written at once" else undone in ([2], [3])
-    assert _state(model) == want  # then averaged again, every checksum checked first
+    assert owned_state(model) == want  # then averaged again, every checksum checked first
     assert any("No undo log" in note and "No space" in note for note in report.notes)
 
 
@@ -271,11 +242,11 @@ def test_distributed_variables_are_put_back_on_every_replica(sources, tmp_path, 
         target = dense_bn(1)
     weights = [objckpt.tree(target)[p] for p in report.averaged]
     assert all(len(v.values) == 2 for v in weights)  # (tf variables: distributed ones)
-    before = _state(target), _replicas(weights)
+    before = owned_state(target), _replicas(weights)
     with pytest.raises(errors.CheckpointCorruptError, match="Source 2 of 3"):
         objckpt.average(target, [sources[0], sources[1], bad])
     assert undone == [2 * (len(report.averaged) - 1)]  # each replica logged
-    _assert_unchanged(before[0], target)
+    assert_state_unchanged(before[0], target)
     assert _replicas(weights) == before[1]
     objckpt.average(target, sources)  # and averaged into every replica
     assert all(first == second for first, second in _replicas(weights))
@@ -323,7 +294,7 @@ def test_read_ahead_gives_the_same_bits_and_checks_every_source(sources, tmp_pat
         objckpt.average(held, sources)
     finally:
         _average.HELD_BYTES = 0
-    assert _state(held) == streamed
+    assert owned_state(held) == streamed
     sizes = [objckpt.tree(held)[p].shape.num_elements() for p in report.averaged]
     assert len(read_ahead) == sum(size >= 2 * 4 for size in sizes) == 2  # the two kernels
     _averaging.WINDOW = 4
@@ -332,11 +303,11 @@ def test_read_ahead_gives_the_same_bits_and_checks_every_source(sources, tmp_pat
     bad = _damaged(sources[2], objckpt.read_tree(sources[2])[path].key,
                    str(tmp_path / "damaged"))
     target = dense_bn(1)
-    before = _state(target)
+    before = owned_state(target)
     with pytest.raises(errors.CheckpointCorruptError, match="Source 2 of 3.*checksum"):
         objckpt.average(target, [sources[0], sources[1], bad])
     assert undone == [sizes.index(12)]
-    _assert_unchanged(before, target)
+    assert_state_unchanged(before, target)
     assert not _readers()
 
 
@@ -353,13 +324,13 @@ def test_a_read_error_in_the_reading_thread_reaches_the_caller(sources, monkeypa
 
     monkeypatch.setattr(_averaging.Stream, "read_into", failing)
     target = dense_bn(1)
-    before = _state(target)
+    before = owned_state(target)
     with pytest.raises(OSError, match="injected"):
         objckpt.average(target, sources)
     sizes = [objckpt.tree(target)[p].shape.num_elements() for p in report.averaged]
     assert sizes.count(8) == 1 and undone == [sizes.index(8)]  # those before it put back
     assert undone[0] > 0
-    _assert_unchanged(before, target)
+    assert_state_unchanged(before, target)
     assert not _readers()
 
 

@@ -23,6 +23,7 @@ from objckpt._planning import pipeline as _pipeline
 from objckpt._planning import sources as _sources
 
 from flavours import dense_bn
+from support import assert_state_unchanged, owned_state
 
 pytest.importorskip("safetensors")
 
@@ -41,30 +42,6 @@ def threads(request, monkeypatch):
     """The loaders read and assign on one thread, or on four at once."""
     monkeypatch.setattr(_fastio, "threads", lambda *args, **kwargs: request.param)
     return request.param
-
-
-def _owned(model) -> list:
-    """Every variable of the model and of its optimizer, found without objckpt."""
-    owned = model.optimizer.variables
-    owned = owned() if callable(owned) else owned
-    found, seen = [], set()
-    for variable in [*model.variables, *owned]:
-        if id(variable) not in seen:
-            seen.add(id(variable))
-            found.append(variable)
-    return found
-
-
-def _state(model) -> list:
-    return [(v.name, np.array(v.numpy()).dtype, np.array(v.numpy()).tobytes())
-            for v in _owned(model)]
-
-
-def _assert_unchanged(before, model) -> None:
-    after = _state(model)
-    assert len(after) == len(before)
-    changed = [b[0] for b, a in zip(before, after) if a != b]
-    assert not changed, f"changed: {changed}"
 
 
 def _failing_at(monkeypatch, owner, name, k, raised):
@@ -94,13 +71,13 @@ def exported(tmp_path):
     path = str(tmp_path / "model.safetensors")
     objckpt.export(source, path)
     prefix = objckpt.save(source, str(tmp_path / "ckpt"))
-    return path, prefix, _state(source)
+    return path, prefix, owned_state(source)
 
 
 def test_restore_from_safetensors_puts_back_after_an_io_error(exported, threads, monkeypatch):
     path, _, _ = exported
     model = dense_bn(2)
-    before = _state(model)
+    before = owned_state(model)
     calls = _failing_at(monkeypatch, _st._Reader, "tensor", 4,
                         lambda: OSError(errno.EIO, "Input/output error"))
     with pytest.raises(OSError, match="Input/output error") as info:
@@ -108,9 +85,9 @@ def test_restore_from_safetensors_puts_back_after_an_io_error(exported, threads,
     assert calls[0] >= 4
     assert any("objckpt.restore: Nothing was changed: the" in note
                for note in getattr(info.value, "__notes__", []))
-    _assert_unchanged(before, model)
+    assert_state_unchanged(before, model)
     objckpt.restore(model, path)  # then a restore that works restores every weight
-    assert _state(model) != before
+    assert owned_state(model) != before
 
 
 def test_restore_from_a_safetensors_file_cut_short_while_read(exported, monkeypatch):
@@ -119,7 +96,7 @@ def test_restore_from_a_safetensors_file_cut_short_while_read(exported, monkeypa
     path, _, _ = exported
     monkeypatch.setattr(_fastio, "threads", lambda *args, **kwargs: 1)
     model = dense_bn(2)
-    before = _state(model)
+    before = owned_state(model)
     verify = _st._Streamer.verify
     last = []
 
@@ -134,30 +111,30 @@ def test_restore_from_a_safetensors_file_cut_short_while_read(exported, monkeypa
         objckpt.restore(model, path)
     assert "was cut short while it was read" in str(info.value)
     assert f"`{last[0]}`" in str(info.value)
-    _assert_unchanged(before, model)
+    assert_state_unchanged(before, model)
 
 
 def test_keyboard_interrupt_mid_stream_from_a_tf_checkpoint(exported, threads, monkeypatch):
     _, prefix, _ = exported
     model = dense_bn(2)
-    before = _state(model)
+    before = owned_state(model)
     calls = _failing_at(monkeypatch, _fastio.Loader, "_assign_one", 5, KeyboardInterrupt)
     with pytest.raises(KeyboardInterrupt) as info:
         objckpt.restore(model, prefix)
     assert calls[0] >= 5
     assert any(note.startswith("objckpt.restore: Nothing was changed: the ")
                for note in getattr(info.value, "__notes__", []))
-    _assert_unchanged(before, model)
+    assert_state_unchanged(before, model)
     objckpt.restore(model, prefix)
     _, _, want = exported
-    assert _state(model) == want  # weights, slots and iterations: the source's
+    assert owned_state(model) == want  # weights, slots and iterations: the source's
 
 
 def test_memory_error_in_restore_on_create_of_existing_variables(exported, threads,
                                                                  monkeypatch):
     path, _, _ = exported
     model = dense_bn(2)
-    before = _state(model)
+    before = owned_state(model)
     batches = []
     assign = _fetch.Batch.assign
 
@@ -172,7 +149,7 @@ def test_memory_error_in_restore_on_create_of_existing_variables(exported, threa
     assert batches == [("objckpt.restore_on_create", 1)]
     assert any("objckpt.restore_on_create: Nothing was changed: the " in note
                for note in getattr(info.value, "__notes__", []))
-    _assert_unchanged(before, model)
+    assert_state_unchanged(before, model)
 
 
 def test_one_batch_of_values_read_whole_and_two_loaders_is_undone_as_one(exported,
@@ -183,7 +160,7 @@ def test_one_batch_of_values_read_whole_and_two_loaders_is_undone_as_one(exporte
     path, _, _ = exported
     monkeypatch.setattr(_fastio, "threads", lambda *args, **kwargs: 1)
     model = dense_bn(2)
-    before = _state(model)
+    before = owned_state(model)
     src = _sources.open_source(path)
     tree = objckpt.tree(model)
     target = {m.source: tree[m.target] for m in objckpt.plan(model, path).matches}
@@ -207,13 +184,13 @@ def test_one_batch_of_values_read_whole_and_two_loaders_is_undone_as_one(exporte
     assert (f"objckpt.restore_on_create: Nothing was changed: the {len(first) + 2} "
             "variable(s) objckpt.restore_on_create had assigned were given their old values "
             "back.") in info.value.__notes__
-    _assert_unchanged(before, model)
+    assert_state_unchanged(before, model)
 
 
 def test_load_ensemble_members_put_back_and_the_template_untouched(exported, monkeypatch):
     _, prefix, _ = exported
     template = dense_bn(2)
-    before = _state(template)
+    before = owned_state(template)
     undone = []
     real = _undolog.UndoLog.undo
 
@@ -227,7 +204,7 @@ def test_load_ensemble_members_put_back_and_the_template_untouched(exported, mon
     with pytest.raises(OSError, match="Input/output error"):
         objckpt.load_ensemble(template, [prefix, prefix])
     assert undone and undone[0] >= 3  # the member being loaded got its values back
-    _assert_unchanged(before, template)
+    assert_state_unchanged(before, template)
 
 
 def test_without_a_temporary_file_restores_as_before_with_a_warning(exported, monkeypatch):
@@ -241,7 +218,7 @@ def test_without_a_temporary_file_restores_as_before_with_a_warning(exported, mo
     with pytest.warns(RuntimeWarning, match="no undo log could be written .*Read-only"):
         objckpt.restore(model, path)
     got = {v.name: v.numpy().tobytes() for v in model.weights}
-    assert got == {name: value for name, _, value in want if name in got}
+    assert got == {name: value for name, _, _, value in want if name in got}
 
 
 def test_a_log_that_fills_the_disk_is_undone_and_the_restore_done_without_it(
@@ -279,7 +256,7 @@ def test_a_log_that_fills_the_disk_is_undone_and_the_restore_done_without_it(
         "the variables before it restored. Fix: give the temporary directory (TMPDIR) room "
         "for one copy of the variables restored."]
     assert undone == [2]  # the two values logged before the write that failed
-    assert _state(model) == want
+    assert owned_state(model) == want
 
 
 def test_the_log_holds_no_old_value_in_memory(monkeypatch):
