@@ -567,7 +567,8 @@ class _Widened(tuple):
 
 
 def _crc32c():
-    """The fastest crc32c there is: google-crc32c's, else TF's own, else objckpt's NumPy one."""
+    """The fastest crc32c there is: the `crc32c` package's (without the GIL) or google-crc32c's,
+    else TF's own, else objckpt's NumPy one."""
     from objckpt._bundle import fastio as _fastio
 
     return (_averaging.crc32c(fallback=False) or _fastio.native_crc32c()

@@ -20,6 +20,7 @@ runs) share this module's pieces:
 
 from __future__ import annotations
 
+import importlib
 import math
 import os
 import queue
@@ -467,8 +468,17 @@ def _numpy_dtype(enum: int):
 
 
 def crc32c(fallback: bool = True):
-    """crc32c(buffer, crc=0) -> int: google-crc32c's (C, hardware accelerated, when
-    installed), else objckpt's own NumPy one (slower; None when not `fallback`)."""
+    """crc32c(buffer, crc=0) -> int, C and hardware accelerated where a package has it: the
+    `crc32c` package's (which runs without the GIL, so a thread checking one buffer leaves
+    another free to add), else google-crc32c's (which holds it), else objckpt's own NumPy one
+    (slower; None when not `fallback`)."""
+    try:
+        fast = importlib.import_module("crc32c")
+        extend = fast.crc32c
+    except (ImportError, AttributeError):
+        pass
+    else:
+        return lambda data, crc=0: extend(data, crc)
     try:
         import google_crc32c
     except ImportError:
