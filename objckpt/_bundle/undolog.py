@@ -76,6 +76,7 @@ class UndoLog:
         self._entries: list = []
         self._pending = None  # (thread, entry, [error]) of the write in flight
         self._background = background
+        self._closing = False  # set by `close`: the write in flight may stop (not needed)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -155,6 +156,8 @@ class UndoLog:
             self._stage = block[start:start + _STAGE]
         source = np.frombuffer(raw, np.uint8)
         for done in range(0, source.size, _STAGE):
+            if self._closing:  # the log is being dropped: the rest is never read
+                return
             count = min(_STAGE, source.size - done)
             self._stage[:count] = source[done:done + count]
             padded = -(-count // _ALIGN) * _ALIGN  # the tail's padding: never read back
@@ -197,7 +200,9 @@ class UndoLog:
         return failed
 
     def close(self) -> None:
-        """Waits for the write in flight, drops every entry and deletes the files."""
+        """Stops the write in flight (at its next staged piece: the log is not read again),
+        drops every entry and deletes the files."""
+        self._closing = True
         try:
             self._settle(raising=False)
         finally:

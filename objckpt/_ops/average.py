@@ -210,6 +210,7 @@ def average(obj, sources, *, weights=None, rules=None, at: str | None = None,
             work.undo(err)  # every variable assigned gets its old value back
         raise
     work.close()
+    work.drop_log()  # every mean assigned: the old values are not needed
     if held is not None:
         for target, value in held:
             variables[target].assign(value, read_value=False)
@@ -453,6 +454,12 @@ class _Work:
     def close(self) -> None:
         for file in self.files.values():
             file.close()
+
+    def drop_log(self) -> None:
+        """After success: the undo log's write in flight stopped, its files deleted."""
+        log, self.log = self.log, None
+        if log is not None:
+            log.close()
 
     def _add(self, mean, k, pipe, variables, path, match):
         """Adds source k's value of `path` to `mean` (made here on the first value, in the

@@ -139,3 +139,33 @@ def test_a_narrow_float_is_written_as_bytes_not_held(dtype, monkeypatch):
     assert log.undo() == []
     log.close()
     assert _bits(variable) == before
+
+
+def test_closing_stops_the_write_in_flight_at_its_next_piece(monkeypatch):
+    """After a success the log is not read again: `close` stops a large value's direct write
+    at its next staged piece instead of waiting for the rest."""
+    import time
+
+    monkeypatch.setattr(_undolog, "ASYNC_BYTES", 0)
+    monkeypatch.setattr(_undolog, "_STAGE", 4096)
+    pieces = []
+    real = _undolog._write_all
+
+    def slow(fd, view, offset):
+        pieces.append(offset)
+        if len(pieces) == 1:  # the first piece waits until close was called
+            deadline = time.monotonic() + 10
+            while not log._closing and time.monotonic() < deadline:
+                time.sleep(0.001)
+        return real(fd, view, offset)
+
+    monkeypatch.setattr(_undolog, "_write_all", slow)
+    log = _undolog.UndoLog()
+    if not log._direct:
+        log.close()
+        pytest.skip("no direct I/O on this temporary directory (written in one call)")
+    variable = tf.Variable(np.arange(16 * 1024, dtype=np.float32))  # 64 KiB: 16 pieces
+    log.record(variable)
+    log.close()
+    assert pieces == [0]  # the other 15 pieces never written
+    assert len(log) == 0

@@ -367,3 +367,24 @@ def test_equal_power_of_two_weights_weighted_once_give_the_same_bits(sources, mo
                 total = total + value * (1 / len(chosen))
             assert np.array_equal(np.array(objckpt.tree(model)[path].numpy()),
                                   total.astype(np.float32)), path
+
+
+def test_a_success_closes_its_undo_log(sources, monkeypatch, writes):
+    """Once every mean is assigned the log is dropped (its files deleted, a write in flight
+    stopped), not left to the garbage collector with a thread still writing."""
+    import threading
+
+    closed, real = [], _undolog.UndoLog.close
+
+    def spy(self):
+        closed.append(len(self))
+        return real(self)
+
+    report, want = _reference(sources)
+    monkeypatch.setattr(_undolog.UndoLog, "close", spy)
+    target = dense_bn(1)
+    objckpt.average(target, sources)
+    assert owned_state(target) == want
+    assert len(closed) == 1  # every assigned variable logged, then the log closed
+    assert closed[0] >= len(report.averaged) + len(report.taken)
+    assert not [t for t in threading.enumerate() if t.name == "objckpt-undo-log"]
