@@ -33,6 +33,7 @@ from objckpt import _compat, errors
 from objckpt._base import render as _render
 from objckpt._ops import averaging as _averaging
 from objckpt._ops import batchnorm as _batchnorm
+from objckpt._ops import meanstream as _meanstream
 from objckpt._bundle import undolog as _undolog
 from objckpt._planning import match as _match
 from objckpt._planning import pipeline as _pipeline
@@ -285,7 +286,7 @@ class _Work:
         self.keys: dict = {}  # (source index, target) -> checkpoint key in that file
         self.dtypes: dict = {}  # (source index, target) -> NumPy dtype stored in that file
         self.batchnorm_averaged = False
-        self.workspace = _averaging.Workspace()
+        self.workspace = _meanstream.Workspace()
         self.reading = [None]  # the source being read, for its error
         self.labels = [f"Source {k}" for k in range(len(plans))]  # each source, for errors
         self.log = None  # the undo log of the streamed route (None: held, or none written)
@@ -363,7 +364,7 @@ class _Work:
             if not matches:
                 continue
             k[0] = index
-            file = _averaging.BundleFile(_bundle.read_index(src.prefix), self.labels[index],
+            file = _meanstream.BundleFile(_bundle.read_index(src.prefix), self.labels[index],
                                          crc, self.workspace.read_buffer())
             self.files[index] = file
             keys = src.bundle_keys([m.source for m in matches])
@@ -468,7 +469,7 @@ class _Work:
         variable = variables[path]
         if key is not None and variable.shape.is_fully_defined():
             # read in pieces, the checksum checked at the end (unless checked first)
-            mean = mean or _averaging.Mean(variable.shape, self.shares, self.workspace)
+            mean = mean or _meanstream.Mean(variable.shape, self.shares, self.workspace)
             dtype = self._stored(k, path, variable)
             for start, values in self.files[k].pieces(key, dtype, check=self.check):
                 mean.add(k, values, start)
@@ -476,7 +477,7 @@ class _Work:
         self.reading[0] = k
         (value,) = pipe.fetch(self._plans[k][1], _Widened.of(variables, path, match), [match])
         self.reading[0] = None
-        mean = mean or _averaging.Mean(value.shape, self.shares, self.workspace)
+        mean = mean or _meanstream.Mean(value.shape, self.shares, self.workspace)
         if tuple(value.shape) != mean.shape:
             raise errors.StructureMismatchError(
                 f"{self._plans[k][1].label(path)}: source {k} "
@@ -511,7 +512,7 @@ class _Work:
                 self.keys[(k, path)], self._stored(k, path, variable), self.workspace,
                 check=self.check))
                 for k in weighted]
-            _averaging.stream_mean(streams, size, out.reshape(-1))
+            _meanstream.stream_mean(streams, size, out.reshape(-1))
             return value
         mean = None
         for k in weighted:  # a weight of 0 adds nothing (its plan was checked)
@@ -578,8 +579,8 @@ def _crc32c():
     else TF's own, else objckpt's NumPy one."""
     from objckpt._bundle import fastio as _fastio
 
-    return (_averaging.crc32c(fallback=False) or _fastio.native_crc32c()
-            or _averaging.crc32c())
+    return (_meanstream.crc32c(fallback=False) or _fastio.native_crc32c()
+            or _meanstream.crc32c())
 
 
 # float32, float64, float16: dtypes NumPy writes into a tensor TF allocated; means at least

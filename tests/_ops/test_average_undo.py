@@ -14,7 +14,7 @@ from objckpt import errors
 from objckpt._bundle import index as _bundle
 from objckpt._bundle import undolog as _undolog
 from objckpt._ops import average as _average
-from objckpt._ops import averaging as _averaging
+from objckpt._ops import meanstream as _meanstream
 from objckpt._planning import pipeline as _pipeline
 
 from flavours import dense_bn, mirrored, session_flavour
@@ -168,7 +168,7 @@ def test_another_format_failing_to_read_half_way_changes_nothing(sources, tmp_pa
 def test_an_interrupt_half_way_changes_nothing(sources, monkeypatch, undone, writes):
     report, _ = _reference(sources)
     calls = []
-    real = _averaging.Stream.read_into
+    real = _meanstream.Stream.read_into
 
     def interrupted(self, view):
         calls.append(1)
@@ -176,7 +176,7 @@ def test_an_interrupt_half_way_changes_nothing(sources, monkeypatch, undone, wri
             raise KeyboardInterrupt
         return real(self, view)
 
-    monkeypatch.setattr(_averaging.Stream, "read_into", interrupted)
+    monkeypatch.setattr(_meanstream.Stream, "read_into", interrupted)
     target = dense_bn(1)
     before = owned_state(target)
     with pytest.raises(KeyboardInterrupt):
@@ -266,15 +266,15 @@ def _replicas(variables) -> list:
 def read_ahead(monkeypatch):
     """Windows of 4 elements: every tensor of 8 elements or more is read ahead by the
     background thread, as a large one is; returns the number of times it ran."""
-    monkeypatch.setattr(_averaging, "WINDOW", 4)
+    monkeypatch.setattr(_meanstream, "WINDOW", 4)
     runs = []
-    real = _averaging._read_ahead
+    real = _meanstream._read_ahead
 
     def spy(*args):
         runs.append(1)
         return real(*args)
 
-    monkeypatch.setattr(_averaging, "_read_ahead", spy)
+    monkeypatch.setattr(_meanstream, "_read_ahead", spy)
     return runs
 
 
@@ -287,7 +287,7 @@ def _readers() -> list:
 def test_read_ahead_gives_the_same_bits_and_checks_every_source(sources, tmp_path, undone,
                                                                  read_ahead):
     report, streamed = _reference(sources)
-    _averaging.WINDOW = 1 << 16
+    _meanstream.WINDOW = 1 << 16
     held = dense_bn(1)
     _average.HELD_BYTES = 1 << 40
     try:
@@ -297,7 +297,7 @@ def test_read_ahead_gives_the_same_bits_and_checks_every_source(sources, tmp_pat
     assert owned_state(held) == streamed
     sizes = [objckpt.tree(held)[p].shape.num_elements() for p in report.averaged]
     assert len(read_ahead) == sum(size >= 2 * 4 for size in sizes) == 2  # the two kernels
-    _averaging.WINDOW = 4
+    _meanstream.WINDOW = 4
     # the first kernel (12 elements: 3 windows) damaged in its last window, last source
     path = report.averaged[sizes.index(12)]
     bad = _damaged(sources[2], objckpt.read_tree(sources[2])[path].key,
@@ -314,7 +314,7 @@ def test_read_ahead_gives_the_same_bits_and_checks_every_source(sources, tmp_pat
 def test_a_read_error_in_the_reading_thread_reaches_the_caller(sources, monkeypatch, undone,
                                                                 read_ahead):
     report, _ = _reference(sources)
-    real = _averaging.Stream.read_into
+    real = _meanstream.Stream.read_into
 
     def failing(self, view):
         # the second window of the second kernel (4 x 2 float32: 32 bytes, read ahead)
@@ -322,7 +322,7 @@ def test_a_read_error_in_the_reading_thread_reaches_the_caller(sources, monkeypa
             raise OSError(errno.EIO, "Input/output error (injected)")
         return real(self, view)
 
-    monkeypatch.setattr(_averaging.Stream, "read_into", failing)
+    monkeypatch.setattr(_meanstream.Stream, "read_into", failing)
     target = dense_bn(1)
     before = owned_state(target)
     with pytest.raises(OSError, match="injected"):
@@ -335,9 +335,9 @@ def test_a_read_error_in_the_reading_thread_reaches_the_caller(sources, monkeypa
 
 
 def test_the_writer_reads_ahead_to_the_same_bytes(sources, tmp_path, read_ahead):
-    _averaging.WINDOW = 1 << 16
+    _meanstream.WINDOW = 1 << 16
     whole = objckpt.average_checkpoints(sources, str(tmp_path / "whole"))["prefix"]
-    _averaging.WINDOW = 4
+    _meanstream.WINDOW = 4
     ahead = objckpt.average_checkpoints(sources, str(tmp_path / "ahead"))["prefix"]
     assert read_ahead
     for suffix in (".index", ".data-00000-of-00001"):
@@ -348,7 +348,7 @@ def test_the_writer_reads_ahead_to_the_same_bytes(sources, tmp_path, read_ahead)
 @pytest.mark.parametrize("window", [1 << 16, 4])
 def test_equal_power_of_two_weights_weighted_once_give_the_same_bits(sources, monkeypatch,
                                                                      window):
-    monkeypatch.setattr(_averaging, "WINDOW", window)
+    monkeypatch.setattr(_meanstream, "WINDOW", window)
     for chosen in ([sources[0], sources[2]], [*sources, sources[0]],
                    [sources[0], sources[1]] * 4):  # weights 1/2, 1/4, 1/8
         _, streamed = _reference(chosen)
