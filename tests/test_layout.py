@@ -69,6 +69,9 @@ NO_TEST_FILE = {
                               "files in _formats/test_kerash5.py and test_legacyh5.py",
     "objckpt/_formats/savedobjects.py": "saved_model.pb decoded, tested in "
                                         "_formats/test_savedmodel.py",
+    "objckpt/_ops/averagework.py": "what average does with each variable, tested through "
+                                   "objckpt.average in _ops/test_average.py (held route) and "
+                                   "_ops/test_average_undo.py (streamed route, undo log)",
     "objckpt/_ops/clone/*.py": "the copiers of each kind and the walk, tested through clone in "
                                "_ops/clone/test_api.py (every kind, sharing, cycles, weak "
                                "references) and the table's dispatch in _ops/clone/test_table.py",
