@@ -13,7 +13,7 @@ transforms end with `objckpt.rules.Concat` (each its part, after a Stack or not)
 group likewise, its key their keys joined by ` + `; a part no entry gives names its rule.
 Rules of one target ending with `objckpt.rules.Sum` (each a term) make one group the same
 way: term 0 gives the shape, each other term is checked to have it (size 1 on its broadcast
-axes) and is added in.
+axes) and is added in; 16-bit float terms are added in float32 (`_summed_dtype`).
 
 `stacked_view` gives the source as planning sees it: its own entries but the grouped
 ones, plus one per group, whose value is assembled when read (a buffer of the stacked
@@ -189,6 +189,7 @@ def _group(source: Source, rules, target: str, pieces: dict) -> Stacked:
         if source.specs[next(p for p in parts if p)][1] != dtype:
             problems.append(f"the entries of {rule} are not {dtype.name}, as those of "
                             f"{built[0][0]} are")
+    dtype = _summed_dtype(lead, dtype)
     key = " + ".join(b[2] for b in built)
     full = " + ".join(b[3] for b in built)
     problem = ""
@@ -261,6 +262,18 @@ def _summed(built: list, problems: list) -> tuple:
     return whole, problems
 
 
+def _summed_dtype(lead: ParsedRule, dtype):
+    """The dtype of a group: its entries', but float32 for a Sum of 16-bit float terms
+    (bfloat16, float16): their sum is what a float32 model computes from the widened terms
+    (as transformers does in float32), which 16 bits would round once more; a 16-bit
+    variable takes it by a lossy cast, which the caller asks for (`cast="lossy"`)."""
+    import tensorflow as tf
+
+    if isinstance(lead.concat, _rules_core.Sum) and dtype in (tf.bfloat16, tf.float16):
+        return tf.float32
+    return dtype
+
+
 def restacked(source: Source, groups: dict) -> Source:
     """`source` as a plan with these groups ({full key: Stacked}) reads it: its entries,
     plus each group's key, read (`fetch`) or streamed (`stream`) as the stacked value; a
@@ -299,6 +312,9 @@ def _assembled(source: Source, group: Stacked):
                 value = rule.part(value)
             value = value.numpy() if hasattr(value, "numpy") else np.asarray(value)
             want = slot.shape if term is None else term.term_shape(slot.shape)
+            promised = np.dtype(source.specs[part][1].as_numpy_dtype)
+            if term is not None and value.dtype == promised != buffer.dtype:
+                value = value.astype(buffer.dtype)  # a 16-bit float term, widened exactly
             if value.shape != want or value.dtype != buffer.dtype:
                 raise errors.CheckpointCorruptError(
                     f"{source.description}: entry `{_render.safe(part)}` read as "

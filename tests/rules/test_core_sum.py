@@ -249,17 +249,30 @@ def test_three_terms_with_a_transform_before_the_sum(tmp_path):
     assert written["c"].tobytes() == np.zeros((3, 1), np.float32).tobytes()
 
 
-def test_bfloat16_terms_are_added_in_bfloat16_then_widened(tmp_path):
+def test_bfloat16_terms_are_widened_then_added_in_float32(tmp_path):
+    """A float32 model gets the sum of the widened terms (what transformers computes in
+    float32 from a bfloat16 file), no cast; a bfloat16 model that sum rounded once, a lossy
+    cast refused unless asked for."""
     ml_dtypes = pytest.importorskip("ml_dtypes")
     arrays = _arrays(3, ml_dtypes.bfloat16)
     source = _write(arrays, tmp_path / "emb.safetensors")
+    exact = _folded({k: v.astype(np.float32) for k, v in arrays.items()})
+    assert not np.array_equal(exact.astype(ml_dtypes.bfloat16).astype(np.float32), exact)
     obj = _obj("module")
-    assert objckpt.plan(obj, source, rules=FOLD).casts["position"] == "bfloat16 -> float32"
-    objckpt.restore(obj, source, rules=FOLD)
-    assert obj.position.numpy().tobytes() == _folded(arrays).astype(np.float32).tobytes()
-    written = _read(objckpt.export(obj, tmp_path / "out.safetensors", rules=FOLD,
-                                   dtype="bfloat16"))
-    assert written["emb.position.weight"][RESERVED:].tobytes() == _folded(arrays).tobytes()
+    report = objckpt.restore(obj, source, rules=FOLD)
+    assert report.cast == {"word": "bfloat16 -> float32"}
+    assert obj.position.numpy().tobytes() == exact.tobytes()
+    written = _read(objckpt.export(obj, tmp_path / "out.safetensors", rules=FOLD))
+    assert written["emb.position.weight"][RESERVED:].tobytes() == exact.tobytes()
+    narrow = tf.Module()
+    narrow.position = tf.Variable(tf.zeros((POSITIONS, HID), tf.bfloat16), name="position")
+    narrow.word = tf.Variable(tf.zeros((3, HID), tf.bfloat16), name="word")
+    with pytest.raises(errors.ObjckptError, match=r"(?s)position.*float32.*bfloat16.*cast="):
+        objckpt.restore(narrow, source, rules=FOLD)
+    assert not np.any(narrow.position.numpy().astype(np.float32))
+    objckpt.restore(narrow, source, rules=FOLD, cast="lossy")
+    want = exact.astype(ml_dtypes.bfloat16)
+    assert np.asarray(narrow.position.numpy()).tobytes() == want.tobytes()
 
 
 def test_restore_on_create_refuses_a_sum_rule_by_name(tmp_path):
