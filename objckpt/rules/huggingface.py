@@ -30,7 +30,9 @@ _MODULES: dict[str, str] = {
     "mistral": "objckpt.rules.hf_mistral",
     "qwen2": "objckpt.rules.hf_qwen",
     "qwen3": "objckpt.rules.hf_qwen",
+    "roberta": "objckpt.rules.hf_roberta",
     "vit": "objckpt.rules.hf_vit",
+    "xlm-roberta": "objckpt.rules.hf_roberta",
 }
 _CONFIG_LIMIT = 1 << 20  # bytes of config.json read
 
