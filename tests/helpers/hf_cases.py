@@ -34,7 +34,7 @@ CONVERTERS = {"llama": "convert_llama3", "mistral": "convert_mistral", "gemma": 
               "gemma2": "convert_gemma", "gpt2": "convert_gpt2", "bert": "convert_bert",
               "vit": "convert_vit", "qwen2": "convert_qwen", "qwen3": "convert_qwen3",
               "distilbert": "convert_distilbert", "roberta": "convert_roberta",
-              "xlm-roberta": "convert_xlm_roberta"}
+              "xlm-roberta": "convert_xlm_roberta", "albert": "convert_albert"}
 
 
 class Case(NamedTuple):
@@ -164,6 +164,14 @@ CASES = (
                "classifier.bias")),
     *(row for stem, case in (("Roberta", "roberta"), ("XLMRoberta", "xlm_roberta"))
       for row in _roberta_rows(stem, case)),
+    Case("albert", "AlbertModel", None),
+    # keras-hub's MaskedLMHead normalises with epsilon 1e-5, ALBERT's with 1e-12.
+    Case("albert", "AlbertForMaskedLM", "AlbertMaskedLM",
+         head=("predictions.dense.weight", "predictions.dense.bias",
+               "predictions.LayerNorm.weight", "predictions.LayerNorm.bias",
+               "predictions.bias"), lacks=_POOLER, logits_tolerance=2e-3),
+    Case("albert", "AlbertForSequenceClassification", "AlbertTextClassifier",
+         head=("classifier.weight", "classifier.bias")),
 )
 
 
@@ -195,7 +203,8 @@ def task(case: Case, model):
 
     cls = getattr(keras_hub.models, case.task)
     if case.task in ("BertTextClassifier", "ViTImageClassifier", "DistilBertTextClassifier",
-                     "RobertaTextClassifier", "XLMRobertaTextClassifier"):
+                     "RobertaTextClassifier", "XLMRobertaTextClassifier",
+                     "AlbertTextClassifier"):
         return cls(backbone=model, num_classes=len(config(case)["id2label"]),
                    preprocessor=None)
     return cls(backbone=model, preprocessor=None)
@@ -211,7 +220,7 @@ def keras_inputs(case: Case, feed: dict):
     if "token_type_ids" in feed:
         out["segment_ids"] = feed["token_type_ids"]
     if case.task in ("BertMaskedLM", "DistilBertMaskedLM", "RobertaMaskedLM",
-                     "XLMRobertaMaskedLM"):
+                     "XLMRobertaMaskedLM", "AlbertMaskedLM"):
         length = feed["input_ids"].shape[1]
         out["mask_positions"] = np.tile(np.arange(length, dtype="int32"),
                                         (feed["input_ids"].shape[0], 1))

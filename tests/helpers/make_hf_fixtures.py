@@ -121,6 +121,14 @@ ROWS = {
                                       "RobertaForSequenceClassification")),
     "xlm_roberta": ("xlm-roberta", _ENCODER, ("XLMRobertaModel", "XLMRobertaForMaskedLM",
                                               "XLMRobertaForSequenceClassification")),
+    # one group of one shared layer run twice, embeddings narrower than the hidden size
+    "albert": ("albert", {"vocab_size": VOCAB, "embedding_size": 8, "hidden_size": 16,
+                          "num_hidden_layers": 2, "num_hidden_groups": 1,
+                          "inner_group_num": 1, "num_attention_heads": 2,
+                          "intermediate_size": 32, "hidden_act": "gelu_new",
+                          "max_position_embeddings": 32, "type_vocab_size": 2,
+                          "num_labels": 3},
+               ("AlbertModel", "AlbertForMaskedLM", "AlbertForSequenceClassification")),
 }
 
 
@@ -147,7 +155,7 @@ def inputs(model_type: str) -> dict:
         return {"pixel_values": rng.normal(size=(BATCH, 16, 16, 3)).astype("float32")}
     out = {"input_ids": rng.integers(3, VOCAB, size=(BATCH, LENGTH)).astype("int32"),
            "attention_mask": np.ones((BATCH, LENGTH), "int32")}
-    if model_type == "bert":
+    if model_type in ("bert", "albert"):
         out["token_type_ids"] = (np.arange(LENGTH)[None] >= LENGTH // 2).astype(
             "int32").repeat(BATCH, 0)
     return out
