@@ -189,3 +189,90 @@ def test_export_is_what_keras_hubs_importer_reads(tmp_path, name):
     loaded = keras_hub.models.Backbone.from_preset(folder)
     assert type(loaded) is type(backbone)
     assert _values(loaded) == _values(backbone)
+
+
+# --- ALBERT -----------------------------------------------------------------------------------
+
+ALBERT = {
+    "architectures": ["AlbertForSequenceClassification"], "model_type": "albert",
+    "vocab_size": 64, "embedding_size": 8, "hidden_size": 16, "num_hidden_layers": 2,
+    "num_hidden_groups": 1, "inner_group_num": 1, "num_attention_heads": 2,
+    "intermediate_size": 32, "hidden_act": "gelu_new", "max_position_embeddings": 32,
+    "type_vocab_size": 2, "attention_probs_dropout_prob": 0.0,
+    "id2label": {"0": "A", "1": "B", "2": "C"}, "torch_dtype": "float32",
+}
+
+
+def test_albert_set_maps_its_shared_layer_groups_and_the_embedding_projection(tmp_path):
+    chosen = huggingface(_folder(tmp_path, ALBERT))
+    assert "albert" in objckpt.rules.supported() and chosen.name == "huggingface('albert')"
+    rules = _by_source(chosen)
+    layer = "encoder.albert_layer_groups.{g}.albert_layers.{j}"
+    assert rules[f"{layer}.attention.query.weight"].target == (
+        "group_{g}_inner_layer_{j}/self_attention_layer/query/kernel")
+    assert rules[f"{layer}.attention.dense.weight"].transform == Chain(
+        Transpose(), Reshape((16, 16), (2, 8, 16)))
+    assert rules[f"{layer}.full_layer_layer_norm.weight"].target == (
+        "group_{g}_inner_layer_{j}/feedforward_layer_norm/gamma")
+    assert rules["albert.encoder.embedding_hidden_mapping_in.weight"].target == (
+        "embedding_projection/kernel")
+    assert rules["embeddings.token_type_embeddings.weight"].target == (
+        "segment_embedding/embeddings")
+    assert chosen.export_name("group_0_inner_layer_0/ffn") is None
+    assert chosen.export_name("group_0_inner_layer_0/feedforward_output_dense/bias")[0] == (
+        "encoder.albert_layer_groups.0.albert_layers.0.ffn_output.bias")
+
+
+def test_albert_heads_the_pooler_and_the_prefix_export_writes():
+    class AlbertMaskedLM:  # what the set is chosen by: the class name
+        pass
+
+    task = huggingface("albert", config=ALBERT, model=AlbertMaskedLM())
+    assert task.export_name("mlm_head/output_bias")[0] == "predictions.bias"
+    assert task.export_name("token_embedding/embeddings")[0] == (
+        "albert.embeddings.word_embeddings.weight")
+    rules = _by_source(huggingface("albert", config={**ALBERT,
+                                                     "architectures": ["AlbertForMaskedLM"]}))
+    assert rules["pooler.weight"].absent == (
+        "AlbertForMaskedLM has no pooler (its folder holds no `pooler.*`)")
+    assert rules["pooler.weight"].unused_by == ("AlbertMaskedLM",)
+    assert rules["sop_classifier.classifier.weight"].head == "AlbertForPreTraining"
+    assert "tied" in rules["predictions.decoder.weight"].head
+
+
+@pytest.mark.parametrize("change,said", [
+    ({"hidden_size": "16"}, r"ALBERT rule set needs `hidden_size` \(a positive int\).*"
+                            r"received '16'.*Fix:"),
+    ({"num_attention_heads": 0}, r"`num_attention_heads` \(a positive int\).*received 0"),
+    ({"num_attention_heads": 3}, r"hidden_size divisible by num_attention_heads; received "
+                                 r"16 and 3"),
+])
+def test_an_albert_config_without_usable_sizes_is_refused(change, said):
+    with pytest.raises(errors.InvalidArgumentError, match=said):
+        huggingface("albert", config={**ALBERT, **change})
+
+
+def test_albert_restore_is_keras_hubs_import_bit_for_bit():
+    keras_hub = pytest.importorskip("keras_hub")
+    folder = _fixture("albert", "AlbertForSequenceClassification")
+    theirs = keras_hub.models.Backbone.from_preset(folder)
+    ours = type(theirs).from_config(theirs.get_config())
+    objckpt.restore(ours, folder, rules=huggingface(folder))
+    assert _values(ours) == _values(theirs)
+
+
+def test_albert_export_is_what_keras_hubs_importer_reads(tmp_path):
+    keras_hub = pytest.importorskip("keras_hub")
+    from keras_hub.src.utils.transformers import convert_albert
+
+    backbone = convert_albert.backbone_cls(**convert_albert.convert_backbone_config(ALBERT))
+    model = keras_hub.models.AlbertTextClassifier(backbone=backbone, num_classes=3,
+                                                   preprocessor=None)
+    rng = np.random.default_rng(1)
+    for variable in model.weights:
+        variable.assign(rng.normal(0, 0.3, variable.shape).astype(np.float32))
+    folder = _folder(tmp_path / "hf", ALBERT)
+    objckpt.export(model, folder, rules=huggingface(folder))
+    loaded = keras_hub.models.Backbone.from_preset(folder)
+    assert type(loaded) is type(backbone)
+    assert _values(loaded) == _values(backbone)
