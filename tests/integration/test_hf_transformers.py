@@ -296,7 +296,7 @@ def test_every_model_that_holds_its_folder_has_a_committed_export():
                               f"{sorted(on_disk - names)}")
 
 
-def _assert_folded(ours: dict, original: dict, folded: tuple):
+def _assert_folded(ours: dict, original: dict, folded: tuple, reserved: int):
     """A Sum rule's entries as export writes them: the first the folder's two added (in
     float32, rounded once to the file's dtype) behind its reserved rows, written as zeros;
     the other zeros (RoBERTa: position rows and the token-type row)."""
@@ -312,7 +312,6 @@ def _assert_folded(ours: dict, original: dict, folded: tuple):
     position, token_type = array(ours[first]), array(ours[second])
     assert (ours[first][:2], ours[second][:2]) == (original[first][:2], original[second][:2])
     assert not np.any(token_type.astype(np.float32))
-    reserved = position.shape[0] - 30  # keras-hub's 30 positions of transformers' 32
     assert not np.any(position[:reserved].astype(np.float32))
     wide = {k: array(original[k]).astype(np.float32) for k in folded}
     summed = (wide[first][reserved:] + wide[second][0]).astype(position.dtype)
@@ -335,7 +334,7 @@ def test_export_is_byte_equal_to_what_transformers_read_back(tmp_path, case, dty
     # base model's may carry the task classes' prefix: transformers reads both)
     original = _tensors(os.path.join(case.folder(dtype), "model.safetensors"))
     if case.folded:
-        _assert_folded(ours, original, case.folded)
+        _assert_folded(ours, original, case.folded, hf_cases.config(case)["pad_token_id"] + 1)
     assert {_unprefixed(k): v for k, v in ours.items() if k not in case.folded} == {
         _unprefixed(k): v for k, v in original.items() if k not in case.folded}
     assert sorted(ours) == sorted(_tensors(committed))

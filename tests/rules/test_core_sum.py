@@ -280,3 +280,33 @@ def test_restore_on_create_refuses_a_sum_rule_by_name(tmp_path):
     with pytest.raises(errors.InvalidArgumentError, match=r"makes one variable of several "
                                                           r"source entries.*restore_on_create"):
         objckpt.restore_on_create(_obj("module"), source, rules=FOLD)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_streamed_route_adds_the_terms_as_the_fetched_one_does(dtype, monkeypatch,
+                                                                   tmp_path):
+    """Above the streaming threshold a group is assembled and assigned one at a time: the
+    same bytes as the fetched route, for float32 and widened bfloat16 terms."""
+    from objckpt._bundle import fastio as _fastio
+    from objckpt._planning import stacking as _stacking
+
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    arrays = _arrays(5, np.float32 if dtype == "float32" else ml_dtypes.bfloat16)
+    source = _write(arrays, tmp_path / "emb.safetensors")
+    fetched = _obj("module")
+    objckpt.restore(fetched, source, rules=FOLD)
+    loaded = []
+    real = _stacking._StackLoader.assign
+
+    def spy(self):
+        loaded.append([g.full for g, *_ in self.entries])
+        return real(self)
+
+    monkeypatch.setattr(_stacking._StackLoader, "assign", spy)
+    monkeypatch.setattr(_fastio, "STREAM_BYTES", 0)
+    streamed = _obj("module")
+    objckpt.restore(streamed, source, rules=FOLD)
+    assert loaded == [["emb.position.weight + emb.token_type.weight"]]
+    want = _folded({k: v.astype(np.float32) for k, v in arrays.items()})
+    for obj in (fetched, streamed):
+        assert obj.position.numpy().tobytes() == want.tobytes()
