@@ -27,9 +27,11 @@ their entries added (RoBERTa's position rows, `Crop`ped of its reserved rows, pl
 token-type row: `broadcast=(0,)`); export writes the value as term 0 and zeros as the
 others (`Pad` puts the cropped rows back as zeros).
 
-Transforms (`Transpose`, `ConvKernel`, `Reshape`, `Split`, `Stack`, `Chain`) are callables on a
-`tf.Tensor` (or a NumPy array) that move bytes without arithmetic, so a round
-trip through a transform and its `inverse()` is bit-exact.
+Transforms (`Transpose`, `ConvKernel`, `Reshape`, `Split`, `Stack`, `Crop`, `Chain`) are
+callables on a `tf.Tensor` (or a NumPy array) that move bytes without arithmetic, so a round
+trip through a transform and its `inverse()` is bit-exact. `Sum` alone adds: restoring its
+export gives the variable back bit for bit (x + 0), but exporting what it restored writes
+the sum, not the file's separate entries.
 
 Example:
     >>> rules = objckpt.rules.RuleSet([
