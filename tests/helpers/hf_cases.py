@@ -104,6 +104,9 @@ def _roberta_rows(stem: str, case: str) -> tuple:
              folded=tuple("roberta." + name for name in folded)),
         Case(case, f"{stem}ForSequenceClassification", f"{stem}TextClassifier",
              head=classifier, folded=tuple("roberta." + name for name in folded)),
+        Case(case, f"{stem}ForTokenClassification", None,
+             head=("classifier.weight", "classifier.bias"),
+             folded=tuple("roberta." + name for name in folded)),
     )
 
 
@@ -172,6 +175,8 @@ CASES = (
                "predictions.bias"), lacks=_POOLER, logits_tolerance=2e-3),
     Case("albert", "AlbertForSequenceClassification", "AlbertTextClassifier",
          head=("classifier.weight", "classifier.bias")),
+    Case("albert", "AlbertForTokenClassification", None,
+         head=("classifier.weight", "classifier.bias"), lacks=_POOLER),
 )
 
 

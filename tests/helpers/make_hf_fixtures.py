@@ -118,9 +118,11 @@ ROWS = {
     # one token type (as the published checkpoints): its row, perturbed like every
     # parameter, is nonzero, so a restore that drops it shows
     "roberta": ("roberta", _ENCODER, ("RobertaModel", "RobertaForMaskedLM",
-                                      "RobertaForSequenceClassification")),
+                                      "RobertaForSequenceClassification",
+                                      "RobertaForTokenClassification")),
     "xlm_roberta": ("xlm-roberta", _ENCODER, ("XLMRobertaModel", "XLMRobertaForMaskedLM",
-                                              "XLMRobertaForSequenceClassification")),
+                                              "XLMRobertaForSequenceClassification",
+                                              "XLMRobertaForTokenClassification")),
     # one group of one shared layer run twice, embeddings narrower than the hidden size
     "albert": ("albert", {"vocab_size": VOCAB, "embedding_size": 8, "hidden_size": 16,
                           "num_hidden_layers": 2, "num_hidden_groups": 1,
@@ -128,7 +130,8 @@ ROWS = {
                           "intermediate_size": 32, "hidden_act": "gelu_new",
                           "max_position_embeddings": 32, "type_vocab_size": 2,
                           "num_labels": 3},
-               ("AlbertModel", "AlbertForMaskedLM", "AlbertForSequenceClassification")),
+               ("AlbertModel", "AlbertForMaskedLM", "AlbertForSequenceClassification",
+                "AlbertForTokenClassification")),
 }
 
 
