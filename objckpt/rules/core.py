@@ -890,6 +890,10 @@ class Rule:
         # many entries -> one variable: a Concat of parts, a Sum of terms, a Stack of
         # entries, or a Stack's made a part
         self.concat, self.stack, self.part = placement_of(transform)
+        if self.stack is not None and isinstance(self.concat, Sum):
+            raise errors.InvalidArgumentError(
+                f"{shown}: a Sum's term is one entry, not a Stack of entries. Fix: give each "
+                "term its own rule (a Stack may be a Concat's part, not a Sum's term).")
         if self.stack is not None:
             over = self.stack.over
             if over not in _names(self._source_fields) or over in _names(

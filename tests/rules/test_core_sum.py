@@ -16,7 +16,7 @@ import tensorflow as tf
 
 import objckpt
 from objckpt import errors
-from objckpt.rules import Chain, Crop, Pad, Rule, RuleSet, Sum, Transpose
+from objckpt.rules import Chain, Crop, Pad, Rule, RuleSet, Stack, Sum, Transpose
 
 import flavours
 from flavours import keras_for
@@ -134,6 +134,11 @@ def test_a_sum_term_runs_on_no_value_and_has_no_inverse_export_writes_zeros():
     made = zeros(tf.ones((6, 4), tf.bfloat16))
     assert made.dtype == tf.bfloat16 and made.shape == (1, 4) and not np.any(made.numpy())
     assert Sum(3, 2, broadcast=(-1,)).term_shape((6, 4)) == (6, 1)
+
+
+def test_a_stack_as_a_sum_term_is_refused():
+    with pytest.raises(errors.InvalidArgumentError, match="a Sum's term is one entry"):
+        Rule("w.{e}", "w", Chain(Stack("e", 2), Sum(2, 0)))
 
 
 def test_export_names_gives_every_term_term_0_the_value():
