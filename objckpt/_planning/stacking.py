@@ -11,6 +11,9 @@ per-entry transform whose output is unknown from metadata) is a mismatch of its 
 naming the entry: a restore refuses it before reading a byte. Rules of one target whose
 transforms end with `objckpt.rules.Concat` (each its part, after a Stack or not) make one
 group likewise, its key their keys joined by ` + `; a part no entry gives names its rule.
+Rules of one target ending with `objckpt.rules.Sum` (each a term) make one group the same
+way: term 0 gives the shape, each other term is checked to have it (size 1 on its broadcast
+axes) and is added in; 16-bit float terms are added in float32 (`_summed_dtype`).
 
 `stacked_view` gives the source as planning sees it: its own entries but the grouped
 ones, plus one per group, whose value is assembled when read (a buffer of the stacked
@@ -27,6 +30,7 @@ from objckpt import _compat, errors
 from objckpt._base import render as _render
 from objckpt._planning.rules import ParsedRule, rewrite
 from objckpt._planning.sources import Source
+from objckpt.rules import core as _rules_core
 
 __all__ = ["Stacked", "restacked", "stacked_view"]
 
@@ -101,7 +105,9 @@ def stacked_view(source: Source, view: dict, rules) -> tuple:
     groups, by_gid = {}, {}
     for gid, pieces in found.items():
         stacked = _group(source, rules, gid[-1], pieces)
-        if stacked.full in source.specs or stacked.key in out or stacked.key in groups:
+        alone = stacked.parts == (stacked.full,)  # one entry of a Concat or Sum: itself
+        if (stacked.full in source.specs and not alone) or stacked.key in groups or (
+                stacked.key in out and not alone):
             raise errors.InvalidArgumentError(
                 f"{stacked.rule}: the key `{_render.safe(stacked.full)}` that stands for its "
                 "entries made one is also a key of the source. Fix: rename the entry, or "
@@ -183,6 +189,7 @@ def _group(source: Source, rules, target: str, pieces: dict) -> Stacked:
         if source.specs[next(p for p in parts if p)][1] != dtype:
             problems.append(f"the entries of {rule} are not {dtype.name}, as those of "
                             f"{built[0][0]} are")
+    dtype = _summed_dtype(lead, dtype)
     key = " + ".join(b[2] for b in built)
     full = " + ".join(b[3] for b in built)
     problem = ""
@@ -197,14 +204,15 @@ def _group(source: Source, rules, target: str, pieces: dict) -> Stacked:
 
 
 def _joined(rules, target: str, built: list, problems: list) -> tuple:
-    """(the joined shape or None, problems) of a Concat group's pieces."""
+    """(the joined shape or None, problems) of a Concat (or Sum) group's pieces."""
     problems = list(problems)
     cut = built[0][0].concat
     indexes = [b[0].concat.index for b in built]
     for rule, *_ in built:
         if not rule.concat.same_cut(cut):
             problems.append(f"{rule} and {built[0][0]} cut `{_render.safe(target)}` "
-                            "differently (each Concat needs the same axis and parts)")
+                            "differently (each Concat needs the same axis and parts, each "
+                            "Sum the same parts)")
             return None, problems
     for index in sorted(set(indexes)):
         if indexes.count(index) > 1:
@@ -218,6 +226,8 @@ def _joined(rules, target: str, built: list, problems: list) -> tuple:
                                if named else ""))
     if problems or any(b[-2] is None for b in built):
         return None, problems
+    if isinstance(cut, _rules_core.Sum):
+        return _summed(built, problems)
     whole = None
     for rule, *_, shape, _ in built:
         try:
@@ -231,6 +241,37 @@ def _joined(rules, target: str, built: list, problems: list) -> tuple:
             return None, problems
         whole = made
     return whole, problems
+
+
+def _summed(built: list, problems: list) -> tuple:
+    """(term 0's shape or None, problems) of a Sum group's pieces (index order): every
+    other term must have that shape, save size 1 on its broadcast axes."""
+    whole = built[0][-2]
+    for rule, parts, *_, shape, _ in built[1:]:
+        try:
+            want = rule.concat.term_shape(whole)
+        except errors.ObjckptError as err:
+            problems.append(_render.first_line(err))
+            return None, problems
+        if tuple(shape) != want:
+            entry = _render.safe(next(p for p in parts if p))
+            problems.append(f"term {rule.concat.index} `{entry}` has shape {tuple(shape)} "
+                            f"(after {rule}), but term 0 has {whole}, so the term must have "
+                            f"{want}")
+            return None, problems
+    return whole, problems
+
+
+def _summed_dtype(lead: ParsedRule, dtype):
+    """The dtype of a group: its entries', but float32 for a Sum of 16-bit float terms
+    (bfloat16, float16): their sum is what a float32 model computes from the widened terms
+    (as transformers does in float32), which 16 bits would round once more; a 16-bit
+    variable takes it by a lossy cast, which the caller asks for (`cast="lossy"`)."""
+    import tensorflow as tf
+
+    if isinstance(lead.concat, _rules_core.Sum) and dtype in (tf.bfloat16, tf.float16):
+        return tf.float32
+    return dtype
 
 
 def restacked(source: Source, groups: dict) -> Source:
@@ -259,7 +300,9 @@ def _assembled(source: Source, group: Stacked):
             "Stack or Concat rule reads, each of one shape and dtype, or change the rule.")
     made, buffer = _empty(group.shape, group.dtype)
     for rule, parts in group.pieces:
-        region = buffer if rule.concat is None else buffer[rule.concat.region(group.shape)]
+        term = rule.concat if isinstance(rule.concat, _rules_core.Sum) else None
+        region = buffer if rule.concat is None or term is not None else buffer[
+            rule.concat.region(group.shape)]
         for index, part in enumerate(parts):
             slot = region
             if rule.stack is not None:
@@ -268,14 +311,21 @@ def _assembled(source: Source, group: Stacked):
             if rule.part is not None:
                 value = rule.part(value)
             value = value.numpy() if hasattr(value, "numpy") else np.asarray(value)
-            if value.shape != slot.shape or value.dtype != buffer.dtype:
+            want = slot.shape if term is None else term.term_shape(slot.shape)
+            promised = np.dtype(source.specs[part][1].as_numpy_dtype)
+            if term is not None and value.dtype == promised != buffer.dtype:
+                value = value.astype(buffer.dtype)  # a 16-bit float term, widened exactly
+            if value.shape != want or value.dtype != buffer.dtype:
                 raise errors.CheckpointCorruptError(
                     f"{source.description}: entry `{_render.safe(part)}` read as "
                     f"{value.dtype.name}{tuple(value.shape)}, but its metadata promised "
-                    f"{buffer.dtype.name}{slot.shape} (after {rule}); nothing was changed. "
+                    f"{buffer.dtype.name}{want} (after {rule}); nothing was changed. "
                     "Fix: restore from another checkpoint, or write this one again.",
                     source=source.description)
-            slot[...] = value
+            if term is not None and term.index:  # a Sum's later term: added in
+                slot += value
+            else:
+                slot[...] = value
             del value, slot
         del region
     if made is None:  # a dtype TF's Empty kernel or DLPack lacks (bfloat16): one copy more

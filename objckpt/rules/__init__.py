@@ -22,10 +22,16 @@ weights -> keras-hub's expert bank); export writes each entry back (`Unstack`). 
 several rules of one target, each ending with a `Concat(axis, parts=..., index=k)`, make one
 variable of their parts (the way back from a `Split`: torch's q, k, v into one fused kernel;
 after a Stack, Qwen MoE's per-expert gate and up weights into one `gate_up` bank).
+Several rules of one target, each ending with a `Sum(parts, index)`, make one variable of
+their entries added (RoBERTa's position rows, `Crop`ped of its reserved rows, plus its one
+token-type row: `broadcast=(0,)`); export writes the value as term 0 and zeros as the
+others (`Pad` puts the cropped rows back as zeros).
 
-Transforms (`Transpose`, `ConvKernel`, `Reshape`, `Split`, `Stack`, `Chain`) are callables on a
-`tf.Tensor` (or a NumPy array) that move bytes without arithmetic, so a round
-trip through a transform and its `inverse()` is bit-exact.
+Transforms (`Transpose`, `ConvKernel`, `Reshape`, `Split`, `Stack`, `Crop`, `Chain`) are
+callables on a `tf.Tensor` (or a NumPy array) that move bytes without arithmetic, so a round
+trip through a transform and its `inverse()` is bit-exact. `Sum` alone adds: restoring its
+export gives the variable back bit for bit (x + 0), but exporting what it restored writes
+the sum, not the file's separate entries.
 
 Example:
     >>> rules = objckpt.rules.RuleSet([
@@ -58,11 +64,14 @@ from objckpt.rules.core import (
     Chain,
     Concat,
     ConvKernel,
+    Crop,
+    Pad,
     Reshape,
     Rule,
     RuleSet,
     Split,
     Stack,
+    Sum,
     Transform,
     Transpose,
     Unstack,
@@ -71,3 +80,4 @@ from objckpt.rules.huggingface import huggingface, supported
 
 __all__ = ["Chain", "Concat", "ConvKernel", "Reshape", "Rule", "RuleSet", "Split", "Stack", "Transform",
            "Transpose", "Unstack", "huggingface", "supported"]
+__all__ += ["Crop", "Pad", "Sum"]

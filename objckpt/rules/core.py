@@ -9,8 +9,9 @@ from collections.abc import Callable, Sequence
 
 from objckpt import errors
 
-__all__ = ["NOWHERE", "Chain", "Concat", "ConvKernel", "Reshape", "Rule", "RuleSet", "Split",
-           "Stack", "Transform", "Transpose", "Unstack", "placement_of", "split_of", "stack_of"]
+__all__ = ["NOWHERE", "Chain", "Concat", "ConvKernel", "Crop", "Pad", "Reshape", "Rule",
+           "RuleSet", "Split", "Stack", "Sum", "Transform", "Transpose", "Unstack", "Zeros",
+           "placement_of", "split_of", "stack_of"]
 
 # The target of a head entry that no model has a variable for (a tied decoder, a head
 # keras-hub has no layer for): `Rule(entry, f"{NOWHERE}/{entry}", head=...)` sets it aside.
@@ -495,6 +496,10 @@ class Concat(Transform):
     def split(self) -> Split:
         return Split(self.axis, self.parts, self.sizes, self.index)
 
+    def export_part(self) -> Split:
+        """What export puts the variable's value through for this part: its Split."""
+        return self.split()
+
     def output_shape(self, shape: tuple) -> tuple:
         """The whole variable's shape, from part `index`'s `shape`."""
         shape = tuple(shape)
@@ -526,13 +531,226 @@ class Concat(Transform):
         return self.split()
 
 
+def _crop_arguments(kind: str, axis, before, after) -> None:
+    if type(axis) is not int or type(before) is not int or type(after) is not int or \
+            before < 0 or after < 0:
+        raise errors.InvalidArgumentError(
+            f"{kind} needs an int axis and ints before >= 0, after >= 0. Received: "
+            f"{kind}(axis={axis!r}, before={before!r}, after={after!r}). Fix: pass e.g. "
+            f"{kind}(axis=0, before=2).")
+
+
+def _crop_axis(what, shape: tuple | None) -> int:
+    if shape is None or not -len(shape) <= what.axis < len(shape):
+        raise errors.InvalidArgumentError(
+            f"{what!r} works along axis {what.axis}, but received a value of shape {shape}. "
+            "Fix: attach it to a rule whose entries have that axis.")
+    return what.axis % len(shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class Crop(Transform):
+    """Drops the first `before` and the last `after` slices along `axis`, e.g.
+    `Crop(axis=0, before=2)`: RoBERTa's position rows without its two reserved ones. Its
+    inverse is the `Pad` that puts zeros back in their place (export)."""
+
+    axis: int
+    before: int = 0
+    after: int = 0
+
+    def __post_init__(self):
+        _crop_arguments("Crop", self.axis, self.before, self.after)
+
+    def _bounds(self, shape: tuple | None) -> tuple:
+        axis = _crop_axis(self, shape)
+        dim = shape[axis]
+        if dim is not None and dim < self.before + self.after:
+            raise errors.InvalidArgumentError(
+                f"{self!r} drops {self.before + self.after} slices along axis {self.axis}, "
+                f"but the value of shape {tuple(shape)} has {dim}. Fix: attach it to the "
+                "entries it was written for, or correct before/after.")
+        return axis, dim
+
+    def __call__(self, value):
+        shape = _static_shape(value)
+        axis, dim = self._bounds(shape)
+        stop = None if self.after == 0 else -self.after
+        cut = tuple(slice(self.before, stop) if a == axis else slice(None)
+                    for a in range(len(shape)))
+        if _is_numpy(value):
+            return value[cut].copy()  # C-contiguous, as TF's
+        return value[cut]
+
+    def output_shape(self, shape: tuple) -> tuple:
+        shape = tuple(shape)
+        axis, dim = self._bounds(shape)
+        return tuple(dim - self.before - self.after if a == axis else d
+                     for a, d in enumerate(shape))
+
+    def inverse(self) -> Pad:
+        return Pad(self.axis, self.before, self.after)
+
+
+@dataclasses.dataclass(frozen=True)
+class Pad(Transform):
+    """Adds `before` leading and `after` trailing slices of zeros along `axis`. Its inverse
+    is the `Crop` that drops them."""
+
+    axis: int
+    before: int = 0
+    after: int = 0
+
+    def __post_init__(self):
+        _crop_arguments("Pad", self.axis, self.before, self.after)
+
+    def __call__(self, value):
+        axis = _crop_axis(self, _static_shape(value))
+        widths = [(self.before, self.after) if a == axis else (0, 0)
+                  for a in range(len(value.shape))]
+        if _is_numpy(value):
+            import numpy as np
+
+            return np.pad(value, widths)
+        import tensorflow as tf
+
+        return tf.pad(value, widths)
+
+    def output_shape(self, shape: tuple) -> tuple:
+        shape = tuple(shape)
+        axis = _crop_axis(self, shape)
+        return tuple(d + self.before + self.after if a == axis else d
+                     for a, d in enumerate(shape))
+
+    def inverse(self) -> Crop:
+        return Crop(self.axis, self.before, self.after)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sum(Transform):
+    """Term `index` of a variable that is the sum of `parts` terms: several rules with
+    different source patterns and one target, each ending with a Sum of the same `parts`
+    and its own index, make one variable of their entries added (RoBERTa's position rows
+    plus its one token-type row, which keras-hub's backbone has no layer for: one folded
+    embedding).
+
+    Term 0 has the variable's shape; any other has it too, save size 1 on its
+    `broadcast` axes, along which it is added to every slice (`Sum(2, 1, broadcast=(0,))`:
+    one row added to every row). Every term's shape and dtype is checked from metadata
+    before a byte is read; a term no entry gives is an error naming its rule. The terms are
+    added in index order, in the entries' dtype.
+
+    A sum has no unique inverse; export writes the variable's value as term 0 (through the
+    inverse of what comes before its Sum) and every other term as zeros (the variable's
+    shape with 1 on its broadcast axes), so a restore of the export gives the variable
+    back bit for bit (x + 0 == x) and a reader that adds the terms, as transformers does,
+    computes what the model computes.
+    """
+
+    parts: int
+    index: int = 0
+    broadcast: tuple = ()
+
+    def __post_init__(self):
+        shown = f"Sum(parts={self.parts!r}, index={self.index!r}, broadcast={self.broadcast!r})"
+        if type(self.parts) is not int or self.parts < 2:
+            raise errors.InvalidArgumentError(
+                f"{shown}: parts must be an int >= 2 (how many terms are added). Fix: pass "
+                "e.g. Sum(2, 0) and Sum(2, 1) on the rules of the two entries.")
+        if type(self.index) is not int or not 0 <= self.index < self.parts:
+            raise errors.InvalidArgumentError(
+                f"{shown}: index must be an int in 0..{self.parts - 1} (the term this rule "
+                f"gives). Fix: pass index=0 .. index={self.parts - 1}.")
+        axes = tuple(self.broadcast) if isinstance(self.broadcast, (list, tuple)) else None
+        if axes is None or not all(type(a) is int for a in axes) or len(set(axes)) != len(
+                axes):
+            raise errors.InvalidArgumentError(
+                f"{shown}: broadcast must be a tuple of distinct int axes. Fix: pass e.g. "
+                "broadcast=(0,) for one row added to every row.")
+        if axes and self.index == 0:
+            raise errors.InvalidArgumentError(
+                f"{shown}: term 0 has the variable's shape (export writes the value there), "
+                "so it broadcasts along no axis. Fix: give the broadcast term another index.")
+        object.__setattr__(self, "broadcast", axes)
+
+    @property
+    def count(self) -> int:
+        """How many terms make the variable."""
+        return self.parts
+
+    def same_cut(self, other) -> bool:
+        """Whether `other` is a term of a sum of as many terms (its index aside)."""
+        return isinstance(other, Sum) and other.parts == self.parts
+
+    def term_shape(self, shape: tuple) -> tuple:
+        """This term's shape in a variable of `shape`: it, with 1 on the broadcast axes."""
+        shape = tuple(shape)
+        for axis in self.broadcast:
+            if not -len(shape) <= axis < len(shape):
+                raise errors.InvalidArgumentError(
+                    f"{self!r} broadcasts along axis {axis}, but the variable has shape "
+                    f"{shape}. Fix: pass axes in {-len(shape)}..{len(shape) - 1}.")
+        axes = {axis % len(shape) for axis in self.broadcast}
+        return tuple(1 if a in axes else d for a, d in enumerate(shape))
+
+    def output_shape(self, shape: tuple) -> tuple:
+        """The variable's shape, from term 0's (another term's does not give it)."""
+        if self.index:
+            raise errors.InvalidArgumentError(
+                f"{self!r} is a term that may broadcast; the variable's shape is term 0's. "
+                "Fix: read the shape from the rule with index 0.")
+        return tuple(shape)
+
+    def export_part(self):
+        """What export puts the variable's value through for this term: nothing for term
+        0, `Zeros` of the term's shape for the others."""
+        return None if self.index == 0 else Zeros(self.broadcast)
+
+    def __call__(self, value):
+        raise errors.InvalidArgumentError(
+            f"{self!r} is one term of a variable, made whole by restore from every rule of "
+            "its sum; it does not run on one value. Fix: restore with the rules of all its "
+            "terms.")
+
+    def inverse(self) -> Transform:
+        raise errors.InvalidArgumentError(
+            f"{self!r} is one term of a sum, which has no unique inverse. Fix: let "
+            "objckpt.export write the terms (RuleSet.export_names gives each its name and "
+            "transform: the value as term 0, zeros as the others).")
+
+
+@dataclasses.dataclass(frozen=True)
+class Zeros(Transform):
+    """Zeros of the value's dtype and shape, save size 1 on `axes`: what export writes for
+    a `Sum`'s terms other than term 0."""
+
+    axes: tuple = ()
+
+    def output_shape(self, shape: tuple) -> tuple:
+        return Sum(2, 1, self.axes).term_shape(shape) if self.axes else tuple(shape)
+
+    def __call__(self, value):
+        shape = self.output_shape(tuple(int(d) for d in value.shape))
+        if _is_numpy(value):
+            import numpy as np
+
+            return np.zeros(shape, value.dtype)
+        import tensorflow as tf
+
+        return tf.zeros(shape, value.dtype)
+
+    def inverse(self) -> Transform:
+        raise errors.InvalidArgumentError(
+            f"{self!r} writes zeros for a term of a Sum; it has no inverse. Fix: restore "
+            "with the Sum's rules, which add the terms.")
+
+
 def placement_of(transform) -> tuple:
-    """(Concat or None, Stack or None, what each entry goes through first or None) of a
-    transform: a Concat last, a Stack last (or before the Concat), the rest first."""
+    """(Concat or Sum or None, Stack or None, what each entry goes through first or None) of
+    a transform: a Concat (or Sum) last, a Stack last (or before it), the rest first."""
     concat = None
-    if isinstance(transform, Concat):
+    if isinstance(transform, (Concat, Sum)):
         return transform, None, None
-    if isinstance(transform, Chain) and isinstance(transform.transforms[-1], Concat):
+    if isinstance(transform, Chain) and isinstance(transform.transforms[-1], (Concat, Sum)):
         concat, rest = transform.transforms[-1], transform.transforms[:-1]
         transform = Chain(*rest) if len(rest) > 1 else rest[0]
     stack, part = stack_of(transform)
@@ -669,8 +887,13 @@ class Rule:
         self._target_fields = _fields(target, "target", shown)
         only_source = _names(self._source_fields) - _names(self._target_fields)
         only_target = _names(self._target_fields) - _names(self._source_fields)
-        # many entries -> one variable: a Concat of parts, a Stack of entries, or both
+        # many entries -> one variable: a Concat of parts, a Sum of terms, a Stack of
+        # entries, or a Stack's made a part
         self.concat, self.stack, self.part = placement_of(transform)
+        if self.stack is not None and isinstance(self.concat, Sum):
+            raise errors.InvalidArgumentError(
+                f"{shown}: a Sum's term is one entry, not a Stack of entries. Fix: give each "
+                "term its own rule (a Stack may be a Concat's part, not a Sum's term).")
         if self.stack is not None:
             over = self.stack.over
             if over not in _names(self._source_fields) or over in _names(
@@ -716,10 +939,12 @@ class Rule:
                        for literal, field in self._source_fields)
 
     def _placed(self, inverse):
-        """An entry's export transform: its Concat's Split first, then `inverse`."""
-        if self.concat is None:
+        """An entry's export transform: its Concat's Split (a Sum's term: nothing for term
+        0, zeros for the others) first, then `inverse`."""
+        placed = None if self.concat is None else self.concat.export_part()
+        if placed is None:
             return inverse
-        return self.concat.split() if inverse is None else Chain(self.concat.split(), inverse)
+        return placed if inverse is None else Chain(placed, inverse)
 
     def source_names(self, path: str, where: str = "") -> list | None:
         """[(source name, inverse transform)] an object path the target matches is written

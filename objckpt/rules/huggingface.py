@@ -21,6 +21,7 @@ __all__ = ["for_model", "head_entries", "huggingface", "read_config", "supported
 
 # model_type -> the module holding its rule set (filled as sets are added).
 _MODULES: dict[str, str] = {
+    "albert": "objckpt.rules.hf_albert",
     "bert": "objckpt.rules.hf_bert",
     "distilbert": "objckpt.rules.hf_distilbert",
     "gemma": "objckpt.rules.hf_gemma",
@@ -30,7 +31,9 @@ _MODULES: dict[str, str] = {
     "mistral": "objckpt.rules.hf_mistral",
     "qwen2": "objckpt.rules.hf_qwen",
     "qwen3": "objckpt.rules.hf_qwen",
+    "roberta": "objckpt.rules.hf_roberta",
     "vit": "objckpt.rules.hf_vit",
+    "xlm-roberta": "objckpt.rules.hf_roberta",
 }
 _CONFIG_LIMIT = 1 << 20  # bytes of config.json read
 

@@ -33,7 +33,8 @@ NEW_FORM = "v5names"  # the folders make_hf_fixtures.py saves in transformers 5'
 CONVERTERS = {"llama": "convert_llama3", "mistral": "convert_mistral", "gemma": "convert_gemma",
               "gemma2": "convert_gemma", "gpt2": "convert_gpt2", "bert": "convert_bert",
               "vit": "convert_vit", "qwen2": "convert_qwen", "qwen3": "convert_qwen3",
-              "distilbert": "convert_distilbert"}
+              "distilbert": "convert_distilbert", "roberta": "convert_roberta",
+              "xlm-roberta": "convert_xlm_roberta", "albert": "convert_albert"}
 
 
 class Case(NamedTuple):
@@ -55,6 +56,11 @@ class Case(NamedTuple):
     # the dtypes `dtypes`.
     form: str = ""
     dtypes: tuple = DTYPES
+    # The folder's entries a `Sum` rule adds into one variable (RoBERTa's position and
+    # token-type rows): export writes the sum as the first and zeros as the others, not
+    # the folder's bytes; from 16-bit entries the sum is float32 (a 16-bit model takes it
+    # by a lossy cast).
+    folded: tuple = ()
 
     @property
     def id(self) -> str:
@@ -81,6 +87,28 @@ _MLM = ("cls.predictions.bias", "cls.predictions.transform.dense.weight",
         "cls.predictions.transform.dense.bias", "cls.predictions.transform.LayerNorm.weight",
         "cls.predictions.transform.LayerNorm.bias")
 _POOLER = ("pooled_dense/kernel", "pooled_dense/bias")
+
+def _roberta_rows(stem: str, case: str) -> tuple:
+    """RoBERTa's (or XLM-RoBERTa's) rows: keras-hub's backbone has no pooler, and its
+    position rows are transformers' with the one token-type row added (`folded`)."""
+    folded = ("embeddings.position_embeddings.weight",
+              "embeddings.token_type_embeddings.weight")
+    mlm = ("lm_head.dense.weight", "lm_head.dense.bias", "lm_head.layer_norm.weight",
+           "lm_head.layer_norm.bias", "lm_head.bias")
+    classifier = ("classifier.dense.weight", "classifier.dense.bias",
+                  "classifier.out_proj.weight", "classifier.out_proj.bias")
+    return (
+        Case(case, f"{stem}Model", None, head=("pooler.dense.weight", "pooler.dense.bias"),
+             folded=folded),
+        Case(case, f"{stem}ForMaskedLM", f"{stem}MaskedLM", head=mlm,
+             folded=tuple("roberta." + name for name in folded)),
+        Case(case, f"{stem}ForSequenceClassification", f"{stem}TextClassifier",
+             head=classifier, folded=tuple("roberta." + name for name in folded)),
+        Case(case, f"{stem}ForTokenClassification", None,
+             head=("classifier.weight", "classifier.bias"),
+             folded=tuple("roberta." + name for name in folded)),
+    )
+
 
 CASES = (
     Case("llama", "LlamaModel", None, lacks=_LM_HEAD),
@@ -137,6 +165,18 @@ CASES = (
     Case("distilbert", "DistilBertForSequenceClassification", "DistilBertTextClassifier",
          head=("pre_classifier.weight", "pre_classifier.bias", "classifier.weight",
                "classifier.bias")),
+    *(row for stem, case in (("Roberta", "roberta"), ("XLMRoberta", "xlm_roberta"))
+      for row in _roberta_rows(stem, case)),
+    Case("albert", "AlbertModel", None),
+    # keras-hub's MaskedLMHead normalises with epsilon 1e-5, ALBERT's with 1e-12.
+    Case("albert", "AlbertForMaskedLM", "AlbertMaskedLM",
+         head=("predictions.dense.weight", "predictions.dense.bias",
+               "predictions.LayerNorm.weight", "predictions.LayerNorm.bias",
+               "predictions.bias"), lacks=_POOLER, logits_tolerance=2e-3),
+    Case("albert", "AlbertForSequenceClassification", "AlbertTextClassifier",
+         head=("classifier.weight", "classifier.bias")),
+    Case("albert", "AlbertForTokenClassification", None,
+         head=("classifier.weight", "classifier.bias"), lacks=_POOLER),
 )
 
 
@@ -167,7 +207,9 @@ def task(case: Case, model):
     import keras_hub
 
     cls = getattr(keras_hub.models, case.task)
-    if case.task in ("BertTextClassifier", "ViTImageClassifier", "DistilBertTextClassifier"):
+    if case.task in ("BertTextClassifier", "ViTImageClassifier", "DistilBertTextClassifier",
+                     "RobertaTextClassifier", "XLMRobertaTextClassifier",
+                     "AlbertTextClassifier"):
         return cls(backbone=model, num_classes=len(config(case)["id2label"]),
                    preprocessor=None)
     return cls(backbone=model, preprocessor=None)
@@ -182,7 +224,8 @@ def keras_inputs(case: Case, feed: dict):
     out = {"token_ids": feed["input_ids"], "padding_mask": feed["attention_mask"]}
     if "token_type_ids" in feed:
         out["segment_ids"] = feed["token_type_ids"]
-    if case.task in ("BertMaskedLM", "DistilBertMaskedLM"):
+    if case.task in ("BertMaskedLM", "DistilBertMaskedLM", "RobertaMaskedLM",
+                     "XLMRobertaMaskedLM", "AlbertMaskedLM"):
         length = feed["input_ids"].shape[1]
         out["mask_positions"] = np.tile(np.arange(length, dtype="int32"),
                                         (feed["input_ids"].shape[0], 1))

@@ -71,6 +71,11 @@ _GEMMA = {**_DECODER, "num_key_value_heads": 1, "intermediate_size": 16,
           "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh",
           "tie_word_embeddings": True}
 
+_ENCODER = {"vocab_size": VOCAB, "hidden_size": 16, "num_hidden_layers": 2,
+            "num_attention_heads": 2, "intermediate_size": 32, "hidden_act": "gelu",
+            "max_position_embeddings": 32, "type_vocab_size": 1, "layer_norm_eps": 1e-5,
+            "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2, "num_labels": 3}
+
 # case -> (model_type, config, the Hub classes). The next architecture adds a row here and
 # one in tests/integration/test_hf_transformers.py's table.
 ROWS = {
@@ -110,6 +115,23 @@ ROWS = {
                                   "max_position_embeddings": 32, "num_labels": 3},
                    ("DistilBertModel", "DistilBertForMaskedLM",
                     "DistilBertForSequenceClassification")),
+    # one token type (as the published checkpoints): its row, perturbed like every
+    # parameter, is nonzero, so a restore that drops it shows
+    "roberta": ("roberta", _ENCODER, ("RobertaModel", "RobertaForMaskedLM",
+                                      "RobertaForSequenceClassification",
+                                      "RobertaForTokenClassification")),
+    "xlm_roberta": ("xlm-roberta", _ENCODER, ("XLMRobertaModel", "XLMRobertaForMaskedLM",
+                                              "XLMRobertaForSequenceClassification",
+                                              "XLMRobertaForTokenClassification")),
+    # one group of one shared layer run twice, embeddings narrower than the hidden size
+    "albert": ("albert", {"vocab_size": VOCAB, "embedding_size": 8, "hidden_size": 16,
+                          "num_hidden_layers": 2, "num_hidden_groups": 1,
+                          "inner_group_num": 1, "num_attention_heads": 2,
+                          "intermediate_size": 32, "hidden_act": "gelu_new",
+                          "max_position_embeddings": 32, "type_vocab_size": 2,
+                          "num_labels": 3},
+               ("AlbertModel", "AlbertForMaskedLM", "AlbertForSequenceClassification",
+                "AlbertForTokenClassification")),
 }
 
 
@@ -136,7 +158,7 @@ def inputs(model_type: str) -> dict:
         return {"pixel_values": rng.normal(size=(BATCH, 16, 16, 3)).astype("float32")}
     out = {"input_ids": rng.integers(3, VOCAB, size=(BATCH, LENGTH)).astype("int32"),
            "attention_mask": np.ones((BATCH, LENGTH), "int32")}
-    if model_type == "bert":
+    if model_type in ("bert", "albert"):
         out["token_type_ids"] = (np.arange(LENGTH)[None] >= LENGTH // 2).astype(
             "int32").repeat(BATCH, 0)
     return out
@@ -295,6 +317,21 @@ def write_fixtures(out: str = FIXTURES, only=()) -> list:
     return written
 
 
+# Cases whose export holds entries a Sum rule added into one variable (RoBERTa's position
+# rows and its token-type row, which keras-hub's backbone holds as one): exported in
+# bfloat16, that sum is rounded once more than transformers' run of the original folder
+# (which adds the two in float32), so outputs agree within that rounding, not 1e-5
+# (measured: at most 7.8e-3 here). In float32 they agree within 1e-5.
+FOLDED = ("roberta", "xlm_roberta")
+FOLDED_BF16_TOLERANCE = 2e-2
+
+
+def _export_tolerance(name: str) -> float:
+    if name.split("-")[0] in FOLDED and name.endswith("-bfloat16"):
+        return FOLDED_BF16_TOLERANCE
+    return 1e-5
+
+
 def check_exports(folder: str, fixtures: str = FIXTURES) -> int:
     """Each folder under `folder` loaded by transformers and compared with its oracle."""
     import numpy as np
@@ -331,7 +368,7 @@ def check_exports(folder: str, fixtures: str = FIXTURES) -> int:
             if key in oracle:
                 worst = max(worst, float(np.max(np.abs(value - oracle[key]))))
         compared = ",".join(k for k in ours if k in oracle)
-        ok = not problems and compared and worst <= 1e-5
+        ok = not problems and compared and worst <= _export_tolerance(name)
         failed += not ok
         rows.append((name, cls, f"{problems or 'none'}; max |diff| {worst:.1e} ({compared})",
                      "ok" if ok else "FAIL"))
