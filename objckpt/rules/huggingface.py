@@ -25,11 +25,13 @@ _MODULES: dict[str, str] = {
     "distilbert": "objckpt.rules.hf_distilbert",
     "gemma": "objckpt.rules.hf_gemma",
     "gemma2": "objckpt.rules.hf_gemma",
+    "gemma3_text": "objckpt.rules.hf_gemma3",
     "gpt2": "objckpt.rules.hf_gpt2",
     "llama": "objckpt.rules.hf_llama",
     "mistral": "objckpt.rules.hf_mistral",
     "qwen2": "objckpt.rules.hf_qwen",
     "qwen3": "objckpt.rules.hf_qwen",
+    "smollm3": "objckpt.rules.hf_smollm3",
     "vit": "objckpt.rules.hf_vit",
 }
 _CONFIG_LIMIT = 1 << 20  # bytes of config.json read

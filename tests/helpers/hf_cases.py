@@ -33,7 +33,8 @@ NEW_FORM = "v5names"  # the folders make_hf_fixtures.py saves in transformers 5'
 CONVERTERS = {"llama": "convert_llama3", "mistral": "convert_mistral", "gemma": "convert_gemma",
               "gemma2": "convert_gemma", "gpt2": "convert_gpt2", "bert": "convert_bert",
               "vit": "convert_vit", "qwen2": "convert_qwen", "qwen3": "convert_qwen3",
-              "distilbert": "convert_distilbert"}
+              "distilbert": "convert_distilbert", "gemma3_text": "convert_gemma3",
+              "smollm3": "convert_smollm3"}
 
 
 class Case(NamedTuple):
@@ -44,6 +45,9 @@ class Case(NamedTuple):
     task: str | None  # the keras-hub task model holding the head, or None
     head: tuple = ()  # the folder's entries with no backbone variable (set aside there)
     lacks: tuple = ()  # backbone variables (paths) the folder has no entry for
+    # backbone variables keras-hub computes from the config, in no folder (restore leaves
+    # them as they are, listed under `skipped`; export writes none)
+    computed: tuple = ()
     # The task model's logits against transformers' (float32 models; rtol = atol), where
     # keras-hub's head computes differently from transformers' (None: the default).
     logits_tolerance: float | None = None
@@ -81,6 +85,8 @@ _MLM = ("cls.predictions.bias", "cls.predictions.transform.dense.weight",
         "cls.predictions.transform.dense.bias", "cls.predictions.transform.LayerNorm.weight",
         "cls.predictions.transform.LayerNorm.bias")
 _POOLER = ("pooled_dense/kernel", "pooled_dense/bias")
+_ROPE = ("_operations/3/self_attn/rotary_embedding/inv_freq",
+         "_operations/4/self_attn/rotary_embedding/inv_freq")
 
 CASES = (
     Case("llama", "LlamaModel", None, lacks=_LM_HEAD),
@@ -137,6 +143,14 @@ CASES = (
     Case("distilbert", "DistilBertForSequenceClassification", "DistilBertTextClassifier",
          head=("pre_classifier.weight", "pre_classifier.bias", "classifier.weight",
                "classifier.bias")),
+    Case("gemma3", "Gemma3TextModel", None),
+    Case("gemma3", "Gemma3ForCausalLM", "Gemma3CausalLM"),
+    Case("gemma3", "Gemma3TextForSequenceClassification", None, head=("score.weight",)),
+    # keras-hub keeps each layer's RoPE frequencies as a variable; no folder has them
+    Case("smollm3", "SmolLM3Model", None, computed=_ROPE),
+    Case("smollm3", "SmolLM3ForCausalLM", "SmolLM3CausalLM", computed=_ROPE),
+    Case("smollm3", "SmolLM3ForSequenceClassification", None, head=("score.weight",),
+         computed=_ROPE),
 )
 
 

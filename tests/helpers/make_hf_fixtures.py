@@ -110,6 +110,15 @@ ROWS = {
                                   "max_position_embeddings": 32, "num_labels": 3},
                    ("DistilBertModel", "DistilBertForMaskedLM",
                     "DistilBertForSequenceClassification")),
+    # Gemma 3's text decoder: per-head q/k norms; both layers sliding (transformers'
+    # default pattern, keras-hub's fixed one), the window 64 > the inputs
+    "gemma3": ("gemma3_text", {**_GEMMA, "head_dim": 8, "query_pre_attn_scalar": 8,
+                               "sliding_window": 64},
+               ("Gemma3TextModel", "Gemma3ForCausalLM", "Gemma3TextForSequenceClassification")),
+    # tied, as SmolLM3-3B is; layer 1 without RoPE (no_rope_layers: 0 = none)
+    "smollm3": ("smollm3", {**_DECODER, "tie_word_embeddings": True, "no_rope_layers": [1, 0],
+                            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},
+                ("SmolLM3Model", "SmolLM3ForCausalLM", "SmolLM3ForSequenceClassification")),
 }
 
 
