@@ -21,6 +21,7 @@ __all__ = ["for_model", "head_entries", "huggingface", "read_config", "supported
 
 # model_type -> the module holding its rule set (filled as sets are added).
 _MODULES: dict[str, str] = {
+    "bart": "objckpt.rules.hf_bart",
     "bert": "objckpt.rules.hf_bert",
     "distilbert": "objckpt.rules.hf_distilbert",
     "gemma": "objckpt.rules.hf_gemma",

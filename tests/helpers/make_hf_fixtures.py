@@ -119,6 +119,15 @@ ROWS = {
     "smollm3": ("smollm3", {**_DECODER, "tie_word_embeddings": True, "no_rope_layers": [1, 0],
                             "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},
                 ("SmolLM3Model", "SmolLM3ForCausalLM", "SmolLM3ForSequenceClassification")),
+    # encoder-decoder: transformers feeds the decoder the inputs shifted right (no
+    # decoder_input_ids given); keras-hub's BART has one size for encoder and decoder
+    "bart": ("bart", {"vocab_size": VOCAB, "d_model": 16, "encoder_layers": 2,
+                      "decoder_layers": 2, "encoder_attention_heads": 2,
+                      "decoder_attention_heads": 2, "encoder_ffn_dim": 32,
+                      "decoder_ffn_dim": 32, "max_position_embeddings": 32,
+                      "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2,
+                      "decoder_start_token_id": 2, "forced_eos_token_id": None},
+             ("BartModel", "BartForConditionalGeneration")),
 }
 
 
@@ -186,6 +195,8 @@ def _run(model, model_type: str) -> dict:
         out["last_hidden_state"] = base.last_hidden_state
         if getattr(base, "pooler_output", None) is not None:
             out["pooler_output"] = base.pooler_output
+        if getattr(base, "encoder_last_hidden_state", None) is not None:  # encoder-decoder
+            out["encoder_last_hidden_state"] = base.encoder_last_hidden_state
         if model.base_model is not model:
             result = model(**feed)
             out["logits"] = getattr(result, "logits", None)

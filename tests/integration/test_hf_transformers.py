@@ -316,8 +316,12 @@ def test_export_is_byte_equal_to_what_transformers_read_back(tmp_path, case, dty
     # the tensors transformers wrote (restore and export are exact), under its names (a
     # base model's may carry the task classes' prefix: transformers reads both)
     original = _tensors(os.path.join(case.folder(dtype), "model.safetensors"))
-    assert {_unprefixed(k): v for k, v in ours.items()} == {
-        _unprefixed(k): v for k, v in original.items()}
+    ours_bare = {_unprefixed(k): v for k, v in ours.items()}
+    original_bare = {_unprefixed(k): v for k, v in original.items()}
+    for key in case.export_differs:  # written with the same dtype and shape, or not at all
+        theirs, exported = original_bare.pop(key), ours_bare.pop(key, None)
+        assert exported is None or exported[:2] == theirs[:2], key
+    assert ours_bare == original_bare
     assert sorted(ours) == sorted(_tensors(committed))
     with open(written, "rb") as f, open(committed, "rb") as g:
         assert f.read() == g.read()
