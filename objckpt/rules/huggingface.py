@@ -33,6 +33,7 @@ _MODULES: dict[str, str] = {
     "qwen2": "objckpt.rules.hf_qwen",
     "qwen3": "objckpt.rules.hf_qwen",
     "smollm3": "objckpt.rules.hf_smollm3",
+    "t5gemma": "objckpt.rules.hf_t5gemma",
     "vit": "objckpt.rules.hf_vit",
 }
 _CONFIG_LIMIT = 1 << 20  # bytes of config.json read

@@ -34,7 +34,8 @@ CONVERTERS = {"llama": "convert_llama3", "mistral": "convert_mistral", "gemma": 
               "gemma2": "convert_gemma", "gpt2": "convert_gpt2", "bert": "convert_bert",
               "vit": "convert_vit", "qwen2": "convert_qwen", "qwen3": "convert_qwen3",
               "distilbert": "convert_distilbert", "gemma3_text": "convert_gemma3",
-              "smollm3": "convert_smollm3", "bart": "convert_bart"}
+              "smollm3": "convert_smollm3", "bart": "convert_bart",
+              "t5gemma": "convert_t5gemma"}
 
 
 class Case(NamedTuple):
@@ -161,6 +162,8 @@ CASES = (
     Case("bart", "BartModel", None, export_differs=_POSITIONS),
     Case("bart", "BartForConditionalGeneration", "BartSeq2SeqLM",
          export_differs=_POSITIONS + ("final_logits_bias",)),
+    Case("t5gemma", "T5GemmaModel", None),
+    Case("t5gemma", "T5GemmaForConditionalGeneration", "T5GemmaSeq2SeqLM"),
 )
 
 
@@ -205,12 +208,11 @@ def keras_inputs(case: Case, feed: dict):
 
     if "pixel_values" in feed:
         return feed["pixel_values"]
-    if config(case).get("is_encoder_decoder"):  # transformers' decoder inputs: shifted right
-        ids = feed["input_ids"]
-        start = np.full((ids.shape[0], 1), config(case)["decoder_start_token_id"], ids.dtype)
-        return {"encoder_token_ids": ids, "encoder_padding_mask": feed["attention_mask"],
-                "decoder_token_ids": np.concatenate([start, ids[:, :-1]], axis=1),
-                "decoder_padding_mask": feed["attention_mask"]}
+    if "decoder_input_ids" in feed:  # an encoder-decoder
+        return {"encoder_token_ids": feed["input_ids"],
+                "encoder_padding_mask": feed["attention_mask"],
+                "decoder_token_ids": feed["decoder_input_ids"],
+                "decoder_padding_mask": np.ones_like(feed["decoder_input_ids"])}
     out = {"token_ids": feed["input_ids"], "padding_mask": feed["attention_mask"]}
     if "token_type_ids" in feed:
         out["segment_ids"] = feed["token_type_ids"]

@@ -70,6 +70,9 @@ _DECODER = {
 _GEMMA = {**_DECODER, "num_key_value_heads": 1, "intermediate_size": 16,
           "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh",
           "tie_word_embeddings": True}
+_T5GEMMA = {**{k: v for k, v in _GEMMA.items() if k != "num_labels"}, "head_dim": 8,
+            "query_pre_attn_scalar": 8, "sliding_window": 64}
+_SEQ2SEQ = ("bart", "t5gemma")  # encoder-decoders: the inputs shifted right feed the decoder
 
 # case -> (model_type, config, the Hub classes). The next architecture adds a row here and
 # one in tests/integration/test_hf_transformers.py's table.
@@ -128,6 +131,10 @@ ROWS = {
                       "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2,
                       "decoder_start_token_id": 2, "forced_eos_token_id": None},
              ("BartModel", "BartForConditionalGeneration")),
+    # encoder and decoder of one size (keras-hub's cross-attention takes the encoder's)
+    "t5gemma": ("t5gemma", {"encoder": _T5GEMMA, "decoder": _T5GEMMA, "vocab_size": VOCAB,
+                            "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2},
+                ("T5GemmaModel", "T5GemmaForConditionalGeneration")),
 }
 
 
@@ -154,6 +161,9 @@ def inputs(model_type: str) -> dict:
         return {"pixel_values": rng.normal(size=(BATCH, 16, 16, 3)).astype("float32")}
     out = {"input_ids": rng.integers(3, VOCAB, size=(BATCH, LENGTH)).astype("int32"),
            "attention_mask": np.ones((BATCH, LENGTH), "int32")}
+    if model_type in _SEQ2SEQ:
+        out["decoder_input_ids"] = np.concatenate(
+            [np.full((BATCH, 1), 2, "int32"), out["input_ids"][:, :-1]], axis=1)
     if model_type == "bert":
         out["token_type_ids"] = (np.arange(LENGTH)[None] >= LENGTH // 2).astype(
             "int32").repeat(BATCH, 0)
