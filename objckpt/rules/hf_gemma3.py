@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from objckpt.rules import hf_gemma
 from objckpt.rules.core import Rule, RuleSet
-from objckpt.rules.hf_llama import _size, head_rules, prefixed
+from objckpt.rules.hf_llama import config_size, head_rules, prefixed
 
 __all__ = ["MODEL_TYPES", "rules"]
 
@@ -44,8 +44,8 @@ def rules(config: dict) -> RuleSet:
     reshapes)."""
     model = "Gemma 3"
     for key in ("hidden_size", "num_attention_heads", "head_dim"):
-        _size(config, key, model)  # keras-hub reads head_dim from the config: no default
-    _size(config, "num_key_value_heads", model, config["num_attention_heads"])
+        config_size(config, key, model)  # keras-hub reads head_dim from the config: no default
+    config_size(config, "num_key_value_heads", model, config["num_attention_heads"])
     # Gemma 2's layer (its post-attention and pre/post feed-forward norms), `model.` names
     decoder = [r for r in hf_gemma.rules({**config, "model_type": "gemma2"})
                if r.source.startswith("model.")]

@@ -24,7 +24,7 @@ aside; `SmolLM3CausalLM` has none beyond its backbone.
 from __future__ import annotations
 
 from objckpt.rules.core import Chain, Reshape, Rule, RuleSet, Transpose
-from objckpt.rules.hf_llama import _size, head_rules, hub_classes, prefixed
+from objckpt.rules.hf_llama import config_size, head_rules, hub_classes, prefixed
 
 __all__ = ["MODEL_TYPES", "rules"]
 
@@ -49,10 +49,10 @@ def _refuse(config: dict, key: str, found, needed: str, why: str) -> None:
 
 def _check(config: dict) -> tuple:
     """(hidden, heads, head_dim, layers) of a config keras-hub's SmolLM3Backbone can hold."""
-    hidden = _size(config, "hidden_size", "SmolLM3")
-    heads = _size(config, "num_attention_heads", "SmolLM3")
-    _size(config, "num_key_value_heads", "SmolLM3", heads)
-    layers = _size(config, "num_hidden_layers", "SmolLM3")
+    hidden = config_size(config, "hidden_size", "SmolLM3")
+    heads = config_size(config, "num_attention_heads", "SmolLM3")
+    config_size(config, "num_key_value_heads", "SmolLM3", heads)
+    layers = config_size(config, "num_hidden_layers", "SmolLM3")
     if hidden % heads or config.get("head_dim", hidden // heads) != hidden // heads:
         _refuse(config, "head_dim", config.get("head_dim"), "to be hidden_size / "
                 "num_attention_heads", "keras-hub's SmolLM3Backbone builds no other")

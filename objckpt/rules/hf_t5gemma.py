@@ -24,7 +24,7 @@ untied config is refused (keras-hub's importer reads no output projection).
 from __future__ import annotations
 
 from objckpt.rules.core import NOWHERE, Chain, Reshape, Rule, RuleSet, Transpose
-from objckpt.rules.hf_llama import _size, prefixed
+from objckpt.rules.hf_llama import config_size, prefixed
 
 __all__ = ["MODEL_TYPES", "rules"]
 
@@ -76,7 +76,7 @@ def _sizes(config: dict, key: str) -> dict:
     model = f"T5Gemma ({key})"
 
     def size(name, default=None):
-        return _size(stack, name, model, default)
+        return config_size(stack, name, model, default)
 
     heads = size("num_attention_heads")
     return {"hidden": size("hidden_size"), "heads": heads,
