@@ -18,8 +18,10 @@ left at ones shows), saved with `save_pretrained(safe_serialization=True)` into
 `tests/fixtures/hf/<case>-<Class>-<dtype>/`, in float32 and in bfloat16 (the float32 model
 cast with `.to(torch.bfloat16)`, round to nearest even). Beside each folder,
 `<folder>.oracle.safetensors` holds the fixed inputs and transformers' outputs on them:
-`last_hidden_state` (the base model's, after its final norm), `pooler_output` where the base
-model has a pooler, and `logits` for a class with a head. The oracle is transformers' run of
+`last_hidden_state` (the base model's, after its final norm; an encoder-decoder's decoder's,
+with `encoder_last_hidden_state` beside it), `pooler_output` where the base model has a
+pooler, and `logits` for a class with a head. An encoder-decoder's decoder reads
+`decoder_input_ids`: the input ids shifted right behind token 2. The oracle is transformers' run of
 the folder as saved, loaded with `from_pretrained(folder, dtype=float32)`: for a bfloat16
 folder, the bfloat16-rounded weights widened, with the buffers transformers computes (RoPE
 frequencies) in float32: what a float32 model restored from that folder must give. Inputs are stored
