@@ -68,7 +68,9 @@ def prefixed(rules: list, prefixes) -> list:
     return out + [r for r in rules if not r.source.startswith("model.")]
 
 
-def _size(config: dict, key: str, model: str, default=None) -> int:
+def config_size(config: dict, key: str, model: str, default=None) -> int:
+    """`config[key]` (else `default`), a positive int; InvalidArgumentError naming the
+    `model` rule set, the key and the fix otherwise."""
     value = config.get(key, default)
     if type(value) is not int or value <= 0:
         from objckpt import errors
@@ -85,9 +87,9 @@ def attention_rules(layer: str, attention: str, config: dict, model: str, *,
     """q/k/v/o of Hugging Face's `self_attn` <-> a keras-hub `CachedAttention`-style
     layer whose q/k/v kernels are (hidden, heads, head_dim) and o (heads, head_dim,
     hidden)."""
-    hidden = _size(config, "hidden_size", model)
-    heads = _size(config, "num_attention_heads", model)
-    kv_heads = _size(config, "num_key_value_heads", model, heads)
+    hidden = config_size(config, "hidden_size", model)
+    heads = config_size(config, "num_attention_heads", model)
+    kv_heads = config_size(config, "num_key_value_heads", model, heads)
     head_dim = head_dim or hidden // heads
     source = "model.layers.{i}.self_attn"
     target = f"{layer}/{attention}"

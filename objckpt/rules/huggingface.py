@@ -22,16 +22,20 @@ __all__ = ["for_model", "head_entries", "huggingface", "read_config", "supported
 # model_type -> the module holding its rule set (filled as sets are added).
 _MODULES: dict[str, str] = {
     "albert": "objckpt.rules.hf_albert",
+    "bart": "objckpt.rules.hf_bart",
     "bert": "objckpt.rules.hf_bert",
     "distilbert": "objckpt.rules.hf_distilbert",
     "gemma": "objckpt.rules.hf_gemma",
     "gemma2": "objckpt.rules.hf_gemma",
+    "gemma3_text": "objckpt.rules.hf_gemma3",
     "gpt2": "objckpt.rules.hf_gpt2",
     "llama": "objckpt.rules.hf_llama",
     "mistral": "objckpt.rules.hf_mistral",
     "qwen2": "objckpt.rules.hf_qwen",
     "qwen3": "objckpt.rules.hf_qwen",
     "roberta": "objckpt.rules.hf_roberta",
+    "smollm3": "objckpt.rules.hf_smollm3",
+    "t5gemma": "objckpt.rules.hf_t5gemma",
     "vit": "objckpt.rules.hf_vit",
     "xlm-roberta": "objckpt.rules.hf_roberta",
 }

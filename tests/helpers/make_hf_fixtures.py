@@ -18,8 +18,10 @@ left at ones shows), saved with `save_pretrained(safe_serialization=True)` into
 `tests/fixtures/hf/<case>-<Class>-<dtype>/`, in float32 and in bfloat16 (the float32 model
 cast with `.to(torch.bfloat16)`, round to nearest even). Beside each folder,
 `<folder>.oracle.safetensors` holds the fixed inputs and transformers' outputs on them:
-`last_hidden_state` (the base model's, after its final norm), `pooler_output` where the base
-model has a pooler, and `logits` for a class with a head. The oracle is transformers' run of
+`last_hidden_state` (the base model's, after its final norm; an encoder-decoder's decoder's,
+with `encoder_last_hidden_state` beside it), `pooler_output` where the base model has a
+pooler, and `logits` for a class with a head. An encoder-decoder's decoder reads
+`decoder_input_ids`: the input ids shifted right behind token 2. The oracle is transformers' run of
 the folder as saved, loaded with `from_pretrained(folder, dtype=float32)`: for a bfloat16
 folder, the bfloat16-rounded weights widened, with the buffers transformers computes (RoPE
 frequencies) in float32: what a float32 model restored from that folder must give. Inputs are stored
@@ -70,6 +72,9 @@ _DECODER = {
 _GEMMA = {**_DECODER, "num_key_value_heads": 1, "intermediate_size": 16,
           "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh",
           "tie_word_embeddings": True}
+_T5GEMMA = {**{k: v for k, v in _GEMMA.items() if k != "num_labels"}, "head_dim": 8,
+            "query_pre_attn_scalar": 8, "sliding_window": 64}
+_SEQ2SEQ = ("bart", "t5gemma")  # encoder-decoders: the inputs shifted right feed the decoder
 
 _ENCODER = {"vocab_size": VOCAB, "hidden_size": 16, "num_hidden_layers": 2,
             "num_attention_heads": 2, "intermediate_size": 32, "hidden_act": "gelu",
@@ -132,6 +137,28 @@ ROWS = {
                           "num_labels": 3},
                ("AlbertModel", "AlbertForMaskedLM", "AlbertForSequenceClassification",
                 "AlbertForTokenClassification")),
+    # Gemma 3's text decoder: per-head q/k norms; both layers sliding (transformers'
+    # default pattern, keras-hub's fixed one), the window 64 > the inputs
+    "gemma3": ("gemma3_text", {**_GEMMA, "head_dim": 8, "query_pre_attn_scalar": 8,
+                               "sliding_window": 64},
+               ("Gemma3TextModel", "Gemma3ForCausalLM", "Gemma3TextForSequenceClassification")),
+    # tied, as SmolLM3-3B is; layer 1 without RoPE (no_rope_layers: 0 = none)
+    "smollm3": ("smollm3", {**_DECODER, "tie_word_embeddings": True, "no_rope_layers": [1, 0],
+                            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},
+                ("SmolLM3Model", "SmolLM3ForCausalLM", "SmolLM3ForSequenceClassification")),
+    # encoder-decoder: transformers feeds the decoder the inputs shifted right (no
+    # decoder_input_ids given); keras-hub's BART has one size for encoder and decoder
+    "bart": ("bart", {"vocab_size": VOCAB, "d_model": 16, "encoder_layers": 2,
+                      "decoder_layers": 2, "encoder_attention_heads": 2,
+                      "decoder_attention_heads": 2, "encoder_ffn_dim": 32,
+                      "decoder_ffn_dim": 32, "max_position_embeddings": 32,
+                      "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2,
+                      "decoder_start_token_id": 2, "forced_eos_token_id": None},
+             ("BartModel", "BartForConditionalGeneration")),
+    # encoder and decoder of one size (keras-hub's cross-attention takes the encoder's)
+    "t5gemma": ("t5gemma", {"encoder": _T5GEMMA, "decoder": _T5GEMMA, "vocab_size": VOCAB,
+                            "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2},
+                ("T5GemmaModel", "T5GemmaForConditionalGeneration")),
 }
 
 
@@ -158,6 +185,9 @@ def inputs(model_type: str) -> dict:
         return {"pixel_values": rng.normal(size=(BATCH, 16, 16, 3)).astype("float32")}
     out = {"input_ids": rng.integers(3, VOCAB, size=(BATCH, LENGTH)).astype("int32"),
            "attention_mask": np.ones((BATCH, LENGTH), "int32")}
+    if model_type in _SEQ2SEQ:
+        out["decoder_input_ids"] = np.concatenate(
+            [np.full((BATCH, 1), 2, "int32"), out["input_ids"][:, :-1]], axis=1)
     if model_type in ("bert", "albert"):
         out["token_type_ids"] = (np.arange(LENGTH)[None] >= LENGTH // 2).astype(
             "int32").repeat(BATCH, 0)
@@ -199,6 +229,8 @@ def _run(model, model_type: str) -> dict:
         out["last_hidden_state"] = base.last_hidden_state
         if getattr(base, "pooler_output", None) is not None:
             out["pooler_output"] = base.pooler_output
+        if getattr(base, "encoder_last_hidden_state", None) is not None:  # encoder-decoder
+            out["encoder_last_hidden_state"] = base.encoder_last_hidden_state
         if model.base_model is not model:
             result = model(**feed)
             out["logits"] = getattr(result, "logits", None)
