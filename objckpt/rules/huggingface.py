@@ -28,8 +28,11 @@ _MODULES: dict[str, str] = {
     "gpt2": "objckpt.rules.hf_gpt2",
     "llama": "objckpt.rules.hf_llama",
     "mistral": "objckpt.rules.hf_mistral",
+    "mixtral": "objckpt.rules.hf_mixtral",
     "qwen2": "objckpt.rules.hf_qwen",
+    "qwen2_moe": "objckpt.rules.hf_qwen_moe",
     "qwen3": "objckpt.rules.hf_qwen",
+    "qwen3_moe": "objckpt.rules.hf_qwen_moe",
     "vit": "objckpt.rules.hf_vit",
 }
 _CONFIG_LIMIT = 1 << 20  # bytes of config.json read
@@ -109,7 +112,12 @@ def huggingface(name_or_folder: str, *, config: dict | None = None,
         `architectures` name the class, whose names export writes).
       config: the config as a dict, when a name is given (sizes the set needs).
       model: the keras-hub model the set is for (optional): a task model's class chooses
-        the Hub class export names (`BertMaskedLM`: `BertForMaskedLM`, `bert.` names).
+        the Hub class export names (`BertMaskedLM`: `BertForMaskedLM`, `bert.` names). A
+        set whose targets depend on the model's layer names (the mixture-of-experts
+        decoders': keras-hub numbers each layer's expert block by a counter of the session,
+        `mixtral_sparse_moe_block_3`) reads them from it; restore, plan, export and the
+        other operations make it again for the model they are given (`RuleSet.for_model`),
+        so a set made without one works for every model of its architecture.
 
     A set whose architecture transformers 5 renames at load (ViT: `FORMS` of its module)
     restores a folder in either key form; made from a folder, it reads the names in the
@@ -138,7 +146,9 @@ def huggingface(name_or_folder: str, *, config: dict | None = None,
     if model is not None:
         kinds = [kind.__name__ for kind in type(model).__mro__]
         config["task"] = next((k for k in kinds if k in getattr(found, "TASKS", {})), "")
-    rules = found.rules(config)
+    per_model = bool(getattr(found, "PER_MODEL", False))  # its targets read from the model
+    rules = found.rules(config, model=model) if per_model else found.rules(config)
+    rules.per_model = per_model
     rules.key_form = _key_form(name, found) if os.path.isdir(name) else ""
     rules.config = given
     rules.remake = lambda other: huggingface(model_type, config=given, model=other)

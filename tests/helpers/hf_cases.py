@@ -33,7 +33,8 @@ NEW_FORM = "v5names"  # the folders make_hf_fixtures.py saves in transformers 5'
 CONVERTERS = {"llama": "convert_llama3", "mistral": "convert_mistral", "gemma": "convert_gemma",
               "gemma2": "convert_gemma", "gpt2": "convert_gpt2", "bert": "convert_bert",
               "vit": "convert_vit", "qwen2": "convert_qwen", "qwen3": "convert_qwen3",
-              "distilbert": "convert_distilbert"}
+              "distilbert": "convert_distilbert", "mixtral": "convert_mixtral",
+              "qwen2_moe": "convert_qwen_moe", "qwen3_moe": "convert_qwen3_moe"}
 
 
 class Case(NamedTuple):
@@ -137,6 +138,21 @@ CASES = (
     Case("distilbert", "DistilBertForSequenceClassification", "DistilBertTextClassifier",
          head=("pre_classifier.weight", "pre_classifier.bias", "classifier.weight",
                "classifier.bias")),
+    # mixtures of experts: each layer's experts stacked into banks
+    Case("mixtral", "MixtralModel", None, lacks=_LM_HEAD),
+    Case("mixtral", "MixtralForCausalLM", "MixtralCausalLM"),
+    Case("mixtral", "MixtralForSequenceClassification", None, head=("score.weight",),
+         lacks=_LM_HEAD),
+    Case("qwen3_moe", "Qwen3MoeModel", None, lacks=_LM_HEAD),
+    Case("qwen3_moe", "Qwen3MoeForCausalLM", "Qwen3MoeCausalLM"),
+    Case("qwen3_moe", "Qwen3MoeForSequenceClassification", None, head=("score.weight",),
+         lacks=_LM_HEAD),
+    Case("qwen3_moe_dense", "Qwen3MoeForCausalLM", "Qwen3MoeCausalLM"),
+    Case("qwen2_moe", "Qwen2MoeModel", None, lacks=_LM_HEAD),
+    Case("qwen2_moe", "Qwen2MoeForCausalLM", "QwenMoeCausalLM"),
+    Case("qwen2_moe", "Qwen2MoeForSequenceClassification", None, head=("score.weight",),
+         lacks=_LM_HEAD),
+    Case("qwen2_moe_dense", "Qwen2MoeForCausalLM", "QwenMoeCausalLM"),
 )
 
 
@@ -157,6 +173,8 @@ def backbone(case: Case, dtype: str = "float32"):
     import importlib
 
     hf_config = config(case)
+    if hf_config["model_type"] == "qwen3_moe":  # transformers 5 renamed it; keras-hub 0.32
+        hf_config.setdefault("num_experts", hf_config.get("num_local_experts"))  # reads this
     converter = importlib.import_module(
         "keras_hub.src.utils.transformers." + CONVERTERS[hf_config["model_type"]])
     return converter.backbone_cls(**converter.convert_backbone_config(hf_config), dtype=dtype)

@@ -70,6 +70,9 @@ _DECODER = {
 _GEMMA = {**_DECODER, "num_key_value_heads": 1, "intermediate_size": 16,
           "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh",
           "tie_word_embeddings": True}
+_QWEN_MOE = {**_DECODER, "tie_word_embeddings": False, "num_experts": 4,
+             "num_experts_per_tok": 2, "moe_intermediate_size": 8, "decoder_sparse_step": 1,
+             "norm_topk_prob": False}
 
 # case -> (model_type, config, the Hub classes). The next architecture adds a row here and
 # one in tests/integration/test_hf_transformers.py's table.
@@ -110,6 +113,24 @@ ROWS = {
                                   "max_position_embeddings": 32, "num_labels": 3},
                    ("DistilBertModel", "DistilBertForMaskedLM",
                     "DistilBertForSequenceClassification")),
+    # mixtures of experts: 4 experts, 2 per token
+    "mixtral": ("mixtral", {**_DECODER, "tie_word_embeddings": False, "sliding_window": 512,
+                            "intermediate_size": 16, "num_local_experts": 4,
+                            "num_experts_per_tok": 2},
+                ("MixtralModel", "MixtralForCausalLM", "MixtralForSequenceClassification")),
+    "qwen3_moe": ("qwen3_moe", {**_QWEN_MOE, "head_dim": 8, "norm_topk_prob": True},
+                  ("Qwen3MoeModel", "Qwen3MoeForCausalLM", "Qwen3MoeForSequenceClassification")),
+    # layer 0 a dense MLP, layer 1 experts (decoder_sparse_step 2)
+    "qwen3_moe_dense": ("qwen3_moe", {**_QWEN_MOE, "decoder_sparse_step": 2},
+                        ("Qwen3MoeForCausalLM",)),
+    "qwen2_moe": ("qwen2_moe", {**_QWEN_MOE, "shared_expert_intermediate_size": 12,
+                                "norm_topk_prob": True},
+                  ("Qwen2MoeModel", "Qwen2MoeForCausalLM", "Qwen2MoeForSequenceClassification")),
+    # dense MLPs only (no layer i with (i + 1) a multiple of 3): keras-hub's QwenMoeBackbone
+    # builds every layer as its layer 0, so it has no model of a mix of dense and sparse
+    "qwen2_moe_dense": ("qwen2_moe", {**_QWEN_MOE, "shared_expert_intermediate_size": 12,
+                                      "decoder_sparse_step": 3},
+                        ("Qwen2MoeForCausalLM",)),
 }
 
 
