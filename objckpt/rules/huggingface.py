@@ -26,6 +26,7 @@ _MODULES: dict[str, str] = {
     "gemma": "objckpt.rules.hf_gemma",
     "gemma2": "objckpt.rules.hf_gemma",
     "gpt2": "objckpt.rules.hf_gpt2",
+    "gpt_oss": "objckpt.rules.hf_gpt_oss",
     "llama": "objckpt.rules.hf_llama",
     "mistral": "objckpt.rules.hf_mistral",
     "mixtral": "objckpt.rules.hf_mixtral",

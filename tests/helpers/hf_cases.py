@@ -34,7 +34,8 @@ CONVERTERS = {"llama": "convert_llama3", "mistral": "convert_mistral", "gemma": 
               "gemma2": "convert_gemma", "gpt2": "convert_gpt2", "bert": "convert_bert",
               "vit": "convert_vit", "qwen2": "convert_qwen", "qwen3": "convert_qwen3",
               "distilbert": "convert_distilbert", "mixtral": "convert_mixtral",
-              "qwen2_moe": "convert_qwen_moe", "qwen3_moe": "convert_qwen3_moe"}
+              "qwen2_moe": "convert_qwen_moe", "qwen3_moe": "convert_qwen3_moe",
+              "gpt_oss": "convert_gpt_oss"}
 
 
 class Case(NamedTuple):
@@ -153,6 +154,10 @@ CASES = (
     Case("qwen2_moe", "Qwen2MoeForSequenceClassification", None, head=("score.weight",),
          lacks=_LM_HEAD),
     Case("qwen2_moe_dense", "Qwen2MoeForCausalLM", "QwenMoeCausalLM"),
+    Case("gpt_oss", "GptOssModel", None, lacks=_LM_HEAD),
+    Case("gpt_oss", "GptOssForCausalLM", "GptOssCausalLM"),
+    Case("gpt_oss", "GptOssForSequenceClassification", None, head=("score.weight",),
+         lacks=_LM_HEAD),
 )
 
 
@@ -175,6 +180,8 @@ def backbone(case: Case, dtype: str = "float32"):
     hf_config = config(case)
     if hf_config["model_type"] == "qwen3_moe":  # transformers 5 renamed it; keras-hub 0.32
         hf_config.setdefault("num_experts", hf_config.get("num_local_experts"))  # reads this
+    if hf_config["model_type"] == "gpt_oss":  # keras-hub 0.32 reads the YaRN factor from
+        hf_config.setdefault("rope_scaling", hf_config.get("rope_parameters"))  # v4's key
     converter = importlib.import_module(
         "keras_hub.src.utils.transformers." + CONVERTERS[hf_config["model_type"]])
     return converter.backbone_cls(**converter.convert_backbone_config(hf_config), dtype=dtype)

@@ -131,6 +131,12 @@ ROWS = {
     "qwen2_moe_dense": ("qwen2_moe", {**_QWEN_MOE, "shared_expert_intermediate_size": 12,
                                       "decoder_sparse_step": 3},
                         ("Qwen2MoeForCausalLM",)),
+    # unquantized experts (what save_pretrained writes); the sliding window longer than the
+    # inputs (keras-hub's window of 4 over 6 tokens is not transformers')
+    "gpt_oss": ("gpt_oss", {**_DECODER, "tie_word_embeddings": False, "intermediate_size": 16,
+                            "num_local_experts": 4, "num_experts_per_tok": 2,
+                            "sliding_window": 8},
+                ("GptOssModel", "GptOssForCausalLM", "GptOssForSequenceClassification")),
 }
 
 

@@ -22,7 +22,7 @@ import pytest
 
 import objckpt
 from objckpt import errors
-from objckpt.rules import Chain, Concat, Stack, Transpose, huggingface
+from objckpt.rules import Chain, Concat, Reshape, Stack, Transpose, huggingface
 from objckpt.rules import hf_moe
 
 import hf_cases
@@ -161,6 +161,36 @@ def test_a_bad_config_is_refused_by_name(name, change, said):
     config = {**CONFIGS[name], **change}
     with pytest.raises(errors.InvalidArgumentError, match=f"{said}.*Fix:"):
         huggingface(name, config=config)
+
+
+GPT_OSS = {**DECODER, "model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"],
+           "head_dim": 8, "num_local_experts": 4, "num_experts_per_tok": 2}
+
+
+def test_gpt_oss_sinks_router_and_experts_as_keras_hubs_importer_places_them(tmp_path):
+    """keras-hub names GPT-OSS's blocks itself: one set for every model; the experts are one
+    tensor per layer on both sides, in the same layout."""
+    rules = huggingface(_folder(tmp_path, GPT_OSS))
+    assert rules.name == "huggingface('gpt_oss')" and not rules.per_model
+    by = _by_source(rules)
+    layer = "transformer_layer_{i}"
+    assert by["model.layers.{i}.self_attn.sinks"].target == f"{layer}/self_attention/sinks"
+    assert by["model.layers.{i}.self_attn.q_proj.weight"].transform == Chain(
+        Transpose(), Reshape((16, 32), (16, 4, 8)))
+    assert by["model.layers.{i}.self_attn.k_proj.bias"].transform == Reshape((16,), (2, 8))
+    assert by["model.layers.{i}.self_attn.o_proj.bias"].transform is None
+    router = by["model.layers.{i}.mlp.router.weight"]
+    assert (router.target, router.transform) == (
+        f"{layer}/sparse_moe_block/router/router_dense/kernel", Transpose())
+    assert by["model.layers.{i}.mlp.router.bias"].transform is None
+    for name in ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias"):
+        rule = by[f"model.layers.{{i}}.mlp.experts.{name}"]
+        assert (rule.target, rule.transform) == (f"{layer}/sparse_moe_block/experts/{name}",
+                                                 None)
+    assert by["score.weight"].head and "lm_head.weight" in by
+    assert by["layers.{i}.mlp.router.bias"]  # GptOssModel: bare
+    with pytest.raises(errors.InvalidArgumentError, match="`head_dim`.*Fix:"):
+        huggingface("gpt_oss", config={**GPT_OSS, "head_dim": 0})
 
 
 def _fake(*paths):
