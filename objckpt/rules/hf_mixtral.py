@@ -14,6 +14,12 @@ layer's feedforward is a sparse mixture of experts, `block_sparse_moe`:
   `expert_feedforward_intermediate_dense` (w3) and `expert_feedforward_output_dense` (w2:
   experts, inner, hidden); export writes each expert's entry back.
 
+Key forms (`FORMS`): transformers 5 holds a layer's experts in one tensor per bank and calls
+the block `mlp` (`mlp.gate.weight`, `mlp.experts.gate_up_proj` (experts, 2 * inner, hidden:
+w1 then w3), `mlp.experts.down_proj` (experts, hidden, inner)); `save_pretrained` writes the
+original form unless told `save_original_format=False`. Restore reads either form (each bank
+its half, its last two axes swapped); export writes the original.
+
 keras-hub names each layer's block `mixtral_sparse_moe_block` plus a counter of the session
 (`objckpt.rules.hf_moe`): the set is made for the model it restores or exports (the
 operations do so themselves), reading each layer's block name from the model.
@@ -28,7 +34,8 @@ from __future__ import annotations
 
 from objckpt.rules.core import Rule, RuleSet, Transpose
 from objckpt.rules.hf_llama import hub_classes, prefixed
-from objckpt.rules.hf_moe import block_names, decoder_base, expert_rules, size
+from objckpt.rules.hf_moe import FORMS as MOE_FORMS
+from objckpt.rules.hf_moe import block_names, decoder_base, expert_rules, fused_rules, size
 
 __all__ = ["MODEL_TYPES", "rules"]
 
@@ -36,10 +43,14 @@ MODEL_TYPES = ("mixtral",)
 CLASSES = hub_classes("Mixtral")
 TASKS = {"MixtralCausalLM": "MixtralForCausalLM"}
 PER_MODEL = True  # targets read from the model: its blocks' automatic names
+FORMS = MOE_FORMS
 BLOCK = "mixtral_sparse_moe_block"
 _BANKS = ((("w1",), "expert_feedforward_gate_dense"),
           (("w3",), "expert_feedforward_intermediate_dense"),
           (("w2",), "expert_feedforward_output_dense"))
+_FUSED = [("gate_up_proj", ["expert_feedforward_gate_dense",
+                            "expert_feedforward_intermediate_dense"]),
+          ("down_proj", ["expert_feedforward_output_dense"])]
 
 
 def rules(config: dict, model=None) -> RuleSet:
@@ -52,12 +63,15 @@ def rules(config: dict, model=None) -> RuleSet:
     base = decoder_base(config, "Mixtral", classes=CLASSES, tasks=TASKS, lm_head=True,
                         head_dim=head_dim if head_dim else None)
     blocks = block_names([BLOCK] * layers, model, what="Mixtral")
-    moe = []
+    moe, fused = [], []  # the original form (export writes it), transformers 5's
     for i, block in enumerate(blocks):
         source, target = f"model.layers.{i}.block_sparse_moe", f"transformer_layer_{i}/{block}"
         moe.append(Rule(f"{source}.gate.weight",
                         f"{target}/sparse_feedforward_gate_dense/kernel", Transpose()))
         moe += expert_rules(f"{source}.experts.{{e}}", f"{target}/experts", _BANKS, experts)
+        fused.append(Rule(f"model.layers.{i}.mlp.gate.weight",
+                          f"{target}/sparse_feedforward_gate_dense/kernel", Transpose()))
+        fused += fused_rules(f"model.layers.{i}.mlp.experts", f"{target}/experts", _FUSED)
     prefixes = list(dict.fromkeys(["model.", *(p for p, _ in CLASSES.values())]))
-    return RuleSet(base + prefixed(moe, prefixes), alternatives=True,
+    return RuleSet(base + prefixed(moe, prefixes) + prefixed(fused, prefixes), alternatives=True,
                    name="huggingface('mixtral')", classes=TASKS)

@@ -18,9 +18,22 @@ from __future__ import annotations
 import re
 
 from objckpt import errors
-from objckpt.rules.core import Chain, Concat, Rule, Stack, Transpose
+from objckpt.rules.core import Chain, Concat, Rule, Split, Stack, Transpose
 
-__all__ = ["block_names", "decoder_base", "expert_rules", "variable_paths"]
+__all__ = ["FORMS", "block_names", "decoder_base", "expert_rules", "fused_rules",
+           "variable_paths"]
+
+# The key forms of a mixture of experts' folder: name -> (a regex that finds an expert key of
+# that form, how a folder comes to hold it); the first is what export writes.
+FORMS = {
+    "original": (r"^(model\.|transformer\.)?layers\.\d+\.(block_sparse_moe|mlp)\.experts\.\d+\.",
+                 "one entry per expert, what save_pretrained writes by default, read by every "
+                 "transformers version"),
+    "transformers 5": (r"^(model\.|transformer\.)?layers\.\d+\.mlp\.experts\."
+                       r"(gate_up_proj|down_proj)$",
+                       "each layer's experts in one tensor per bank, transformers 5's own "
+                       "layout, written by save_pretrained(save_original_format=False)"),
+}
 
 _LAYER = re.compile(r"(?:^|/)transformer_layer_(\d+)/([^/]+)/")
 
@@ -104,6 +117,28 @@ def expert_rules(source: str, target: str, banks, experts: int) -> list:
             if len(names) > 1:
                 steps.append(Concat(-1, parts=len(names), index=index))
             out.append(Rule(f"{source}.{name}.weight", f"{target}/{bank}", Chain(*steps)))
+    return out
+
+
+def fused_rules(source: str, target: str, banks: list) -> list:
+    """transformers 5's form of a layer's experts: one tensor per bank, experts first,
+    `gate_up_proj` (experts, 2 * inner, hidden: gate then up along axis 1) and `down_proj`
+    (experts, hidden, inner), each a keras-hub bank with its last two axes swapped.
+
+    Args:
+      source: the experts' prefix in the file (`model.layers.0.mlp.experts`).
+      target: the bank layer's path (`transformer_layer_0/<block>/experts`).
+      banks: [(tensor name, [keras-hub bank variables])]: one bank takes the whole tensor,
+        two take its halves along axis 1 (Mixtral's gate and intermediate banks).
+    """
+    out = []
+    for name, variables in banks:
+        for index, bank in enumerate(variables):
+            steps = [Transpose((0, 2, 1))]
+            if len(variables) > 1:
+                steps.insert(0, Split(1, parts=len(variables), index=index))
+            out.append(Rule(f"{source}.{name}", f"{target}/{bank}",
+                            Chain(*steps) if len(steps) > 1 else steps[0]))
     return out
 
 

@@ -25,6 +25,12 @@ of `decoder_sparse_step`), else a dense MLP:
   `feedforward_gate|intermediate|output_dense/kernel`, transposed (keras-hub's own importer
   fails on such layers: it looks for them on the decoder layer).
 
+Key forms (`FORMS`): transformers 5 holds a layer's experts in one tensor per bank,
+`mlp.experts.gate_up_proj` (experts, 2 * inner, hidden: gate then up) and `down_proj`
+(experts, hidden, inner): keras-hub's banks with their last two axes swapped;
+`save_pretrained` writes the original form unless told `save_original_format=False`.
+Restore reads either form; export writes the original.
+
 `norm_topk_prob` (whether the top-k router weights are renormalised) is a setting of the
 model, not a weight: keras-hub's importer passes it to the backbone (`norm_top_k_prob`).
 
@@ -45,12 +51,14 @@ from __future__ import annotations
 from objckpt import errors
 from objckpt.rules.core import Reshape, Rule, RuleSet, Transpose
 from objckpt.rules.hf_llama import hub_classes, prefixed
-from objckpt.rules.hf_moe import block_names, decoder_base, expert_rules, size
+from objckpt.rules.hf_moe import FORMS as MOE_FORMS
+from objckpt.rules.hf_moe import block_names, decoder_base, expert_rules, fused_rules, size
 
 __all__ = ["MODEL_TYPES", "rules"]
 
 MODEL_TYPES = ("qwen2_moe", "qwen3_moe")
 PER_MODEL = True  # targets read from the model: its blocks' automatic names
+FORMS = MOE_FORMS
 CLASSES = {**hub_classes("Qwen2Moe"), **hub_classes("Qwen3Moe", qa_prefix="transformer.")}
 # keras-hub task model -> the Hub class of its heads (export's `architectures`).
 TASKS = {"QwenMoeCausalLM": "Qwen2MoeForCausalLM", "Qwen3MoeCausalLM": "Qwen3MoeForCausalLM"}
@@ -59,6 +67,8 @@ _KINDS = {"qwen2_moe": ("Qwen2Moe", "qwen_sparse_moe_block", "qwen_moe_mlp"),
           "qwen3_moe": ("Qwen3Moe", "qwen3_sparse_moe_block", "qwen3_moe_mlp")}
 _BANKS = ((("gate_proj", "up_proj"), "expert_feedforward_gate_dense"),
           (("down_proj",), "expert_feedforward_output_dense"))
+_FUSED = [("gate_up_proj", ["expert_feedforward_gate_dense"]),
+          ("down_proj", ["expert_feedforward_output_dense"])]
 _DENSE = (("gate_proj", "feedforward_gate_dense"), ("up_proj", "feedforward_intermediate_dense"),
           ("down_proj", "feedforward_output_dense"))
 
@@ -143,9 +153,12 @@ def rules(config: dict, model=None) -> RuleSet:
     # decoder_base checked the sizes (positive ints): the reshapes below can use them
     head_dim = head_dim or config["hidden_size"] // config["num_attention_heads"]
     blocks = block_names([moe_block if s else mlp_block for s in sparse], model, what=name)
-    ours = _attention_extra(config, qwen3, head_dim)
+    ours, fused = _attention_extra(config, qwen3, head_dim), []
     for i, (block, is_sparse) in enumerate(zip(blocks, sparse)):
         ours += _layer(i, block, is_sparse, not qwen3, experts)
+        if is_sparse:  # transformers 5's form after the original (export writes that)
+            fused += fused_rules(f"model.layers.{i}.mlp.experts",
+                                 f"transformer_layer_{i}/{block}/experts", _FUSED)
     prefixes = list(dict.fromkeys(["model.", *(p for p, _ in classes.values())]))
-    return RuleSet(base + prefixed(ours, prefixes), alternatives=True,
+    return RuleSet(base + prefixed(ours + fused, prefixes), alternatives=True,
                    name=f"huggingface({model_type!r})", classes=tasks)

@@ -154,6 +154,10 @@ CASES = (
     Case("qwen2_moe", "Qwen2MoeForSequenceClassification", None, head=("score.weight",),
          lacks=_LM_HEAD),
     Case("qwen2_moe_dense", "Qwen2MoeForCausalLM", "QwenMoeCausalLM"),
+    # transformers 5's form of the experts: one tensor per bank and layer
+    Case("mixtral", "MixtralForCausalLM", "MixtralCausalLM", form=NEW_FORM),
+    Case("qwen3_moe", "Qwen3MoeForCausalLM", "Qwen3MoeCausalLM", form=NEW_FORM),
+    Case("qwen2_moe", "Qwen2MoeForCausalLM", "QwenMoeCausalLM", form=NEW_FORM),
     Case("gpt_oss", "GptOssModel", None, lacks=_LM_HEAD),
     Case("gpt_oss", "GptOssForCausalLM", "GptOssCausalLM"),
     Case("gpt_oss", "GptOssForSequenceClassification", None, head=("score.weight",),

@@ -344,3 +344,60 @@ def test_a_model_of_another_layout_is_refused_by_name():
     assert "model.layers.1.mlp.shared_expert_gate.weight" in said
     assert "experts.{0..3}.down_proj.weight" in said
     assert _values(model) == before
+
+
+# --- transformers 5's form: each layer's experts in one tensor per bank -----------------------
+
+def test_mixtral_banks_in_transformers_5s_form_are_split_and_swapped():
+    """`mlp.experts.gate_up_proj` (experts, 2 * inner, hidden) is w1 then w3 along axis 1:
+    each keras-hub bank takes its half with the last two axes swapped."""
+    rules = huggingface("mixtral", config=MIXTRAL)
+    by = {}
+    for rule in rules:
+        by.setdefault(rule.source, []).append(rule)
+    gate, intermediate = by["model.layers.1.mlp.experts.gate_up_proj"]
+    assert gate.target.endswith("/experts/expert_feedforward_gate_dense")
+    assert intermediate.target.endswith("/experts/expert_feedforward_intermediate_dense")
+    fused = np.arange(4 * 64 * 16, dtype=np.float32).reshape(4, 64, 16)
+    assert gate.transform(fused).tobytes() == fused[:, :32].transpose(0, 2, 1).copy().tobytes()
+    assert intermediate.transform(fused).tobytes() == (
+        fused[:, 32:].transpose(0, 2, 1).copy().tobytes())
+    (down,) = by["model.layers.1.mlp.experts.down_proj"]
+    assert down.transform == Transpose((0, 2, 1))
+    (router,) = by["model.layers.1.mlp.gate.weight"]
+    assert router.target.endswith("/sparse_feedforward_gate_dense/kernel")
+    # export writes the original form: the first rule of a bank is its Stack
+    names, _ = rules.export_names(gate.target)
+    assert names[0][0] == "model.layers.1.block_sparse_moe.experts.0.w1.weight"
+
+
+@pytest.mark.parametrize("case", ["mixtral", "qwen2_moe", "qwen3_moe"])
+def test_the_folders_key_form_is_named_and_a_mix_is_refused(tmp_path, case):
+    row = _case(case, {"mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
+                       "qwen3_moe": "Qwen3MoeForCausalLM"}[case])
+    assert huggingface(row.folder("float32")).key_form == "original"
+    new = row._replace(form=hf_cases.NEW_FORM)
+    assert huggingface(new.folder("float32")).key_form == "transformers 5"
+    from safetensors.numpy import load_file, save_file
+
+    mixed = tmp_path / "mixed"
+    shutil.copytree(row.folder("float32"), mixed)
+    entries = load_file(str(mixed / "model.safetensors"))
+    entries.update({k: v for k, v in load_file(
+        os.path.join(new.folder("float32"), "model.safetensors")).items()
+        if k.endswith("experts.down_proj")})
+    save_file(entries, str(mixed / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(errors.InvalidArgumentError, match=(
+            r"holds keys in two forms: `model\.layers\.0\..*experts\.0\..*` \(original.*"
+            r"`model\.layers\.0\.mlp\.experts\.down_proj` \(transformers 5.*Fix:")):
+        huggingface(str(mixed))
+
+
+def test_one_call_names_the_form_it_read():
+    _keras_hub()
+    row = _case("qwen3_moe", "Qwen3MoeForCausalLM")._replace(form=hf_cases.NEW_FORM)
+    model = hf_cases.backbone(row)
+    report = objckpt.restore(model, row.folder("bfloat16"))
+    assert "huggingface('qwen3_moe')" in str(report)
+    assert "its keys in the transformers 5 form" in str(report)
+    assert len(report.restored) == len(model.weights)
