@@ -129,20 +129,27 @@ def huggingface(name_or_folder: str, *, config: dict | None = None,
         a config that cannot be read, or a folder whose keys are in two forms (both named).
     """
     name = str(name_or_folder)
-    if os.path.isdir(name):
+    folder = name if os.path.isdir(name) else ""
+    if folder:
         config = _read_config(name)
         model_type = str(config.get("model_type", ""))
     else:
         model_type = name
-    module = _MODULES.get(model_type.lower())
-    if module is None:
+    if model_type.lower() not in _MODULES:
         raise errors.InvalidArgumentError(
             f"No Hugging Face rule set for model type {model_type!r}. Supported: "
             f"{', '.join(supported()) or 'none yet'}. Fix: pass one of them, or write the "
             "rules with objckpt.rules.Rule (objckpt.plan(model, source) proposes some).")
+    return _made(model_type.lower(), config, model, folder=folder)
+
+
+def _made(model_type: str, config, model, *, folder: str = "", key_form: str = ""):
+    """The set of a supported `model_type` for `config` (and `model`), its key form read
+    from `folder` (else `key_form`); `remake` makes it again, by type (never by a path: a
+    folder of the type's name in the working directory is not read)."""
     config = dict(config or {})
-    config.setdefault("model_type", model_type.lower())  # a module may cover several types
-    found = importlib.import_module(module)
+    config.setdefault("model_type", model_type)  # a module may cover several types
+    found = importlib.import_module(_MODULES[model_type])
     given = dict(config)
     if model is not None:
         kinds = [kind.__name__ for kind in type(model).__mro__]
@@ -150,9 +157,10 @@ def huggingface(name_or_folder: str, *, config: dict | None = None,
     per_model = bool(getattr(found, "PER_MODEL", False))  # its targets read from the model
     rules = found.rules(config, model=model) if per_model else found.rules(config)
     rules.per_model = per_model
-    rules.key_form = _key_form(name, found) if os.path.isdir(name) else ""
+    rules.key_form = _key_form(folder, found) if folder else key_form
     rules.config = given
-    rules.remake = lambda other: huggingface(model_type, config=given, model=other)
+    form = rules.key_form
+    rules.remake = lambda other: _made(model_type, given, other, key_form=form)
     return rules
 
 

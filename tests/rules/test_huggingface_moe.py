@@ -216,14 +216,16 @@ def test_block_names_are_read_from_the_models_variables():
         hf_moe.block_names(prefixes, two, what="Mixtral")
 
 
-def test_a_set_made_by_name_is_made_again_for_each_model():
+def test_a_set_made_by_name_is_made_again_for_each_model(tmp_path, monkeypatch):
     class MixtralBackbone:  # named as keras-hub's; its layers named by a later session
         weights = _fake(*(f"transformer_layer_{i}/mixtral_sparse_moe_block_{i + 4}/x"
                           for i in range(2))).weights
 
     rules = huggingface("mixtral", config=MIXTRAL)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mixtral").mkdir()  # a folder of the type's name is not read when remade
     made = rules.for_model(MixtralBackbone())
-    assert made is not rules and made.per_model
+    assert made is not rules and made.per_model and made.config == rules.config
     assert _by_source(made)["model.layers.1.block_sparse_moe.gate.weight"].target == (
         "transformer_layer_1/mixtral_sparse_moe_block_5/sparse_feedforward_gate_dense/kernel")
     plain = huggingface("llama", config={**DECODER, "model_type": "llama"})
