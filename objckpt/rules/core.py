@@ -1017,6 +1017,9 @@ class RuleSet(Sequence):
         self.classes = dict(classes or {})
         self.config = dict(config or {})
         self.remake = None  # model -> the same set made for that model (a shipped set)
+        # its targets name layers as the model does (a counter in keras-hub's auto names):
+        # made again for every model it is used with
+        self.per_model = False
         if isinstance(rules, Rule):
             rules = [rules]
         items = list(rules)
@@ -1031,9 +1034,10 @@ class RuleSet(Sequence):
 
     def for_model(self, model) -> RuleSet:
         """The set for `model`: a shipped set made again for a task model of a class it
-        knows (`classes`: its heads' names, export's `architectures`), else itself."""
-        if self.remake is None or not any(kind.__name__ in self.classes
-                                          for kind in type(model).__mro__):
+        knows (`classes`: its heads' names, export's `architectures`) or, `per_model`, for
+        any model (its targets read from the model's layer names), else itself."""
+        if self.remake is None or not self.per_model and not any(
+                kind.__name__ in self.classes for kind in type(model).__mro__):
             return self
         return self.remake(model)
 

@@ -29,10 +29,14 @@ _MODULES: dict[str, str] = {
     "gemma2": "objckpt.rules.hf_gemma",
     "gemma3_text": "objckpt.rules.hf_gemma3",
     "gpt2": "objckpt.rules.hf_gpt2",
+    "gpt_oss": "objckpt.rules.hf_gpt_oss",
     "llama": "objckpt.rules.hf_llama",
     "mistral": "objckpt.rules.hf_mistral",
+    "mixtral": "objckpt.rules.hf_mixtral",
     "qwen2": "objckpt.rules.hf_qwen",
+    "qwen2_moe": "objckpt.rules.hf_qwen_moe",
     "qwen3": "objckpt.rules.hf_qwen",
+    "qwen3_moe": "objckpt.rules.hf_qwen_moe",
     "roberta": "objckpt.rules.hf_roberta",
     "smollm3": "objckpt.rules.hf_smollm3",
     "t5gemma": "objckpt.rules.hf_t5gemma",
@@ -116,7 +120,12 @@ def huggingface(name_or_folder: str, *, config: dict | None = None,
         `architectures` name the class, whose names export writes).
       config: the config as a dict, when a name is given (sizes the set needs).
       model: the keras-hub model the set is for (optional): a task model's class chooses
-        the Hub class export names (`BertMaskedLM`: `BertForMaskedLM`, `bert.` names).
+        the Hub class export names (`BertMaskedLM`: `BertForMaskedLM`, `bert.` names). A
+        set whose targets depend on the model's layer names (the mixture-of-experts
+        decoders': keras-hub numbers each layer's expert block by a counter of the session,
+        `mixtral_sparse_moe_block_3`) reads them from it; restore, plan, export and the
+        other operations make it again for the model they are given (`RuleSet.for_model`),
+        so a set made without one works for every model of its architecture.
 
     A set whose architecture transformers 5 renames at load (ViT: `FORMS` of its module)
     restores a folder in either key form; made from a folder, it reads the names in the
@@ -127,28 +136,38 @@ def huggingface(name_or_folder: str, *, config: dict | None = None,
         a config that cannot be read, or a folder whose keys are in two forms (both named).
     """
     name = str(name_or_folder)
-    if os.path.isdir(name):
+    folder = name if os.path.isdir(name) else ""
+    if folder:
         config = _read_config(name)
         model_type = str(config.get("model_type", ""))
     else:
         model_type = name
-    module = _MODULES.get(model_type.lower())
-    if module is None:
+    if model_type.lower() not in _MODULES:
         raise errors.InvalidArgumentError(
             f"No Hugging Face rule set for model type {model_type!r}. Supported: "
             f"{', '.join(supported()) or 'none yet'}. Fix: pass one of them, or write the "
             "rules with objckpt.rules.Rule (objckpt.plan(model, source) proposes some).")
+    return _made(model_type.lower(), config, model, folder=folder)
+
+
+def _made(model_type: str, config, model, *, folder: str = "", key_form: str = ""):
+    """The set of a supported `model_type` for `config` (and `model`), its key form read
+    from `folder` (else `key_form`); `remake` makes it again, by type (never by a path: a
+    folder of the type's name in the working directory is not read)."""
     config = dict(config or {})
-    config.setdefault("model_type", model_type.lower())  # a module may cover several types
-    found = importlib.import_module(module)
+    config.setdefault("model_type", model_type)  # a module may cover several types
+    found = importlib.import_module(_MODULES[model_type])
     given = dict(config)
     if model is not None:
         kinds = [kind.__name__ for kind in type(model).__mro__]
         config["task"] = next((k for k in kinds if k in getattr(found, "TASKS", {})), "")
-    rules = found.rules(config)
-    rules.key_form = _key_form(name, found) if os.path.isdir(name) else ""
+    per_model = bool(getattr(found, "PER_MODEL", False))  # its targets read from the model
+    rules = found.rules(config, model=model) if per_model else found.rules(config)
+    rules.per_model = per_model
+    rules.key_form = _key_form(folder, found) if folder else key_form
     rules.config = given
-    rules.remake = lambda other: huggingface(model_type, config=given, model=other)
+    form = rules.key_form
+    rules.remake = lambda other: _made(model_type, given, other, key_form=form)
     return rules
 
 

@@ -36,7 +36,9 @@ CONVERTERS = {"llama": "convert_llama3", "mistral": "convert_mistral", "gemma": 
               "distilbert": "convert_distilbert", "roberta": "convert_roberta",
               "xlm-roberta": "convert_xlm_roberta", "albert": "convert_albert",
               "gemma3_text": "convert_gemma3", "smollm3": "convert_smollm3",
-              "bart": "convert_bart", "t5gemma": "convert_t5gemma"}
+              "bart": "convert_bart", "t5gemma": "convert_t5gemma", "mixtral": "convert_mixtral",
+              "qwen2_moe": "convert_qwen_moe", "qwen3_moe": "convert_qwen3_moe",
+              "gpt_oss": "convert_gpt_oss"}
 
 
 class Case(NamedTuple):
@@ -204,6 +206,29 @@ CASES = (
          export_differs=_POSITIONS + ("final_logits_bias",)),
     Case("t5gemma", "T5GemmaModel", None),
     Case("t5gemma", "T5GemmaForConditionalGeneration", "T5GemmaSeq2SeqLM"),
+    # mixtures of experts: each layer's experts stacked into banks
+    Case("mixtral", "MixtralModel", None, lacks=_LM_HEAD),
+    Case("mixtral", "MixtralForCausalLM", "MixtralCausalLM"),
+    Case("mixtral", "MixtralForSequenceClassification", None, head=("score.weight",),
+         lacks=_LM_HEAD),
+    Case("qwen3_moe", "Qwen3MoeModel", None, lacks=_LM_HEAD),
+    Case("qwen3_moe", "Qwen3MoeForCausalLM", "Qwen3MoeCausalLM"),
+    Case("qwen3_moe", "Qwen3MoeForSequenceClassification", None, head=("score.weight",),
+         lacks=_LM_HEAD),
+    Case("qwen3_moe_dense", "Qwen3MoeForCausalLM", "Qwen3MoeCausalLM"),
+    Case("qwen2_moe", "Qwen2MoeModel", None, lacks=_LM_HEAD),
+    Case("qwen2_moe", "Qwen2MoeForCausalLM", "QwenMoeCausalLM"),
+    Case("qwen2_moe", "Qwen2MoeForSequenceClassification", None, head=("score.weight",),
+         lacks=_LM_HEAD),
+    Case("qwen2_moe_dense", "Qwen2MoeForCausalLM", "QwenMoeCausalLM"),
+    # transformers 5's form of the experts: one tensor per bank and layer
+    Case("mixtral", "MixtralForCausalLM", "MixtralCausalLM", form=NEW_FORM),
+    Case("qwen3_moe", "Qwen3MoeForCausalLM", "Qwen3MoeCausalLM", form=NEW_FORM),
+    Case("qwen2_moe", "Qwen2MoeForCausalLM", "QwenMoeCausalLM", form=NEW_FORM),
+    Case("gpt_oss", "GptOssModel", None, lacks=_LM_HEAD),
+    Case("gpt_oss", "GptOssForCausalLM", "GptOssCausalLM"),
+    Case("gpt_oss", "GptOssForSequenceClassification", None, head=("score.weight",),
+         lacks=_LM_HEAD),
 )
 
 
@@ -226,6 +251,10 @@ def backbone(case: Case, dtype: str = "float32"):
     hf_config = config(case)
     if hf_config["model_type"] == "bart":  # keras-hub 0.32 reads what transformers 5 no
         hf_config.setdefault("num_hidden_layers", hf_config["encoder_layers"])  # writes
+    if hf_config["model_type"] == "qwen3_moe":  # transformers 5 renamed it; keras-hub 0.32
+        hf_config.setdefault("num_experts", hf_config.get("num_local_experts"))  # reads this
+    if hf_config["model_type"] == "gpt_oss":  # keras-hub 0.32 reads the YaRN factor from
+        hf_config.setdefault("rope_scaling", hf_config.get("rope_parameters"))  # v4's key
     converter = importlib.import_module(
         "keras_hub.src.utils.transformers." + CONVERTERS[hf_config["model_type"]])
     return converter.backbone_cls(**converter.convert_backbone_config(hf_config), dtype=dtype)
