@@ -41,18 +41,23 @@ _SYNONYMS = {
     "batchnorm": "norm", "rmsnorm": "norm",
     "linear": "dense", "fc": "dense", "lin": "dense",
     "attn": "attention", "self": "attention", "mha": "attention",
-    "ffn": "mlp", "feedforward": "mlp", "ff": "mlp",
+    "ffn": "mlp", "feedforward": "mlp", "ff": "mlp", "ffw": "mlp",
     "lm": "head", "classifier": "head",
     "q": "query", "k": "key", "v": "value", "o": "output", "out": "output",
     "up": "intermediate", "down": "output", "wi": "intermediate", "wo": "output",
+    "dw": "depthwise", "pw": "pointwise",
 }
+# Words that place the next word's part before or after it (`post_attention_layernorm`: the
+# norm after the attention, not the attention's): the two make one word.
+_PLACES = {"pre": "pre", "before": "pre", "post": "post", "after": "post"}
 # A weight's role: the last part of its name, grouped by what it means.
 _ROLES = {
     "weight": "w", "kernel": "w", "gamma": "w", "scale": "w", "embeddings": "w",
-    "embedding": "w", "w": "w",
-    "bias": "b", "beta": "b", "offset": "b", "b": "b",
+    "embedding": "w", "w": "w", "weights": "w",
+    "bias": "b", "beta": "b", "offset": "b", "b": "b", "biases": "b",
     "running_mean": "mean", "moving_mean": "mean",
     "running_var": "var", "moving_variance": "var",
+    "depthwise_weights": "dw", "depthwise_kernel": "dw",
 }
 
 
@@ -62,6 +67,10 @@ class _Name:
     numbers: tuple  # the numbers, in order
     role: str  # the role group, or the last part itself
     last: str  # the last part, lowercased
+    # The name's place among its siblings (the names that differ from it only by their
+    # numbers): per number that differs between them, (its rank among their values, how
+    # many values there are). () when it has no such sibling.
+    place: tuple = ()
 
 
 def _parsed(name: str) -> _Name:
@@ -69,14 +78,52 @@ def _parsed(name: str) -> _Name:
     last = parts[-1].lower() if parts else ""
     words, numbers = set(), []
     for part in parts[:-1]:
+        place = ""
         for token in _WORD.findall(part):
             if token.isdigit():
                 numbers.append(int(token))
-            else:
-                token = token.lower()
-                words.add(_SYNONYMS.get(token, token))
+                continue
+            token = token.lower()
+            if token in _PLACES:
+                place = _PLACES[token]
+                continue
+            token = _SYNONYMS.get(token, token)
+            words.add(f"{place}_{token}" if place else token)
+            place = ""
     numbers += [int(t) for t in _WORD.findall(last) if t.isdigit()]
     return _Name(frozenset(words), tuple(numbers), _ROLES.get(last, last), last)
+
+
+def _placed(names: dict) -> dict:
+    """{name: its `_Name`, with its place among its siblings} for the names of one side."""
+    groups: dict = {}
+    for name, parsed in names.items():
+        groups.setdefault(_NUMBER.sub("#", name), []).append(name)
+    out = {}
+    for members in groups.values():
+        if len(members) < 2:
+            out.update((m, names[m]) for m in members)
+            continue
+        columns = list(zip(*(names[m].numbers for m in members)))
+        ranks = [sorted(set(column)) for column in columns]
+        for member in members:
+            numbers = names[member].numbers
+            place = tuple((ranks[j].index(numbers[j]), len(ranks[j]))
+                          for j in range(len(ranks)) if len(ranks[j]) > 1)
+            out[member] = dataclasses.replace(names[member], place=place)
+    return out
+
+
+def _numbers(key: _Name, var: _Name):
+    """What the numbers say of a pair: 1 for, 0 nothing, None against. Where both names
+    have siblings in the same arrangement (as many of each number), their places decide
+    (a first block numbered 0 on one side and 1 on the other is still the first); else
+    their numbers must be equal."""
+    if key.place and [n for _, n in key.place] == [n for _, n in var.place]:
+        return 1 if key.place == var.place else None
+    if key.numbers and var.numbers:
+        return 1 if key.numbers == var.numbers else None
+    return 0
 
 
 def _score(key: _Name, var: _Name) -> int:
@@ -84,10 +131,8 @@ def _score(key: _Name, var: _Name) -> int:
     if key.role != var.role:
         return 0
     shared = len(key.words & var.words)
-    numbered = bool(key.numbers) and key.numbers == var.numbers
-    if key.numbers and var.numbers and not numbered:
-        return 0
-    if not shared and not numbered:
+    numbered = _numbers(key, var)
+    if numbered is None or (not shared and not numbered):
         return 0
     return 4 * shared + 3 * numbered + (key.last == var.last)
 
@@ -97,6 +142,32 @@ def _size(shape) -> int:
     for dim in shape:
         size *= dim
     return size
+
+
+def _bounds(shape) -> set:
+    """Where a row-major layout of `shape` breaks between axes, in elements."""
+    out, size = set(), 1
+    for dim in shape[:-1]:
+        size *= dim
+        out.add(size)
+    return out
+
+
+def _regroups(shape: tuple, target: tuple) -> bool:
+    """Whether a reshape from `shape` to `target` only splits or merges neighbouring axes
+    (`(16, 32)` -> `(16, 4, 8)`), keeping every element's place along the others; a reshape
+    that moves elements between axes (`(16, 16)` -> `(4, 16, 4)`) is a layout change no
+    name can tell, never proposed."""
+    a, b = _bounds(shape), _bounds(target)
+    return a <= b or b <= a
+
+
+def _torch_heads(shape: tuple, target: tuple):
+    """A torch (out, in) weight as a (heads, in, head_dim) kernel (Gemma's query), or None."""
+    if len(shape) == 2 and len(target) == 3 and target[1] == shape[1] \
+            and target[0] * target[2] == shape[0] and target[0] > 1:
+        return Chain(Reshape(shape, (target[0], target[2], shape[1])), Transpose((0, 2, 1)))
+    return None
 
 
 def _fit(shape: tuple, target: tuple, torch_layout: bool):
@@ -117,8 +188,13 @@ def _fit(shape: tuple, target: tuple, torch_layout: bool):
     if len(shape) == 2 and reverse == target:
         return True, Transpose(), 1
     if torch_layout and len(shape) == 2:
-        return True, Chain(Transpose(), Reshape(reverse, target)), 1
-    return True, Reshape(shape, target), 1
+        if _regroups(reverse, target):
+            return True, Chain(Transpose(), Reshape(reverse, target)), 1
+        heads = _torch_heads(shape, target)
+        return (True, heads, 1) if heads is not None else (False, None, 0)
+    if _regroups(shape, target):
+        return True, Reshape(shape, target), 1
+    return False, None, 0
 
 
 def _target_names(paths, variables) -> dict:
@@ -143,12 +219,14 @@ def _pairs(keys: list, paths: list, specs: dict, variables: dict, shown: dict) -
         by_size.setdefault(_size(tuple(variables[path].shape)), []).append(path)
     if sum(len(by_size.get(_size(specs[k][0]), ())) for k in keys) > _PAIR_LIMIT:
         return {}
-    parsed_paths = {path: _parsed(shown[path]) for path in paths}
+    parsed_paths = _placed({shown[path]: _parsed(shown[path]) for path in paths})
+    parsed_paths = {path: parsed_paths[shown[path]] for path in paths}
+    parsed_keys = _placed({key: _parsed(key) for key in keys})
     best_key: dict = {}  # key -> (score, [(path, transform)])
     best_path: dict = {}  # path -> (score, [key])
     for key in keys:
         shape = tuple(specs[key][0])
-        name = _parsed(key)
+        name = parsed_keys[key]
         for path in by_size.get(_size(shape), ()):
             var = parsed_paths[path]
             score = _score(name, var)

@@ -1,0 +1,204 @@
+"""How right `objckpt.plan`'s proposals are: precision and recall, against known mappings.
+
+Two kinds of cases, each a model and a checkpoint whose right mapping is known:
+
+- every shipped Hugging Face rule set (`objckpt.rules.supported()`), withheld in turn: the
+  folder that transformers wrote (tests/fixtures/hf/, the first float32 row of hf_cases.CASES
+  of that `model_type`, the task model where keras-hub has one) is read without its
+  `config.json` (so no set is chosen) and without the set's head entries among those a
+  proposal never pairs (the architecture is unknown); the right mapping is the set's own;
+- TF1 name-based checkpoints that tf-slim wrote (tests/fixtures/slim/, make_slim_fixtures.py)
+  of models whose keras.applications counterpart has the same structure; the right mapping is
+  the hand-written one of make_slim_fixtures.py, whose outputs equal tf-slim's.
+
+A pair is a variable the proposal feeds; it is right when the value it feeds is, bit for bit,
+the one the right mapping feeds. Precision: right pairs / pairs; recall: right pairs /
+variables the right mapping feeds. A proposal of nothing has precision 1.0 (it is silent).
+
+Run as a script (Keras 3 with keras-hub) it prints the table that docs/huggingface.md quotes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import pkgutil
+import shutil
+import sys
+import tempfile
+from typing import NamedTuple
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+import hf_cases  # noqa: E402
+
+
+class Figures(NamedTuple):
+    """One case's figures."""
+
+    case: str  # the row's name
+    checkpoint: str  # what wrote the checkpoint, and its class
+    model: str  # the Keras model's class
+    proposed: int  # variables the proposal feeds
+    right: int  # of those, fed the value the right mapping feeds
+    mapped: int  # variables the right mapping feeds
+
+    @property
+    def precision(self) -> float:
+        return self.right / self.proposed if self.proposed else 1.0
+
+    @property
+    def recall(self) -> float:
+        return self.right / self.mapped if self.mapped else 1.0
+
+
+def set_modules() -> dict:
+    """{model_type: its rule set's module} for every shipped set, found by the modules'
+    `MODEL_TYPES` (`objckpt/rules/hf_*.py`); each of `objckpt.rules.supported()` has one."""
+    import objckpt.rules
+
+    found = {}
+    for info in pkgutil.iter_modules(objckpt.rules.__path__):
+        if info.name.startswith("hf_"):
+            module = importlib.import_module(f"objckpt.rules.{info.name}")
+            for model_type in getattr(module, "MODEL_TYPES", ()):
+                found[model_type] = module
+    lacking = sorted(set(objckpt.rules.supported()) - set(found))
+    if lacking:
+        raise LookupError(f"no objckpt/rules/hf_*.py module lists {lacking} in MODEL_TYPES")
+    return {t: found[t] for t in objckpt.rules.supported()}
+
+
+def hf_rows() -> dict:
+    """{model_type: the hf_cases row measured} for every shipped set: its first row in the
+    original key form with a keras-hub task model, else its first row. LookupError names a
+    set without a fixture."""
+    rows = {}
+    for case in hf_cases.CASES:
+        if case.form or not os.path.isdir(case.folder("float32")):
+            continue
+        model_type = hf_cases.config(case)["model_type"]
+        old = rows.get(model_type)
+        if old is None or (old.task is None and case.task is not None):
+            rows[model_type] = case
+    lacking = sorted(set(set_modules()) - set(rows))
+    if lacking:
+        raise LookupError(f"no fixture of tests/fixtures/hf/ (hf_cases.CASES) for the shipped "
+                          f"sets {lacking}: the proposal cannot be measured on them")
+    return {t: rows[t] for t in set_modules()}
+
+
+@contextlib.contextmanager
+def withheld(module):
+    """The proposal as if `module`'s set were not shipped: its Hub classes' head entries are
+    no longer among those a proposal never pairs (heads other sets name stay)."""
+    from objckpt._planning import propose as _propose
+
+    others = set()
+    for other in {id(m): m for m in set_modules().values()}.values():
+        if other is not module:
+            for value in other.CLASSES.values():  # (prefix, heads, ...)
+                others.update(value[1])
+    every = _propose.head_entries()
+    kept = frozenset(h for h in every if h in others)
+    saved = _propose.head_entries
+    _propose.head_entries = lambda: kept
+    try:
+        yield
+    finally:
+        _propose.head_entries = saved
+
+
+def _bits(variable) -> bytes:
+    import numpy as np
+
+    return np.asarray(variable.numpy()).tobytes()
+
+
+def measure(model, source: str, right_rules, *, name: str, checkpoint: str,
+            proposal_source: str | None = None) -> Figures:
+    """Restores `source` into `model` by `right_rules`, then the proposal of
+    `objckpt.plan(model, proposal_source or source)` (no rules) over it: its figures."""
+    import objckpt
+
+    shipped = objckpt.restore(model, source, rules=right_rules, strict=False)
+    tree = objckpt.tree(model)
+    want = {path: _bits(tree[path]) for path in shipped.restored}
+    the_plan = objckpt.plan(model, proposal_source or source)
+    proposed = right = 0
+    if the_plan.proposed is not None:
+        fed = objckpt.restore(model, proposal_source or source, rules=the_plan.proposed,
+                              strict=False)
+        proposed = len(fed.restored)
+        right = sum(want.get(path) == _bits(tree[path]) for path in fed.restored)
+    return Figures(name, checkpoint, type(model).__name__, proposed, right, len(want))
+
+
+def hf_figures(model_type: str) -> Figures:
+    """The figures of the proposal on the shipped set of `model_type`, withheld."""
+    import objckpt
+
+    case = hf_rows()[model_type]
+    folder = case.folder("float32")
+    model = hf_cases.backbone(case)
+    if case.task:
+        model = hf_cases.task(case, model)
+    bare = tempfile.mkdtemp(prefix="objckpt-proposal-")
+    try:
+        for name in os.listdir(folder):  # no config.json: no set is chosen
+            if name.endswith((".safetensors", ".safetensors.index.json")):
+                shutil.copy(os.path.join(folder, name), bare)
+        with withheld(set_modules()[model_type]):
+            return measure(model, folder, objckpt.rules.huggingface(folder),
+                           name=model_type, checkpoint=f"transformers {case.cls}",
+                           proposal_source=bare)
+    finally:
+        shutil.rmtree(bare, ignore_errors=True)
+
+
+def slim_cases() -> list:
+    """The names of the tf-slim fixtures (make_slim_fixtures.CASES)."""
+    import make_slim_fixtures
+
+    return list(make_slim_fixtures.CASES)
+
+
+def slim_figures(name: str) -> Figures:
+    """The figures of the proposal on the tf-slim checkpoint `name` and its Keras model."""
+    import make_slim_fixtures
+
+    model = make_slim_fixtures.keras_model(name)
+    return measure(model, make_slim_fixtures.prefix(name), make_slim_fixtures.rules(name),
+                   name=name, checkpoint=f"tf-slim {make_slim_fixtures.CASES[name].net}")
+
+
+def table(rows) -> str:
+    lines = ["case          checkpoint                                      model                    "
+             "pairs  right  mapped  precision  recall"]
+    for f in rows:
+        lines.append(f"{f.case:<13} {f.checkpoint:<47} {f.model:<24} {f.proposed:>5}  "
+                     f"{f.right:>5}  {f.mapped:>6}  {f.precision:>9.3f}  {f.recall:>6.3f}")
+    proposed = sum(f.proposed for f in rows)
+    right = sum(f.right for f in rows)
+    mapped = sum(f.mapped for f in rows)
+    lines.append(f"{'all':<13} {'':<47} {'':<24} {proposed:>5}  {right:>5}  {mapped:>6}  "
+                 f"{right / proposed if proposed else 1.0:>9.3f}  "
+                 f"{right / mapped if mapped else 1.0:>6.3f}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    import keras
+    import keras_hub
+
+    rows = [hf_figures(t) for t in set_modules()] + [slim_figures(n) for n in slim_cases()]
+    print(f"objckpt.plan's proposals (keras {keras.__version__}, keras-hub "
+          f"{keras_hub.__version__}): tests/helpers/proposal_figures.py")
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
