@@ -116,9 +116,9 @@ def _placed(names: dict) -> dict:
 
 def _numbers(key: _Name, var: _Name):
     """What the numbers say of a pair: 1 for, 0 nothing, None against. Where both names
-    have siblings in the same arrangement (as many of each number), their places decide
-    (a first block numbered 0 on one side and 1 on the other is still the first); else
-    their numbers must be equal."""
+    have numbered siblings arranged alike (as many values of each number), their places
+    decide (a first block numbered 0 on one side and 1 on the other is still the first);
+    else their numbers must be equal."""
     if key.place and [n for _, n in key.place] == [n for _, n in var.place]:
         return 1 if key.place == var.place else None
     if key.numbers and var.numbers:

@@ -302,3 +302,92 @@ def test_a_hub_head_is_never_proposed_and_fix_regexes_match_their_keys(tmp_path)
 
     regex, _ = ast.literal_eval(shown[0])
     assert re.search(regex, "cls.predictions.transform.LayerNorm.bias")
+
+
+class _Norms(tf.Module):
+    """A block's two norms, named as keras-hub's decoders name them."""
+
+    def __init__(self, rng):
+        super().__init__()
+        for name in ("self_attention_layernorm", "feedforward_layernorm"):
+            layer = tf.Module()
+            layer.scale = tf.Variable(rng.standard_normal((8,)).astype(np.float32))
+            setattr(self, name, layer)
+
+
+def test_a_word_placed_by_post_or_pre_is_no_evidence_for_the_word_alone(tmp_path):
+    """`post_attention_layernorm` (the norm after the attention) shares the word `attention`
+    with `self_attention_layernorm` (the norm before it): no evidence, so with
+    `input_layernorm` fitting both norms as well, nothing is paired."""
+    net = _Norms(np.random.default_rng(0))
+    path = str(tmp_path / "norms.safetensors")
+    safetensors_numpy.save_file({"input_layernorm.weight": np.ones(8, np.float32),
+                                 "post_attention_layernorm.weight": np.ones(8, np.float32)},
+                                path)
+    assert objckpt.plan(net, path).proposed is None
+    # The same names without `post`: the shared word decides, one pair each way.
+    safetensors_numpy.save_file({"attention_layernorm.weight": np.ones(8, np.float32)}, path)
+    assert [(r.source, r.target) for r in objckpt.plan(net, path).proposed] == [
+        ("attention_layernorm.weight", "self_attention_layernorm/scale")]
+
+
+class _Blocks(tf.Module):
+    """Blocks numbered from 1, as keras-hub's ViT names them (`transformer_block_1`)."""
+
+    def __init__(self, rng, count=2):
+        super().__init__()
+        for i in range(1, count + 1):
+            block = tf.Module()
+            block.bias = tf.Variable(rng.standard_normal((6,)).astype(np.float32))
+            setattr(self, f"block_{i}", block)
+
+
+def test_numbered_siblings_pair_by_their_place_not_their_number(tmp_path):
+    """`layers.0` is the first layer and `block_1` the first block: paired by place, never
+    `layers.1` with `block_1` because the numbers are equal."""
+    net = _Blocks(np.random.default_rng(0))
+    rng = np.random.default_rng(1)
+    tensors = {f"layers.{i}.bias": rng.standard_normal((6,)).astype(np.float32)
+               for i in range(2)}
+    path = str(tmp_path / "blocks.safetensors")
+    safetensors_numpy.save_file(tensors, path)
+    proposed = objckpt.plan(net, path).proposed
+    assert sorted((r.source, r.target) for r in proposed) == [
+        ("layers.0.bias", "block_1/bias"), ("layers.1.bias", "block_2/bias")]
+    objckpt.restore(net, path, rules=proposed)
+    assert bits(net.block_1.bias.numpy()) == bits(tensors["layers.0.bias"])
+    assert bits(net.block_2.bias.numpy()) == bits(tensors["layers.1.bias"])
+    # Three layers in the file for two blocks: places do not line up, numbers must agree.
+    tensors["layers.2.bias"] = rng.standard_normal((6,)).astype(np.float32)
+    safetensors_numpy.save_file(tensors, path)
+    assert [(r.source, r.target) for r in objckpt.plan(net, path).proposed] == [
+        ("layers.1.bias", "block_1/bias"), ("layers.2.bias", "block_2/bias")]
+
+
+class _Heads(tf.Module):
+    def __init__(self, shape):
+        super().__init__()
+        self.query = tf.Module()
+        self.query.kernel = tf.Variable(np.zeros(shape, np.float32))
+
+
+def test_a_reshape_that_moves_elements_between_axes_is_not_proposed(tmp_path):
+    """A (16, 16) entry fits a (4, 16, 4) kernel only by moving elements between axes: not
+    proposed from a TF layout; from a torch `Linear` weight (out, in) it is Gemma's
+    (heads, in, head_dim) query, out split by head: proposed, and restored as keras-hub's
+    importer lays it out."""
+    rng = np.random.default_rng(2)
+    weight = rng.standard_normal((16, 16)).astype(np.float32)
+    path = str(tmp_path / "q.safetensors")
+    safetensors_numpy.save_file({"query.kernel": weight}, path)
+    assert objckpt.plan(_Heads((4, 16, 4)), path).proposed is None
+    safetensors_numpy.save_file({"query.weight": weight}, path)
+    net = _Heads((4, 16, 4))
+    proposed = objckpt.plan(net, path).proposed
+    assert [(r.source, r.target) for r in proposed] == [("query.weight", "query/kernel")]
+    objckpt.restore(net, path, rules=proposed)
+    assert bits(net.query.kernel.numpy()) == bits(weight.reshape(4, 4, 16).transpose(0, 2, 1))
+    # Split by head the usual way, (in, heads, head_dim): one Transpose and a split axis.
+    net = _Heads((16, 4, 4))
+    objckpt.restore(net, path, rules=objckpt.plan(net, path).proposed)
+    assert bits(net.query.kernel.numpy()) == bits(weight.T.reshape(16, 4, 4))

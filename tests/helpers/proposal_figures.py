@@ -21,9 +21,7 @@ Run as a script (Keras 3 with keras-hub) it prints the table that docs/huggingfa
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
-import pkgutil
 import shutil
 import sys
 import tempfile
@@ -34,6 +32,7 @@ if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
 import hf_cases  # noqa: E402
+from hf_table import set_modules  # noqa: E402
 
 
 class Figures(NamedTuple):
@@ -53,23 +52,6 @@ class Figures(NamedTuple):
     @property
     def recall(self) -> float:
         return self.right / self.mapped if self.mapped else 1.0
-
-
-def set_modules() -> dict:
-    """{model_type: its rule set's module} for every shipped set, found by the modules'
-    `MODEL_TYPES` (`objckpt/rules/hf_*.py`); each of `objckpt.rules.supported()` has one."""
-    import objckpt.rules
-
-    found = {}
-    for info in pkgutil.iter_modules(objckpt.rules.__path__):
-        if info.name.startswith("hf_"):
-            module = importlib.import_module(f"objckpt.rules.{info.name}")
-            for model_type in getattr(module, "MODEL_TYPES", ()):
-                found[model_type] = module
-    lacking = sorted(set(objckpt.rules.supported()) - set(found))
-    if lacking:
-        raise LookupError(f"no objckpt/rules/hf_*.py module lists {lacking} in MODEL_TYPES")
-    return {t: found[t] for t in objckpt.rules.supported()}
 
 
 def hf_rows() -> dict:

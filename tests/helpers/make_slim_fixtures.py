@@ -1,0 +1,163 @@
+"""TF1 name-based checkpoints written by tf-slim, and their keras.applications counterparts.
+
+Each case is a network built from tf-slim's own layers (`slim.conv2d`, `slim.separable_conv2d`,
+`slim.batch_norm`, under tf-slim's `arg_scope`), the way TensorFlow's model garden defines it
+(`models/research/slim/nets/mobilenet_v1.py`: the same scopes, depths and arg scope), with
+every variable given a seeded random value, saved by `tf.compat.v1.train.Saver` into
+`tests/fixtures/slim/<case>/model.ckpt`, and its logits on a fixed input saved beside it
+(`oracle.safetensors`). The Keras model of the same structure is a keras.applications
+network; `rules(case)` is the mapping between them, written by hand, and the test restores
+the checkpoint through it into the Keras model and compares the logits with tf-slim's.
+tests/helpers/proposal_figures.py measures `objckpt.plan`'s proposals against that mapping.
+
+Writing the fixtures needs tf-slim (`python3 -m pip install tf-slim`; 1.1.0 wrote the
+committed ones, on TensorFlow 2.21): run this file as a script. Reading them does not.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import NamedTuple
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIXTURES = os.path.join(ROOT, "fixtures", "slim")
+
+
+class Case(NamedTuple):
+    net: str  # the model garden's name of the network
+    keras: str  # its keras.applications counterpart, as called
+    size: int  # the input's height and width
+    classes: int
+    alpha: float  # the depth multiplier (tf-slim) and alpha (Keras)
+
+
+CASES = {
+    "mobilenet_v1_025": Case("mobilenet_v1", "MobileNet", 64, 10, 0.25),
+}
+
+
+def prefix(name: str) -> str:
+    return os.path.join(FIXTURES, name, "model.ckpt")
+
+
+def oracle(name: str) -> dict:
+    """{"input": the fixed input (NHWC), "logits": tf-slim's logits on it}."""
+    from safetensors.numpy import load_file
+
+    return load_file(os.path.join(FIXTURES, name, "oracle.safetensors"))
+
+
+def keras_model(name: str):
+    """The keras.applications model of the case (Keras 3), logits out."""
+    import keras
+
+    case = CASES[name]
+    return getattr(keras.applications, case.keras)(
+        input_shape=(case.size, case.size, 3), alpha=case.alpha, weights=None,
+        classes=case.classes, classifier_activation=None)
+
+
+def rules(name: str) -> list:
+    """The mapping from the tf-slim checkpoint's names to the Keras model's variable names."""
+    assert CASES[name].net == "mobilenet_v1"
+    bn = r"BatchNorm/(gamma|beta|moving_mean|moving_variance)$"
+    return [
+        (r"^MobilenetV1/Conv2d_0/weights$", "conv1/kernel"),
+        (r"^MobilenetV1/Conv2d_0/" + bn, r"conv1_bn/\1"),
+        (r"^MobilenetV1/Conv2d_(\d+)_depthwise/depthwise_weights$", r"conv_dw_\1/kernel"),
+        (r"^MobilenetV1/Conv2d_(\d+)_depthwise/" + bn, r"conv_dw_\1_bn/\2"),
+        (r"^MobilenetV1/Conv2d_(\d+)_pointwise/weights$", r"conv_pw_\1/kernel"),
+        (r"^MobilenetV1/Conv2d_(\d+)_pointwise/" + bn, r"conv_pw_\1_bn/\2"),
+        (r"^MobilenetV1/Logits/Conv2d_1c_1x1/weights$", "conv_preds/kernel"),
+        (r"^MobilenetV1/Logits/Conv2d_1c_1x1/biases$", "conv_preds/bias"),
+    ]
+
+
+# (stride, depth) of each layer after the first (a 3x3 conv, stride 2, depth 32): depthwise
+# 3x3 then pointwise 1x1, as the model garden's MOBILENETV1_CONV_DEFS.
+_SEPARABLE = ((1, 64), (2, 128), (1, 128), (2, 256), (1, 256), (2, 512), (1, 512), (1, 512),
+              (1, 512), (1, 512), (1, 512), (2, 1024), (1, 1024))
+
+
+def _legacy_layers() -> None:
+    """tf-slim's layers are TF's `tensorflow.python.layers`, which load `tf_keras.
+    legacy_tf_layers`; tf_keras 2.16 and later keep them under `tf_keras.src`."""
+    import importlib
+
+    try:
+        importlib.import_module("tf_keras.legacy_tf_layers")
+    except ImportError:
+        for name in ("", ".base", ".convolutional", ".core", ".normalization", ".pooling",
+                     ".variable_scope_shim", ".migration_utils"):
+            sys.modules["tf_keras.legacy_tf_layers" + name] = importlib.import_module(
+                "tf_keras.src.legacy_tf_layers" + name)
+
+
+def _mobilenet_v1(images, case: Case):
+    """The model garden's mobilenet_v1 (inference), with tf-slim's layers: the logits."""
+    import tensorflow.compat.v1 as tf1
+
+    _legacy_layers()
+    import tf_slim as slim
+
+    def depth(d):
+        return max(int(d * case.alpha), 8)
+
+    bn = {"center": True, "scale": True, "decay": 0.9997, "epsilon": 0.001,
+          "is_training": False}
+    with tf1.variable_scope("MobilenetV1"):
+        with slim.arg_scope([slim.conv2d, slim.separable_conv2d], padding="SAME",
+                            normalizer_fn=slim.batch_norm, activation_fn=tf1.nn.relu6), \
+                slim.arg_scope([slim.batch_norm], **bn):
+            net = slim.conv2d(images, depth(32), [3, 3], stride=2, scope="Conv2d_0")
+            for i, (stride, d) in enumerate(_SEPARABLE, start=1):
+                net = slim.separable_conv2d(net, None, [3, 3], depth_multiplier=1,
+                                            stride=stride, scope=f"Conv2d_{i}_depthwise")
+                net = slim.conv2d(net, depth(d), [1, 1], stride=1,
+                                  scope=f"Conv2d_{i}_pointwise")
+        with tf1.variable_scope("Logits"):
+            net = tf1.reduce_mean(net, [1, 2], keepdims=True)  # the avg pool over the map
+            net = slim.conv2d(net, case.classes, [1, 1], activation_fn=None,
+                              normalizer_fn=None, scope="Conv2d_1c_1x1")
+            return tf1.squeeze(net, [1, 2])
+
+
+def write(name: str) -> None:
+    import numpy as np
+    import tensorflow as tf
+    import tensorflow.compat.v1 as tf1
+    from safetensors.numpy import save_file
+
+    case = CASES[name]
+    rng = np.random.default_rng(0)
+    feed = rng.uniform(-1, 1, (2, case.size, case.size, 3)).astype("float32")
+    os.makedirs(os.path.dirname(prefix(name)), exist_ok=True)
+    with tf.Graph().as_default():
+        images = tf1.placeholder(tf.float32, (None, case.size, case.size, 3))
+        logits = _mobilenet_v1(images, case)
+        with tf1.Session() as session:
+            session.run(tf1.global_variables_initializer())
+            for variable in tf1.global_variables():  # every value its own, BN's too
+                shape = variable.shape.as_list()
+                last = variable.op.name.rsplit("/", 1)[-1]
+                if last in ("gamma", "moving_variance"):
+                    value = rng.uniform(0.5, 1.5, shape)
+                elif last in ("beta", "moving_mean", "biases"):
+                    value = rng.normal(0, 0.1, shape)
+                else:  # weights: He-normal, so the activations stay in range
+                    fan_in = int(np.prod(shape[:-1])) if "depthwise" not in last else \
+                        int(np.prod(shape[:2]))
+                    value = rng.normal(0, np.sqrt(2.0 / fan_in), shape)
+                variable.load(value.astype("float32"), session)
+            tf1.train.Saver(tf1.global_variables()).save(
+                session, prefix(name), write_meta_graph=False, write_state=False)
+            out = session.run(logits, {images: feed})
+    save_file({"input": feed, "logits": out.astype("float32")},
+              os.path.join(FIXTURES, name, "oracle.safetensors"))
+    print(f"{name}: {prefix(name)} written; logits {out.shape}")
+
+
+if __name__ == "__main__":
+    for name in sys.argv[1:] or CASES:
+        write(name)
