@@ -101,7 +101,7 @@ def _bits(variable) -> bytes:
 
 
 def measure(model, source: str, right_rules, *, name: str, checkpoint: str,
-            proposal_source: str | None = None) -> Figures:
+            proposal_source: str | None = None, model_name: str = "") -> Figures:
     """Restores `source` into `model` by `right_rules`, then the proposal of
     `objckpt.plan(model, proposal_source or source)` (no rules) over it: its figures."""
     import objckpt
@@ -116,7 +116,8 @@ def measure(model, source: str, right_rules, *, name: str, checkpoint: str,
                               strict=False)
         proposed = len(fed.restored)
         right = sum(want.get(path) == _bits(tree[path]) for path in fed.restored)
-    return Figures(name, checkpoint, type(model).__name__, proposed, right, len(want))
+    return Figures(name, checkpoint, model_name or type(model).__name__, proposed, right,
+                   len(want))
 
 
 def hf_figures(model_type: str) -> Figures:
@@ -153,20 +154,22 @@ def slim_figures(name: str) -> Figures:
     import make_slim_fixtures
 
     model = make_slim_fixtures.keras_model(name)
+    case = make_slim_fixtures.CASES[name]
     return measure(model, make_slim_fixtures.prefix(name), make_slim_fixtures.rules(name),
-                   name=name, checkpoint=f"tf-slim {make_slim_fixtures.CASES[name].net}")
+                   name=name, checkpoint=f"tf-slim {case.net} (TF1 Saver)",
+                   model_name=f"{case.keras}(alpha={case.alpha})")
 
 
 def table(rows) -> str:
-    lines = ["case          checkpoint                                      model                    "
+    lines = [f"{'case':<17} {'checkpoint':<47} {'model':<24} "
              "pairs  right  mapped  precision  recall"]
     for f in rows:
-        lines.append(f"{f.case:<13} {f.checkpoint:<47} {f.model:<24} {f.proposed:>5}  "
+        lines.append(f"{f.case:<17} {f.checkpoint:<47} {f.model:<24} {f.proposed:>5}  "
                      f"{f.right:>5}  {f.mapped:>6}  {f.precision:>9.3f}  {f.recall:>6.3f}")
     proposed = sum(f.proposed for f in rows)
     right = sum(f.right for f in rows)
     mapped = sum(f.mapped for f in rows)
-    lines.append(f"{'all':<13} {'':<47} {'':<24} {proposed:>5}  {right:>5}  {mapped:>6}  "
+    lines.append(f"{'all':<17} {'':<47} {'':<24} {proposed:>5}  {right:>5}  {mapped:>6}  "
                  f"{right / proposed if proposed else 1.0:>9.3f}  "
                  f"{right / mapped if mapped else 1.0:>6.3f}")
     return "\n".join(lines)
