@@ -57,8 +57,10 @@ _ROLES = {
     "bias": "b", "beta": "b", "offset": "b", "b": "b", "biases": "b",
     "running_mean": "mean", "moving_mean": "mean",
     "running_var": "var", "moving_variance": "var",
-    "depthwise_weights": "dw", "depthwise_kernel": "dw",
+    "depthwise_weights": "w", "depthwise_kernel": "w",
 }
+# Last parts only a normalization's weights have.
+_NORM_ROLES = {"gamma", "beta", "moving_mean", "moving_variance", "running_mean", "running_var"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +69,7 @@ class _Name:
     numbers: tuple  # the numbers, in order
     role: str  # the role group, or the last part itself
     last: str  # the last part, lowercased
+    norm: bool = False  # a normalization's weight, by its words or its last part
     # The name's place among its siblings (the names that differ from it only by their
     # numbers): per number that differs between them, (its rank among their values, how
     # many values there are). () when it has no such sibling.
@@ -91,7 +94,8 @@ def _parsed(name: str) -> _Name:
             words.add(f"{place}_{token}" if place else token)
             place = ""
     numbers += [int(t) for t in _WORD.findall(last) if t.isdigit()]
-    return _Name(frozenset(words), tuple(numbers), _ROLES.get(last, last), last)
+    norm = "norm" in words or last in _NORM_ROLES or any(w.endswith("_norm") for w in words)
+    return _Name(frozenset(words), tuple(numbers), _ROLES.get(last, last), last, norm)
 
 
 def _placed(names: dict) -> dict:
@@ -128,7 +132,7 @@ def _numbers(key: _Name, var: _Name):
 
 def _score(key: _Name, var: _Name) -> int:
     """How well a source name fits a variable's name: 0 when it does not."""
-    if key.role != var.role:
+    if key.role != var.role or key.norm != var.norm:  # a norm's bias is no dense's
         return 0
     shared = len(key.words & var.words)
     numbered = _numbers(key, var)
