@@ -6,7 +6,7 @@ type (hf_cases.CONVERTERS: the backbone) and the fixtures transformers wrote (hf
 the classes restored and compared with transformers' outputs, and those whose export
 transformers read back). A set added the same way appears without editing the page:
 `python3 tests/helpers/hf_table.py --write` rewrites the table between its markers, and
-tests/rules/test_hf_table.py fails while the page differs.
+tests/rules/test_huggingface_table.py fails while the page differs.
 """
 
 from __future__ import annotations
