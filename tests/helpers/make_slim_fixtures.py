@@ -34,6 +34,7 @@ class Case(NamedTuple):
 
 CASES = {
     "mobilenet_v1_025": Case("mobilenet_v1", "MobileNet", 64, 10, 0.25),
+    "mobilenet_v2_035": Case("mobilenet_v2", "MobileNetV2", 64, 10, 0.35),
 }
 
 
@@ -60,8 +61,32 @@ def keras_model(name: str):
 
 def rules(name: str) -> list:
     """The mapping from the tf-slim checkpoint's names to the Keras model's variable names."""
-    assert CASES[name].net == "mobilenet_v1"
     bn = r"BatchNorm/(gamma|beta|moving_mean|moving_variance)$"
+    if CASES[name].net == "mobilenet_v2":
+        from objckpt.rules import Reshape
+
+        case = CASES[name]
+        return [
+            (r"^MobilenetV2/Conv/weights$", "Conv1/kernel"),
+            (r"^MobilenetV2/Conv/" + bn, r"bn_Conv1/\1"),
+            (r"^MobilenetV2/expanded_conv/depthwise/depthwise_weights$",
+             "expanded_conv_depthwise/kernel"),
+            (r"^MobilenetV2/expanded_conv/(depthwise|project)/weights$",
+             r"expanded_conv_\1/kernel"),
+            (r"^MobilenetV2/expanded_conv/(depthwise|project)/" + bn,
+             r"expanded_conv_\1_BN/\2"),
+            (r"^MobilenetV2/expanded_conv_(\d+)/depthwise/depthwise_weights$",
+             r"block_\1_depthwise/kernel"),
+            (r"^MobilenetV2/expanded_conv_(\d+)/(expand|project)/weights$",
+             r"block_\1_\2/kernel"),
+            (r"^MobilenetV2/expanded_conv_(\d+)/(expand|depthwise|project)/" + bn,
+             r"block_\1_\2_BN/\3"),
+            (r"^MobilenetV2/Conv_1/weights$", "Conv_1/kernel"),
+            (r"^MobilenetV2/Conv_1/" + bn, r"Conv_1_bn/\1"),
+            (r"^MobilenetV2/Logits/Conv2d_1c_1x1/weights$", "predictions/kernel",
+             Reshape((1, 1, 1280, case.classes), (1280, case.classes))),
+            (r"^MobilenetV2/Logits/Conv2d_1c_1x1/biases$", "predictions/bias"),
+        ]
     return [
         (r"^MobilenetV1/Conv2d_0/weights$", "conv1/kernel"),
         (r"^MobilenetV1/Conv2d_0/" + bn, r"conv1_bn/\1"),
@@ -123,6 +148,57 @@ def _mobilenet_v1(images, case: Case):
             return tf1.squeeze(net, [1, 2])
 
 
+def _make_divisible(v, divisor=8, min_value=None):
+    """The model garden's (and keras.applications') rounding of a depth."""
+    min_value = min_value or divisor
+    new_v = max(min_value, int(v + divisor / 2) // divisor * divisor)
+    return new_v + divisor if new_v < 0.9 * v else new_v
+
+
+# (stride, depth, expansion) of each inverted residual block, as the model garden's V2_DEF.
+_INVERTED = ((1, 16, 1), (2, 24, 6), (1, 24, 6), (2, 32, 6), (1, 32, 6), (1, 32, 6),
+             (2, 64, 6), (1, 64, 6), (1, 64, 6), (1, 64, 6), (1, 96, 6), (1, 96, 6),
+             (1, 96, 6), (2, 160, 6), (1, 160, 6), (1, 160, 6), (1, 320, 6))
+
+
+def _mobilenet_v2(images, case: Case):
+    """The model garden's mobilenet_v2 (inference; `finegrain_classification_mode=True`, as
+    keras.applications keeps the last 1280 channels), with tf-slim's layers: the logits.
+    Scopes as the model garden's: `Conv`, `expanded_conv[_N]/{expand,depthwise,project}`,
+    `Conv_1`, `Logits/Conv2d_1c_1x1`."""
+    import tensorflow.compat.v1 as tf1
+
+    _legacy_layers()
+    import tf_slim as slim
+
+    bn = {"center": True, "scale": True, "decay": 0.997, "epsilon": 0.001,
+          "is_training": False}
+    with tf1.variable_scope("MobilenetV2"):
+        with slim.arg_scope([slim.conv2d, slim.separable_conv2d], padding="SAME",
+                            normalizer_fn=slim.batch_norm, activation_fn=tf1.nn.relu6), \
+                slim.arg_scope([slim.batch_norm], **bn):
+            net = slim.conv2d(images, _make_divisible(32 * case.alpha), [3, 3], stride=2,
+                              scope="Conv")
+            for i, (stride, depth, expansion) in enumerate(_INVERTED):
+                with tf1.variable_scope("expanded_conv" + (f"_{i}" if i else "")):
+                    inputs, given = net, net.shape[3]
+                    inner = _make_divisible(given * expansion)
+                    if inner > given:
+                        net = slim.conv2d(net, inner, [1, 1], scope="expand")
+                    net = slim.separable_conv2d(net, None, [3, 3], depth_multiplier=1,
+                                                stride=stride, scope="depthwise")
+                    out = _make_divisible(depth * case.alpha)
+                    net = slim.conv2d(net, out, [1, 1], activation_fn=None, scope="project")
+                    if stride == 1 and given == out:
+                        net = net + inputs
+            net = slim.conv2d(net, 1280, [1, 1], stride=1, scope="Conv_1")
+        with tf1.variable_scope("Logits"):
+            net = tf1.reduce_mean(net, [1, 2], keepdims=True)
+            net = slim.conv2d(net, case.classes, [1, 1], activation_fn=None,
+                              normalizer_fn=None, scope="Conv2d_1c_1x1")
+            return tf1.squeeze(net, [1, 2])
+
+
 def write(name: str) -> None:
     import numpy as np
     import tensorflow as tf
@@ -135,7 +211,8 @@ def write(name: str) -> None:
     os.makedirs(os.path.dirname(prefix(name)), exist_ok=True)
     with tf.Graph().as_default():
         images = tf1.placeholder(tf.float32, (None, case.size, case.size, 3))
-        logits = _mobilenet_v1(images, case)
+        logits = {"mobilenet_v1": _mobilenet_v1, "mobilenet_v2": _mobilenet_v2}[case.net](
+            images, case)
         with tf1.Session() as session:
             session.run(tf1.global_variables_initializer())
             for variable in tf1.global_variables():  # every value its own, BN's too
