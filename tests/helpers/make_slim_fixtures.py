@@ -49,18 +49,23 @@ def oracle(name: str) -> dict:
     return load_file(os.path.join(FIXTURES, name, "oracle.safetensors"))
 
 
-def keras_model(name: str):
-    """The keras.applications model of the case (Keras 3), logits out."""
-    import keras
-
+def keras_model(name: str, keras=None):
+    """The keras.applications model of the case, logits out, in the Keras flavour `keras`
+    (the `keras` or `tf_keras` module; Keras 3 by default)."""
+    if keras is None:
+        import keras
     case = CASES[name]
     return getattr(keras.applications, case.keras)(
         input_shape=(case.size, case.size, 3), alpha=case.alpha, weights=None,
         classes=case.classes, classifier_activation=None)
 
 
-def rules(name: str) -> list:
-    """The mapping from the tf-slim checkpoint's names to the Keras model's variable names."""
+def rules(name: str, keras=None) -> list:
+    """The mapping from the tf-slim checkpoint's names to the Keras model's variable names
+    (a depthwise kernel is `kernel` in Keras 3, `depthwise_kernel` in Keras 2 and tf_keras)."""
+    if keras is None:
+        import keras
+    dw = "kernel" if keras.__version__.startswith("3") else "depthwise_kernel"
     bn = r"BatchNorm/(gamma|beta|moving_mean|moving_variance)$"
     if CASES[name].net == "mobilenet_v2":
         from objckpt.rules import Reshape
@@ -70,13 +75,13 @@ def rules(name: str) -> list:
             (r"^MobilenetV2/Conv/weights$", "Conv1/kernel"),
             (r"^MobilenetV2/Conv/" + bn, r"bn_Conv1/\1"),
             (r"^MobilenetV2/expanded_conv/depthwise/depthwise_weights$",
-             "expanded_conv_depthwise/kernel"),
+             f"expanded_conv_depthwise/{dw}"),
             (r"^MobilenetV2/expanded_conv/(depthwise|project)/weights$",
              r"expanded_conv_\1/kernel"),
             (r"^MobilenetV2/expanded_conv/(depthwise|project)/" + bn,
              r"expanded_conv_\1_BN/\2"),
             (r"^MobilenetV2/expanded_conv_(\d+)/depthwise/depthwise_weights$",
-             r"block_\1_depthwise/kernel"),
+             rf"block_\1_depthwise/{dw}"),
             (r"^MobilenetV2/expanded_conv_(\d+)/(expand|project)/weights$",
              r"block_\1_\2/kernel"),
             (r"^MobilenetV2/expanded_conv_(\d+)/(expand|depthwise|project)/" + bn,
@@ -90,7 +95,7 @@ def rules(name: str) -> list:
     return [
         (r"^MobilenetV1/Conv2d_0/weights$", "conv1/kernel"),
         (r"^MobilenetV1/Conv2d_0/" + bn, r"conv1_bn/\1"),
-        (r"^MobilenetV1/Conv2d_(\d+)_depthwise/depthwise_weights$", r"conv_dw_\1/kernel"),
+        (r"^MobilenetV1/Conv2d_(\d+)_depthwise/depthwise_weights$", rf"conv_dw_\1/{dw}"),
         (r"^MobilenetV1/Conv2d_(\d+)_depthwise/" + bn, r"conv_dw_\1_bn/\2"),
         (r"^MobilenetV1/Conv2d_(\d+)_pointwise/weights$", r"conv_pw_\1/kernel"),
         (r"^MobilenetV1/Conv2d_(\d+)_pointwise/" + bn, r"conv_pw_\1_bn/\2"),

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -32,6 +33,7 @@ if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
 import hf_cases  # noqa: E402
+import hf_table  # noqa: E402
 from hf_table import set_modules  # noqa: E402
 
 
@@ -149,15 +151,45 @@ def slim_cases() -> list:
     return list(make_slim_fixtures.CASES)
 
 
-def slim_figures(name: str) -> Figures:
-    """The figures of the proposal on the tf-slim checkpoint `name` and its Keras model."""
+def slim_figures(name: str, keras=None) -> Figures:
+    """The figures of the proposal on the tf-slim checkpoint `name` and its Keras model (in
+    the flavour `keras`: the `keras` or `tf_keras` module; Keras 3 by default)."""
     import make_slim_fixtures
 
-    model = make_slim_fixtures.keras_model(name)
+    model = make_slim_fixtures.keras_model(name, keras)
     case = make_slim_fixtures.CASES[name]
-    return measure(model, make_slim_fixtures.prefix(name), make_slim_fixtures.rules(name),
+    return measure(model, make_slim_fixtures.prefix(name),
+                   make_slim_fixtures.rules(name, keras),
                    name=name, checkpoint=f"tf-slim {case.net} (TF1 Saver)",
                    model_name=f"{case.keras}(alpha={case.alpha})")
+
+
+def documented(page: str = hf_table.PAGE) -> dict:
+    """{case: (precision, recall)} as docs/huggingface.md quotes this script's table."""
+    with open(page, encoding="utf-8") as f:
+        text = f.read()
+    if "objckpt.plan's proposals (" not in text:
+        return {}
+    block = text.split("objckpt.plan's proposals (", 1)[1].split("```", 1)[0]
+    found = {}
+    for line in block.splitlines()[2:]:
+        cells = line.split()
+        if len(cells) >= 3 and cells[0] != "all" and re.fullmatch(r"[0-9.]+", cells[-1]):
+            found[cells[0]] = (float(cells[-2]), float(cells[-1]))
+    return found
+
+
+def check(figures: Figures, quoted: dict) -> None:
+    """AssertionError unless the proposal fed no wrong value (precision 1.0) and fed at least
+    the share of the right mapping's variables that `quoted` (`documented()`) states."""
+    assert figures.mapped > 0, figures
+    assert figures.precision == 1.0, (
+        f"{figures.case}: the proposal fed {figures.proposed - figures.right} of "
+        f"{figures.proposed} variables a value the right mapping does not: {figures}")
+    if figures.case in quoted:  # a set added later is not quoted until regenerated
+        assert figures.recall >= quoted[figures.case][1] - 5e-4, (
+            f"{figures.case}: recall {figures.recall:.3f}, docs/huggingface.md states "
+            f"{quoted[figures.case][1]:.3f} (tests/helpers/proposal_figures.py)")
 
 
 def table(rows) -> str:
