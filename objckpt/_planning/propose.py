@@ -2,14 +2,19 @@
 
 When a source's keys name none of the obj's variables (a safetensors file written by torch,
 a checkpoint of another codebase), `plan` pairs the entries left over with the variables
-left over: by their names' tokens (`layers.0.weight` ~ `layer_0/kernel`: the words, the
-numbers, the weight's role) and by shape (equal; a torch `Linear` or conv weight transposed
-to a Keras kernel; or reshaped to the same number of elements). A pair is taken only when
-each is the other's single best candidate, never guessed between equals. Pairs that differ
-only by their numbers become one rule with a `{i}` placeholder. The result is a
+left over, on evidence beyond their shapes: the weight's role (`weight` ~ `kernel`, `bias` ~
+`beta`), a normalization's weight only with a normalization's, and a shared word (synonyms
+folded; `post_attention` one word, not `attention`) or agreeing numbers, numbered siblings
+compared by their place among their siblings (`layers.0` is the first of `block_1`,
+`block_2`). Shapes must fit: equal, a torch `Linear` or conv weight transposed to a Keras
+kernel, or a reshape that only splits or merges neighbouring axes. A pair is taken only when
+each is the other's single best candidate: where the evidence ties, nothing is paired. Pairs
+that differ only by their numbers become one rule with a `{i}` placeholder. The result is a
 `objckpt.rules.RuleSet` on `Plan.proposed`, shown as Python in the plan's text: a
 suggestion the user reviews. Nothing applies it: a restore without rules still fails, and
-its error says a proposal is available.
+its error says a proposal is available. How often it is right (precision 1.0 on every
+shipped Hugging Face set withheld and on tf-slim checkpoints) is measured by
+tests/helpers/proposal_figures.py.
 
 Cost: linear in the entries and variables, plus the pairs of an entry and a variable with the
 same number of elements, which is bounded (`_PAIR_LIMIT`; beyond it nothing is proposed).
@@ -109,10 +114,10 @@ def _placed(names: dict) -> dict:
             out.update((m, names[m]) for m in members)
             continue
         columns = list(zip(*(names[m].numbers for m in members)))
-        ranks = [sorted(set(column)) for column in columns]
+        ranks = [{n: rank for rank, n in enumerate(sorted(set(column)))} for column in columns]
         for member in members:
             numbers = names[member].numbers
-            place = tuple((ranks[j].index(numbers[j]), len(ranks[j]))
+            place = tuple((ranks[j][numbers[j]], len(ranks[j]))
                           for j in range(len(ranks)) if len(ranks[j]) > 1)
             out[member] = dataclasses.replace(names[member], place=place)
     return out
