@@ -103,8 +103,22 @@ def _parsed(name: str) -> _Name:
     return _Name(frozenset(words), tuple(numbers), _ROLES.get(last, last), last, norm)
 
 
-def _placed(names: dict) -> dict:
-    """{name: its `_Name`, with its place among its siblings} for the names of one side."""
+def _common(names: dict) -> set:
+    """The words most of one side's names have."""
+    counts: dict = {}
+    for parsed in names.values():
+        for word in parsed.words:
+            counts[word] = counts.get(word, 0) + 1
+    return {w for w, n in counts.items() if 2 * n > len(names) >= 4}
+
+
+def _placed(names: dict, common: set) -> dict:
+    """{name: its `_Name`, with its place among its siblings and without the `common` words
+    (`transformer` in GPT-2's `transformer.h.0` and keras-hub's `transformer_layer_0`: most
+    names of both sides have it, so it tells none apart)} for the names of one side."""
+    if common:
+        names = {name: dataclasses.replace(parsed, words=parsed.words - common)
+                 for name, parsed in names.items()}
     groups: dict = {}
     for name, parsed in names.items():
         groups.setdefault(_NUMBER.sub("#", name), []).append(name)
@@ -130,6 +144,8 @@ def _numbers(key: _Name, var: _Name):
     else their numbers must be equal."""
     if key.place and [n for _, n in key.place] == [n for _, n in var.place]:
         return 1 if key.place == var.place else None
+    if (key.place and not var.numbers) or (var.place and not key.numbers):
+        return None  # one of numbered siblings is not an unnumbered name's counterpart
     if key.numbers and var.numbers:
         return 1 if key.numbers == var.numbers else None
     return 0
@@ -228,9 +244,12 @@ def _pairs(keys: list, paths: list, specs: dict, variables: dict, shown: dict) -
         by_size.setdefault(_size(tuple(variables[path].shape)), []).append(path)
     if sum(len(by_size.get(_size(specs[k][0]), ())) for k in keys) > _PAIR_LIMIT:
         return {}
-    parsed_paths = _placed({shown[path]: _parsed(shown[path]) for path in paths})
+    parsed_paths = {shown[path]: _parsed(shown[path]) for path in paths}
+    parsed_keys = {key: _parsed(key) for key in keys}
+    common = _common(parsed_paths) & _common(parsed_keys)
+    parsed_paths = _placed(parsed_paths, common)
     parsed_paths = {path: parsed_paths[shown[path]] for path in paths}
-    parsed_keys = _placed({key: _parsed(key) for key in keys})
+    parsed_keys = _placed(parsed_keys, common)
     best_key: dict = {}  # key -> (score, [(path, transform)])
     best_path: dict = {}  # path -> (score, [key])
     for key in keys:

@@ -223,12 +223,13 @@ def test_a_placeholder_rule_that_would_take_an_unpaired_entry_becomes_one_rule_e
 
 def test_a_llama_folder_without_its_set_gets_what_the_docs_say(tmp_path):
     """docs/huggingface.md: on a Hugging Face Llama folder without its rule set, the proposal
-    feeds the embedding, the MLP and the attention projections as the shipped set does
-    (values compared with a restore through `objckpt.rules.huggingface`), leaves
-    both norms of each layer (input_layernorm: before the attention, post_attention_layernorm:
-    after it, which keras-hub calls self_attention_layernorm and feedforward_layernorm), the
-    final norm and lm_head unpaired: `post_attention` is one word, no more the attention's
-    than `input` is, so the evidence ties and nothing is guessed."""
+    feeds the embedding, the MLP and the attention projections and
+    the final norm as the shipped set does (values compared with a restore through
+    `objckpt.rules.huggingface`), and leaves both norms of each layer (input_layernorm: before
+    the attention, post_attention_layernorm: after it, which keras-hub calls
+    self_attention_layernorm and feedforward_layernorm) and lm_head unpaired:
+    `post_attention` is one word, no more the attention's than `input` is, so the evidence
+    ties and nothing is guessed."""
     import json
 
     keras_hub = pytest.importorskip("keras_hub")
@@ -260,16 +261,16 @@ def test_a_llama_folder_without_its_set_gets_what_the_docs_say(tmp_path):
     the_plan = objckpt.plan(proposed_into, str(folder))
     sources = {rule.source for rule in the_plan.proposed}
     assert "model.layers.{i}.self_attn.q_proj.weight" in sources
-    assert not any("layernorm" in s or s in ("lm_head.weight", "model.norm.weight")
-                   for s in sources)
+    assert "model.norm.weight" in sources
+    assert not any("layernorm" in s or s == "lm_head.weight" for s in sources)
     report = objckpt.restore(proposed_into, str(folder), rules=the_plan.proposed, strict=False)
-    assert len(report.restored) == 15
+    assert len(report.restored) == 16
     want = {v.name.removesuffix(":0"): v for v in objckpt.tree(shipped).values()}
     got = {v.name.removesuffix(":0"): v for v in objckpt.tree(proposed_into).values()}
     fed = objckpt.plan(proposed_into, str(folder), rules=the_plan.proposed, strict=False)
     names = {objckpt.tree(proposed_into)[m.target].name.removesuffix(":0")
              for m in fed.matches}
-    assert len(names) == 15
+    assert len(names) == 16
     for name in names:
         assert bits(got[name].numpy()) == bits(want[name].numpy()), name
 
@@ -391,3 +392,74 @@ def test_a_reshape_that_moves_elements_between_axes_is_not_proposed(tmp_path):
     net = _Heads((16, 4, 4))
     objckpt.restore(net, path, rules=objckpt.plan(net, path).proposed)
     assert bits(net.query.kernel.numpy()) == bits(weight.T.reshape(16, 4, 4))
+
+
+class _Stack(tf.Module):
+    """Two numbered norms and a final one, as a decoder's: `layer_0/norm`, `final_norm`."""
+
+    def __init__(self, rng):
+        super().__init__()
+        for name in ("layer_0", "layer_1"):
+            layer = tf.Module()
+            layer.norm = tf.Module()
+            layer.norm.gamma = tf.Variable(rng.standard_normal((8,)).astype(np.float32))
+            setattr(self, name, layer)
+        self.final_norm = tf.Module()
+        self.final_norm.gamma = tf.Variable(rng.standard_normal((8,)).astype(np.float32))
+
+
+def test_one_of_numbered_siblings_is_never_an_unnumbered_names_counterpart(tmp_path):
+    """`h.0.ln.weight` is one of two numbered norms: never paired with the one unnumbered
+    `final_norm`, however its words agree (a file of a single layer would else get the final
+    norm's value); `ln_f.weight`, unnumbered too, is."""
+    net = _Stack(np.random.default_rng(0))
+    rng = np.random.default_rng(1)
+    tensors = {"h.0.ln.weight": rng.standard_normal(8).astype(np.float32),
+               "h.1.ln.weight": rng.standard_normal(8).astype(np.float32),
+               "ln_f.weight": rng.standard_normal(8).astype(np.float32)}
+    path = str(tmp_path / "stack.safetensors")
+    safetensors_numpy.save_file(tensors, path)
+    assert sorted((r.source, r.target) for r in objckpt.plan(net, path).proposed) == [
+        ("h.{i}.ln.weight", "layer_{i}/norm/gamma"), ("ln_f.weight", "final_norm/gamma")]
+    del tensors["h.1.ln.weight"], tensors["ln_f.weight"]  # one numbered norm left
+    safetensors_numpy.save_file(tensors, path)
+    net = _Stack(np.random.default_rng(0))
+    net.final_norm.gamma.assign(np.zeros(8, np.float32))
+    proposed = objckpt.plan(net, path).proposed
+    assert [(r.source, r.target) for r in proposed] == [("h.0.ln.weight", "layer_0/norm/gamma")]
+
+
+class _Decoder(tf.Module):
+    """keras-hub's naming: every layer under `transformer_<...>`."""
+
+    def __init__(self, rng):
+        super().__init__()
+        for i in range(2):
+            layer = tf.Module()
+            layer.dense = tf.Module()
+            layer.dense.kernel = tf.Variable(rng.standard_normal((4, 6)).astype(np.float32))
+            layer.dense.bias = tf.Variable(rng.standard_normal((6,)).astype(np.float32))
+            setattr(self, f"transformer_layer_{i}", layer)
+        self.transformer_head = tf.Module()
+        self.transformer_head.kernel = tf.Variable(rng.standard_normal((4, 6)).astype(np.float32))
+
+
+def test_a_word_most_names_of_both_sides_have_is_no_evidence(tmp_path):
+    """GPT-2's `transformer.` prefix and keras-hub's `transformer_layer_<i>` share the word
+    `transformer`, which most names of both sides have: it tells nothing apart, so
+    `transformer.extra.weight` is paired with nothing (`transformer_head/kernel` shares no
+    other word), while `transformer.head.weight` pairs with it by `head`."""
+    net = _Decoder(np.random.default_rng(0))
+    rng = np.random.default_rng(1)
+    tensors = {f"transformer.h.{i}.dense.{w}": rng.standard_normal(shape).astype(np.float32)
+               for i in range(2) for w, shape in (("weight", (6, 4)), ("bias", (6,)))}
+    tensors["transformer.extra.weight"] = rng.standard_normal((6, 4)).astype(np.float32)
+    path = str(tmp_path / "gpt.safetensors")
+    safetensors_numpy.save_file(tensors, path)
+    pairs = sorted((r.source, r.target) for r in objckpt.plan(net, path).proposed)
+    assert pairs == [("transformer.h.{i}.dense.bias", "transformer_layer_{i}/dense/bias"),
+                     ("transformer.h.{i}.dense.weight", "transformer_layer_{i}/dense/kernel")]
+    tensors["transformer.head.weight"] = tensors.pop("transformer.extra.weight")
+    safetensors_numpy.save_file(tensors, path)
+    pairs = sorted((r.source, r.target) for r in objckpt.plan(net, path).proposed)
+    assert ("transformer.head.weight", "transformer_head/kernel") in pairs
