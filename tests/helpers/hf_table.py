@@ -55,7 +55,7 @@ def hub_classes(model_type: str, module) -> list:
     several types names each class after its type: `Gemma2Model` is gemma2's)."""
     types = sorted(module.MODEL_TYPES, key=len, reverse=True)
     out = []
-    for name in module.CLASSES:
+    for name in getattr(module, "CLASSES", {}):
         owner = next((t for t in types if _plain(name).startswith(_plain(t))), None)
         if owner in (None, model_type):
             out.append(name)

@@ -15,7 +15,8 @@ A pair is a variable the proposal feeds; it is right when the value it feeds is,
 the one the right mapping feeds. Precision: right pairs / pairs; recall: right pairs /
 variables the right mapping feeds. A proposal of nothing has precision 1.0 (it is silent).
 
-Run as a script (Keras 3 with keras-hub) it prints the table that docs/huggingface.md quotes.
+Run as a script (Keras 3 with keras-hub) it prints the table that docs/huggingface.md quotes;
+with `--write` it replaces the one there.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def withheld(module):
     others = set()
     for other in {id(m): m for m in set_modules().values()}.values():
         if other is not module:
-            for value in other.CLASSES.values():  # (prefix, heads, ...)
+            for value in getattr(other, "CLASSES", {}).values():  # (prefix, heads, ...)
                 others.update(value[1])
     every = _propose.head_entries()
     kept = frozenset(h for h in every if h in others)
@@ -193,29 +194,48 @@ def check(figures: Figures, quoted: dict) -> None:
 
 
 def table(rows) -> str:
-    lines = [f"{'case':<17} {'checkpoint':<47} {'model':<24} "
+    """The figures as the docs quote them: one line per case, then all together."""
+    rows = list(rows)
+    widths = [max([len(text) for text in texts] + [len(title)]) for title, texts in (
+        ("case", [f.case for f in rows]), ("checkpoint", [f.checkpoint for f in rows]),
+        ("model", [f.model for f in rows]))]
+
+    def line(case, checkpoint, model, proposed, right, mapped):
+        precision = right / proposed if proposed else 1.0
+        recall = right / mapped if mapped else 1.0
+        return (f"{case:<{widths[0]}}  {checkpoint:<{widths[1]}}  {model:<{widths[2]}}  "
+                f"{proposed:>5}  {right:>5}  {mapped:>6}  {precision:>9.3f}  {recall:>6.3f}")
+
+    lines = [f"{'case':<{widths[0]}}  {'checkpoint':<{widths[1]}}  {'model':<{widths[2]}}  "
              "pairs  right  mapped  precision  recall"]
-    for f in rows:
-        lines.append(f"{f.case:<17} {f.checkpoint:<47} {f.model:<24} {f.proposed:>5}  "
-                     f"{f.right:>5}  {f.mapped:>6}  {f.precision:>9.3f}  {f.recall:>6.3f}")
-    proposed = sum(f.proposed for f in rows)
-    right = sum(f.right for f in rows)
-    mapped = sum(f.mapped for f in rows)
-    lines.append(f"{'all':<17} {'':<47} {'':<24} {proposed:>5}  {right:>5}  {mapped:>6}  "
-                 f"{right / proposed if proposed else 1.0:>9.3f}  "
-                 f"{right / mapped if mapped else 1.0:>6.3f}")
+    lines += [line(f.case, f.checkpoint, f.model, f.proposed, f.right, f.mapped) for f in rows]
+    lines.append(line("all", "", "", sum(f.proposed for f in rows),
+                      sum(f.right for f in rows), sum(f.mapped for f in rows)))
     return "\n".join(lines)
 
 
-def main() -> None:
+def report() -> str:
+    """The table with its title line, as the docs quote it."""
     import keras
     import keras_hub
 
     rows = [hf_figures(t) for t in set_modules()] + [slim_figures(n) for n in slim_cases()]
-    print(f"objckpt.plan's proposals (keras {keras.__version__}, keras-hub "
-          f"{keras_hub.__version__}): tests/helpers/proposal_figures.py")
-    print(table(rows))
+    return (f"objckpt.plan's proposals (keras {keras.__version__}, keras-hub "
+            f"{keras_hub.__version__}): tests/helpers/proposal_figures.py\n{table(rows)}\n")
+
+
+def write(page: str = hf_table.PAGE) -> None:
+    """Replaces the figures docs/huggingface.md quotes with this run's."""
+    with open(page, encoding="utf-8") as f:
+        text = f.read()
+    start = text.index("objckpt.plan's proposals (")
+    end = text.index("```", start)
+    with open(page, "w", encoding="utf-8") as f:
+        f.write(text[:start] + report() + text[end:])
 
 
 if __name__ == "__main__":
-    main()
+    if "--write" in sys.argv[1:]:
+        write()
+    else:
+        print(report(), end="")
