@@ -53,3 +53,21 @@ def test_a_proposal_pairs_nothing_wrongly(flavour, name, documented):
 
 def test_every_case_is_quoted_in_the_docs(documented):
     assert set(CASES) <= set(documented)
+
+
+def test_the_figures_count_a_value_the_mapping_disagrees_with(documented):
+    """The measurement can fail: against a mapping that swaps one norm's gamma and beta, the
+    proposal's two pairs there (right by their names) count as wrong, and `check` refuses."""
+    keras = keras_for("keras3")
+    name = "mobilenet_v1_025"
+    swapped = [(r"^MobilenetV1/Conv2d_1_pointwise/BatchNorm/gamma$", "conv_pw_1_bn/beta"),
+               (r"^MobilenetV1/Conv2d_1_pointwise/BatchNorm/beta$", "conv_pw_1_bn/gamma"),
+               *make_slim_fixtures.rules(name, keras)]
+    figures = proposal_figures.measure(
+        make_slim_fixtures.keras_model(name, keras), make_slim_fixtures.prefix(name), swapped,
+        name=name, checkpoint="tf-slim")
+    honest = proposal_figures.slim_figures(name, keras)
+    assert (figures.proposed, figures.mapped) == (honest.proposed, honest.mapped)
+    assert figures.right == honest.right - 2
+    with pytest.raises(AssertionError, match="fed 2 of"):
+        proposal_figures.check(figures, documented)
