@@ -53,6 +53,7 @@ import json
 import os
 import shutil
 import sys
+import zlib
 
 PINNED = {"transformers": "5.24.0", "torch": "2.13.0+cpu"}
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -355,9 +356,16 @@ def _check_new_form(original: str, new: str, cls: str = "") -> None:
             sys.exit(f"{new}: its config.json differs from {original}'s")
 
 
+def seed_of(case: str, cls: str) -> int:
+    """The seed of one row's class: from their names (crc32), so a row added anywhere in ROWS
+    leaves every other folder's bytes as they were."""
+    return SEED + zlib.crc32(f"{case}/{cls}".encode("utf-8")) % 1_000_000
+
+
 def write_fixtures(out: str = FIXTURES, only=()) -> list:
     """Every row's folders (the folder `out` emptied first), or only those of the cases
-    `only` (the others' files left as they are: each row's seed is its place in ROWS)."""
+    `only` (the others' files left as they are: each folder's seed comes from its row's
+    and class's names, `seed_of`, not from its place in ROWS)."""
     import torch
 
     torch.set_num_threads(1)
@@ -373,11 +381,11 @@ def write_fixtures(out: str = FIXTURES, only=()) -> list:
         shutil.rmtree(out)
     os.makedirs(out, exist_ok=True)
     written = []
-    for index, (case, (model_type, config, classes)) in enumerate(ROWS.items()):
+    for case, (model_type, config, classes) in ROWS.items():
         if only and case not in only:
             continue
-        for offset, cls in enumerate(classes):
-            model = _build(model_type, config, cls, SEED + 100 * index + offset)
+        for cls in classes:
+            model = _build(model_type, config, cls, seed_of(case, cls))
             for dtype in DTYPES:
                 name = folder_name(case, cls, dtype)
                 path = os.path.join(out, name)
