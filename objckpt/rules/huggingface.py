@@ -22,6 +22,7 @@ __all__ = ["for_model", "head_entries", "huggingface", "read_config", "supported
 # model_type -> the module holding its rule set (filled as sets are added).
 _MODULES: dict[str, str] = {
     "bert": "objckpt.rules.hf_bert",
+    "deit": "objckpt.rules.hf_deit",
     "distilbert": "objckpt.rules.hf_distilbert",
     "gemma": "objckpt.rules.hf_gemma",
     "gemma2": "objckpt.rules.hf_gemma",

@@ -33,7 +33,7 @@ NEW_FORM = "v5names"  # the folders make_hf_fixtures.py saves in transformers 5'
 CONVERTERS = {"llama": "convert_llama3", "mistral": "convert_mistral", "gemma": "convert_gemma",
               "gemma2": "convert_gemma", "gpt2": "convert_gpt2", "bert": "convert_bert",
               "vit": "convert_vit", "qwen2": "convert_qwen", "qwen3": "convert_qwen3",
-              "distilbert": "convert_distilbert"}
+              "distilbert": "convert_distilbert", "deit": "convert_deit"}
 
 
 class Case(NamedTuple):
@@ -137,6 +137,22 @@ CASES = (
     Case("distilbert", "DistilBertForSequenceClassification", "DistilBertTextClassifier",
          head=("pre_classifier.weight", "pre_classifier.bias", "classifier.weight",
                "classifier.bias")),
+    Case("deit", "DeiTModel", None, head=("pooler.dense.weight", "pooler.dense.bias")),
+    Case("deit", "DeiTForImageClassification", "DeiTImageClassifier",
+         head=("classifier.weight", "classifier.bias")),
+    # keras-hub has no model averaging the class and distillation tokens' heads
+    Case("deit", "DeiTForImageClassificationWithTeacher", None,
+         head=("cls_classifier.weight", "cls_classifier.bias",
+               "distillation_classifier.weight", "distillation_classifier.bias")),
+    # transformers 5's names (DeiTModel renamed as ViTModel is), the same models
+    Case("deit", "DeiTModel", None, head=("pooler.dense.weight", "pooler.dense.bias"),
+         form=NEW_FORM, dtypes=("float32",)),
+    Case("deit", "DeiTForImageClassification", "DeiTImageClassifier",
+         head=("classifier.weight", "classifier.bias"), form=NEW_FORM),
+    Case("deit", "DeiTForImageClassificationWithTeacher", None,
+         head=("cls_classifier.weight", "cls_classifier.bias",
+               "distillation_classifier.weight", "distillation_classifier.bias"),
+         form=NEW_FORM, dtypes=("float32",)),
 )
 
 
@@ -167,7 +183,8 @@ def task(case: Case, model):
     import keras_hub
 
     cls = getattr(keras_hub.models, case.task)
-    if case.task in ("BertTextClassifier", "ViTImageClassifier", "DistilBertTextClassifier"):
+    if case.task in ("BertTextClassifier", "ViTImageClassifier", "DistilBertTextClassifier",
+                     "DeiTImageClassifier"):
         return cls(backbone=model, num_classes=len(config(case)["id2label"]),
                    preprocessor=None)
     return cls(backbone=model, preprocessor=None)

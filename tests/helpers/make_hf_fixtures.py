@@ -110,6 +110,11 @@ ROWS = {
                                   "max_position_embeddings": 32, "num_labels": 3},
                    ("DistilBertModel", "DistilBertForMaskedLM",
                     "DistilBertForSequenceClassification")),
+    "deit": ("deit", {"hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
+                      "intermediate_size": 32, "hidden_act": "gelu", "image_size": 16,
+                      "patch_size": 4, "num_channels": 3, "qkv_bias": True, "num_labels": 3},
+             ("DeiTModel", "DeiTForImageClassification",
+              "DeiTForImageClassificationWithTeacher")),
 }
 
 
@@ -119,7 +124,11 @@ ROWS = {
 # renaming every model gets) -> the dtypes in which the folder is also written in the new
 # form, `save_pretrained(save_original_format=False)`, as `<folder>-v5names`.
 NEW_FORM = {("vit", "ViTModel"): ("float32",),
-            ("vit", "ViTForImageClassification"): ("float32", "bfloat16")}
+            ("vit", "ViTForImageClassification"): ("float32", "bfloat16"),
+            # DeiT: conversion_mapping.py maps "DeiTModel" to the "ViTModel" entry
+            ("deit", "DeiTModel"): ("float32",),
+            ("deit", "DeiTForImageClassification"): ("float32", "bfloat16"),
+            ("deit", "DeiTForImageClassificationWithTeacher"): ("float32",)}
 NEW_FORM_SUFFIX = "-v5names"
 
 
@@ -127,13 +136,18 @@ def folder_name(case: str, cls: str, dtype: str, new_form: bool = False) -> str:
     return f"{case}-{cls}-{dtype}" + (NEW_FORM_SUFFIX if new_form else "")
 
 
+# model_type -> the side of the square images its rows take (image models only)
+IMAGE_SIZES = {"vit": 16, "deit": 16}
+
+
 def inputs(model_type: str) -> dict:
     """The fixed inputs, as NumPy arrays in Keras's layout (int32 ids, NHWC images)."""
     import numpy as np
 
     rng = np.random.default_rng(SEED)
-    if model_type == "vit":
-        return {"pixel_values": rng.normal(size=(BATCH, 16, 16, 3)).astype("float32")}
+    if model_type in IMAGE_SIZES:
+        size = IMAGE_SIZES[model_type]
+        return {"pixel_values": rng.normal(size=(BATCH, size, size, 3)).astype("float32")}
     out = {"input_ids": rng.integers(3, VOCAB, size=(BATCH, LENGTH)).astype("int32"),
            "attention_mask": np.ones((BATCH, LENGTH), "int32")}
     if model_type == "bert":

@@ -117,7 +117,8 @@ def _tensors(path: str) -> dict:
 def _unprefixed(name: str) -> str:
     """A tensor name without a base model's prefix (`model.`, `transformer.`, ...)."""
     first, _, rest = name.partition(".")
-    return rest if first in ("model", "transformer", "bert", "vit", "distilbert") else name
+    return rest if first in ("model", "transformer", "bert", "vit", "distilbert",
+                             "deit") else name
 
 
 def _assert_close(ours: dict, oracle: dict, tolerance: float, what: str):
@@ -321,7 +322,18 @@ def test_export_is_byte_equal_to_what_transformers_read_back(tmp_path, case, dty
 
 NEW_FORM = [(case, dtype) for case in CASES if case.form for dtype in case.dtypes]
 _NEW_IDS = [f"{c.id}-{d}" for c, d in NEW_FORM]
-_ORIGINAL_LAYER = r"^(vit\.)?encoder\.layer\.\d+\."
+# an entry transformers 5 names anew, by configuration (its prefix: the class's, `CLASSES`)
+_NEW_NAME = {"vit": "layers.0.attention.q_proj.weight",
+             "deit": "layers.0.attention.q_proj.weight"}
+_FORMED = sorted({case.case for case in CASES if case.form})
+
+
+def _set_module(case):
+    """The module of the case's shipped set (its `CLASSES`, its `FORMS`)."""
+    import importlib
+
+    hf = importlib.import_module("objckpt.rules.huggingface")
+    return importlib.import_module(hf._MODULES[hf_cases.config(case)["model_type"]])
 
 
 @pytest.mark.parametrize("case,dtype", NEW_FORM, ids=_NEW_IDS)
@@ -332,9 +344,9 @@ def test_new_form_folders_are_the_original_models_under_transformers_5_names(cas
 
     ours = _tensors(os.path.join(case.folder(dtype), "model.safetensors"))
     theirs = _tensors(os.path.join(case.original.folder(dtype), "model.safetensors"))
-    prefix = "vit." if case.cls != "ViTModel" else ""
-    assert f"{prefix}layers.0.attention.q_proj.weight" in ours
-    assert not [name for name in ours if re.match(_ORIGINAL_LAYER, name)]
+    module = _set_module(case)
+    assert module.CLASSES[case.cls][0] + _NEW_NAME[case.case] in ours
+    assert not [name for name in ours if re.match(module.FORMS["original"][0], name)]
     assert sorted(ours.values()) == sorted(theirs.values())
     assert set(ours) != set(theirs)
     oracle, original = hf_cases.oracle(case, dtype), hf_cases.oracle(case.original, dtype)
@@ -358,8 +370,8 @@ def test_new_form_restores_what_the_original_form_restores(case, dtype):
             _restored_task(case.original, dtype)[0])
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c.case == "vit"],
-                         ids=_ids([c for c in CASES if c.case == "vit"]))
+@pytest.mark.parametrize("case", [c for c in CASES if c.case in _FORMED],
+                         ids=_ids([c for c in CASES if c.case in _FORMED]))
 def test_one_call_names_the_key_form_it_read(case):
     model = hf_cases.backbone(case)
     report = objckpt.restore(model, case.folder("float32"))
