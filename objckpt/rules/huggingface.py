@@ -23,6 +23,8 @@ __all__ = ["for_model", "head_entries", "huggingface", "read_config", "supported
 _MODULES: dict[str, str] = {
     "bert": "objckpt.rules.hf_bert",
     "deit": "objckpt.rules.hf_deit",
+    "dinov2": "objckpt.rules.hf_dinov2",
+    "dinov2_with_registers": "objckpt.rules.hf_dinov2",
     "distilbert": "objckpt.rules.hf_distilbert",
     "gemma": "objckpt.rules.hf_gemma",
     "gemma2": "objckpt.rules.hf_gemma",

@@ -33,7 +33,8 @@ NEW_FORM = "v5names"  # the folders make_hf_fixtures.py saves in transformers 5'
 CONVERTERS = {"llama": "convert_llama3", "mistral": "convert_mistral", "gemma": "convert_gemma",
               "gemma2": "convert_gemma", "gpt2": "convert_gpt2", "bert": "convert_bert",
               "vit": "convert_vit", "qwen2": "convert_qwen", "qwen3": "convert_qwen3",
-              "distilbert": "convert_distilbert", "deit": "convert_deit"}
+              "distilbert": "convert_distilbert", "deit": "convert_deit",
+              "dinov2": "convert_dinov2", "dinov2_with_registers": "convert_dinov2"}
 
 
 class Case(NamedTuple):
@@ -81,6 +82,7 @@ _MLM = ("cls.predictions.bias", "cls.predictions.transform.dense.weight",
         "cls.predictions.transform.dense.bias", "cls.predictions.transform.LayerNorm.weight",
         "cls.predictions.transform.LayerNorm.bias")
 _POOLER = ("pooled_dense/kernel", "pooled_dense/bias")
+_CLASSIFIER = ("classifier.weight", "classifier.bias")
 
 CASES = (
     Case("llama", "LlamaModel", None, lacks=_LM_HEAD),
@@ -153,6 +155,20 @@ CASES = (
          head=("cls_classifier.weight", "cls_classifier.bias",
                "distillation_classifier.weight", "distillation_classifier.bias"),
          form=NEW_FORM, dtypes=("float32",)),
+    # keras-hub has no DINOv2 task model: the classifier is set aside
+    Case("dinov2", "Dinov2Model", None),
+    Case("dinov2", "Dinov2ForImageClassification", None, head=_CLASSIFIER),
+    Case("dinov2_swiglu", "Dinov2Model", None),
+    Case("dinov2_registers", "Dinov2WithRegistersModel", None),
+    Case("dinov2_registers", "Dinov2WithRegistersForImageClassification", None,
+         head=_CLASSIFIER),
+    # transformers 5's names (the attention renamed, a SwiGLU's weights_in in two halves)
+    Case("dinov2", "Dinov2Model", None, form=NEW_FORM),
+    Case("dinov2", "Dinov2ForImageClassification", None, head=_CLASSIFIER, form=NEW_FORM,
+         dtypes=("float32",)),
+    Case("dinov2_swiglu", "Dinov2Model", None, form=NEW_FORM),
+    Case("dinov2_registers", "Dinov2WithRegistersModel", None, form=NEW_FORM,
+         dtypes=("float32",)),
 )
 
 

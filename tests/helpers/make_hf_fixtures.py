@@ -29,8 +29,8 @@ transformers 5 renames some classes' keys at load (its `conversion_mapping.py`) 
 `save_pretrained` renames them back unless told `save_original_format=False`; folders in that
 new form exist too. For each class in NEW_FORM the same model is also saved that way, in the
 dtypes listed, as `<folder>-v5names/` (its oracle beside it, as above): the script checks that
-it holds the same tensors (bytes, dtypes, shapes), some under other names, and the same
-config.json.
+it holds the same tensors (bytes, dtypes, shapes), some under other names (where transformers 5
+splits a tensor, that both folders load into the same state), and the same config.json.
 
 Everything is seeded and runs on CPU in eager attention with one thread: re-running the
 script writes the same bytes (the safetensors files and config.json are byte-identical; the
@@ -70,6 +70,9 @@ _DECODER = {
 _GEMMA = {**_DECODER, "num_key_value_heads": 1, "intermediate_size": 16,
           "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh",
           "tie_word_embeddings": True}
+_DINOV2 = {"hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2, "mlp_ratio": 2,
+           "hidden_act": "gelu", "image_size": 16, "patch_size": 4, "num_channels": 3,
+           "layerscale_value": 1.0, "num_labels": 3}
 
 # case -> (model_type, config, the Hub classes). The next architecture adds a row here and
 # one in tests/integration/test_hf_transformers.py's table.
@@ -115,6 +118,11 @@ ROWS = {
                       "patch_size": 4, "num_channels": 3, "qkv_bias": True, "num_labels": 3},
              ("DeiTModel", "DeiTForImageClassification",
               "DeiTForImageClassificationWithTeacher")),
+    "dinov2": ("dinov2", _DINOV2, ("Dinov2Model", "Dinov2ForImageClassification")),
+    "dinov2_swiglu": ("dinov2", {**_DINOV2, "use_swiglu_ffn": True}, ("Dinov2Model",)),
+    "dinov2_registers": ("dinov2_with_registers", {**_DINOV2, "num_register_tokens": 2},
+                         ("Dinov2WithRegistersModel",
+                          "Dinov2WithRegistersForImageClassification")),
 }
 
 
@@ -128,7 +136,12 @@ NEW_FORM = {("vit", "ViTModel"): ("float32",),
             # DeiT: conversion_mapping.py maps "DeiTModel" to the "ViTModel" entry
             ("deit", "DeiTModel"): ("float32",),
             ("deit", "DeiTForImageClassification"): ("float32", "bfloat16"),
-            ("deit", "DeiTForImageClassificationWithTeacher"): ("float32",)}
+            ("deit", "DeiTForImageClassificationWithTeacher"): ("float32",),
+            # DINOv2: the attention renamed, a SwiGLU's weights_in split in two
+            ("dinov2", "Dinov2Model"): ("float32", "bfloat16"),
+            ("dinov2", "Dinov2ForImageClassification"): ("float32",),
+            ("dinov2_swiglu", "Dinov2Model"): ("float32", "bfloat16"),
+            ("dinov2_registers", "Dinov2WithRegistersModel"): ("float32",)}
 NEW_FORM_SUFFIX = "-v5names"
 
 
@@ -137,7 +150,7 @@ def folder_name(case: str, cls: str, dtype: str, new_form: bool = False) -> str:
 
 
 # model_type -> the side of the square images its rows take (image models only)
-IMAGE_SIZES = {"vit": 16, "deit": 16}
+IMAGE_SIZES = {"vit": 16, "deit": 16, "dinov2": 16, "dinov2_with_registers": 16}
 
 
 def inputs(model_type: str) -> dict:
@@ -261,8 +274,19 @@ def _check_new_form(original: str, new: str) -> None:
                        t.contiguous().flatten().view(torch.uint8).numpy().tobytes())
                       for t in found.values())
 
+    def loaded(folder):  # the state transformers loads from the folder
+        import transformers
+
+        with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
+            cls = json.load(f)["architectures"][0]
+        model = getattr(transformers, cls).from_pretrained(folder)
+        return {k: v for k, v in model.state_dict().items()}
+
     first, second = tensors(original), tensors(new)
-    if set(first) <= set(second) or contents(first) != contents(second):
+    # the same bytes under other names; or, where transformers 5 splits a tensor (a fused
+    # SwiGLU input projection into two halves), the same model once loaded
+    if set(first) <= set(second) or (contents(first) != contents(second) and contents(
+            loaded(original)) != contents(loaded(new))):
         sys.exit(f"{new}: expected the tensors of {original}, some under other names; "
                  f"found the names {sorted(second)}")
     with open(os.path.join(original, "config.json"), "rb") as f, \

@@ -22,12 +22,20 @@ from objckpt.rules.core import NOWHERE
 import hf_cases
 from support import bits
 
+safetensors_numpy = pytest.importorskip("safetensors.numpy")
+
 DEIT = {"architectures": ["DeiTForImageClassification"], "model_type": "deit",
         "hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
         "intermediate_size": 32, "image_size": 16, "patch_size": 4, "num_channels": 3,
         "layer_norm_eps": 1e-12, "hidden_dropout_prob": 0.0,
         "attention_probs_dropout_prob": 0.0, "id2label": {"0": "A", "1": "B", "2": "C"}}
-CONFIGS = {"deit": DEIT}
+DINOV2 = {"architectures": ["Dinov2Model"], "model_type": "dinov2", "hidden_size": 16,
+          "num_hidden_layers": 2, "num_attention_heads": 2, "mlp_ratio": 2, "image_size": 16,
+          "patch_size": 4, "layerscale_value": 1.0, "use_swiglu_ffn": False,
+          "hidden_dropout_prob": 0.0, "drop_path_rate": 0.0}
+DINOV2_REGISTERS = {**DINOV2, "architectures": ["Dinov2WithRegistersModel"],
+                    "model_type": "dinov2_with_registers", "num_register_tokens": 2}
+CONFIGS = {"deit": DEIT, "dinov2": DINOV2, "dinov2_with_registers": DINOV2_REGISTERS}
 
 
 def _folder(path, config: dict) -> str:
@@ -161,3 +169,110 @@ def test_deit_export_is_what_keras_hubs_importer_reads(tmp_path):
     objckpt.export(ours, out, rules=huggingface(case.folder("float32")))
     theirs = keras_hub.models.Backbone.from_preset(out)
     assert _values(theirs) == _values(ours)
+
+
+# --- DINOv2 ---------------------------------------------------------------------------------
+
+def test_dinov2_layer_scales_tokens_and_the_tied_position_embeddings():
+    rules = huggingface("dinov2", config=DINOV2)
+    by_source = _by_source(rules)
+    assert by_source["encoder.layer.{i}.layer_scale1.lambda1"].target == (
+        "encoder/layers/{i}/layer_scale1/lambda1")
+    assert by_source["dinov2.embeddings.mask_token"].target == "embeddings/mask_token"
+    assert by_source["embeddings.register_tokens"].target == "embeddings/register_tokens"
+    # one entry feeds both: keras-hub computes with the interpolated copy
+    assert sorted(r.target for r in rules if r.source == "embeddings.position_embeddings") == [
+        "embeddings/interpolated_position_embeddings", "embeddings/position_embeddings"]
+    assert by_source["encoder.layer.{i}.attention.attention.value.weight"].transform == Chain(
+        Transpose(), Reshape((16, 16), (16, 2, 8)))
+    assert by_source["encoder.layer.{i}.attention.o_proj.weight"].target == (
+        "encoder/layers/{i}/attention/attention/output_dense/kernel")
+    # the classifier on the class token and the patches' mean: no keras-hub variable
+    assert by_source["classifier.weight"].target.startswith(NOWHERE)
+    assert by_source["classifier.weight"].head == (
+        "Dinov2ForImageClassification, Dinov2WithRegistersForImageClassification")
+
+
+def test_dinov2_swiglu_halves_join_into_keras_hubs_one_kernel():
+    by_source = _by_source(huggingface("dinov2", config=DINOV2))
+    fused = by_source["encoder.layer.{i}.mlp.weights_in.weight"]
+    assert (fused.target, fused.transform) == ("encoder/layers/{i}/mlp/weights_in/kernel",
+                                               Transpose())
+    for index, half in enumerate(("gate_proj", "up_proj")):
+        rule = by_source[f"encoder.layer.{{i}}.mlp.{half}.weight"]
+        assert rule.target == fused.target
+        assert rule.concat.index == index and rule.concat.count == 2
+    assert by_source["encoder.layer.{i}.mlp.down_proj.bias"].target == (
+        "encoder/layers/{i}/mlp/weights_out/bias")
+
+
+def test_dinov2_prefix_is_the_model_types():
+    plain = _by_source(huggingface("dinov2", config=DINOV2))
+    registers = _by_source(huggingface("dinov2_with_registers", config=DINOV2_REGISTERS))
+    assert "dinov2.layernorm.weight" in plain and "dinov2_with_registers.layernorm.weight" \
+        not in plain
+    assert "dinov2_with_registers.layernorm.weight" in registers
+    assert huggingface("dinov2_with_registers", config=DINOV2_REGISTERS).name == (
+        "huggingface('dinov2_with_registers')")
+
+
+def test_dinov2_refuses_a_model_type_it_does_not_cover():
+    from objckpt.rules import hf_dinov2
+
+    with pytest.raises(errors.InvalidArgumentError,
+                       match=r"(?s)dinov2, dinov2_with_registers.*'dinov3_vit'.*Fix:"):
+        hf_dinov2.rules({**DINOV2, "model_type": "dinov3_vit"})
+
+
+_DINOV2_MODELS = [c for c in hf_cases.CASES
+                  if c.case.startswith("dinov2") and c.cls.endswith("Model")]
+
+
+@pytest.mark.parametrize("case", _DINOV2_MODELS, ids=lambda c: c.id)
+def test_dinov2_backbone_is_bit_equal_to_keras_hubs_import(case):
+    """keras-hub's `Backbone.from_preset` of the original-form folder and objckpt's restore
+    of the folder (either form: transformers 5's SwiGLU halves joined) give the same bits,
+    the interpolated position embeddings included."""
+    keras_hub = _keras_hub()
+    theirs = keras_hub.models.Backbone.from_preset(case.original.folder("float32"))
+    ours = hf_cases.backbone(case)
+    report = objckpt.restore(ours, case.folder("float32"))
+    assert len(report.restored) == len(ours.weights)
+    assert _values(ours) == _values(theirs)
+
+
+def test_dinov2_export_is_what_keras_hubs_importer_reads(tmp_path):
+    """Dinov2ForImageClassification's folder (names under `dinov2.`) restored and
+    exported (bare names): keras-hub's import of the folder and of the export, and
+    objckpt's restore, all bit-equal."""
+    keras_hub = _keras_hub()
+    case = next(c for c in hf_cases.CASES
+                if (c.cls, c.form) == ("Dinov2ForImageClassification", ""))
+    folder = case.folder("float32")
+    ours = hf_cases.backbone(case)
+    objckpt.restore(ours, folder)
+    out = str(tmp_path / "out")
+    os.makedirs(out)
+    objckpt.export(ours, out, rules=huggingface(folder))
+    assert not [name for name in safetensors_numpy.load_file(
+        os.path.join(out, "model.safetensors")) if name.startswith("dinov2.")]
+    assert _values(keras_hub.models.Backbone.from_preset(out)) == _values(ours)
+    assert _values(keras_hub.models.Backbone.from_preset(folder)) == _values(ours)
+
+
+def test_dinov2_export_refuses_position_embeddings_that_no_longer_agree(tmp_path):
+    """Training changes the interpolated copy only (keras-hub's trainable one): export's
+    tie check names both variables and writes nothing."""
+    _keras_hub()
+    case = _DINOV2_MODELS[0]
+    ours = hf_cases.backbone(case)
+    objckpt.restore(ours, case.folder("float32"))
+    copy = ours.embeddings.interpolated_position_embeddings
+    copy.assign(copy.numpy() + 1.0)
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(errors.InvalidArgumentError,
+                       match=r"(?s)position_embeddings.*interpolated_position_embeddings.*tied"
+                             r".*Nothing was written.*Fix:"):
+        objckpt.export(ours, str(out), rules=huggingface(case.folder("float32")))
+    assert not list(out.iterdir())
