@@ -33,6 +33,7 @@ _MODULES: dict[str, str] = {
     "mistral": "objckpt.rules.hf_mistral",
     "qwen2": "objckpt.rules.hf_qwen",
     "qwen3": "objckpt.rules.hf_qwen",
+    "swin": "objckpt.rules.hf_swin",
     "vit": "objckpt.rules.hf_vit",
 }
 _CONFIG_LIMIT = 1 << 20  # bytes of config.json read

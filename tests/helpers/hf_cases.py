@@ -34,7 +34,8 @@ CONVERTERS = {"llama": "convert_llama3", "mistral": "convert_mistral", "gemma": 
               "gemma2": "convert_gemma", "gpt2": "convert_gpt2", "bert": "convert_bert",
               "vit": "convert_vit", "qwen2": "convert_qwen", "qwen3": "convert_qwen3",
               "distilbert": "convert_distilbert", "deit": "convert_deit",
-              "dinov2": "convert_dinov2", "dinov2_with_registers": "convert_dinov2"}
+              "dinov2": "convert_dinov2", "dinov2_with_registers": "convert_dinov2",
+              "swin": "convert_swin_transformer"}
 
 
 class Case(NamedTuple):
@@ -169,6 +170,13 @@ CASES = (
     Case("dinov2_swiglu", "Dinov2Model", None, form=NEW_FORM),
     Case("dinov2_registers", "Dinov2WithRegistersModel", None, form=NEW_FORM,
          dtypes=("float32",)),
+    Case("swin", "SwinModel", None),
+    Case("swin", "SwinForImageClassification", "SwinTransformerImageClassifier",
+         head=_CLASSIFIER),
+    # transformers 5's names (the attention and the MLP renamed), the same models
+    Case("swin", "SwinModel", None, form=NEW_FORM, dtypes=("float32",)),
+    Case("swin", "SwinForImageClassification", "SwinTransformerImageClassifier",
+         head=_CLASSIFIER, form=NEW_FORM),
 )
 
 
@@ -200,7 +208,7 @@ def task(case: Case, model):
 
     cls = getattr(keras_hub.models, case.task)
     if case.task in ("BertTextClassifier", "ViTImageClassifier", "DistilBertTextClassifier",
-                     "DeiTImageClassifier"):
+                     "DeiTImageClassifier", "SwinTransformerImageClassifier"):
         return cls(backbone=model, num_classes=len(config(case)["id2label"]),
                    preprocessor=None)
     return cls(backbone=model, preprocessor=None)

@@ -123,6 +123,12 @@ ROWS = {
     "dinov2_registers": ("dinov2_with_registers", {**_DINOV2, "num_register_tokens": 2},
                          ("Dinov2WithRegistersModel",
                           "Dinov2WithRegistersForImageClassification")),
+    # 32 / 4 = 8 patches a side: windows of 2 in stage 0 (8 x 8) and after merging (4 x 4)
+    "swin": ("swin", {"image_size": 32, "patch_size": 4, "num_channels": 3, "embed_dim": 8,
+                      "depths": [2, 2], "num_heads": [2, 4], "window_size": 2,
+                      "mlp_ratio": 2.0, "qkv_bias": True, "hidden_act": "gelu",
+                      "num_labels": 3},
+             ("SwinModel", "SwinForImageClassification")),
 }
 
 
@@ -141,7 +147,9 @@ NEW_FORM = {("vit", "ViTModel"): ("float32",),
             ("dinov2", "Dinov2Model"): ("float32", "bfloat16"),
             ("dinov2", "Dinov2ForImageClassification"): ("float32",),
             ("dinov2_swiglu", "Dinov2Model"): ("float32", "bfloat16"),
-            ("dinov2_registers", "Dinov2WithRegistersModel"): ("float32",)}
+            ("dinov2_registers", "Dinov2WithRegistersModel"): ("float32",),
+            ("swin", "SwinModel"): ("float32",),
+            ("swin", "SwinForImageClassification"): ("float32", "bfloat16")}
 NEW_FORM_SUFFIX = "-v5names"
 
 
@@ -150,7 +158,8 @@ def folder_name(case: str, cls: str, dtype: str, new_form: bool = False) -> str:
 
 
 # model_type -> the side of the square images its rows take (image models only)
-IMAGE_SIZES = {"vit": 16, "deit": 16, "dinov2": 16, "dinov2_with_registers": 16}
+IMAGE_SIZES = {"vit": 16, "deit": 16, "dinov2": 16, "dinov2_with_registers": 16,
+               "swin": 32}
 
 
 def inputs(model_type: str) -> dict:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 
 import pytest
 
@@ -276,3 +278,114 @@ def test_dinov2_export_refuses_position_embeddings_that_no_longer_agree(tmp_path
                              r".*Nothing was written.*Fix:"):
         objckpt.export(ours, str(out), rules=huggingface(case.folder("float32")))
     assert not list(out.iterdir())
+
+
+# --- Swin -----------------------------------------------------------------------------------
+
+SWIN = {"architectures": ["SwinForImageClassification"], "model_type": "swin", "image_size": 32,
+        "patch_size": 4, "embed_dim": 8, "depths": [2, 2], "num_heads": [2, 4],
+        "window_size": 2, "mlp_ratio": 2.0, "qkv_bias": True}
+_SWIN = [c for c in hf_cases.CASES if c.case == "swin"]
+
+
+def test_swin_is_chosen_by_the_folder(tmp_path):
+    chosen = huggingface(_folder(tmp_path, SWIN))
+    assert "swin" in objckpt.rules.supported()
+    assert chosen.name == "huggingface('swin')"
+    assert list(chosen) == list(huggingface("swin", config=SWIN))
+
+
+@pytest.mark.parametrize("key,value", [("embed_dim", None), ("embed_dim", 0),
+                                       ("depths", None), ("depths", []), ("depths", [2, 0])])
+def test_swin_refuses_sizes_it_cannot_use(key, value):
+    config = {**SWIN, key: value}
+    if value is None:
+        del config[key]
+    with pytest.raises(errors.InvalidArgumentError,
+                       match=rf"(?s)`{key}`.*{re.escape(repr(value))}.*Fix:"):
+        huggingface("swin", config=config)
+
+
+def test_swin_query_key_value_are_thirds_of_the_fused_qkv_stage_by_stage():
+    by_source = _by_source(huggingface("swin", config=SWIN))
+    for stage in (0, 1):
+        block = f"operations/{3 + stage}/blocks/{{b}}"
+        for index, name in enumerate(("query", "key", "value")):
+            rule = by_source[f"encoder.layers.{stage}.blocks.{{b}}.attention.self.{name}.weight"]
+            assert rule.target == f"{block}/attn/qkv/kernel"
+            assert (rule.concat.index, rule.concat.count, rule.concat.axis) == (index, 3, 1)
+            new = by_source[f"swin.encoder.layers.{stage}.blocks.{{b}}.attention.{name[0]}_proj"
+                            ".bias"]
+            assert (new.target, new.concat.index) == (f"{block}/attn/qkv/bias", index)
+        table = by_source[f"encoder.layers.{stage}.blocks.{{b}}.attention.self."
+                          "relative_position_bias_table"]
+        assert (table.target, table.transform) == (
+            f"{block}/attn/relative_position_bias_table", None)
+        assert by_source[f"encoder.layers.{stage}.blocks.{{b}}.attention.relative_position_bias"
+                         ".relative_position_bias_table"].target == table.target
+    # the last stage merges no patches
+    assert by_source["encoder.layers.0.downsample.reduction.weight"].target == (
+        "operations/3/downsample/reduction/kernel")
+    assert "encoder.layers.1.downsample.reduction.weight" not in by_source
+    assert by_source["embeddings.norm.weight"].target == "patch_embedding/norm/gamma"
+    assert by_source["layernorm.bias"].target == "norm/beta"
+
+
+def test_swin_task_models_set_targets_the_backbone_and_export_writes_swin_prefix():
+    rules = huggingface("swin", config={**SWIN, "task": "SwinTransformerImageClassifier"})
+    first = rules[0]
+    assert first.source.startswith("swin.") and first.target.startswith("backbone/")
+    assert huggingface("swin", config=SWIN)[0].source.startswith("embeddings.")
+    assert _by_source(rules)["classifier.weight"].target == "output_dense/kernel"
+
+
+@pytest.mark.parametrize("case", _SWIN, ids=lambda c: c.id)
+def test_swin_backbone_is_bit_equal_to_keras_hubs_import(case):
+    """keras-hub's `Backbone.from_preset` of the original-form folder and objckpt's restore
+    of the folder in either form: the same bits."""
+    keras_hub = _keras_hub()
+    theirs = keras_hub.models.Backbone.from_preset(case.original.folder("float32"))
+    ours = hf_cases.backbone(case)
+    objckpt.restore(ours, case.folder("float32"), strict=True)
+    assert _values(ours) == _values(theirs)
+
+
+def test_swin_classifier_is_bit_equal_to_keras_hubs_import(tmp_path):
+    """keras-hub's `ImageClassifier.from_preset` (which needs the image processor's config
+    too: the folder is copied and given one) and objckpt's restore: the same bits."""
+    keras_hub = _keras_hub()
+    case = next(c for c in _SWIN if c.task and not c.form)
+    folder = str(tmp_path / "with-processor")
+    shutil.copytree(case.folder("float32"), folder)
+    with open(os.path.join(folder, "preprocessor_config.json"), "w", encoding="utf-8") as f:
+        json.dump({"size": {"height": 32, "width": 32}}, f)
+    theirs = keras_hub.models.ImageClassifier.from_preset(folder)
+    ours = hf_cases.task(case, hf_cases.backbone(case))
+    objckpt.restore(ours, case.folder("float32"))
+    assert type(ours) is type(theirs)
+    assert _values(ours) == _values(theirs)
+
+
+def test_swin_transformers_4_files_relative_position_index_is_set_aside(tmp_path):
+    """transformers 4 saved each block's relative position index (a buffer); a folder
+    holding it restores the same variables (strict), the index listed as set aside."""
+    _keras_hub()
+    import numpy as np
+
+    case = next(c for c in _SWIN if c.cls == "SwinModel" and not c.form)
+    folder = str(tmp_path / "old")
+    shutil.copytree(case.folder("float32"), folder)
+    path = os.path.join(folder, "model.safetensors")
+    tensors = safetensors_numpy.load_file(path)
+    index = [f"encoder.layers.{s}.blocks.{b}.attention.self.relative_position_index"
+             for s in (0, 1) for b in (0, 1)]
+    for name in index:
+        tensors[name] = np.arange(16, dtype="int64").reshape(4, 4)
+    safetensors_numpy.save_file(tensors, path)
+    ours, reference = hf_cases.backbone(case), hf_cases.backbone(case)
+    report = objckpt.restore(ours, folder)
+    objckpt.restore(reference, case.folder("float32"))
+    assert _values(ours) == _values(reference)
+    aside = [line for line in report.skipped if "relative_position_index" in line]
+    assert sorted(line.split(":")[0] for line in aside) == sorted(index)
+    assert all("set aside" in line for line in aside)
