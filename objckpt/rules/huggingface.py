@@ -25,6 +25,7 @@ _MODULES: dict[str, str] = {
     "deit": "objckpt.rules.hf_deit",
     "dinov2": "objckpt.rules.hf_dinov2",
     "dinov2_with_registers": "objckpt.rules.hf_dinov2",
+    "dinov3_vit": "objckpt.rules.hf_dinov3",
     "distilbert": "objckpt.rules.hf_distilbert",
     "gemma": "objckpt.rules.hf_gemma",
     "gemma2": "objckpt.rules.hf_gemma",

@@ -35,7 +35,7 @@ CONVERTERS = {"llama": "convert_llama3", "mistral": "convert_mistral", "gemma": 
               "vit": "convert_vit", "qwen2": "convert_qwen", "qwen3": "convert_qwen3",
               "distilbert": "convert_distilbert", "deit": "convert_deit",
               "dinov2": "convert_dinov2", "dinov2_with_registers": "convert_dinov2",
-              "swin": "convert_swin_transformer"}
+              "swin": "convert_swin_transformer", "dinov3_vit": "convert_dinov3"}
 
 
 class Case(NamedTuple):
@@ -177,6 +177,11 @@ CASES = (
     Case("swin", "SwinModel", None, form=NEW_FORM, dtypes=("float32",)),
     Case("swin", "SwinForImageClassification", "SwinTransformerImageClassifier",
          head=_CLASSIFIER, form=NEW_FORM),
+    Case("dinov3", "DINOv3ViTModel", None),
+    Case("dinov3_gated", "DINOv3ViTModel", None),
+    # transformers 5's names (the blocks under `model.layer.{i}`), the same models
+    Case("dinov3", "DINOv3ViTModel", None, form=NEW_FORM),
+    Case("dinov3_gated", "DINOv3ViTModel", None, form=NEW_FORM, dtypes=("float32",)),
 )
 
 

@@ -73,6 +73,11 @@ _GEMMA = {**_DECODER, "num_key_value_heads": 1, "intermediate_size": 16,
 _DINOV2 = {"hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2, "mlp_ratio": 2,
            "hidden_act": "gelu", "image_size": 16, "patch_size": 4, "num_channels": 3,
            "layerscale_value": 1.0, "num_labels": 3}
+_DINOV3 = {"hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
+           "intermediate_size": 32, "hidden_act": "gelu", "image_size": 16, "patch_size": 4,
+           "num_channels": 3, "num_register_tokens": 2, "layerscale_value": 1.0,
+           "query_bias": True, "key_bias": False, "value_bias": True, "proj_bias": True,
+           "mlp_bias": True, "rope_theta": 100.0}
 
 # case -> (model_type, config, the Hub classes). The next architecture adds a row here and
 # one in tests/integration/test_hf_transformers.py's table.
@@ -129,6 +134,10 @@ ROWS = {
                       "mlp_ratio": 2.0, "qkv_bias": True, "hidden_act": "gelu",
                       "num_labels": 3},
              ("SwinModel", "SwinForImageClassification")),
+    # transformers has no DINOv3 ViT task class; the keys' bias flags as the Hub's models
+    "dinov3": ("dinov3_vit", _DINOV3, ("DINOv3ViTModel",)),
+    "dinov3_gated": ("dinov3_vit", {**_DINOV3, "use_gated_mlp": True, "mlp_bias": False},
+                     ("DINOv3ViTModel",)),
 }
 
 
@@ -149,7 +158,9 @@ NEW_FORM = {("vit", "ViTModel"): ("float32",),
             ("dinov2_swiglu", "Dinov2Model"): ("float32", "bfloat16"),
             ("dinov2_registers", "Dinov2WithRegistersModel"): ("float32",),
             ("swin", "SwinModel"): ("float32",),
-            ("swin", "SwinForImageClassification"): ("float32", "bfloat16")}
+            ("swin", "SwinForImageClassification"): ("float32", "bfloat16"),
+            ("dinov3", "DINOv3ViTModel"): ("float32", "bfloat16"),
+            ("dinov3_gated", "DINOv3ViTModel"): ("float32",)}
 NEW_FORM_SUFFIX = "-v5names"
 
 
@@ -159,7 +170,7 @@ def folder_name(case: str, cls: str, dtype: str, new_form: bool = False) -> str:
 
 # model_type -> the side of the square images its rows take (image models only)
 IMAGE_SIZES = {"vit": 16, "deit": 16, "dinov2": 16, "dinov2_with_registers": 16,
-               "swin": 32}
+               "swin": 32, "dinov3_vit": 16}
 
 
 def inputs(model_type: str) -> dict:
@@ -206,14 +217,20 @@ def _run(model, model_type: str) -> dict:
     """transformers' outputs: the base model's last hidden state (and pooler), the logits."""
     import torch
 
+    import transformers
+
     feed = _torch_inputs(model_type)
     out = {}
+    # the base model: `base_model` finds it by the class's prefix, which names an inner
+    # module in a base model that has one of that name (DINOv3 ViT's `model`, its encoder)
+    base_model = model if isinstance(
+        model, transformers.MODEL_MAPPING[type(model.config)]) else model.base_model
     with torch.no_grad():
-        base = model.base_model(**feed)
+        base = base_model(**feed)
         out["last_hidden_state"] = base.last_hidden_state
         if getattr(base, "pooler_output", None) is not None:
             out["pooler_output"] = base.pooler_output
-        if model.base_model is not model:
+        if base_model is not model:
             result = model(**feed)
             out["logits"] = getattr(result, "logits", None)
             if out["logits"] is None:  # BertForPreTraining

@@ -329,20 +329,24 @@ _NEW_NAME = {"vit": "layers.0.attention.q_proj.weight",
              "dinov2_swiglu": "encoder.layer.0.mlp.gate_proj.weight",
              "dinov2_registers": "encoder.layer.0.attention.o_proj.bias",
              "swin": "encoder.layers.1.blocks.1.attention.relative_position_bias."
-                     "relative_position_bias_table"}
+                     "relative_position_bias_table",
+             "dinov3": "model.layer.0.attention.q_proj.weight",
+             "dinov3_gated": "model.layer.1.mlp.gate_proj.weight"}
 _FORMED = sorted({case.case for case in CASES if case.form})
 
 
-def _joined_halves(tensors: dict) -> dict:
-    """The tensors with each `gate_proj`/`up_proj` pair joined along the first axis (bytes
-    concatenated): transformers 5 splits a fused SwiGLU input projection (DINOv2's
-    `weights_in`) into those halves."""
+def _joined_halves(tensors: dict, original: dict) -> dict:
+    """The tensors with each `gate_proj`/`up_proj` pair that the original folder holds as one
+    `weights_in` joined along the first axis (bytes concatenated): transformers 5 splits a
+    fused SwiGLU input projection (DINOv2's) into those halves."""
     out = dict(tensors)
     for name in [n for n in tensors if ".gate_proj." in n]:
+        fused = name.replace(".gate_proj.", ".weights_in.")
+        if fused not in original:
+            continue
         (dtype, shape, first), (_, _, second) = out.pop(name), out.pop(
             name.replace(".gate_proj.", ".up_proj."))
-        out[name.replace(".gate_proj.", ".weights_in.")] = (
-            dtype, (2 * shape[0],) + shape[1:], first + second)
+        out[fused] = (dtype, (2 * shape[0],) + shape[1:], first + second)
     return out
 
 
@@ -365,7 +369,7 @@ def test_new_form_folders_are_the_original_models_under_transformers_5_names(cas
     module = _set_module(case)
     assert module.CLASSES[case.cls][0] + _NEW_NAME[case.case] in ours
     assert not [name for name in ours if re.match(module.FORMS["original"][0], name)]
-    assert sorted(_joined_halves(ours).values()) == sorted(theirs.values())
+    assert sorted(_joined_halves(ours, theirs).values()) == sorted(theirs.values())
     assert set(ours) != set(theirs)
     oracle, original = hf_cases.oracle(case, dtype), hf_cases.oracle(case.original, dtype)
     assert sorted(oracle) == sorted(original)

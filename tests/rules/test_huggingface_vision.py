@@ -37,7 +37,12 @@ DINOV2 = {"architectures": ["Dinov2Model"], "model_type": "dinov2", "hidden_size
           "hidden_dropout_prob": 0.0, "drop_path_rate": 0.0}
 DINOV2_REGISTERS = {**DINOV2, "architectures": ["Dinov2WithRegistersModel"],
                     "model_type": "dinov2_with_registers", "num_register_tokens": 2}
-CONFIGS = {"deit": DEIT, "dinov2": DINOV2, "dinov2_with_registers": DINOV2_REGISTERS}
+DINOV3 = {"architectures": ["DINOv3ViTModel"], "model_type": "dinov3_vit", "hidden_size": 16,
+          "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 32,
+          "image_size": 16, "patch_size": 4, "num_register_tokens": 2,
+          "layerscale_value": 1.0, "key_bias": False, "use_gated_mlp": False}
+CONFIGS = {"deit": DEIT, "dinov2": DINOV2, "dinov2_with_registers": DINOV2_REGISTERS,
+           "dinov3_vit": DINOV3}
 
 
 def _folder(path, config: dict) -> str:
@@ -389,3 +394,40 @@ def test_swin_transformers_4_files_relative_position_index_is_set_aside(tmp_path
     aside = [line for line in report.skipped if "relative_position_index" in line]
     assert sorted(line.split(":")[0] for line in aside) == sorted(index)
     assert all("set aside" in line for line in aside)
+
+
+# --- DINOv3 ViT -------------------------------------------------------------------------------
+
+def test_dinov3_dense_attention_layer_scales_and_both_block_forms():
+    by_source = _by_source(huggingface("dinov3_vit", config=DINOV3))
+    query = by_source["layer.{i}.attention.q_proj.weight"]
+    assert (query.target, query.transform) == ("encoder/layers/{i}/attention/query_dense/kernel",
+                                               Transpose())  # unsplit, as keras-hub keeps it
+    assert by_source["model.layer.{i}.attention.q_proj.weight"].target == query.target
+    assert by_source["layer.{i}.layer_scale2.lambda1"].target == (
+        "encoder/layers/{i}/layer_scale2/lambda1")
+    assert by_source["model.layer.{i}.mlp.gate_proj.bias"].target == (
+        "encoder/layers/{i}/mlp/gate_proj/bias")
+    assert by_source["embeddings.patch_embeddings.weight"].transform == ConvKernel(
+        "OIHW", "HWIO")
+    assert by_source["norm.weight"].target == "layernorm/gamma"
+    # the first rule of each block entry is the original form's: export writes it
+    first = next(r for r in huggingface("dinov3_vit", config=DINOV3)
+                 if r.target == "encoder/layers/{i}/norm1/gamma")
+    assert first.source == "layer.{i}.norm1.weight"
+
+
+_DINOV3 = [c for c in hf_cases.CASES if c.case.startswith("dinov3")]
+
+
+@pytest.mark.parametrize("case", _DINOV3, ids=lambda c: c.id)
+def test_dinov3_backbone_is_bit_equal_to_keras_hubs_import(case):
+    """keras-hub's `Backbone.from_preset` of the original-form folder and objckpt's strict
+    restore of the folder in either form: the same bits (the key without a bias, the gated
+    MLP's three projections)."""
+    keras_hub = _keras_hub()
+    theirs = keras_hub.models.Backbone.from_preset(case.original.folder("float32"))
+    ours = hf_cases.backbone(case)
+    report = objckpt.restore(ours, case.folder("float32"))
+    assert len(report.restored) == len(ours.weights)
+    assert _values(ours) == _values(theirs)
