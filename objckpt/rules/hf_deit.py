@@ -33,7 +33,7 @@ transformers'), so both are set aside and the class restores into the backbone o
 from __future__ import annotations
 
 from objckpt.rules.core import NOWHERE, ConvKernel, Rule, RuleSet, Transpose
-from objckpt.rules.hf_vit import _layer_norm, encoder_forms, heads_of
+from objckpt.rules.hf_vit import layer_norm, encoder_forms, heads_of
 
 __all__ = ["MODEL_TYPES", "rules"]
 
@@ -87,7 +87,7 @@ def _bare(config: dict) -> list:
         Rule("embeddings.cls_token", f"{EMBEDDING}/class_token"),
         Rule("embeddings.distillation_token", f"{EMBEDDING}/distillation_token"),
         Rule("embeddings.position_embeddings", f"{EMBEDDING}/position_embedding"),
-        *_layer_norm("layernorm", f"{ENCODER}/layer_norm"),
+        *layer_norm("layernorm", f"{ENCODER}/layer_norm"),
     ]
     forms = encoder_forms(hidden, heads, f"{ENCODER}/encoder_layers/{{i}}",
                           mlp=("mlp/dense", "output_layer/dense"))

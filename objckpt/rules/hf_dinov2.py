@@ -12,7 +12,8 @@ embeddings`, which its importer sets from the position embeddings resized from t
 `image_size` to the backbone's `image_shape` (the same size for the backbone it builds: a
 copy): the folder's position embeddings feed both variables (tied), and export writes them
 once (a model whose two differ, after training the interpolated ones, is refused by export's
-tie check, naming both). A SwiGLU MLP (`use_swiglu_ffn`) is `mlp.weights_in` (the gate's and
+tie check, naming both). A backbone built for another image size (the interpolated ones of
+another shape) is refused with a shape error: resizing is a computation, not a layout. A SwiGLU MLP (`use_swiglu_ffn`) is `mlp.weights_in` (the gate's and
 the up projection's rows, one tensor) and `mlp.weights_out`, as keras-hub's.
 
 Restore accepts the names bare (`Dinov2Model`) or under the class's prefix (`dinov2.`,
@@ -35,7 +36,7 @@ from __future__ import annotations
 
 from objckpt.rules.core import NOWHERE, Chain, Concat, ConvKernel, Reshape, Rule, RuleSet, \
     Transpose
-from objckpt.rules.hf_vit import _layer_norm, heads_of
+from objckpt.rules.hf_vit import layer_norm, heads_of
 
 __all__ = ["MODEL_TYPES", "rules"]
 
@@ -98,8 +99,8 @@ def _layer(form: str, names: dict, hidden: int, heads: int) -> list:
              f"{target}/attention/attention/output_dense/bias"),
     ]
     if form == "original":
-        out += [*_layer_norm(f"{source}.norm1", f"{target}/norm1"),
-                *_layer_norm(f"{source}.norm2", f"{target}/norm2"),
+        out += [*layer_norm(f"{source}.norm1", f"{target}/norm1"),
+                *layer_norm(f"{source}.norm2", f"{target}/norm2"),
                 Rule(f"{source}.layer_scale1.lambda1", f"{target}/layer_scale1/lambda1"),
                 Rule(f"{source}.layer_scale2.lambda1", f"{target}/layer_scale2/lambda1")]
         mlp = ("fc1", "fc2", "weights_in", "weights_out")
@@ -136,7 +137,7 @@ def _bare(config: dict) -> list:
              "embeddings/patch_embeddings/projection/kernel", ConvKernel("OIHW", "HWIO")),
         Rule("embeddings.patch_embeddings.projection.bias",
              "embeddings/patch_embeddings/projection/bias"),
-        *_layer_norm("layernorm", "layernorm"),
+        *layer_norm("layernorm", "layernorm"),
     ]
     for form, names in _LAYER_NAMES.items():
         out += _layer(form, names, hidden, heads)

@@ -22,7 +22,7 @@ no DINOv3 ViT task class in transformers and no task model in keras-hub.
 from __future__ import annotations
 
 from objckpt.rules.core import ConvKernel, Rule, RuleSet, Transpose
-from objckpt.rules.hf_vit import _layer_norm, heads_of
+from objckpt.rules.hf_vit import layer_norm, heads_of
 
 __all__ = ["MODEL_TYPES", "rules"]
 
@@ -62,14 +62,14 @@ def rules(config: dict) -> RuleSet:
         Rule("embeddings.patch_embeddings.weight",
              "embeddings/patch_embeddings/projection/kernel", ConvKernel("OIHW", "HWIO")),
         Rule("embeddings.patch_embeddings.bias", "embeddings/patch_embeddings/projection/bias"),
-        *_layer_norm("norm", "layernorm"),
+        *layer_norm("norm", "layernorm"),
     ]
     target = "encoder/layers/{i}"
     for prefix in PREFIXES:
         source = prefix + "layer.{i}"
         out += [
-            *_layer_norm(f"{source}.norm1", f"{target}/norm1"),
-            *_layer_norm(f"{source}.norm2", f"{target}/norm2"),
+            *layer_norm(f"{source}.norm1", f"{target}/norm1"),
+            *layer_norm(f"{source}.norm2", f"{target}/norm2"),
             *_dense(f"{source}.attention.q_proj", f"{target}/attention/query_dense"),
             *_dense(f"{source}.attention.k_proj", f"{target}/attention/key_dense"),
             *_dense(f"{source}.attention.v_proj", f"{target}/attention/value_dense"),

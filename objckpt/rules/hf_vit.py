@@ -87,7 +87,8 @@ def _size(config: dict, key: str, what: str = "ViT") -> int:
     return value
 
 
-def _layer_norm(source: str, target: str) -> list:
+def layer_norm(source: str, target: str) -> list:
+    """A torch `LayerNorm`'s `weight` and `bias` <-> a Keras one's `gamma` and `beta`."""
     return [Rule(f"{source}.weight", f"{target}/gamma"), Rule(f"{source}.bias", f"{target}/beta")]
 
 
@@ -139,8 +140,8 @@ def encoder_forms(hidden: int, heads: int, target: str,
             Rule(f"{source}.{names['output']}.weight", f"{target}/mha/output_dense/kernel",
                  from_heads),
             Rule(f"{source}.{names['output']}.bias", f"{target}/mha/output_dense/bias"),
-            *_layer_norm(f"{source}.layernorm_before", f"{target}/layer_norm_1"),
-            *_layer_norm(f"{source}.layernorm_after", f"{target}/layer_norm_2"),
+            *layer_norm(f"{source}.layernorm_before", f"{target}/layer_norm_1"),
+            *layer_norm(f"{source}.layernorm_after", f"{target}/layer_norm_2"),
             Rule(f"{source}.{names['fc1']}.weight", f"{target}/{mlp[0]}/kernel",
                  Transpose()),
             Rule(f"{source}.{names['fc1']}.bias", f"{target}/{mlp[0]}/bias"),
@@ -165,7 +166,7 @@ def _bare(config: dict) -> tuple:
              Reshape((1, -1, hidden), (-1, hidden))),
     ]
     forms = encoder_forms(hidden, heads, f"{ENCODER}/encoder_layers/{{i}}")
-    return out, forms, _layer_norm("layernorm", f"{ENCODER}/layer_norm")
+    return out, forms, layer_norm("layernorm", f"{ENCODER}/layer_norm")
 
 
 def rules(config: dict) -> RuleSet:
