@@ -142,10 +142,11 @@ ROWS = {
 
 
 # Hub classes whose keys transformers 5 renames at load (its conversion_mapping.py: for
-# these rows only the "ViTModel" entry, which every ViT class picks up through its `vit`
-# submodule; the other rows' classes have none, save for the "legacy" LayerNorm gamma/beta
-# renaming every model gets) -> the dtypes in which the folder is also written in the new
-# form, `save_pretrained(save_original_format=False)`, as `<folder>-v5names`.
+# these rows the "ViTModel" entry, which every ViT class picks up through its `vit`
+# submodule and DeiT through "DeiTModel"; "Dinov2Model", "Dinov2WithRegistersModel", "swin"
+# and "dinov3_vit"; the other rows' classes have none, save for the "legacy" LayerNorm
+# gamma/beta renaming every model gets) -> the dtypes in which the folder is also written in
+# the new form, `save_pretrained(save_original_format=False)`, as `<folder>-v5names`.
 NEW_FORM = {("vit", "ViTModel"): ("float32",),
             ("vit", "ViTForImageClassification"): ("float32", "bfloat16"),
             # DeiT: conversion_mapping.py maps "DeiTModel" to the "ViTModel" entry
