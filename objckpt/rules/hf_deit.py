@@ -62,13 +62,31 @@ CLASSES = {
 TASKS = {"DeiTImageClassifier": "DeiTForImageClassification"}
 
 
-def _heads() -> list:
+def _lacking(config: dict) -> str:
+    """Why a folder has no `classifier.*` for keras-hub's DeiTImageClassifier."""
+    named = config.get("architectures")
+    hub = next((n for n in (named if isinstance(named, list) else ())
+                if n in CLASSES and n != "DeiTForImageClassification"), "")
+    if hub == "DeiTForImageClassificationWithTeacher":
+        return (f"{hub} has no `classifier.*`: its logits average two heads (`cls_classifier` "
+                "on the class token, `distillation_classifier` on the distillation token), "
+                "which DeiTImageClassifier's one head does not compute; restore the folder "
+                "into DeiTBackbone (its heads set aside)")
+    if hub:
+        return f"{hub} has no classifier (its folder holds no `classifier.*`)"
+    return ("the folder holds no `classifier.*` (only DeiTForImageClassification has that "
+            "head)")
+
+
+def _heads(config: dict) -> list:
     def having(entry):
         return ", ".join(n for n, (_, heads) in CLASSES.items() if entry in heads)
 
+    why = _lacking(config)
     out = [Rule("classifier.weight", "output_dense/kernel", Transpose(),
-                head=having("classifier.weight")),
-           Rule("classifier.bias", "output_dense/bias", head=having("classifier.bias"))]
+                head=having("classifier.weight"), absent=why),
+           Rule("classifier.bias", "output_dense/bias", head=having("classifier.bias"),
+                absent=why)]
     for entry in ("pooler.dense.weight", "pooler.dense.bias", *_WITH_TEACHER,
                   "deit.embeddings.mask_token", "embeddings.mask_token", "decoder.0.weight",
                   "decoder.0.bias"):
@@ -106,5 +124,5 @@ def rules(config: dict) -> RuleSet:
     root = "backbone/" if config.get("task", "") in TASKS else ""
     out = [Rule(prefix + rule.source, root + rule.target, rule.transform)
            for prefix in PREFIXES for rule in _bare(config)]
-    return RuleSet(out + _heads(), alternatives=True, name="huggingface('deit')",
+    return RuleSet(out + _heads(config), alternatives=True, name="huggingface('deit')",
                    classes=TASKS)

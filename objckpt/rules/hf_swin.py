@@ -150,13 +150,20 @@ def _bare(config: dict) -> list:
     return out
 
 
-def _heads() -> list:
+def _heads(config: dict) -> list:
     def having(entry):
         return ", ".join(n for n, (_, heads) in CLASSES.items() if entry in heads)
 
+    named = config.get("architectures")
+    hub = next((n for n in (named if isinstance(named, list) else ())
+                if n in CLASSES and n != "SwinForImageClassification"), "")
+    why = (f"{hub} has no classifier (its folder holds no `classifier.*`)" if hub else
+           "the folder holds no `classifier.*` (only SwinForImageClassification has that "
+           "head)")
     out = [Rule("classifier.weight", "output_dense/kernel", Transpose(),
-                head=having("classifier.weight")),
-           Rule("classifier.bias", "output_dense/bias", head=having("classifier.bias"))]
+                head=having("classifier.weight"), absent=why),
+           Rule("classifier.bias", "output_dense/bias", head=having("classifier.bias"),
+                absent=why)]
     for entry in _MASKED:
         out.append(Rule(entry, f"{NOWHERE}/{entry}", head=having(entry)))
     return out
@@ -175,5 +182,5 @@ def rules(config: dict) -> RuleSet:
     prefixes = ("swin.", "") if is_task else ("", "swin.")  # the first is what export writes
     out = [Rule(prefix + rule.source, root + rule.target, rule.transform, head=rule.head)
            for prefix in prefixes for rule in _bare(config)]
-    return RuleSet(out + _heads(), alternatives=True, name="huggingface('swin')",
+    return RuleSet(out + _heads(config), alternatives=True, name="huggingface('swin')",
                    classes=TASKS)

@@ -134,6 +134,26 @@ def test_a_folders_key_form_is_recognised(case):
 
 # --- keras-hub's importer as a second oracle ---------------------------------------------------
 
+@pytest.mark.parametrize("cls,task,why", [
+    ("DeiTForImageClassificationWithTeacher", "DeiTImageClassifier",
+     "average two heads .*DeiTImageClassifier's one head does not compute"),
+    ("DeiTModel", "DeiTImageClassifier", "DeiTModel has no classifier"),
+    ("SwinModel", "SwinTransformerImageClassifier", "SwinModel has no classifier"),
+])
+def test_a_folder_without_the_task_models_head_names_why_and_changes_nothing(cls, task, why):
+    """A strict restore into the image classifier from a class without its head: each head
+    variable named with the reason (WithTeacher's two heads are no DeiTImageClassifier
+    head), the Fix that strict=False leaves it, nothing written."""
+    _keras_hub()
+    case = next(c for c in hf_cases.CASES if (c.cls, c.form) == (cls, ""))
+    model = hf_cases.task(case._replace(task=task), hf_cases.backbone(case))
+    before = _values(model)
+    with pytest.raises(errors.StructureMismatchError,
+                       match=rf"(?s)output_dense/_kernel.*gets no value: .*{why}.*Fix: "
+                             r"strict=False"):
+        objckpt.restore(model, case.folder("float32"))
+    assert _values(model) == before
+
 def _values(model) -> dict:
     return {v.path: bits(v.numpy()) for v in model.weights}
 
