@@ -159,6 +159,8 @@ CASES = (
     # keras-hub has no DINOv2 task model: the classifier is set aside
     Case("dinov2", "Dinov2Model", None),
     Case("dinov2", "Dinov2ForImageClassification", None, head=_CLASSIFIER),
+    # feature maps in transformers, the base model's names: keras-hub's backbone
+    Case("dinov2", "Dinov2Backbone", None),
     Case("dinov2_swiglu", "Dinov2Model", None),
     Case("dinov2_registers", "Dinov2WithRegistersModel", None),
     Case("dinov2_registers", "Dinov2WithRegistersForImageClassification", None,
@@ -178,6 +180,7 @@ CASES = (
     Case("swin", "SwinForImageClassification", "SwinTransformerImageClassifier",
          head=_CLASSIFIER, form=NEW_FORM),
     Case("dinov3", "DINOv3ViTModel", None),
+    Case("dinov3", "DINOv3ViTBackbone", None),
     Case("dinov3_gated", "DINOv3ViTModel", None),
     # transformers 5's names (the blocks under `model.layer.{i}`), the same models
     Case("dinov3", "DINOv3ViTModel", None, form=NEW_FORM),

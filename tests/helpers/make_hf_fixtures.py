@@ -19,7 +19,9 @@ left at ones shows), saved with `save_pretrained(safe_serialization=True)` into
 cast with `.to(torch.bfloat16)`, round to nearest even). Beside each folder,
 `<folder>.oracle.safetensors` holds the fixed inputs and transformers' outputs on them:
 `last_hidden_state` (the base model's, after its final norm), `pooler_output` where the base
-model has a pooler, and `logits` for a class with a head. The oracle is transformers' run of
+model has a pooler; a vision `...Backbone` class, which gives feature maps, is run as the
+base model holding its weights, the same names), and `logits` for a class with a head. The
+oracle is transformers' run of
 the folder as saved, loaded with `from_pretrained(folder, dtype=float32)`: for a bfloat16
 folder, the bfloat16-rounded weights widened, with the buffers transformers computes (RoPE
 frequencies) in float32: what a float32 model restored from that folder must give. Inputs are stored
@@ -123,7 +125,8 @@ ROWS = {
                       "patch_size": 4, "num_channels": 3, "qkv_bias": True, "num_labels": 3},
              ("DeiTModel", "DeiTForImageClassification",
               "DeiTForImageClassificationWithTeacher")),
-    "dinov2": ("dinov2", _DINOV2, ("Dinov2Model", "Dinov2ForImageClassification")),
+    "dinov2": ("dinov2", _DINOV2, ("Dinov2Model", "Dinov2ForImageClassification",
+                                   "Dinov2Backbone")),
     "dinov2_swiglu": ("dinov2", {**_DINOV2, "use_swiglu_ffn": True}, ("Dinov2Model",)),
     "dinov2_registers": ("dinov2_with_registers", {**_DINOV2, "num_register_tokens": 2},
                          ("Dinov2WithRegistersModel",
@@ -135,7 +138,7 @@ ROWS = {
                       "num_labels": 3},
              ("SwinModel", "SwinForImageClassification")),
     # transformers has no DINOv3 ViT task class; the keys' bias flags as the Hub's models
-    "dinov3": ("dinov3_vit", _DINOV3, ("DINOv3ViTModel",)),
+    "dinov3": ("dinov3_vit", _DINOV3, ("DINOv3ViTModel", "DINOv3ViTBackbone")),
     "dinov3_gated": ("dinov3_vit", {**_DINOV3, "use_gated_mlp": True, "mlp_bias": False},
                      ("DINOv3ViTModel",)),
 }
@@ -224,14 +227,22 @@ def _run(model, model_type: str) -> dict:
     out = {}
     # the base model: `base_model` finds it by the class's prefix, which names an inner
     # module in a base model that has one of that name (DINOv3 ViT's `model`, its encoder)
-    base_model = model if isinstance(
-        model, transformers.MODEL_MAPPING[type(model.config)]) else model.base_model
+    base_class = transformers.MODEL_MAPPING[type(model.config)]
+    backbone = type(model).__name__.endswith("Backbone")
+    if isinstance(model, base_class):
+        base_model = model
+    elif backbone:  # feature maps, no last hidden state: the base model of its weights,
+        base_model = base_class(model.config)  # which it holds under the same names
+        base_model.load_state_dict(model.state_dict(), strict=True)
+        base_model.eval()
+    else:
+        base_model = model.base_model
     with torch.no_grad():
         base = base_model(**feed)
         out["last_hidden_state"] = base.last_hidden_state
         if getattr(base, "pooler_output", None) is not None:
             out["pooler_output"] = base.pooler_output
-        if base_model is not model:
+        if base_model is not model and not backbone:
             result = model(**feed)
             out["logits"] = getattr(result, "logits", None)
             if out["logits"] is None:  # BertForPreTraining

@@ -252,7 +252,7 @@ def test_dinov2_refuses_a_model_type_it_does_not_cover():
 
 
 _DINOV2_MODELS = [c for c in hf_cases.CASES
-                  if c.case.startswith("dinov2") and c.cls.endswith("Model")]
+                  if c.case.startswith("dinov2") and c.cls.endswith(("Model", "Backbone"))]
 
 
 @pytest.mark.parametrize("case", _DINOV2_MODELS, ids=lambda c: c.id)
