@@ -13,8 +13,9 @@ embeddings`, which its importer sets from the position embeddings resized from t
 copy): the folder's position embeddings feed both variables (tied), and export writes them
 once (a model whose two differ, after training the interpolated ones, is refused by export's
 tie check, naming both). A backbone built for another image size (the interpolated ones of
-another shape) is refused with a shape error: resizing is a computation, not a layout. A SwiGLU MLP (`use_swiglu_ffn`) is `mlp.weights_in` (the gate's and
-the up projection's rows, one tensor) and `mlp.weights_out`, as keras-hub's.
+another shape) is refused with a shape error: resizing is a computation, not a layout. A
+SwiGLU MLP (`use_swiglu_ffn`) is `mlp.weights_in` (the gate's and the up projection's rows,
+one tensor) and `mlp.weights_out`, as keras-hub's.
 
 Restore accepts the names bare (`Dinov2Model`) or under the class's prefix (`dinov2.`,
 `dinov2_with_registers.`: the image classifiers); export writes them bare, the form
@@ -98,27 +99,23 @@ def _layer(form: str, names: dict, hidden: int, heads: int) -> list:
         Rule(f"{source}.{names['output']}.bias",
              f"{target}/attention/attention/output_dense/bias"),
     ]
+    def dense(name: str, keras: str, transform=None) -> list:
+        return [Rule(f"{source}.mlp.{name}.weight", f"{target}/mlp/{keras}/kernel",
+                     Chain(Transpose(), transform) if transform else Transpose()),
+                Rule(f"{source}.mlp.{name}.bias", f"{target}/mlp/{keras}/bias",
+                     Concat(0, parts=2, index=transform.index) if transform else None)]
+
     if form == "original":
         out += [*layer_norm(f"{source}.norm1", f"{target}/norm1"),
                 *layer_norm(f"{source}.norm2", f"{target}/norm2"),
                 Rule(f"{source}.layer_scale1.lambda1", f"{target}/layer_scale1/lambda1"),
                 Rule(f"{source}.layer_scale2.lambda1", f"{target}/layer_scale2/lambda1")]
-        mlp = ("fc1", "fc2", "weights_in", "weights_out")
-    else:
-        mlp = ()
-    for name in mlp:
-        out += [Rule(f"{source}.mlp.{name}.weight", f"{target}/mlp/{name}/kernel",
-                     Transpose()),
-                Rule(f"{source}.mlp.{name}.bias", f"{target}/mlp/{name}/bias")]
-    if form != "original":  # SwiGLU's projections: the fused input one given in halves
-        out += [Rule(f"{source}.mlp.down_proj.weight", f"{target}/mlp/weights_out/kernel",
-                     Transpose()),
-                Rule(f"{source}.mlp.down_proj.bias", f"{target}/mlp/weights_out/bias")]
+        for name in ("fc1", "fc2", "weights_in", "weights_out"):  # SwiGLU's: the last two
+            out += dense(name, name)
+    else:  # SwiGLU's projections, the fused input one given in halves (gate, then up)
+        out += dense("down_proj", "weights_out")
         for index, half in enumerate(("gate_proj", "up_proj")):
-            out += [Rule(f"{source}.mlp.{half}.weight", f"{target}/mlp/weights_in/kernel",
-                         Chain(Transpose(), Concat(1, parts=2, index=index))),
-                    Rule(f"{source}.mlp.{half}.bias", f"{target}/mlp/weights_in/bias",
-                         Concat(0, parts=2, index=index))]
+            out += dense(half, "weights_in", Concat(1, parts=2, index=index))
     return out
 
 
