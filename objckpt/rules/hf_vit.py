@@ -75,19 +75,20 @@ def _heads() -> list:
     return out
 
 
-def _size(config: dict, key: str) -> int:
+def _size(config: dict, key: str, what: str = "ViT") -> int:
     value = config.get(key)
     if type(value) is not int or value <= 0:
         from objckpt import errors
 
         raise errors.InvalidArgumentError(
-            f"The ViT rule set needs `{key}` (a positive int) from the Hugging Face config; "
+            f"The {what} rule set needs `{key}` (a positive int) from the Hugging Face config; "
             f"received {value!r}. Fix: pass the checkpoint's folder (its config.json), or "
             f"config={{'hidden_size': ..., 'num_attention_heads': ...}}.")
     return value
 
 
-def _layer_norm(source: str, target: str) -> list:
+def layer_norm(source: str, target: str) -> list:
+    """A torch `LayerNorm`'s `weight` and `bias` <-> a Keras one's `gamma` and `beta`."""
     return [Rule(f"{source}.weight", f"{target}/gamma"), Rule(f"{source}.bias", f"{target}/beta")]
 
 
@@ -103,30 +104,29 @@ _LAYER_NAMES = {
 }
 
 
-def _bare(config: dict) -> tuple:
-    """(the embeddings, {form: each encoder block's entries}, the final norm): the
-    embeddings and the final norm are named alike in both forms."""
-    hidden = _size(config, "hidden_size")
-    heads = _size(config, "num_attention_heads")
+def heads_of(config: dict, what: str = "ViT") -> tuple:
+    """(hidden_size, num_attention_heads) of the config; InvalidArgumentError naming the set
+    (`what`) when either is no positive int or the heads do not divide the hidden size."""
+    hidden = _size(config, "hidden_size", what)
+    heads = _size(config, "num_attention_heads", what)
     if hidden % heads:
         from objckpt import errors
 
         raise errors.InvalidArgumentError(
-            f"The ViT rule set needs hidden_size divisible by num_attention_heads; received "
-            f"{hidden} and {heads}. Fix: pass the checkpoint's own config.json.")
+            f"The {what} rule set needs hidden_size divisible by num_attention_heads; "
+            f"received {hidden} and {heads}. Fix: pass the checkpoint's own config.json.")
+    return hidden, heads
+
+
+def encoder_forms(hidden: int, heads: int, target: str,
+                  mlp: tuple = ("mlp/dense_1", "mlp/dense_2")) -> dict:
+    """{form: the rules of each encoder block `{i}`} for a ViT-style encoder (ViT's, DeiT's)
+    whose blocks keras-hub builds as `target` (with `{i}`) holding `mha`, `layer_norm_1`,
+    `layer_norm_2` and the MLP's two Dense layers at the paths `mlp`."""
     head_dim = hidden // heads
     into_heads = Chain(Transpose(), Reshape((hidden, hidden), (hidden, heads, head_dim)))
     bias_heads = Reshape((hidden,), (heads, head_dim))
     from_heads = Chain(Transpose(), Reshape((hidden, hidden), (heads, head_dim, hidden)))
-    out = [
-        Rule("embeddings.patch_embeddings.projection.weight",
-             f"{EMBEDDING}/patch_embedding/kernel", ConvKernel("OIHW", "HWIO")),
-        Rule("embeddings.patch_embeddings.projection.bias", f"{EMBEDDING}/patch_embedding/bias"),
-        Rule("embeddings.cls_token", f"{EMBEDDING}/class_token"),
-        Rule("embeddings.position_embeddings", f"{EMBEDDING}/position_embedding/embeddings",
-             Reshape((1, -1, hidden), (-1, hidden))),
-    ]
-    target = f"{ENCODER}/encoder_layers/{{i}}"
     forms = {}
     for form, names in _LAYER_NAMES.items():
         source = names["source"]
@@ -140,17 +140,33 @@ def _bare(config: dict) -> tuple:
             Rule(f"{source}.{names['output']}.weight", f"{target}/mha/output_dense/kernel",
                  from_heads),
             Rule(f"{source}.{names['output']}.bias", f"{target}/mha/output_dense/bias"),
-            *_layer_norm(f"{source}.layernorm_before", f"{target}/layer_norm_1"),
-            *_layer_norm(f"{source}.layernorm_after", f"{target}/layer_norm_2"),
-            Rule(f"{source}.{names['fc1']}.weight", f"{target}/mlp/dense_1/kernel",
+            *layer_norm(f"{source}.layernorm_before", f"{target}/layer_norm_1"),
+            *layer_norm(f"{source}.layernorm_after", f"{target}/layer_norm_2"),
+            Rule(f"{source}.{names['fc1']}.weight", f"{target}/{mlp[0]}/kernel",
                  Transpose()),
-            Rule(f"{source}.{names['fc1']}.bias", f"{target}/mlp/dense_1/bias"),
-            Rule(f"{source}.{names['fc2']}.weight", f"{target}/mlp/dense_2/kernel",
+            Rule(f"{source}.{names['fc1']}.bias", f"{target}/{mlp[0]}/bias"),
+            Rule(f"{source}.{names['fc2']}.weight", f"{target}/{mlp[1]}/kernel",
                  Transpose()),
-            Rule(f"{source}.{names['fc2']}.bias", f"{target}/mlp/dense_2/bias"),
+            Rule(f"{source}.{names['fc2']}.bias", f"{target}/{mlp[1]}/bias"),
         ]
         forms[form] = layer
-    return out, forms, _layer_norm("layernorm", f"{ENCODER}/layer_norm")
+    return forms
+
+
+def _bare(config: dict) -> tuple:
+    """(the embeddings, {form: each encoder block's entries}, the final norm): the
+    embeddings and the final norm are named alike in both forms."""
+    hidden, heads = heads_of(config)
+    out = [
+        Rule("embeddings.patch_embeddings.projection.weight",
+             f"{EMBEDDING}/patch_embedding/kernel", ConvKernel("OIHW", "HWIO")),
+        Rule("embeddings.patch_embeddings.projection.bias", f"{EMBEDDING}/patch_embedding/bias"),
+        Rule("embeddings.cls_token", f"{EMBEDDING}/class_token"),
+        Rule("embeddings.position_embeddings", f"{EMBEDDING}/position_embedding/embeddings",
+             Reshape((1, -1, hidden), (-1, hidden))),
+    ]
+    forms = encoder_forms(hidden, heads, f"{ENCODER}/encoder_layers/{{i}}")
+    return out, forms, layer_norm("layernorm", f"{ENCODER}/layer_norm")
 
 
 def rules(config: dict) -> RuleSet:

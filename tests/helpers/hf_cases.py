@@ -38,7 +38,9 @@ CONVERTERS = {"llama": "convert_llama3", "mistral": "convert_mistral", "gemma": 
               "gemma3_text": "convert_gemma3", "smollm3": "convert_smollm3",
               "bart": "convert_bart", "t5gemma": "convert_t5gemma", "mixtral": "convert_mixtral",
               "qwen2_moe": "convert_qwen_moe", "qwen3_moe": "convert_qwen3_moe",
-              "gpt_oss": "convert_gpt_oss"}
+              "gpt_oss": "convert_gpt_oss", "deit": "convert_deit",
+              "dinov2": "convert_dinov2", "dinov2_with_registers": "convert_dinov2",
+              "swin": "convert_swin_transformer", "dinov3_vit": "convert_dinov3"}
 
 
 class Case(NamedTuple):
@@ -122,6 +124,7 @@ def _roberta_rows(stem: str, case: str) -> tuple:
              folded=tuple("roberta." + name for name in folded)),
     )
 
+_CLASSIFIER = ("classifier.weight", "classifier.bias")
 
 CASES = (
     Case("llama", "LlamaModel", None, lacks=_LM_HEAD),
@@ -229,6 +232,51 @@ CASES = (
     Case("gpt_oss", "GptOssForCausalLM", "GptOssCausalLM"),
     Case("gpt_oss", "GptOssForSequenceClassification", None, head=("score.weight",),
          lacks=_LM_HEAD),
+    Case("deit", "DeiTModel", None, head=("pooler.dense.weight", "pooler.dense.bias")),
+    Case("deit", "DeiTForImageClassification", "DeiTImageClassifier",
+         head=("classifier.weight", "classifier.bias")),
+    # keras-hub has no model averaging the class and distillation tokens' heads
+    Case("deit", "DeiTForImageClassificationWithTeacher", None,
+         head=("cls_classifier.weight", "cls_classifier.bias",
+               "distillation_classifier.weight", "distillation_classifier.bias")),
+    # transformers 5's names (DeiTModel renamed as ViTModel is), the same models
+    Case("deit", "DeiTModel", None, head=("pooler.dense.weight", "pooler.dense.bias"),
+         form=NEW_FORM, dtypes=("float32",)),
+    Case("deit", "DeiTForImageClassification", "DeiTImageClassifier",
+         head=("classifier.weight", "classifier.bias"), form=NEW_FORM),
+    Case("deit", "DeiTForImageClassificationWithTeacher", None,
+         head=("cls_classifier.weight", "cls_classifier.bias",
+               "distillation_classifier.weight", "distillation_classifier.bias"),
+         form=NEW_FORM, dtypes=("float32",)),
+    # keras-hub has no DINOv2 task model: the classifier is set aside
+    Case("dinov2", "Dinov2Model", None),
+    Case("dinov2", "Dinov2ForImageClassification", None, head=_CLASSIFIER),
+    # feature maps in transformers, the base model's names: keras-hub's backbone
+    Case("dinov2", "Dinov2Backbone", None),
+    Case("dinov2_swiglu", "Dinov2Model", None),
+    Case("dinov2_registers", "Dinov2WithRegistersModel", None),
+    Case("dinov2_registers", "Dinov2WithRegistersForImageClassification", None,
+         head=_CLASSIFIER),
+    # transformers 5's names (the attention renamed, a SwiGLU's weights_in in two halves)
+    Case("dinov2", "Dinov2Model", None, form=NEW_FORM),
+    Case("dinov2", "Dinov2ForImageClassification", None, head=_CLASSIFIER, form=NEW_FORM,
+         dtypes=("float32",)),
+    Case("dinov2_swiglu", "Dinov2Model", None, form=NEW_FORM),
+    Case("dinov2_registers", "Dinov2WithRegistersModel", None, form=NEW_FORM,
+         dtypes=("float32",)),
+    Case("swin", "SwinModel", None),
+    Case("swin", "SwinForImageClassification", "SwinTransformerImageClassifier",
+         head=_CLASSIFIER),
+    # transformers 5's names (the attention and the MLP renamed), the same models
+    Case("swin", "SwinModel", None, form=NEW_FORM, dtypes=("float32",)),
+    Case("swin", "SwinForImageClassification", "SwinTransformerImageClassifier",
+         head=_CLASSIFIER, form=NEW_FORM),
+    Case("dinov3", "DINOv3ViTModel", None),
+    Case("dinov3", "DINOv3ViTBackbone", None),
+    Case("dinov3_gated", "DINOv3ViTModel", None),
+    # transformers 5's names (the blocks under `model.layer.{i}`), the same models
+    Case("dinov3", "DINOv3ViTModel", None, form=NEW_FORM),
+    Case("dinov3_gated", "DINOv3ViTModel", None, form=NEW_FORM, dtypes=("float32",)),
 )
 
 
@@ -267,7 +315,8 @@ def task(case: Case, model):
     cls = getattr(keras_hub.models, case.task)
     if case.task in ("BertTextClassifier", "ViTImageClassifier", "DistilBertTextClassifier",
                      "RobertaTextClassifier", "XLMRobertaTextClassifier",
-                     "AlbertTextClassifier"):
+                     "AlbertTextClassifier", "DeiTImageClassifier",
+                     "SwinTransformerImageClassifier"):
         return cls(backbone=model, num_classes=len(config(case)["id2label"]),
                    preprocessor=None)
     return cls(backbone=model, preprocessor=None)

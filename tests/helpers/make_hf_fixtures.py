@@ -20,8 +20,10 @@ cast with `.to(torch.bfloat16)`, round to nearest even). Beside each folder,
 `<folder>.oracle.safetensors` holds the fixed inputs and transformers' outputs on them:
 `last_hidden_state` (the base model's, after its final norm; an encoder-decoder's decoder's,
 with `encoder_last_hidden_state` beside it), `pooler_output` where the base model has a
-pooler, and `logits` for a class with a head. An encoder-decoder's decoder reads
-`decoder_input_ids`: the input ids shifted right behind token 2. The oracle is transformers' run of
+pooler (a vision `...Backbone` class, which gives feature maps, is run as the base model
+holding its weights, the same names), and `logits` for a class with a head. An
+encoder-decoder's decoder reads `decoder_input_ids`: the input ids shifted right behind
+token 2. The oracle is transformers' run of
 the folder as saved, loaded with `from_pretrained(folder, dtype=float32)`: for a bfloat16
 folder, the bfloat16-rounded weights widened, with the buffers transformers computes (RoPE
 frequencies) in float32: what a float32 model restored from that folder must give. Inputs are stored
@@ -31,8 +33,8 @@ transformers 5 renames some classes' keys at load (its `conversion_mapping.py`) 
 `save_pretrained` renames them back unless told `save_original_format=False`; folders in that
 new form exist too. For each class in NEW_FORM the same model is also saved that way, in the
 dtypes listed, as `<folder>-v5names/` (its oracle beside it, as above): the script checks that
-it holds the same tensors (bytes, dtypes, shapes), some under other names, and the same
-config.json.
+it holds the same tensors (bytes, dtypes, shapes), some under other names (where transformers 5
+splits a tensor, that both folders load into the same state), and the same config.json.
 
 Everything is seeded and runs on CPU in eager attention with one thread: re-running the
 script writes the same bytes (the safetensors files and config.json are byte-identical; the
@@ -85,6 +87,15 @@ _ENCODER = {"vocab_size": VOCAB, "hidden_size": 16, "num_hidden_layers": 2,
 _QWEN_MOE = {**_DECODER, "tie_word_embeddings": False, "num_experts": 4,
              "num_experts_per_tok": 2, "moe_intermediate_size": 8, "decoder_sparse_step": 1,
              "norm_topk_prob": False}
+
+_DINOV2 = {"hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2, "mlp_ratio": 2,
+           "hidden_act": "gelu", "image_size": 16, "patch_size": 4, "num_channels": 3,
+           "layerscale_value": 1.0, "num_labels": 3}
+_DINOV3 = {"hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
+           "intermediate_size": 32, "hidden_act": "gelu", "image_size": 16, "patch_size": 4,
+           "num_channels": 3, "num_register_tokens": 2, "layerscale_value": 1.0,
+           "query_bias": True, "key_bias": False, "value_bias": True, "proj_bias": True,
+           "mlp_bias": True, "rope_theta": 100.0}
 
 # case -> (model_type, config, the Hub classes). The next architecture adds a row here and
 # one in tests/integration/test_hf_transformers.py's table.
@@ -189,20 +200,56 @@ ROWS = {
                             "num_local_experts": 4, "num_experts_per_tok": 2,
                             "sliding_window": 8},
                 ("GptOssModel", "GptOssForCausalLM", "GptOssForSequenceClassification")),
+
+    "deit": ("deit", {"hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
+                      "intermediate_size": 32, "hidden_act": "gelu", "image_size": 16,
+                      "patch_size": 4, "num_channels": 3, "qkv_bias": True, "num_labels": 3},
+             ("DeiTModel", "DeiTForImageClassification",
+              "DeiTForImageClassificationWithTeacher")),
+    "dinov2": ("dinov2", _DINOV2, ("Dinov2Model", "Dinov2ForImageClassification",
+                                   "Dinov2Backbone")),
+    "dinov2_swiglu": ("dinov2", {**_DINOV2, "use_swiglu_ffn": True}, ("Dinov2Model",)),
+    "dinov2_registers": ("dinov2_with_registers", {**_DINOV2, "num_register_tokens": 2},
+                         ("Dinov2WithRegistersModel",
+                          "Dinov2WithRegistersForImageClassification")),
+    # 32 / 4 = 8 patches a side: windows of 2 in stage 0 (8 x 8) and after merging (4 x 4)
+    "swin": ("swin", {"image_size": 32, "patch_size": 4, "num_channels": 3, "embed_dim": 8,
+                      "depths": [2, 2], "num_heads": [2, 4], "window_size": 2,
+                      "mlp_ratio": 2.0, "qkv_bias": True, "hidden_act": "gelu",
+                      "num_labels": 3},
+             ("SwinModel", "SwinForImageClassification")),
+    # transformers has no DINOv3 ViT task class; the keys' bias flags as the Hub's models
+    "dinov3": ("dinov3_vit", _DINOV3, ("DINOv3ViTModel", "DINOv3ViTBackbone")),
+    "dinov3_gated": ("dinov3_vit", {**_DINOV3, "use_gated_mlp": True, "mlp_bias": False},
+                     ("DINOv3ViTModel",)),
 }
 
 
 # Hub classes whose keys transformers 5 renames at load (its conversion_mapping.py: for
-# these rows only the "ViTModel" entry, which every ViT class picks up through its `vit`
-# submodule; the other rows' classes have none, save for the "legacy" LayerNorm gamma/beta
-# renaming every model gets) -> the dtypes in which the folder is also written in the new
-# form, `save_pretrained(save_original_format=False)`, as `<folder>-v5names`.
+# these rows the "ViTModel" entry, which every ViT class picks up through its `vit`
+# submodule and DeiT through "DeiTModel"; "Dinov2Model", "Dinov2WithRegistersModel", "swin"
+# and "dinov3_vit"; the other rows' classes have none, save for the "legacy" LayerNorm
+# gamma/beta renaming every model gets) -> the dtypes in which the folder is also written in
+# the new form, `save_pretrained(save_original_format=False)`, as `<folder>-v5names`.
 NEW_FORM = {("vit", "ViTModel"): ("float32",),
             ("vit", "ViTForImageClassification"): ("float32", "bfloat16"),
             # mixtures of experts: each layer's experts in one tensor per bank
             ("mixtral", "MixtralForCausalLM"): ("float32", "bfloat16"),
             ("qwen3_moe", "Qwen3MoeForCausalLM"): ("float32", "bfloat16"),
-            ("qwen2_moe", "Qwen2MoeForCausalLM"): ("float32", "bfloat16")}
+            ("qwen2_moe", "Qwen2MoeForCausalLM"): ("float32", "bfloat16"),
+            # DeiT: conversion_mapping.py maps "DeiTModel" to the "ViTModel" entry
+            ("deit", "DeiTModel"): ("float32",),
+            ("deit", "DeiTForImageClassification"): ("float32", "bfloat16"),
+            ("deit", "DeiTForImageClassificationWithTeacher"): ("float32",),
+            # DINOv2: the attention renamed, a SwiGLU's weights_in split in two
+            ("dinov2", "Dinov2Model"): ("float32", "bfloat16"),
+            ("dinov2", "Dinov2ForImageClassification"): ("float32",),
+            ("dinov2_swiglu", "Dinov2Model"): ("float32", "bfloat16"),
+            ("dinov2_registers", "Dinov2WithRegistersModel"): ("float32",),
+            ("swin", "SwinModel"): ("float32",),
+            ("swin", "SwinForImageClassification"): ("float32", "bfloat16"),
+            ("dinov3", "DINOv3ViTModel"): ("float32", "bfloat16"),
+            ("dinov3_gated", "DINOv3ViTModel"): ("float32",)}
 NEW_FORM_SUFFIX = "-v5names"
 
 
@@ -210,13 +257,19 @@ def folder_name(case: str, cls: str, dtype: str, new_form: bool = False) -> str:
     return f"{case}-{cls}-{dtype}" + (NEW_FORM_SUFFIX if new_form else "")
 
 
+# model_type -> the side of the square images its rows take (image models only)
+IMAGE_SIZES = {"vit": 16, "deit": 16, "dinov2": 16, "dinov2_with_registers": 16,
+               "swin": 32, "dinov3_vit": 16}
+
+
 def inputs(model_type: str) -> dict:
     """The fixed inputs, as NumPy arrays in Keras's layout (int32 ids, NHWC images)."""
     import numpy as np
 
     rng = np.random.default_rng(SEED)
-    if model_type == "vit":
-        return {"pixel_values": rng.normal(size=(BATCH, 16, 16, 3)).astype("float32")}
+    if model_type in IMAGE_SIZES:
+        size = IMAGE_SIZES[model_type]
+        return {"pixel_values": rng.normal(size=(BATCH, size, size, 3)).astype("float32")}
     out = {"input_ids": rng.integers(3, VOCAB, size=(BATCH, LENGTH)).astype("int32"),
            "attention_mask": np.ones((BATCH, LENGTH), "int32")}
     if model_type in _SEQ2SEQ:
@@ -256,16 +309,30 @@ def _run(model, model_type: str) -> dict:
     """transformers' outputs: the base model's last hidden state (and pooler), the logits."""
     import torch
 
+    import transformers
+
     feed = _torch_inputs(model_type)
     out = {}
+    # the base model: `base_model` finds it by the class's prefix, which names an inner
+    # module in a base model that has one of that name (DINOv3 ViT's `model`, its encoder)
+    base_class = transformers.MODEL_MAPPING[type(model.config)]
+    backbone = type(model).__name__.endswith("Backbone")
+    if isinstance(model, base_class):
+        base_model = model
+    elif backbone:  # feature maps, no last hidden state: the base model of its weights,
+        base_model = base_class(model.config)  # which it holds under the same names
+        base_model.load_state_dict(model.state_dict(), strict=True)
+        base_model.eval()
+    else:
+        base_model = model.base_model
     with torch.no_grad():
-        base = model.base_model(**feed)
+        base = base_model(**feed)
         out["last_hidden_state"] = base.last_hidden_state
         if getattr(base, "pooler_output", None) is not None:
             out["pooler_output"] = base.pooler_output
         if getattr(base, "encoder_last_hidden_state", None) is not None:  # encoder-decoder
             out["encoder_last_hidden_state"] = base.encoder_last_hidden_state
-        if model.base_model is not model:
+        if base_model is not model and not backbone:
             result = model(**feed)
             out["logits"] = getattr(result, "logits", None)
             if out["logits"] is None:  # BertForPreTraining
@@ -337,17 +404,20 @@ def _check_new_form(original: str, new: str, cls: str = "") -> None:
                        t.contiguous().flatten().view(torch.uint8).numpy().tobytes())
                       for t in found.values())
 
-    def same_model():  # both loaded by transformers: the same parameters
+    def loaded(folder):  # the state transformers loads from the folder
         import transformers
 
-        a, b = (getattr(transformers, cls).from_pretrained(f, dtype="auto").state_dict()
-                for f in (original, new))
-        return sorted(a) == sorted(b) and all(
-            a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]) for k in a)
+        with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
+            cls = json.load(f)["architectures"][0]
+        model = getattr(transformers, cls).from_pretrained(folder)
+        return {k: v for k, v in model.state_dict().items()}
 
     first, second = tensors(original), tensors(new)
-    if set(first) <= set(second) or (contents(first) != contents(second) and not (
-            cls and same_model())):
+    # the same bytes under other names; or, where transformers 5 splits a tensor (a fused
+    # SwiGLU input projection into two halves; a mixture of experts' experts joined into
+    # one tensor per bank), the same model once loaded
+    if set(first) <= set(second) or (contents(first) != contents(second) and contents(
+            loaded(original)) != contents(loaded(new))):
         sys.exit(f"{new}: expected the tensors of {original}, some under other names; "
                  f"found the names {sorted(second)}")
     with open(os.path.join(original, "config.json"), "rb") as f, \

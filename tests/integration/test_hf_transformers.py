@@ -125,7 +125,8 @@ def _tensors(path: str) -> dict:
 def _unprefixed(name: str) -> str:
     """A tensor name without a base model's prefix (`model.`, `transformer.`, ...)."""
     first, _, rest = name.partition(".")
-    return rest if first in ("model", "transformer", "bert", "vit", "distilbert") else name
+    return rest if first in ("model", "transformer", "bert", "vit", "distilbert",
+                             "deit", "dinov2", "dinov2_with_registers", "swin") else name
 
 
 def _assert_close(ours: dict, oracle: dict, tolerance: float, what: str):
@@ -162,7 +163,7 @@ def test_every_fixture_folder_has_a_row_and_every_row_its_folders():
             assert config.get("dtype", config.get("torch_dtype")) == dtype
             oracle = hf_cases.oracle(case, dtype)
             assert "last_hidden_state" in oracle
-            assert ("logits" in oracle) == (not case.cls.endswith("Model") or
+            assert ("logits" in oracle) == (not case.cls.endswith(("Model", "Backbone")) or
                                             case.cls == "GPT2LMHeadModel")
 
 
@@ -378,20 +379,45 @@ def test_export_is_byte_equal_to_what_transformers_read_back(tmp_path, case, dty
 
 NEW_FORM = [(case, dtype) for case in CASES if case.form for dtype in case.dtypes]
 _NEW_IDS = [f"{c.id}-{d}" for c, d in NEW_FORM]
-_ORIGINAL_LAYER = r"^(vit\.)?encoder\.layer\.\d+\."
-# a mixture of experts' layers: one entry per expert (original), or per bank (transformers 5)
-_EXPERT = r"\.experts\.\d+\."
-_BANK = r"\.experts\.(gate_up_proj|down_proj)$"
+# an entry transformers 5 names anew, by configuration (its prefix: the class's, `CLASSES`)
+_NEW_NAME = {"vit": "layers.0.attention.q_proj.weight",
+             "deit": "layers.0.attention.q_proj.weight",
+             "dinov2": "encoder.layer.0.attention.q_proj.weight",
+             "dinov2_swiglu": "encoder.layer.0.mlp.gate_proj.weight",
+             "dinov2_registers": "encoder.layer.0.attention.o_proj.bias",
+             "swin": "encoder.layers.1.blocks.1.attention.relative_position_bias."
+                     "relative_position_bias_table",
+             "dinov3": "model.layer.0.attention.q_proj.weight",
+             "dinov3_gated": "model.layer.1.mlp.gate_proj.weight",
+             "mixtral": "layers.0.mlp.experts.gate_up_proj",
+             "qwen3_moe": "layers.0.mlp.experts.gate_up_proj",
+             "qwen2_moe": "layers.0.mlp.experts.gate_up_proj"}
+# mixtures of experts: transformers 5 holds each bank's experts in one tensor (as many bytes)
+_BANKED = {"mixtral", "qwen3_moe", "qwen2_moe"}
+_FORMED = sorted({case.case for case in CASES if case.form})
 
 
-def _forms(case) -> tuple:
-    """(a key the new-form folder holds, a regex no key of it matches, one every key of the
-    export matches none of)."""
-    if case.case == "vit":
-        prefix = "vit." if case.cls != "ViTModel" else ""
-        return (f"{prefix}layers.0.attention.q_proj.weight", _ORIGINAL_LAYER,
-                r"(^|\.)layers\.")
-    return "model.layers.0.mlp.experts.gate_up_proj", _EXPERT, _BANK
+def _joined_halves(tensors: dict, original: dict) -> dict:
+    """The tensors with each `gate_proj`/`up_proj` pair that the original folder holds as one
+    `weights_in` joined along the first axis (bytes concatenated): transformers 5 splits a
+    fused SwiGLU input projection (DINOv2's) into those halves."""
+    out = dict(tensors)
+    for name in [n for n in tensors if ".gate_proj." in n]:
+        fused = name.replace(".gate_proj.", ".weights_in.")
+        if fused not in original:
+            continue
+        (dtype, shape, first), (_, _, second) = out.pop(name), out.pop(
+            name.replace(".gate_proj.", ".up_proj."))
+        out[fused] = (dtype, (2 * shape[0],) + shape[1:], first + second)
+    return out
+
+
+def _set_module(case):
+    """The module of the case's shipped set (its `CLASSES`, its `FORMS`)."""
+    import importlib
+
+    hf = importlib.import_module("objckpt.rules.huggingface")
+    return importlib.import_module(hf._MODULES[hf_cases.config(case)["model_type"]])
 
 
 @pytest.mark.parametrize("case,dtype", NEW_FORM, ids=_NEW_IDS)
@@ -401,13 +427,13 @@ def test_new_form_folders_are_the_original_models_under_transformers_5_names(cas
     tensor, as many bytes), and the same oracle."""
     ours = _tensors(os.path.join(case.folder(dtype), "model.safetensors"))
     theirs = _tensors(os.path.join(case.original.folder(dtype), "model.safetensors"))
-    key, original, _ = _forms(case)
-    assert key in ours
-    assert not [name for name in ours if re.search(original, name)]
-    if case.case == "vit":
-        assert sorted(ours.values()) == sorted(theirs.values())
-    else:
+    module = _set_module(case)
+    assert module.CLASSES[case.cls][0] + _NEW_NAME[case.case] in ours
+    assert not [name for name in ours if re.match(module.FORMS["original"][0], name)]
+    if case.case in _BANKED:
         assert sum(len(v[2]) for v in ours.values()) == sum(len(v[2]) for v in theirs.values())
+    else:
+        assert sorted(_joined_halves(ours, theirs).values()) == sorted(theirs.values())
     assert set(ours) != set(theirs)
     oracle, original = hf_cases.oracle(case, dtype), hf_cases.oracle(case.original, dtype)
     assert sorted(oracle) == sorted(original)
@@ -430,8 +456,8 @@ def test_new_form_restores_what_the_original_form_restores(case, dtype):
             _restored_task(case.original, dtype)[0])
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c.case == "vit"],
-                         ids=_ids([c for c in CASES if c.case == "vit"]))
+@pytest.mark.parametrize("case", [c for c in CASES if c.case in _FORMED],
+                         ids=_ids([c for c in CASES if c.case in _FORMED]))
 def test_one_call_names_the_key_form_it_read(case):
     model = hf_cases.backbone(case)
     report = objckpt.restore(model, case.folder("float32"))
@@ -444,6 +470,8 @@ def test_export_of_a_new_form_folder_writes_the_original_form(tmp_path, case, dt
     """Export names what transformers reads by default, whatever form was restored: the
     bytes of the export of the original-form folder's model (the committed one, where the
     class has one)."""
+    import re
+
     out, reference = str(tmp_path / "new"), str(tmp_path / "original")
     model = _restored_task(case, dtype)[0] if case.task else _report(case, dtype)[0]
     hf_cases.exported(case, dtype, out, model)
@@ -453,8 +481,9 @@ def test_export_of_a_new_form_folder_writes_the_original_form(tmp_path, case, dt
     with open(os.path.join(out, "model.safetensors"), "rb") as f, \
             open(os.path.join(reference, "model.safetensors"), "rb") as g:
         assert f.read() == g.read()
+    new_form = _set_module(case).FORMS["transformers 5"][0]
     assert not [name for name in _tensors(os.path.join(out, "model.safetensors"))
-                if re.search(_forms(case)[2], name)]
+                if re.match(new_form, name)]
     if original.exports_whole:
         committed = os.path.join(hf_cases.EXPORTS, f"{original.id}-{dtype}",
                                  "model.safetensors")
