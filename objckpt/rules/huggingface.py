@@ -27,6 +27,7 @@ _MODULES: dict[str, str] = {
     "distilbert": "objckpt.rules.hf_distilbert",
     "gemma": "objckpt.rules.hf_gemma",
     "gemma2": "objckpt.rules.hf_gemma",
+    "gemma3": "objckpt.rules.hf_gemma3_vision",
     "gemma3_text": "objckpt.rules.hf_gemma3",
     "gpt2": "objckpt.rules.hf_gpt2",
     "gpt_oss": "objckpt.rules.hf_gpt_oss",

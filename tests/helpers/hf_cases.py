@@ -38,7 +38,7 @@ CONVERTERS = {"llama": "convert_llama3", "mistral": "convert_mistral", "gemma": 
               "gemma3_text": "convert_gemma3", "smollm3": "convert_smollm3",
               "bart": "convert_bart", "t5gemma": "convert_t5gemma", "mixtral": "convert_mixtral",
               "qwen2_moe": "convert_qwen_moe", "qwen3_moe": "convert_qwen3_moe",
-              "gpt_oss": "convert_gpt_oss"}
+              "gpt_oss": "convert_gpt_oss", "gemma3": "convert_gemma3"}
 
 
 class Case(NamedTuple):
@@ -71,6 +71,17 @@ class Case(NamedTuple):
     # the folder's bytes; from 16-bit entries the sum is float32 (a 16-bit model takes it
     # by a lossy cast).
     folded: tuple = ()
+    # (the folder's prefix, export's) pairs: entries export writes under another name than
+    # the folder's, where transformers saves a form other than the one export writes
+    # (Gemma 3's vision tower: `vision_tower.` saved, `vision_tower.vision_model.` exported)
+    renamed: tuple = ()
+
+    def export_name(self, name: str) -> str:
+        """The name export writes for the folder's entry `name`."""
+        for folder, export in self.renamed:
+            if name.startswith(folder):
+                return export + name[len(folder):]
+        return name
 
     @property
     def id(self) -> str:
@@ -98,6 +109,7 @@ _MLM = ("cls.predictions.bias", "cls.predictions.transform.dense.weight",
         "cls.predictions.transform.LayerNorm.bias")
 _POOLER = ("pooled_dense/kernel", "pooled_dense/bias")
 _POSITIONS = ("encoder.embed_positions.weight", "decoder.embed_positions.weight")
+_GEMMA3_TOWER = (("vision_tower.", "vision_tower.vision_model."),)
 _ROPE = ("_operations/3/self_attn/rotary_embedding/inv_freq",
          "_operations/4/self_attn/rotary_embedding/inv_freq")
 
@@ -229,6 +241,16 @@ CASES = (
     Case("gpt_oss", "GptOssForCausalLM", "GptOssCausalLM"),
     Case("gpt_oss", "GptOssForSequenceClassification", None, head=("score.weight",),
          lacks=_LM_HEAD),
+    # Gemma 3 with its vision tower (SigLIP), and its text decoder under `language_model.`:
+    # fed one image per example; export names the tower as the Hub's folders do
+    Case("gemma3_vision", "Gemma3Model", None, renamed=_GEMMA3_TOWER),
+    Case("gemma3_vision", "Gemma3ForConditionalGeneration", "Gemma3CausalLM",
+         renamed=_GEMMA3_TOWER),
+    Case("gemma3_vision", "Gemma3ForSequenceClassification", None, head=("score.weight",),
+         renamed=_GEMMA3_TOWER),
+    # transformers 5's module names (`model.language_model.`, `model.vision_tower.`)
+    Case("gemma3_vision", "Gemma3Model", None, form=NEW_FORM, dtypes=("float32",)),
+    Case("gemma3_vision", "Gemma3ForConditionalGeneration", "Gemma3CausalLM", form=NEW_FORM),
 )
 
 
@@ -277,6 +299,12 @@ def keras_inputs(case: Case, feed: dict):
     """The oracle's inputs as keras-hub's models take them."""
     import numpy as np
 
+    if "pixel_values" in feed and "input_ids" in feed:  # text and images, one per example
+        image_tokens = feed["token_type_ids"]
+        return {"token_ids": feed["input_ids"], "padding_mask": feed["attention_mask"],
+                "images": feed["pixel_values"][:, None], "vision_mask": image_tokens,
+                "vision_indices": np.stack([np.flatnonzero(row) for row in image_tokens]
+                                           ).astype("int32")}
     if "pixel_values" in feed:
         return feed["pixel_values"]
     if "decoder_input_ids" in feed:  # an encoder-decoder

@@ -188,7 +188,26 @@ ROWS = {
                             "num_local_experts": 4, "num_experts_per_tok": 2,
                             "sliding_window": 8},
                 ("GptOssModel", "GptOssForCausalLM", "GptOssForSequenceClassification")),
+    # Gemma 3 with its SigLIP vision tower: one 32x32 image of 8x8 patches per example,
+    # pooled by 4 (keras-hub's fixed pool) into 4 image tokens; the vision width (24) other
+    # than the text's (16), so a transposed projection shows; no SigLIP pooling head (as
+    # the Hub's Gemma 3 configs)
+    "gemma3_vision": ("gemma3", {
+        "text_config": {**{k: v for k, v in _GEMMA.items() if k != "num_labels"},
+                        "head_dim": 8, "query_pre_attn_scalar": 8, "sliding_window": 64},
+        "vision_config": {"hidden_size": 24, "intermediate_size": 32, "num_hidden_layers": 2,
+                          "num_attention_heads": 2, "image_size": 32, "patch_size": 4,
+                          "layer_norm_eps": 1e-6, "vision_use_head": False},
+        "mm_tokens_per_image": 4, "image_token_index": 60, "boi_token_index": 61,
+        "eoi_token_index": 62, "num_labels": 3},
+        ("Gemma3Model", "Gemma3ForConditionalGeneration", "Gemma3ForSequenceClassification")),
 }
+
+# model_type -> (image size, image tokens per image, the image token's id) of a model whose
+# inputs hold text and one image per example: the ids hold the image tokens (after a
+# begin-of-image token, before an end-of-image one), `token_type_ids` marks them, and
+# `pixel_values` holds the images.
+IMAGE_TOKENS = {"gemma3": (32, 4, 60)}
 
 
 # Hub classes whose keys transformers 5 renames at load (its conversion_mapping.py: for
@@ -201,7 +220,10 @@ NEW_FORM = {("vit", "ViTModel"): ("float32",),
             # mixtures of experts: each layer's experts in one tensor per bank
             ("mixtral", "MixtralForCausalLM"): ("float32", "bfloat16"),
             ("qwen3_moe", "Qwen3MoeForCausalLM"): ("float32", "bfloat16"),
-            ("qwen2_moe", "Qwen2MoeForCausalLM"): ("float32", "bfloat16")}
+            ("qwen2_moe", "Qwen2MoeForCausalLM"): ("float32", "bfloat16"),
+            # the vision tower without `vision_model.`, the rest under `model.`
+            ("gemma3_vision", "Gemma3Model"): ("float32",),
+            ("gemma3_vision", "Gemma3ForConditionalGeneration"): ("float32", "bfloat16")}
 NEW_FORM_SUFFIX = "-v5names"
 
 
@@ -218,6 +240,15 @@ def inputs(model_type: str) -> dict:
         return {"pixel_values": rng.normal(size=(BATCH, 16, 16, 3)).astype("float32")}
     out = {"input_ids": rng.integers(3, VOCAB, size=(BATCH, LENGTH)).astype("int32"),
            "attention_mask": np.ones((BATCH, LENGTH), "int32")}
+    if model_type in IMAGE_TOKENS:  # text, then one image's tokens, then text
+        size, count, token = IMAGE_TOKENS[model_type]
+        ids = out["input_ids"] % (token - 3) + 3  # no image token among the text
+        images = np.full((BATCH, count + 2), token, "int32")
+        images[:, 0], images[:, -1] = token + 1, token + 2  # begin and end of image
+        ids = np.concatenate([ids[:, :2], images, ids[:, 2:]], axis=1)
+        out = {"input_ids": ids, "attention_mask": np.ones_like(ids),
+               "token_type_ids": (ids == token).astype("int32"),
+               "pixel_values": rng.normal(size=(BATCH, size, size, 3)).astype("float32")}
     if model_type in _SEQ2SEQ:
         out["decoder_input_ids"] = np.concatenate(
             [np.full((BATCH, 1), 2, "int32"), out["input_ids"][:, :-1]], axis=1)
