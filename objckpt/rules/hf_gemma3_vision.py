@@ -41,7 +41,7 @@ from objckpt.rules.core import NOWHERE, ConvKernel, Rule, RuleSet, Transpose
 from objckpt.rules.hf_gemma3 import decoder_rules
 from objckpt.rules.hf_llama import config_size, head_rules
 
-__all__ = ["MODEL_TYPES", "rules"]
+__all__ = ["FORMS", "MODEL_TYPES", "rules", "siglip_head", "vision_rules"]
 
 MODEL_TYPES = ("gemma3",)
 FORMS = {
@@ -63,7 +63,6 @@ CLASSES = {
 }
 # keras-hub task model -> the Hub class of its heads (export's `architectures`).
 TASKS = {"Gemma3CausalLM": "Gemma3ForConditionalGeneration"}
-_HEAD_CLASSES = ", ".join(CLASSES) + " (SigLIP's pooling head, which Gemma 3 never runs)"
 ENCODER = "image_encoder"
 OUTPUT = "vision_output_encoder"
 # SigLIP's pooling head, under the vision tower's prefix
@@ -120,6 +119,14 @@ def vision_rules(vision: dict, model: str) -> list:
     return out
 
 
+def siglip_head(classes: str) -> list:
+    """SigLIP's pooling head (`vision_tower.head.*`, in every spelling of the tower), set
+    aside as a head of `classes`: the model never runs it."""
+    return [Rule(prefix + entry, f"{NOWHERE}/vision_tower.{entry}",
+                 head=f"{classes} (SigLIP's pooling head, which the model never runs)")
+            for prefix in VISION_PREFIXES for entry in _SIGLIP_HEAD]
+
+
 def rules(config: dict) -> RuleSet:
     """The multimodal Gemma 3 rule set for a Hugging Face config (`text_config` and
     `vision_config`: their sizes decide the reshapes).
@@ -139,8 +146,6 @@ def rules(config: dict) -> RuleSet:
                  Rule("mm_input_projection_weight", f"{OUTPUT}/vision_input_projection/kernel")]
     out += [r.with_source(prefix + r.source) for prefix in PROJECTOR_PREFIXES
             for r in projector]
-    out += [Rule(prefix + entry, f"{NOWHERE}/vision_tower.{entry}",
-                 head=_HEAD_CLASSES)
-            for prefix in VISION_PREFIXES for entry in _SIGLIP_HEAD]
+    out += siglip_head(", ".join(CLASSES))
     return RuleSet(out + head_rules(CLASSES, lm_head=False), alternatives=True,
                    name="huggingface('gemma3')", classes=TASKS)

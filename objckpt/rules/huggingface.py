@@ -34,6 +34,7 @@ _MODULES: dict[str, str] = {
     "llama": "objckpt.rules.hf_llama",
     "mistral": "objckpt.rules.hf_mistral",
     "mixtral": "objckpt.rules.hf_mixtral",
+    "paligemma": "objckpt.rules.hf_paligemma",
     "qwen2": "objckpt.rules.hf_qwen",
     "qwen2_moe": "objckpt.rules.hf_qwen_moe",
     "qwen3": "objckpt.rules.hf_qwen",

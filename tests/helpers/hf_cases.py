@@ -38,7 +38,8 @@ CONVERTERS = {"llama": "convert_llama3", "mistral": "convert_mistral", "gemma": 
               "gemma3_text": "convert_gemma3", "smollm3": "convert_smollm3",
               "bart": "convert_bart", "t5gemma": "convert_t5gemma", "mixtral": "convert_mixtral",
               "qwen2_moe": "convert_qwen_moe", "qwen3_moe": "convert_qwen3_moe",
-              "gpt_oss": "convert_gpt_oss", "gemma3": "convert_gemma3"}
+              "gpt_oss": "convert_gpt_oss", "gemma3": "convert_gemma3",
+              "paligemma": "convert_pali_gemma"}
 
 
 class Case(NamedTuple):
@@ -75,6 +76,9 @@ class Case(NamedTuple):
     # the folder's, where transformers saves a form other than the one export writes
     # (Gemma 3's vision tower: `vision_tower.` saved, `vision_tower.vision_model.` exported)
     renamed: tuple = ()
+    # the leading positions the task model's logits leave out (PaliGemmaCausalLM: the
+    # image's tokens): compared with transformers' logits from there on
+    logits_from: int = 0
 
     def export_name(self, name: str) -> str:
         """The name export writes for the folder's entry `name`."""
@@ -109,6 +113,7 @@ _MLM = ("cls.predictions.bias", "cls.predictions.transform.dense.weight",
         "cls.predictions.transform.LayerNorm.bias")
 _POOLER = ("pooled_dense/kernel", "pooled_dense/bias")
 _POSITIONS = ("encoder.embed_positions.weight", "decoder.embed_positions.weight")
+# SigLIP's tower as transformers 5 saves it, and as export (and the Hub) names it
 _GEMMA3_TOWER = (("vision_tower.", "vision_tower.vision_model."),)
 _ROPE = ("_operations/3/self_attn/rotary_embedding/inv_freq",
          "_operations/4/self_attn/rotary_embedding/inv_freq")
@@ -251,6 +256,13 @@ CASES = (
     # transformers 5's module names (`model.language_model.`, `model.vision_tower.`)
     Case("gemma3_vision", "Gemma3Model", None, form=NEW_FORM, dtypes=("float32",)),
     Case("gemma3_vision", "Gemma3ForConditionalGeneration", "Gemma3CausalLM", form=NEW_FORM),
+    # PaliGemma: the image's tokens lead, then a prefix and a response
+    Case("paligemma", "PaliGemmaModel", None, renamed=_GEMMA3_TOWER),
+    Case("paligemma", "PaliGemmaForConditionalGeneration", "PaliGemmaCausalLM",
+         renamed=_GEMMA3_TOWER, logits_from=16),
+    Case("paligemma", "PaliGemmaModel", None, form=NEW_FORM, dtypes=("float32",)),
+    Case("paligemma", "PaliGemmaForConditionalGeneration", "PaliGemmaCausalLM",
+         form=NEW_FORM, logits_from=16),
 )
 
 
@@ -299,6 +311,12 @@ def keras_inputs(case: Case, feed: dict):
     """The oracle's inputs as keras-hub's models take them."""
     import numpy as np
 
+    if "pixel_values" in feed and config(case)["model_type"] == "paligemma":
+        # the image's tokens lead: keras-hub takes the text alone, the image ahead of it
+        count = int(np.sum(feed["input_ids"][0] == config(case)["image_token_index"]))
+        return {"images": feed["pixel_values"], "token_ids": feed["input_ids"][:, count:],
+                "padding_mask": feed["attention_mask"][:, count:],
+                "response_mask": feed["token_type_ids"][:, count:]}
     if "pixel_values" in feed and "input_ids" in feed:  # text and images, one per example
         image_tokens = feed["token_type_ids"]
         return {"token_ids": feed["input_ids"], "padding_mask": feed["attention_mask"],
