@@ -27,7 +27,7 @@ from objckpt.rules import hf_gemma
 from objckpt.rules.core import Rule, RuleSet
 from objckpt.rules.hf_llama import config_size, head_rules, prefixed
 
-__all__ = ["MODEL_TYPES", "rules"]
+__all__ = ["MODEL_TYPES", "decoder_rules", "rules"]
 
 MODEL_TYPES = ("gemma3_text",)
 CLASSES = {
@@ -42,7 +42,15 @@ TASKS = {"Gemma3CausalLM": "Gemma3ForCausalLM"}
 def rules(config: dict) -> RuleSet:
     """The Gemma 3 text-decoder rule set for a Hugging Face config (sizes decide the head
     reshapes)."""
-    model = "Gemma 3"
+    decoder = decoder_rules(config, "Gemma 3")
+    return RuleSet(prefixed(decoder, ["model.", ""]) + head_rules(CLASSES, lm_head=False),
+                   alternatives=True, name="huggingface('gemma3_text')", classes=TASKS)
+
+
+def decoder_rules(config: dict, model: str) -> list:
+    """The text decoder's rules, its entries named `model.` (the embedding, each layer,
+    the final norm), for a text config; InvalidArgumentError naming `model` for a size that
+    is missing or not a positive int."""
     for key in ("hidden_size", "num_attention_heads", "head_dim"):
         config_size(config, key, model)  # keras-hub reads head_dim from the config: no default
     config_size(config, "num_key_value_heads", model, config["num_attention_heads"])
@@ -50,7 +58,5 @@ def rules(config: dict) -> RuleSet:
     decoder = [r for r in hf_gemma.rules({**config, "model_type": "gemma2"})
                if r.source.startswith("model.")]
     source, target = "model.layers.{i}.self_attn", "decoder_block_{i}/attention"
-    decoder += [Rule(f"{source}.q_norm.weight", f"{target}/query_norm/scale"),
-                Rule(f"{source}.k_norm.weight", f"{target}/key_norm/scale")]
-    return RuleSet(prefixed(decoder, ["model.", ""]) + head_rules(CLASSES, lm_head=False),
-                   alternatives=True, name="huggingface('gemma3_text')", classes=TASKS)
+    return decoder + [Rule(f"{source}.q_norm.weight", f"{target}/query_norm/scale"),
+                      Rule(f"{source}.k_norm.weight", f"{target}/key_norm/scale")]

@@ -40,7 +40,8 @@ CONVERTERS = {"llama": "convert_llama3", "mistral": "convert_mistral", "gemma": 
               "qwen2_moe": "convert_qwen_moe", "qwen3_moe": "convert_qwen3_moe",
               "gpt_oss": "convert_gpt_oss", "deit": "convert_deit",
               "dinov2": "convert_dinov2", "dinov2_with_registers": "convert_dinov2",
-              "swin": "convert_swin_transformer", "dinov3_vit": "convert_dinov3"}
+              "swin": "convert_swin_transformer", "dinov3_vit": "convert_dinov3",
+              "gemma3": "convert_gemma3", "paligemma": "convert_pali_gemma"}
 
 
 class Case(NamedTuple):
@@ -73,6 +74,20 @@ class Case(NamedTuple):
     # the folder's bytes; from 16-bit entries the sum is float32 (a 16-bit model takes it
     # by a lossy cast).
     folded: tuple = ()
+    # (the folder's prefix, export's) pairs: entries export writes under another name than
+    # the folder's, where transformers saves a form other than the one export writes
+    # (Gemma 3's vision tower: `vision_tower.` saved, `vision_tower.vision_model.` exported)
+    renamed: tuple = ()
+    # the leading positions the task model's logits leave out (PaliGemmaCausalLM: the
+    # image's tokens): compared with transformers' logits from there on
+    logits_from: int = 0
+
+    def export_name(self, name: str) -> str:
+        """The name export writes for the folder's entry `name`."""
+        for folder, export in self.renamed:
+            if name.startswith(folder):
+                return export + name[len(folder):]
+        return name
 
     @property
     def id(self) -> str:
@@ -100,6 +115,8 @@ _MLM = ("cls.predictions.bias", "cls.predictions.transform.dense.weight",
         "cls.predictions.transform.LayerNorm.bias")
 _POOLER = ("pooled_dense/kernel", "pooled_dense/bias")
 _POSITIONS = ("encoder.embed_positions.weight", "decoder.embed_positions.weight")
+# SigLIP's tower as transformers 5 saves it, and as export (and the Hub) names it
+_GEMMA3_TOWER = (("vision_tower.", "vision_tower.vision_model."),)
 _ROPE = ("_operations/3/self_attn/rotary_embedding/inv_freq",
          "_operations/4/self_attn/rotary_embedding/inv_freq")
 
@@ -277,6 +294,23 @@ CASES = (
     # transformers 5's names (the blocks under `model.layer.{i}`), the same models
     Case("dinov3", "DINOv3ViTModel", None, form=NEW_FORM),
     Case("dinov3_gated", "DINOv3ViTModel", None, form=NEW_FORM, dtypes=("float32",)),
+    # Gemma 3 with its vision tower (SigLIP), and its text decoder under `language_model.`:
+    # fed one image per example; export names the tower as the Hub's folders do
+    Case("gemma3_vision", "Gemma3Model", None, renamed=_GEMMA3_TOWER),
+    Case("gemma3_vision", "Gemma3ForConditionalGeneration", "Gemma3CausalLM",
+         renamed=_GEMMA3_TOWER),
+    Case("gemma3_vision", "Gemma3ForSequenceClassification", None, head=("score.weight",),
+         renamed=_GEMMA3_TOWER),
+    # transformers 5's module names (`model.language_model.`, `model.vision_tower.`)
+    Case("gemma3_vision", "Gemma3Model", None, form=NEW_FORM, dtypes=("float32",)),
+    Case("gemma3_vision", "Gemma3ForConditionalGeneration", "Gemma3CausalLM", form=NEW_FORM),
+    # PaliGemma: the image's tokens lead, then a prefix and a response
+    Case("paligemma", "PaliGemmaModel", None, renamed=_GEMMA3_TOWER),
+    Case("paligemma", "PaliGemmaForConditionalGeneration", "PaliGemmaCausalLM",
+         renamed=_GEMMA3_TOWER, logits_from=16),
+    Case("paligemma", "PaliGemmaModel", None, form=NEW_FORM, dtypes=("float32",)),
+    Case("paligemma", "PaliGemmaForConditionalGeneration", "PaliGemmaCausalLM",
+         form=NEW_FORM, logits_from=16),
 )
 
 
@@ -326,6 +360,18 @@ def keras_inputs(case: Case, feed: dict):
     """The oracle's inputs as keras-hub's models take them."""
     import numpy as np
 
+    if "pixel_values" in feed and config(case)["model_type"] == "paligemma":
+        # the image's tokens lead: keras-hub takes the text alone, the image ahead of it
+        count = int(np.sum(feed["input_ids"][0] == config(case)["image_token_index"]))
+        return {"images": feed["pixel_values"], "token_ids": feed["input_ids"][:, count:],
+                "padding_mask": feed["attention_mask"][:, count:],
+                "response_mask": feed["token_type_ids"][:, count:]}
+    if "pixel_values" in feed and "input_ids" in feed:  # text and images, one per example
+        image_tokens = feed["token_type_ids"]
+        return {"token_ids": feed["input_ids"], "padding_mask": feed["attention_mask"],
+                "images": feed["pixel_values"][:, None], "vision_mask": image_tokens,
+                "vision_indices": np.stack([np.flatnonzero(row) for row in image_tokens]
+                                           ).astype("int32")}
     if "pixel_values" in feed:
         return feed["pixel_values"]
     if "decoder_input_ids" in feed:  # an encoder-decoder

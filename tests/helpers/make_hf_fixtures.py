@@ -222,7 +222,42 @@ ROWS = {
     "dinov3": ("dinov3_vit", _DINOV3, ("DINOv3ViTModel", "DINOv3ViTBackbone")),
     "dinov3_gated": ("dinov3_vit", {**_DINOV3, "use_gated_mlp": True, "mlp_bias": False},
                      ("DINOv3ViTModel",)),
+    # Gemma 3 with its SigLIP vision tower: one 32x32 image of 8x8 patches per example,
+    # pooled by 4 (keras-hub's fixed pool) into 4 image tokens; the vision width (24) other
+    # than the text's (16), so a transposed projection shows; no SigLIP pooling head (as
+    # the Hub's Gemma 3 configs)
+    "gemma3_vision": ("gemma3", {
+        "text_config": {**{k: v for k, v in _GEMMA.items() if k != "num_labels"},
+                        "head_dim": 8, "query_pre_attn_scalar": 8, "sliding_window": 64},
+        "vision_config": {"hidden_size": 24, "intermediate_size": 32, "num_hidden_layers": 2,
+                          "num_attention_heads": 2, "image_size": 32, "patch_size": 4,
+                          "layer_norm_eps": 1e-6, "vision_use_head": False},
+        "mm_tokens_per_image": 4, "image_token_index": 60, "boi_token_index": 61,
+        "eoi_token_index": 62, "num_labels": 3},
+        ("Gemma3Model", "Gemma3ForConditionalGeneration", "Gemma3ForSequenceClassification")),
+    # PaliGemma: one 16x16 image of 16 patches (its 16 tokens lead the inputs); head_dim 16,
+    # the patch count, which keras-hub's importer takes for head_dim; the image token past
+    # the vocabulary (keras-hub's embedding stops before it); vision width 24, text 16
+    "paligemma": ("paligemma", {
+        "text_config": {**{k: v for k, v in _GEMMA.items() if k != "num_labels"},
+                        "head_dim": 16},
+        "vision_config": {"hidden_size": 24, "intermediate_size": 32, "num_hidden_layers": 2,
+                          "num_attention_heads": 2, "image_size": 16, "patch_size": 4,
+                          "layer_norm_eps": 1e-6, "projection_dim": 16,
+                          "vision_use_head": False},
+        "image_token_index": VOCAB, "projection_dim": 16},
+        ("PaliGemmaModel", "PaliGemmaForConditionalGeneration")),
 }
+
+# model_type -> (image size, image tokens per image, the image token's id) of a model whose
+# inputs hold text and one image per example: the ids hold the image tokens (after a
+# begin-of-image token, before an end-of-image one), `token_type_ids` marks them, and
+# `pixel_values` holds the images.
+IMAGE_TOKENS = {"gemma3": (32, 4, 60)}
+# model_type -> (image size, image tokens, the image token's id) of a model whose inputs
+# lead with one image's tokens, then text: `token_type_ids` marks the response (the text's
+# second half; the image and the text's first half are the prefix, attended both ways).
+PREFIX_IMAGES = {"paligemma": (16, 16, VOCAB)}
 
 
 # Hub classes whose keys transformers 5 renames at load (its conversion_mapping.py: for
@@ -249,7 +284,12 @@ NEW_FORM = {("vit", "ViTModel"): ("float32",),
             ("swin", "SwinModel"): ("float32",),
             ("swin", "SwinForImageClassification"): ("float32", "bfloat16"),
             ("dinov3", "DINOv3ViTModel"): ("float32", "bfloat16"),
-            ("dinov3_gated", "DINOv3ViTModel"): ("float32",)}
+            ("dinov3_gated", "DINOv3ViTModel"): ("float32",),
+            # the vision tower without `vision_model.`, the rest under `model.`
+            ("gemma3_vision", "Gemma3Model"): ("float32",),
+            ("gemma3_vision", "Gemma3ForConditionalGeneration"): ("float32", "bfloat16"),
+            ("paligemma", "PaliGemmaModel"): ("float32",),
+            ("paligemma", "PaliGemmaForConditionalGeneration"): ("float32", "bfloat16")}
 NEW_FORM_SUFFIX = "-v5names"
 
 
@@ -272,6 +312,22 @@ def inputs(model_type: str) -> dict:
         return {"pixel_values": rng.normal(size=(BATCH, size, size, 3)).astype("float32")}
     out = {"input_ids": rng.integers(3, VOCAB, size=(BATCH, LENGTH)).astype("int32"),
            "attention_mask": np.ones((BATCH, LENGTH), "int32")}
+    if model_type in IMAGE_TOKENS:  # text, then one image's tokens, then text
+        size, count, token = IMAGE_TOKENS[model_type]
+        ids = out["input_ids"] % (token - 3) + 3  # no image token among the text
+        images = np.full((BATCH, count + 2), token, "int32")
+        images[:, 0], images[:, -1] = token + 1, token + 2  # begin and end of image
+        ids = np.concatenate([ids[:, :2], images, ids[:, 2:]], axis=1)
+        out = {"input_ids": ids, "attention_mask": np.ones_like(ids),
+               "token_type_ids": (ids == token).astype("int32"),
+               "pixel_values": rng.normal(size=(BATCH, size, size, 3)).astype("float32")}
+    if model_type in PREFIX_IMAGES:  # one image's tokens, then text (prefix, response)
+        size, count, token = PREFIX_IMAGES[model_type]
+        ids = np.concatenate([np.full((BATCH, count), token, "int32"), out["input_ids"]], 1)
+        response = (np.arange(ids.shape[1]) >= count + LENGTH // 2).astype("int32")
+        out = {"input_ids": ids, "attention_mask": np.ones_like(ids),
+               "token_type_ids": np.tile(response, (BATCH, 1)),
+               "pixel_values": rng.normal(size=(BATCH, size, size, 3)).astype("float32")}
     if model_type in _SEQ2SEQ:
         out["decoder_input_ids"] = np.concatenate(
             [np.full((BATCH, 1), 2, "int32"), out["input_ids"][:, :-1]], axis=1)
