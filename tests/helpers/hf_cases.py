@@ -64,6 +64,9 @@ class Case(NamedTuple):
     # Every float32 output against transformers' (rtol = atol; the logits' too unless
     # `logits_tolerance` says), where keras-hub's backbone computes differently.
     tolerance: float | None = None
+    # A bfloat16 model's outputs against transformers' (rtol = atol), where bfloat16
+    # arithmetic drifts further than the default allows (None: the default).
+    bfloat16_tolerance: float | None = None
     # The key form: "" for the names `save_pretrained` writes by default, NEW_FORM for
     # transformers 5's own (`save_original_format=False`; make_hf_fixtures.NEW_FORM), in
     # the dtypes `dtypes`.
@@ -170,14 +173,17 @@ CASES = (
          head=_MLM + ("cls.seq_relationship.weight", "cls.seq_relationship.bias")),
     Case("bert", "BertForSequenceClassification", "BertTextClassifier",
          head=("classifier.weight", "classifier.bias")),
-    Case("vit", "ViTModel", None, head=("pooler.dense.weight", "pooler.dense.bias")),
+    # keras-hub's ViTBackbone normalises with epsilon 1e-6 whatever the config says
+    # (transformers: layer_norm_eps 1e-12), and its importer passes none: up to 1.4e-4 off
+    Case("vit", "ViTModel", None, head=("pooler.dense.weight", "pooler.dense.bias"),
+         tolerance=5e-4),
     Case("vit", "ViTForImageClassification", "ViTImageClassifier",
-         head=("classifier.weight", "classifier.bias")),
+         head=("classifier.weight", "classifier.bias"), tolerance=5e-4),
     # transformers 5's names (`layers.{i}.attention.q_proj`, ...), the same models
     Case("vit", "ViTModel", None, head=("pooler.dense.weight", "pooler.dense.bias"),
-         form=NEW_FORM, dtypes=("float32",)),
+         form=NEW_FORM, dtypes=("float32",), tolerance=5e-4),
     Case("vit", "ViTForImageClassification", "ViTImageClassifier",
-         head=("classifier.weight", "classifier.bias"), form=NEW_FORM),
+         head=("classifier.weight", "classifier.bias"), form=NEW_FORM, tolerance=5e-4),
     Case("qwen2", "Qwen2Model", None, lacks=_LM_HEAD),
     Case("qwen2", "Qwen2ForCausalLM", "QwenCausalLM"),
     Case("qwen2", "Qwen2ForSequenceClassification", None, head=("score.weight",),
@@ -211,7 +217,9 @@ CASES = (
     Case("albert", "AlbertForTokenClassification", None,
          head=("classifier.weight", "classifier.bias"), lacks=_POOLER),
     Case("gemma3", "Gemma3TextModel", None),
-    Case("gemma3", "Gemma3ForCausalLM", "Gemma3CausalLM"),
+    # a bfloat16 model computes in bfloat16 (its q/k norms too): 2 of 192 elements of the
+    # last hidden state up to 0.21 from transformers' float32 run of the same weights
+    Case("gemma3", "Gemma3ForCausalLM", "Gemma3CausalLM", bfloat16_tolerance=0.25),
     Case("gemma3", "Gemma3TextForSequenceClassification", None, head=("score.weight",)),
     # keras-hub keeps each layer's RoPE frequencies as a variable; no folder has them
     Case("smollm3", "SmolLM3Model", None, computed=_ROPE),

@@ -286,7 +286,8 @@ def test_bfloat16_folder_into_a_bfloat16_model(case):
         assert rounded.tobytes() == np.asarray(variable.numpy()).tobytes(), variable.path
     _assert_close(hf_cases.outputs(case, model, hf_cases.oracle(case, "bfloat16"),
                                    is_task=False),
-                  hf_cases.oracle(case, "bfloat16"), TOLERANCE["bfloat16"], case.id)
+                  hf_cases.oracle(case, "bfloat16"),
+                  case.bfloat16_tolerance or TOLERANCE["bfloat16"], case.id)
 
 
 @pytest.mark.parametrize("case", ONE_PER_CONFIG, ids=_ids(ONE_PER_CONFIG))
@@ -475,8 +476,9 @@ def test_new_form_restores_what_the_original_form_restores(case, dtype):
                          ids=_ids([c for c in CASES if c.case in _FORMED]))
 def test_one_call_names_the_key_form_it_read(case):
     model = hf_cases.backbone(case)
-    report = objckpt.restore(model, case.folder("float32"))
-    form = "transformers 5" if case.form else "original"
+    report = objckpt.restore(model, case.folder("float32"), strict=not case.lacks)
+    # transformers 5.24 writes a SigLIP tower without `vision_model.` in either form
+    form = "transformers 5" if case.form or case.case in _SIGLIP else "original"
     assert f"its keys in the {form} form" in str(report)
 
 
