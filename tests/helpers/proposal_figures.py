@@ -127,6 +127,12 @@ def hf_figures(model_type: str) -> Figures:
         raise LookupError(f"no fixture of tests/fixtures/hf/ (hf_cases.CASES) for the shipped "
                           f"set {model_type!r}: the proposal cannot be measured on it")
     folder = case.folder("float32")
+    import keras
+
+    # Names as a fresh session gives them: keras-hub numbers some blocks by a counter shared
+    # by every model of a session (a mixture of experts' `mixtral_sparse_moe_block_3`), and
+    # the proposal reads names, so the figures would depend on what was built before.
+    keras.backend.clear_session()
     model = hf_cases.backbone(case)
     if case.task:
         model = hf_cases.task(case, model)
