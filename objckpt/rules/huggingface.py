@@ -25,6 +25,7 @@ _MODULES: dict[str, str] = {
     "bart": "objckpt.rules.hf_bart",
     "bert": "objckpt.rules.hf_bert",
     "distilbert": "objckpt.rules.hf_distilbert",
+    "esm": "objckpt.rules.hf_esm",
     "gemma": "objckpt.rules.hf_gemma",
     "gemma2": "objckpt.rules.hf_gemma",
     "gemma3_text": "objckpt.rules.hf_gemma3",

@@ -38,7 +38,7 @@ CONVERTERS = {"llama": "convert_llama3", "mistral": "convert_mistral", "gemma": 
               "gemma3_text": "convert_gemma3", "smollm3": "convert_smollm3",
               "bart": "convert_bart", "t5gemma": "convert_t5gemma", "mixtral": "convert_mixtral",
               "qwen2_moe": "convert_qwen_moe", "qwen3_moe": "convert_qwen3_moe",
-              "gpt_oss": "convert_gpt_oss"}
+              "gpt_oss": "convert_gpt_oss", "esm": "convert_esm"}
 
 
 class Case(NamedTuple):
@@ -120,6 +120,37 @@ def _roberta_rows(stem: str, case: str) -> tuple:
         Case(case, f"{stem}ForTokenClassification", None,
              head=("classifier.weight", "classifier.bias"),
              folded=tuple("roberta." + name for name in folded)),
+    )
+
+
+def _esm_rows() -> tuple:
+    """ESM's rows: transformers saves its rotary frequencies (a buffer keras-hub computes)
+    and a contact-prediction head keras-hub has none of: into a backbone both are set aside
+    with the head; into a task model too (never its head); export writes neither
+    (transformers computes the frequencies and initialises the contact head when it loads
+    the export). ESM-1b's position table: export writes row 0 (read by no input) as zeros."""
+    # transformers 5.24 writes its one frequency buffer under a literal `*`
+    rotary = ("encoder.layer.*.attention.self.rotary_embeddings.inv_freq",)
+    contact = ("contact_head.regression.weight", "contact_head.regression.bias")
+    mlm = ("lm_head.dense.weight", "lm_head.dense.bias", "lm_head.layer_norm.weight",
+           "lm_head.layer_norm.bias", "lm_head.bias")
+    classifier = ("classifier.dense.weight", "classifier.dense.bias",
+                  "classifier.out_proj.weight", "classifier.out_proj.bias")
+    esm = lambda names: tuple("esm." + name for name in names)  # noqa: E731
+    positions = ("esm.embeddings.position_embeddings.weight",)
+    return (
+        Case("esm", "EsmModel", None,
+             head=("pooler.dense.weight", "pooler.dense.bias") + contact + rotary),
+        Case("esm", "EsmForMaskedLM", "ESMMaskedPLM", head=mlm,
+             export_differs=esm(contact + rotary)),
+        Case("esm", "EsmForSequenceClassification", "ESMProteinClassifier", head=classifier,
+             export_differs=esm(contact + rotary)),
+        Case("esm", "EsmForTokenClassification", None,
+             head=("classifier.weight", "classifier.bias") + esm(contact + rotary)),
+        Case("esm_absolute", "EsmModel", None,
+             head=("pooler.dense.weight", "pooler.dense.bias") + contact),
+        Case("esm_absolute", "EsmForMaskedLM", "ESMMaskedPLM", head=mlm,
+             export_differs=esm(contact) + positions),
     )
 
 
@@ -229,6 +260,7 @@ CASES = (
     Case("gpt_oss", "GptOssForCausalLM", "GptOssCausalLM"),
     Case("gpt_oss", "GptOssForSequenceClassification", None, head=("score.weight",),
          lacks=_LM_HEAD),
+    *_esm_rows(),
 )
 
 
@@ -267,7 +299,7 @@ def task(case: Case, model):
     cls = getattr(keras_hub.models, case.task)
     if case.task in ("BertTextClassifier", "ViTImageClassifier", "DistilBertTextClassifier",
                      "RobertaTextClassifier", "XLMRobertaTextClassifier",
-                     "AlbertTextClassifier"):
+                     "AlbertTextClassifier", "ESMProteinClassifier"):
         return cls(backbone=model, num_classes=len(config(case)["id2label"]),
                    preprocessor=None)
     return cls(backbone=model, preprocessor=None)
@@ -285,10 +317,12 @@ def keras_inputs(case: Case, feed: dict):
                 "decoder_token_ids": feed["decoder_input_ids"],
                 "decoder_padding_mask": np.ones_like(feed["decoder_input_ids"])}
     out = {"token_ids": feed["input_ids"], "padding_mask": feed["attention_mask"]}
+    if case.case.startswith("esm"):  # ESMBackbone masks the padding id itself
+        del out["padding_mask"]
     if "token_type_ids" in feed:
         out["segment_ids"] = feed["token_type_ids"]
     if case.task in ("BertMaskedLM", "DistilBertMaskedLM", "RobertaMaskedLM",
-                     "XLMRobertaMaskedLM", "AlbertMaskedLM"):
+                     "XLMRobertaMaskedLM", "AlbertMaskedLM", "ESMMaskedPLM"):
         length = feed["input_ids"].shape[1]
         out["mask_positions"] = np.tile(np.arange(length, dtype="int32"),
                                         (feed["input_ids"].shape[0], 1))
