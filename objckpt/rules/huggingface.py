@@ -37,6 +37,7 @@ _MODULES: dict[str, str] = {
     "qwen2": "objckpt.rules.hf_qwen",
     "qwen2_moe": "objckpt.rules.hf_qwen_moe",
     "qwen3": "objckpt.rules.hf_qwen",
+    "qwen3_5_text": "objckpt.rules.hf_qwen3_5",
     "qwen3_moe": "objckpt.rules.hf_qwen_moe",
     "roberta": "objckpt.rules.hf_roberta",
     "smollm3": "objckpt.rules.hf_smollm3",

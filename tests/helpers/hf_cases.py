@@ -38,7 +38,8 @@ CONVERTERS = {"llama": "convert_llama3", "mistral": "convert_mistral", "gemma": 
               "gemma3_text": "convert_gemma3", "smollm3": "convert_smollm3",
               "bart": "convert_bart", "t5gemma": "convert_t5gemma", "mixtral": "convert_mixtral",
               "qwen2_moe": "convert_qwen_moe", "qwen3_moe": "convert_qwen3_moe",
-              "gpt_oss": "convert_gpt_oss", "esm": "convert_esm"}
+              "gpt_oss": "convert_gpt_oss", "esm": "convert_esm",
+              "qwen3_5_text": "convert_qwen3_5"}
 
 
 class Case(NamedTuple):
@@ -261,6 +262,10 @@ CASES = (
     Case("gpt_oss", "GptOssForSequenceClassification", None, head=("score.weight",),
          lacks=_LM_HEAD),
     *_esm_rows(),
+    Case("qwen3_5", "Qwen3_5TextModel", None, lacks=_LM_HEAD),
+    Case("qwen3_5", "Qwen3_5ForCausalLM", "Qwen3_5CausalLM"),
+    Case("qwen3_5", "Qwen3_5TextForSequenceClassification", None, head=("score.weight",),
+         lacks=_LM_HEAD),
 )
 
 

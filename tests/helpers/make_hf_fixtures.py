@@ -202,6 +202,14 @@ ROWS = {
     "esm_absolute": ("esm", {**_ESM, "position_embedding_type": "absolute",
                              "emb_layer_norm_before": True},
                      ("EsmModel", "EsmForMaskedLM")),
+    # Qwen3.5's text decoder: a gated-delta-net (linear attention) layer, then a full one
+    "qwen3_5": ("qwen3_5_text", {**_DECODER, "tie_word_embeddings": False, "head_dim": 8,
+                                 "layer_types": ["linear_attention", "full_attention"],
+                                 "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+                                 "linear_key_head_dim": 4, "linear_value_head_dim": 4,
+                                 "linear_conv_kernel_dim": 4},
+                ("Qwen3_5TextModel", "Qwen3_5ForCausalLM",
+                 "Qwen3_5TextForSequenceClassification")),
 }
 
 
