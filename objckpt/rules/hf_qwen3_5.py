@@ -43,18 +43,21 @@ CLASSES = {
 TASKS = {"Qwen3_5CausalLM": "Qwen3_5ForCausalLM"}
 
 
-def _sizes(config: dict) -> dict:
+def _sizes(config: dict, shown: str) -> dict:
     names = ("hidden_size", "num_attention_heads", "head_dim", "linear_num_key_heads",
              "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
              "linear_conv_kernel_dim")
-    out = {name: config_size(config, name, _SHOWN) for name in names}
-    out["kv_heads"] = config_size(config, "num_key_value_heads", _SHOWN,
+    out = {name: config_size(config, name, shown) for name in names}
+    out["kv_heads"] = config_size(config, "num_key_value_heads", shown,
                                   out["num_attention_heads"])
     return out
 
 
-def _decoder(config: dict) -> list:
-    s = _sizes(config)
+def decoder_rules(config: dict, shown: str = _SHOWN, *, mlp: bool = True) -> list:
+    """The decoder's rules, unprefixed (`embed_tokens.weight`, `layers.{i}....`): both
+    kinds of attention, the norms and (`mlp`) the dense MLP; sizes checked (`shown` names
+    the set in the error)."""
+    s = _sizes(config, shown)
     hidden, heads, head_dim, kv = (s["hidden_size"], s["num_attention_heads"], s["head_dim"],
                                    s["kv_heads"])
     channels = (2 * s["linear_num_key_heads"] * s["linear_key_head_dim"]
@@ -72,12 +75,6 @@ def _decoder(config: dict) -> list:
         Rule(f"{layer}.input_layernorm.weight", f"{target}/input_layernorm/scale"),
         Rule(f"{layer}.post_attention_layernorm.weight",
              f"{target}/post_attention_layernorm/scale"),
-        Rule(f"{layer}.mlp.gate_proj.weight", f"{target}/feedforward_gate_dense/kernel",
-             Transpose()),
-        Rule(f"{layer}.mlp.up_proj.weight", f"{target}/feedforward_intermediate_dense/kernel",
-             Transpose()),
-        Rule(f"{layer}.mlp.down_proj.weight", f"{target}/feedforward_output_dense/kernel",
-             Transpose()),
         # full attention
         Rule(f"{layer}.self_attn.q_proj.weight", f"{attention}/query/kernel",
              into_heads(heads, 2 * head_dim)),
@@ -98,16 +95,22 @@ def _decoder(config: dict) -> list:
         Rule(f"{layer}.linear_attn.A_log", f"{linear}/A_log"),
         Rule(f"{layer}.linear_attn.norm.weight", f"{linear}/norm/scale"),
     ]
+    if mlp:
+        out += [Rule(f"{layer}.mlp.{hf}.weight", f"{target}/{keras}/kernel", Transpose())
+                for hf, keras in (("gate_proj", "feedforward_gate_dense"),
+                                  ("up_proj", "feedforward_intermediate_dense"),
+                                  ("down_proj", "feedforward_output_dense"))]
     return out
 
 
-def _heads(tied: bool) -> list:
+def head_rules(tied: bool, classes: dict = CLASSES) -> list:
+    """The output embedding (untied) and the heads without a keras-hub variable."""
     def having(entry):
-        return ", ".join(n for n, (_, heads) in CLASSES.items() if entry in heads)
+        return ", ".join(n for n, (_, heads) in classes.items() if entry in heads)
 
     out = [] if tied else [Rule("lm_head.weight", "token_embedding/reverse_embeddings",
                                 Transpose(), head=having("lm_head.weight"))]
-    names = [*_TOKENS] + (["lm_head.weight"] if tied else [])
+    names = [n for n in _TOKENS if having(n)] + (["lm_head.weight"] if tied else [])
     return out + [Rule(n, f"{NOWHERE}/{n}", head=having(n) + (
         " (tied to the token embedding)" if n == "lm_head.weight" else "")) for n in names]
 
@@ -124,7 +127,7 @@ def rules(config: dict) -> RuleSet:
     hub = TASKS.get(config.get("task", ""), "")
     first = CLASSES[hub][0] if hub else "model."
     prefixes = list(dict.fromkeys([first, "model.", ""]))
-    decoder = _decoder(config)
+    decoder = decoder_rules(config)
     return RuleSet([rule.with_source(prefix + rule.source) for prefix in prefixes
-                    for rule in decoder] + _heads(bool(config.get("tie_word_embeddings"))),
+                    for rule in decoder] + head_rules(bool(config.get("tie_word_embeddings"))),
                    alternatives=True, name="huggingface('qwen3_5_text')", classes=TASKS)

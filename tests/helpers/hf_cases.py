@@ -39,7 +39,7 @@ CONVERTERS = {"llama": "convert_llama3", "mistral": "convert_mistral", "gemma": 
               "bart": "convert_bart", "t5gemma": "convert_t5gemma", "mixtral": "convert_mixtral",
               "qwen2_moe": "convert_qwen_moe", "qwen3_moe": "convert_qwen3_moe",
               "gpt_oss": "convert_gpt_oss", "esm": "convert_esm",
-              "qwen3_5_text": "convert_qwen3_5"}
+              "qwen3_5_text": "convert_qwen3_5", "qwen3_5_moe_text": "convert_qwen3_5_moe"}
 
 
 class Case(NamedTuple):
@@ -266,6 +266,9 @@ CASES = (
     Case("qwen3_5", "Qwen3_5ForCausalLM", "Qwen3_5CausalLM"),
     Case("qwen3_5", "Qwen3_5TextForSequenceClassification", None, head=("score.weight",),
          lacks=_LM_HEAD),
+    Case("qwen3_5_moe", "Qwen3_5MoeTextModel", None, lacks=_LM_HEAD),
+    Case("qwen3_5_moe", "Qwen3_5MoeForCausalLM", "Qwen3_5MoeCausalLM"),
+    Case("qwen3_5_moe", "Qwen3_5MoeForCausalLM", "Qwen3_5MoeCausalLM", form=NEW_FORM),
 )
 
 

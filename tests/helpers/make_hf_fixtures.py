@@ -210,6 +210,16 @@ ROWS = {
                                  "linear_conv_kernel_dim": 4},
                 ("Qwen3_5TextModel", "Qwen3_5ForCausalLM",
                  "Qwen3_5TextForSequenceClassification")),
+    # Qwen3.5-MoE's: every layer 4 experts (2 per token) and a shared expert
+    "qwen3_5_moe": ("qwen3_5_moe_text", {**_DECODER, "tie_word_embeddings": False,
+                                         "head_dim": 8,
+                                         "layer_types": ["linear_attention", "full_attention"],
+                                         "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+                                         "linear_key_head_dim": 4, "linear_value_head_dim": 4,
+                                         "linear_conv_kernel_dim": 4, "num_experts": 4,
+                                         "num_experts_per_tok": 2, "moe_intermediate_size": 8,
+                                         "shared_expert_intermediate_size": 12},
+                    ("Qwen3_5MoeTextModel", "Qwen3_5MoeForCausalLM")),
 }
 
 
@@ -223,7 +233,8 @@ NEW_FORM = {("vit", "ViTModel"): ("float32",),
             # mixtures of experts: each layer's experts in one tensor per bank
             ("mixtral", "MixtralForCausalLM"): ("float32", "bfloat16"),
             ("qwen3_moe", "Qwen3MoeForCausalLM"): ("float32", "bfloat16"),
-            ("qwen2_moe", "Qwen2MoeForCausalLM"): ("float32", "bfloat16")}
+            ("qwen2_moe", "Qwen2MoeForCausalLM"): ("float32", "bfloat16"),
+            ("qwen3_5_moe", "Qwen3_5MoeForCausalLM"): ("float32", "bfloat16")}
 NEW_FORM_SUFFIX = "-v5names"
 
 
