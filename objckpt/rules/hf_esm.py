@@ -9,17 +9,18 @@ final norm is `encoder.emb_layer_norm_after` -> `output_layer_norm`, an ESM-1b-s
 embedding norm (`emb_layer_norm_before`) `embeddings.layer_norm` -> `emb_layer_norm`.
 
 Positions. ESM-2 (`position_embedding_type` "rotary") has no position weights: both sides
-compute the rotary frequencies from the head size (keras-hub's `max_wavelength` is
-transformers' `rope_theta`, 10000 for every published ESM). transformers nonetheless saves
-the frequencies (a buffer: per layer, `encoder.layer.{i}.attention.self.rotary_embeddings.
-inv_freq`, in the published checkpoints; transformers 5.24 writes its one buffer as
-`encoder.layer.*.attention.self.rotary_embeddings.inv_freq`, a literal `*`); restore sets them aside (keras-hub has no variable) and export writes none
-(transformers computes them when it loads the export: `missing_keys` names the one
-`rotary_embeddings.inv_freq` it made). ESM-1 (`"absolute"`) numbers positions from
-`pad_token_id + 1`, as RoBERTa does, while keras-hub's backbone reads its rows from
-`pad_token_id` on: keras-hub's row k is transformers' row k + 1 (`Crop` of row 0, a zero row
-`Pad`ded at the end, never read by inputs the table fits); export writes row 0 back as zeros
-(read by no input: transformers' positions start at 2 with padding id 1).
+compute the rotary frequencies from the head size (transformers' `rope_theta`, keras-hub's
+`max_wavelength`: 10000 for every published ESM). transformers nonetheless saves the
+frequencies, a buffer: per layer in the published checkpoints
+(`encoder.layer.{i}.attention.self.rotary_embeddings.inv_freq`), once under a literal `*`
+as transformers 5.24 writes it (`encoder.layer.*.attention.self.rotary_embeddings.inv_freq`).
+Restore sets them aside (keras-hub has no variable) and export writes none: transformers
+computes them when it loads the export (`missing_keys` names the `rotary_embeddings.inv_freq`
+it made). ESM-1 (`"absolute"`) numbers positions from `pad_token_id + 1`, as RoBERTa does,
+while keras-hub's backbone reads its rows from `pad_token_id` on: keras-hub's row k is
+transformers' row k + 1 (`Crop` of row 0, a zero row `Pad`ded at the end, read by no input
+the table fits); export writes row 0 back as zeros (transformers reads it for no input:
+padding reads row `pad_token_id`, tokens the rows after it).
 
 Heads (`CLASSES`): into keras-hub's `ESMMaskedPLM` the masked-LM head (`lm_head.dense` ->
 `mlm_head/intermediate_dense`, `lm_head.layer_norm` -> `mlm_head/intermediate_layer_norm`,

@@ -1,12 +1,13 @@
-"""Hugging Face rule set for Qwen3.5's text decoder (full-attention and gated-delta-net
-layers): the set itself, and keras-hub's own importer as a second oracle.
+"""Hugging Face rule sets for Qwen3.5's and Qwen3.5-MoE's text decoders (full-attention and
+gated-delta-net layers; experts): the sets themselves, and keras-hub's own importer as a
+second oracle.
 
 transformers' side (its folders restored, objckpt's exports read back by it) is
 tests/integration/test_hf_transformers.py; here the configs are dicts (the set needs no
-keras-hub) and keras-hub's `Backbone.from_preset(folder)` reads a committed fixture. keras-hub
-0.32 reads Qwen3.5 under `model_type` "qwen3_5" with the decoder under
-`model.language_model.` (the multimodal checkpoints' layout) only: it is given a copy of the
-text fixture so named.
+keras-hub) and keras-hub's `Backbone.from_preset(folder)` reads the committed fixtures.
+keras-hub 0.32 reads Qwen3.5 (-MoE) under `model_type` "qwen3_5" ("qwen3_5_moe") with the
+decoder under `model.language_model.` (the multimodal checkpoints' layout) only: it is given
+a copy of the text fixture so named.
 """
 
 from __future__ import annotations
@@ -119,23 +120,91 @@ def test_restore_is_keras_hubs_import_bit_for_bit(tmp_path):
     """Every backbone variable bit-equal to keras-hub's import (of a copy of the fixture in
     the layout keras-hub reads), from the fixture as transformers wrote it."""
     keras_hub = pytest.importorskip("keras_hub")
-    from safetensors.numpy import load_file, save_file
-
     folder = os.path.join(FIXTURES, "qwen3_5-Qwen3_5ForCausalLM-float32")
-    copy = tmp_path / "multimodal_layout"
-    copy.mkdir()
-    with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
-        config = json.load(f)
-    (copy / "config.json").write_text(json.dumps({**config, "model_type": "qwen3_5"}),
-                                      encoding="utf-8")
-    tensors = load_file(os.path.join(folder, "model.safetensors"))
-    save_file({name.replace("model.", "model.language_model.", 1): value
-               for name, value in tensors.items()}, str(copy / "model.safetensors"),
-              metadata={"format": "pt"})
-    theirs = keras_hub.models.Backbone.from_preset(str(copy))
+    theirs = keras_hub.models.Backbone.from_preset(
+        _multimodal_layout(tmp_path, folder, "qwen3_5"))
     ours = type(theirs).from_config(theirs.get_config())
     report = objckpt.restore(ours, folder, rules=huggingface(folder))
     assert len(report.restored) == len(ours.weights)
     assert any(np.any(v.numpy()) for v in ours.weights)
     assert {v.path: bits(v.numpy()) for v in ours.weights} == {
         v.path: bits(v.numpy()) for v in theirs.weights}
+
+
+# --- Qwen3.5-MoE ------------------------------------------------------------------------------
+
+QWEN3_5_MOE = {**QWEN3_5, "architectures": ["Qwen3_5MoeForCausalLM"],
+               "model_type": "qwen3_5_moe_text", "num_experts": 4, "num_experts_per_tok": 2,
+               "moe_intermediate_size": 8, "shared_expert_intermediate_size": 12}
+
+
+def test_moe_set_maps_the_experts_in_both_key_forms_and_exports_the_original(tmp_path):
+    from objckpt.rules import Concat, Stack
+
+    chosen = huggingface(_folder(tmp_path, QWEN3_5_MOE))
+    assert "qwen3_5_moe_text" in objckpt.rules.supported()
+    assert chosen.name == "huggingface('qwen3_5_moe_text')"
+    rules = _by_source(chosen)
+    block = "transformer_layer_{i}/sparse_moe_block"
+    gate = rules["model.layers.{i}.mlp.experts.{e}.gate_proj.weight"]
+    assert gate.target == f"{block}/experts/expert_feedforward_gate_dense"
+    assert gate.transform == Chain(Transpose(), Stack("e", 4), Concat(-1, parts=2, index=0))
+    assert rules["model.layers.{i}.mlp.experts.{e}.up_proj.weight"].transform == Chain(
+        Transpose(), Stack("e", 4), Concat(-1, parts=2, index=1))
+    assert rules["model.layers.{i}.mlp.experts.gate_up_proj"].transform == Transpose((0, 2, 1))
+    assert rules["model.layers.{i}.mlp.gate.weight"].target == f"{block}/router_gate/kernel"
+    assert rules["model.layers.{i}.mlp.shared_expert_gate.weight"].target == (
+        f"{block}/shared_expert_gate/kernel")
+    assert rules["layers.{i}.mlp.shared_expert.up_proj.weight"].target == (
+        f"{block}/shared_expert/feedforward_intermediate_dense/kernel")
+    # Qwen3.5's attention, no dense MLP
+    assert "model.layers.{i}.linear_attn.conv1d.weight" in rules
+    assert "model.layers.{i}.mlp.up_proj.weight" not in rules
+    names = [n for n, _ in chosen.export_names(
+        "transformer_layer_0/sparse_moe_block/experts/expert_feedforward_gate_dense")[0]]
+    assert sorted(names) == sorted(f"model.layers.0.mlp.experts.{e}.{p}_proj.weight"
+                                   for e in range(4) for p in ("gate", "up"))
+
+
+def test_moe_config_without_experts_is_refused():
+    with pytest.raises(errors.InvalidArgumentError,
+                       match=r"The Qwen3.5-MoE rule set needs `num_experts`.*received None"):
+        huggingface("qwen3_5_moe_text",
+                    config={k: v for k, v in QWEN3_5_MOE.items() if k != "num_experts"})
+    with pytest.raises(errors.InvalidArgumentError,
+                       match=r"The Qwen3.5-MoE rule set needs `linear_value_head_dim`"):
+        huggingface("qwen3_5_moe_text", config={**QWEN3_5_MOE, "linear_value_head_dim": 0})
+
+
+@pytest.mark.parametrize("form", ["", "-v5names"])
+def test_moe_restore_is_keras_hubs_import_bit_for_bit(tmp_path, form):
+    """Both key forms (keras-hub reads the experts' per-bank tensors or each expert's):
+    every backbone variable bit-equal to keras-hub's import of the same tensors."""
+    keras_hub = pytest.importorskip("keras_hub")
+    folder = os.path.join(FIXTURES, f"qwen3_5_moe-Qwen3_5MoeForCausalLM-float32{form}")
+    copy = _multimodal_layout(tmp_path, folder, "qwen3_5_moe")
+    theirs = keras_hub.models.Backbone.from_preset(copy)
+    ours = type(theirs).from_config(theirs.get_config())
+    report = objckpt.restore(ours, folder, rules=huggingface(folder))
+    assert len(report.restored) == len(ours.weights)
+    assert {v.path: bits(v.numpy()) for v in ours.weights} == {
+        v.path: bits(v.numpy()) for v in theirs.weights}
+
+
+def _multimodal_layout(tmp_path, folder: str, model_type: str) -> str:
+    """A copy of a text fixture as keras-hub 0.32 reads it: `model_type` the multimodal
+    one, the decoder under `model.language_model.`."""
+    pytest.importorskip("safetensors.numpy")
+    from safetensors.numpy import load_file, save_file
+
+    copy = tmp_path / "multimodal_layout"
+    copy.mkdir()
+    with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
+        config = json.load(f)
+    (copy / "config.json").write_text(json.dumps({**config, "model_type": model_type}),
+                                      encoding="utf-8")
+    tensors = load_file(os.path.join(folder, "model.safetensors"))
+    save_file({name.replace("model.", "model.language_model.", 1): value
+               for name, value in tensors.items()}, str(copy / "model.safetensors"),
+              metadata={"format": "pt"})
+    return str(copy)
