@@ -266,6 +266,7 @@ CASES = (
     Case("qwen3_5", "Qwen3_5ForCausalLM", "Qwen3_5CausalLM"),
     Case("qwen3_5", "Qwen3_5TextForSequenceClassification", None, head=("score.weight",),
          lacks=_LM_HEAD),
+    Case("qwen3_5_tied", "Qwen3_5ForCausalLM", "Qwen3_5CausalLM"),
     Case("qwen3_5_moe", "Qwen3_5MoeTextModel", None, lacks=_LM_HEAD),
     Case("qwen3_5_moe", "Qwen3_5MoeForCausalLM", "Qwen3_5MoeCausalLM"),
     Case("qwen3_5_moe", "Qwen3_5MoeForCausalLM", "Qwen3_5MoeCausalLM", form=NEW_FORM),

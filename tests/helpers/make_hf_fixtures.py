@@ -91,6 +91,11 @@ _ESM = {"vocab_size": VOCAB, "hidden_size": 16, "num_hidden_layers": 2,
         "mask_token_id": 32, "eos_token_id": 2, "token_dropout": False,
         "emb_layer_norm_before": False, "tie_word_embeddings": True, "num_labels": 3}
 
+_QWEN3_5 = {**_DECODER, "tie_word_embeddings": False, "head_dim": 8,
+            "layer_types": ["linear_attention", "full_attention"], "linear_num_key_heads": 2,
+            "linear_num_value_heads": 4, "linear_key_head_dim": 4, "linear_value_head_dim": 4,
+            "linear_conv_kernel_dim": 4}
+
 # case -> (model_type, config, the Hub classes). The next architecture adds a row here and
 # one in tests/integration/test_hf_transformers.py's table.
 ROWS = {
@@ -203,23 +208,17 @@ ROWS = {
                              "emb_layer_norm_before": True},
                      ("EsmModel", "EsmForMaskedLM")),
     # Qwen3.5's text decoder: a gated-delta-net (linear attention) layer, then a full one
-    "qwen3_5": ("qwen3_5_text", {**_DECODER, "tie_word_embeddings": False, "head_dim": 8,
-                                 "layer_types": ["linear_attention", "full_attention"],
-                                 "linear_num_key_heads": 2, "linear_num_value_heads": 4,
-                                 "linear_key_head_dim": 4, "linear_value_head_dim": 4,
-                                 "linear_conv_kernel_dim": 4},
+    "qwen3_5": ("qwen3_5_text", _QWEN3_5,
                 ("Qwen3_5TextModel", "Qwen3_5ForCausalLM",
                  "Qwen3_5TextForSequenceClassification")),
     # Qwen3.5-MoE's: every layer 4 experts (2 per token) and a shared expert
-    "qwen3_5_moe": ("qwen3_5_moe_text", {**_DECODER, "tie_word_embeddings": False,
-                                         "head_dim": 8,
-                                         "layer_types": ["linear_attention", "full_attention"],
-                                         "linear_num_key_heads": 2, "linear_num_value_heads": 4,
-                                         "linear_key_head_dim": 4, "linear_value_head_dim": 4,
-                                         "linear_conv_kernel_dim": 4, "num_experts": 4,
+    "qwen3_5_moe": ("qwen3_5_moe_text", {**_QWEN3_5, "num_experts": 4,
                                          "num_experts_per_tok": 2, "moe_intermediate_size": 8,
                                          "shared_expert_intermediate_size": 12},
                     ("Qwen3_5MoeTextModel", "Qwen3_5MoeForCausalLM")),
+    # tied, as the small Qwen3.5s are
+    "qwen3_5_tied": ("qwen3_5_text", {**_QWEN3_5, "tie_word_embeddings": True},
+                     ("Qwen3_5ForCausalLM",)),
 }
 
 

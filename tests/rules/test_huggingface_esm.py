@@ -181,6 +181,10 @@ def test_rotary_restore_is_keras_hubs_import_bit_for_bit(tmp_path, cls):
     report = objckpt.restore(ours, folder, rules=huggingface(folder))
     assert len(report.restored) == len(ours.weights)
     assert _values(ours) == _values(theirs)
+    # the published checkpoints' names (`LayerNorm.weight`) restore the same
+    again = type(theirs).from_config(theirs.get_config())
+    objckpt.restore(again, copy, rules=huggingface(copy))
+    assert _values(again) == _values(theirs)
 
 
 def test_absolute_restore_is_keras_hubs_import_with_the_positions_one_row_on(tmp_path):
