@@ -39,7 +39,8 @@ CONVERTERS = {"llama": "convert_llama3", "mistral": "convert_mistral", "gemma": 
               "bart": "convert_bart", "t5gemma": "convert_t5gemma", "mixtral": "convert_mixtral",
               "qwen2_moe": "convert_qwen_moe", "qwen3_moe": "convert_qwen3_moe",
               "gpt_oss": "convert_gpt_oss", "esm": "convert_esm",
-              "qwen3_5_text": "convert_qwen3_5", "qwen3_5_moe_text": "convert_qwen3_5_moe"}
+              "qwen3_5_text": "convert_qwen3_5", "qwen3_5_moe_text": "convert_qwen3_5_moe",
+              "qwen3_5": "convert_qwen3_5"}
 
 
 class Case(NamedTuple):
@@ -267,6 +268,10 @@ CASES = (
     Case("qwen3_5", "Qwen3_5TextForSequenceClassification", None, head=("score.weight",),
          lacks=_LM_HEAD),
     Case("qwen3_5_tied", "Qwen3_5ForCausalLM", "Qwen3_5CausalLM"),
+    # the decoder and a vision tower, into keras-hub's backbone with its vision encoder;
+    # outputs compared on text (no image)
+    Case("qwen3_5_vl", "Qwen3_5Model", None, lacks=_LM_HEAD),
+    Case("qwen3_5_vl", "Qwen3_5ForConditionalGeneration", "Qwen3_5CausalLM"),
     Case("qwen3_5_moe", "Qwen3_5MoeTextModel", None, lacks=_LM_HEAD),
     Case("qwen3_5_moe", "Qwen3_5MoeForCausalLM", "Qwen3_5MoeCausalLM"),
     Case("qwen3_5_moe", "Qwen3_5MoeForCausalLM", "Qwen3_5MoeCausalLM", form=NEW_FORM),
@@ -328,6 +333,11 @@ def keras_inputs(case: Case, feed: dict):
     out = {"token_ids": feed["input_ids"], "padding_mask": feed["attention_mask"]}
     if case.case.startswith("esm"):  # ESMBackbone masks the padding id itself
         del out["padding_mask"]
+    if case.case == "qwen3_5_vl":  # text only: no image (the fixture's vision_config)
+        batch = feed["input_ids"].shape[0]
+        out.update(pixel_values=np.zeros((batch, 0, 2, 4, 4, 3), "float32"),
+                   image_grid_thw=np.zeros((batch, 0, 3), "int32"),
+                   vision_indices=np.zeros((batch, 0), "int32"))
     if "token_type_ids" in feed:
         out["segment_ids"] = feed["token_type_ids"]
     if case.task in ("BertMaskedLM", "DistilBertMaskedLM", "RobertaMaskedLM",

@@ -219,6 +219,17 @@ ROWS = {
     # tied, as the small Qwen3.5s are
     "qwen3_5_tied": ("qwen3_5_text", {**_QWEN3_5, "tie_word_embeddings": True},
                      ("Qwen3_5ForCausalLM",)),
+    # the published layout: the text decoder and a vision tower (one block); the oracle is
+    # the text-only run
+    "qwen3_5_vl": ("qwen3_5", {"text_config": {**_QWEN3_5, "num_labels": 3},
+                               "vision_config": {"depth": 1, "hidden_size": 16, "num_heads": 2,
+                                                 "intermediate_size": 32, "in_channels": 3,
+                                                 "out_hidden_size": 16, "patch_size": 4,
+                                                 "temporal_patch_size": 2,
+                                                 "spatial_merge_size": 2,
+                                                 "num_position_embeddings": 16},
+                               "tie_word_embeddings": False},
+                   ("Qwen3_5Model", "Qwen3_5ForConditionalGeneration")),
 }
 
 

@@ -208,3 +208,67 @@ def _multimodal_layout(tmp_path, folder: str, model_type: str) -> str:
                for name, value in tensors.items()}, str(copy / "model.safetensors"),
               metadata={"format": "pt"})
     return str(copy)
+
+
+# --- Qwen3.5 as published: the decoder and a vision tower ---------------------------------------
+
+def _vl_folder() -> str:
+    return os.path.join(FIXTURES, "qwen3_5_vl-Qwen3_5ForConditionalGeneration-float32")
+
+
+def test_published_layout_maps_the_decoder_and_the_vision_tower():
+    folder = _vl_folder()
+    chosen = huggingface(folder)
+    assert "qwen3_5" in objckpt.rules.supported()
+    assert chosen.name == "huggingface('qwen3_5')"
+    rules = _by_source(chosen)
+    assert rules["model.language_model.layers.{i}.linear_attn.A_log"].target == (
+        "transformer_layer_{i}/linear_attn/A_log")
+    patch = rules["model.visual.patch_embed.proj.weight"]
+    assert patch.target == "qwen3_5_vision_encoder/patch_embed/proj/kernel"
+    assert patch.transform == Transpose((2, 3, 4, 1, 0))
+    assert rules["model.visual.blocks.{b}.attn.qkv.weight"].target == (
+        "qwen3_5_vision_encoder/blocks_{b}/attn/qkv/kernel")
+    assert rules["visual.merger.linear_fc2.bias"].target == (
+        "qwen3_5_vision_encoder/merger/mlp_2/bias")
+    assert rules["model.visual.merger.norm.weight"].target == (
+        "qwen3_5_vision_encoder/merger/ln_q/gamma")
+    assert "vision tower" in patch.head
+    assert rules["lm_head.weight"].target == "token_embedding/reverse_embeddings"
+    assert chosen.export_name("transformer_layer_1/self_attention/key_norm/scale")[0] == (
+        "model.language_model.layers.1.self_attn.k_norm.weight")
+    with pytest.raises(errors.InvalidArgumentError, match=r"needs `linear_key_head_dim`"):
+        huggingface("qwen3_5", config={"text_config": {
+            k: v for k, v in QWEN3_5.items() if k != "linear_key_head_dim"}})
+
+
+def test_published_layout_is_keras_hubs_import_bit_for_bit_vision_encoder_included():
+    """keras-hub's importer reads this layout itself (its vision encoder built from
+    vision_config, named with a counter of the session: the set reads the name from the
+    model): every variable bit-equal."""
+    keras_hub = pytest.importorskip("keras_hub")
+    folder = _vl_folder()
+    theirs = keras_hub.models.Backbone.from_preset(folder)
+    ours = type(theirs).from_config(theirs.get_config())
+    encoder = {v.path.split("/")[0] for v in ours.weights if "patch_embed" in v.path}
+    assert len(encoder) == 1 and encoder != {"qwen3_5_vision_encoder"}  # a second one
+    report = objckpt.restore(ours, folder, rules=huggingface(folder))
+    assert len(report.restored) == len(ours.weights)
+    # variable by variable, in order (the two encoders' names differ by their counter)
+    assert [bits(v.numpy()) for v in ours.weights] == [bits(v.numpy()) for v in theirs.weights]
+
+
+def test_published_layout_into_a_text_only_backbone_sets_the_vision_tower_aside():
+    keras_hub = pytest.importorskip("keras_hub")
+    folder = _vl_folder()
+    with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
+        config = json.load(f)
+    from keras_hub.src.utils.transformers import convert_qwen3_5
+
+    text = convert_qwen3_5.convert_backbone_config(
+        {k: v for k, v in config.items() if k != "vision_config"})
+    model = keras_hub.models.Qwen3_5Backbone(**text)
+    report = objckpt.restore(model, folder, rules=huggingface(folder))
+    assert len(report.restored) == len(model.weights)
+    tower = [line for line in report.skipped if line.startswith("model.visual.")]
+    assert len(tower) == 21 and all("vision tower" in line for line in tower)
