@@ -34,7 +34,8 @@ from __future__ import annotations
 from objckpt.rules.core import Rule, RuleSet, Transpose
 from objckpt.rules.hf_moe import FORMS as MOE_FORMS
 from objckpt.rules.hf_moe import expert_rules, fused_rules, size
-from objckpt.rules.hf_qwen3_5 import decoder_rules, head_rules
+from objckpt.rules.hf_qwen3_5 import decoder_rules as qwen3_5_rules
+from objckpt.rules.hf_qwen3_5 import head_rules
 
 __all__ = ["MODEL_TYPES", "rules"]
 
@@ -69,6 +70,12 @@ def _experts(config: dict) -> list:
     ]
 
 
+def decoder_rules(config: dict) -> list:
+    """The decoder's rules, unprefixed (`embed_tokens.weight`, `layers.{i}....`): Qwen3.5's
+    attention and norms, the experts in both key forms."""
+    return qwen3_5_rules(config, _SHOWN, mlp=False) + _experts(config)
+
+
 def rules(config: dict) -> RuleSet:
     """The Qwen3.5-MoE text decoder's rule set for a Hugging Face config (Qwen3.5's sizes,
     `num_experts`, `tie_word_embeddings`).
@@ -80,7 +87,7 @@ def rules(config: dict) -> RuleSet:
     hub = TASKS.get(config.get("task", ""), "")
     first = CLASSES[hub][0] if hub else "model."
     prefixes = list(dict.fromkeys([first, "model.", ""]))
-    decoder = decoder_rules(config, _SHOWN, mlp=False) + _experts(config)
+    decoder = decoder_rules(config)
     return RuleSet([rule.with_source(prefix + rule.source) for prefix in prefixes
                     for rule in decoder]
                    + head_rules(bool(config.get("tie_word_embeddings")), CLASSES),

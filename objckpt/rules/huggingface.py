@@ -38,6 +38,7 @@ _MODULES: dict[str, str] = {
     "qwen2_moe": "objckpt.rules.hf_qwen_moe",
     "qwen3": "objckpt.rules.hf_qwen",
     "qwen3_5": "objckpt.rules.hf_qwen3_5_vl",
+    "qwen3_5_moe": "objckpt.rules.hf_qwen3_5_vl",
     "qwen3_5_moe_text": "objckpt.rules.hf_qwen3_5_moe",
     "qwen3_5_text": "objckpt.rules.hf_qwen3_5",
     "qwen3_moe": "objckpt.rules.hf_qwen_moe",

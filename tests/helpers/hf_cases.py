@@ -40,7 +40,7 @@ CONVERTERS = {"llama": "convert_llama3", "mistral": "convert_mistral", "gemma": 
               "qwen2_moe": "convert_qwen_moe", "qwen3_moe": "convert_qwen3_moe",
               "gpt_oss": "convert_gpt_oss", "esm": "convert_esm",
               "qwen3_5_text": "convert_qwen3_5", "qwen3_5_moe_text": "convert_qwen3_5_moe",
-              "qwen3_5": "convert_qwen3_5"}
+              "qwen3_5": "convert_qwen3_5", "qwen3_5_moe": "convert_qwen3_5_moe"}
 
 
 class Case(NamedTuple):
@@ -272,6 +272,8 @@ CASES = (
     # outputs compared on text (no image)
     Case("qwen3_5_vl", "Qwen3_5Model", None, lacks=_LM_HEAD),
     Case("qwen3_5_vl", "Qwen3_5ForConditionalGeneration", "Qwen3_5CausalLM"),
+    Case("qwen3_5_moe_vl", "Qwen3_5MoeModel", None, lacks=_LM_HEAD),
+    Case("qwen3_5_moe_vl", "Qwen3_5MoeForConditionalGeneration", "Qwen3_5MoeCausalLM"),
     Case("qwen3_5_moe", "Qwen3_5MoeTextModel", None, lacks=_LM_HEAD),
     Case("qwen3_5_moe", "Qwen3_5MoeForCausalLM", "Qwen3_5MoeCausalLM"),
     Case("qwen3_5_moe", "Qwen3_5MoeForCausalLM", "Qwen3_5MoeCausalLM", form=NEW_FORM),
@@ -333,7 +335,7 @@ def keras_inputs(case: Case, feed: dict):
     out = {"token_ids": feed["input_ids"], "padding_mask": feed["attention_mask"]}
     if case.case.startswith("esm"):  # ESMBackbone masks the padding id itself
         del out["padding_mask"]
-    if case.case == "qwen3_5_vl":  # text only: no image (the fixture's vision_config)
+    if case.case in ("qwen3_5_vl", "qwen3_5_moe_vl"):  # text only: no image (the fixture's vision_config)
         batch = feed["input_ids"].shape[0]
         out.update(pixel_values=np.zeros((batch, 0, 2, 4, 4, 3), "float32"),
                    image_grid_thw=np.zeros((batch, 0, 3), "int32"),

@@ -96,6 +96,11 @@ _QWEN3_5 = {**_DECODER, "tie_word_embeddings": False, "head_dim": 8,
             "linear_num_value_heads": 4, "linear_key_head_dim": 4, "linear_value_head_dim": 4,
             "linear_conv_kernel_dim": 4}
 
+_QWEN3_5_VISION = {"depth": 1, "hidden_size": 16, "num_heads": 2, "intermediate_size": 32,
+                   "in_channels": 3, "out_hidden_size": 16, "patch_size": 4,
+                   "temporal_patch_size": 2, "spatial_merge_size": 2,
+                   "num_position_embeddings": 16}
+
 # case -> (model_type, config, the Hub classes). The next architecture adds a row here and
 # one in tests/integration/test_hf_transformers.py's table.
 ROWS = {
@@ -222,14 +227,16 @@ ROWS = {
     # the published layout: the text decoder and a vision tower (one block); the oracle is
     # the text-only run
     "qwen3_5_vl": ("qwen3_5", {"text_config": {**_QWEN3_5, "num_labels": 3},
-                               "vision_config": {"depth": 1, "hidden_size": 16, "num_heads": 2,
-                                                 "intermediate_size": 32, "in_channels": 3,
-                                                 "out_hidden_size": 16, "patch_size": 4,
-                                                 "temporal_patch_size": 2,
-                                                 "spatial_merge_size": 2,
-                                                 "num_position_embeddings": 16},
+                               "vision_config": _QWEN3_5_VISION,
                                "tie_word_embeddings": False},
                    ("Qwen3_5Model", "Qwen3_5ForConditionalGeneration")),
+    "qwen3_5_moe_vl": ("qwen3_5_moe", {"text_config": {**_QWEN3_5, "num_experts": 4,
+                                                       "num_experts_per_tok": 2,
+                                                       "moe_intermediate_size": 8,
+                                                       "shared_expert_intermediate_size": 12},
+                                       "vision_config": _QWEN3_5_VISION,
+                                       "tie_word_embeddings": False},
+                       ("Qwen3_5MoeModel", "Qwen3_5MoeForConditionalGeneration")),
 }
 
 

@@ -237,17 +237,26 @@ def test_published_layout_maps_the_decoder_and_the_vision_tower():
     assert rules["lm_head.weight"].target == "token_embedding/reverse_embeddings"
     assert chosen.export_name("transformer_layer_1/self_attention/key_norm/scale")[0] == (
         "model.language_model.layers.1.self_attn.k_norm.weight")
+    moe = huggingface(os.path.join(
+        FIXTURES, "qwen3_5_moe_vl-Qwen3_5MoeForConditionalGeneration-float32"))
+    assert moe.name == "huggingface('qwen3_5_moe')"
+    assert moe.classes == {"Qwen3_5MoeCausalLM": "Qwen3_5MoeForConditionalGeneration"}
+    assert _by_source(moe)["model.language_model.layers.{i}.mlp.experts.down_proj"].target == (
+        "transformer_layer_{i}/sparse_moe_block/experts/expert_feedforward_output_dense")
+    assert "model.visual.pos_embed.weight" in _by_source(moe)
     with pytest.raises(errors.InvalidArgumentError, match=r"needs `linear_key_head_dim`"):
         huggingface("qwen3_5", config={"text_config": {
             k: v for k, v in QWEN3_5.items() if k != "linear_key_head_dim"}})
 
 
-def test_published_layout_is_keras_hubs_import_bit_for_bit_vision_encoder_included():
-    """keras-hub's importer reads this layout itself (its vision encoder built from
+@pytest.mark.parametrize("case", ["qwen3_5_vl-Qwen3_5ForConditionalGeneration",
+                                  "qwen3_5_moe_vl-Qwen3_5MoeForConditionalGeneration"])
+def test_published_layout_is_keras_hubs_import_bit_for_bit_vision_encoder_included(case):
+    """keras-hub's importers read this layout themselves (the vision encoder built from
     vision_config, named with a counter of the session: the set reads the name from the
-    model): every variable bit-equal."""
+    model): every variable bit-equal, Qwen3.5-MoE's experts too."""
     keras_hub = pytest.importorskip("keras_hub")
-    folder = _vl_folder()
+    folder = os.path.join(FIXTURES, f"{case}-float32")
     theirs = keras_hub.models.Backbone.from_preset(folder)
     ours = type(theirs).from_config(theirs.get_config())
     encoder = {v.path.split("/")[0] for v in ours.weights if "patch_embed" in v.path}
