@@ -41,7 +41,10 @@ CONVERTERS = {"llama": "convert_llama3", "mistral": "convert_mistral", "gemma": 
               "gpt_oss": "convert_gpt_oss", "deit": "convert_deit",
               "dinov2": "convert_dinov2", "dinov2_with_registers": "convert_dinov2",
               "swin": "convert_swin_transformer", "dinov3_vit": "convert_dinov3",
-              "gemma3": "convert_gemma3", "paligemma": "convert_pali_gemma"}
+              "gemma3": "convert_gemma3", "paligemma": "convert_pali_gemma",
+              "esm": "convert_esm", "qwen3_5_text": "convert_qwen3_5",
+              "qwen3_5_moe_text": "convert_qwen3_5_moe", "qwen3_5": "convert_qwen3_5",
+              "qwen3_5_moe": "convert_qwen3_5_moe"}
 
 
 class Case(NamedTuple):
@@ -145,6 +148,37 @@ def _roberta_rows(stem: str, case: str) -> tuple:
     )
 
 _CLASSIFIER = ("classifier.weight", "classifier.bias")
+
+def _esm_rows() -> tuple:
+    """ESM's rows: transformers saves its rotary frequencies (a buffer keras-hub computes)
+    and a contact-prediction head keras-hub has none of: into a backbone both are set aside
+    with the head; into a task model too (never its head); export writes neither
+    (transformers computes the frequencies and initialises the contact head when it loads
+    the export). ESM-1b's position table: export writes row 0 (read by no input) as zeros."""
+    # transformers 5.24 writes its one frequency buffer under a literal `*`
+    rotary = ("encoder.layer.*.attention.self.rotary_embeddings.inv_freq",)
+    contact = ("contact_head.regression.weight", "contact_head.regression.bias")
+    mlm = ("lm_head.dense.weight", "lm_head.dense.bias", "lm_head.layer_norm.weight",
+           "lm_head.layer_norm.bias", "lm_head.bias")
+    classifier = ("classifier.dense.weight", "classifier.dense.bias",
+                  "classifier.out_proj.weight", "classifier.out_proj.bias")
+    esm = lambda names: tuple("esm." + name for name in names)  # noqa: E731
+    positions = ("esm.embeddings.position_embeddings.weight",)
+    return (
+        Case("esm", "EsmModel", None,
+             head=("pooler.dense.weight", "pooler.dense.bias") + contact + rotary),
+        Case("esm", "EsmForMaskedLM", "ESMMaskedPLM", head=mlm,
+             export_differs=esm(contact + rotary)),
+        Case("esm", "EsmForSequenceClassification", "ESMProteinClassifier", head=classifier,
+             export_differs=esm(contact + rotary)),
+        Case("esm", "EsmForTokenClassification", None,
+             head=("classifier.weight", "classifier.bias") + esm(contact + rotary)),
+        Case("esm_absolute", "EsmModel", None,
+             head=("pooler.dense.weight", "pooler.dense.bias") + contact),
+        Case("esm_absolute", "EsmForMaskedLM", "ESMMaskedPLM", head=mlm,
+             export_differs=esm(contact) + positions),
+    )
+
 
 CASES = (
     Case("llama", "LlamaModel", None, lacks=_LM_HEAD),
@@ -319,6 +353,21 @@ CASES = (
     Case("paligemma", "PaliGemmaModel", None, form=NEW_FORM, dtypes=("float32",)),
     Case("paligemma", "PaliGemmaForConditionalGeneration", "PaliGemmaCausalLM",
          form=NEW_FORM, logits_from=16),
+    *_esm_rows(),
+    Case("qwen3_5", "Qwen3_5TextModel", None, lacks=_LM_HEAD),
+    Case("qwen3_5", "Qwen3_5ForCausalLM", "Qwen3_5CausalLM"),
+    Case("qwen3_5", "Qwen3_5TextForSequenceClassification", None, head=("score.weight",),
+         lacks=_LM_HEAD),
+    Case("qwen3_5_tied", "Qwen3_5ForCausalLM", "Qwen3_5CausalLM"),
+    # the decoder and a vision tower, into keras-hub's backbone with its vision encoder;
+    # outputs compared on text (no image)
+    Case("qwen3_5_vl", "Qwen3_5Model", None, lacks=_LM_HEAD),
+    Case("qwen3_5_vl", "Qwen3_5ForConditionalGeneration", "Qwen3_5CausalLM"),
+    Case("qwen3_5_moe_vl", "Qwen3_5MoeModel", None, lacks=_LM_HEAD),
+    Case("qwen3_5_moe_vl", "Qwen3_5MoeForConditionalGeneration", "Qwen3_5MoeCausalLM"),
+    Case("qwen3_5_moe", "Qwen3_5MoeTextModel", None, lacks=_LM_HEAD),
+    Case("qwen3_5_moe", "Qwen3_5MoeForCausalLM", "Qwen3_5MoeCausalLM"),
+    Case("qwen3_5_moe", "Qwen3_5MoeForCausalLM", "Qwen3_5MoeCausalLM", form=NEW_FORM),
 )
 
 
@@ -358,7 +407,7 @@ def task(case: Case, model):
     if case.task in ("BertTextClassifier", "ViTImageClassifier", "DistilBertTextClassifier",
                      "RobertaTextClassifier", "XLMRobertaTextClassifier",
                      "AlbertTextClassifier", "DeiTImageClassifier",
-                     "SwinTransformerImageClassifier"):
+                     "SwinTransformerImageClassifier", "ESMProteinClassifier"):
         return cls(backbone=model, num_classes=len(config(case)["id2label"]),
                    preprocessor=None)
     return cls(backbone=model, preprocessor=None)
@@ -388,10 +437,17 @@ def keras_inputs(case: Case, feed: dict):
                 "decoder_token_ids": feed["decoder_input_ids"],
                 "decoder_padding_mask": np.ones_like(feed["decoder_input_ids"])}
     out = {"token_ids": feed["input_ids"], "padding_mask": feed["attention_mask"]}
+    if case.case.startswith("esm"):  # ESMBackbone masks the padding id itself
+        del out["padding_mask"]
+    if case.case in ("qwen3_5_vl", "qwen3_5_moe_vl"):  # text only: no image (the fixture's vision_config)
+        batch = feed["input_ids"].shape[0]
+        out.update(pixel_values=np.zeros((batch, 0, 2, 4, 4, 3), "float32"),
+                   image_grid_thw=np.zeros((batch, 0, 3), "int32"),
+                   vision_indices=np.zeros((batch, 0), "int32"))
     if "token_type_ids" in feed:
         out["segment_ids"] = feed["token_type_ids"]
     if case.task in ("BertMaskedLM", "DistilBertMaskedLM", "RobertaMaskedLM",
-                     "XLMRobertaMaskedLM", "AlbertMaskedLM"):
+                     "XLMRobertaMaskedLM", "AlbertMaskedLM", "ESMMaskedPLM"):
         length = feed["input_ids"].shape[1]
         out["mask_positions"] = np.tile(np.arange(length, dtype="int32"),
                                         (feed["input_ids"].shape[0], 1))

@@ -96,6 +96,21 @@ _DINOV3 = {"hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
            "num_channels": 3, "num_register_tokens": 2, "layerscale_value": 1.0,
            "query_bias": True, "key_bias": False, "value_bias": True, "proj_bias": True,
            "mlp_bias": True, "rope_theta": 100.0}
+_ESM = {"vocab_size": VOCAB, "hidden_size": 16, "num_hidden_layers": 2,
+        "num_attention_heads": 2, "intermediate_size": 32, "max_position_embeddings": 32,
+        "position_embedding_type": "rotary", "layer_norm_eps": 1e-5, "pad_token_id": 1,
+        "mask_token_id": 32, "eos_token_id": 2, "token_dropout": False,
+        "emb_layer_norm_before": False, "tie_word_embeddings": True, "num_labels": 3}
+
+_QWEN3_5 = {**_DECODER, "tie_word_embeddings": False, "head_dim": 8,
+            "layer_types": ["linear_attention", "full_attention"], "linear_num_key_heads": 2,
+            "linear_num_value_heads": 4, "linear_key_head_dim": 4, "linear_value_head_dim": 4,
+            "linear_conv_kernel_dim": 4}
+
+_QWEN3_5_VISION = {"depth": 1, "hidden_size": 16, "num_heads": 2, "intermediate_size": 32,
+                   "in_channels": 3, "out_hidden_size": 16, "patch_size": 4,
+                   "temporal_patch_size": 2, "spatial_merge_size": 2,
+                   "num_position_embeddings": 16}
 
 # case -> (model_type, config, the Hub classes). The next architecture adds a row here and
 # one in tests/integration/test_hf_transformers.py's table.
@@ -247,6 +262,39 @@ ROWS = {
                           "vision_use_head": False},
         "image_token_index": VOCAB, "projection_dim": 16},
         ("PaliGemmaModel", "PaliGemmaForConditionalGeneration")),
+    # ESM-2's layout: rotary positions, no embedding norm, tied output embedding;
+    # token_dropout false (true scales the embeddings by 0.88, which keras-hub never does)
+    "esm": ("esm", _ESM, ("EsmModel", "EsmForMaskedLM", "EsmForSequenceClassification",
+                          "EsmForTokenClassification")),
+    # ESM-1b's: absolute positions from pad_token_id + 1, a norm after the embeddings
+    "esm_absolute": ("esm", {**_ESM, "position_embedding_type": "absolute",
+                             "emb_layer_norm_before": True},
+                     ("EsmModel", "EsmForMaskedLM")),
+    # Qwen3.5's text decoder: a gated-delta-net (linear attention) layer, then a full one
+    "qwen3_5": ("qwen3_5_text", _QWEN3_5,
+                ("Qwen3_5TextModel", "Qwen3_5ForCausalLM",
+                 "Qwen3_5TextForSequenceClassification")),
+    # Qwen3.5-MoE's: every layer 4 experts (2 per token) and a shared expert
+    "qwen3_5_moe": ("qwen3_5_moe_text", {**_QWEN3_5, "num_experts": 4,
+                                         "num_experts_per_tok": 2, "moe_intermediate_size": 8,
+                                         "shared_expert_intermediate_size": 12},
+                    ("Qwen3_5MoeTextModel", "Qwen3_5MoeForCausalLM")),
+    # tied, as the small Qwen3.5s are
+    "qwen3_5_tied": ("qwen3_5_text", {**_QWEN3_5, "tie_word_embeddings": True},
+                     ("Qwen3_5ForCausalLM",)),
+    # the published layout: the text decoder and a vision tower (one block); the oracle is
+    # the text-only run
+    "qwen3_5_vl": ("qwen3_5", {"text_config": {**_QWEN3_5, "num_labels": 3},
+                               "vision_config": _QWEN3_5_VISION,
+                               "tie_word_embeddings": False},
+                   ("Qwen3_5Model", "Qwen3_5ForConditionalGeneration")),
+    "qwen3_5_moe_vl": ("qwen3_5_moe", {"text_config": {**_QWEN3_5, "num_experts": 4,
+                                                       "num_experts_per_tok": 2,
+                                                       "moe_intermediate_size": 8,
+                                                       "shared_expert_intermediate_size": 12},
+                                       "vision_config": _QWEN3_5_VISION,
+                                       "tie_word_embeddings": False},
+                       ("Qwen3_5MoeModel", "Qwen3_5MoeForConditionalGeneration")),
 }
 
 # model_type -> (image size, image tokens per image, the image token's id) of a model whose
@@ -289,7 +337,8 @@ NEW_FORM = {("vit", "ViTModel"): ("float32",),
             ("gemma3_vision", "Gemma3Model"): ("float32",),
             ("gemma3_vision", "Gemma3ForConditionalGeneration"): ("float32", "bfloat16"),
             ("paligemma", "PaliGemmaModel"): ("float32",),
-            ("paligemma", "PaliGemmaForConditionalGeneration"): ("float32", "bfloat16")}
+            ("paligemma", "PaliGemmaForConditionalGeneration"): ("float32", "bfloat16"),
+            ("qwen3_5_moe", "Qwen3_5MoeForCausalLM"): ("float32", "bfloat16")}
 NEW_FORM_SUFFIX = "-v5names"
 
 
@@ -536,6 +585,16 @@ FOLDED = ("roberta", "xlm_roberta")
 FOLDED_BF16_TOLERANCE = 2e-2
 
 
+# Cases whose export lacks entries no keras-hub model holds, which transformers makes
+# itself when it loads the export (ESM: the rotary frequencies, computed from the config,
+# and the contact-prediction head, initialised anew: no output here reads it). Those, and
+# only those, may be `missing_keys`.
+EXPORT_MISSING = {"esm": ("esm.rotary_embeddings.inv_freq", "esm.contact_head.regression.weight",
+                          "esm.contact_head.regression.bias"),
+                  "esm_absolute": ("esm.contact_head.regression.weight",
+                                   "esm.contact_head.regression.bias")}
+
+
 def _export_tolerance(name: str) -> float:
     if name.split("-")[0] in FOLDED and name.endswith("-bfloat16"):
         return FOLDED_BF16_TOLERANCE
@@ -569,6 +628,9 @@ def check_exports(folder: str, fixtures: str = FIXTURES) -> int:
             path, output_loading_info=True, attn_implementation="eager",
             dtype=torch.float32)
         model.eval()
+        allowed = set(EXPORT_MISSING.get(name.split("-")[0], ()))
+        if set(info.get("missing_keys", ())) == allowed:
+            info = {**info, "missing_keys": ()}
         problems = {k: sorted(v) for k, v in info.items()
                     if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
         oracle = load_file(oracle_path)

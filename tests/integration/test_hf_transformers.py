@@ -394,9 +394,10 @@ _NEW_NAME = {"vit": "layers.0.attention.q_proj.weight",
              "dinov3_gated": "model.layer.1.mlp.gate_proj.weight",
              "mixtral": "layers.0.mlp.experts.gate_up_proj",
              "qwen3_moe": "layers.0.mlp.experts.gate_up_proj",
-             "qwen2_moe": "layers.0.mlp.experts.gate_up_proj"}
+             "qwen2_moe": "layers.0.mlp.experts.gate_up_proj",
+             "qwen3_5_moe": "layers.0.mlp.experts.gate_up_proj"}
 # mixtures of experts: transformers 5 holds each bank's experts in one tensor (as many bytes)
-_BANKED = {"mixtral", "qwen3_moe", "qwen2_moe"}
+_BANKED = {"mixtral", "qwen3_moe", "qwen2_moe", "qwen3_5_moe"}
 _SIGLIP = ("gemma3_vision", "paligemma")  # a SigLIP tower, its names changed by transformers 5
 _FORMED = sorted({case.case for case in CASES if case.form})
 
