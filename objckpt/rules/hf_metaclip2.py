@@ -32,12 +32,13 @@ default) and the activation (`hidden_act`, which keras-hub's importer passes on)
 Hub classes (`CLASSES`): `MetaClip2Model` holds both towers, as keras-hub's backbone does;
 keras-hub has no MetaCLIP 2 task model (`TASKS` is empty). The one-tower classes name their
 tower and projection as `MetaClip2Model` does (`text_model.`, `text_projection.`;
-`vision_model.`, `visual_projection.`), so a folder of one restores that tower (the other
-stays as it is, reported missing); `MetaClip2ForImageClassification`'s `classifier.*` has no
-keras-hub variable and is set aside. Key forms: transformers 5 saves `MetaClip2Model` under
-the names above in either form of `save_pretrained` (its renames drop the tower's prefix
-only for the one-tower `MetaClip2VisionModel` and `MetaClip2TextModel`, which keras-hub has
-no model of); export writes them.
+`vision_model.`, `visual_projection.`), but their folders' config.json says model type
+`metaclip_2_text_model` or `metaclip_2_vision_model` and describes half a backbone: no set is
+registered for those, and no fixture covers them. `MetaClip2ForImageClassification`'s
+`classifier.*` has no keras-hub variable and is set aside. Key forms: transformers 5 saves
+`MetaClip2Model` under the names above in either form of `save_pretrained` (its renames drop
+the tower's prefix only for the one-tower `MetaClip2VisionModel` and `MetaClip2TextModel`);
+export writes them.
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ CONVERTERS = {"llama": "convert_llama3", "mistral": "convert_mistral", "gemma": 
               "qwen3_5_moe_text": "convert_qwen3_5_moe", "qwen3_5": "convert_qwen3_5",
               "qwen3_5_moe": "convert_qwen3_5_moe", "metaclip_2": "convert_metaclip_2"}
 # text-image contrastive models (CLIP's kind): fed text and an image, compared on the
-# logits of each against the other and on the projected embeddings
+# logits of each against the other, the projected embeddings and each tower's last hidden state
 CONTRASTIVE = ("metaclip_2",)
 
 
@@ -480,7 +480,11 @@ def outputs(case: Case, model, feed: dict, *, is_task: bool) -> dict:
                 "image_embeds": unit(np.asarray(model.get_vision_embeddings(
                     given["images"]), "float32")),
                 "text_embeds": unit(np.asarray(model.get_text_embeddings(
-                    given["token_ids"]), "float32"))}
+                    given["token_ids"]), "float32")),
+                "last_hidden_state": np.asarray(model.text_encoder(
+                    {"token_ids": given["token_ids"]}), "float32"),
+                "vision_last_hidden_state": np.asarray(model.vision_encoder(
+                    {"images": given["images"]}), "float32")}
     if isinstance(result, dict) and "decoder_sequence_output" in result:  # encoder-decoder
         return {"last_hidden_state": np.asarray(result["decoder_sequence_output"], "float32"),
                 "encoder_last_hidden_state": np.asarray(result["encoder_sequence_output"],

@@ -359,7 +359,8 @@ def folder_name(case: str, cls: str, dtype: str, new_form: bool = False) -> str:
 
 # model_type -> the side of the square images its rows take (image models only)
 # model_type -> image size of a text-image contrastive model (CLIP's kind): fed text and an
-# image, its oracle is the logits of each against the other and the projected embeddings.
+# image, its oracle is the logits of each against the other, the projected embeddings and
+# each tower's last hidden state (`last_hidden_state`: the text's).
 CONTRASTIVE = {"metaclip_2": 16}
 IMAGE_SIZES = {"vit": 16, "deit": 16, "dinov2": 16, "dinov2_with_registers": 16,
                "swin": 32, "dinov3_vit": 16}
@@ -451,8 +452,13 @@ def _run(model, model_type: str) -> dict:
     if model_type in CONTRASTIVE:  # both towers, not one base model
         with torch.no_grad():
             result = model(**feed)
-        return {k: getattr(result, k).float().numpy() for k in (
+        out = {k: getattr(result, k) for k in (
             "logits_per_image", "logits_per_text", "image_embeds", "text_embeds")}
+        # each tower's last hidden state (the text's after its final norm, the vision's
+        # before its post-norm, as transformers returns them)
+        out["last_hidden_state"] = result.text_model_output.last_hidden_state
+        out["vision_last_hidden_state"] = result.vision_model_output.last_hidden_state
+        return {k: v.float().numpy() for k, v in out.items()}
     with torch.no_grad():
         base = base_model(**feed)
         out["last_hidden_state"] = base.last_hidden_state
