@@ -37,6 +37,7 @@ _MODULES: dict[str, str] = {
     "gpt2": "objckpt.rules.hf_gpt2",
     "gpt_oss": "objckpt.rules.hf_gpt_oss",
     "llama": "objckpt.rules.hf_llama",
+    "metaclip_2": "objckpt.rules.hf_metaclip2",
     "mistral": "objckpt.rules.hf_mistral",
     "mixtral": "objckpt.rules.hf_mixtral",
     "paligemma": "objckpt.rules.hf_paligemma",

@@ -44,7 +44,10 @@ CONVERTERS = {"llama": "convert_llama3", "mistral": "convert_mistral", "gemma": 
               "gemma3": "convert_gemma3", "paligemma": "convert_pali_gemma",
               "esm": "convert_esm", "qwen3_5_text": "convert_qwen3_5",
               "qwen3_5_moe_text": "convert_qwen3_5_moe", "qwen3_5": "convert_qwen3_5",
-              "qwen3_5_moe": "convert_qwen3_5_moe"}
+              "qwen3_5_moe": "convert_qwen3_5_moe", "metaclip_2": "convert_metaclip_2"}
+# text-image contrastive models (CLIP's kind): fed text and an image, compared on the
+# logits of each against the other, the projected embeddings and each tower's last hidden state
+CONTRASTIVE = ("metaclip_2",)
 
 
 class Case(NamedTuple):
@@ -354,6 +357,9 @@ CASES = (
     Case("paligemma", "PaliGemmaForConditionalGeneration", "PaliGemmaCausalLM",
          form=NEW_FORM, logits_from=16),
     *_esm_rows(),
+    # MetaCLIP 2: both towers and their projections into keras-hub's backbone (it has no
+    # task model); the one-tower classes hold half a backbone
+    Case("metaclip_2", "MetaClip2Model", None),
     Case("qwen3_5", "Qwen3_5TextModel", None, lacks=_LM_HEAD),
     Case("qwen3_5", "Qwen3_5ForCausalLM", "Qwen3_5CausalLM"),
     Case("qwen3_5", "Qwen3_5TextForSequenceClassification", None, head=("score.weight",),
@@ -417,6 +423,8 @@ def keras_inputs(case: Case, feed: dict):
     """The oracle's inputs as keras-hub's models take them."""
     import numpy as np
 
+    if config(case)["model_type"] in CONTRASTIVE:
+        return {"images": feed["pixel_values"], "token_ids": feed["input_ids"]}
     if "pixel_values" in feed and config(case)["model_type"] == "paligemma":
         # the image's tokens lead: keras-hub takes the text alone, the image ahead of it
         count = int(np.sum(feed["input_ids"][0] == config(case)["image_token_index"]))
@@ -465,6 +473,18 @@ def outputs(case: Case, model, feed: dict, *, is_task: bool) -> dict:
     result = model(given)
     if is_task:
         return {"logits": np.asarray(result, dtype="float32")}
+    if isinstance(result, dict) and "vision_logits" in result:  # contrastive: both towers
+        unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)  # noqa: E731
+        return {"logits_per_image": np.asarray(result["vision_logits"], "float32"),
+                "logits_per_text": np.asarray(result["text_logits"], "float32"),
+                "image_embeds": unit(np.asarray(model.get_vision_embeddings(
+                    given["images"]), "float32")),
+                "text_embeds": unit(np.asarray(model.get_text_embeddings(
+                    given["token_ids"]), "float32")),
+                "last_hidden_state": np.asarray(model.text_encoder(
+                    {"token_ids": given["token_ids"]}), "float32"),
+                "vision_last_hidden_state": np.asarray(model.vision_encoder(
+                    {"images": given["images"]}), "float32")}
     if isinstance(result, dict) and "decoder_sequence_output" in result:  # encoder-decoder
         return {"last_hidden_state": np.asarray(result["decoder_sequence_output"], "float32"),
                 "encoder_last_hidden_state": np.asarray(result["encoder_sequence_output"],

@@ -270,6 +270,17 @@ ROWS = {
     "esm_absolute": ("esm", {**_ESM, "position_embedding_type": "absolute",
                              "emb_layer_norm_before": True},
                      ("EsmModel", "EsmForMaskedLM")),
+    # MetaCLIP 2: a text tower (causal, pooled at the first EOS, id 2) and a vision tower
+    # of other widths (16, 24), both projected to 8; quick_gelu as the Hub's models
+    "metaclip_2": ("metaclip_2", {
+        "text_config": {"vocab_size": VOCAB, "hidden_size": 16, "intermediate_size": 32,
+                        "num_hidden_layers": 2, "num_attention_heads": 2,
+                        "max_position_embeddings": 32, "hidden_act": "quick_gelu",
+                        "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2},
+        "vision_config": {"hidden_size": 24, "intermediate_size": 32, "num_hidden_layers": 2,
+                          "num_attention_heads": 2, "image_size": 16, "patch_size": 4,
+                          "hidden_act": "quick_gelu"},
+        "projection_dim": 8}, ("MetaClip2Model",)),
     # Qwen3.5's text decoder: a gated-delta-net (linear attention) layer, then a full one
     "qwen3_5": ("qwen3_5_text", _QWEN3_5,
                 ("Qwen3_5TextModel", "Qwen3_5ForCausalLM",
@@ -347,6 +358,10 @@ def folder_name(case: str, cls: str, dtype: str, new_form: bool = False) -> str:
 
 
 # model_type -> the side of the square images its rows take (image models only)
+# model_type -> image size of a text-image contrastive model (CLIP's kind): fed text and an
+# image, its oracle is the logits of each against the other, the projected embeddings and
+# each tower's last hidden state (`last_hidden_state`: the text's).
+CONTRASTIVE = {"metaclip_2": 16}
 IMAGE_SIZES = {"vit": 16, "deit": 16, "dinov2": 16, "dinov2_with_registers": 16,
                "swin": 32, "dinov3_vit": 16}
 
@@ -377,6 +392,10 @@ def inputs(model_type: str) -> dict:
         out = {"input_ids": ids, "attention_mask": np.ones_like(ids),
                "token_type_ids": np.tile(response, (BATCH, 1)),
                "pixel_values": rng.normal(size=(BATCH, size, size, 3)).astype("float32")}
+    if model_type in CONTRASTIVE:  # text ending in its EOS (id 2), and an image
+        size = CONTRASTIVE[model_type]
+        out["input_ids"][:, -1] = 2
+        out["pixel_values"] = rng.normal(size=(BATCH, size, size, 3)).astype("float32")
     if model_type in _SEQ2SEQ:
         out["decoder_input_ids"] = np.concatenate(
             [np.full((BATCH, 1), 2, "int32"), out["input_ids"][:, :-1]], axis=1)
@@ -430,6 +449,16 @@ def _run(model, model_type: str) -> dict:
         base_model.eval()
     else:
         base_model = model.base_model
+    if model_type in CONTRASTIVE:  # both towers, not one base model
+        with torch.no_grad():
+            result = model(**feed)
+        out = {k: getattr(result, k) for k in (
+            "logits_per_image", "logits_per_text", "image_embeds", "text_embeds")}
+        # each tower's last hidden state (the text's after its final norm, the vision's
+        # before its post-norm, as transformers returns them)
+        out["last_hidden_state"] = result.text_model_output.last_hidden_state
+        out["vision_last_hidden_state"] = result.vision_model_output.last_hidden_state
+        return {k: v.float().numpy() for k, v in out.items()}
     with torch.no_grad():
         base = base_model(**feed)
         out["last_hidden_state"] = base.last_hidden_state
