@@ -248,8 +248,10 @@ class DistributedVariableError(UnsupportedObjectError):
     """A variable that tf.distribute shards or places in a way objckpt does not support.
 
     Mirrored and SyncOnRead variables (MirroredStrategy, MultiWorkerMirroredStrategy) are
-    supported everywhere; a `ShardedVariable` (ParameterServerStrategy with a partitioner) is
-    refused with this error by every operation, naming its object path.
+    supported everywhere, and a `ShardedVariable` (ParameterServerStrategy with a partitioner)
+    is one logical variable in tree, snapshot, save, restore, plan, migrate and
+    restore_on_create; `clone` (and what copies through it) refuses it with this error,
+    naming its object path, as it refuses TPU and packed variables.
 
     Attributes:
       path: the object path (or attribute path) of the variable (= `obj`).

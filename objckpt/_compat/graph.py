@@ -15,7 +15,7 @@ from tensorflow.python.util import object_identity as _object_identity
 
 from objckpt import errors
 from objckpt._base import paths as _paths
-from objckpt._compat.distribute import check_not_sharded
+from objckpt._compat.sharded import is_sharded, shards
 from objckpt._compat.optimizers import _is_optimizer, optimizer_slot_lists
 from objckpt._compat.variables import (
     _keras3_variable,
@@ -110,8 +110,8 @@ def variable_paths(obj) -> list[tuple[str, object]]:
         variable = as_variable(trackable)
         if variable is not None:
             out.append((names[trackable], variable))
-        else:  # a ShardedVariable is refused, never silently left out
-            check_not_sharded(trackable, names[trackable])
+        elif is_sharded(trackable):  # one logical variable: its shards are no nodes of TF's
+            out.append((names[trackable], trackable))
     out.extend(_collection_paths([(t, names[t]) for t in objects], out))
     check_complete(obj, out)
     _check_unique(obj, out)
@@ -333,6 +333,8 @@ def check_complete(obj, found, optimizer: bool = True) -> None:
     model among its direct children). Other objs own what TF's graph reaches.
     """
     have = {id(variable) for _, variable in found}
+    have.update(id(part) for _, variable in found if is_sharded(variable)
+                for part in shards(variable))  # `variables` lists a sharded one's shards
     missing = []
     for owner in _keras_roots(obj):
         if is_unbuilt(owner):  # its layers may exist before it does: unbuilt, not untracked

@@ -72,7 +72,13 @@ def variable_name(variable) -> str:
 
 
 def read_value(variable):
-    """Reads a variable's current value on its own device, without copying."""
+    """Reads a variable's current value on its own device, without copying (a sharded
+    variable's: its shards read and joined)."""
+    if not hasattr(variable, "value"):
+        from objckpt._compat.sharded import is_sharded, read_sharded
+
+        if is_sharded(variable):
+            return read_sharded(variable)
     return variable.value()
 
 
