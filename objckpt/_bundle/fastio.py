@@ -295,7 +295,9 @@ def _write_sliced(temp: str, keys: list, tensors: list, slices: list, workers: i
     part (so one shard at a time is held on this host), merged by `MergeV2Checkpoints`
     into `temp`: the index lists each sliced tensor with its slices, as TF's own save."""
     whole = [i for i, spec in enumerate(slices) if not spec]
-    sliced = [i for i, spec in enumerate(slices) if spec]
+    # By device, as TF's saver orders its per-device parts: the index lists slices alike.
+    sliced = sorted((i for i, spec in enumerate(slices) if spec),
+                    key=lambda i: getattr(tensors[i], "device", "") or "")
     parts = [f"{temp}.part-{k:05d}" for k in range(len(sliced) + bool(whole))]
     if whole:
         write_bundle(parts[-1], [keys[i] for i in whole], [tensors[i] for i in whole], workers)

@@ -4,7 +4,7 @@ as one logical variable: `tree`, `snapshot`, `save`, `restore`, `plan`, `migrate
 (one key, one slice per shard), read both ways, and reshard from N into M shards.
 
 The sharded variables here are made directly on this process's CPU (TF has no public maker
-outside a cluster).
+outside a cluster); tests/distributed/test_sharded_cluster.py runs a real one.
 """
 
 from __future__ import annotations

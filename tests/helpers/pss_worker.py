@@ -1,0 +1,185 @@
+"""Runs ParameterServerStrategy scenarios on an in-process cluster (2 workers and 2 parameter
+servers on local ports, this process the chief/coordinator) and prints their results as one
+JSON line: tests/distributed/test_sharded_cluster.py runs it in a fresh process, since
+connecting to a cluster changes this process's eager context for good.
+
+    python tests/helpers/pss_worker.py FOLDER
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+import tf_keras as keras  # noqa: E402
+
+import objckpt  # noqa: E402
+from objckpt import errors  # noqa: E402
+from objckpt._bundle import index as _index  # noqa: E402
+
+ROWS, DIM = 12, 4
+
+
+def _ports(count: int) -> list[int]:
+    socks = [socket.socket() for _ in range(count)]
+    for sock in socks:
+        sock.bind(("localhost", 0))
+    ports = [sock.getsockname()[1] for sock in socks]
+    for sock in socks:
+        sock.close()
+    return ports
+
+
+def start_cluster(workers: int = 2, ps: int = 2):
+    """Servers for the workers and parameter servers in this process; the resolver of the
+    chief (this process, the coordinator)."""
+    ports = _ports(workers + ps + 1)
+    spec = tf.train.ClusterSpec({
+        "worker": [f"localhost:{p}" for p in ports[:workers]],
+        "ps": [f"localhost:{p}" for p in ports[workers:workers + ps]],
+        "chief": [f"localhost:{ports[-1]}"]})
+    servers = [tf.distribute.Server(spec, job_name=job, task_index=i, protocol="grpc")
+               for job, count in (("worker", workers), ("ps", ps)) for i in range(count)]
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        spec, task_type="chief", task_id=0, rpc_layer="grpc")
+    return resolver, servers
+
+
+def strategy_of(resolver, shards: int):
+    return tf.distribute.experimental.ParameterServerStrategy(
+        resolver,
+        variable_partitioner=tf.distribute.experimental.partitioners.FixedShardsPartitioner(
+            shards))
+
+
+def build(strategy, optimizer: str):
+    """An embedding model and its optimizer, built (slots made) under `strategy`."""
+    with strategy.scope():
+        model = keras.Sequential([keras.layers.Embedding(ROWS, DIM, name="embed"),
+                                  keras.layers.GlobalAveragePooling1D(),
+                                  keras.layers.Dense(1, name="head")])
+        model.build((None, 3))
+        opt = (keras.optimizers.Adam(0.05) if optimizer == "adam"
+               else keras.optimizers.Adagrad(0.1))
+        opt.build(model.trainable_variables)
+    return model, opt
+
+
+def train(strategy, model, opt, steps: int, seed: int = 0):
+    """`steps` steps of a ClusterCoordinator custom loop on fixed batches."""
+    coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+    rng = np.random.default_rng(seed)
+    batches = [(rng.integers(0, ROWS, (8, 3)).astype("int64"),
+                rng.normal(size=(8, 1)).astype("float32")) for _ in range(steps)]
+
+    @tf.function
+    def step(x, y):
+        def replica(x, y):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean((model(x) - y) ** 2)
+            grads = tape.gradient(loss, model.trainable_variables)
+            opt.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
+        return strategy.run(replica, args=(x, y))
+
+    for x, y in batches:  # one at a time: each step sees the previous one's values
+        coordinator.schedule(step, args=(tf.constant(x), tf.constant(y)))
+        coordinator.join()
+
+
+def state(model, opt) -> dict:
+    """Every value, keyed by its tf.train.Checkpoint key, read shard by shard (the oracle:
+    TF's own checkpoint of the live objects, read back whole)."""
+    prefix = tf.train.Checkpoint(model=model, optimizer=opt).write(
+        os.path.join(FOLDER, f"oracle-{len(os.listdir(FOLDER))}"))
+    reader = tf.train.load_checkpoint(prefix)
+    return {key: reader.get_tensor(key) for key in reader.get_variable_to_shape_map()
+            if key != "_CHECKPOINTABLE_OBJECT_GRAPH"}
+
+
+def same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(a[k].tobytes() == b[k].tobytes() for k in a)
+
+
+def shard_rows(model) -> list:
+    """The embedding table's rows per shard (one shard: an unsharded variable)."""
+    table = model.get_layer("embed").embeddings
+    parts = table.variables if objckpt._compat.is_sharded(table) else [table]
+    return [int(p.shape[0]) for p in parts]
+
+
+def main(folder: str) -> dict:
+    out = {}
+    resolver, servers = start_cluster()
+    cases = [(2, 2), (1, 2), (2, 3), (3, 1), (4, 2)]
+    for optimizer in ("adam", "adagrad"):
+        for saved, restored in cases:
+            name = f"{optimizer}-{saved}to{restored}"
+            source_strategy = strategy_of(resolver, saved)
+            model, opt = build(source_strategy, optimizer)
+            train(source_strategy, model, opt, 3)
+            expected = state(model, opt)
+            ckpt = tf.train.Checkpoint(model=model, optimizer=opt)
+            ours = objckpt.save(ckpt, os.path.join(folder, name))
+            theirs = ckpt.write(os.path.join(folder, name + "-tf"))
+            key = "model/layer_with_weights-0/embeddings/.ATTRIBUTES/VARIABLE_VALUE"
+            layout_equal = (_index.read_index(ours).entries[key].slices
+                            == _index.read_index(theirs).entries[key].slices)
+            target_strategy = strategy_of(resolver, restored)
+            fresh, fresh_opt = build(target_strategy, optimizer)
+            report = objckpt.restore(tf.train.Checkpoint(model=fresh, optimizer=fresh_opt), ours)
+            got = state(fresh, fresh_opt)
+            tf_fresh, tf_opt = build(target_strategy, optimizer)
+            tf.train.Checkpoint(model=tf_fresh, optimizer=tf_opt).read(ours).assert_consumed()
+            from_tf, from_tf_opt = build(target_strategy, optimizer)
+            objckpt.restore(tf.train.Checkpoint(model=from_tf, optimizer=from_tf_opt), theirs)
+            tf_reads_ours = same(state(tf_fresh, tf_opt), expected)
+            # Training continues exactly: one more step on the source, on what objckpt
+            # restored and on what TF restored (another layout may round differently).
+            train(source_strategy, model, opt, 1, seed=7)
+            train(target_strategy, fresh, fresh_opt, 1, seed=7)
+            train(target_strategy, tf_fresh, tf_opt, 1, seed=7)
+            out[name] = {
+                "restored": len(report.restored),
+                "rows": [shard_rows(model), shard_rows(fresh)],
+                "slots_sharded": sum(objckpt._compat.is_sharded(v) for v in fresh_opt.variables),
+                "objckpt_restore_equal": same(got, expected),
+                "tf_reads_objckpt_equal": tf_reads_ours,
+                "objckpt_reads_tf_equal": same(state(from_tf, from_tf_opt), expected),
+                "layout_equal_to_tf": bool(layout_equal),
+                "resume_equal": same(state(fresh, fresh_opt), state(model, opt)),
+                "resume_equal_to_tf": same(state(fresh, fresh_opt), state(tf_fresh, tf_opt)),
+            }
+    # A failure on one shard changes nothing: a checkpoint whose head kernel has another
+    # shape (the embedding entries read first are fine).
+    strategy = strategy_of(resolver, 2)
+    model, opt = build(strategy, "adam")
+    train(strategy, model, opt, 2)
+    before = state(model, opt)
+    other = tf.Module()
+    other.model = tf.Module()
+    bad = dict(before)
+    with tf.device("/cpu:0"):
+        for key, value in bad.items():
+            if "head/kernel" in key or "layer_with_weights-1/kernel" in key:
+                bad[key] = np.zeros((DIM + 1, 1), value.dtype)
+    snapshot = objckpt.Snapshot({k.split("/.ATTRIBUTES/")[0]: v for k, v in bad.items()})
+    try:
+        objckpt.restore(tf.train.Checkpoint(model=model, optimizer=opt), snapshot)
+        out["failure"] = {"raised": ""}
+    except errors.ObjckptError as err:
+        out["failure"] = {"raised": type(err).__name__, "message": str(err)[:400],
+                          "unchanged": same(state(model, opt), before)}
+    return out
+
+
+if __name__ == "__main__":
+    FOLDER = sys.argv[1]
+    print("RESULT " + json.dumps(main(FOLDER)), flush=True)
+    os._exit(0)  # in-process servers never stop: end without waiting on them
