@@ -109,6 +109,16 @@ def test_a_failure_on_one_shard_changes_no_shard(results):
     assert "(5, 1)" in message and "(4, 1)" in message
 
 
+def test_a_read_failing_half_way_puts_every_shard_back(results):
+    """Shards are read and assigned one at a time (bounded memory on the coordinator); the
+    undo log gives the two already assigned their old values back."""
+    half = results["half_way"]
+    assert half["raised"] == "the parameter server went away"
+    assert half["reads"] == 3
+    assert half["unchanged"], "every shard on every parameter server as before"
+    assert any("Nothing was changed: the 2 variable(s)" in note for note in half["notes"])
+
+
 @pytest.mark.parametrize("saved, restored", CASES)
 def test_keras3_model_state_reshards(keras3_results, saved, restored):
     """Keras 3 makes sharded variables under ParameterServerStrategy but can neither train

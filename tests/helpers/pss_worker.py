@@ -244,6 +244,31 @@ def main(folder: str) -> dict:
     except errors.ObjckptError as err:
         out["failure"] = {"raised": type(err).__name__, "message": str(err)[:400],
                           "unchanged": same(state(model, opt), before)}
+    # A read failing half way (the third shard read: two assigned, on two parameter servers):
+    # every shard put back from the undo log.
+    good = objckpt.save(tf.train.Checkpoint(model=model, optimizer=opt),
+                        os.path.join(folder, "good"))
+    train(strategy, model, opt, 1, seed=3)
+    before = state(model, opt)
+    from objckpt._planning import sharded as _sharded
+
+    real, calls = _sharded.read_slice, []
+
+    def failing(prefix, job):
+        calls.append(job.spec)
+        if len(calls) == 3:
+            raise OSError("the parameter server went away")
+        return real(prefix, job)
+
+    _sharded.read_slice = failing
+    try:
+        objckpt.restore(tf.train.Checkpoint(model=model, optimizer=opt), good)
+        out["half_way"] = {"raised": ""}
+    except OSError as err:
+        out["half_way"] = {"raised": str(err), "notes": list(getattr(err, "__notes__", [])),
+                           "reads": len(calls), "unchanged": same(state(model, opt), before)}
+    finally:
+        _sharded.read_slice = real
     return out
 
 
