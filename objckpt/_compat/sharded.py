@@ -17,8 +17,8 @@ import tensorflow as tf
 __all__ = [
     "Layout",
     "is_sharded",
-    "layout",
     "read_sharded",
+    "shard_layout",
     "shard_slices",
     "shards",
 ]
@@ -72,7 +72,7 @@ class Layout(NamedTuple):
         return f"{len(self.rows)} shard{'s' if len(self.rows) != 1 else ''} of rows {spans}"
 
 
-def layout(variable) -> Layout:
+def shard_layout(variable) -> Layout:
     """The `Layout` of a sharded variable."""
     parts = shards(variable)
     return Layout(tuple(int(d) for d in variable.shape),
@@ -87,7 +87,7 @@ def shard_slices(variable, value=None) -> list[tuple[str, object]]:
     read before, e.g. a Snapshot's) when given."""
     full = [int(d) for d in variable.shape]
     out = []
-    for offset, part in zip(layout(variable).offsets, shards(variable)):
+    for offset, part in zip(shard_layout(variable).offsets, shards(variable)):
         info = tf.Variable.SaveSliceInfo(
             full_name=variable.name, full_shape=full,
             var_offset=[offset] + [0] * (len(full) - 1),

@@ -97,7 +97,7 @@ class Targets:
             name = ""  # nothing to add, or a name several variables share
         variable = self.paths.get(path)
         if variable is not None and _compat.is_sharded(variable):  # its layout beside it
-            name = "; ".join(n for n in (name, _compat.layout(variable).describe()) if n)
+            name = "; ".join(n for n in (name, _compat.shard_layout(variable).describe()) if n)
         return shown, name
 
     def label(self, path: str, owners: dict | None = None) -> str:

@@ -65,7 +65,7 @@ def test_tree_shows_a_sharded_variable_whole_with_its_layout():
     assert set(tree) == {"bias", "table"}
     assert tree["table"] is module.table
     assert tuple(tree["table"].shape) == (10, 4)
-    layout = objckpt._compat.layout(tree["table"])
+    layout = objckpt._compat.shard_layout(tree["table"])
     assert layout.rows == (6, 4) and layout.offsets == (0, 6)
     assert layout.describe() == "2 shards of rows [0:6) [6:10)"
     assert objckpt.tree(tf.train.Checkpoint(model=module)).keys() == {"model/bias",

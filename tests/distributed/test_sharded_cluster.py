@@ -109,6 +109,13 @@ def test_a_failure_on_one_shard_changes_no_shard(results):
     assert "(5, 1)" in message and "(4, 1)" in message
 
 
+def test_checkpoint_manager_resumes_into_another_layout(results):
+    manager = results["manager"]
+    assert manager["step"] == 2
+    assert manager["rows"] == [4, 4, 4]
+    assert manager["resume_equal"], "the next step equals the uninterrupted run's"
+
+
 def test_a_read_failing_half_way_puts_every_shard_back(results):
     """Shards are read and assigned one at a time (bounded memory on the coordinator); the
     undo log gives the two already assigned their old values back."""

@@ -244,6 +244,24 @@ def main(folder: str) -> dict:
     except errors.ObjckptError as err:
         out["failure"] = {"raised": type(err).__name__, "message": str(err)[:400],
                           "unchanged": same(state(model, opt), before)}
+    # CheckpointManager: saved at step 2 of a run that goes on; a fresh process's model (in 3
+    # shards) resumes from it, and the next step equals the run's.
+    directory = os.path.join(folder, "managed")
+    run_model, run_opt = build(strategy, "adam")
+    train(strategy, run_model, run_opt, 2)
+    with objckpt.CheckpointManager(tf.train.Checkpoint(model=run_model, optimizer=run_opt),
+                                   directory, max_to_keep=2) as manager:
+        manager.save(2)
+    train(strategy, run_model, run_opt, 1, seed=5)
+    resumed_strategy = strategy_of(resolver, 3)
+    resumed, resumed_opt = build(resumed_strategy, "adam")
+    with objckpt.CheckpointManager(tf.train.Checkpoint(model=resumed, optimizer=resumed_opt),
+                                   directory, max_to_keep=2) as manager:
+        step = manager.restore_latest()
+    train(resumed_strategy, resumed, resumed_opt, 1, seed=5)
+    out["manager"] = {"step": step, "rows": shard_rows(resumed),
+                      "resume_equal": same(state(resumed, resumed_opt),
+                                           state(run_model, run_opt))}
     # A read failing half way (the third shard read: two assigned, on two parameter servers):
     # every shard put back from the undo log.
     good = objckpt.save(tf.train.Checkpoint(model=model, optimizer=opt),
