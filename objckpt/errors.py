@@ -249,9 +249,8 @@ class DistributedVariableError(UnsupportedObjectError):
 
     Mirrored and SyncOnRead variables (MirroredStrategy, MultiWorkerMirroredStrategy) are
     supported everywhere, and a `ShardedVariable` (ParameterServerStrategy with a partitioner)
-    is one logical variable in tree, snapshot, save, restore, plan, migrate and
-    restore_on_create; `clone` (and what copies through it) refuses it with this error,
-    naming its object path, as it refuses TPU and packed variables.
+    is one logical variable; `clone` refuses TPU and packed variables with this error,
+    naming their object path.
 
     Attributes:
       path: the object path (or attribute path) of the variable (= `obj`).

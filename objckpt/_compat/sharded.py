@@ -16,7 +16,10 @@ import tensorflow as tf
 
 __all__ = [
     "Layout",
+    "is_caching_type",
     "is_sharded",
+    "is_sharded_type",
+    "new_sharded",
     "read_sharded",
     "shard_layout",
     "shard_slices",
@@ -38,6 +41,27 @@ def _mixin():
 def is_sharded(value) -> bool:
     """True for a `ShardedVariable` (or another `ShardedVariableMixin`)."""
     return isinstance(value, _mixin())
+
+
+def is_sharded_type(cls) -> bool:
+    """True for the class of a sharded variable."""
+    return issubclass(cls, _mixin())
+
+
+def is_caching_type(cls) -> bool:
+    """True for ParameterServerStrategy's `CachingVariable`: a variable on a parameter server
+    (a shard, or a variable left whole) whose reads workers may cache; a plain resource
+    variable on the same device holds its state."""
+    return any(k.__name__ == "CachingVariable" and k.__module__.endswith("ps_values")
+               for k in cls.__mro__)
+
+
+def new_sharded(like, parts):
+    """A `ShardedVariable` of the variables `parts` (shards of like's layout), named like
+    `like`."""
+    from tensorflow.python.distribute import sharded_variable
+
+    return sharded_variable.ShardedVariable(list(parts), name=like.name)
 
 
 def shards(variable) -> tuple:

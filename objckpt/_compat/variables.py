@@ -223,8 +223,10 @@ CONSTRAINT_ATTR = "_constraint"
 
 
 def unique_id(variable) -> str:
-    """The string TF optimizers key slot tables by (`Variable._unique_id`)."""
-    return as_variable(variable)._unique_id
+    """The string TF optimizers key slot tables by (`Variable._unique_id`; a sharded
+    variable's own)."""
+    found = as_variable(variable)
+    return (variable if found is None else found)._unique_id
 
 
 def recreate_variable(like, value, name: str):

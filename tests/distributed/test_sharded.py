@@ -211,3 +211,48 @@ def test_a_background_save_takes_the_shards_at_the_call(tmp_path):
     prefix = handle.result()
     assert tf.train.load_checkpoint(prefix).get_tensor(KEY).tobytes() == value.tobytes()
     assert os.path.exists(prefix + ".index")
+
+
+def test_clone_copies_shard_by_shard():
+    value = full_value(15)
+    module = sharded_module((3, 3, 4), value)
+    copy = objckpt.clone(module)
+    assert type(copy.table) is type(module.table)
+    assert [p.shape[0] for p in copy.table.variables] == [3, 3, 4]
+    assert [p.device for p in copy.table.variables] == [p.device for p in module.table.variables]
+    assert logical(copy).tobytes() == value.tobytes()
+    assert not {id(p) for p in copy.table.variables} & {id(p) for p in module.table.variables}
+    module.table.variables[0].assign(tf.zeros((3, 4)))
+    assert logical(copy).tobytes() == value.tobytes()  # independent
+    empty = objckpt.clone(module, copy_values=False)
+    assert not logical(empty).any()
+
+
+def test_twins_copy_blend_and_swap_shard_by_shard():
+    current = sharded_module((5, 5), full_value(16))
+    twins = objckpt.Twins(current)
+    old = logical(twins.past)
+    new = full_value(17)
+    for part, start in zip(current.table.variables, (0, 5)):
+        part.assign(new[start:start + 5])
+    twins.sync(tau=0.25)
+    tau = np.float32(0.25)
+    expected = old + tau * (new - old)  # the Polyak update's NumPy reference
+    np.testing.assert_allclose(logical(twins.past), expected, rtol=1e-6, atol=1e-6)
+    twins.sync()
+    assert logical(twins.past).tobytes() == new.tobytes()
+    other = full_value(18)
+    for part, start in zip(current.table.variables, (0, 5)):
+        part.assign(other[start:start + 5])
+    twins.swap()
+    assert logical(twins.current).tobytes() == new.tobytes()
+    assert logical(twins.past).tobytes() == other.tobytes()
+
+
+def test_twins_of_other_layouts_name_both():
+    with pytest.raises(errors.StructureMismatchError) as caught:
+        objckpt.Twins(sharded_module((5, 5), full_value(19)),
+                      past=sharded_module((2, 8), full_value(20)))
+    message = str(caught.value)
+    assert "`table`: 2 shards of rows [0:5) [5:10) in current but " \
+           "2 shards of rows [0:2) [2:10) in past" in message

@@ -116,6 +116,13 @@ def test_checkpoint_manager_resumes_into_another_layout(results):
     assert manager["resume_equal"], "the next step equals the uninterrupted run's"
 
 
+def test_twins_on_the_parameter_servers(results):
+    twins = results["twins"]
+    assert twins["devices_equal"], "the past copy's shards on the same parameter servers"
+    assert twins["blend_close"], "sync(tau=0.5) is the NumPy Polyak blend"
+    assert twins["copy_equal"], "sync() copies bit for bit"
+
+
 def test_a_read_failing_half_way_puts_every_shard_back(results):
     """Shards are read and assigned one at a time (bounded memory on the coordinator); the
     undo log gives the two already assigned their old values back."""

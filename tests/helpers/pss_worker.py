@@ -120,6 +120,18 @@ def same(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(a[k].tobytes() == b[k].tobytes() for k in a)
 
 
+def weights(model) -> dict:
+    """Each of the model's weights by its place, read shard by shard (not by objckpt)."""
+    out = {}
+    for place, layer in enumerate(model.layers):
+        for name in ("embeddings", "kernel", "bias"):
+            variable = getattr(layer, name, None)
+            if variable is not None:
+                parts = variable.variables if _compat.is_sharded(variable) else [variable]
+                out[f"{place}/{name}"] = np.concatenate([p.numpy() for p in parts])
+    return out
+
+
 def shard_rows(model) -> list:
     """The embedding table's rows per shard (one shard: an unsharded variable)."""
     table = model.get_layer("embed").embeddings
@@ -262,6 +274,22 @@ def main(folder: str) -> dict:
     out["manager"] = {"step": step, "rows": shard_rows(resumed),
                       "resume_equal": same(state(resumed, resumed_opt),
                                            state(run_model, run_opt))}
+    # Twins of a model on the parameter servers: the past copy shard by shard on the same
+    # devices; a Polyak blend and a hard copy against NumPy.
+    twins = objckpt.Twins(model)
+    start = weights(twins.past)
+    train(strategy, model, opt, 1, seed=9)
+    current = weights(model)
+    twins.sync(tau=0.5)
+    blended = weights(twins.past)
+    twins.sync()
+    out["twins"] = {
+        "devices_equal": [p.device for p in twins.past.get_layer("embed").embeddings.variables]
+        == [p.device for p in model.get_layer("embed").embeddings.variables],
+        "blend_close": all(np.allclose(blended[k], start[k] + 0.5 * (current[k] - start[k]),
+                                       rtol=1e-6, atol=1e-7) for k in current),
+        "copy_equal": same(weights(twins.past), current),
+    }
     # A read failing half way (the third shard read: two assigned, on two parameter servers):
     # every shard put back from the undo log.
     good = objckpt.save(tf.train.Checkpoint(model=model, optimizer=opt),
