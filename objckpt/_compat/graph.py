@@ -15,7 +15,7 @@ from tensorflow.python.util import object_identity as _object_identity
 
 from objckpt import errors
 from objckpt._base import paths as _paths
-from objckpt._compat.sharded import is_sharded, shards
+from objckpt._compat.sharded import is_caching_type, is_sharded, shards
 from objckpt._compat.optimizers import _is_optimizer, optimizer_slot_lists
 from objckpt._compat.variables import (
     _keras3_variable,
@@ -373,7 +373,7 @@ def check_complete(obj, found, optimizer: bool = True) -> None:
 def _unwrapped(variable):
     """The variable a ParameterServerStrategy `CachingVariable` wraps (Keras lists may hold
     other wrappers of it than the object graph does); any other value itself."""
-    if type(variable).__name__ == "CachingVariable":
+    if is_caching_type(type(variable)):
         return variable.__dict__.get("_v", variable)
     return variable
 

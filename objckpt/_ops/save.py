@@ -108,10 +108,12 @@ def save(obj_or_snapshot, prefix: str | os.PathLike, *, blocking: bool = True,
         _snapshot.check_cross_replica(origin, "save")
         # On every worker of a multi-worker strategy: SyncOnRead reads are collectives. A
         # sharded variable is read a shard at a time as it is written (`_keyed`).
-        snap = _snapshot.of_tree(origin, [None if _compat.is_sharded(v) else v
-                                          for v in origin.values()]) \
-            if any(_compat.is_sharded(v) for v in origin.values()) else \
-            _snapshot.of_tree(origin, origin.fused.read_all())
+        if any(_compat.is_sharded(v) for v in origin.values()):
+            snap = _snapshot.of_tree(origin, [None if _compat.is_sharded(v)
+                                              else _compat.read_value(v)
+                                              for v in origin.values()])
+        else:
+            snap = _snapshot.of_tree(origin, origin.fused.read_all())
     prefix = os.fspath(prefix)
     _files.check_prefix(prefix)  # never `<dir>.index` beside an existing directory
     if not snap:

@@ -206,10 +206,14 @@ def test_restore_on_create_lands_in_shards_now_and_later(tmp_path):
 def test_a_background_save_takes_the_shards_at_the_call(tmp_path):
     value = full_value(14)
     module = sharded_module((5, 5), value)
+    bias = module.bias.numpy()
     handle = objckpt.save(module, str(tmp_path / "bg"), blocking=False)
     module.table.variables[0].assign(tf.zeros((5, 4)))
+    module.bias.assign(tf.zeros((4,)))
     prefix = handle.result()
-    assert tf.train.load_checkpoint(prefix).get_tensor(KEY).tobytes() == value.tobytes()
+    reader = tf.train.load_checkpoint(prefix)
+    assert reader.get_tensor(KEY).tobytes() == value.tobytes()
+    assert reader.get_tensor("bias/.ATTRIBUTES/VARIABLE_VALUE").tobytes() == bias.tobytes()
     assert os.path.exists(prefix + ".index")
 
 
