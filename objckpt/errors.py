@@ -248,8 +248,9 @@ class DistributedVariableError(UnsupportedObjectError):
     """A variable that tf.distribute shards or places in a way objckpt does not support.
 
     Mirrored and SyncOnRead variables (MirroredStrategy, MultiWorkerMirroredStrategy) are
-    supported everywhere; a `ShardedVariable` (ParameterServerStrategy with a partitioner) is
-    refused with this error by every operation, naming its object path.
+    supported everywhere, and a `ShardedVariable` (ParameterServerStrategy with a partitioner)
+    is one logical variable; `clone` refuses TPU and packed variables with this error,
+    naming their object path.
 
     Attributes:
       path: the object path (or attribute path) of the variable (= `obj`).

@@ -250,8 +250,13 @@ def part_count(sizes: list[int], workers: int) -> int:
                       memory_budget(sizes) // PART_BUFFER_BYTES))
 
 
-def write_bundle(temp: str, keys: list, tensors: list, workers: int | None = None) -> None:
+def write_bundle(temp: str, keys: list, tensors: list, workers: int | None = None,
+                 slices: list | None = None) -> None:
     """Writes `tensors` under `keys` at the (temporary) prefix `temp`, in parallel.
+
+    `slices`, when given, holds a slice spec for each tensor ("" for a whole one): the
+    tensors given a spec are slices of the tensor under their key, as `tf.train.Checkpoint`
+    writes a sharded variable's shards (`_write_sliced`).
 
     `_bundlewrite` writes them (one data file, written by up to `workers` threads) unless
     one is of a dtype it does not write, TF exports no crc32c or a graph is being built.
@@ -261,6 +266,9 @@ def write_bundle(temp: str, keys: list, tensors: list, workers: int | None = Non
     Files left behind by a failure all start with `temp`'s name.
     """
     workers = threads() if workers is None else workers
+    if slices is not None and any(slices):
+        _write_sliced(temp, keys, tensors, slices, workers)
+        return
     crc = native_crc32c()
     if crc is not None and tf.executing_eagerly() and _bundlewrite.supported(tensors):
         _write_own(temp, keys, tensors, workers, crc)
@@ -277,6 +285,30 @@ def write_bundle(temp: str, keys: list, tensors: list, workers: int | None = Non
         _save(parts[k], [keys[i] for i in groups[k]], [tensors[i] for i in groups[k]])
 
     _run_all(save, list(range(len(groups))), workers)
+    with tf.device("/cpu:0"):
+        tf.raw_ops.MergeV2Checkpoints(checkpoint_prefixes=parts, destination_prefix=temp,
+                                      delete_old_dirs=False)
+
+
+def _write_sliced(temp: str, keys: list, tensors: list, slices: list, workers: int) -> None:
+    """Whole tensors written by `write_bundle` as one part, each slice by its own `SaveV2`
+    part (so one shard at a time is held on this host), merged by `MergeV2Checkpoints`
+    into `temp`: the index lists each sliced tensor with its slices, as TF's own save."""
+    whole = [i for i, spec in enumerate(slices) if not spec]
+    # By device, as TF's saver orders its per-device parts: the index lists slices alike.
+    sliced = sorted((i for i, spec in enumerate(slices) if spec),
+                    key=lambda i: getattr(tensors[i], "device", "") or "")
+    parts = [f"{temp}.part-{k:05d}" for k in range(len(sliced) + bool(whole))]
+    if whole:
+        write_bundle(parts[-1], [keys[i] for i in whole], [tensors[i] for i in whole], workers)
+
+    def save(k: int) -> None:
+        i = sliced[k]
+        with tf.device("/cpu:0"):
+            tf.raw_ops.SaveV2(prefix=parts[k], tensor_names=[keys[i]],
+                              shape_and_slices=[slices[i]], tensors=[tensors[i]])
+
+    _run_all(save, list(range(len(sliced))), workers)
     with tf.device("/cpu:0"):
         tf.raw_ops.MergeV2Checkpoints(checkpoint_prefixes=parts, destination_prefix=temp,
                                       delete_old_dirs=False)

@@ -522,19 +522,21 @@ def _no_stage(name: str) -> None:
 
 
 def write_tensors(prefix: str, keys: list, tensors: list, stage=_no_stage, *,
-                  durable: bool | None = None, workers: int | None = None) -> None:
+                  durable: bool | None = None, workers: int | None = None,
+                  slices: list | None = None) -> None:
     """Writes one checkpoint atomically: tensors under a temporary name, then `commit`.
 
     Large checkpoints are written by several threads as several data shards (see
     `_fastio.write_bundle`). durable: fsync every file written and the directory before the
     commit renames, and the directory after them (None: `_fastio.DURABLE_DEFAULT`).
-    workers: threads writing (None: `_fastio.threads()`).
+    workers: threads writing (None: `_fastio.threads()`). slices: a slice spec per tensor
+    ("" for a whole one), for the shards of sharded variables (`_fastio.write_bundle`).
 
     `stage(name)` is called at "write" (nothing written yet), "data" (temporary files
     complete) and "index" (committed under `prefix`); tests crash there.
     """
     if _remote.is_remote(prefix):
-        _write_remote(prefix, keys, tensors, stage, workers)
+        _write_remote(prefix, keys, tensors, stage, workers, slices)
         return
     import tensorflow as tf
 
@@ -548,7 +550,7 @@ def write_tensors(prefix: str, keys: list, tensors: list, stage=_no_stage, *,
     temp = temp_prefix(prefix)
     try:
         stage("write")
-        _fastio.write_bundle(temp, keys, tensors, workers)
+        _fastio.write_bundle(temp, keys, tensors, workers, slices)
         if durable:
             _fastio.fsync_paths([path for path, _, _ in data_shards(temp)] + [temp + ".index"],
                                 directory)
@@ -562,7 +564,8 @@ def write_tensors(prefix: str, keys: list, tensors: list, stage=_no_stage, *,
             remove(leftover)
 
 
-def _write_remote(prefix: str, keys: list, tensors: list, stage, workers: int | None) -> None:
+def _write_remote(prefix: str, keys: list, tensors: list, stage, workers: int | None,
+                  slices: list | None = None) -> None:
     """`write_tensors` to remote storage: the bundle is written locally by the same writer,
     then uploaded in the commit order (`_remote.upload_bundle`: old index, data, index)."""
     import shutil
@@ -574,7 +577,7 @@ def _write_remote(prefix: str, keys: list, tensors: list, stage, workers: int | 
     try:
         temp = os.path.join(folder, "bundle")
         stage("write")
-        _fastio.write_bundle(temp, keys, tensors, workers)
+        _fastio.write_bundle(temp, keys, tensors, workers, slices)
         _upload(temp, prefix, stage)
         stage("index")
     finally:

@@ -6,7 +6,7 @@ in TF internals or a new Keras flavour is handled in this package alone (`lint-i
 
 - `variables`: variables of every flavour, distributed values, types clone treats specially;
 - `distribute`: tf.distribute variables: which clone re-creates, under their own strategy;
-  which process writes checkpoints; ShardedVariable, refused by name;
+  which process writes checkpoints;
 - `optimizers`: optimizer detection, per-variable state lists and slots, counters;
 - `graph`: TF's trackable object graph and the Keras 3 collections it misses (one walk);
 - `kernels`: fused grouped assigns, packed Polyak updates, cond lowering;
@@ -18,6 +18,8 @@ in TF internals or a new Keras flavour is handled in this package alone (`lint-i
 - `freezing`: whether the graph a Freezer is traced into is XLA-compiled;
 - `fit`: whether a value fits a variable (shape, dtype): the one rule of every check;
 - `dtypes`: ml_dtypes' bfloat16 and float8 arrays as this TF's NumPy types (TF 2.12's own);
+- `sharded`: sharded variables (ParameterServerStrategy) as one logical variable: shards,
+  layout, the logical value read and assigned a shard at a time, the slices TF saves;
 - `hooks`: TF-free Keras conventions (method overrides, default-hook marks).
 
 Names load on first use: `_compat.mark_default_hook` imports only the TF-free `hooks`
@@ -36,8 +38,8 @@ _WHERE = {
         "is_trackable", "is_unbuilt", "keras_variables", "lookup", "optional", "plain_cpu_variable",
         "read_value",
         "recreate_variable", "unique_id", "variable_name"),
-    "distribute": ("autocast_inner", "check_not_sharded", "distributed_refusal",
-        "is_distributed_variable", "is_sharded", "recreate_distributed", "replica_components",
+    "distribute": ("autocast_inner", "distributed_refusal",
+        "is_distributed_variable", "recreate_distributed", "replica_components",
         "replica_context_strategy", "restore_components", "gather_failures",
         "variables_strategy",
         "writes_checkpoints"),
@@ -65,6 +67,8 @@ _WHERE = {
     "freezing": ("in_xla_context",),
     "fit": ("CASTS", "cast_of", "cast_value", "check_cast", "fits", "lossless", "misfit"),
     "dtypes": ("numpy_dtype", "tf_array", "tf_dtype"),
+    "sharded": ("Layout", "is_caching_type", "is_sharded", "is_sharded_type", "new_sharded",
+        "read_sharded", "shard_layout", "shard_slices", "shards"),
     "hooks": ("KERAS_CACHED_ATTRS", "WEIGHT_DECAY_METHOD", "mark_default_hook",
         "override_methods", "past_autograph", "restore_methods", "weight_decay_method"),
 }

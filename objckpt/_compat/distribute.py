@@ -7,16 +7,13 @@ import contextlib
 
 import tensorflow as tf
 
-from objckpt import errors
 from objckpt._compat.variables import lookup
 
 __all__ = [
     "autocast_inner",
-    "check_not_sharded",
     "distributed_refusal",
     "gather_failures",
     "is_distributed_variable",
-    "is_sharded",
     "recreate_distributed",
     "replica_components",
     "replica_context_strategy",
@@ -145,42 +142,7 @@ def recreate_distributed(like, value, name: str):
     return new
 
 
-# --- state operations (tree, save): ShardedVariable refused; who writes checkpoints --------
-
-_SHARDED = None
-
-
-def is_sharded(trackable) -> bool:
-    """True for a `ShardedVariable` (ParameterServerStrategy with a `variable_partitioner`)."""
-    global _SHARDED
-    if _SHARDED is None:
-        _SHARDED = lookup("tensorflow.python.distribute.sharded_variable",
-                          "ShardedVariableMixin")
-    return isinstance(trackable, _SHARDED)
-
-
-def check_not_sharded(trackable, path: str) -> None:
-    """Raises `errors.DistributedVariableError` naming `path` when `trackable` is sharded.
-
-    objckpt refuses a `ShardedVariable` in a live obj in every operation (`objckpt.tree`
-    and everything built on it): it is a list of shards TF saves as slices of one tensor,
-    which objckpt's reads, assigns and clones do not split. Checkpoints TF wrote from one
-    hold the whole tensor under one key: objckpt reads them like any other.
-    """
-    if not is_sharded(trackable):
-        return
-    kind = type(trackable).__name__
-    shards = len(getattr(trackable, "variables", ()))
-    raise errors.DistributedVariableError(
-        f"`{path}` is a {kind} of shape {tuple(trackable.shape)} in {shards} shards (made by "
-        "ParameterServerStrategy with a variable_partitioner), which objckpt does not "
-        "support. Expected: tf.Variable, MirroredVariable or SyncOnRead variables. Fix: "
-        "create the model without a variable_partitioner (MirroredStrategy, "
-        "MultiWorkerMirroredStrategy, or ParameterServerStrategy(..., "
-        "variable_partitioner=None)), or save it with tf.train.Checkpoint: objckpt reads "
-        "such checkpoints and restores them into unsharded models.",
-        path=path, variable_type=kind)
-
+# --- who writes checkpoints ----------------------------------------------------------
 
 def variables_strategy(variables):
     """The `tf.distribute.Strategy` of the first distributed variable of `variables`, else

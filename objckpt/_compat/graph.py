@@ -15,7 +15,7 @@ from tensorflow.python.util import object_identity as _object_identity
 
 from objckpt import errors
 from objckpt._base import paths as _paths
-from objckpt._compat.distribute import check_not_sharded
+from objckpt._compat.sharded import is_caching_type, is_sharded, shards
 from objckpt._compat.optimizers import _is_optimizer, optimizer_slot_lists
 from objckpt._compat.variables import (
     _keras3_variable,
@@ -110,12 +110,18 @@ def variable_paths(obj) -> list[tuple[str, object]]:
         variable = as_variable(trackable)
         if variable is not None:
             out.append((names[trackable], variable))
-        else:  # a ShardedVariable is refused, never silently left out
-            check_not_sharded(trackable, names[trackable])
+        elif is_sharded(trackable):  # one logical variable: its shards are no nodes of TF's
+            out.append((names[trackable], trackable))
     out.extend(_collection_paths([(t, names[t]) for t in objects], out))
     check_complete(obj, out)
     _check_unique(obj, out)
     return out
+
+
+def _leaf(child):
+    """A variable of the object graph: `as_variable`'s, or a sharded variable whole."""
+    variable = as_variable(child)
+    return child if variable is None and is_sharded(child) else variable
 
 
 def _check_unique(obj, found) -> None:
@@ -176,7 +182,7 @@ def network_variable_paths(obj) -> list[tuple[str, object]]:
     """
     out, reached = [], []
     for _, path, child, first in walk(obj, skip_optimizers=True, visited=reached):
-        variable = as_variable(child) if first else None
+        variable = _leaf(child) if first else None
         if variable is not None:
             out.append((path, variable))
     out.extend(_collection_paths(reached, out, skip_optimizers=True))
@@ -193,7 +199,7 @@ def variable_edges(obj) -> list[tuple[str, object]]:
     """
     out = []
     for _, path, child, _ in walk(obj):
-        variable = as_variable(child)
+        variable = _leaf(child)
         if variable is not None:
             out.append((path, variable))
     return out
@@ -203,7 +209,7 @@ def variable_holders(obj) -> dict:
     """id(variable) -> class name of the object holding it directly (optimizers skipped)."""
     out: dict = {}
     for parent, _, child, _ in walk(obj, skip_optimizers=True, collections=True):
-        variable = as_variable(child)
+        variable = _leaf(child)
         if variable is not None:
             out.setdefault(id(variable), type(parent).__name__)
     return out
@@ -332,16 +338,18 @@ def check_complete(obj, found, optimizer: bool = True) -> None:
     (for a `tf.train.Checkpoint` or other container: those of each Keras
     model among its direct children). Other objs own what TF's graph reaches.
     """
-    have = {id(variable) for _, variable in found}
+    have = {id(_unwrapped(variable)) for _, variable in found}
+    have.update(id(_unwrapped(part)) for _, variable in found if is_sharded(variable)
+                for part in shards(variable))  # `variables` lists a sharded one's shards
     missing = []
     for owner in _keras_roots(obj):
         if is_unbuilt(owner):  # its layers may exist before it does: unbuilt, not untracked
             continue
         for value in _owned_variables(owner, optimizer):
             variable = as_variable(value)
-            if variable is not None and id(variable) not in have:
+            if variable is not None and id(_unwrapped(variable)) not in have:
                 missing.append((owner, value))
-                have.add(id(variable))
+                have.add(id(_unwrapped(variable)))
     if not missing:
         return
     lines = []
@@ -360,6 +368,14 @@ def check_complete(obj, found, optimizer: bool = True) -> None:
         + "\nFix: assign the layer or variable to an attribute of a layer or model (directly, "
         "or in a list or dict attribute), e.g. self.blocks = [Block(), Block()].",
         tuple(name for name in lines))
+
+
+def _unwrapped(variable):
+    """The variable a ParameterServerStrategy `CachingVariable` wraps (Keras lists may hold
+    other wrappers of it than the object graph does); any other value itself."""
+    if is_caching_type(type(variable)):
+        return variable.__dict__.get("_v", variable)
+    return variable
 
 
 def rng_state_variables(obj) -> list:

@@ -12,6 +12,7 @@ from tensorflow.python.checkpoint import graph_view as _graph_view
 from objckpt._base import paths as _paths
 from objckpt._compat.distribute import autocast_inner, is_distributed_variable
 from objckpt._compat.hooks import override_methods
+from objckpt._compat.sharded import is_sharded, shards
 from objckpt._compat.variables import as_variable
 
 __all__ = ["COUNTERS", "HYPERPARAMETERS", "KERAS3_ROLES", "NAMED_SLOT", "SLOT_ALIASES", "TF1_SLOT",
@@ -117,12 +118,14 @@ def optimizer_slot_lists(obj, candidates=()):
         index_dict = getattr(optimizer, "_index_dict", None)
         var_key = getattr(optimizer, "_var_key", None)
         if trained:
-            pairs = [(i, as_variable(v)) for i, v in enumerate(trained)]
+            pairs = [(i, _state_variable(v)) for i, v in enumerate(trained)]
         elif isinstance(index_dict, dict) and callable(var_key):
             pairs = []
             for variable in candidates:
                 with contextlib.suppress(Exception):
-                    key = var_key(variable)
+                    # tf_keras keeps the state of a sharded variable shard by shard: its
+                    # first shard's index finds the first slot shard (`_state_variable`).
+                    key = var_key(shards(variable)[0] if is_sharded(variable) else variable)
                     if key in index_dict:
                         pairs.append((index_dict[key], variable))
         else:
@@ -132,9 +135,20 @@ def optimizer_slot_lists(obj, candidates=()):
             if not isinstance(values, (list, tuple)) or not values:
                 continue
             for index, variable in pairs:
-                slot = as_variable(values[index]) if index < len(values) else None
+                slot = _state_variable(values[index]) if index < len(values) else None
                 if variable is not None and slot is not None:
                     yield variable, role, slot
+
+
+def _state_variable(value):
+    """`as_variable(value)`, or a sharded slot whole (sharded like its variable): given as
+    itself, or by one of its shards (tf_keras lists slot shards; the `ShardedVariable` its
+    checkpoint saves holds them)."""
+    if is_sharded(value):
+        return value
+    container = getattr(value, "__dict__", {}).get("_sharded_container")
+    whole = container() if callable(container) else None
+    return whole if whole is not None and is_sharded(whole) else as_variable(value)
 
 
 def optimizer_counters(obj):

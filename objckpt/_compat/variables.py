@@ -72,7 +72,13 @@ def variable_name(variable) -> str:
 
 
 def read_value(variable):
-    """Reads a variable's current value on its own device, without copying."""
+    """Reads a variable's current value on its own device, without copying (a sharded
+    variable's: its shards read and joined)."""
+    if not hasattr(variable, "value"):
+        from objckpt._compat.sharded import is_sharded, read_sharded
+
+        if is_sharded(variable):
+            return read_sharded(variable)
     return variable.value()
 
 
@@ -217,8 +223,10 @@ CONSTRAINT_ATTR = "_constraint"
 
 
 def unique_id(variable) -> str:
-    """The string TF optimizers key slot tables by (`Variable._unique_id`)."""
-    return as_variable(variable)._unique_id
+    """The string TF optimizers key slot tables by (`Variable._unique_id`; a sharded
+    variable's own)."""
+    found = as_variable(variable)
+    return (variable if found is None else found)._unique_id
 
 
 def recreate_variable(like, value, name: str):

@@ -86,14 +86,11 @@ class _CreationWatch:
                 continue  # something else was attached: this entry waits on
             node, depth, missing = _walk(node, depth, path, self._attached, cache)
             self._progress[path] = (node, depth)
-            variable = _compat.as_variable(node) if not missing else None
+            variable = _as_target(node) if not missing else None
             if variable is not None:
                 ready.append((entry, variable))
             elif missing:
                 self._hook(node, missing[0])
-            elif _compat.is_sharded(node):
-                self._failed[path] = f"it was created as a {type(node).__name__}"
-                _compat.check_not_sharded(node, path)
         self._apply_all([(entry, variable, None) for entry, variable in ready])
         if self.done:
             self._unwrap()
@@ -544,6 +541,13 @@ def _lossy(variable, value) -> str:
     return ""
 
 
+def _as_target(node):
+    """The variable a value lands in: a variable's own (`_compat.as_variable`), or a sharded
+    variable whole (each shard gets its rows), else None."""
+    variable = _compat.as_variable(node)
+    return node if variable is None and _compat.is_sharded(node) else variable
+
+
 def _agreeing(obj):
     """The tree whose strategy the workers agree under: under MultiWorkerMirroredStrategy
     (obj's, or the one in scope for an obj with no variables yet), every worker raises when
@@ -554,7 +558,7 @@ def _agreeing(obj):
         return None
     try:
         return _tree.tree(obj)
-    except Exception:  # a refused obj (ShardedVariable): the strategy in scope decides
+    except Exception:  # a refused obj: the strategy in scope decides
         return {}
 
 
@@ -644,11 +648,10 @@ def restore_on_create(obj, source, *, rules=None, at: str | None = None, strict:
       StructureMismatchError: an existing variable (now) or a newly created
         one (at its creation) does not have the source's shape or dtype; that
         variable is left unassigned.
-      DistributedVariableError: a variable the source feeds is (or is created
-        as) a `ShardedVariable`, which objckpt refuses.
 
     Under `tf.distribute`, a value lands on every replica as
-    `tf.train.Checkpoint` restores it (see `objckpt.restore`), also for
+    `tf.train.Checkpoint` restores it (see `objckpt.restore`; a `ShardedVariable`
+    gets its rows of the value in each shard, whatever its shard count), also for
     variables created inside `strategy.run` (eagerly or in a `tf.function`):
     every replica of a MirroredVariable gets the value, each replica of a
     SyncOnRead SUM variable `value / num_replicas_in_sync`.
@@ -687,9 +690,7 @@ def restore_on_create(obj, source, *, rules=None, at: str | None = None, strict:
             existing = []
             for entry in entries:
                 node, _, missing = _walk(obj, 0, entry.path)
-                variable = _compat.as_variable(node) if not missing else None
-                if variable is None and not missing:
-                    _compat.check_not_sharded(node, entry.path)
+                variable = _as_target(node) if not missing else None
                 if variable is not None:
                     existing.append((entry, variable))
             values = pending._values([entry for entry, _ in existing],

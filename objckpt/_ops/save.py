@@ -90,7 +90,6 @@ def save(obj_or_snapshot, prefix: str | os.PathLike, *, blocking: bool = True,
 
     Raises:
       UnbuiltModelError: there is nothing to save.
-      DistributedVariableError: obj has a `ShardedVariable`.
       InvalidArgumentError: `prefix` is an existing directory.
     """
     if not isinstance(blocking, bool):
@@ -107,8 +106,14 @@ def save(obj_or_snapshot, prefix: str | os.PathLike, *, blocking: bool = True,
     else:  # the tree held here: an obj's tree may be cached nowhere (a tf.train.Checkpoint)
         origin = _tree.tree(obj_or_snapshot)
         _snapshot.check_cross_replica(origin, "save")
-        # On every worker of a multi-worker strategy: SyncOnRead reads are collectives.
-        snap = _snapshot.of_tree(origin, origin.fused.read_all())
+        # On every worker of a multi-worker strategy: SyncOnRead reads are collectives. A
+        # sharded variable is read a shard at a time as it is written (`_keyed`).
+        if any(_compat.is_sharded(v) for v in origin.values()):
+            snap = _snapshot.of_tree(origin, [None if _compat.is_sharded(v)
+                                              else _compat.read_value(v)
+                                              for v in origin.values()])
+        else:
+            snap = _snapshot.of_tree(origin, origin.fused.read_all())
     prefix = os.fspath(prefix)
     _files.check_prefix(prefix)  # never `<dir>.index` beside an existing directory
     if not snap:
@@ -123,21 +128,41 @@ def save(obj_or_snapshot, prefix: str | os.PathLike, *, blocking: bool = True,
              else [""] * len(snap))
     paths = list(snap)
     aliases = origin.graph_aliases() if origin is not None else None
-    values = list(snap.as_dict().values())
+    keys, values, slices = _keyed(paths, list(snap.as_dict().values()), origin)
 
     def write(workers=None) -> None:
         # The object graph is built here, on the writing thread of a background save: the
         # paths, names and aliases were taken at the call.
         graph = _tree.build_object_graph(paths, names, aliases)
-        keys = [_paths.checkpoint_key(path) for path in paths] + [_compat.OBJECT_GRAPH_KEY]
         with tf.device("/cpu:0"):
             tensors = [*values, tf.constant(graph.SerializeToString())]
-        _files.write_tensors(prefix, keys, tensors, durable=durable, workers=workers)
+        _files.write_tensors(prefix, [*keys, _compat.OBJECT_GRAPH_KEY], tensors,
+                             durable=durable, workers=workers,
+                             slices=[*slices, ""] if any(slices) else None)
 
     if blocking:
         write()
         return prefix
     return SaveHandle._submit(prefix, write)
+
+
+def _keyed(paths: list, values: list, origin) -> tuple[list, list, list]:
+    """(checkpoint keys, tensors, slice specs) to write: a sharded variable as
+    `tf.train.Checkpoint` saves it, one slice per shard under its one key (its shards read
+    now where `values` holds None, else the rows of the logical value read before)."""
+    keys, tensors, slices = [], [], []
+    for path, value in zip(paths, values):
+        variable = origin.get(path) if origin is not None else None
+        if variable is not None and _compat.is_sharded(variable):
+            for spec, part in _compat.shard_slices(variable, value):
+                keys.append(_paths.checkpoint_key(path))
+                tensors.append(part)
+                slices.append(spec)
+        else:
+            keys.append(_paths.checkpoint_key(path))
+            tensors.append(value)
+            slices.append("")
+    return keys, tensors, slices
 
 
 class SaveHandle:

@@ -340,7 +340,12 @@ def _placement(variable) -> str:
 
 
 def _placement_problem(current, past) -> str | None:
-    """Why current and past cannot be paired replica by replica, or None."""
+    """Why current and past cannot be paired replica by replica (shard by shard), or None."""
+    if _compat.is_sharded(current) or _compat.is_sharded(past):
+        layouts = [_compat.shard_layout(v).describe() if _compat.is_sharded(v)
+                   else "unsharded" for v in (current, past)]
+        return None if layouts[0] == layouts[1] else \
+            f"{layouts[0]} in current but {layouts[1]} in past"
     a, b = _compat.replica_parts(current), _compat.replica_parts(past)
     if a is None and b is None:
         return None
@@ -353,6 +358,9 @@ def _placement_problem(current, past) -> str | None:
 
 def _replica_pairs(current, past):
     for c, p in zip(current, past):
+        if _compat.is_sharded(c):  # shard by shard, each pair on its own device
+            yield _compat.shards(c), _compat.shards(p)
+            continue
         a, b = _compat.replica_parts(c), _compat.replica_parts(p)
         yield None if a is None else (a, b)
 

@@ -23,6 +23,7 @@ from objckpt import _compat, errors
 from objckpt._base import render as _render
 from objckpt._bundle import undolog as _undolog
 from objckpt._planning import match as _match
+from objckpt._planning import sharded as _sharded
 
 __all__ = ["Batch", "Streamed", "converted", "fetch_entries", "fetch_values", "streamed",
            "streamed_pairs"]
@@ -107,6 +108,8 @@ def streamed(src, the_plan: _match.Plan, variables):
             or not tf.executing_eagerly() or not the_plan.matches):
         return None
     targets = [variables[m.target] for m in the_plan.matches]
+    if any(_compat.is_sharded(v) for v in targets):
+        return _sliced(src, the_plan, targets)
     if any(m.transform is not None or m.cast for m in the_plan.matches) or any(
             _compat.replica_parts(v) is not None or not v.shape.is_fully_defined()
             or _compat.is_distributed_variable(type(v)) for v in targets):
@@ -122,6 +125,21 @@ def streamed(src, the_plan: _match.Plan, variables):
     return Streamed(_fastio.Loader(
         src.prefix, [(key, v, label_of[key]) for key, v in zip(keys, targets)], recorder,
         lambda key: f"for {label_of.get(key, key)}"), recorder, checked=True)
+
+
+def _sliced(src, the_plan: _match.Plan, targets):
+    """The loader of a plan with sharded variables from a local TF checkpoint: every shard
+    read as its slice of the stored tensor and assigned before the next is read
+    (`_sharded.SlicedLoader`), or None (then fetched whole) where a rule's transform or a
+    dtype cast needs the whole value."""
+    if any(m.transform is not None or m.cast for m in the_plan.matches) or any(
+            _compat.replica_parts(v) is not None for v in targets):
+        return None
+    sources = [m.source for m in the_plan.matches]
+    job_list = _sharded.jobs(src.bundle_keys(sources), [src.specs[k][1] for k in sources],
+                             targets, [the_plan.label(m.target) for m in the_plan.matches])
+    recorder = _Recorder([(job.variable, job.label) for job in job_list])
+    return Streamed(_sharded.SlicedLoader(src.prefix, job_list, recorder), recorder)
 
 
 def _streamed_by_tensor(src, the_plan: _match.Plan, variables):

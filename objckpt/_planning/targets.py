@@ -94,7 +94,10 @@ class Targets:
         shown = self.shown(path)
         name = self.names.get(path, "")
         if name == shown or is_default_name(name) or len(self.by_name.get(name, ())) > 1:
-            return shown, ""  # nothing to add, or a name several variables share
+            name = ""  # nothing to add, or a name several variables share
+        variable = self.paths.get(path)
+        if variable is not None and _compat.is_sharded(variable):  # its layout beside it
+            name = "; ".join(n for n in (name, _compat.shard_layout(variable).describe()) if n)
         return shown, name
 
     def label(self, path: str, owners: dict | None = None) -> str:

@@ -4,7 +4,7 @@ conftest.py) and one; every flavour (Keras 3, tf_keras, Keras 2, tf.Module).
 The copy's variables are re-created under the original's strategy, mirrored like the original
 (type, synchronization, aggregation, devices), each replica with its own original replica's
 value; the clone trains under the strategy like the original and is independent of it.
-Variables clone cannot re-create (ShardedVariable) are refused with DistributedVariableError.
+A ShardedVariable is cloned shard by shard: tests/distributed/test_sharded.py.
 """
 
 from __future__ import annotations
@@ -12,10 +12,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
-from tensorflow.python.distribute.sharded_variable import ShardedVariable
 
 import objckpt
-from objckpt.errors import CloneError, DistributedVariableError
+from objckpt.errors import CloneError
 
 from flavours import KERAS_FLAVOURS, keras_for, mirrored, session_flavour
 
@@ -362,27 +361,3 @@ def test_clone_inside_another_strategys_scope_is_refused(module_net):
     with other.scope(), pytest.raises(CloneError, match="scope of another strategy") as caught:
         objckpt.clone(net)
     assert "OneDeviceStrategy" in str(caught.value)
-
-
-# ------------------------------------------------------------------ refusals
-class Holder(tf.Module):
-    def __init__(self):
-        super().__init__(name="holder")
-        self.dense = tf.Variable(tf.ones((2, 2)))
-        self.inner = tf.Module()
-        self.inner.table = ShardedVariable(
-            [tf.Variable(tf.zeros((2, 3))), tf.Variable(tf.ones((3, 3)))], name="table")
-
-
-def test_sharded_variable_is_refused_with_its_path():
-    holder = Holder()
-    with pytest.raises(DistributedVariableError) as caught:
-        objckpt.clone(holder)
-    err = caught.value
-    message = str(err)
-    assert isinstance(err, TypeError)
-    assert err.variable_type == "ShardedVariable"
-    assert err.path.endswith(".inner.table"), err.path
-    assert "`" + err.path + "`" in message
-    assert "ShardedVariable" in message and "shards" in message
-    assert "Fix:" in message and "variable_partitioner" in message

@@ -1,7 +1,7 @@
 """State operations under tf.distribute: tree, snapshot, restore, save, restore_on_create,
 plan and migrate on models built under a two-replica MirroredStrategy (`flavours.mirrored()`),
 across strategies and replica counts, SyncOnRead variables against tf.train.Checkpoint,
-ShardedVariable refusals, and who writes under MultiWorkerMirroredStrategy.
+a checkpoint TF wrote from a ShardedVariable, and who writes under MultiWorkerMirroredStrategy.
 
 TF's checkpoint conventions are the reference: a checkpoint holds one value per variable (a
 MirroredVariable's primary, a SyncOnRead variable's aggregate); a restore writes it to every
@@ -644,7 +644,8 @@ def test_sync_on_read_round_trip_agrees_with_tf_checkpoint(strategy, tmp_path):
     assert all(float(x) == parts["first"][0] for x in with_tf["model/first"])
 
 
-# --- ShardedVariable: refused by name in every operation ------------------------------
+# --- ShardedVariable: a checkpoint TF wrote from one ----------------------------------
+# (sharded variables in live objs: tests/distributed/test_sharded.py)
 
 
 def sharded_module():
@@ -662,53 +663,6 @@ def plain_module():
     module.table = tf.Variable(tf.zeros((5, 3)))
     module.bias = tf.Variable(tf.zeros((3,)))
     return module
-
-
-def _refused(match="`table` is a ShardedVariable"):
-    return pytest.raises(errors.DistributedVariableError, match=match)
-
-
-@pytest.mark.parametrize("operation", ["tree", "snapshot", "save", "restore", "restore_into",
-                                       "plan", "migrate", "restore_on_create"])
-def test_sharded_variable_is_refused_by_name(operation, tmp_path):
-    module = sharded_module()
-    plain = plain_module()
-    prefix = objckpt.save(plain, str(tmp_path / "plain"))
-    calls = {
-        "tree": lambda: objckpt.tree(module),
-        "snapshot": lambda: objckpt.snapshot(module),
-        "save": lambda: objckpt.save(module, str(tmp_path / "ck")),
-        "restore": lambda: objckpt.restore(module, prefix),
-        "restore_into": lambda: objckpt.restore(module, objckpt.snapshot(plain)),
-        "plan": lambda: objckpt.plan(module, prefix),
-        "migrate": lambda: objckpt.migrate(module, prefix, str(tmp_path / "mig")),
-        "restore_on_create": lambda: objckpt.restore_on_create(module, prefix),
-    }
-    with _refused() as caught:
-        calls[operation]()
-    err = caught.value
-    assert isinstance(err, TypeError) and isinstance(err, errors.ObjckptError)
-    assert err.path == "table" and err.variable_type == "ShardedVariable"
-    assert "Fix:" in str(err) and "variable_partitioner" in str(err)
-    assert not os.path.exists(str(tmp_path / "ck.index"))
-    assert not os.path.exists(str(tmp_path / "mig.index"))
-
-
-def test_sharded_variable_created_later_is_refused_by_restore_on_create(tmp_path):
-    from tensorflow.python.distribute import sharded_variable
-
-    plain = plain_module()
-    plain.table.assign(tf.ones((5, 3)))
-    prefix = objckpt.save(plain, str(tmp_path / "plain"))
-    module = tf.Module()
-    pending = objckpt.restore_on_create(module, prefix)
-    module.bias = tf.Variable(tf.zeros((3,)))
-    assert pending.pending == ("table",)
-    with _refused():
-        module.table = sharded_variable.ShardedVariable(
-            [tf.Variable(tf.zeros((2, 3))), tf.Variable(tf.zeros((3, 3)))])
-    with pytest.raises(errors.StructureMismatchError, match="table"):
-        pending.assert_done()
 
 
 def test_checkpoint_tf_wrote_from_a_sharded_variable_reads_as_one_tensor(tmp_path):

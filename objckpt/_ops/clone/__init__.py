@@ -33,9 +33,11 @@ deep functional graphs are fine). Per kind of object (each a copier in the table
   original replica's value. The first one met creates every distributed
   variable of the obj's tree first, in TF's object-graph order, so every worker
   of a multi-worker strategy creates the same variables in the same order.
-  The strategy itself is shared. Variables TF shards or places otherwise
-  (`ShardedVariable`, parameter-server, TPU and packed variables, variables with
-  a variable policy) are refused with `DistributedVariableError`.
+  The strategy itself is shared. A `ShardedVariable` is re-created shard by shard
+  (each shard, and each of ParameterServerStrategy's `CachingVariable`s, a plain
+  variable on its original's device). Variables TF places otherwise (TPU and
+  packed variables, variables with a variable policy) are refused with
+  `DistributedVariableError`.
 * immutable values (numbers, strings, EagerTensors, dtypes, shapes, type
   specs, enums), modules, classes, plain functions, graphs, distribution
   strategies, loggers: shared.

@@ -52,8 +52,7 @@ def clone(obj, *, copy_values: bool = True):
         called inside `strategy.run` or another strategy's scope; the message
         names its attribute path.
       DistributedVariableError (a TypeError): a tf.distribute variable clone
-        cannot re-create faithfully (`ShardedVariable` from a variable
-        partitioner, parameter-server, TPU or packed variables); the message
+        cannot re-create faithfully (TPU or packed variables); the message
         names its attribute path and type.
     """
     result = clone_with_values(obj, copy_values=copy_values)[0]

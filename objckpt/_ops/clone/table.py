@@ -110,6 +110,8 @@ class CopierTable:
 # The table `clone` uses; its fallback: a C-implemented object of unknown semantics (a
 # CloneError naming its path).
 COPIERS = CopierTable([
+    (_compat.is_sharded_type, _tf.copy_sharded),
+    (_compat.is_caching_type, _tf.copy_caching),
     (_compat.is_distributed_variable, _tf.copy_distributed),
     (subclass_of(_T.BaseResourceVariable), _tf.copy_variable),
     (subclass_of(*_UNCOPYABLE), _py.copy_uncopyable),

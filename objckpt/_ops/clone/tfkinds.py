@@ -14,7 +14,9 @@ from objckpt import _compat
 from objckpt._ops.clone.walker import path_str
 from objckpt.errors import DistributedVariableError, ObjckptError
 
-__all__ = ["concrete_function", "copy_distributed", "copy_variable", "create_distributed",
+__all__ = ["concrete_function", "copy_caching", "copy_distributed", "copy_sharded",
+           "copy_variable",
+           "create_distributed",
            "create_tree_distributed", "eager_tensor", "fill_variable", "tf_function"]
 
 _UninitializedVariable = _compat.clone_types().UninitializedVariable
@@ -110,6 +112,22 @@ def create_distributed(walker, v, path):
         walker.queue.append((fill_variable, (walker, original, copy, (path, "replica", i))))
     walker.queue.append((fill_variable, (walker, v, new, path)))
     return new
+
+
+def copy_sharded(walker, v, path):
+    """A sharded variable re-created shard by shard (`copy_variable`: each on its original's
+    device, valued or zeros, outside any strategy's variable creator): the same layout."""
+    parts = [copy_variable(walker, part, (path, "shard", i))
+             for i, part in enumerate(_compat.shards(v))]
+    new = walker.remember(v, _compat.new_sharded(v, parts))
+    walker.uids[_compat.unique_id(v)] = _compat.unique_id(new)
+    return new
+
+
+def copy_caching(walker, v, path):
+    """ParameterServerStrategy's `CachingVariable` (a variable on a parameter server whose
+    reads workers may cache): a plain variable on the same device (`copy_variable`)."""
+    return copy_variable(walker, v, path)
 
 
 def concrete_function(walker, x, path):

@@ -77,6 +77,11 @@ def _examples() -> dict[str, list]:
     strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
     with strategy.scope():
         examples["copy_distributed"] = [tf.Variable(1.0)]
+    from tensorflow.python.distribute import ps_values, sharded_variable  # no public makers
+
+    examples["copy_sharded"] = [sharded_variable.ShardedVariable(
+        [tf.Variable([[1.0]]), tf.Variable([[2.0]])])]
+    examples["copy_caching"] = [ps_values.CachingVariable(tf.Variable(1.0))]
     wrapt = pytest.importorskip("wrapt")
     examples["copy_proxy"] = [wrapt.ObjectProxy([1])]
     return examples

@@ -1,0 +1,128 @@
+"""Sharded variables (`ShardedVariable`, ParameterServerStrategy with a `variable_partitioner`)
+as one logical variable: their shards and layout, the logical value read, and the slices
+`tf.train.Checkpoint` saves them as (`ShardedVariable.assign` gives each shard its rows).
+
+A `ShardedVariable` of shape (rows, ...) is a list of variables (its shards, usually one on each
+parameter server) that split the rows: shard i holds rows [offset_i, offset_i + rows_i). TF saves
+it as one tensor of the full shape, written as one slice per shard (`Variable.SaveSliceInfo`),
+so a checkpoint does not depend on the number of shards: a value restores into any layout.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import tensorflow as tf
+
+__all__ = [
+    "Layout",
+    "is_caching_type",
+    "is_sharded",
+    "is_sharded_type",
+    "new_sharded",
+    "read_sharded",
+    "shard_layout",
+    "shard_slices",
+    "shards",
+]
+
+_SHARDED = None
+
+
+def _mixin():
+    global _SHARDED
+    if _SHARDED is None:
+        from tensorflow.python.distribute import sharded_variable
+
+        _SHARDED = sharded_variable.ShardedVariableMixin
+    return _SHARDED
+
+
+def is_sharded(value) -> bool:
+    """True for a `ShardedVariable` (or another `ShardedVariableMixin`)."""
+    return isinstance(value, _mixin())
+
+
+def is_sharded_type(cls) -> bool:
+    """True for the class of a sharded variable."""
+    return issubclass(cls, _mixin())
+
+
+def is_caching_type(cls) -> bool:
+    """True for ParameterServerStrategy's `CachingVariable`: a variable on a parameter server
+    (a shard, or a variable left whole) whose reads workers may cache; a plain resource
+    variable on the same device holds its state."""
+    return any(k.__name__ == "CachingVariable" and k.__module__.endswith("ps_values")
+               for k in cls.__mro__)
+
+
+def new_sharded(like, parts):
+    """A `ShardedVariable` of the variables `parts` (shards of like's layout), named like
+    `like`."""
+    from tensorflow.python.distribute import sharded_variable
+
+    return sharded_variable.ShardedVariable(list(parts), name=like.name)
+
+
+def shards(variable) -> tuple:
+    """The shard variables of a sharded variable, in row order."""
+    return tuple(variable.variables)
+
+
+class Layout(NamedTuple):
+    """How a sharded variable splits its rows.
+
+    Attributes:
+      shape: the logical (full) shape.
+      rows: the first-axis length of each shard, in order.
+      devices: the device of each shard ("" when unknown).
+    """
+
+    shape: tuple
+    rows: tuple
+    devices: tuple
+
+    @property
+    def offsets(self) -> tuple:
+        out, start = [], 0
+        for count in self.rows:
+            out.append(start)
+            start += count
+        return tuple(out)
+
+    def describe(self) -> str:
+        """e.g. "2 shards of rows [0:6) [6:10)"."""
+        spans = " ".join(f"[{o}:{o + r})" for o, r in zip(self.offsets, self.rows))
+        return f"{len(self.rows)} shard{'s' if len(self.rows) != 1 else ''} of rows {spans}"
+
+
+def shard_layout(variable) -> Layout:
+    """The `Layout` of a sharded variable."""
+    parts = shards(variable)
+    return Layout(tuple(int(d) for d in variable.shape),
+                  tuple(int(p.shape[0]) for p in parts),
+                  tuple(getattr(p, "device", "") or "" for p in parts))
+
+
+def shard_slices(variable, value=None) -> list[tuple[str, object]]:
+    """`(slice spec, tensor)` for each shard, as `tf.train.Checkpoint` saves a sharded
+    variable: the spec is `Variable.SaveSliceInfo(...).spec` (e.g. "10 4 6,4:0,4"), the
+    tensor the shard's value read on its device, or its rows of `value` (a logical value
+    read before, e.g. a Snapshot's) when given."""
+    full = [int(d) for d in variable.shape]
+    out = []
+    for offset, part in zip(shard_layout(variable).offsets, shards(variable)):
+        info = tf.Variable.SaveSliceInfo(
+            full_name=variable.name, full_shape=full,
+            var_offset=[offset] + [0] * (len(full) - 1),
+            var_shape=[int(d) for d in part.shape])
+        rows = int(part.shape[0])
+        out.append((info.spec, part.value() if value is None else value[offset:offset + rows]))
+    return out
+
+
+def read_sharded(variable):
+    """The logical value: every shard read (on its own device) and joined along rows."""
+    values = [part.value() if hasattr(part, "value") else tf.convert_to_tensor(part)
+              for part in shards(variable)]
+    return values[0] if len(values) == 1 else tf.concat(values, axis=0)
