@@ -14,10 +14,18 @@ where `hidden_size_per_layer_input` is set, the per-layer inputs: `embed_tokens_
 Layers differ by `layer_types`: a full-attention layer's heads are `global_head_dim` wide
 (transformers' default 512), and where `attention_k_eq_v` is set it has no `v_proj` (the
 keys are the values) and `num_global_key_value_heads` key heads; transformers 5 writes both
-sizes per layer instead, in `per_layer_config` (`global_sizes` reads either form). The rules are written per
-layer for that reason. Not covered (InvalidArgumentError naming the key): the mixture of
-experts (`enable_moe_block`) and layers that reuse another layer's keys and values
-(`num_kv_shared_layers`).
+sizes per layer instead, in `per_layer_config` (`global_sizes` reads either form). The last
+`num_kv_shared_layers` layers reuse an earlier layer's keys and values: no k/v projections
+or key norm of their own, on either side. The rules are written per layer for these reasons.
+
+With `enable_moe_block` each layer adds a mixture of experts beside its dense block: the
+router (`router.scale` as it is, `router.proj` transposed, `router.per_expert_scale`),
+three more norms (`post_feedforward_layernorm_1` <-> `post_ffw_norm_dense`,
+`pre_feedforward_layernorm_2` <-> `pre_ffw_norm_moe`, `post_feedforward_layernorm_2` <->
+`post_ffw_norm_moe_path`) and the expert banks: `experts.gate_up_proj` (experts, 2 *
+inner, hidden) cut in two along its second axis, each half transposed to keras-hub's
+`gate_proj` and `up_proj` (experts, hidden, inner) (export joins them back), and
+`experts.down_proj` (experts, hidden, inner) <-> (experts, inner, hidden).
 
 Hub classes (`CLASSES`): `Gemma4TextModel` saves the decoder bare, `Gemma4ForCausalLM` under
 `model.`; `lm_head.weight` (tied) has no keras-hub variable and is set aside;
@@ -26,7 +34,7 @@ Hub classes (`CLASSES`): `Gemma4TextModel` saves the decoder bare, `Gemma4ForCau
 
 from __future__ import annotations
 
-from objckpt.rules.core import Chain, Reshape, Rule, RuleSet, Transpose
+from objckpt.rules.core import Chain, Reshape, Rule, RuleSet, Split, Transpose
 from objckpt.rules.hf_llama import config_size, head_rules, prefixed
 
 __all__ = ["MODEL_TYPES", "global_sizes", "rules"]
@@ -73,12 +81,14 @@ def rules(config: dict) -> RuleSet:
     head_dim = config_size(config, "head_dim", _MODEL)
     layers = config_size(config, "num_hidden_layers", _MODEL)
     k_eq_v = bool(config.get("attention_k_eq_v", False))
-    if config.get("enable_moe_block"):
-        _refuse("enable_moe_block", config["enable_moe_block"],
-                "covers the dense feed-forward block only, not the mixture of experts")
-    if config.get("num_kv_shared_layers"):
-        _refuse("num_kv_shared_layers", config["num_kv_shared_layers"],
-                "covers layers with their own keys and values only (0 shared layers)")
+    moe = bool(config.get("enable_moe_block", False))
+    if moe:
+        config_size(config, "num_experts", _MODEL)
+        config_size(config, "moe_intermediate_size", _MODEL)
+    shared = config.get("num_kv_shared_layers") or 0
+    if type(shared) is not int or not 0 <= shared < layers:
+        _refuse("num_kv_shared_layers", shared,
+                f"needs a number of shared layers from 0 to {layers - 1} (num_hidden_layers - 1)")
     per_layer = config.get("hidden_size_per_layer_input") or 0
     if per_layer:
         per_layer = config_size(config, "hidden_size_per_layer_input", _MODEL)
@@ -95,8 +105,12 @@ def rules(config: dict) -> RuleSet:
     for i, kind in enumerate(_layer_types(config, layers)):
         full = kind == "full_attention"
         layer_dim, layer_kv = global_sizes(config, i) if full else (head_dim, kv_heads)
-        out += _layer_rules(i, hidden, heads, layer_kv, layer_dim,
-                            values=not (full and k_eq_v), per_layer=bool(per_layer))
+        own_kv = i < layers - shared
+        out += _layer_rules(i, hidden, heads, layer_kv, layer_dim, keys=own_kv,
+                            values=own_kv and not (full and k_eq_v),
+                            per_layer=bool(per_layer))
+        if moe:
+            out += _expert_rules(i)
     return RuleSet(prefixed(out, ["model.", ""]) + head_rules(CLASSES, lm_head=False),
                    alternatives=True, name="huggingface('gemma4_text')", classes=TASKS)
 
@@ -123,8 +137,28 @@ def global_sizes(config: dict, i: int) -> tuple:
     return head_dim, kv_heads
 
 
+def _expert_rules(i: int) -> list:
+    """Layer `i`'s mixture of experts: the router, its norms, the expert banks."""
+    source, layer = f"model.layers.{i}", f"decoder_block_{i}"
+    bank = f"{layer}/moe_expert_bank"
+    return [
+        Rule(f"{source}.post_feedforward_layernorm_1.weight", f"{layer}/post_ffw_norm_dense/scale"),
+        Rule(f"{source}.pre_feedforward_layernorm_2.weight", f"{layer}/pre_ffw_norm_moe/scale"),
+        Rule(f"{source}.post_feedforward_layernorm_2.weight",
+             f"{layer}/post_ffw_norm_moe_path/scale"),
+        Rule(f"{source}.router.scale", f"{layer}/moe_router/per_dim_scale"),
+        Rule(f"{source}.router.proj.weight", f"{layer}/moe_router/proj/kernel", Transpose()),
+        Rule(f"{source}.router.per_expert_scale", f"{bank}/per_expert_scale"),
+        Rule(f"{source}.experts.gate_up_proj", f"{bank}/gate_proj",
+             Chain(Split(axis=1, parts=2, index=0), Transpose((0, 2, 1)))),
+        Rule(f"{source}.experts.gate_up_proj", f"{bank}/up_proj",
+             Chain(Split(axis=1, parts=2, index=1), Transpose((0, 2, 1)))),
+        Rule(f"{source}.experts.down_proj", f"{bank}/down_proj", Transpose((0, 2, 1))),
+    ]
+
+
 def _layer_rules(i: int, hidden: int, heads: int, kv_heads: int, head_dim: int, *,
-                 values: bool, per_layer: bool) -> list:
+                 keys: bool, values: bool, per_layer: bool) -> list:
     """Layer `i`'s rules, its entries named `model.layers.{i}.`."""
     source, layer = f"model.layers.{i}", f"decoder_block_{i}"
 
@@ -140,9 +174,7 @@ def _layer_rules(i: int, hidden: int, heads: int, kv_heads: int, head_dim: int, 
         Rule(f"{source}.pre_feedforward_layernorm.weight", f"{layer}/pre_ffw_norm/scale"),
         Rule(f"{source}.post_feedforward_layernorm.weight", f"{layer}/post_ffw_norm/scale"),
         Rule(f"{attention}.q_proj.weight", f"{target}/query/kernel", into_heads(heads)),
-        Rule(f"{attention}.k_proj.weight", f"{target}/key/kernel", into_heads(kv_heads)),
         Rule(f"{attention}.q_norm.weight", f"{target}/query_norm/scale"),
-        Rule(f"{attention}.k_norm.weight", f"{target}/key_norm/scale"),
         Rule(f"{attention}.o_proj.weight", f"{target}/attention_output/kernel",
              Chain(Reshape((hidden, heads * head_dim), (hidden, heads, head_dim)),
                    Transpose((1, 2, 0)))),
@@ -150,6 +182,9 @@ def _layer_rules(i: int, hidden: int, heads: int, kv_heads: int, head_dim: int, 
         Rule(f"{source}.mlp.up_proj.weight", f"{layer}/ffw_gating_2/kernel", Transpose()),
         Rule(f"{source}.mlp.down_proj.weight", f"{layer}/ffw_linear/kernel", Transpose()),
     ]
+    if keys:
+        out += [Rule(f"{attention}.k_proj.weight", f"{target}/key/kernel", into_heads(kv_heads)),
+                Rule(f"{attention}.k_norm.weight", f"{target}/key_norm/scale")]
     if values:
         out.append(Rule(f"{attention}.v_proj.weight", f"{target}/value/kernel",
                         into_heads(kv_heads)))

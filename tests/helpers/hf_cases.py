@@ -262,6 +262,10 @@ CASES = (
     Case("gemma4", "Gemma4ForCausalLM", "Gemma4CausalLM", bfloat16_tolerance=0.25),
     Case("gemma4_keqv", "Gemma4TextModel", None),
     Case("gemma4_keqv", "Gemma4ForCausalLM", "Gemma4CausalLM"),
+    # bfloat16 arithmetic routes one token of 12 to other experts (the same bfloat16 weights
+    # in a float32 model: within 7e-6 of transformers): that token's row up to 0.73 off
+    Case("gemma4_moe", "Gemma4TextModel", None, bfloat16_tolerance=0.8),
+    Case("gemma4_moe", "Gemma4ForCausalLM", "Gemma4CausalLM", bfloat16_tolerance=0.8),
     # keras-hub keeps each layer's RoPE frequencies as a variable; no folder has them
     Case("smollm3", "SmolLM3Model", None, computed=_ROPE),
     Case("smollm3", "SmolLM3ForCausalLM", "SmolLM3CausalLM", computed=_ROPE),

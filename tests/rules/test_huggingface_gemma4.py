@@ -40,7 +40,12 @@ GEMMA4 = {"architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4_text",
           "torch_dtype": "float32"}
 KEQV = {**GEMMA4, "hidden_size_per_layer_input": 0, "attention_k_eq_v": True,
         "num_global_key_value_heads": 2}
-CONFIGS = {"gemma4": GEMMA4, "gemma4_keqv": KEQV}
+# four layers, the last two reusing the first two's keys and values; experts beside each
+MOE = {**GEMMA4, "num_hidden_layers": 4,
+       "layer_types": ["sliding_attention", "full_attention"] * 2, "num_kv_shared_layers": 2,
+       "enable_moe_block": True, "num_experts": 4, "top_k_experts": 2,
+       "moe_intermediate_size": 8}
+CONFIGS = {"gemma4": GEMMA4, "gemma4_keqv": KEQV, "gemma4_moe": MOE}
 
 
 def _folder(path, config: dict) -> str:
@@ -58,6 +63,7 @@ def _published(config: dict) -> dict:
     out = {k: v for k, v in config.items() if k != "per_layer_config"}
     full = config["per_layer_config"][str(config["layer_types"].index("full_attention"))]
     out["global_head_dim"] = full["head_dim"]
+    out["num_key_value_heads"] = config["num_key_value_heads"]
     if config.get("attention_k_eq_v"):
         out["num_global_key_value_heads"] = full["num_key_value_heads"]
     return out
@@ -115,21 +121,48 @@ def test_transformers_5s_per_layer_config_gives_the_same_set():
         sizes = {"head_dim": 16}
         if config.get("attention_k_eq_v"):
             sizes["num_key_value_heads"] = 2
-        written["per_layer_config"] = {"2": sizes}
+        written["per_layer_config"] = {str(i): sizes for i, kind in
+                                       enumerate(config["layer_types"]) if kind == "full_attention"}
         assert list(huggingface("gemma4_text", config=written)) == list(
             huggingface("gemma4_text", config=config))
 
 
-@pytest.mark.parametrize("missing", ["head_dim", "hidden_size", "num_hidden_layers"])
-def test_a_config_without_sizes_is_refused(missing):
-    config = {k: v for k, v in GEMMA4.items() if k != missing}
+def test_shared_layers_have_no_keys_and_experts_are_cut_from_one_bank():
+    rules = _by_source(huggingface("gemma4_text", config=MOE))
+    for i in (2, 3):  # the shared layers: no k/v projections, no key norm
+        for name in ("k_proj.weight", "v_proj.weight", "k_norm.weight"):
+            assert f"model.layers.{i}.self_attn.{name}" not in rules
+        assert f"model.layers.{i}.self_attn.q_norm.weight" in rules
+    assert rules["model.layers.1.self_attn.v_proj.weight"].transform == Chain(
+        Reshape((16, 16), (1, 16, 16)), Transpose((0, 2, 1)))
+    assert rules["model.layers.3.router.proj.weight"].target == (
+        "decoder_block_3/moe_router/proj/kernel")
+    assert rules["model.layers.0.pre_feedforward_layernorm_2.weight"].target == (
+        "decoder_block_0/pre_ffw_norm_moe/scale")
+    gate_up = [r for r in huggingface("gemma4_text", config=MOE)
+               if r.source == "model.layers.1.experts.gate_up_proj"]
+    assert [r.target for r in gate_up] == ["decoder_block_1/moe_expert_bank/gate_proj",
+                                           "decoder_block_1/moe_expert_bank/up_proj"]
+    torch_bank = np.arange(4 * 16 * 16, dtype=np.float32).reshape(4, 16, 16)  # (E, 2I, H)
+    gate, up = (r.transform(torch_bank) for r in gate_up)
+    assert gate.shape == up.shape == (4, 16, 8)  # (E, H, I)
+    assert gate[3, 5, 2] == torch_bank[3, 2, 5] and up[3, 5, 2] == torch_bank[3, 8 + 2, 5]
+    down = rules["model.layers.1.experts.down_proj"].transform(torch_bank[:, :, :8])
+    assert down.shape == (4, 8, 16) and down[1, 7, 3] == torch_bank[1, 3, 7]
+
+
+@pytest.mark.parametrize("config,missing", [
+    (GEMMA4, "head_dim"), (GEMMA4, "hidden_size"), (GEMMA4, "num_hidden_layers"),
+    (MOE, "num_experts"), (MOE, "moe_intermediate_size")])
+def test_a_config_without_sizes_is_refused(config, missing):
+    config = {k: v for k, v in config.items() if k != missing}
     with pytest.raises(errors.InvalidArgumentError, match=f"`{missing}`.*received None.*Fix:"):
         huggingface("gemma4_text", config=config)
 
 
 @pytest.mark.parametrize("key,value,why", [
-    ("enable_moe_block", True, "not the mixture of experts"),
-    ("num_kv_shared_layers", 1, "their own keys and values"),
+    ("num_kv_shared_layers", 3, "from 0 to 2"),
+    ("num_kv_shared_layers", "2", "from 0 to 2"),
     ("layer_types", ["full_attention"], "needs 3 layer types"),
     ("per_layer_config", {"2": 16}, "layer 2's sizes as a dict")])
 def test_what_the_set_does_not_cover_is_refused(key, value, why):
@@ -153,7 +186,9 @@ def _backbone(config: dict):
 @pytest.mark.parametrize("folder", ["gemma4-Gemma4ForCausalLM-float32",
                                     "gemma4-Gemma4TextModel-bfloat16",
                                     "gemma4_keqv-Gemma4ForCausalLM-bfloat16",
-                                    "gemma4_keqv-Gemma4TextModel-float32"])
+                                    "gemma4_keqv-Gemma4TextModel-float32",
+                                    "gemma4_moe-Gemma4ForCausalLM-float32",
+                                    "gemma4_moe-Gemma4TextModel-bfloat16"])
 def test_restore_is_bit_equal_to_keras_hubs_importer(tmp_path, folder):
     """transformers' folder restored by objckpt (one call, no rules) == keras-hub's
     `from_preset(folder)`, every variable (its config in the published form, which
@@ -192,7 +227,9 @@ def test_export_is_what_keras_hubs_importer_reads(tmp_path, name, task):
     objckpt.export(model, folder, rules=huggingface(folder))
     with safe_open(os.path.join(folder, "model.safetensors"), "np") as f:
         names = sorted(f.keys())
-    assert len(names) == len(backbone.weights)
+    # one entry a variable, but each layer's gate and up banks joined into `gate_up_proj`
+    joined = config["num_hidden_layers"] if config.get("enable_moe_block") else 0
+    assert len(names) == len(backbone.weights) - joined
     assert ("model.layers.2.self_attn.v_proj.weight" in names) == (name == "gemma4")
     loaded = keras_hub.models.Backbone.from_preset(folder)
     assert type(loaded) is type(backbone)
