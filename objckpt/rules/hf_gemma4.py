@@ -60,16 +60,17 @@ def _refuse(key: str, value, why: str):
 
 
 def _layer_types(config: dict, layers: int) -> list:
+    """Each layer's type as transformers builds it: `layer_types` (by default every sixth
+    layer full attention), the last layer full attention whatever the config says."""
     types = config.get("layer_types")
-    if types is None:  # transformers' default: every sixth layer full, the last one too
+    if types is None:
         types = ["sliding_attention" if (i + 1) % 6 else "full_attention"
                  for i in range(layers)]
-        types[-1] = "full_attention"
     if (not isinstance(types, (list, tuple)) or len(types) != layers
             or any(t not in _LAYER_TYPES for t in types)):
         _refuse("layer_types", types, f"needs {layers} layer types (num_hidden_layers), each "
                 f"one of {list(_LAYER_TYPES)}")
-    return list(types)
+    return [*types[:-1], "full_attention"]
 
 
 def rules(config: dict) -> RuleSet:

@@ -151,6 +151,22 @@ def test_shared_layers_have_no_keys_and_experts_are_cut_from_one_bank():
     assert down.shape == (4, 8, 16) and down[1, 7, 3] == torch_bank[1, 3, 7]
 
 
+def test_the_last_layer_is_full_attention_as_transformers_makes_it():
+    """transformers turns a last sliding layer into a full one (heads global_head_dim wide),
+    and makes every sixth layer full where the config lists no types."""
+    config = {**GEMMA4, "layer_types": ["sliding_attention"] * 3}
+    assert list(huggingface("gemma4_text", config=config)) == list(
+        huggingface("gemma4_text", config=GEMMA4))
+    config = {k: v for k, v in GEMMA4.items() if k != "layer_types"}
+    assert list(huggingface("gemma4_text", config=config)) == list(
+        huggingface("gemma4_text", config=GEMMA4))
+    rules = _by_source(huggingface("gemma4_text", config={**config, "num_hidden_layers": 7}))
+    q_heads = [rules[f"model.layers.{i}.self_attn.q_proj.weight"].transform for i in range(7)]
+    wide = Chain(Reshape((64, 16), (4, 16, 16)), Transpose((0, 2, 1)))
+    narrow = Chain(Reshape((32, 16), (4, 8, 16)), Transpose((0, 2, 1)))
+    assert q_heads == [narrow] * 5 + [wide] * 2
+
+
 @pytest.mark.parametrize("config,missing", [
     (GEMMA4, "head_dim"), (GEMMA4, "hidden_size"), (GEMMA4, "num_hidden_layers"),
     (MOE, "num_experts"), (MOE, "moe_intermediate_size")])
