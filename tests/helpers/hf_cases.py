@@ -44,7 +44,8 @@ CONVERTERS = {"llama": "convert_llama3", "mistral": "convert_mistral", "gemma": 
               "gemma3": "convert_gemma3", "paligemma": "convert_pali_gemma",
               "esm": "convert_esm", "qwen3_5_text": "convert_qwen3_5",
               "qwen3_5_moe_text": "convert_qwen3_5_moe", "qwen3_5": "convert_qwen3_5",
-              "qwen3_5_moe": "convert_qwen3_5_moe", "metaclip_2": "convert_metaclip_2"}
+              "qwen3_5_moe": "convert_qwen3_5_moe", "metaclip_2": "convert_metaclip_2",
+              "gemma4_text": "convert_gemma4"}
 # text-image contrastive models (CLIP's kind): fed text and an image, compared on the
 # logits of each against the other, the projected embeddings and each tower's last hidden state
 CONTRASTIVE = ("metaclip_2",)
@@ -258,6 +259,16 @@ CASES = (
     # last hidden state up to 0.21 from transformers' float32 run of the same weights
     Case("gemma3", "Gemma3ForCausalLM", "Gemma3CausalLM", bfloat16_tolerance=0.25),
     Case("gemma3", "Gemma3TextForSequenceClassification", None, head=("score.weight",)),
+    Case("gemma4", "Gemma4TextModel", None),
+    # bfloat16 arithmetic as Gemma 3's: 1 of 192 elements of the last hidden state 0.14 from
+    # transformers' float32 run of the same weights
+    Case("gemma4", "Gemma4ForCausalLM", "Gemma4CausalLM", bfloat16_tolerance=0.25),
+    Case("gemma4_keqv", "Gemma4TextModel", None),
+    Case("gemma4_keqv", "Gemma4ForCausalLM", "Gemma4CausalLM"),
+    # bfloat16 arithmetic routes one token of 12 to other experts (the same bfloat16 weights
+    # in a float32 model: within 7e-6 of transformers): that token's row up to 0.73 off
+    Case("gemma4_moe", "Gemma4TextModel", None, bfloat16_tolerance=0.8),
+    Case("gemma4_moe", "Gemma4ForCausalLM", "Gemma4CausalLM", bfloat16_tolerance=0.8),
     # keras-hub keeps each layer's RoPE frequencies as a variable; no folder has them
     Case("smollm3", "SmolLM3Model", None, computed=_ROPE),
     Case("smollm3", "SmolLM3ForCausalLM", "SmolLM3CausalLM", computed=_ROPE),
@@ -389,6 +400,18 @@ def oracle(case: Case, dtype: str) -> dict:
     return load_file(case.folder(dtype) + ".oracle.safetensors")
 
 
+def _gemma4_global_sizes(hf_config: dict) -> None:
+    """The full-attention layers' sizes as the published Gemma 4 configs name them."""
+    from objckpt.rules.hf_gemma4 import global_sizes
+
+    full = [i for i, t in enumerate(hf_config["layer_types"]) if t == "full_attention"]
+    if full and hf_config.get("per_layer_config"):
+        head_dim, kv_heads = global_sizes(hf_config, full[0])
+        hf_config.setdefault("global_head_dim", head_dim)
+        if hf_config.get("attention_k_eq_v"):
+            hf_config.setdefault("num_global_key_value_heads", kv_heads)
+
+
 def backbone(case: Case, dtype: str = "float32"):
     """The keras-hub backbone the folder's config.json describes, in `dtype`."""
     import importlib
@@ -400,6 +423,8 @@ def backbone(case: Case, dtype: str = "float32"):
         hf_config.setdefault("num_experts", hf_config.get("num_local_experts"))  # reads this
     if hf_config["model_type"] == "gpt_oss":  # keras-hub 0.32 reads the YaRN factor from
         hf_config.setdefault("rope_scaling", hf_config.get("rope_parameters"))  # v4's key
+    if hf_config["model_type"] == "gemma4_text":  # keras-hub 0.32 reads the published keys
+        _gemma4_global_sizes(hf_config)  # transformers 5 writes as `per_layer_config`
     converter = importlib.import_module(
         "keras_hub.src.utils.transformers." + CONVERTERS[hf_config["model_type"]])
     return converter.backbone_cls(**converter.convert_backbone_config(hf_config), dtype=dtype)
@@ -447,6 +472,9 @@ def keras_inputs(case: Case, feed: dict):
     out = {"token_ids": feed["input_ids"], "padding_mask": feed["attention_mask"]}
     if case.case.startswith("esm"):  # ESMBackbone masks the padding id itself
         del out["padding_mask"]
+    if case.case.startswith("gemma4"):  # positions as transformers counts them, from 0
+        ids = feed["input_ids"]
+        out["position_ids"] = np.broadcast_to(np.arange(ids.shape[1], dtype="int32"), ids.shape)
     if case.case in ("qwen3_5_vl", "qwen3_5_moe_vl"):  # text only: no image (the fixture's vision_config)
         batch = feed["input_ids"].shape[0]
         out.update(pixel_values=np.zeros((batch, 0, 2, 4, 4, 3), "float32"),

@@ -173,6 +173,31 @@ ROWS = {
     "gemma3": ("gemma3_text", {**_GEMMA, "head_dim": 8, "query_pre_attn_scalar": 8,
                                "sliding_window": 64},
                ("Gemma3TextModel", "Gemma3ForCausalLM", "Gemma3TextForSequenceClassification")),
+    # Gemma 4's text decoder: two sliding layers then a full one with wider heads (its
+    # RoPE over a quarter of them), per-layer inputs; the window 64 > the inputs
+    "gemma4": ("gemma4_text", {**_GEMMA, "head_dim": 8, "global_head_dim": 16,
+                               "num_hidden_layers": 3, "sliding_window": 64,
+                               "hidden_size_per_layer_input": 4,
+                               "vocab_size_per_layer_input": VOCAB},
+               ("Gemma4TextModel", "Gemma4ForCausalLM")),
+    # the full layer's keys are its values (no v_proj), with 2 key heads of its own
+    "gemma4_keqv": ("gemma4_text", {**_GEMMA, "head_dim": 8, "global_head_dim": 16,
+                                    "num_hidden_layers": 3, "sliding_window": 64,
+                                    "hidden_size_per_layer_input": 0,
+                                    "attention_k_eq_v": True,
+                                    "num_global_key_value_heads": 2},
+                    ("Gemma4TextModel", "Gemma4ForCausalLM")),
+    # a mixture of 4 experts (2 a token) beside each dense block; the last two layers reuse
+    # the first two's keys and values (transformers computes those with per-layer inputs)
+    "gemma4_moe": ("gemma4_text", {**_GEMMA, "head_dim": 8, "global_head_dim": 16,
+                                   "num_hidden_layers": 4, "sliding_window": 64,
+                                   "layer_types": ["sliding_attention", "full_attention"] * 2,
+                                   "hidden_size_per_layer_input": 4,
+                                   "vocab_size_per_layer_input": VOCAB,
+                                   "num_kv_shared_layers": 2, "enable_moe_block": True,
+                                   "num_experts": 4, "top_k_experts": 2,
+                                   "moe_intermediate_size": 8},
+                   ("Gemma4TextModel", "Gemma4ForCausalLM")),
     # tied, as SmolLM3-3B is; layer 1 without RoPE (no_rope_layers: 0 = none)
     "smollm3": ("smollm3", {**_DECODER, "tie_word_embeddings": True, "no_rope_layers": [1, 0],
                             "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},
