@@ -44,7 +44,7 @@ CONVERTERS = {"llama": "convert_llama3", "mistral": "convert_mistral", "gemma": 
               "gemma3": "convert_gemma3", "paligemma": "convert_pali_gemma",
               "esm": "convert_esm", "qwen3_5_text": "convert_qwen3_5",
               "qwen3_5_moe_text": "convert_qwen3_5_moe", "qwen3_5": "convert_qwen3_5",
-              "qwen3_5_moe": "convert_qwen3_5_moe"}
+              "qwen3_5_moe": "convert_qwen3_5_moe", "t5gemma2": "convert_t5gemma2"}
 
 
 class Case(NamedTuple):
@@ -268,6 +268,8 @@ CASES = (
          export_differs=_POSITIONS + ("final_logits_bias",)),
     Case("t5gemma", "T5GemmaModel", None),
     Case("t5gemma", "T5GemmaForConditionalGeneration", "T5GemmaSeq2SeqLM"),
+    Case("t5gemma2", "T5Gemma2Model", None),
+    Case("t5gemma2", "T5Gemma2ForConditionalGeneration", "T5Gemma2Seq2SeqLM"),
     # mixtures of experts: each layer's experts stacked into banks
     Case("mixtral", "MixtralModel", None, lacks=_LM_HEAD),
     Case("mixtral", "MixtralForCausalLM", "MixtralCausalLM"),
@@ -423,6 +425,14 @@ def keras_inputs(case: Case, feed: dict):
         return {"images": feed["pixel_values"], "token_ids": feed["input_ids"][:, count:],
                 "padding_mask": feed["attention_mask"][:, count:],
                 "response_mask": feed["token_type_ids"][:, count:]}
+    if "decoder_input_ids" in feed and "pixel_values" in feed:  # T5Gemma 2: one image each
+        return {"encoder_token_ids": feed["input_ids"],
+                "encoder_padding_mask": feed["attention_mask"],
+                "decoder_token_ids": feed["decoder_input_ids"],
+                "decoder_padding_mask": np.ones_like(feed["decoder_input_ids"]),
+                "images": feed["pixel_values"][:, None],
+                "vision_indices": np.stack([np.flatnonzero(row) for row in
+                                            feed["token_type_ids"]]).astype("int32")}
     if "pixel_values" in feed and "input_ids" in feed:  # text and images, one per example
         image_tokens = feed["token_type_ids"]
         return {"token_ids": feed["input_ids"], "padding_mask": feed["attention_mask"],
