@@ -19,8 +19,9 @@ those rules target the backbone's attributes by object path (`encoder_norm/scale
 `backbone/` in the task model).
 
 Key forms: keras-hub's importer reads the vision tower as `encoder.vision_tower.
-vision_model.`; transformers 5's `save_pretrained` writes `encoder.vision_tower.` (no
-`vision_model.`). Restore reads either; export writes transformers' own form.
+vision_model.` (the Hub's folders' names); transformers 5's `save_pretrained` writes
+`encoder.vision_tower.` (no `vision_model.`). Restore reads either; export writes the first,
+which transformers loads too.
 
 Hub classes (`CLASSES`): `T5Gemma2Model` saves the model bare, the task classes under
 `model.`; restore reads both, export writes `model.`. keras-hub's `T5Gemma2Seq2SeqLM` has no
@@ -48,7 +49,7 @@ CLASSES = {
 # keras-hub task model -> the Hub class of its heads (export's `architectures`).
 TASKS = {"T5Gemma2Seq2SeqLM": "T5Gemma2ForConditionalGeneration"}
 # The vision tower's prefixes under `encoder.`, the first what export writes.
-_TOWER = ("encoder.vision_tower.", "encoder.vision_tower.vision_model.")
+_TOWER = ("encoder.vision_tower.vision_model.", "encoder.vision_tower.")
 _MODEL = "T5Gemma 2"
 
 

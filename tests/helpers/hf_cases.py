@@ -123,6 +123,8 @@ _POOLER = ("pooled_dense/kernel", "pooled_dense/bias")
 _POSITIONS = ("encoder.embed_positions.weight", "decoder.embed_positions.weight")
 # SigLIP's tower as transformers 5 saves it, and as export (and the Hub) names it
 _GEMMA3_TOWER = (("vision_tower.", "vision_tower.vision_model."),)
+_T5GEMMA2_TOWER = tuple((f"{p}encoder.vision_tower.", f"{p}encoder.vision_tower.vision_model.")
+                        for p in ("", "model."))
 _ROPE = ("_operations/3/self_attn/rotary_embedding/inv_freq",
          "_operations/4/self_attn/rotary_embedding/inv_freq")
 
@@ -268,8 +270,9 @@ CASES = (
          export_differs=_POSITIONS + ("final_logits_bias",)),
     Case("t5gemma", "T5GemmaModel", None),
     Case("t5gemma", "T5GemmaForConditionalGeneration", "T5GemmaSeq2SeqLM"),
-    Case("t5gemma2", "T5Gemma2Model", None),
-    Case("t5gemma2", "T5Gemma2ForConditionalGeneration", "T5Gemma2Seq2SeqLM"),
+    Case("t5gemma2", "T5Gemma2Model", None, renamed=_T5GEMMA2_TOWER),
+    Case("t5gemma2", "T5Gemma2ForConditionalGeneration", "T5Gemma2Seq2SeqLM",
+         renamed=_T5GEMMA2_TOWER),
     # mixtures of experts: each layer's experts stacked into banks
     Case("mixtral", "MixtralModel", None, lacks=_LM_HEAD),
     Case("mixtral", "MixtralForCausalLM", "MixtralCausalLM"),
