@@ -26,14 +26,15 @@ which transformers loads too.
 Hub classes (`CLASSES`): `T5Gemma2Model` saves the model bare, the task classes under
 `model.`; restore reads both, export writes `model.`. keras-hub's `T5Gemma2Seq2SeqLM` has no
 variable beyond its backbone: the tied `lm_head.out_proj.weight` and the classification
-heads are set aside; an untied config is refused (keras-hub's importer reads no output
+heads are set aside, as are the decoder's `embed_tokens` entries where a folder holds them
+(transformers ties them to the encoder's, which are read) and SigLIP's pooling head; an untied config is refused (keras-hub's importer reads no output
 projection).
 """
 
 from __future__ import annotations
 
 from objckpt.rules.core import NOWHERE, Chain, Reshape, Rule, RuleSet, Transpose
-from objckpt.rules.hf_gemma3_vision import _SIGLIP_HEAD as SIGLIP_HEAD, OUTPUT, vision_rules
+from objckpt.rules.hf_gemma3_vision import OUTPUT, siglip_head, vision_rules
 from objckpt.rules.hf_llama import config_size, prefixed
 
 __all__ = ["MODEL_TYPES", "rules"]
@@ -156,9 +157,9 @@ def rules(config: dict) -> RuleSet:
     aside = [Rule(entry, f"{NOWHERE}/{entry}", head=f"{classes} (tied to {what}, which is read)")
              for entry, what in tied.items()]
     if vision is not None:
-        aside += [Rule(prefix + entry, f"{NOWHERE}/vision_tower.{entry}",
-                       head=f"{classes} (SigLIP's pooling head, which the model never runs)")
-                  for prefix in _TOWER for entry in SIGLIP_HEAD]
+        # SigLIP's pooling head in both spellings of the tower (Gemma 3's, under `encoder.`)
+        aside += [r.with_source("encoder." + r.source) for r in siglip_head(classes)
+                  if r.source.startswith("vision_tower.")]
     heads = []
     for entry in dict.fromkeys(e for _, held in CLASSES.values() for e in held):
         holders = ", ".join(n for n, (_, held) in CLASSES.items() if entry in held)
