@@ -54,6 +54,7 @@ _MODULES: dict[str, str] = {
     "smollm3": "objckpt.rules.hf_smollm3",
     "swin": "objckpt.rules.hf_swin",
     "t5gemma": "objckpt.rules.hf_t5gemma",
+    "t5gemma2": "objckpt.rules.hf_t5gemma2",
     "vit": "objckpt.rules.hf_vit",
     "xlm-roberta": "objckpt.rules.hf_roberta",
 }

@@ -45,7 +45,7 @@ CONVERTERS = {"llama": "convert_llama3", "mistral": "convert_mistral", "gemma": 
               "esm": "convert_esm", "qwen3_5_text": "convert_qwen3_5",
               "qwen3_5_moe_text": "convert_qwen3_5_moe", "qwen3_5": "convert_qwen3_5",
               "qwen3_5_moe": "convert_qwen3_5_moe", "metaclip_2": "convert_metaclip_2",
-              "gemma4_text": "convert_gemma4"}
+              "gemma4_text": "convert_gemma4", "t5gemma2": "convert_t5gemma2"}
 # text-image contrastive models (CLIP's kind): fed text and an image, compared on the
 # logits of each against the other, the projected embeddings and each tower's last hidden state
 CONTRASTIVE = ("metaclip_2",)
@@ -127,6 +127,8 @@ _POOLER = ("pooled_dense/kernel", "pooled_dense/bias")
 _POSITIONS = ("encoder.embed_positions.weight", "decoder.embed_positions.weight")
 # SigLIP's tower as transformers 5 saves it, and as export (and the Hub) names it
 _GEMMA3_TOWER = (("vision_tower.", "vision_tower.vision_model."),)
+_T5GEMMA2_TOWER = tuple((f"{p}encoder.vision_tower.", f"{p}encoder.vision_tower.vision_model.")
+                        for p in ("", "model."))
 _ROPE = ("_operations/3/self_attn/rotary_embedding/inv_freq",
          "_operations/4/self_attn/rotary_embedding/inv_freq")
 
@@ -282,6 +284,9 @@ CASES = (
          export_differs=_POSITIONS + ("final_logits_bias",)),
     Case("t5gemma", "T5GemmaModel", None),
     Case("t5gemma", "T5GemmaForConditionalGeneration", "T5GemmaSeq2SeqLM"),
+    Case("t5gemma2", "T5Gemma2Model", None, renamed=_T5GEMMA2_TOWER),
+    Case("t5gemma2", "T5Gemma2ForConditionalGeneration", "T5Gemma2Seq2SeqLM",
+         renamed=_T5GEMMA2_TOWER),
     # mixtures of experts: each layer's experts stacked into banks
     Case("mixtral", "MixtralModel", None, lacks=_LM_HEAD),
     Case("mixtral", "MixtralForCausalLM", "MixtralCausalLM"),
@@ -456,6 +461,14 @@ def keras_inputs(case: Case, feed: dict):
         return {"images": feed["pixel_values"], "token_ids": feed["input_ids"][:, count:],
                 "padding_mask": feed["attention_mask"][:, count:],
                 "response_mask": feed["token_type_ids"][:, count:]}
+    if "decoder_input_ids" in feed and "pixel_values" in feed:  # T5Gemma 2: one image each
+        return {"encoder_token_ids": feed["input_ids"],
+                "encoder_padding_mask": feed["attention_mask"],
+                "decoder_token_ids": feed["decoder_input_ids"],
+                "decoder_padding_mask": np.ones_like(feed["decoder_input_ids"]),
+                "images": feed["pixel_values"][:, None],
+                "vision_indices": np.stack([np.flatnonzero(row) for row in
+                                            feed["token_type_ids"]]).astype("int32")}
     if "pixel_values" in feed and "input_ids" in feed:  # text and images, one per example
         image_tokens = feed["token_type_ids"]
         return {"token_ids": feed["input_ids"], "padding_mask": feed["attention_mask"],

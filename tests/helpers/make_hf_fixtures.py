@@ -77,7 +77,14 @@ _GEMMA = {**_DECODER, "num_key_value_heads": 1, "intermediate_size": 16,
           "tie_word_embeddings": True}
 _T5GEMMA = {**{k: v for k, v in _GEMMA.items() if k != "num_labels"}, "head_dim": 8,
             "query_pre_attn_scalar": 8, "sliding_window": 64}
-_SEQ2SEQ = ("bart", "t5gemma")  # encoder-decoders: the inputs shifted right feed the decoder
+# a sliding and a full layer; the full one's RoPE linearly scaled (keras-hub reads a factor)
+_T5GEMMA2 = {**{k: v for k, v in _T5GEMMA.items() if k != "rope_theta"},
+             "layer_types": ["sliding_attention", "full_attention"],
+             "rope_parameters": {"sliding_attention": {"rope_type": "default",
+                                                       "rope_theta": 10000.0},
+                                 "full_attention": {"rope_type": "linear", "factor": 8.0,
+                                                    "rope_theta": 1000000.0}}}
+_SEQ2SEQ = ("bart", "t5gemma", "t5gemma2")  # encoder-decoders: decoders read inputs shifted right
 
 _ENCODER = {"vocab_size": VOCAB, "hidden_size": 16, "num_hidden_layers": 2,
             "num_attention_heads": 2, "intermediate_size": 32, "hidden_act": "gelu",
@@ -215,6 +222,19 @@ ROWS = {
     "t5gemma": ("t5gemma", {"encoder": _T5GEMMA, "decoder": _T5GEMMA, "vocab_size": VOCAB,
                             "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2},
                 ("T5GemmaModel", "T5GemmaForConditionalGeneration")),
+    # T5Gemma 2: a Gemma 3 encoder (with its SigLIP tower: one 16x16 image of 4x4 patches per
+    # example, pooled by 2 into 4 image tokens, vision width 24) and a decoder of merged
+    # self and cross attention; image token 61, begin and end of image 62 and 63 (the end's
+    # embedding is the learned `eoi_embedding`); no SigLIP pooling head (as the Hub's)
+    "t5gemma2": ("t5gemma2", {
+        "encoder": {"text_config": _T5GEMMA2, "mm_tokens_per_image": 4,
+                    "vision_config": {"hidden_size": 24, "intermediate_size": 32,
+                                      "num_hidden_layers": 2, "num_attention_heads": 2,
+                                      "image_size": 16, "patch_size": 4,
+                                      "layer_norm_eps": 1e-6, "vision_use_head": False}},
+        "decoder": _T5GEMMA2, "vocab_size": VOCAB, "image_token_index": 61,
+        "eoi_token_index": 63, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2},
+        ("T5Gemma2Model", "T5Gemma2ForConditionalGeneration")),
 
     # mixtures of experts: 4 experts, 2 per token
     "mixtral": ("mixtral", {**_DECODER, "tie_word_embeddings": False, "sliding_window": 512,
@@ -337,7 +357,7 @@ ROWS = {
 # inputs hold text and one image per example: the ids hold the image tokens (after a
 # begin-of-image token, before an end-of-image one), `token_type_ids` marks them, and
 # `pixel_values` holds the images.
-IMAGE_TOKENS = {"gemma3": (32, 4, 60)}
+IMAGE_TOKENS = {"gemma3": (32, 4, 60), "t5gemma2": (16, 4, 61)}
 # model_type -> (image size, image tokens, the image token's id) of a model whose inputs
 # lead with one image's tokens, then text: `token_type_ids` marks the response (the text's
 # second half; the image and the text's first half are the prefix, attended both ways).
