@@ -26,7 +26,14 @@ __all__ = ["cli_words", "quiet_clients", "quiet_tf"]
 
 
 # The library's advice names Python arguments; the command line's flags stand for them.
-_WORDS = ((re.compile(r"format='dot'"), "--format dot"),
+_WORDS = ((re.compile(r"objckpt\.plan\(obj, source\)\.proposed holds a rule set proposed from "
+                      r"names and shapes \(([^)]*)\): print the plan to review it as Python, "
+                      r"then pass it as rules= \(it is never applied on its own\)"),
+           r"`objckpt migrate SOURCE OUT --template MODULE:CALLABLE --dry-run` shows a rule "
+           r"set proposed from names and shapes (\1), as Python for a script's "
+           r"objckpt.restore (a --rules FILE holds renames only; a proposal is never "
+           r"applied on its own)"),
+          (re.compile(r"format='dot'"), "--format dot"),
           (re.compile(r"optimizer_state=True"), "--optimizer-state true"),
           (re.compile(r"optimizer_state=False"), "--optimizer-state false"),
           (re.compile(r"optimizer_state='auto'"), "--optimizer-state auto"),
