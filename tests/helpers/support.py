@@ -33,6 +33,19 @@ def values(what) -> dict:
     return {path: np.array(variable.numpy()) for path, variable in what.items()}
 
 
+def config_folder(path, config: dict) -> str:
+    """A folder at `path` (a pathlib.Path, made if needed) holding `config` as its
+    config.json, as a Hugging Face folder has one; returns it as a str."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    return str(path)
+
+
+def by_source(rules) -> dict:
+    """A rule set's rules by their source pattern."""
+    return {rule.source: rule for rule in rules}
+
+
 def bits(array) -> tuple:
     """What bit-equality compares: dtype, shape and bytes (a string tensor's strings)."""
     array = np.asarray(array)

@@ -19,7 +19,7 @@ from objckpt import errors
 from objckpt.rules import Chain, Reshape, Transpose, huggingface
 from objckpt.rules.hf_bart import SkipRows
 
-from support import bits
+from support import bits, by_source
 
 FIXTURES = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "hf")
 BART = {
@@ -32,10 +32,6 @@ BART = {
 }
 
 
-def _by_source(rules) -> dict:
-    return {rule.source: rule for rule in rules}
-
-
 def test_the_folder_chooses_the_set(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(BART), encoding="utf-8")
     chosen = huggingface(str(tmp_path))
@@ -45,7 +41,7 @@ def test_the_folder_chooses_the_set(tmp_path):
 
 
 def test_the_layouts_follow_keras_hubs_importer():
-    rules = _by_source(huggingface("bart", config=BART))
+    rules = by_source(huggingface("bart", config=BART))
     assert rules["model.shared.weight"].target == "token_embedding/embeddings"
     cross = rules["model.decoder.layers.{i}.encoder_attn.k_proj.weight"]
     assert cross.target == "transformer_decoder_layer_{i}/cross_attention/key/kernel"

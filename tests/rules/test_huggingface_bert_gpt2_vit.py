@@ -10,8 +10,6 @@ where keras-hub is installed (the Keras 3 session), the sets themselves everywhe
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
@@ -19,7 +17,7 @@ import objckpt
 from objckpt import errors
 from objckpt.rules import Chain, ConvKernel, Reshape, Transpose, huggingface
 
-from support import bits
+from support import bits, config_folder
 
 # Each set lists alternative names (prefixed or not, LayerNorm weight or gamma) of which a
 # file holds one (RuleSet(alternatives=True)): the rules a file does not use are expected and
@@ -56,24 +54,18 @@ HAS_GPT2 = "gpt2" in objckpt.rules.supported()  # its fused c_attn needs rules.S
 SETS = [name for name in CONFIGS if name != "gpt2" or HAS_GPT2]
 
 
-def _folder(path, config: dict) -> str:
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(config), encoding="utf-8")
-    return str(path)
-
-
 # --- the sets themselves (no keras-hub) -------------------------------------------------------
 
 @pytest.mark.parametrize("name", SETS)
 def test_folder_chooses_the_set_by_model_type(tmp_path, name):
     config = CONFIGS[name]
-    chosen = huggingface(_folder(tmp_path, config))
+    chosen = huggingface(config_folder(tmp_path, config))
     assert list(chosen) == list(huggingface(name, config=config))
     assert list(huggingface(name.upper(), config=config)) == list(chosen)
     assert name in objckpt.rules.supported()
     # a folder of another model type gets that type's set, not this one
     other = next(n for n in SETS if n != name)
-    assert list(huggingface(_folder(tmp_path / "other", CONFIGS[other]))) != list(chosen)
+    assert list(huggingface(config_folder(tmp_path / "other", CONFIGS[other]))) != list(chosen)
 
 
 def test_bert_accepts_prefixed_and_old_layer_norm_names_and_exports_bare():
@@ -194,7 +186,7 @@ def test_export_is_read_by_keras_hubs_own_importer(tmp_path, name):
     config = CONFIGS[name]
     original = _backbone(name, config)
     _randomize(original, 1)
-    folder = _folder(tmp_path / name, config)
+    folder = config_folder(tmp_path / name, config)
     objckpt.export(original, folder, rules=huggingface(name, config=config))
     written = load_file(f"{folder}/model.safetensors")  # the safetensors library reads it
     fused = 4 * LAYERS if name == "gpt2" else 0  # query/key/value kernels and biases -> c_attn
@@ -232,7 +224,7 @@ def test_restore_equals_keras_hubs_own_importer(tmp_path, name):
     config = CONFIGS[name]
     original = _backbone(name, config)
     _randomize(original, 2)
-    folder = _folder(tmp_path / name, config)
+    folder = config_folder(tmp_path / name, config)
     objckpt.export(original, folder, rules=huggingface(name, config=config))
     _rename(folder, RENAMES[name][1])
     cls = type(original)
@@ -277,7 +269,7 @@ def test_a_failed_restore_changes_nothing(tmp_path):
 
     original = _backbone("bert", BERT)
     _randomize(original, 4)
-    folder = _folder(tmp_path / "bert", BERT)
+    folder = config_folder(tmp_path / "bert", BERT)
     objckpt.export(original, folder, rules=huggingface("bert", config=BERT))
     path = f"{folder}/model.safetensors"
     tensors = load_file(path)
@@ -297,7 +289,7 @@ def test_bare_names_restore(tmp_path, name):
     config = CONFIGS[name]
     original = _backbone(name, config)
     _randomize(original, 5)
-    folder = _folder(tmp_path / name, config)
+    folder = config_folder(tmp_path / name, config)
     objckpt.export(original, folder, rules=huggingface(name, config=config))
     _rename(folder, lambda k: k[len(name) + 1:] if k.startswith(name + ".") else k)
     fresh = _backbone(name, config)
@@ -311,7 +303,7 @@ def test_bare_names_restore(tmp_path, name):
                    "names")
 def test_keras_hubs_vit_importer_reads_bare_names(tmp_path):
     original = _backbone("vit", VIT)
-    folder = _folder(tmp_path / "vit", VIT)
+    folder = config_folder(tmp_path / "vit", VIT)
     objckpt.export(original, folder, rules=huggingface("vit", config=VIT))
     _rename(folder, lambda k: k[len("vit."):])
     type(original).from_preset(folder)

@@ -11,7 +11,6 @@ fixture with those names.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 
@@ -23,7 +22,7 @@ from objckpt import errors
 from objckpt.rules import Chain, Crop, Pad, Transpose, huggingface
 from objckpt.rules.core import NOWHERE
 
-from support import bits
+from support import bits, by_source, config_folder
 
 FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                         "fixtures", "hf")
@@ -48,20 +47,10 @@ class ESMProteinClassifier:
     pass
 
 
-def _folder(path, config: dict) -> str:
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(config), encoding="utf-8")
-    return str(path)
-
-
-def _by_source(rules) -> dict:
-    return {rule.source: rule for rule in rules}
-
-
 # --- the set itself (no keras-hub) ------------------------------------------------------------
 
 def test_the_folder_chooses_the_set_by_model_type(tmp_path):
-    chosen = huggingface(_folder(tmp_path, ESM))
+    chosen = huggingface(config_folder(tmp_path, ESM))
     assert "esm" in objckpt.rules.supported()
     assert chosen.name == "huggingface('esm')"
     assert list(chosen) == list(huggingface("esm", config=ESM))
@@ -86,7 +75,7 @@ def test_layers_norms_and_the_prefix_export_writes():
         "encoder.emb_layer_norm_after.weight")
     assert task.export_name("logits/kernel")[0] == "classifier.out_proj.weight"
     assert task.export_name("pooled_dense/bias")[0] == "classifier.dense.bias"
-    rules = _by_source(backbone)
+    rules = by_source(backbone)
     assert rules["encoder.layer.{i}.attention.LayerNorm.weight"].target == (
         "transformer_layer_{i}/attention_norm/gamma")
     assert rules["esm.encoder.layer.{i}.intermediate.dense.weight"].transform == Transpose()
@@ -94,7 +83,7 @@ def test_layers_norms_and_the_prefix_export_writes():
 
 
 def test_the_heads_and_what_no_keras_hub_model_holds_are_set_aside():
-    rules = _by_source(huggingface("esm", config=ESM))
+    rules = by_source(huggingface("esm", config=ESM))
     assert rules["pooler.dense.weight"].head == "EsmModel"
     assert rules["contact_head.regression.weight"].head == "EsmModel"
     assert rules["esm.contact_head.regression.bias"].head == (
@@ -106,7 +95,7 @@ def test_the_heads_and_what_no_keras_hub_model_holds_are_set_aside():
                    "rotary_embeddings.inv_freq"):
         assert rules[source].target.startswith(NOWHERE) and "rotary" in rules[source].head
     # absolute positions: no frequencies, keras-hub's row k is transformers' row k + 1
-    absolute = _by_source(huggingface("esm", config=ABSOLUTE))
+    absolute = by_source(huggingface("esm", config=ABSOLUTE))
     assert not any("inv_freq" in source for source in absolute)
     position = absolute["embeddings.position_embeddings.weight"]
     assert position.target == "position_embedding/embeddings"

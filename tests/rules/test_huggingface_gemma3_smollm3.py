@@ -19,7 +19,7 @@ import objckpt
 from objckpt import errors
 from objckpt.rules import Chain, Reshape, Transpose, huggingface
 
-from support import bits
+from support import bits, by_source, config_folder
 
 FIXTURES = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "hf")
 DECODER = {
@@ -40,16 +40,6 @@ CONVERTERS = {"gemma3_text": "convert_gemma3", "smollm3": "convert_smollm3"}
 TASKS = {"gemma3_text": "Gemma3CausalLM", "smollm3": "SmolLM3CausalLM"}
 
 
-def _folder(path, config: dict) -> str:
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(config), encoding="utf-8")
-    return str(path)
-
-
-def _by_source(rules) -> dict:
-    return {rule.source: rule for rule in rules}
-
-
 class SmolLM3CausalLM:  # what a set is remade for: the class name
     pass
 
@@ -59,14 +49,14 @@ class SmolLM3CausalLM:  # what a set is remade for: the class name
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_the_folder_chooses_the_set_by_model_type(tmp_path, name):
     config = CONFIGS[name]
-    chosen = huggingface(_folder(tmp_path, config))
+    chosen = huggingface(config_folder(tmp_path, config))
     assert name in objckpt.rules.supported()
     assert chosen.name == f"huggingface({name!r})"
     assert list(chosen) == list(huggingface(name, config=config))
 
 
 def test_gemma3_is_gemma2s_layer_with_query_and_key_norms():
-    rules = _by_source(huggingface("gemma3_text", config=GEMMA3))
+    rules = by_source(huggingface("gemma3_text", config=GEMMA3))
     source = "model.layers.{i}.self_attn"
     # (heads * head_dim, hidden) -> (heads, hidden, head_dim), head_dim from the config
     assert rules[f"{source}.q_proj.weight"].transform == Chain(
@@ -93,7 +83,7 @@ def test_smollm3_targets_each_layers_output_projection_by_object_path():
     operation (decoder layer i is operation 3 + i), under `backbone/` in the task model."""
     backbone = huggingface("smollm3", config=SMOLLM3)
     task = huggingface("smollm3", config=SMOLLM3, model=SmolLM3CausalLM())
-    rules = _by_source(backbone)
+    rules = by_source(backbone)
     assert rules["model.layers.1.self_attn.o_proj.weight"].target == (
         "operations/4/self_attn/o_proj/kernel")
     assert rules["model.layers.{i}.self_attn.q_proj.weight"].transform == Transpose()
@@ -181,7 +171,7 @@ def test_export_is_what_keras_hubs_importer_reads(tmp_path, name, task):
         variable.assign(rng.normal(0, 0.3, variable.shape).astype(np.float32))
     model = getattr(keras_hub.models, TASKS[name])(backbone=backbone, preprocessor=None) \
         if task else backbone
-    folder = _folder(tmp_path / "hf", config)
+    folder = config_folder(tmp_path / "hf", config)
     objckpt.export(model, folder, rules=huggingface(folder))
     with safe_open(os.path.join(folder, "model.safetensors"), "np") as f:
         names = sorted(f.keys())

@@ -21,7 +21,7 @@ import objckpt
 from objckpt import errors
 from objckpt.rules import Chain, ConvKernel, Reshape, Transpose, huggingface
 
-from support import bits
+from support import bits, by_source, config_folder
 
 FIXTURES = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "hf")
 EXPORTS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "hf_exports")
@@ -39,20 +39,10 @@ GEMMA3 = {"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGenerat
 FOLDER = "gemma3_vision-Gemma3ForConditionalGeneration-float32"
 
 
-def _folder(path, config: dict) -> str:
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(config), encoding="utf-8")
-    return str(path)
-
-
-def _by_source(rules) -> dict:
-    return {rule.source: rule for rule in rules}
-
-
 # --- the set itself (no keras-hub) ------------------------------------------------------------
 
 def test_the_folder_chooses_the_set_by_model_type(tmp_path):
-    chosen = huggingface(_folder(tmp_path, GEMMA3))
+    chosen = huggingface(config_folder(tmp_path, GEMMA3))
     assert "gemma3" in objckpt.rules.supported()
     assert chosen.name == "huggingface('gemma3')"
     assert list(chosen) == list(huggingface("gemma3", config=GEMMA3))
@@ -60,7 +50,7 @@ def test_the_folder_chooses_the_set_by_model_type(tmp_path):
 
 
 def test_the_three_parts_and_their_layouts():
-    rules = _by_source(huggingface("gemma3", config=GEMMA3))
+    rules = by_source(huggingface("gemma3", config=GEMMA3))
     text, tower = "language_model.model.layers.{i}.self_attn", "vision_tower.vision_model."
     # the text decoder: Gemma 3's, its sizes from text_config
     assert rules[f"{text}.q_proj.weight"].transform == Chain(
@@ -96,7 +86,7 @@ def test_the_three_parts_and_their_layouts():
 @pytest.mark.parametrize("prefix", ["language_model.model.", "model.language_model.",
                                     "language_model."])
 def test_restore_reads_every_spelling_of_the_decoder(prefix):
-    rules = _by_source(huggingface("gemma3", config=GEMMA3))
+    rules = by_source(huggingface("gemma3", config=GEMMA3))
     assert rules[f"{prefix}layers.{{i}}.mlp.down_proj.weight"].target == (
         "decoder_block_{i}/ffw_linear/kernel")
 
@@ -104,7 +94,7 @@ def test_restore_reads_every_spelling_of_the_decoder(prefix):
 @pytest.mark.parametrize("prefix", ["vision_tower.vision_model.", "vision_tower.",
                                     "model.vision_tower.", "model.vision_tower.vision_model."])
 def test_restore_reads_every_spelling_of_the_tower(prefix):
-    rules = _by_source(huggingface("gemma3", config=GEMMA3))
+    rules = by_source(huggingface("gemma3", config=GEMMA3))
     assert rules[f"{prefix}encoder.layers.{{i}}.mlp.fc2.weight"].target == (
         "image_encoder/encoder_block_{i}/mlp_dense_2/kernel")
 
@@ -151,7 +141,7 @@ def test_the_folders_key_form_is_read_from_its_names(folder, form):
 
 def test_a_folder_of_two_forms_is_refused(tmp_path):
     safetensors_numpy = pytest.importorskip("safetensors.numpy")
-    folder = _folder(tmp_path / "mixed", GEMMA3)
+    folder = config_folder(tmp_path / "mixed", GEMMA3)
     tensor = np.zeros((4,), np.float32)
     safetensors_numpy.save_file(
         {"vision_tower.vision_model.post_layernorm.bias": tensor,
@@ -210,7 +200,7 @@ def test_export_is_what_keras_hubs_importer_reads(tmp_path, task):
         variable.assign(rng.normal(0, 0.3, variable.shape).astype(np.float32))
     model = keras_hub.models.Gemma3CausalLM(backbone=backbone, preprocessor=None) \
         if task else backbone
-    folder = _folder(tmp_path / "hf", GEMMA3)
+    folder = config_folder(tmp_path / "hf", GEMMA3)
     objckpt.export(model, folder, rules=huggingface(folder))
     with safe_open(os.path.join(folder, "model.safetensors"), "np") as f:
         names = sorted(f.keys())

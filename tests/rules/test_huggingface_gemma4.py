@@ -23,7 +23,7 @@ import objckpt
 from objckpt import errors
 from objckpt.rules import Chain, Reshape, Transpose, huggingface
 
-from support import bits
+from support import bits, by_source, config_folder
 
 FIXTURES = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "hf")
 ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
@@ -48,16 +48,6 @@ MOE = {**GEMMA4, "num_hidden_layers": 4,
 CONFIGS = {"gemma4": GEMMA4, "gemma4_keqv": KEQV, "gemma4_moe": MOE}
 
 
-def _folder(path, config: dict) -> str:
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(config), encoding="utf-8")
-    return str(path)
-
-
-def _by_source(rules) -> dict:
-    return {rule.source: rule for rule in rules}
-
-
 def _published(config: dict) -> dict:
     """transformers 5's config in the published form (keras-hub reads that one)."""
     out = {k: v for k, v in config.items() if k != "per_layer_config"}
@@ -72,14 +62,14 @@ def _published(config: dict) -> dict:
 # --- the set itself (no keras-hub) -----------------------------------------------------------
 
 def test_the_folder_chooses_the_set_by_model_type(tmp_path):
-    chosen = huggingface(_folder(tmp_path, GEMMA4))
+    chosen = huggingface(config_folder(tmp_path, GEMMA4))
     assert "gemma4_text" in objckpt.rules.supported()
     assert chosen.name == "huggingface('gemma4_text')"
     assert list(chosen) == list(huggingface("gemma4_text", config=GEMMA4))
 
 
 def test_full_attention_layers_get_their_own_head_width():
-    rules = _by_source(huggingface("gemma4_text", config=GEMMA4))
+    rules = by_source(huggingface("gemma4_text", config=GEMMA4))
     # sliding layer 0: heads 8 wide; (heads * head_dim, hidden) -> (heads, hidden, head_dim)
     assert rules["model.layers.0.self_attn.q_proj.weight"].transform == Chain(
         Reshape((32, 16), (4, 8, 16)), Transpose((0, 2, 1)))
@@ -104,7 +94,7 @@ def test_full_attention_layers_get_their_own_head_width():
 
 
 def test_keys_as_values_leave_the_full_layer_without_v_proj():
-    rules = _by_source(huggingface("gemma4_text", config=KEQV))
+    rules = by_source(huggingface("gemma4_text", config=KEQV))
     assert "model.layers.2.self_attn.v_proj.weight" not in rules
     assert "model.layers.1.self_attn.v_proj.weight" in rules
     assert rules["model.layers.2.self_attn.k_proj.weight"].transform == Chain(
@@ -128,7 +118,7 @@ def test_transformers_5s_per_layer_config_gives_the_same_set():
 
 
 def test_shared_layers_have_no_keys_and_experts_are_cut_from_one_bank():
-    rules = _by_source(huggingface("gemma4_text", config=MOE))
+    rules = by_source(huggingface("gemma4_text", config=MOE))
     for i in (2, 3):  # the shared layers: no k/v projections, no key norm
         for name in ("k_proj.weight", "v_proj.weight", "k_norm.weight"):
             assert f"model.layers.{i}.self_attn.{name}" not in rules
@@ -160,7 +150,7 @@ def test_the_last_layer_is_full_attention_as_transformers_makes_it():
     config = {k: v for k, v in GEMMA4.items() if k != "layer_types"}
     assert list(huggingface("gemma4_text", config=config)) == list(
         huggingface("gemma4_text", config=GEMMA4))
-    rules = _by_source(huggingface("gemma4_text", config={**config, "num_hidden_layers": 7}))
+    rules = by_source(huggingface("gemma4_text", config={**config, "num_hidden_layers": 7}))
     q_heads = [rules[f"model.layers.{i}.self_attn.q_proj.weight"].transform for i in range(7)]
     wide = Chain(Reshape((64, 16), (4, 16, 16)), Transpose((0, 2, 1)))
     narrow = Chain(Reshape((32, 16), (4, 8, 16)), Transpose((0, 2, 1)))
@@ -212,7 +202,7 @@ def test_restore_is_bit_equal_to_keras_hubs_importer(tmp_path, folder):
     keras_hub = pytest.importorskip("keras_hub")
     with open(os.path.join(FIXTURES, folder, "config.json"), encoding="utf-8") as f:
         config = _published(json.load(f))
-    path = _folder(tmp_path / "hf", config)
+    path = config_folder(tmp_path / "hf", config)
     shutil.copy(os.path.join(FIXTURES, folder, "model.safetensors"), path)
     theirs = keras_hub.models.Backbone.from_preset(path, dtype="float32")
     ours = _backbone(config)
@@ -239,7 +229,7 @@ def test_export_is_what_keras_hubs_importer_reads(tmp_path, name, task):
         variable.assign(rng.normal(0, 0.3, variable.shape).astype(np.float32))
     model = keras_hub.models.Gemma4CausalLM(backbone=backbone, preprocessor=None) \
         if task else backbone
-    folder = _folder(tmp_path / "hf", config)
+    folder = config_folder(tmp_path / "hf", config)
     objckpt.export(model, folder, rules=huggingface(folder))
     with safe_open(os.path.join(folder, "model.safetensors"), "np") as f:
         names = sorted(f.keys())

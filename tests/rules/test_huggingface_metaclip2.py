@@ -19,7 +19,7 @@ import objckpt
 from objckpt import errors
 from objckpt.rules import Chain, ConvKernel, Reshape, Transpose, huggingface
 
-from support import bits
+from support import bits, by_source, config_folder
 
 FIXTURES = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "hf")
 TEXT = {"model_type": "metaclip_2_text_model", "vocab_size": 64, "hidden_size": 16,
@@ -33,20 +33,10 @@ METACLIP2 = {"model_type": "metaclip_2", "architectures": ["MetaClip2Model"],
 FOLDERS = ["metaclip_2-MetaClip2Model-float32", "metaclip_2-MetaClip2Model-bfloat16"]
 
 
-def _folder(path, config: dict) -> str:
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(config), encoding="utf-8")
-    return str(path)
-
-
-def _by_source(rules) -> dict:
-    return {rule.source: rule for rule in rules}
-
-
 # --- the set itself (no keras-hub) ------------------------------------------------------------
 
 def test_the_folder_chooses_the_set_by_model_type(tmp_path):
-    chosen = huggingface(_folder(tmp_path, METACLIP2))
+    chosen = huggingface(config_folder(tmp_path, METACLIP2))
     assert "metaclip_2" in objckpt.rules.supported()
     assert chosen.name == "huggingface('metaclip_2')"
     assert list(chosen) == list(huggingface("metaclip_2", config=METACLIP2))
@@ -54,7 +44,7 @@ def test_the_folder_chooses_the_set_by_model_type(tmp_path):
 
 
 def test_both_towers_their_layouts_and_the_head():
-    rules = _by_source(huggingface("metaclip_2", config=METACLIP2))
+    rules = by_source(huggingface("metaclip_2", config=METACLIP2))
     # the vision tower (width 24, 2 heads): block i is its encoder's operation 3 + i
     query = rules["vision_model.encoder.layers.1.self_attn.q_proj.weight"]
     assert query.target == "vision_encoder/operations/4/attention/query_dense/kernel"
@@ -167,7 +157,7 @@ def test_export_is_what_keras_hubs_importer_reads(tmp_path):
     rng = np.random.default_rng(0)
     for variable in backbone.weights:
         variable.assign(rng.normal(0, 0.3, variable.shape).astype(np.float32))
-    folder = _folder(tmp_path / "hf", METACLIP2)
+    folder = config_folder(tmp_path / "hf", METACLIP2)
     objckpt.export(backbone, folder, rules=huggingface(folder))
     with safe_open(os.path.join(folder, "model.safetensors"), "np") as f:
         names = sorted(f.keys())

@@ -26,7 +26,7 @@ from objckpt.rules import Chain, Concat, Reshape, Stack, Transpose, huggingface
 from objckpt.rules import hf_moe
 
 import hf_cases
-from support import bits
+from support import bits, by_source, config_folder
 
 DECODER = {
     "vocab_size": 64, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2,
@@ -47,22 +47,12 @@ QWEN3_MOE = {**DECODER, "model_type": "qwen3_moe", "architectures": ["Qwen3MoeFo
 CONFIGS = {"mixtral": MIXTRAL, "qwen2_moe": QWEN2_MOE, "qwen3_moe": QWEN3_MOE}
 
 
-def _folder(path, config: dict) -> str:
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(config), encoding="utf-8")
-    return str(path)
-
-
-def _by_source(rules) -> dict:
-    return {rule.source: rule for rule in rules}
-
-
 # --- the sets themselves (no keras-hub) -------------------------------------------------------
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_the_folder_chooses_the_set_by_model_type(tmp_path, name):
     config = CONFIGS[name]
-    chosen = huggingface(_folder(tmp_path, config))
+    chosen = huggingface(config_folder(tmp_path, config))
     assert name in objckpt.rules.supported()
     assert chosen.name == f"huggingface({name!r})"
     assert chosen.per_model  # made again for each model it is used with
@@ -70,7 +60,7 @@ def test_the_folder_chooses_the_set_by_model_type(tmp_path, name):
 
 
 def test_mixtral_router_and_experts_as_keras_hubs_importer_reads_them():
-    rules = _by_source(huggingface("mixtral", config=MIXTRAL))
+    rules = by_source(huggingface("mixtral", config=MIXTRAL))
     # without a model: the names the first model of a fresh session has
     router = rules["model.layers.1.block_sparse_moe.gate.weight"]
     assert router.target == ("transformer_layer_1/mixtral_sparse_moe_block_1/"
@@ -93,7 +83,7 @@ def test_mixtral_router_and_experts_as_keras_hubs_importer_reads_them():
 
 
 def test_qwen3_moe_joins_gate_and_up_per_expert_and_reads_num_local_experts():
-    rules = _by_source(huggingface("qwen3_moe", config=QWEN3_MOE))
+    rules = by_source(huggingface("qwen3_moe", config=QWEN3_MOE))
     block = "transformer_layer_0/qwen3_sparse_moe_block"
     for index, name in enumerate(("gate_proj", "up_proj")):
         rule = rules[f"model.layers.0.mlp.experts.{{e}}.{name}.weight"]
@@ -115,7 +105,7 @@ def test_qwen3_moe_joins_gate_and_up_per_expert_and_reads_num_local_experts():
 
 
 def test_qwen2_moe_shared_expert_and_its_gate():
-    rules = _by_source(huggingface("qwen2_moe", config=QWEN2_MOE))
+    rules = by_source(huggingface("qwen2_moe", config=QWEN2_MOE))
     block = "transformer_layer_1/qwen_sparse_moe_block_1"
     for hf, keras in (("gate_proj", "gate"), ("up_proj", "intermediate"),
                       ("down_proj", "output")):
@@ -135,7 +125,7 @@ def test_dense_layers_are_where_transformers_puts_them(name):
     MLP is a dense block of its own name."""
     config = {**CONFIGS[name], "num_hidden_layers": 4, "decoder_sparse_step": 2,
               "mlp_only_layers": [3]}
-    rules = _by_source(huggingface(name, config=config))
+    rules = by_source(huggingface(name, config=config))
     moe, mlp = {"qwen2_moe": ("qwen_sparse_moe_block", "qwen_moe_mlp"),
                 "qwen3_moe": ("qwen3_sparse_moe_block", "qwen3_moe_mlp")}[name]
     # layers 0 and 2: (i + 1) % 2 != 0; layer 3 listed; layer 1 the only sparse one
@@ -170,9 +160,9 @@ GPT_OSS = {**DECODER, "model_type": "gpt_oss", "architectures": ["GptOssForCausa
 def test_gpt_oss_sinks_router_and_experts_as_keras_hubs_importer_places_them(tmp_path):
     """keras-hub names GPT-OSS's blocks itself: one set for every model; the experts are one
     tensor per layer on both sides, in the same layout."""
-    rules = huggingface(_folder(tmp_path, GPT_OSS))
+    rules = huggingface(config_folder(tmp_path, GPT_OSS))
     assert rules.name == "huggingface('gpt_oss')" and not rules.per_model
-    by = _by_source(rules)
+    by = by_source(rules)
     layer = "transformer_layer_{i}"
     assert by["model.layers.{i}.self_attn.sinks"].target == f"{layer}/self_attention/sinks"
     assert by["model.layers.{i}.self_attn.q_proj.weight"].transform == Chain(
@@ -226,7 +216,7 @@ def test_a_set_made_by_name_is_made_again_for_each_model(tmp_path, monkeypatch):
     (tmp_path / "mixtral").mkdir()  # a folder of the type's name is not read when remade
     made = rules.for_model(MixtralBackbone())
     assert made is not rules and made.per_model and made.config == rules.config
-    assert _by_source(made)["model.layers.1.block_sparse_moe.gate.weight"].target == (
+    assert by_source(made)["model.layers.1.block_sparse_moe.gate.weight"].target == (
         "transformer_layer_1/mixtral_sparse_moe_block_5/sparse_feedforward_gate_dense/kernel")
     plain = huggingface("llama", config={**DECODER, "model_type": "llama"})
     assert not plain.per_model and plain.for_model(MixtralBackbone()) is plain

@@ -20,7 +20,7 @@ import objckpt
 from objckpt import errors
 from objckpt.rules import Crop, Pad, Transpose, huggingface
 
-from support import bits
+from support import bits, by_source, config_folder
 
 FIXTURES = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "hf")
 TEXT = {"model_type": "gemma", "vocab_size": 64, "hidden_size": 16, "intermediate_size": 16,
@@ -37,20 +37,10 @@ PALIGEMMA = {"model_type": "paligemma", "architectures": ["PaliGemmaForCondition
 FOLDER = "paligemma-PaliGemmaForConditionalGeneration-float32"
 
 
-def _folder(path, config: dict) -> str:
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(config), encoding="utf-8")
-    return str(path)
-
-
-def _by_source(rules) -> dict:
-    return {rule.source: rule for rule in rules}
-
-
 # --- the set itself (no keras-hub) ------------------------------------------------------------
 
 def test_the_folder_chooses_the_set_by_model_type(tmp_path):
-    chosen = huggingface(_folder(tmp_path, PALIGEMMA))
+    chosen = huggingface(config_folder(tmp_path, PALIGEMMA))
     assert "paligemma" in objckpt.rules.supported()
     assert chosen.name == "huggingface('paligemma')"
     assert list(chosen) == list(huggingface("paligemma", config=PALIGEMMA))
@@ -58,7 +48,7 @@ def test_the_folder_chooses_the_set_by_model_type(tmp_path):
 
 
 def test_the_three_parts_and_their_layouts():
-    rules = _by_source(huggingface("paligemma", config=PALIGEMMA))
+    rules = by_source(huggingface("paligemma", config=PALIGEMMA))
     layer = "language_model.model.layers.{i}"
     # Gemma 1's decoder: the post-attention norm is keras-hub's pre-feed-forward norm
     assert rules[f"{layer}.post_attention_layernorm.weight"].target == (
@@ -84,7 +74,7 @@ def test_rows_past_the_image_token_are_cropped_and_exported_as_zeros():
     embedding holds the rows before it."""
     config = {**PALIGEMMA, "image_token_index": 60}
     rules = huggingface("paligemma", config=config)
-    rule = _by_source(rules)["language_model.model.embed_tokens.weight"]
+    rule = by_source(rules)["language_model.model.embed_tokens.weight"]
     assert rule.transform == Crop(axis=0, after=4)
     table = np.arange(64 * 16, dtype=np.float32).reshape(64, 16)
     kept = rule.transform(table)
@@ -188,7 +178,7 @@ def test_export_is_what_keras_hubs_importer_reads(tmp_path, task):
         variable.assign(rng.normal(0, 0.3, variable.shape).astype(np.float32))
     model = keras_hub.models.PaliGemmaCausalLM(backbone=backbone, preprocessor=None) \
         if task else backbone
-    folder = _folder(tmp_path / "hf", PALIGEMMA)
+    folder = config_folder(tmp_path / "hf", PALIGEMMA)
     objckpt.export(model, folder, rules=huggingface(folder))
     with safe_open(os.path.join(folder, "model.safetensors"), "np") as f:
         names = sorted(f.keys())

@@ -22,7 +22,7 @@ import objckpt
 from objckpt import errors
 from objckpt.rules import Chain, Reshape, Transpose, huggingface
 
-from support import bits
+from support import bits, by_source, config_folder
 
 FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                         "fixtures", "hf")
@@ -43,25 +43,15 @@ class Qwen3_5CausalLM:  # what the set is chosen by: the class name
     pass
 
 
-def _folder(path, config: dict) -> str:
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(config), encoding="utf-8")
-    return str(path)
-
-
-def _by_source(rules) -> dict:
-    return {rule.source: rule for rule in rules}
-
-
 def test_the_folder_chooses_the_set_by_model_type(tmp_path):
-    chosen = huggingface(_folder(tmp_path, QWEN3_5))
+    chosen = huggingface(config_folder(tmp_path, QWEN3_5))
     assert "qwen3_5_text" in objckpt.rules.supported()
     assert chosen.name == "huggingface('qwen3_5_text')"
     assert list(chosen) == list(huggingface("qwen3_5_text", config=QWEN3_5))
 
 
 def test_both_kinds_of_layer_and_their_layouts():
-    rules = _by_source(huggingface("qwen3_5_text", config=QWEN3_5))
+    rules = by_source(huggingface("qwen3_5_text", config=QWEN3_5))
     query = rules["model.layers.{i}.self_attn.q_proj.weight"]
     assert query.target == "transformer_layer_{i}/self_attention/query/kernel"
     # each head's query and its output gate: (4 * 8 * 2, 16) -> (16, 4, 16)
@@ -97,11 +87,11 @@ def test_export_names_heads_and_the_tied_output_embedding():
         assert rules.export_name("transformer_layer_1/self_attention/key/kernel")[0] == (
             "model.layers.1.self_attn.k_proj.weight")
     assert task.export_name("token_embedding/reverse_embeddings")[0] == "lm_head.weight"
-    rules = _by_source(backbone)
+    rules = by_source(backbone)
     assert rules["score.weight"].head == (
         "Qwen3_5TextForSequenceClassification, Qwen3_5ForTokenClassification")
     assert rules["embed_tokens.weight"].target == "token_embedding/embeddings"
-    tied = _by_source(huggingface("qwen3_5_text",
+    tied = by_source(huggingface("qwen3_5_text",
                                   config={**QWEN3_5, "tie_word_embeddings": True}))
     assert "tied" in tied["lm_head.weight"].head
     assert not any(r.target == "token_embedding/reverse_embeddings" for r in tied.values())
@@ -141,10 +131,10 @@ QWEN3_5_MOE = {**QWEN3_5, "architectures": ["Qwen3_5MoeForCausalLM"],
 def test_moe_set_maps_the_experts_in_both_key_forms_and_exports_the_original(tmp_path):
     from objckpt.rules import Concat, Stack
 
-    chosen = huggingface(_folder(tmp_path, QWEN3_5_MOE))
+    chosen = huggingface(config_folder(tmp_path, QWEN3_5_MOE))
     assert "qwen3_5_moe_text" in objckpt.rules.supported()
     assert chosen.name == "huggingface('qwen3_5_moe_text')"
-    rules = _by_source(chosen)
+    rules = by_source(chosen)
     block = "transformer_layer_{i}/sparse_moe_block"
     gate = rules["model.layers.{i}.mlp.experts.{e}.gate_proj.weight"]
     assert gate.target == f"{block}/experts/expert_feedforward_gate_dense"
@@ -221,7 +211,7 @@ def test_published_layout_maps_the_decoder_and_the_vision_tower():
     chosen = huggingface(folder)
     assert "qwen3_5" in objckpt.rules.supported()
     assert chosen.name == "huggingface('qwen3_5')"
-    rules = _by_source(chosen)
+    rules = by_source(chosen)
     assert rules["model.language_model.layers.{i}.linear_attn.A_log"].target == (
         "transformer_layer_{i}/linear_attn/A_log")
     patch = rules["model.visual.patch_embed.proj.weight"]
@@ -241,9 +231,9 @@ def test_published_layout_maps_the_decoder_and_the_vision_tower():
         FIXTURES, "qwen3_5_moe_vl-Qwen3_5MoeForConditionalGeneration-float32"))
     assert moe.name == "huggingface('qwen3_5_moe')"
     assert moe.classes == {"Qwen3_5MoeCausalLM": "Qwen3_5MoeForConditionalGeneration"}
-    assert _by_source(moe)["model.language_model.layers.{i}.mlp.experts.down_proj"].target == (
+    assert by_source(moe)["model.language_model.layers.{i}.mlp.experts.down_proj"].target == (
         "transformer_layer_{i}/sparse_moe_block/experts/expert_feedforward_output_dense")
-    assert "model.visual.pos_embed.weight" in _by_source(moe)
+    assert "model.visual.pos_embed.weight" in by_source(moe)
     with pytest.raises(errors.InvalidArgumentError, match=r"needs `linear_key_head_dim`"):
         huggingface("qwen3_5", config={"text_config": {
             k: v for k, v in QWEN3_5.items() if k != "linear_key_head_dim"}})

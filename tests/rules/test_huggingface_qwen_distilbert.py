@@ -8,8 +8,6 @@ keras-hub) and keras-hub's `Backbone.from_preset(folder)` is the oracle where it
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
@@ -17,7 +15,7 @@ import objckpt
 from objckpt import errors
 from objckpt.rules import Chain, Reshape, Transpose, huggingface
 
-from support import bits
+from support import bits, by_source, config_folder
 
 DECODER = {
     "vocab_size": 64, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2,
@@ -38,29 +36,19 @@ DISTILBERT = {
 CONFIGS = {"qwen2": QWEN2, "qwen3": QWEN3, "distilbert": DISTILBERT}
 
 
-def _folder(path, config: dict) -> str:
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(config), encoding="utf-8")
-    return str(path)
-
-
-def _by_source(rules) -> dict:
-    return {rule.source: rule for rule in rules}
-
-
 # --- the sets themselves (no keras-hub) -------------------------------------------------------
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_the_folder_chooses_the_set_by_model_type(tmp_path, name):
     config = CONFIGS[name]
-    chosen = huggingface(_folder(tmp_path, config))
+    chosen = huggingface(config_folder(tmp_path, config))
     assert name in objckpt.rules.supported()
     assert chosen.name == f"huggingface({name!r})"
     assert list(chosen) == list(huggingface(name, config=config))
 
 
 def test_qwen2_has_llamas_decoder_and_attention_biases_split_by_head():
-    rules = _by_source(huggingface("qwen2", config=QWEN2))
+    rules = by_source(huggingface("qwen2", config=QWEN2))
     assert rules["model.layers.{i}.self_attn.q_proj.weight"].transform == Chain(
         Transpose(), Reshape((16, 16), (16, 4, 4)))
     assert rules["model.layers.{i}.self_attn.q_proj.bias"].transform == Reshape((16,), (4, 4))
@@ -75,7 +63,7 @@ def test_qwen2_has_llamas_decoder_and_attention_biases_split_by_head():
 
 
 def test_qwen3_takes_head_dim_from_the_config_and_norms_queries_and_keys():
-    rules = _by_source(huggingface("qwen3", config=QWEN3))
+    rules = by_source(huggingface("qwen3", config=QWEN3))
     assert rules["model.layers.{i}.self_attn.q_proj.weight"].transform == Chain(
         Transpose(), Reshape((16, 32), (16, 4, 8)))
     assert rules["model.layers.{i}.self_attn.o_proj.weight"].transform == Chain(
@@ -102,7 +90,7 @@ def test_a_head_dim_that_is_no_positive_int_is_refused(name):
 
 def test_qwen2_reshapes_by_the_configs_head_dim():
     """transformers' Qwen2 reads `head_dim` where config.json has one, so the set does."""
-    rules = _by_source(huggingface("qwen2", config={**QWEN2, "head_dim": 8}))
+    rules = by_source(huggingface("qwen2", config={**QWEN2, "head_dim": 8}))
     assert rules["model.layers.{i}.self_attn.q_proj.bias"].transform == Reshape((32,), (4, 8))
     assert rules["model.layers.{i}.self_attn.o_proj.weight"].transform == Chain(
         Transpose(), Reshape((32, 16), (4, 8, 16)))
@@ -120,7 +108,7 @@ def test_distilbert_heads_and_the_prefix_export_writes():
     assert backbone.export_name(path)[0] == "transformer.layer.1.attention.q_lin.weight"
     assert task.export_name(path)[0] == "distilbert.transformer.layer.1.attention.q_lin.weight"
     assert task.export_name("logits/kernel")[0] == "classifier.weight"
-    rules = _by_source(backbone)
+    rules = by_source(backbone)
     assert "distilbert.embeddings.LayerNorm.gamma" in rules  # the older LayerNorm names
     assert rules["classifier.weight"].head == (
         "DistilBertForSequenceClassification, DistilBertForMultipleChoice, "
@@ -161,7 +149,7 @@ def test_export_is_what_keras_hubs_importer_reads(tmp_path, name):
         model = keras_hub.models.DistilBertTextClassifier(backbone=backbone, num_classes=3,
                                                            preprocessor=None)
         _random(model, seed=1)
-    folder = _folder(tmp_path / "hf", config)
+    folder = config_folder(tmp_path / "hf", config)
     objckpt.export(model, folder, rules=huggingface(folder))
     loaded = keras_hub.models.Backbone.from_preset(folder)
     assert type(loaded) is type(backbone)

@@ -9,7 +9,6 @@ objckpt's exports.
 
 from __future__ import annotations
 
-import json
 import os
 
 import numpy as np
@@ -19,7 +18,7 @@ import objckpt
 from objckpt import errors
 from objckpt.rules import Chain, Crop, Reshape, Sum, Transpose, huggingface
 
-from support import bits
+from support import bits, by_source, config_folder
 
 FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                         "fixtures", "hf")
@@ -37,22 +36,12 @@ XLM_ROBERTA = {**ENCODER, "architectures": ["XLMRobertaForMaskedLM"],
 CONFIGS = {"roberta": ROBERTA, "xlm-roberta": XLM_ROBERTA}
 
 
-def _folder(path, config: dict) -> str:
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(config), encoding="utf-8")
-    return str(path)
-
-
-def _by_source(rules) -> dict:
-    return {rule.source: rule for rule in rules}
-
-
 # --- the sets themselves (no keras-hub) -------------------------------------------------------
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_the_folder_chooses_the_set_by_model_type(tmp_path, name):
     config = CONFIGS[name]
-    chosen = huggingface(_folder(tmp_path, config))
+    chosen = huggingface(config_folder(tmp_path, config))
     assert name in objckpt.rules.supported()
     assert chosen.name == f"huggingface({name!r})"
     assert list(chosen) == list(huggingface(name, config=config))
@@ -60,7 +49,7 @@ def test_the_folder_chooses_the_set_by_model_type(tmp_path, name):
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_roberta_folds_the_token_type_row_into_the_position_rows(name):
-    rules = _by_source(huggingface(name, config=CONFIGS[name]))
+    rules = by_source(huggingface(name, config=CONFIGS[name]))
     position = "embeddings/position_embedding/embeddings"
     for prefix in ("", "roberta."):
         first = rules[prefix + "embeddings.position_embeddings.weight"]
@@ -69,7 +58,7 @@ def test_roberta_folds_the_token_type_row_into_the_position_rows(name):
         assert first.transform == Chain(Crop(axis=0, before=2), Sum(2, 0))
         assert second.transform == Sum(2, 1, broadcast=(0,))
     # two token types: row 0 is what a model without token types adds
-    two = _by_source(huggingface(name, config={**CONFIGS[name], "type_vocab_size": 2}))
+    two = by_source(huggingface(name, config={**CONFIGS[name], "type_vocab_size": 2}))
     assert two["embeddings.token_type_embeddings.weight"].transform == Chain(
         Crop(axis=0, after=1), Sum(2, 1, broadcast=(0,)))
     assert rules["encoder.layer.{i}.attention.self.query.weight"].transform == Chain(
@@ -98,7 +87,7 @@ def test_roberta_heads_and_the_prefix_export_writes():
     xlm = huggingface("xlm-roberta", config=XLM_ROBERTA, model=XLMRobertaMaskedLM())
     assert xlm.classes["XLMRobertaMaskedLM"] == "XLMRobertaForMaskedLM"
     assert xlm.export_name("mlm_head/output_bias")[0] == "lm_head.bias"
-    rules = _by_source(backbone)
+    rules = by_source(backbone)
     assert rules["pooler.dense.weight"].head == "RobertaModel"
     assert rules["roberta.pooler.dense.weight"].head == "RobertaForMultipleChoice"
     assert rules["classifier.weight"].head == (
@@ -184,7 +173,7 @@ def test_export_is_what_keras_hubs_importer_reads(tmp_path, name):
     rng = np.random.default_rng(0)
     for variable in model.weights:
         variable.assign(rng.normal(0, 0.3, variable.shape).astype(np.float32))
-    folder = _folder(tmp_path / "hf", config)
+    folder = config_folder(tmp_path / "hf", config)
     objckpt.export(model, folder, rules=huggingface(folder))
     loaded = keras_hub.models.Backbone.from_preset(folder)
     assert type(loaded) is type(backbone)
@@ -204,9 +193,9 @@ ALBERT = {
 
 
 def test_albert_set_maps_its_shared_layer_groups_and_the_embedding_projection(tmp_path):
-    chosen = huggingface(_folder(tmp_path, ALBERT))
+    chosen = huggingface(config_folder(tmp_path, ALBERT))
     assert "albert" in objckpt.rules.supported() and chosen.name == "huggingface('albert')"
-    rules = _by_source(chosen)
+    rules = by_source(chosen)
     layer = "encoder.albert_layer_groups.{g}.albert_layers.{j}"
     assert rules[f"{layer}.attention.query.weight"].target == (
         "group_{g}_inner_layer_{j}/self_attention_layer/query/kernel")
@@ -231,7 +220,7 @@ def test_albert_heads_the_pooler_and_the_prefix_export_writes():
     assert task.export_name("mlm_head/output_bias")[0] == "predictions.bias"
     assert task.export_name("token_embedding/embeddings")[0] == (
         "albert.embeddings.word_embeddings.weight")
-    rules = _by_source(huggingface("albert", config={**ALBERT,
+    rules = by_source(huggingface("albert", config={**ALBERT,
                                                      "architectures": ["AlbertForMaskedLM"]}))
     assert rules["pooler.weight"].absent == (
         "AlbertForMaskedLM has no pooler (its folder holds no `pooler.*`)")
@@ -271,7 +260,7 @@ def test_albert_export_is_what_keras_hubs_importer_reads(tmp_path):
     rng = np.random.default_rng(1)
     for variable in model.weights:
         variable.assign(rng.normal(0, 0.3, variable.shape).astype(np.float32))
-    folder = _folder(tmp_path / "hf", ALBERT)
+    folder = config_folder(tmp_path / "hf", ALBERT)
     objckpt.export(model, folder, rules=huggingface(folder))
     loaded = keras_hub.models.Backbone.from_preset(folder)
     assert type(loaded) is type(backbone)

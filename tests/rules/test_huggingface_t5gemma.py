@@ -17,7 +17,7 @@ import objckpt
 from objckpt import errors
 from objckpt.rules import Chain, Reshape, Transpose, huggingface
 
-from support import bits
+from support import bits, by_source
 
 FIXTURES = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "hf")
 _STACK = {
@@ -39,10 +39,6 @@ class T5GemmaSeq2SeqLM:  # what a set is remade for: the class name
     pass
 
 
-def _by_source(rules) -> dict:
-    return {rule.source: rule for rule in rules}
-
-
 def test_the_folder_chooses_the_set(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(T5GEMMA), encoding="utf-8")
     chosen = huggingface(str(tmp_path))
@@ -52,7 +48,7 @@ def test_the_folder_chooses_the_set(tmp_path):
 
 
 def test_the_layouts_follow_keras_hubs_importer():
-    rules = _by_source(huggingface("t5gemma", config=T5GEMMA))
+    rules = by_source(huggingface("t5gemma", config=T5GEMMA))
     cross = rules["model.decoder.layers.{i}.cross_attn.k_proj.weight"]
     assert cross.target == "decoder_layer_{i}/cross_attention/key/kernel"
     assert cross.transform == Chain(Transpose(), Reshape((16, 8), (16, 1, 8)))

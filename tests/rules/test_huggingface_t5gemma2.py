@@ -18,7 +18,7 @@ import objckpt
 from objckpt import errors
 from objckpt.rules import Chain, ConvKernel, Reshape, Transpose, huggingface
 
-from support import bits
+from support import bits, by_source as _by_source
 
 FIXTURES = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "hf")
 EXPORTS = os.path.join(os.path.dirname(FIXTURES), "hf_exports")
@@ -47,10 +47,6 @@ TEXT_ONLY = {**T5GEMMA2, "encoder": {"text_config": _TEXT}}
 
 class T5Gemma2Seq2SeqLM:  # what a set is remade for: the class name
     pass
-
-
-def _by_source(rules) -> dict:
-    return {rule.source: rule for rule in rules}
 
 
 def _targets(rules, source: str) -> list:

@@ -22,7 +22,7 @@ from objckpt.rules import Chain, ConvKernel, Reshape, Transpose, huggingface
 from objckpt.rules.core import NOWHERE
 
 import hf_cases
-from support import bits
+from support import bits, by_source as _by_source, config_folder
 
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 
@@ -45,16 +45,6 @@ CONFIGS = {"deit": DEIT, "dinov2": DINOV2, "dinov2_with_registers": DINOV2_REGIS
            "dinov3_vit": DINOV3}
 
 
-def _folder(path, config: dict) -> str:
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(config), encoding="utf-8")
-    return str(path)
-
-
-def _by_source(rules) -> dict:
-    return {rule.source: rule for rule in rules}
-
-
 def _cases(case: str, form: str = ""):
     return [c for c in hf_cases.CASES if c.case == case and c.form == form]
 
@@ -64,7 +54,7 @@ def _cases(case: str, form: str = ""):
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_the_folder_chooses_the_set_by_model_type(tmp_path, name):
     config = CONFIGS[name]
-    chosen = huggingface(_folder(tmp_path, config))
+    chosen = huggingface(config_folder(tmp_path, config))
     assert name in objckpt.rules.supported()
     assert chosen.name == f"huggingface({name!r})"
     assert list(chosen) == list(huggingface(name, config=config))
@@ -314,7 +304,7 @@ _SWIN = [c for c in hf_cases.CASES if c.case == "swin"]
 
 
 def test_swin_is_chosen_by_the_folder(tmp_path):
-    chosen = huggingface(_folder(tmp_path, SWIN))
+    chosen = huggingface(config_folder(tmp_path, SWIN))
     assert "swin" in objckpt.rules.supported()
     assert chosen.name == "huggingface('swin')"
     assert list(chosen) == list(huggingface("swin", config=SWIN))
