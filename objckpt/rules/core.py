@@ -241,17 +241,9 @@ def _split_arguments(axis, parts, sizes, index) -> tuple:
 
 
 @dataclasses.dataclass(frozen=True)
-class Split(Transform):
-    """Part `index` of a value cut along `axis` into `parts` equal parts or parts of the
-    given `sizes`, e.g. `Split(axis=-1, parts=3, index=1)`: the key of GPT-2's fused
-    `c_attn` weight (h, 3h).
-
-    Several `Rule`s with the same source pattern, each with its own `index` (a `Split`
-    alone, or first in a `Chain`), feed one source tensor to several variables at restore.
-    A Split on its own has no inverse: `objckpt.export` undoes it by putting each variable
-    of such a group through the inverse of the rest of its chain and concatenating them
-    along `axis`, in index order, under the one source name.
-    """
+class _Cut(Transform):
+    """What `Split` and `Concat` share: part `index` of `parts` equal parts, or of parts of
+    the given `sizes`, along `axis` (validated when made)."""
 
     axis: int
     parts: int | None = None
@@ -264,13 +256,27 @@ class Split(Transform):
 
     @property
     def count(self) -> int:
-        """How many parts the value is cut into."""
+        """How many parts there are."""
         return self.parts if self.parts is not None else len(self.sizes)
 
     def same_cut(self, other) -> bool:
-        """Whether `other` is a Split of the same value the same way (its index aside)."""
-        return isinstance(other, Split) and (other.axis, other.parts, other.sizes) == (
+        """Whether `other` is of this kind and cuts the same way (its index aside)."""
+        return isinstance(other, type(self)) and (other.axis, other.parts, other.sizes) == (
             self.axis, self.parts, self.sizes)
+
+
+@dataclasses.dataclass(frozen=True)
+class Split(_Cut):
+    """Part `index` of a value cut along `axis` into `parts` equal parts or parts of the
+    given `sizes`, e.g. `Split(axis=-1, parts=3, index=1)`: the key of GPT-2's fused
+    `c_attn` weight (h, 3h).
+
+    Several `Rule`s with the same source pattern, each with its own `index` (a `Split`
+    alone, or first in a `Chain`), feed one source tensor to several variables at restore.
+    A Split on its own has no inverse: `objckpt.export` undoes it by putting each variable
+    of such a group through the inverse of the rest of its chain and concatenating them
+    along `axis`, in index order, under the one source name.
+    """
 
     def _bounds(self, shape: tuple | None) -> tuple:
         """(axis as a non-negative int, start, stop) of part `index` in a value of `shape`."""
@@ -465,7 +471,7 @@ class Unstack(Transform):
 
 
 @dataclasses.dataclass(frozen=True)
-class Concat(Transform):
+class Concat(_Cut):
     """Part `index` of a variable made of `parts` equal parts (or parts of the given `sizes`)
     along `axis`: the other way round from `Split`. Several rules with different source
     patterns and one target, each with a Concat (last in its transform) of the same cut and
@@ -473,25 +479,6 @@ class Concat(Transform):
     torch weights; after a `Stack`, per expert: Qwen MoE's `gate_up` bank). Every part's
     shape is checked from metadata; a part no entry gives is an error naming its rule.
     Its inverse is the Split of the same cut and index (export writes each part)."""
-
-    axis: int
-    parts: int | None = None
-    sizes: tuple | None = None
-    index: int = 0
-
-    def __post_init__(self):
-        _, _, sizes = _split_arguments(self.axis, self.parts, self.sizes, self.index)
-        object.__setattr__(self, "sizes", sizes)
-
-    @property
-    def count(self) -> int:
-        """How many parts make the variable."""
-        return self.parts if self.parts is not None else len(self.sizes)
-
-    def same_cut(self, other) -> bool:
-        """Whether `other` is a Concat of the same variable the same way (index aside)."""
-        return isinstance(other, Concat) and (other.axis, other.parts, other.sizes) == (
-            self.axis, self.parts, self.sizes)
 
     def split(self) -> Split:
         return Split(self.axis, self.parts, self.sizes, self.index)
