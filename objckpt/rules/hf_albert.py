@@ -29,6 +29,7 @@ it, so there it is listed and left as is.
 from __future__ import annotations
 
 from objckpt.rules.core import NOWHERE, Chain, Reshape, Rule, RuleSet, Transpose
+from objckpt.rules.hf_bert import layer_norms
 
 __all__ = ["MODEL_TYPES", "rules"]
 
@@ -72,13 +73,6 @@ def _size(config: dict, key: str) -> int:
     return value
 
 
-def _layer_norms(source: str, target: str) -> list:
-    """LayerNorm `weight`/`bias` (first: what export writes) and `gamma`/`beta`."""
-    return [Rule(f"{source}.{w}", f"{target}/{k}")
-            for w, k in (("weight", "gamma"), ("bias", "beta"), ("gamma", "gamma"),
-                         ("beta", "beta"))]
-
-
 def _bare(config: dict) -> list:
     hidden = _size(config, "hidden_size")
     heads = _size(config, "num_attention_heads")
@@ -99,7 +93,7 @@ def _bare(config: dict) -> list:
         Rule("embeddings.word_embeddings.weight", "token_embedding/embeddings"),
         Rule("embeddings.position_embeddings.weight", "position_embedding/embeddings"),
         Rule("embeddings.token_type_embeddings.weight", "segment_embedding/embeddings"),
-        *_layer_norms("embeddings.LayerNorm", "embeddings_layer_norm"),
+        *layer_norms("embeddings.LayerNorm", "embeddings_layer_norm"),
         Rule("encoder.embedding_hidden_mapping_in.weight", "embedding_projection/kernel",
              Transpose()),
         Rule("encoder.embedding_hidden_mapping_in.bias", "embedding_projection/bias"),
@@ -113,14 +107,14 @@ def _bare(config: dict) -> list:
         Rule(f"{source}.attention.dense.weight", f"{attention}/attention_output/kernel",
              from_heads),
         Rule(f"{source}.attention.dense.bias", f"{attention}/attention_output/bias"),
-        *_layer_norms(f"{source}.attention.LayerNorm", f"{target}/self_attention_layer_norm"),
+        *layer_norms(f"{source}.attention.LayerNorm", f"{target}/self_attention_layer_norm"),
         Rule(f"{source}.ffn.weight", f"{target}/feedforward_intermediate_dense/kernel",
              Transpose()),
         Rule(f"{source}.ffn.bias", f"{target}/feedforward_intermediate_dense/bias"),
         Rule(f"{source}.ffn_output.weight", f"{target}/feedforward_output_dense/kernel",
              Transpose()),
         Rule(f"{source}.ffn_output.bias", f"{target}/feedforward_output_dense/bias"),
-        *_layer_norms(f"{source}.full_layer_layer_norm", f"{target}/feedforward_layer_norm"),
+        *layer_norms(f"{source}.full_layer_layer_norm", f"{target}/feedforward_layer_norm"),
     ]
     return out
 

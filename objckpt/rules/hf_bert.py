@@ -73,10 +73,45 @@ def _size(config: dict, key: str) -> int:
     return value
 
 
-def _layer_norms(source: str, target: str) -> list:
+def layer_norms(source: str, target: str) -> list:
     """LayerNorm `weight`/`bias` (first: what export writes) and `gamma`/`beta`."""
     return [Rule(f"{source}.weight", f"{target}/gamma"), Rule(f"{source}.bias", f"{target}/beta"),
             Rule(f"{source}.gamma", f"{target}/gamma"), Rule(f"{source}.beta", f"{target}/beta")]
+
+
+def encoder_layer(hidden: int, heads: int) -> list:
+    """The rules of BERT's encoder layers (`encoder.layer.{i}`, RoBERTa's too) onto
+    keras-hub's (`transformer_layer_{i}`): q/k/v weights (hidden, hidden) <-> kernels (hidden,
+    heads, head_dim), their biases <-> (heads, head_dim), the attention output (hidden,
+    hidden) <-> (heads, head_dim, hidden), the feedforward `Linear` weights transposed, and
+    both LayerNorms. `hidden` is a multiple of `heads` (checked by the caller)."""
+    head_dim = hidden // heads
+    into_heads = Chain(Transpose(), Reshape((hidden, hidden), (hidden, heads, head_dim)))
+    bias_heads = Reshape((hidden,), (heads, head_dim))
+    from_heads = Chain(Transpose(), Reshape((hidden, hidden), (heads, head_dim, hidden)))
+    source, target = "encoder.layer.{i}", "transformer_layer_{i}"
+    attention = f"{target}/self_attention_layer"
+    out = []
+    for hf, keras in (("query", "query"), ("key", "key"), ("value", "value")):
+        out += [Rule(f"{source}.attention.self.{hf}.weight", f"{attention}/{keras}/kernel",
+                     into_heads),
+                Rule(f"{source}.attention.self.{hf}.bias", f"{attention}/{keras}/bias",
+                     bias_heads)]
+    out += [
+        Rule(f"{source}.attention.output.dense.weight", f"{attention}/attention_output/kernel",
+             from_heads),
+        Rule(f"{source}.attention.output.dense.bias", f"{attention}/attention_output/bias"),
+        *layer_norms(f"{source}.attention.output.LayerNorm",
+                     f"{target}/self_attention_layer_norm"),
+        Rule(f"{source}.intermediate.dense.weight",
+             f"{target}/feedforward_intermediate_dense/kernel", Transpose()),
+        Rule(f"{source}.intermediate.dense.bias", f"{target}/feedforward_intermediate_dense/bias"),
+        Rule(f"{source}.output.dense.weight", f"{target}/feedforward_output_dense/kernel",
+             Transpose()),
+        Rule(f"{source}.output.dense.bias", f"{target}/feedforward_output_dense/bias"),
+        *layer_norms(f"{source}.output.LayerNorm", f"{target}/feedforward_layer_norm"),
+    ]
+    return out
 
 
 def _bare(config: dict) -> list:
@@ -88,38 +123,13 @@ def _bare(config: dict) -> list:
         raise errors.InvalidArgumentError(
             f"The BERT rule set needs hidden_size divisible by num_attention_heads; received "
             f"{hidden} and {heads}. Fix: pass the checkpoint's own config.json.")
-    head_dim = hidden // heads
-    into_heads = Chain(Transpose(), Reshape((hidden, hidden), (hidden, heads, head_dim)))
-    bias_heads = Reshape((hidden,), (heads, head_dim))
-    from_heads = Chain(Transpose(), Reshape((hidden, hidden), (heads, head_dim, hidden)))
-    source, target = "encoder.layer.{i}", "transformer_layer_{i}"
-    attention = f"{target}/self_attention_layer"
-    out = [
+    return [
         Rule("embeddings.word_embeddings.weight", "token_embedding/embeddings"),
         Rule("embeddings.position_embeddings.weight", "position_embedding/embeddings"),
         Rule("embeddings.token_type_embeddings.weight", "segment_embedding/embeddings"),
-        *_layer_norms("embeddings.LayerNorm", "embeddings_layer_norm"),
+        *layer_norms("embeddings.LayerNorm", "embeddings_layer_norm"),
+        *encoder_layer(hidden, heads),
     ]
-    for hf, keras in (("query", "query"), ("key", "key"), ("value", "value")):
-        out += [Rule(f"{source}.attention.self.{hf}.weight", f"{attention}/{keras}/kernel",
-                     into_heads),
-                Rule(f"{source}.attention.self.{hf}.bias", f"{attention}/{keras}/bias",
-                     bias_heads)]
-    out += [
-        Rule(f"{source}.attention.output.dense.weight", f"{attention}/attention_output/kernel",
-             from_heads),
-        Rule(f"{source}.attention.output.dense.bias", f"{attention}/attention_output/bias"),
-        *_layer_norms(f"{source}.attention.output.LayerNorm",
-                      f"{target}/self_attention_layer_norm"),
-        Rule(f"{source}.intermediate.dense.weight",
-             f"{target}/feedforward_intermediate_dense/kernel", Transpose()),
-        Rule(f"{source}.intermediate.dense.bias", f"{target}/feedforward_intermediate_dense/bias"),
-        Rule(f"{source}.output.dense.weight", f"{target}/feedforward_output_dense/kernel",
-             Transpose()),
-        Rule(f"{source}.output.dense.bias", f"{target}/feedforward_output_dense/bias"),
-        *_layer_norms(f"{source}.output.LayerNorm", f"{target}/feedforward_layer_norm"),
-    ]
-    return out
 
 
 def _classes_having(entry: str) -> str:

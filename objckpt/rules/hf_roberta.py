@@ -40,7 +40,8 @@ token-classification, multiple-choice and question-answering heads always are.
 
 from __future__ import annotations
 
-from objckpt.rules.core import NOWHERE, Chain, Crop, Reshape, Rule, RuleSet, Sum, Transpose
+from objckpt.rules.core import NOWHERE, Chain, Crop, Rule, RuleSet, Sum, Transpose
+from objckpt.rules.hf_bert import encoder_layer, layer_norms
 
 __all__ = ["MODEL_TYPES", "rules"]
 
@@ -98,13 +99,6 @@ def _size(config: dict, key: str, shown: str, default=None) -> int:
     return value
 
 
-def _layer_norms(source: str, target: str) -> list:
-    """LayerNorm `weight`/`bias` (first: what export writes) and `gamma`/`beta`."""
-    return [Rule(f"{source}.{w}", f"{target}/{k}")
-            for w, k in (("weight", "gamma"), ("bias", "beta"), ("gamma", "gamma"),
-                         ("beta", "beta"))]
-
-
 def _embeddings(config: dict, shown: str) -> list:
     """Word embeddings, and the position rows folded with token type 0 (a `Sum`)."""
     pad = config.get("pad_token_id", 1)
@@ -123,7 +117,7 @@ def _embeddings(config: dict, shown: str) -> list:
         Rule("embeddings.position_embeddings.weight", position,
              Chain(Crop(axis=0, before=pad + 1), Sum(2, 0))),
         Rule("embeddings.token_type_embeddings.weight", position, first_type),
-        *_layer_norms("embeddings.LayerNorm", "embeddings_layer_norm"),
+        *layer_norms("embeddings.LayerNorm", "embeddings_layer_norm"),
     ]
 
 
@@ -133,33 +127,7 @@ def _bare(config: dict, shown: str) -> list:
     if hidden % heads:
         raise _error(shown, f"needs hidden_size divisible by num_attention_heads; received "
                      f"{hidden} and {heads}. Fix: pass the checkpoint's own config.json.")
-    head_dim = hidden // heads
-    into_heads = Chain(Transpose(), Reshape((hidden, hidden), (hidden, heads, head_dim)))
-    bias_heads = Reshape((hidden,), (heads, head_dim))
-    from_heads = Chain(Transpose(), Reshape((hidden, hidden), (heads, head_dim, hidden)))
-    source, target = "encoder.layer.{i}", "transformer_layer_{i}"
-    attention = f"{target}/self_attention_layer"
-    out = _embeddings(config, shown)
-    for name in ("query", "key", "value"):
-        out += [Rule(f"{source}.attention.self.{name}.weight", f"{attention}/{name}/kernel",
-                     into_heads),
-                Rule(f"{source}.attention.self.{name}.bias", f"{attention}/{name}/bias",
-                     bias_heads)]
-    out += [
-        Rule(f"{source}.attention.output.dense.weight", f"{attention}/attention_output/kernel",
-             from_heads),
-        Rule(f"{source}.attention.output.dense.bias", f"{attention}/attention_output/bias"),
-        *_layer_norms(f"{source}.attention.output.LayerNorm",
-                      f"{target}/self_attention_layer_norm"),
-        Rule(f"{source}.intermediate.dense.weight",
-             f"{target}/feedforward_intermediate_dense/kernel", Transpose()),
-        Rule(f"{source}.intermediate.dense.bias", f"{target}/feedforward_intermediate_dense/bias"),
-        Rule(f"{source}.output.dense.weight", f"{target}/feedforward_output_dense/kernel",
-             Transpose()),
-        Rule(f"{source}.output.dense.bias", f"{target}/feedforward_output_dense/bias"),
-        *_layer_norms(f"{source}.output.LayerNorm", f"{target}/feedforward_layer_norm"),
-    ]
-    return out
+    return _embeddings(config, shown) + encoder_layer(hidden, heads)
 
 
 def _heads(classes: dict) -> list:
