@@ -26,7 +26,7 @@ from __future__ import annotations
 from objckpt.rules.core import Reshape, Rule, RuleSet
 from objckpt.rules.hf_llama import decoder_rules, hub_classes, prefixed
 
-__all__ = ["MODEL_TYPES", "rules"]
+__all__ = ["MODEL_TYPES", "attention_extra", "rules"]
 
 MODEL_TYPES = ("qwen2", "qwen3")
 _NAMES = {"qwen2": "Qwen2", "qwen3": "Qwen3"}
@@ -37,8 +37,9 @@ TASKS = {"qwen2": {"QwenCausalLM": "Qwen2ForCausalLM", "Qwen2CausalLM": "Qwen2Fo
          "qwen3": {"Qwen3CausalLM": "Qwen3ForCausalLM"}}
 
 
-def _extra(config: dict, qwen3: bool, head_dim: int) -> list:
-    """What Qwen2 (q/k/v biases) or Qwen3 (per-head q/k norms) adds to Llama's layer."""
+def attention_extra(config: dict, qwen3: bool, head_dim: int) -> list:
+    """What Qwen2 (q/k/v biases) or Qwen3 (per-head q/k norms) adds to Llama's attention
+    (their mixture-of-experts decoders' too)."""
     source, target = "model.layers.{i}.self_attn", "transformer_layer_{i}/self_attention"
     if qwen3:
         return [Rule(f"{source}.q_norm.weight", f"{target}/query_dense_layernorm/scale"),
@@ -74,5 +75,5 @@ def rules(config: dict) -> RuleSet:
     # decoder_rules checked the sizes (positive ints): the reshapes below can use them
     head_dim = given or config["hidden_size"] // config["num_attention_heads"]
     prefixes = list(dict.fromkeys(["model.", *(p for p, _ in classes.values())]))
-    return RuleSet([*base, *prefixed(_extra(config, qwen3, head_dim), prefixes)],
+    return RuleSet([*base, *prefixed(attention_extra(config, qwen3, head_dim), prefixes)],
                    alternatives=True, name=base.name, classes=tasks)

@@ -49,10 +49,11 @@ question-answering heads no keras-hub task model: set aside.
 from __future__ import annotations
 
 from objckpt import errors
-from objckpt.rules.core import Reshape, Rule, RuleSet, Transpose
+from objckpt.rules.core import Rule, RuleSet, Transpose
 from objckpt.rules.hf_llama import hub_classes, prefixed
 from objckpt.rules.hf_moe import FORMS as MOE_FORMS
 from objckpt.rules.hf_moe import block_names, decoder_base, expert_rules, fused_rules, size
+from objckpt.rules.hf_qwen import attention_extra
 
 __all__ = ["MODEL_TYPES", "rules"]
 
@@ -94,20 +95,6 @@ def _experts_key(config: dict) -> str:
     the first)."""
     return "num_experts" if "num_experts" in config or "num_local_experts" not in config \
         else "num_local_experts"
-
-
-def _attention_extra(config: dict, qwen3: bool, head_dim: int) -> list:
-    """Qwen2-MoE's q/k/v biases, or Qwen3-MoE's per-head q/k norms."""
-    source, target = "model.layers.{i}.self_attn", "transformer_layer_{i}/self_attention"
-    if qwen3:
-        return [Rule(f"{source}.q_norm.weight", f"{target}/query_dense_layernorm/scale"),
-                Rule(f"{source}.k_norm.weight", f"{target}/key_dense_layernorm/scale")]
-    heads = config["num_attention_heads"]
-    kv_heads = config.get("num_key_value_heads", heads)
-    return [Rule(f"{source}.{hf}_proj.bias", f"{target}/{keras}/bias",
-                 Reshape((n * head_dim,), (n, head_dim)))
-            for hf, keras, n in (("q", "query", heads), ("k", "key", kv_heads),
-                                 ("v", "value", kv_heads))]
 
 
 def _layer(i: int, block: str, sparse: bool, qwen2: bool, experts: int) -> list:
@@ -153,7 +140,7 @@ def rules(config: dict, model=None) -> RuleSet:
     # decoder_base checked the sizes (positive ints): the reshapes below can use them
     head_dim = head_dim or config["hidden_size"] // config["num_attention_heads"]
     blocks = block_names([moe_block if s else mlp_block for s in sparse], model, what=name)
-    ours, fused = _attention_extra(config, qwen3, head_dim), []
+    ours, fused = attention_extra(config, qwen3, head_dim), []
     for i, (block, is_sparse) in enumerate(zip(blocks, sparse)):
         ours += _layer(i, block, is_sparse, not qwen3, experts)
         if is_sparse:  # transformers 5's form after the original (export writes that)
