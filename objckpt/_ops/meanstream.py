@@ -326,23 +326,14 @@ class BundleFile:
         """(element offset, flat values of `dtype`) of entry `key`, READ_BYTES at a time;
         the values are a view of one buffer (this file's, or `buffer`), valid until the next
         piece."""
-        entry = self.index.entries[key]
-        if entry.slices or entry.dtype == _STRING or key in self.index.beyond:
-            raise self.corrupt(key, "cannot be read here (a partitioned, string or truncated "
-                                    "entry)")
-        fd, item, crc, done = self._fd(entry), np.dtype(dtype).itemsize, 0, 0
+        entry = self.entry_for(key)
+        item, crc, done = np.dtype(dtype).itemsize, 0, 0
         step = READ_BYTES - READ_BYTES % item
         buffer = self._buffer if buffer is None else buffer
         while done < entry.size:
             want = min(step, entry.size - done)
             view = buffer[:want]
-            got = 0
-            while got < want:
-                n = os.preadv(fd, [memoryview(view[got:])], entry.offset + done + got)
-                if n <= 0:
-                    raise self.corrupt(key, "is cut short (the data file is shorter than its "
-                                            "index says)")
-                got += n
+            self.read_into(key, entry, view, done)
             if check:
                 crc = self._crc(view, crc)
             yield done // item, view.view(dtype)
