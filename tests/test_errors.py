@@ -377,12 +377,6 @@ _BUILT_ELSEWHERE = {
     ("callbacks.py", 'f"FreezeSchedule[{epoch}]: {err}"'):
         "wraps the Freezer's InvalidArgumentError, whose own message ends with its Fix: "
         "(those raise sites are scanned too)",
-    ("hf_esm.py", 'f"The ESM rule set {text}"'):
-        "_error's callers in hf_esm.py each pass a message with its Fix: sentence",
-    ("hf_roberta.py", 'f"The {shown} rule set {text}"'):
-        "_error's callers in hf_roberta.py each pass a message with its Fix: sentence",
-    ("hf_paligemma.py", "InvalidArgumentError(message)"):
-        "_invalid's callers in hf_paligemma.py each pass a message with its Fix: sentence",
 }
 
 

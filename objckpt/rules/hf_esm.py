@@ -73,17 +73,18 @@ _FREQUENCIES = ("the rotary frequencies (a buffer transformers saves and compute
                 "keras-hub's ESMBackbone computes them and has no variable)")
 
 
-def _error(text: str):
+def _error(text: str, fix: str):
+    """The error for a config the set cannot read: what it needs, then its fix."""
     from objckpt import errors
 
-    return errors.InvalidArgumentError(f"The ESM rule set {text}")
+    return errors.InvalidArgumentError(f"The ESM rule set {text} Fix: {fix}")
 
 
 def _size(config: dict, key: str) -> int:
     value = config.get(key)
     if type(value) is not int or value <= 0:
         raise _error(f"needs `{key}` (a positive int) from the Hugging Face config; received "
-                     f"{value!r}. Fix: pass the checkpoint's folder (its config.json), or "
+                     f"{value!r}.", "pass the checkpoint's folder (its config.json), or "
                      "config={'num_hidden_layers': ..., 'position_embedding_type': ...}.")
     return value
 
@@ -110,13 +111,13 @@ def _positions(config: dict) -> list:
             ("rotary_embeddings.inv_freq", "rotary_embeddings"))]
     if kind != "absolute":
         raise _error(f"needs `position_embedding_type` 'rotary' or 'absolute' (what "
-                     f"keras-hub's ESMBackbone builds); received {kind!r}. Fix: pass the "
-                     "checkpoint's own config.json.")
+                     f"keras-hub's ESMBackbone builds); received {kind!r}.",
+                     "pass the checkpoint's own config.json.")
     pad = config.get("pad_token_id")
     if type(pad) is not int or pad < 0:
         raise _error(f"needs `pad_token_id` (an int >= 0: absolute positions start at "
-                     f"pad_token_id + 1) from the Hugging Face config; received {pad!r}. "
-                     "Fix: pass the checkpoint's own config.json.")
+                     f"pad_token_id + 1) from the Hugging Face config; received {pad!r}.",
+                     "pass the checkpoint's own config.json.")
     _size(config, "max_position_embeddings")
     # keras-hub reads rows pad.., transformers pad + 1..: keras-hub's row k is its k + 1
     return [Rule("embeddings.position_embeddings.weight",

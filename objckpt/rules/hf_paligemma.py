@@ -49,18 +49,19 @@ TASKS = {"PaliGemmaCausalLM": "PaliGemmaForConditionalGeneration"}
 MODEL = "PaliGemma"
 
 
-def _invalid(message: str):
+def _invalid(text: str, fix: str):
+    """The error for a config the set cannot read: what it needs, then its fix."""
     from objckpt import errors
 
-    return errors.InvalidArgumentError(message)
+    return errors.InvalidArgumentError(f"The {MODEL} rule set {text} Fix: {fix}")
 
 
 def _part(config: dict, key: str) -> dict:
     value = config.get(key)
     if not isinstance(value, dict):
         raise _invalid(
-            f"The {MODEL} rule set needs `{key}` (a dict) from the Hugging Face config; "
-            f"received {value!r}. Fix: pass the checkpoint's folder (its config.json), or "
+            f"needs `{key}` (a dict) from the Hugging Face config; received {value!r}.",
+            "pass the checkpoint's folder (its config.json), or "
             "config={'text_config': {...}, 'vision_config': {...}, 'image_token_index': ...}.")
     return value
 
@@ -69,9 +70,9 @@ def _decoder(config: dict, text: dict) -> list:
     kind = str(text.get("model_type", "gemma")).lower()
     if kind != "gemma":
         raise _invalid(
-            f"The {MODEL} rule set reads a Gemma text decoder (`text_config.model_type` "
-            f"'gemma'); received {kind!r}: keras-hub's importer (convert_pali_gemma.py) builds "
-            "Gemma 1's decoder, not PaliGemma 2's. Fix: restore PaliGemma 1 checkpoints, or "
+            f"reads a Gemma text decoder (`text_config.model_type` 'gemma'); received "
+            f"{kind!r}: keras-hub's importer (convert_pali_gemma.py) builds Gemma 1's decoder, "
+            "not PaliGemma 2's.", "restore PaliGemma 1 checkpoints, or "
             "write the rules with objckpt.rules.Rule for a backbone built to match.")
     for key in ("hidden_size", "num_attention_heads", "head_dim"):
         config_size(text, key, MODEL)

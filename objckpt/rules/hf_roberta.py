@@ -83,17 +83,18 @@ CLASSES = {**_classes("Roberta"), **_classes("XLMRoberta")}
 TASKS = {**_tasks("Roberta"), **_tasks("XLMRoberta")}
 
 
-def _error(shown: str, text: str):
+def _error(shown: str, text: str, fix: str):
+    """The error for a config the set cannot read: what it needs, then its fix."""
     from objckpt import errors
 
-    return errors.InvalidArgumentError(f"The {shown} rule set {text}")
+    return errors.InvalidArgumentError(f"The {shown} rule set {text} Fix: {fix}")
 
 
 def _size(config: dict, key: str, shown: str, default=None) -> int:
     value = config.get(key, default)
     if type(value) is not int or value <= 0:
         raise _error(shown, f"needs `{key}` (a positive int) from the Hugging Face config; "
-                     f"received {value!r}. Fix: pass the checkpoint's folder (its "
+                     f"received {value!r}.", "pass the checkpoint's folder (its "
                      "config.json), or config={'hidden_size': ..., 'num_attention_heads': "
                      "...}.")
     return value
@@ -105,7 +106,7 @@ def _embeddings(config: dict, shown: str) -> list:
     if pad != 1:
         raise _error(shown, f"needs `pad_token_id` 1 (positions start at row "
                      f"pad_token_id + 1 = 2, the offset keras-hub's backbone assumes); "
-                     f"received {pad!r}. Fix: pass the checkpoint's own config.json; a "
+                     f"received {pad!r}.", "pass the checkpoint's own config.json; a "
                      "checkpoint with another padding id does not fit keras-hub's backbone.")
     types = _size(config, "type_vocab_size", shown, 1)
     first_type = Sum(2, 1, broadcast=(0,))
@@ -126,7 +127,7 @@ def _bare(config: dict, shown: str) -> list:
     heads = _size(config, "num_attention_heads", shown)
     if hidden % heads:
         raise _error(shown, f"needs hidden_size divisible by num_attention_heads; received "
-                     f"{hidden} and {heads}. Fix: pass the checkpoint's own config.json.")
+                     f"{hidden} and {heads}.", "pass the checkpoint's own config.json.")
     return _embeddings(config, shown) + encoder_layer(hidden, heads)
 
 
