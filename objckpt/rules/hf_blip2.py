@@ -33,16 +33,25 @@ against keras-hub's own models.
 Hub classes (`CLASSES`): `Blip2Model` and `Blip2ForConditionalGeneration` hold the same
 entries (transformers 5 gives both the language model with its head), saved bare. OPT's
 `language_model.lm_head.weight` is tied to the token embedding (transformers writes none; set
-aside where a folder has one); keras-hub's `BLIP2CausalLM` has no variable beyond its
-backbone. transformers 5 ties Flan-T5's `lm_head` to `shared.weight` too (its T5 config
-forces `tie_word_embeddings`; `tie_word_embeddings: false` only turns off the output scaling)
-and writes no `lm_head.weight`: into keras-hub's `BLIP2Seq2SeqLM`, whose `lm_head` is a
-`Dense` of its own, `shared.weight` restores both (the head's kernel transposed), and export
-writes it once, after checking that both agree. A folder holding its own
-`language_model.lm_head.weight` (or the stacks' `embed_tokens`, older transformers' tied
-copies) has it set aside: transformers 5 reads `shared.weight` there too. keras-hub's own
-importer reads `language_model.lm_head.weight` for Flan-T5, which transformers 5's folders
-lack. The retrieval and one-tower classes (`Blip2ForImageTextRetrieval`,
+aside where a folder has one; an untied OPT config is refused); keras-hub's `BLIP2CausalLM`
+has no variable beyond its backbone. keras-hub's `BLIP2Seq2SeqLM` has an `lm_head` (a `Dense`
+of its own, its kernel the transposed weight), fed by what transformers 5 reads:
+
+- a text config with `tie_word_embeddings` false (the Hub's Flan-T5 folders, written by
+  transformers 4, which hold `language_model.lm_head.weight`): that entry (a head: set aside
+  in a backbone). transformers 5 forces `tie_word_embeddings` true in a T5 config it loads,
+  but keeps a folder's `lm_head.weight` where it differs from `shared.weight`;
+- any other (what transformers 5 writes: it ties T5's `lm_head` to `shared.weight` always,
+  saves no `lm_head.weight`, and records `tie_word_embeddings: true`): `shared.weight`
+  restores both the token embedding and the head, and export writes it once, after
+  checking that both agree.
+
+Older transformers' tied copies of `shared.weight` (`encoder.embed_tokens`,
+`decoder.embed_tokens`) are set aside. transformers 5 scales a T5's decoder output by
+d_model ** -0.5 before its head where the config says `scale_decoder_outputs` (original T5,
+not Flan-T5); keras-hub never does, so such a model's logits differ (the backbone's outputs do
+not). keras-hub's own importer reads `language_model.lm_head.weight` for Flan-T5, which
+transformers 5's folders lack. The retrieval and one-tower classes (`Blip2ForImageTextRetrieval`,
 `Blip2VisionModelWithProjection`, `Blip2TextModelWithProjection`, `Blip2VisionModel`,
 `Blip2QFormerModel`) have no language model and no keras-hub model.
 """
@@ -95,6 +104,9 @@ def _opt(text: dict, where: str) -> list:
             _refuse(key, text.get(key), f"{expected}",
                     "keras-hub's BLIP2CustomOPT builds pre-norm layers with biases and "
                     "affine norms, and a final norm")
+    if text.get("tie_word_embeddings", True) is not True:
+        _refuse("tie_word_embeddings", text.get("tie_word_embeddings"), "True",
+                "keras-hub's BLIP2CustomOPT computes its logits with the token embedding")
     if text.get("word_embed_proj_dim", hidden) != hidden:
         _refuse("word_embed_proj_dim", text.get("word_embed_proj_dim"),
                 f"equal to `hidden_size` ({hidden})",
@@ -168,7 +180,10 @@ def _t5(text: dict, where: str, task: bool) -> list:
     layers = _t5_sizes(text)
     lm, ops = "language_model", f"{where}language_model/operations"
     out = [Rule(f"{lm}.shared.weight", f"{ops}/{_T5_EMBEDDING}/embeddings")]
-    if task:  # keras-hub's own lm_head: transformers 5 ties it to `shared`
+    untied = text.get("tie_word_embeddings") is False
+    if untied:  # the Hub's Flan-T5 folders (written by transformers 4): their own lm_head
+        out.append(Rule(_LM_HEAD, "lm_head/kernel", Transpose(), head=", ".join(CLASSES)))
+    elif task:  # keras-hub's own lm_head: transformers 5 ties it to `shared`
         out.append(Rule(f"{lm}.shared.weight", "lm_head/kernel", Transpose()))
     for i in range(layers):
         source, target = f"{lm}.encoder.block.{i}.layer", f"{ops}/{_T5_ENCODER_0 + i}"
@@ -188,9 +203,9 @@ def _t5(text: dict, where: str, task: bool) -> list:
                 *_t5_ffn(f"{source}.2", target)]
     out.append(Rule(f"{lm}.decoder.final_layer_norm.weight",
                     f"{ops}/{_T5_DECODER_0 + 2 * layers}/weight"))
-    tied = [_LM_HEAD] + [f"{lm}.{stack}.embed_tokens.weight" for stack in ("encoder", "decoder")]
+    tied = [f"{lm}.{stack}.embed_tokens.weight" for stack in ("encoder", "decoder")]
     return out + [Rule(entry, f"{NOWHERE}/{entry}", head=", ".join(CLASSES) + (
-        " (tied to `language_model.shared.weight` in transformers 5)")) for entry in tied]
+        " (tied to `language_model.shared.weight`)")) for entry in tied]
 
 
 def rules(config: dict) -> RuleSet:
