@@ -23,7 +23,10 @@ with `encoder_last_hidden_state` beside it), `pooler_output` where the base mode
 pooler (a vision `...Backbone` class, which gives feature maps, is run as the base model
 holding its weights, the same names), and `logits` for a class with a head. An
 encoder-decoder's decoder reads `decoder_input_ids`: the input ids shifted right behind
-token 2. The oracle is transformers' run of
+token 2. BLIP-2 (QUERY_IMAGES) has no base model output of its own: its oracle is its
+language model's last hidden state after the final norm (Flan-T5's decoder's and encoder's),
+`vision_last_hidden_state` and `qformer_last_hidden_state`, and the logits of
+`Blip2ForConditionalGeneration`. The oracle is transformers' run of
 the folder as saved, loaded with `from_pretrained(folder, dtype=float32)`: for a bfloat16
 folder, the bfloat16-rounded weights widened, with the buffers transformers computes (RoPE
 frequencies) in float32: what a float32 model restored from that folder must give. Inputs are stored
@@ -585,12 +588,12 @@ def _run_query_images(model, feed: dict) -> dict:
             hook.remove()
     out["vision_last_hidden_state"] = result.vision_outputs.last_hidden_state
     out["qformer_last_hidden_state"] = result.qformer_outputs.last_hidden_state
-    if not isinstance(model, transformers_base(model)):
+    if not isinstance(model, _base_class(model)):
         out["logits"] = result.logits
     return {k: v.float().numpy() for k, v in out.items()}
 
 
-def transformers_base(model):
+def _base_class(model):
     """The base model class of `model`'s config (`Blip2Model` for every BLIP-2 class)."""
     import transformers
 
