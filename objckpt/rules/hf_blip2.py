@@ -232,7 +232,7 @@ def rules(config: dict) -> RuleSet:
             f"(`text_config.model_type` 'opt' or 't5'); received {kind!r}: keras-hub's importer "
             "(convert_blip2.py) builds no other. Fix: convert a BLIP-2 of OPT or Flan-T5, or "
             "write the rules with objckpt.rules.Rule.")
-    towers = [r for r in vision_rules(config) + qformer_rules(config) + projection_rules()]
-    towers = [Rule(r.source, where + r.target, r.transform) for r in towers]
+    towers = [Rule(r.source, where + r.target, r.transform)
+              for r in vision_rules(config) + qformer_rules(config) + projection_rules()]
     return RuleSet(towers + language, alternatives=True, name="huggingface('blip-2')",
                    classes=TASKS)

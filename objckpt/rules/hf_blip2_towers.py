@@ -35,7 +35,8 @@ from __future__ import annotations
 from objckpt.rules.core import Chain, ConvKernel, Reshape, Rule, Split, Transpose
 from objckpt.rules.hf_vit import layer_norm
 
-__all__ = ["MODEL", "part", "projection_rules", "qformer_rules", "size", "vision_rules"]
+__all__ = ["MODEL", "attention", "dense", "heads", "part", "projection_rules", "qformer_rules",
+           "size", "vision_rules"]
 
 MODEL = "BLIP-2"
 VISION, QFORMER = "vision_encoder/operations", "qformer"
@@ -166,7 +167,8 @@ def qformer_rules(config: dict) -> list:
     out = [Rule("query_tokens", f"{QFORMER}/query_tokens_layer/query_tokens"),
            *layer_norm("qformer.layernorm", f"{QFORMER}/layer_norm")]
     for i in range(layers):
-        source, target = f"qformer.encoder.layer.{i}.", f"{QFORMER}/operations/{_QFORMER_LAYER_0 + i}"
+        source = f"qformer.encoder.layer.{i}."
+        target = f"{QFORMER}/operations/{_QFORMER_LAYER_0 + i}"
         out += attention(f"{source}attention.", names, f"{target}/self_attention/attention",
                          hidden, count)
         out += layer_norm(f"{source}attention.output.LayerNorm",
