@@ -24,6 +24,7 @@ _MODULES: dict[str, str] = {
     "albert": "objckpt.rules.hf_albert",
     "bart": "objckpt.rules.hf_bart",
     "bert": "objckpt.rules.hf_bert",
+    "blip-2": "objckpt.rules.hf_blip2",
     "deit": "objckpt.rules.hf_deit",
     "dinov2": "objckpt.rules.hf_dinov2",
     "dinov2_with_registers": "objckpt.rules.hf_dinov2",

@@ -45,7 +45,8 @@ CONVERTERS = {"llama": "convert_llama3", "mistral": "convert_mistral", "gemma": 
               "esm": "convert_esm", "qwen3_5_text": "convert_qwen3_5",
               "qwen3_5_moe_text": "convert_qwen3_5_moe", "qwen3_5": "convert_qwen3_5",
               "qwen3_5_moe": "convert_qwen3_5_moe", "metaclip_2": "convert_metaclip_2",
-              "gemma4_text": "convert_gemma4", "t5gemma2": "convert_t5gemma2"}
+              "gemma4_text": "convert_gemma4", "t5gemma2": "convert_t5gemma2",
+              "blip-2": "convert_blip2"}
 # text-image contrastive models (CLIP's kind): fed text and an image, compared on the
 # logits of each against the other, the projected embeddings and each tower's last hidden state
 CONTRASTIVE = ("metaclip_2",)
@@ -91,6 +92,9 @@ class Case(NamedTuple):
     # the leading positions the task model's logits leave out (PaliGemmaCausalLM: the
     # image's tokens): compared with transformers' logits from there on
     logits_from: int = 0
+    # variables the task model adds to its backbone, which a backbone alone lacks
+    # (BLIP2Seq2SeqLM builds its language model's `lm_head`): left out where the two compare
+    task_adds: tuple = ()
 
     def export_name(self, name: str) -> str:
         """The name export writes for the folder's entry `name`."""
@@ -390,6 +394,16 @@ CASES = (
     Case("qwen3_5_moe", "Qwen3_5MoeTextModel", None, lacks=_LM_HEAD),
     Case("qwen3_5_moe", "Qwen3_5MoeForCausalLM", "Qwen3_5MoeCausalLM"),
     Case("qwen3_5_moe", "Qwen3_5MoeForCausalLM", "Qwen3_5MoeCausalLM", form=NEW_FORM),
+    # BLIP-2: an image as 4 queries (their image tokens lead the ids; keras-hub takes the
+    # text alone, the queries ahead of it), into OPT or Flan-T5; BLIP2CausalLM's logits
+    # leave the queries' positions out
+    Case("blip2_opt", "Blip2Model", None),
+    Case("blip2_opt", "Blip2ForConditionalGeneration", "BLIP2CausalLM", logits_from=4),
+    # keras-hub's BLIP2FlanT5 computes the exact GELU where Flan-T5's gated-gelu is the tanh
+    # approximation: up to 1.0e-3 off here (2.4e-6 with keras-hub's GELU approximated)
+    Case("blip2_t5", "Blip2Model", None, tolerance=3e-3),
+    Case("blip2_t5", "Blip2ForConditionalGeneration", "BLIP2Seq2SeqLM", tolerance=3e-3,
+         task_adds=("lm_head/kernel",)),
 )
 
 
@@ -432,6 +446,16 @@ def backbone(case: Case, dtype: str = "float32"):
         _gemma4_global_sizes(hf_config)  # transformers 5 writes as `per_layer_config`
     converter = importlib.import_module(
         "keras_hub.src.utils.transformers." + CONVERTERS[hf_config["model_type"]])
+    if hf_config["model_type"] == "blip-2":  # keras-hub's importer builds BLIP-2's parts
+        import keras  # before the backbone, in the global dtype policy: set it for them
+
+        before = keras.config.dtype_policy()
+        keras.config.set_dtype_policy(dtype)
+        try:
+            return converter.backbone_cls(**converter.convert_backbone_config(hf_config),
+                                          dtype=dtype)
+        finally:
+            keras.config.set_dtype_policy(before)
     return converter.backbone_cls(**converter.convert_backbone_config(hf_config), dtype=dtype)
 
 
@@ -455,6 +479,8 @@ def keras_inputs(case: Case, feed: dict):
 
     if config(case)["model_type"] in CONTRASTIVE:
         return {"images": feed["pixel_values"], "token_ids": feed["input_ids"]}
+    if config(case)["model_type"] == "blip-2":
+        return _query_image_inputs(config(case), feed)
     if "pixel_values" in feed and config(case)["model_type"] == "paligemma":
         # the image's tokens lead: keras-hub takes the text alone, the image ahead of it
         count = int(np.sum(feed["input_ids"][0] == config(case)["image_token_index"]))
@@ -503,6 +529,37 @@ def keras_inputs(case: Case, feed: dict):
     return out
 
 
+def _query_image_inputs(hf_config: dict, feed: dict) -> dict:
+    """BLIP-2's inputs: the image, and the text after the queries' image tokens (keras-hub
+    puts the queries ahead of it); Flan-T5's decoder ids."""
+    import numpy as np
+
+    count = hf_config["num_query_tokens"]
+    text, mask = feed["input_ids"][:, count:], feed["attention_mask"][:, count:]
+    if hf_config["text_config"]["model_type"] == "opt":
+        return {"images": feed["pixel_values"], "token_ids": text, "padding_mask": mask}
+    return {"images": feed["pixel_values"], "encoder_token_ids": text,
+            "encoder_padding_mask": mask, "decoder_token_ids": feed["decoder_input_ids"],
+            "decoder_padding_mask": np.ones_like(feed["decoder_input_ids"])}
+
+
+def _query_image_outputs(model, given: dict) -> dict:
+    """A BLIP2Backbone's outputs under the oracle's names: the language model's last hidden
+    state (Flan-T5's decoder's, and its encoder's), the vision tower's and the Q-Former's."""
+    import numpy as np
+
+    vision = model.vision_encoder(given["images"])
+    queries = model.qformer(vision)
+    out = {"last_hidden_state": np.asarray(model(given), "float32"),
+           "vision_last_hidden_state": np.asarray(vision, "float32"),
+           "qformer_last_hidden_state": np.asarray(queries, "float32")}
+    if "encoder_token_ids" in given:
+        encoded, _ = model.language_model.call_encoder(
+            given["encoder_token_ids"], given["encoder_padding_mask"], queries)
+        out["encoder_last_hidden_state"] = np.asarray(encoded, "float32")
+    return out
+
+
 def outputs(case: Case, model, feed: dict, *, is_task: bool) -> dict:
     """The model's outputs under the oracle's names: `last_hidden_state` (and
     `pooler_output`) of a backbone, `logits` of a task model."""
@@ -511,6 +568,8 @@ def outputs(case: Case, model, feed: dict, *, is_task: bool) -> dict:
     given = keras_inputs(case, feed)
     if isinstance(given, dict) and not is_task:
         given.pop("mask_positions", None)
+    if not is_task and config(case)["model_type"] == "blip-2":
+        return _query_image_outputs(model, given)
     result = model(given)
     if is_task:
         return {"logits": np.asarray(result, dtype="float32")}

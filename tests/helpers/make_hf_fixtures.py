@@ -23,7 +23,10 @@ with `encoder_last_hidden_state` beside it), `pooler_output` where the base mode
 pooler (a vision `...Backbone` class, which gives feature maps, is run as the base model
 holding its weights, the same names), and `logits` for a class with a head. An
 encoder-decoder's decoder reads `decoder_input_ids`: the input ids shifted right behind
-token 2. The oracle is transformers' run of
+token 2. BLIP-2 (QUERY_IMAGES) has no base model output of its own: its oracle is its
+language model's last hidden state after the final norm (Flan-T5's decoder's and encoder's),
+`vision_last_hidden_state` and `qformer_last_hidden_state`, and the logits of
+`Blip2ForConditionalGeneration`. The oracle is transformers' run of
 the folder as saved, loaded with `from_pretrained(folder, dtype=float32)`: for a bfloat16
 folder, the bfloat16-rounded weights widened, with the buffers transformers computes (RoPE
 frequencies) in float32: what a float32 model restored from that folder must give. Inputs are stored
@@ -118,6 +121,14 @@ _QWEN3_5_VISION = {"depth": 1, "hidden_size": 16, "num_heads": 2, "intermediate_
                    "in_channels": 3, "out_hidden_size": 16, "patch_size": 4,
                    "temporal_patch_size": 2, "spatial_merge_size": 2,
                    "num_position_embeddings": 16}
+
+_BLIP2 = {"vision_config": {"hidden_size": 24, "intermediate_size": 32, "num_hidden_layers": 2,
+                            "num_attention_heads": 2, "image_size": 16, "patch_size": 4,
+                            "layer_norm_eps": 1e-6},
+          "qformer_config": {"hidden_size": 8, "num_hidden_layers": 2,
+                             "num_attention_heads": 2, "intermediate_size": 16,
+                             "cross_attention_frequency": 2, "layer_norm_eps": 1e-12},
+          "num_query_tokens": 4, "image_token_index": VOCAB - 1}
 
 # case -> (model_type, config, the Hub classes). The next architecture adds a row here and
 # one in tests/integration/test_hf_transformers.py's table.
@@ -351,6 +362,22 @@ ROWS = {
                                        "vision_config": _QWEN3_5_VISION,
                                        "tie_word_embeddings": False},
                        ("Qwen3_5MoeModel", "Qwen3_5MoeForConditionalGeneration")),
+    # BLIP-2: a ViT tower (width 24, one 16x16 image of 16 patches), a Q-Former of 4 queries
+    # (width 8, cross-attention every second layer, as the Hub's) and the projection into
+    # the language model (width 16), OPT or Flan-T5; the queries' 4 image tokens (id 63)
+    # lead the text. transformers 5 always ties T5's lm_head to `shared` (folders hold no
+    # `lm_head.weight`); tie_word_embeddings false (Flan-T5's) leaves its outputs unscaled
+    "blip2_opt": ("blip-2", {**_BLIP2, "text_config": {
+        "model_type": "opt", "vocab_size": VOCAB, "hidden_size": 16, "ffn_dim": 32,
+        "num_hidden_layers": 2, "num_attention_heads": 2, "max_position_embeddings": 32,
+        "word_embed_proj_dim": 16, "pad_token_id": 1, "bos_token_id": 2, "eos_token_id": 2}},
+        ("Blip2Model", "Blip2ForConditionalGeneration")),
+    "blip2_t5": ("blip-2", {**_BLIP2, "text_config": {
+        "model_type": "t5", "vocab_size": VOCAB, "d_model": 16, "d_kv": 8, "d_ff": 32,
+        "num_layers": 2, "num_decoder_layers": 2, "num_heads": 2,
+        "feed_forward_proj": "gated-gelu", "tie_word_embeddings": False, "pad_token_id": 0,
+        "eos_token_id": 1, "decoder_start_token_id": 0}},
+        ("Blip2Model", "Blip2ForConditionalGeneration")),
 }
 
 # model_type -> (image size, image tokens per image, the image token's id) of a model whose
@@ -358,6 +385,11 @@ ROWS = {
 # begin-of-image token, before an end-of-image one), `token_type_ids` marks them, and
 # `pixel_values` holds the images.
 IMAGE_TOKENS = {"gemma3": (32, 4, 60), "t5gemma2": (16, 4, 61)}
+# model_type -> (image size, query tokens, the image token's id) of a model whose language
+# model reads its image as queries in place of the image tokens that lead the ids (BLIP-2):
+# `pixel_values` holds one image per example; `decoder_input_ids` (the text shifted right
+# behind token 0) feed an encoder-decoder language model (Flan-T5), OPT's rows never read them.
+QUERY_IMAGES = {"blip-2": (16, 4, VOCAB - 1)}
 # model_type -> (image size, image tokens, the image token's id) of a model whose inputs
 # lead with one image's tokens, then text: `token_type_ids` marks the response (the text's
 # second half; the image and the text's first half are the prefix, attended both ways).
@@ -437,6 +469,14 @@ def inputs(model_type: str) -> dict:
         out = {"input_ids": ids, "attention_mask": np.ones_like(ids),
                "token_type_ids": np.tile(response, (BATCH, 1)),
                "pixel_values": rng.normal(size=(BATCH, size, size, 3)).astype("float32")}
+    if model_type in QUERY_IMAGES:  # the queries' image tokens, then text; an image
+        size, count, token = QUERY_IMAGES[model_type]
+        text = out["input_ids"] % (token - 3) + 3  # no image token among the text
+        ids = np.concatenate([np.full((BATCH, count), token, "int32"), text], 1)
+        out = {"input_ids": ids, "attention_mask": np.ones_like(ids),
+               "pixel_values": rng.normal(size=(BATCH, size, size, 3)).astype("float32"),
+               "decoder_input_ids": np.concatenate(
+                   [np.zeros((BATCH, 1), "int32"), text[:, :-1]], axis=1)}
     if model_type in CONTRASTIVE:  # text ending in its EOS (id 2), and an image
         size = CONTRASTIVE[model_type]
         out["input_ids"][:, -1] = 2
@@ -494,6 +534,8 @@ def _run(model, model_type: str) -> dict:
         base_model.eval()
     else:
         base_model = model.base_model
+    if model_type in QUERY_IMAGES:
+        return _run_query_images(model, feed)
     if model_type in CONTRASTIVE:  # both towers, not one base model
         with torch.no_grad():
             result = model(**feed)
@@ -518,6 +560,44 @@ def _run(model, model_type: str) -> dict:
                 out["logits"] = result.prediction_logits
                 out["seq_relationship_logits"] = result.seq_relationship_logits
     return {k: v.float().numpy() for k, v in out.items()}
+
+
+def _run_query_images(model, feed: dict) -> dict:
+    """BLIP-2's outputs (its base model gives no last hidden state): the language model's
+    last hidden state after its final norm (an encoder-decoder's decoder's, with
+    `encoder_last_hidden_state`: queries and text), the vision tower's (after its
+    post-norm) and the Q-Former's, and the logits of a class other than the base model."""
+    import torch
+
+    language = model.language_model
+    if model.config.use_decoder_only_language_model:
+        feed = {k: v for k, v in feed.items() if k != "decoder_input_ids"}
+        norms = {"last_hidden_state": language.model.decoder.final_layer_norm}
+    else:
+        norms = {"last_hidden_state": language.decoder.final_layer_norm,
+                 "encoder_last_hidden_state": language.encoder.final_layer_norm}
+    out = {}
+    hooks = [norm.register_forward_hook(
+        lambda _module, _args, value, key=key: out.__setitem__(key, value))
+        for key, norm in norms.items()]
+    try:
+        with torch.no_grad():
+            result = model(**feed)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    out["vision_last_hidden_state"] = result.vision_outputs.last_hidden_state
+    out["qformer_last_hidden_state"] = result.qformer_outputs.last_hidden_state
+    if not isinstance(model, _base_class(model)):
+        out["logits"] = result.logits
+    return {k: v.float().numpy() for k, v in out.items()}
+
+
+def _base_class(model):
+    """The base model class of `model`'s config (`Blip2Model` for every BLIP-2 class)."""
+    import transformers
+
+    return transformers.MODEL_MAPPING[type(model.config)]
 
 
 def _perturb(model, seed: int) -> None:
