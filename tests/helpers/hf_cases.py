@@ -460,9 +460,9 @@ def backbone(case: Case, dtype: str = "float32"):
         "keras_hub.src.utils.transformers." + CONVERTERS[hf_config["model_type"]])
     if hf_config["model_type"] in ("sam3", "sam3_video"):  # keras-hub reads a sam3_video
         if hf_config["model_type"] == "sam3":  # config's detector; its converter takes the
-            hf_config = {"detector_config": hf_config}  # backbone class
+            hf_config = {"detector_config": hf_config}  # class and gives the encoders' dtype
         return converter.backbone_cls(**converter.convert_backbone_config(
-            hf_config, converter.backbone_cls), dtype=dtype)
+            hf_config, converter.backbone_cls, dtype=dtype), dtype=dtype)
     return converter.backbone_cls(**converter.convert_backbone_config(hf_config), dtype=dtype)
 
 
