@@ -36,9 +36,12 @@ Hub classes (`CLASSES`): `Sam3VideoModel` (the Hub's `facebook/sam3`, what keras
 importer reads) holds the detector under `detector_model.` beside the video tracker
 (`tracker_model.`, `tracker_neck.`), which keras-hub has no model of: set aside. `Sam3Model`
 is the detector alone, its names bare. Export writes the names of the folder's class: a
-`sam3_video` set the detector under `detector_model.` (no tracker), a `sam3` set the bare
-names, which `Sam3Model` loads whole. keras-hub's `SAM3PromptableConceptImageSegmenter` has
-no variable beyond its backbone; `TASKS` is empty (the backbone serves both classes).
+`sam3` set the bare names, which `Sam3Model` loads whole (but for the unused entries above);
+a `sam3_video` set the detector under `detector_model.` and no tracker, which keras-hub's
+importer reads, `Sam3Model` loads (transformers' `Sam3Model` reads a `sam3_video` folder's
+detector) and `Sam3VideoModel` loads with the tracker missing. keras-hub's
+`SAM3PromptableConceptImageSegmenter` has no variable beyond its backbone; `TASKS` is empty
+(the backbone serves both classes).
 """
 
 from __future__ import annotations
