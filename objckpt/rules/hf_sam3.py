@@ -32,6 +32,12 @@ it uses (`mask_decoder.pixel_decoder.conv_layers.{i}`, `norms.{i}` for i >= numb
 factors - 2; keras-hub never builds them). Export writes none of them; transformers
 initialises them when it loads the export (unused by its outputs).
 
+What keras-hub computes otherwise than transformers, from the same weights: its text tower
+(`SAM3TextEncoder`) attends both ways where transformers' CLIP text tower is causal (the
+text features 0.5 off on the tiny fixtures; keras-hub's layers under a causal mask give
+transformers' to 2e-7), and its backbone always runs the geometry encoder (a CLS prompt
+token even without a box), where transformers runs none without a box.
+
 Hub classes (`CLASSES`): `Sam3VideoModel` (the Hub's `facebook/sam3`, what keras-hub's
 importer reads) holds the detector under `detector_model.` beside the video tracker
 (`tracker_model.`, `tracker_neck.`), which keras-hub has no model of: set aside. `Sam3Model`
@@ -97,8 +103,9 @@ def _size(config: dict, key: str, where: str) -> int:
 class TilePositions(Transform):
     """Position embeddings (1, source * source, hidden) of a square grid tiled over a larger
     grid (1, target * target, hidden), as keras-hub's SAM 3 ViT embedding tiles them (the
-    grid repeated, then cut to `target` rows and columns). Its inverse (`TilePositions`
-    with `inverse=True`) takes the first `source` rows and columns back."""
+    grid repeated, then cut to `target` rows and columns). Its inverse (`inverse_of=True`)
+    takes the first `source` rows and columns back: exact for a tiling, and export's tie
+    check refuses tiled embeddings whose first tile is not the position embeddings."""
 
     source: int
     target: int
