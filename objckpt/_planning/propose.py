@@ -37,12 +37,13 @@ __all__ = ["plan", "proposal_fix", "propose"]
 _PAIR_LIMIT = 1_000_000  # (entry, variable) pairs of equal element counts scored at most
 _WORD = re.compile(r"[A-Za-z]+|[0-9]+")
 _NUMBER = re.compile(r"(?<![0-9])[0-9]+(?![0-9])")
+_GLUED = re.compile(r"[A-Za-z]+([0-9]+)(?![0-9])")  # `sam3` of `sam3_mask_decoder`
 # Words that name the same thing in torch / Hugging Face names and Keras names.
 _SYNONYMS = {
     "layers": "layer", "h": "layer", "blocks": "layer", "block": "layer",
     "embed": "embed", "embedding": "embed", "embeddings": "embed", "emb": "embed",
     "wte": "embed", "tok": "embed", "token": "embed",
-    "ln": "norm", "layernorm": "norm", "normalization": "norm", "bn": "norm",
+    "ln": "norm", "layernorm": "norm", "normalization": "norm", "bn": "norm", "norms": "norm",
     "batchnorm": "norm", "rmsnorm": "norm",
     "linear": "dense", "fc": "dense", "lin": "dense",
     "attn": "attention", "self": "attention", "mha": "attention",
@@ -112,13 +113,31 @@ def _common(names: dict) -> set:
     return {w for w, n in counts.items() if 2 * n > len(names) >= 4}
 
 
+def _leading(names: dict):
+    """The number glued to the word most of one side's names start with (a model's name:
+    the `3` of keras-hub's `sam3_mask_decoder/...`, which tells none apart), or None."""
+    counts: dict = {}
+    for name in names:
+        glued = _GLUED.match(name)
+        if glued:
+            counts[int(glued.group(1))] = counts.get(int(glued.group(1)), 0) + 1
+    found = [n for n, c in counts.items() if 2 * c > len(names) >= 4]
+    return found[0] if found else None
+
+
 def _placed(names: dict, common: set) -> dict:
     """{name: its `_Name`, with its place among its siblings and without the `common` words
     (`transformer` in GPT-2's `transformer.h.0` and keras-hub's `transformer_layer_0`: most
-    names of both sides have it, so it tells none apart)} for the names of one side."""
+    names of both sides have it, so it tells none apart), nor the number most of them lead
+    with} for the names of one side."""
     if common:
         names = {name: dataclasses.replace(parsed, words=parsed.words - common)
                  for name, parsed in names.items()}
+    leading = _leading(names)
+    if leading is not None:
+        names = {name: dataclasses.replace(parsed, numbers=parsed.numbers[1:])
+                 if _GLUED.match(name) and int(_GLUED.match(name).group(1)) == leading
+                 else parsed for name, parsed in names.items()}
     groups: dict = {}
     for name, parsed in names.items():
         groups.setdefault(_NUMBER.sub("#", name), []).append(name)

@@ -52,6 +52,8 @@ _MODULES: dict[str, str] = {
     "qwen3_5_text": "objckpt.rules.hf_qwen3_5",
     "qwen3_moe": "objckpt.rules.hf_qwen_moe",
     "roberta": "objckpt.rules.hf_roberta",
+    "sam3": "objckpt.rules.hf_sam3",
+    "sam3_video": "objckpt.rules.hf_sam3",
     "smollm3": "objckpt.rules.hf_smollm3",
     "swin": "objckpt.rules.hf_swin",
     "t5gemma": "objckpt.rules.hf_t5gemma",

@@ -463,3 +463,41 @@ def test_a_word_most_names_of_both_sides_have_is_no_evidence(tmp_path):
     safetensors_numpy.save_file(tensors, path)
     pairs = sorted((r.source, r.target) for r in objckpt.plan(net, path).proposed)
     assert ("transformer.head.weight", "transformer_head/kernel") in pairs
+
+
+class _Detector(tf.Module):
+    """keras-hub's SAM 3 naming: most layers under `sam3_<part>`, norms numbered `norm_<i>`."""
+
+    def __init__(self, rng):
+        super().__init__()
+        self.sam3_pixel_decoder = tf.Module()
+        for i in range(2):
+            norm = tf.Module()
+            norm.gamma = tf.Variable(rng.standard_normal(8).astype(np.float32))
+            norm.beta = tf.Variable(rng.standard_normal(8).astype(np.float32))
+            setattr(self.sam3_pixel_decoder, f"norm_{i}", norm)
+        self.sam3_mask_head = tf.Module()
+        self.sam3_mask_head.kernel = tf.Variable(rng.standard_normal((8, 8)).astype(np.float32))
+        self.sam3_text_encoder = tf.Module()  # no entry feeds these (no shape fits)
+        self.sam3_text_encoder.tables = [tf.Variable(np.zeros((5, 7), np.float32))
+                                         for _ in range(4)]
+
+
+def test_a_plural_norms_is_a_norm_and_a_model_names_number_is_no_evidence(tmp_path):
+    """`pixel_decoder.norms.{i}` (a torch ModuleList of norms) pairs with keras-hub's
+    `sam3_pixel_decoder/norm_{i}`: `norms` is the word `norm`, and the `3` glued to `sam3`,
+    which most names of the side start with, is no number of theirs; a tracker's numbered
+    layer norm that shares the words `mask` and `norm` is paired with nothing."""
+    net = _Detector(np.random.default_rng(0))
+    rng = np.random.default_rng(1)
+    tensors = {f"pixel_decoder.norms.{i}.{w}": rng.standard_normal(8).astype(np.float32)
+               for i in range(2) for w in ("weight", "bias")}
+    tensors["mask_head.weight"] = rng.standard_normal((8, 8)).astype(np.float32)
+    tensors.update({f"tracker.mask_downsampler.layers.{i}.layer_norm.weight":
+                    rng.standard_normal(8).astype(np.float32) for i in range(2)})
+    path = str(tmp_path / "sam3.safetensors")
+    safetensors_numpy.save_file(tensors, path)
+    pairs = sorted((r.source, r.target) for r in objckpt.plan(net, path).proposed)
+    assert pairs == [("mask_head.weight", "sam3_mask_head/kernel")] + [
+        (f"pixel_decoder.norms.{i}.{w}", f"sam3_pixel_decoder/norm_{i}/{k}")
+        for i in range(2) for w, k in (("bias", "beta"), ("weight", "gamma"))]

@@ -46,7 +46,8 @@ CONVERTERS = {"llama": "convert_llama3", "mistral": "convert_mistral", "gemma": 
               "qwen3_5_moe_text": "convert_qwen3_5_moe", "qwen3_5": "convert_qwen3_5",
               "qwen3_5_moe": "convert_qwen3_5_moe", "metaclip_2": "convert_metaclip_2",
               "gemma4_text": "convert_gemma4", "t5gemma2": "convert_t5gemma2",
-              "blip-2": "convert_blip2"}
+              "blip-2": "convert_blip2",
+              "sam3": "convert_sam3", "sam3_video": "convert_sam3"}
 # text-image contrastive models (CLIP's kind): fed text and an image, compared on the
 # logits of each against the other, the projected embeddings and each tower's last hidden state
 CONTRASTIVE = ("metaclip_2",)
@@ -158,6 +159,27 @@ def _roberta_rows(stem: str, case: str) -> tuple:
     )
 
 _CLASSIFIER = ("classifier.weight", "classifier.bias")
+
+# SAM 3: each ViT layer's rotary tables, which keras-hub computes from the config
+_SAM3_ROPE = tuple(f"vision_encoder/backbone/layers/{i}/rotary_emb/rope_embeddings_{w}"
+                   for i in range(2) for w in ("cos", "sin"))
+# entries no output of transformers' reads and keras-hub has no variable for (export writes
+# none; transformers initialises them when it loads the export)
+_SAM3_UNUSED = ("text_encoder.text_projection.weight",
+                *(f"mask_decoder.pixel_decoder.{k}.2.{w}" for k in ("conv_layers", "norms")
+                  for w in ("weight", "bias")))
+
+
+def _sam3_tracker() -> tuple:
+    """The video model's tracker entries (`tracker_model.`, `tracker_neck.`: keras-hub has no
+    model of the tracker), read from the float32 folder's safetensors header."""
+    path = os.path.join(FIXTURES, "sam3_video-Sam3VideoModel-float32", "model.safetensors")
+    if not os.path.isfile(path):
+        return ()
+    with open(path, "rb") as f:
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    return tuple(sorted(k for k in header if k.startswith(("tracker_model.", "tracker_neck."))))
+
 
 def _esm_rows() -> tuple:
     """ESM's rows: transformers saves its rotary frequencies (a buffer keras-hub computes)
@@ -404,6 +426,10 @@ CASES = (
     Case("blip2_t5", "Blip2Model", None, tolerance=3e-3),
     Case("blip2_t5", "Blip2ForConditionalGeneration", "BLIP2Seq2SeqLM", tolerance=3e-3,
          task_adds=("lm_head/kernel",)),
+    # SAM 3's detector, alone and beside the video tracker (set aside); compared on an image
+    # and a text prompt through keras-hub's layers (`_sam3_outputs`)
+    Case("sam3", "Sam3Model", None, computed=_SAM3_ROPE, export_differs=_SAM3_UNUSED),
+    Case("sam3_video", "Sam3VideoModel", None, head=_sam3_tracker(), computed=_SAM3_ROPE),
 )
 
 
@@ -456,6 +482,11 @@ def backbone(case: Case, dtype: str = "float32"):
                                           dtype=dtype)
         finally:
             keras.config.set_dtype_policy(before)
+    if hf_config["model_type"] in ("sam3", "sam3_video"):  # keras-hub reads a sam3_video
+        if hf_config["model_type"] == "sam3":  # config's detector; its converter takes the
+            hf_config = {"detector_config": hf_config}  # class and gives the encoders' dtype
+        return converter.backbone_cls(**converter.convert_backbone_config(
+            hf_config, converter.backbone_cls, dtype=dtype), dtype=dtype)
     return converter.backbone_cls(**converter.convert_backbone_config(hf_config), dtype=dtype)
 
 
@@ -558,6 +589,47 @@ def _query_image_outputs(model, given: dict) -> dict:
             given["encoder_token_ids"], given["encoder_padding_mask"], queries)
         out["encoder_last_hidden_state"] = np.asarray(encoded, "float32")
     return out
+def _sam3_outputs(model, feed: dict) -> dict:
+    """SAM 3's outputs on an image and a text prompt, under the oracle's names: the ViT's
+    last hidden state, the FPN levels, the projected text features and the detections.
+
+    keras-hub's layers composed as its backbone composes them, with two differences that
+    follow transformers: no geometry encoder (transformers runs none without a box; the
+    backbone always runs keras-hub's, adding its CLS prompt token), and the text tower under
+    a causal mask (transformers' CLIP text tower is causal; keras-hub's `SAM3TextEncoder`
+    attends both ways, 0.5 off here)."""
+    import numpy as np
+    from keras import ops
+
+    images, ids = feed["pixel_values"], feed["input_ids"]
+    masks = np.asarray(feed["attention_mask"], bool)
+    fpn, positions = model.vision_encoder(images)
+    out = {f"fpn_hidden_state_{i}": state for i, state in enumerate(fpn)}
+    out["last_hidden_state"] = model.vision_encoder.backbone(images)
+    text = model.text_encoder.embedding(ids)
+    length = ids.shape[1]
+    causal = np.tril(np.ones((length, length), bool))[None] & masks[:, None, :]
+    for layer in model.text_encoder.encoder_layers:
+        text = layer(text, causal)
+    text = model.text_projection(model.text_encoder.layer_norm(text))
+    out["text_features"] = text
+    fpn, positions = fpn[:-1], positions[:-1]
+    encoded = model.detr_encoder(vision_features=fpn[-1], text_features=text,
+                                 vision_pos_embeds=positions[-1], text_masks=masks)
+    decoded = model.detr_decoder(vision_features=encoded[0], text_features=text,
+                                 vision_pos_encodings=encoded[1], text_masks=masks)
+    logits = model.dot_product_scoring(decoder_hidden_states=decoded[0], text_features=text,
+                                       text_masks=masks)
+    boxes, logits, presence = model.box_decoder(
+        box_offsets=model.detr_decoder.box_head(decoded[0]), reference_boxes=decoded[1],
+        pred_logits=logits, presence_logits=decoded[2])
+    pred_masks, semantic = model.mask_decoder(
+        decoder_queries=decoded[0][:, -1], backbone_features=fpn,
+        encoder_hidden_states=encoded[0], prompt_features=text, prompt_masks=masks)
+    out.update(pred_boxes=boxes, pred_logits=logits, presence_logits=presence,
+               pred_masks=ops.transpose(pred_masks, (0, 3, 1, 2)),
+               semantic_seg=ops.transpose(semantic, (0, 3, 1, 2)))
+    return {k: np.asarray(v, "float32") for k, v in out.items()}
 
 
 def outputs(case: Case, model, feed: dict, *, is_task: bool) -> dict:
@@ -565,6 +637,8 @@ def outputs(case: Case, model, feed: dict, *, is_task: bool) -> dict:
     `pooler_output`) of a backbone, `logits` of a task model."""
     import numpy as np
 
+    if config(case)["model_type"] in ("sam3", "sam3_video"):
+        return _sam3_outputs(model, feed)
     given = keras_inputs(case, feed)
     if isinstance(given, dict) and not is_task:
         given.pop("mask_positions", None)

@@ -129,6 +129,41 @@ _BLIP2 = {"vision_config": {"hidden_size": 24, "intermediate_size": 32, "num_hid
                              "num_attention_heads": 2, "intermediate_size": 16,
                              "cross_attention_frequency": 2, "layer_norm_eps": 1e-12},
           "num_query_tokens": 4, "image_token_index": VOCAB - 1}
+# SAM 3's detector: a ViT of 2 layers (the second global) on 28x28 images of 7x7 patches
+# (a 4x4 grid), its position embeddings pretrained on 14x14 (2x2, tiled), a 4-level FPN of
+# width 16, a CLIP text tower, one layer each of geometry encoder, DETR encoder and decoder
+# (4 queries); the video model's tracker as small
+_SAM3_VISION = {"backbone_config": {"model_type": "sam3_vit_model", "hidden_size": 16,
+                                    "intermediate_size": 32, "num_hidden_layers": 2,
+                                    "num_attention_heads": 2, "image_size": 28, "patch_size": 7,
+                                    "window_size": 2, "global_attn_indexes": [1],
+                                    "pretrain_image_size": 14},
+                "fpn_hidden_size": 16, "backbone_feature_sizes": [[16, 16], [8, 8], [4, 4]]}
+_SAM3 = {"vision_config": _SAM3_VISION,
+         "text_config": {"vocab_size": VOCAB, "hidden_size": 16, "intermediate_size": 32,
+                         "projection_dim": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
+                         "max_position_embeddings": 8, "hidden_act": "gelu",
+                         "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2},
+         "geometry_encoder_config": {"hidden_size": 16, "num_layers": 1,
+                                     "num_attention_heads": 2, "intermediate_size": 32,
+                                     "roi_size": 2},
+         "detr_encoder_config": {"hidden_size": 16, "num_layers": 1, "num_attention_heads": 2,
+                                 "intermediate_size": 32},
+         "detr_decoder_config": {"hidden_size": 16, "num_layers": 1, "num_attention_heads": 2,
+                                 "intermediate_size": 32, "num_queries": 4},
+         "mask_decoder_config": {"hidden_size": 16, "num_attention_heads": 2,
+                                 "num_upsampling_stages": 3}}
+_SAM3_TRACKER = {"vision_config": _SAM3_VISION,
+                 "prompt_encoder_config": {"hidden_size": 16, "image_size": 28, "patch_size": 7,
+                                           "mask_input_channels": 4},
+                 "mask_decoder_config": {"hidden_size": 16, "mlp_dim": 32,
+                                         "num_attention_heads": 2, "iou_head_hidden_dim": 16},
+                 "memory_attention_hidden_size": 16, "memory_attention_num_layers": 1,
+                 "memory_attention_feed_forward_hidden_size": 32,
+                 "memory_attention_rope_feat_sizes": [4, 4], "memory_encoder_hidden_size": 16,
+                 "memory_encoder_output_channels": 8, "mask_downsampler_embed_dim": 16,
+                 "memory_fuser_embed_dim": 16, "memory_fuser_intermediate_dim": 32,
+                 "memory_fuser_num_layers": 1, "mask_downsampler_total_stride": 4}
 
 # case -> (model_type, config, the Hub classes). The next architecture adds a row here and
 # one in tests/integration/test_hf_transformers.py's table.
@@ -378,6 +413,10 @@ ROWS = {
         "feed_forward_proj": "gated-gelu", "tie_word_embeddings": False, "pad_token_id": 0,
         "eos_token_id": 1, "decoder_start_token_id": 0}},
         ("Blip2Model", "Blip2ForConditionalGeneration")),
+    # SAM 3: the detector alone, and the video model (the detector beside the tracker)
+    "sam3": ("sam3", _SAM3, ("Sam3Model",)),
+    "sam3_video": ("sam3_video", {"detector_config": _SAM3, "tracker_config": _SAM3_TRACKER},
+                   ("Sam3VideoModel",)),
 }
 
 # model_type -> (image size, image tokens per image, the image token's id) of a model whose
@@ -448,6 +487,10 @@ def inputs(model_type: str) -> dict:
     import numpy as np
 
     rng = np.random.default_rng(SEED)
+    if model_type in SAM3:  # an image and a text prompt (no box: see _run_sam3)
+        return {"pixel_values": rng.normal(size=(BATCH, 28, 28, 3)).astype("float32"),
+                "input_ids": rng.integers(3, VOCAB, size=(BATCH, LENGTH)).astype("int32"),
+                "attention_mask": np.ones((BATCH, LENGTH), "int32")}
     if model_type in IMAGE_SIZES:
         size = IMAGE_SIZES[model_type]
         return {"pixel_values": rng.normal(size=(BATCH, size, size, 3)).astype("float32")}
@@ -521,6 +564,8 @@ def _run(model, model_type: str) -> dict:
     import transformers
 
     feed = _torch_inputs(model_type)
+    if model_type in SAM3:
+        return _run_sam3(model, feed)
     out = {}
     # the base model: `base_model` finds it by the class's prefix, which names an inner
     # module in a base model that has one of that name (DINOv3 ViT's `model`, its encoder)
@@ -598,6 +643,34 @@ def _base_class(model):
     import transformers
 
     return transformers.MODEL_MAPPING[type(model.config)]
+
+
+# SAM 3 (the detector; the video model's `detector_model`): fed an image and a text prompt,
+# no box (transformers' geometry encoder pools boxes with torchvision's roi_align, which
+# this environment lacks; with no box it is not run, and keras-hub's backbone always runs
+# its own, so the oracle's detection outputs are compared with keras-hub's layers composed
+# as its backbone composes them, the geometry encoder left out)
+SAM3 = ("sam3", "sam3_video")
+
+
+def _run_sam3(model, feed: dict) -> dict:
+    """The detector's outputs: the ViT's last hidden state, each FPN level (NHWC), the
+    projected text features, and the detections on the text prompt."""
+    import torch
+
+    detector = getattr(model, "detector_model", model)
+    with torch.no_grad():
+        vision = detector.vision_encoder(feed["pixel_values"])
+        text = detector.get_text_features(input_ids=feed["input_ids"],
+                                          attention_mask=feed["attention_mask"])
+        result = detector(**feed)
+    out = {"last_hidden_state": vision.last_hidden_state,
+           "text_features": text.pooler_output}
+    for level, state in enumerate(vision.fpn_hidden_states):
+        out[f"fpn_hidden_state_{level}"] = state.permute(0, 2, 3, 1)
+    for key in ("pred_logits", "pred_boxes", "pred_masks", "presence_logits", "semantic_seg"):
+        out[key] = getattr(result, key)
+    return {k: v.float().numpy() for k, v in out.items()}
 
 
 def _perturb(model, seed: int) -> None:
@@ -746,7 +819,12 @@ FOLDED_BF16_TOLERANCE = 2e-2
 EXPORT_MISSING = {"esm": ("esm.rotary_embeddings.inv_freq", "esm.contact_head.regression.weight",
                           "esm.contact_head.regression.bias"),
                   "esm_absolute": ("esm.contact_head.regression.weight",
-                                   "esm.contact_head.regression.bias")}
+                                   "esm.contact_head.regression.bias"),
+                  # SAM 3: the CLIP tower's own projection and the pixel decoder's stage past
+                  # the FPN levels it reads (no output reads them; keras-hub has neither)
+                  "sam3": ("text_encoder.text_projection.weight",
+                           *(f"mask_decoder.pixel_decoder.{k}.2.{w}"
+                             for k in ("conv_layers", "norms") for w in ("weight", "bias")))}
 
 
 def _export_tolerance(name: str) -> float:
