@@ -345,7 +345,11 @@ class Checkpointing(_FlavourFreeCallback):
         return {name: getattr(self.retention, name) for name in _retention.KEYWORDS[3:]}
 
     def _implements_train_batch_hooks(self):
-        return True
+        # None under ParameterServerStrategy, where tf_keras refuses batch-level callbacks:
+        # Checkpointing saves at the end of each epoch there.
+        from objckpt._training import fitckpt as _fitckpt
+
+        return not _fitckpt.coordinated(self.model)
 
     def on_train_begin(self, logs=None):
         from objckpt._training import fitckpt as _fitckpt
