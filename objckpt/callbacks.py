@@ -282,6 +282,17 @@ class Checkpointing(_FlavourFreeCallback):
     A SIGTERM there is not turned into one more save (the others would wait for
     it forever); a restart of all workers resumes from the newest checkpoint.
 
+    Under ParameterServerStrategy (tf_keras, Keras 2) fit runs its steps on the
+    workers asynchronously and calls no batch-level callback: Checkpointing saves at
+    the end of each epoch, when every step of it has run (sharded variables and their
+    optimizer slots whole, as `tf.train.Checkpoint` saves them), and resumes at the
+    start of the next epoch. It needs fit's `steps_per_epoch` there; `save_freq` in
+    batches, and resuming from a checkpoint saved within an epoch, are
+    `InvalidArgumentError`s, raised before anything is opened or restored. SIGTERM
+    keeps its usual effect. Each worker's dataset starts afresh on resume, so a resumed
+    run equals the uninterrupted one when every epoch reads the same data (one pass
+    each) and the run itself is reproducible (one worker, or steps that do not race).
+
     Attributes:
       resumed_from: the prefix restored at the start of the last fit, or None.
       saved: prefixes saved during the last fit, in order (with async_save:
@@ -345,7 +356,11 @@ class Checkpointing(_FlavourFreeCallback):
         return {name: getattr(self.retention, name) for name in _retention.KEYWORDS[3:]}
 
     def _implements_train_batch_hooks(self):
-        return True
+        # None under ParameterServerStrategy, where tf_keras refuses batch-level callbacks:
+        # Checkpointing saves at the end of each epoch there.
+        from objckpt._training import fitckpt as _fitckpt
+
+        return not _fitckpt.coordinated(self.model)
 
     def on_train_begin(self, logs=None):
         from objckpt._training import fitckpt as _fitckpt

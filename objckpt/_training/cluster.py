@@ -60,6 +60,8 @@ class Cluster:
         or None when it is a single process (no strategy, MirroredStrategy, one worker)."""
         variables = list(variables)
         strategy = _compat.variables_strategy(variables)
+        if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
+            return None  # its one coordinator reads and writes every variable, alone
         resolver = getattr(strategy, "cluster_resolver", None)
         if resolver is None:
             return None

@@ -6,6 +6,11 @@ checkpoint (starting epoch and skipped batches, through `_compat`), says so
 in one line on stdout (or that training is already finished), decides when to
 save, and turns a SIGTERM into one more save and a stop (in a single process; with
 several workers SIGTERM keeps its usual effect, see `_install_sigterm`).
+
+Under ParameterServerStrategy (`coordinated`) tf_keras runs fit's steps asynchronously on
+the workers and calls no batch-level callback: Checkpointing saves at the end of each epoch
+(every step of it done), resumes at an epoch's start, and refuses what needs batches
+(`check_coordinated`).
 """
 
 from __future__ import annotations
@@ -14,7 +19,9 @@ import signal
 import threading
 import warnings
 
-from objckpt import _compat
+import tensorflow as tf
+
+from objckpt import _compat, errors
 from objckpt._training import checkpointing as _checkpointing
 from objckpt._training import companions as _companions
 
@@ -32,11 +39,15 @@ class FitCheckpointer:
         self._sigterm = self._stopped = False
         self._previous_handler = None
         self._warned_monitor = False
+        self.coordinated = False  # fit runs under ParameterServerStrategy
 
     # --- hooks ----------------------------------------------------------------------
 
     def begin(self, model) -> None:
         cb = self.callback
+        self.coordinated = coordinated(model)
+        if self.coordinated:
+            check_coordinated(cb)  # before the directory is opened: nothing is touched
         if self.manager is not None:
             self.manager.release()  # an earlier fit of ours that raised
         extras = _companions.saved_with(model)  # state callbacks keep beside the model
@@ -61,9 +72,13 @@ class FitCheckpointer:
         self._install_sigterm()
 
     def _resume(self, model, latest) -> None:
+        if self.coordinated:
+            check_epoch_boundary(latest.prefix, self.callback.params["steps"])
         counters = self.manager.restore(latest, "Checkpointing", "at the start of fit")
         self.callback.resumed_from = latest.prefix
         self.epoch, self.step, self.batch = counters["epoch"], counters["step"], counters["batch"]
+        if self.coordinated and self.batch:  # saved after an epoch's last batch: it is done
+            self.epoch, self.batch = self.epoch + 1, 0
         self._skip_until = self.batch
         if self.callback.verbose:
             params = self.callback.params or {}
@@ -78,10 +93,12 @@ class FitCheckpointer:
         self._sigterm = self._stopped = False
         if threading.current_thread() is not threading.main_thread():
             return
-        if self.manager.cluster is not None:
+        if self.manager.cluster is not None or self.coordinated:
             # Several workers: one more save on the worker that got the signal alone would
             # wait forever for the others (saving is collective). The signal keeps its usual
             # effect; a restart resumes from the newest checkpoint the chief committed.
+            # ParameterServerStrategy: no hook runs before the epoch's end, so the signal
+            # keeps its usual effect too; a restart resumes from the last epoch saved.
             return
 
         def on_sigterm(signum, frame):
@@ -113,6 +130,8 @@ class FitCheckpointer:
         if self._stopped:  # by SIGTERM, mid-epoch: the epoch is not done, and was saved
             return
         self._skip_until = 0
+        if self.coordinated:  # no batch hooks: every step of the epoch ran (fit joined them)
+            self.step = self._epoch_start_step + int(self.callback.params["steps"])
         self.epoch, self.batch = epoch + 1, 0
         if self.callback.save_freq == "epoch" or self._sigterm:
             self.save(logs, force=self._sigterm)
@@ -157,6 +176,65 @@ class FitCheckpointer:
         prefix = self.manager.save(None if value is None else float(value), force=force)
         if prefix is not None:
             cb.saved.append(prefix)
+
+
+def coordinated(model) -> bool:
+    """Whether `model.fit` runs under ParameterServerStrategy, whose `ClusterCoordinator`
+    schedules the steps on the workers (tf_keras and Keras 2 call no batch-level hook there)."""
+    strategy = getattr(model, "distribute_strategy", None)
+    return isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
+
+
+def check_coordinated(callback) -> None:
+    """Refuses, before anything is opened, what Checkpointing cannot do under
+    ParameterServerStrategy: saving every N batches, and a fit with no epoch length.
+
+    Raises:
+      InvalidArgumentError: save_freq is a number of batches, or fit has no steps_per_epoch.
+    """
+    if callback.save_freq != "epoch":
+        raise errors.InvalidArgumentError(
+            f"Checkpointing(save_freq={callback.save_freq!r}) cannot save every "
+            f"{callback.save_freq} batches under ParameterServerStrategy: there fit (tf_keras, "
+            "Keras 2) runs its steps asynchronously on the workers and calls no batch-level "
+            "callback, and each worker reads its own copy of the data, so no batch position "
+            "can be saved or resumed. Checkpointing saves at the end of each epoch there, once "
+            "every step of it has run. Fix: save_freq='epoch', with fit(steps_per_epoch=N) "
+            "set to the number of steps between checkpoints.", source=callback.directory)
+    steps = (callback.params or {}).get("steps")
+    if not isinstance(steps, int) or steps <= 0:
+        raise errors.InvalidArgumentError(
+            "Checkpointing cannot save during this fit: under ParameterServerStrategy it saves "
+            "at the end of each epoch (fit calls no batch-level callback there), and this "
+            f"fit's epochs never end (steps per epoch: {steps!r}; steps_per_epoch not given, "
+            "or -1). Fix: pass fit(steps_per_epoch=N), N the number of steps between "
+            "checkpoints, with a dataset that repeats (a DatasetCreator whose dataset_fn "
+            "returns dataset.repeat()).", source=callback.directory)
+
+
+def check_epoch_boundary(prefix: str, steps: int) -> None:
+    """Refuses to resume from a checkpoint saved within an epoch (save_freq=N without
+    ParameterServerStrategy) under it, where fit cannot skip the batches it trained on;
+    read from the file before anything is restored. One saved after an epoch's last batch
+    (`steps` of them, or more) holds that epoch done: fit resumes at the next.
+
+    Raises:
+      InvalidArgumentError: `prefix` was saved at a batch within an epoch.
+    """
+    reader = tf.train.load_checkpoint(prefix)
+    key = "batch/.ATTRIBUTES/VARIABLE_VALUE"
+    batch = int(reader.get_tensor(key)) if reader.has_tensor(key) else 0
+    epoch = int(reader.get_tensor("epoch/.ATTRIBUTES/VARIABLE_VALUE"))
+    if 0 < batch < steps:
+        raise errors.InvalidArgumentError(
+            f"Checkpointing cannot resume from {prefix} under ParameterServerStrategy: it was "
+            f"saved in epoch {epoch + 1} after batch {batch} (save_freq in batches), and "
+            "there fit resumes only at the start of an epoch (it cannot skip the batches "
+            "the checkpoint trained on: each worker reads its own copy of the data). "
+            "Nothing was restored. Fix: finish that epoch without ParameterServerStrategy "
+            "(the same fit resumes mid-epoch there), or restore the weights with "
+            f"objckpt.restore(model, {prefix!r}, at='model') and fit with a new directory.",
+            source=prefix)
 
 
 def monitor_missing(monitor: str, logs, save_freq, mid_epoch: bool) -> str:

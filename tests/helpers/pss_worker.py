@@ -4,15 +4,19 @@ JSON line: tests/distributed/test_sharded_cluster.py runs it in a fresh process,
 connecting to a cluster changes this process's eager context for good.
 
     python tests/helpers/pss_worker.py FOLDER [tf_keras | keras2 | keras3]
+    python tests/helpers/pss_worker.py FOLDER (tf_keras | keras2) (fit-kill | fit-resume) WORKERS
 
 tf_keras (TF 2.16+) or Keras 2 (`keras` 2.x, bundled with TF 2.12-2.15): trained and resumed;
-Keras 3: its models' state saved and resharded (`keras3_main`).
+Keras 3: its models' state saved and resharded (`keras3_main`). `fit-kill` and `fit-resume`:
+`model.fit` with objckpt's Checkpointing on a cluster of WORKERS workers (`fit_kill`,
+`fit_resume`): a run killed by SIGKILL mid-epoch, then resumed in a fresh process.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import sys
 
@@ -30,6 +34,7 @@ keras = importlib.import_module("tf_keras" if FLAVOUR == "tf_keras" else "keras"
 import objckpt  # noqa: E402
 from objckpt import _compat, errors  # noqa: E402
 from objckpt._bundle import index as _index  # noqa: E402
+from objckpt._training import checkpointing as _checkpointing  # noqa: E402
 
 ROWS, DIM = 12, 4
 CASES = [(2, 2), (1, 2), (2, 3), (3, 1), (4, 2)]  # (shards saved, shards restored)
@@ -47,13 +52,20 @@ def _ports(count: int) -> list[int]:
 
 def start_cluster(workers: int = 2, ps: int = 2):
     """Servers for the workers and parameter servers in this process; the resolver of the
-    chief (this process, the coordinator)."""
+    chief (this process, the coordinator).
+
+    Each server gets workers + 1 inter-op threads, as TF's own in-process clusters do
+    (`multi_worker_test_base.create_in_process_cluster`): with fewer (a 2-core machine's
+    default), steps running on two workers at once (`model.fit`) wait on each other forever.
+    """
     ports = _ports(workers + ps + 1)
     spec = tf.train.ClusterSpec({
         "worker": [f"localhost:{p}" for p in ports[:workers]],
         "ps": [f"localhost:{p}" for p in ports[workers:workers + ps]],
         "chief": [f"localhost:{ports[-1]}"]})
-    servers = [tf.distribute.Server(spec, job_name=job, task_index=i, protocol="grpc")
+    config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=workers + 1)
+    servers = [tf.distribute.Server(spec, job_name=job, task_index=i, protocol="grpc",
+                                    config=config)
                for job, count in (("worker", workers), ("ps", ps)) for i in range(count)]
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
         spec, task_type="chief", task_id=0, rpc_layer="grpc")
@@ -318,7 +330,219 @@ def main(folder: str) -> dict:
     return out
 
 
+# --- model.fit with Checkpointing -------------------------------------------------------
+
+STEPS, EPOCHS = 4, 4  # steps per epoch, epochs of each fit
+KILL_AT = (2, 1)  # (epoch, batch) after which the killed run dies: mid-epoch, epochs 0-1 saved
+
+
+class Steps(keras.callbacks.Callback):
+    """The test's own batch hook (tf_keras allows those taking logs as they come,
+    `_supports_tf_logs`, under ParameterServerStrategy): with `serial`, joins the coordinator
+    after each step, so that steps on two workers run one at a time and the uninterrupted run
+    is reproducible; with `kill`, SIGKILLs this process (cluster included) after that
+    (epoch, batch) is scheduled."""
+
+    def __init__(self, serial: bool, kill=None):
+        super().__init__()
+        self._supports_tf_logs = True
+        self.serial, self.kill, self.epoch = serial, kill, 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.serial:
+            self.model._cluster_coordinator.join()
+        if self.kill == (self.epoch, batch):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+class Probe(keras.callbacks.Callback):
+    """Compares, once every callback before it has begun (Checkpointing has resumed), the
+    model's values (its optimizer's included) with the `model/` entries of a checkpoint."""
+
+    def __init__(self, prefix: str):
+        super().__init__()
+        self.prefix, self.equal = prefix, None
+
+    def on_train_begin(self, logs=None):
+        saved = {k: v for k, v in read_checkpoint(self.prefix).items()
+                 if k.startswith("model/")}
+        self.equal = same(state(self.model, None), saved)
+
+
+def fit_data(workers: int):
+    """One pass over the data, the same every epoch: 4 batches with one worker; with two, one
+    batch (which worker draws step k is a race, each reading its own copy of the data)."""
+    rng = np.random.default_rng(11)
+    rows = 8 * (STEPS if workers == 1 else 1)
+    return (rng.integers(0, ROWS, (rows, 3)).astype("int64"),
+            rng.normal(size=(rows, 1)).astype("float32"))
+
+
+def fit_model(strategy):
+    """The embedding model (table in 2 shards), seeded, compiled with an unbuilt Adam."""
+    with strategy.scope():
+        model = keras.Sequential([
+            keras.layers.Embedding(ROWS, DIM, name="embed", embeddings_initializer=(
+                keras.initializers.RandomUniform(-1.0, 1.0, seed=1))),
+            keras.layers.GlobalAveragePooling1D(),
+            keras.layers.Dense(1, name="head",
+                               kernel_initializer=keras.initializers.GlorotUniform(seed=2))])
+        model.build((None, 3))
+        model.compile(keras.optimizers.Adam(0.05), loss="mse")
+    return model
+
+
+def fit(model, data, callbacks, **kwargs):
+    """`model.fit` as under ParameterServerStrategy it runs: a DatasetCreator repeating one
+    pass, steps_per_epoch set."""
+    x, y = data
+
+    def dataset_fn(context):
+        return tf.data.Dataset.from_tensor_slices((x, y)).batch(8).repeat()
+
+    kwargs = {"epochs": EPOCHS, "steps_per_epoch": STEPS, **kwargs}
+    utils = tf.keras.utils if FLAVOUR == "keras2" else keras.utils  # Keras 2: tf.keras only
+    return model.fit(utils.experimental.DatasetCreator(dataset_fn),
+                     callbacks=callbacks, verbose=0, **kwargs)
+
+
+def fit_kill(folder: str, workers: int) -> dict:
+    """A fit saving every epoch, killed by SIGKILL in the middle of epoch 2 (0-based)."""
+    resolver, servers = start_cluster(workers)
+    model = fit_model(strategy_of(resolver, 2))
+    fit(model, fit_data(workers), [
+        objckpt.callbacks.Checkpointing(os.path.join(folder, "killed"), verbose=0),
+        Steps(workers > 1, kill=KILL_AT)])
+    return {"killed": False}
+
+
+def read_checkpoint(prefix: str) -> dict:
+    reader = tf.train.load_checkpoint(prefix)
+    return {key: reader.get_tensor(key) for key in reader.get_variable_to_shape_map()
+            if key != "_CHECKPOINTABLE_OBJECT_GRAPH"}
+
+
+def fit_resume(folder: str, workers: int) -> dict:
+    """The uninterrupted run, then the killed one resumed in this fresh process, then what
+    Checkpointing refuses under ParameterServerStrategy."""
+    resolver, servers = start_cluster(workers)
+    strategy = strategy_of(resolver, 2)
+    data, out = fit_data(workers), {}
+    whole, killed = os.path.join(folder, "whole"), os.path.join(folder, "killed")
+    model = fit_model(strategy)
+    callback = objckpt.callbacks.Checkpointing(whole, verbose=0)
+    history = fit(model, data, [callback, Steps(workers > 1)])
+    expected = state(model, model.optimizer)
+    out["whole"] = {"epochs": history.epoch, "saved": [os.path.basename(p) for p in callback.saved],
+                    "iterations": int(model.optimizer.iterations.numpy())}
+    before_kill = sorted(os.listdir(killed))
+    resumed = fit_model(strategy)
+    callback = objckpt.callbacks.Checkpointing(killed, verbose=0)
+    probe = Probe(os.path.join(killed, "ckpt-2"))
+    history = fit(resumed, data, [callback, probe, Steps(workers > 1)])
+    tree = objckpt.tree(tf.train.Checkpoint(model=resumed, optimizer=resumed.optimizer))
+    out["resumed"] = {
+        "files_at_kill": [f for f in before_kill if f.endswith(".index")],
+        "resumed_from": os.path.basename(callback.resumed_from or ""),
+        "epochs": history.epoch, "saved": [os.path.basename(p) for p in callback.saved],
+        "restored_equal": probe.equal,
+        "iterations": int(resumed.optimizer.iterations.numpy()),
+        "sharded": sorted(path for path, v in tree.items() if _compat.is_sharded(v)),
+        "equal": same(state(resumed, resumed.optimizer), expected),
+        "last_saved_equal": same(read_checkpoint(os.path.join(whole, "ckpt-4")),
+                                 read_checkpoint(os.path.join(killed, "ckpt-4"))),
+        "before_kill_equal": same(read_checkpoint(os.path.join(whole, "ckpt-2")),
+                                  read_checkpoint(os.path.join(killed, "ckpt-2"))),
+        "counters": {name: int(value) for name, value in read_checkpoint(
+            os.path.join(killed, "ckpt-4")).items() if name.split("/")[0] in
+            ("epoch", "step", "batch")},
+    }
+    if workers > 1:
+        out["async"] = fit_async(folder, strategy, data)
+    out.update(fit_refusals(folder, strategy, data))
+    return out
+
+
+def fit_async(folder: str, strategy, data) -> dict:
+    """Steps on both workers at once, as fit runs them (not reproducible from run to run):
+    each checkpoint holds whole epochs, and a fresh model resumes from the last one exactly."""
+    run = os.path.join(folder, "async")
+    fit(fit_model(strategy), data, [objckpt.callbacks.Checkpointing(run, verbose=0)], epochs=2)
+    model = fit_model(strategy)
+    callback = objckpt.callbacks.Checkpointing(run, verbose=0)
+    probe = Probe(os.path.join(run, "ckpt-2"))
+    history = fit(model, data, [callback, probe])
+    return {"resumed_from": os.path.basename(callback.resumed_from or ""),
+            "epochs": history.epoch, "restored_equal": probe.equal,
+            "iterations": int(model.optimizer.iterations.numpy()),
+            "counters": {name: int(value) for name, value in read_checkpoint(
+                os.path.join(run, "ckpt-4")).items() if name.split("/")[0] in
+                ("epoch", "step", "batch")}}
+
+
+def fit_refusals(folder: str, strategy, data) -> dict:
+    """save_freq in batches; a fit without steps_per_epoch; a checkpoint saved mid-epoch."""
+    out = {}
+
+    def attempt(name, model, call):
+        before = state(model, None)
+        try:
+            call()
+            out[name] = {"raised": ""}
+        except errors.ObjckptError as err:
+            out[name] = {"raised": type(err).__name__, "message": str(err),
+                         "unchanged": same(state(model, None), before)}
+
+    model = fit_model(strategy)
+    batches = os.path.join(folder, "batches")
+    attempt("save_freq", model, lambda: fit(model, data, [
+        objckpt.callbacks.Checkpointing(batches, save_freq=2)]))
+    out["save_freq"]["created"] = os.path.exists(batches)
+    finite = tf.data.Dataset.from_tensor_slices(data).batch(8)
+    attempt("no_steps", model, lambda: model.fit(
+        finite, epochs=1, verbose=0,
+        callbacks=[objckpt.callbacks.Checkpointing(os.path.join(folder, "nosteps"))]))
+    # A checkpoint saved at batch 2 of epoch 1 (as save_freq=2 without the strategy saves)
+    mid = os.path.join(folder, "mid")
+    other = fit_model(strategy)
+    with strategy.scope():  # slots made, as a trained model's checkpoint holds them
+        if hasattr(other.optimizer, "build"):
+            other.optimizer.build(other.trainable_variables)
+        else:  # Keras 2.12's OptimizerV2
+            other.optimizer._create_all_weights(other.trainable_variables)
+    directory = _checkpointing.CheckpointDirectory(mid, other)
+    directory.open()
+    for name, number in (("epoch", 1), ("step", 6), ("batch", 2)):
+        directory.counters[name].assign(number)
+    directory.save()
+    directory.close()
+    attempt("mid_epoch", model, lambda: fit(model, data, [
+        objckpt.callbacks.Checkpointing(mid, verbose=0)]))
+    # Saved after the last batch of epoch 1 (batch == STEPS): that epoch is done, fit goes
+    # on with epoch 2.
+    last = os.path.join(folder, "last")
+    directory = _checkpointing.CheckpointDirectory(last, other)
+    directory.open()
+    for name, number in (("epoch", 1), ("step", 8), ("batch", STEPS)):
+        directory.counters[name].assign(number)
+    directory.save()
+    directory.close()
+    callback = objckpt.callbacks.Checkpointing(last, verbose=0)
+    history = fit(fit_model(strategy), data, [callback])
+    out["last_batch"] = {"epochs": history.epoch, "counters": {
+        name: int(value) for name, value in read_checkpoint(callback.saved[-1]).items()
+        if name.split("/")[0] in ("epoch", "step", "batch")}}
+    return out
+
+
 if __name__ == "__main__":
     FOLDER = sys.argv[1]
+    if len(sys.argv) > 3:
+        scenario = {"fit-kill": fit_kill, "fit-resume": fit_resume}[sys.argv[3]]
+        print("RESULT " + json.dumps(scenario(FOLDER, int(sys.argv[4]))), flush=True)
+        os._exit(0)
     print("RESULT " + json.dumps(main(FOLDER)), flush=True)
     os._exit(0)  # in-process servers never stop: end without waiting on them
