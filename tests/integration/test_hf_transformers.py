@@ -78,6 +78,14 @@ def _bare(path: str) -> str:
     return "/".join(part.lstrip("_") or part for part in path.split("/"))
 
 
+def _computed(model, case) -> set:
+    """The Keras paths of the backbone's variables the row lists as `computed` (by object
+    path): no folder has them, so restore leaves them as the model made them (keras-hub
+    initialises some at random: two models of the row differ there)."""
+    tree = objckpt.tree(model)
+    return {tree[path].name.rsplit(":", 1)[0] for path in case.computed if path in tree}
+
+
 def _rules(case, dtype):
     return huggingface(case.folder(dtype))
 
@@ -193,7 +201,7 @@ def test_backbone_restores_and_computes_what_transformers_computes(case, dtype):
     assert sorted(map(_bare, report.missing)) == sorted(case.lacks)
     assert len(report.restored) == len(model.weights) - len(case.lacks) - len(case.computed)
     for path in case.computed:
-        assert any(line.startswith(f"`{path}`:") for line in report.skipped), path
+        assert any(line.startswith(f"`{path}`") for line in report.skipped), path
     skipped = "\n".join(report.skipped)
     for key in case.head:
         assert any(line.startswith(key + ":") for line in report.skipped), (
@@ -251,8 +259,9 @@ def test_one_call_uses_the_set_that_config_json_names(case):
     # variable by variable, in order: keras-hub leaves some layers Keras's numbered names
     ours = (model.backbone if case.task else model).weights
     assert len(ours) == len(reference.weights)
+    kept = set(case.lacks) | _computed(reference, case)
     for variable, expected in zip(ours, reference.weights):
-        if expected.path not in case.lacks:  # those keep their (random) initial values
+        if expected.path not in kept:  # those keep their (random) initial values
             assert np.asarray(variable.numpy()).tobytes() == np.asarray(
                 expected.numpy()).tobytes(), expected.path
     model_type = hf_cases.config(case)["model_type"]
@@ -279,8 +288,9 @@ def test_bfloat16_folder_into_a_bfloat16_model(case):
     # the reference model is of the same class, its variables in the same order (see above)
     wide = _report(case, "bfloat16" if case.folded else "float32")[0].weights
     assert len(wide) == len(model.weights)
+    kept = set(case.lacks) | _computed(model, case)
     for variable, reference in zip(model.weights, wide):
-        if variable.path in case.lacks:
+        if variable.path in kept:
             continue
         rounded = np.asarray(reference.numpy()).astype(variable.numpy().dtype)
         assert rounded.tobytes() == np.asarray(variable.numpy()).tobytes(), variable.path
@@ -303,8 +313,9 @@ def test_a_lossy_cast_is_refused_without_the_argument(case):
     assert _values(model) == before
     objckpt.restore(model, folder, rules=rules, strict=not case.lacks, cast="lossy")
     wide = _restored_backbone(case, "float32")[0]
+    kept = _computed(model, case)
     for variable, reference in zip(model.weights, wide.weights):
-        if any(variable.path.endswith(path) for path in case.lacks):
+        if any(variable.path.endswith(path) for path in case.lacks) or variable.path in kept:
             continue  # the folder has no value for it: left at its initial value
         expected = np.asarray(reference.numpy()).astype(variable.numpy().dtype)
         assert expected.tobytes() == np.asarray(variable.numpy()).tobytes(), variable.path
