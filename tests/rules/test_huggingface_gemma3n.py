@@ -1,0 +1,226 @@
+"""The Hugging Face rule set for Gemma 3n's text decoder (`gemma3n_text`): the set itself, and
+keras-hub's own importer as a second oracle.
+
+transformers' side (its folders restored, objckpt's exports read back by it) is
+tests/integration/test_hf_transformers.py. keras-hub 0.32's `from_preset` reads only the
+multimodal model type (`gemma3n`, whose vision encoder its importer fixes at MobileNetV5-300M
+whatever the config says), so the second oracle here is its importer's own function for the
+decoder, `convert_gemma3n._port_language_model`, run with keras-hub's `SafetensorLoader` on
+the text-only folder (the multimodal names `model.language_model.X` read as the folder's).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+import objckpt
+from objckpt import errors
+from objckpt.rules import Transpose, huggingface
+
+from support import bits, by_source, config_folder
+
+FIXTURES = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "hf")
+ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}}
+# four layers (sliding, full, twice), the last two reusing the first two's keys and values
+GEMMA3N = {"architectures": ["Gemma3nForCausalLM"], "model_type": "gemma3n_text",
+           "vocab_size": 64, "hidden_size": 16, "intermediate_size": [32] * 4,
+           "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "head_dim": 8, "sliding_window": 64, "hidden_activation": "gelu_pytorch_tanh",
+           "layer_types": ["sliding_attention", "full_attention"] * 2,
+           "max_position_embeddings": 64, "hidden_size_per_layer_input": 4,
+           "vocab_size_per_layer_input": 64, "altup_num_inputs": 3, "altup_active_idx": 0,
+           "altup_coef_clip": 120.0, "altup_correct_scale": True, "laurel_rank": 4,
+           "num_kv_shared_layers": 2, "activation_sparsity_pattern": [0.95, 0.0, 0.0, 0.0],
+           "final_logit_softcapping": 30.0, "attention_bias": False, "attention_dropout": 0.0,
+           "rope_parameters": ROPE, "rms_norm_eps": 1e-06, "tie_word_embeddings": True,
+           "dtype": "float32"}
+SHARED = ("k_proj.weight", "v_proj.weight", "k_norm.weight")
+
+
+# --- the set itself (no keras-hub) -----------------------------------------------------------
+
+def test_the_folder_chooses_the_set_by_model_type(tmp_path):
+    chosen = huggingface(config_folder(tmp_path, GEMMA3N))
+    assert "gemma3n_text" in objckpt.rules.supported()
+    assert "gemma3n" not in objckpt.rules.supported()  # the multimodal set: not shipped
+    assert chosen.name == "huggingface('gemma3n_text')"
+    assert list(chosen) == list(huggingface("gemma3n_text", config=GEMMA3N))
+    assert chosen.classes == {"Gemma3nCausalLM": "Gemma3nForCausalLM"}
+
+
+def test_every_linear_is_transposed_and_the_rest_kept_as_they_are():
+    rules = by_source(huggingface("gemma3n_text", config=GEMMA3N))
+    layer = "language_model/transformer_layers/1"
+    for name, target in (
+            ("self_attn.q_proj", "attention/q_proj"), ("self_attn.o_proj", "attention/o_proj"),
+            ("mlp.down_proj", "mlp/down_proj"), ("altup.prediction_coefs",
+                                                 "altup/prediction_coefs"),
+            ("altup.modality_router", "altup/modality_router"),
+            ("laurel.linear_left", "laurel/linear_left"),
+            ("per_layer_projection", "per_layer_projection")):
+        rule = rules[f"model.layers.1.{name}.weight"]
+        assert (rule.target, rule.transform) == (f"{layer}/{target}/kernel", Transpose())
+    for name, target in (("altup.correct_output_scale", "altup/correct_output_scale"),
+                         ("altup.router_norm.weight", "altup/router_norm/scale"),
+                         ("laurel.post_laurel_norm.weight", "laurel/post_laurel_norm/scale"),
+                         ("self_attn.q_norm.weight", "attention/q_norm/scale"),
+                         ("post_per_layer_input_norm.weight", "post_per_layer_input_norm/scale")):
+        rule = rules[f"model.layers.1.{name}"]
+        assert (rule.target, rule.transform) == (f"{layer}/{target}", None)
+    # two extra AltUp streams: two projections each way
+    assert rules["model.altup_projections.1.weight"].target == (
+        "language_model/altup_projections/1/kernel")
+    assert "model.altup_projections.2.weight" not in rules
+    assert rules["model.embed_tokens_per_layer.weight"].transform is None
+    assert "layers.3.laurel.linear_right.weight" in rules  # Gemma3nTextModel saves it bare
+    assert rules["lm_head.weight"].head == "Gemma3nForCausalLM (tied to the token embedding)"
+    torch_weight = np.arange(4 * 16, dtype=np.float32).reshape(4, 16)  # (out, in)
+    kernel = rules["model.layers.0.per_layer_input_gate.weight"].transform(torch_weight)
+    assert kernel.shape == (16, 4) and kernel[5, 3] == torch_weight[3, 5]
+
+
+def test_shared_layers_keys_and_values_are_unused_not_missing():
+    rules = by_source(huggingface("gemma3n_text", config=GEMMA3N))
+    for i in range(4):
+        for name in SHARED:
+            rule = rules[f"model.layers.{i}.self_attn.{name}"]
+            assert bool(rule.absent) == (i >= 2), (i, name)
+            assert rule.unused_by == (("Gemma3nBackbone", "Gemma3nCausalLM") if i >= 2 else ())
+    unshared = by_source(huggingface("gemma3n_text", config={**GEMMA3N,
+                                                             "num_kv_shared_layers": 0}))
+    assert not any(r.unused_by for r in unshared.values())
+
+
+def test_a_task_model_is_named_under_its_backbone():
+    class Gemma3nCausalLM:  # what `model=` reads: the class's name
+        pass
+
+    rules = by_source(huggingface("gemma3n_text", config=GEMMA3N, model=Gemma3nCausalLM()))
+    assert rules["model.norm.weight"].target == "backbone/language_model/final_normalization/scale"
+    assert rules["norm.weight"].target == "backbone/language_model/final_normalization/scale"
+
+
+def test_without_the_output_scale_its_rule_is_left_out():
+    rules = by_source(huggingface("gemma3n_text", config={**GEMMA3N,
+                                                          "altup_correct_scale": False}))
+    assert "model.layers.0.altup.correct_output_scale" not in rules
+    assert "model.layers.0.altup.router_norm.weight" in rules
+
+
+@pytest.mark.parametrize("missing", ["hidden_size", "head_dim", "num_hidden_layers",
+                                     "altup_num_inputs", "laurel_rank",
+                                     "hidden_size_per_layer_input"])
+def test_a_config_without_sizes_is_refused(missing):
+    config = {k: v for k, v in GEMMA3N.items() if k != missing}
+    with pytest.raises(errors.InvalidArgumentError,
+                       match=f"Gemma 3n.*`{missing}`.*received None.*Fix:"):
+        huggingface("gemma3n_text", config=config)
+
+
+@pytest.mark.parametrize("key,value,why", [
+    ("num_kv_shared_layers", 4, "from 0 to 3"),
+    ("num_kv_shared_layers", "2", "from 0 to 3"),
+    ("altup_correct_scale", "yes", "needs a bool")])
+def test_what_the_set_does_not_cover_is_refused(key, value, why):
+    with pytest.raises(errors.InvalidArgumentError,
+                       match=rf"(?s)Gemma 3n.*{why}.*`{key}` = .*Fix:"):
+        huggingface("gemma3n_text", config={**GEMMA3N, key: value})
+
+
+# --- against keras-hub's importer -------------------------------------------------------------
+
+def _backbone(config: dict):
+    """keras-hub's backbone of a text config (as tests/helpers/hf_cases.py builds it)."""
+    import hf_cases
+
+    return hf_cases._gemma3n_text_backbone(config, "float32")
+
+
+def _values(model, leave=()) -> dict:
+    return {f"{v.path}#{i}": bits(v.numpy()) for i, v in enumerate(model.weights)
+            if v.path not in leave}
+
+
+def _keras_hubs_port(backbone, folder: str, prefix: str) -> list:
+    """keras-hub's importer's decoder port (`_port_language_model`) into `backbone` from a
+    text-only folder whose entries are named `{prefix}X` (the multimodal ones'
+    `model.language_model.X`); returns the Keras paths it found no entry for."""
+    from keras_hub.src.utils.transformers import convert_gemma3n
+    from keras_hub.src.utils.transformers.safetensor_utils import SafetensorLoader
+    from safetensors import safe_open
+
+    with safe_open(os.path.join(folder, "model.safetensors"), "np") as f:
+        names = set(f.keys())
+    lacking = []
+
+    class TextLoader(SafetensorLoader):
+        def port_weight(self, keras_variable, hf_weight_key, hook_fn=None):
+            name = prefix + hf_weight_key[len("model.language_model."):]
+            if name not in names:
+                lacking.append(keras_variable.path)
+                return
+            super().port_weight(keras_variable, name, hook_fn)
+
+    with TextLoader(folder) as loader:
+        convert_gemma3n._port_language_model(loader, backbone)
+    return lacking
+
+
+_SHARED_PATHS = sorted(f"text_model/decoder_block_{i}/attention/{name}"
+                       for i in (2, 3) for name in ("k_proj/kernel", "v_proj/kernel",
+                                                    "k_norm/scale"))
+
+
+@pytest.mark.parametrize("folder", ["gemma3n-Gemma3nForCausalLM-float32",
+                                    "gemma3n-Gemma3nForCausalLM-bfloat16",
+                                    "gemma3n-Gemma3nTextModel-float32",
+                                    "gemma3n-Gemma3nTextModel-bfloat16"])
+def test_restore_is_bit_equal_to_keras_hubs_importer(folder):
+    """transformers' folder restored by objckpt (one call, no rules) == keras-hub's importer's
+    port of the decoder, every variable but the shared layers' unused keys and values, which
+    neither finds in the folder."""
+    pytest.importorskip("keras_hub")
+    path = os.path.join(FIXTURES, folder)
+    with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+        config = json.load(f)
+    theirs = _backbone(config)
+    lacking = _keras_hubs_port(theirs, path, "model." if "ForCausalLM" in folder else "")
+    assert sorted(lacking) == _SHARED_PATHS
+    ours = _backbone(config)
+    report = objckpt.restore(ours, path)
+    assert "huggingface('gemma3n_text')" in str(report)
+    assert len(report.restored) == len(ours.weights) - len(_SHARED_PATHS)
+    assert _values(ours, _SHARED_PATHS) == _values(theirs, _SHARED_PATHS)
+
+
+@pytest.mark.parametrize("shared", [0, 2])
+@pytest.mark.parametrize("task", [False, True])
+def test_export_is_what_keras_hubs_importer_reads(tmp_path, shared, task):
+    """A random backbone (or its task model) exported with the set -> keras-hub's importer's
+    port -> every backbone variable bit-equal; a shared layer's unused keys and values are
+    not written."""
+    keras_hub = pytest.importorskip("keras_hub")
+    from safetensors import safe_open
+
+    config = {**GEMMA3N, "num_kv_shared_layers": shared}
+    backbone = _backbone(config)
+    rng = np.random.default_rng(shared)
+    for variable in backbone.weights:
+        variable.assign(rng.normal(0, 0.3, variable.shape).astype(np.float32))
+    model = keras_hub.models.Gemma3nCausalLM(backbone=backbone, preprocessor=None) \
+        if task else backbone
+    folder = config_folder(tmp_path / "hf", config)
+    objckpt.export(model, folder, rules=huggingface(folder))
+    with safe_open(os.path.join(folder, "model.safetensors"), "np") as f:
+        names = sorted(f.keys())
+    left = _SHARED_PATHS if shared else []
+    assert len(names) == len(backbone.weights) - len(left)
+    assert ("model.layers.3.self_attn.k_proj.weight" in names) == (not shared)
+    loaded = _backbone(config)
+    assert sorted(_keras_hubs_port(loaded, folder, "model.")) == left
+    assert _values(loaded, left) == _values(backbone, left)
