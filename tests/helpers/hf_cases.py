@@ -276,9 +276,13 @@ CASES = (
     Case("gemma4_moe", "Gemma4TextModel", None, bfloat16_tolerance=0.8),
     Case("gemma4_moe", "Gemma4ForCausalLM", "Gemma4CausalLM", bfloat16_tolerance=0.8),
     # Gemma 3n's text decoder into keras-hub's backbone without vision or audio encoders;
-    # the KV-shared layers 2 and 3 have no k/v projections or key norm in the folders
-    Case("gemma3n", "Gemma3nTextModel", None, computed=_GEMMA3N_SHARED),
-    Case("gemma3n", "Gemma3nForCausalLM", "Gemma3nCausalLM", computed=_GEMMA3N_SHARED),
+    # the KV-shared layers 2 and 3 have no k/v projections or key norm in the folders. A
+    # bfloat16 model computes in bfloat16 (AltUp's and Laurel's norms too): the last hidden
+    # state up to 0.11 (of 2.8) from transformers' float32 run of the same weights
+    Case("gemma3n", "Gemma3nTextModel", None, computed=_GEMMA3N_SHARED,
+         bfloat16_tolerance=0.25),
+    Case("gemma3n", "Gemma3nForCausalLM", "Gemma3nCausalLM", computed=_GEMMA3N_SHARED,
+         bfloat16_tolerance=0.25),
     # keras-hub keeps each layer's RoPE frequencies as a variable; no folder has them
     Case("smollm3", "SmolLM3Model", None, computed=_ROPE),
     Case("smollm3", "SmolLM3ForCausalLM", "SmolLM3CausalLM", computed=_ROPE),
