@@ -352,3 +352,33 @@ def test_multimodal_export_and_restore_agree_with_keras_hubs_importer(tmp_path, 
     # (the vision tower, written under its object paths, comes back by them from a backbone)
     assert {p for p in report.restored if not p.startswith("vision_encoder/")} == set(expected)
     assert _by_object_path(fresh) == expected
+
+
+AUDIO_PART = os.path.join(os.path.dirname(FIXTURES), "hf_parts", "gemma3n_audio")
+
+
+def test_the_audio_tower_transformers_wrote_computes_what_transformers_computes():
+    """transformers' own `Gemma3nAudioEncoder` (tests/helpers/make_gemma3n_audio_fixture.py,
+    its entries named as the multimodal classes name them) restored by the rules into
+    keras-hub's float32 audio encoder: every entry restored, the encodings and their mask
+    transformers' (within 1e-4; measured 1.3e-6)."""
+    pytest.importorskip("keras_hub")
+    from safetensors.numpy import load_file
+
+    from objckpt.rules import hf_gemma3n_audio
+
+    with open(os.path.join(AUDIO_PART, "audio_config.json"), encoding="utf-8") as f:
+        config = {**MULTIMODAL, "audio_config": {**AUDIO, **json.load(f)}}
+    backbone = _multimodal_backbone(config)
+    path = os.path.join(AUDIO_PART, "model.safetensors")
+    names = set(load_file(path))
+    report = objckpt.restore(backbone, path, rules=hf_gemma3n_audio.rules(config),
+                             strict=False)
+    audio = [p for p in report.restored if p.startswith("audio_encoder/")]
+    assert len(audio) == len(names) == 5 + 2 * 22 and not report.unexpected
+    oracle = load_file(os.path.join(AUDIO_PART, "oracle.safetensors"))
+    encodings, mask = backbone.audio_encoder((oracle["input_features"],
+                                              oracle["input_features_mask"]))
+    np.testing.assert_array_equal(np.asarray(mask), oracle["audio_mask"])
+    np.testing.assert_allclose(np.asarray(encodings), oracle["audio_encodings"],
+                               rtol=1e-4, atol=1e-4)
