@@ -1,22 +1,16 @@
-"""Hugging Face's multimodal Gemma 3n (`Gemma3nForConditionalGeneration`, `Gemma3nModel`, model
-type `gemma3n`) <-> keras-hub's `Gemma3nBackbone`: the text decoder, the audio tower and the
-two multimodal embedders. NOT a shipped set (not in `huggingface._MODULES`): the MobileNetV5
-vision tower has no rules yet, and no folder of these classes could be written by transformers
-here to check the set against (transformers builds the vision tower with timm).
+"""Gemma 3n's Conformer audio tower and multimodal embedders <-> keras-hub's `audio_encoder`,
+`embed_audio` and `embed_vision`: part of the multimodal Gemma 3n rules
+(`objckpt.rules.hf_gemma3n_multimodal`, not shipped).
 
 Names and layouts follow keras-hub's importer `convert_gemma3n.py`:
 
-- the text decoder (`text_config`) under `model.language_model.`: the `gemma3n_text` set's
-  (`objckpt.rules.hf_gemma3n.decoder_rules`);
-- the Conformer audio tower (`audio_config`) under `model.audio_tower.` <-> keras-hub's
-  `audio_encoder`: the two sub-sampling convolutions, torch `Conv2d` kernels (out, in, h, w)
-  <-> Keras (h, w, in, out), their norms' weights as they are; each conformer block's
-  `Linear` weights transposed, its light convolution's depthwise `Conv1d` kernel (channels,
-  1, k) <-> Keras (k, channels, 1); RMS norm weights and the attention's `per_dim_scale` as
-  they are;
-- the embedders `model.embed_vision.` and `model.embed_audio.` <-> keras-hub's
-  `embed_vision` and `embed_audio`: the embedding table and the two norms as they are, the
-  projection transposed.
+- the audio tower (`audio_config`, under `audio_tower.` in the Hub's classes): the two
+  sub-sampling convolutions, torch `Conv2d` kernels (out, in, h, w) <-> Keras (h, w, in,
+  out), their norms' weights as they are; each conformer block's `Linear` weights
+  transposed, its light convolution's depthwise `Conv1d` kernel (channels, 1, k) <-> Keras
+  (k, channels, 1); RMS norm weights and the attention's `per_dim_scale` as they are;
+- the embedders `embed_vision.` and `embed_audio.`: the embedding table and the two norms as
+  they are, the projection transposed.
 
 Targets are the backbone's object paths, under `backbone/` in the task model (keras-hub names
 the audio encoder's layers by a counter of the session).
@@ -24,33 +18,12 @@ the audio encoder's layers by a counter of the session).
 
 from __future__ import annotations
 
-from objckpt.rules.core import ConvKernel, Rule, RuleSet, Transpose
-from objckpt.rules.hf_gemma3n import decoder_rules
-from objckpt.rules.hf_llama import config_size, head_rules
+from objckpt.rules.core import ConvKernel, Rule, Transpose
+from objckpt.rules.hf_llama import config_size
 
-__all__ = ["MODEL_TYPES", "audio_rules", "embedder_rules", "rules"]
+__all__ = ["audio_rules", "embedder_rules"]
 
-MODEL_TYPES = ("gemma3n",)
-CLASSES = {
-    "Gemma3nModel": ("", ()),
-    "Gemma3nForConditionalGeneration": ("model.", ("lm_head.weight",)),
-}
-# keras-hub task model -> the Hub class of its heads (export's `architectures`).
-TASKS = {"Gemma3nCausalLM": "Gemma3nForConditionalGeneration"}
 _MODEL = "Gemma 3n (multimodal)"
-
-
-def _part(config: dict, key: str) -> dict:
-    value = config.get(key)
-    if not isinstance(value, dict):
-        from objckpt import errors
-
-        raise errors.InvalidArgumentError(
-            f"The {_MODEL} rule set needs `{key}` (a dict) from the Hugging Face config; "
-            f"received {value!r}. Fix: pass the checkpoint's folder (its config.json), or "
-            "config={'text_config': {...}, 'audio_config': {...}, 'vision_config': {...}}; a "
-            "text-only Gemma 3n is model type 'gemma3n_text'.")
-    return value
 
 
 def _dense(source: str, target: str) -> Rule:
@@ -105,17 +78,3 @@ def embedder_rules(modality: str, where: str = "") -> list:
             _norm(f"{modality}.hard_embedding_norm", f"{target}/hard_embedding_norm"),
             _norm(f"{modality}.soft_embedding_norm", f"{target}/soft_embedding_norm"),
             _dense(f"{modality}.embedding_projection", f"{target}/embedding_projection")]
-
-
-def rules(config: dict) -> RuleSet:
-    """The multimodal Gemma 3n rule set, the vision tower left out, for a Hugging Face config
-    (`text_config` and `audio_config`: their sizes decide the layers)."""
-    where = "backbone/" if config.get("task") in TASKS else ""
-    text, audio = _part(config, "text_config"), _part(config, "audio_config")
-    parts = [r.with_source("language_model." + r.source[len("model."):])
-             for r in decoder_rules(text, where)]
-    parts += [r.with_source("audio_tower." + r.source) for r in audio_rules(audio, where)]
-    parts += embedder_rules("embed_audio", where) + embedder_rules("embed_vision", where)
-    out = [r.with_source(prefix + r.source) for prefix in ("model.", "") for r in parts]
-    return RuleSet(out + head_rules(CLASSES, lm_head=False), alternatives=True,
-                   name="huggingface('gemma3n')", classes=TASKS)

@@ -429,7 +429,7 @@ def _gemma4_global_sizes(hf_config: dict) -> None:
             hf_config.setdefault("num_global_key_value_heads", kv_heads)
 
 
-def _gemma3n_text_backbone(text: dict, dtype: str):
+def gemma3n_text_backbone(text: dict, dtype: str):
     """keras-hub's Gemma3nBackbone of a text-only Gemma 3n config: its importer's
     `convert_backbone_config` (which reads a multimodal config; RoPE's base from the full
     layers' `rope_parameters`, which transformers 5 writes per layer type), without the
@@ -468,7 +468,7 @@ def backbone(case: Case, dtype: str = "float32"):
     if hf_config["model_type"] == "gemma4_text":  # keras-hub 0.32 reads the published keys
         _gemma4_global_sizes(hf_config)  # transformers 5 writes as `per_layer_config`
     if hf_config["model_type"] == "gemma3n_text":  # text only: keras-hub's backbone
-        return _gemma3n_text_backbone(hf_config, dtype)  # without vision or audio encoders
+        return gemma3n_text_backbone(hf_config, dtype)  # without vision or audio encoders
     converter = importlib.import_module(
         "keras_hub.src.utils.transformers." + CONVERTERS[hf_config["model_type"]])
     return converter.backbone_cls(**converter.convert_backbone_config(hf_config), dtype=dtype)

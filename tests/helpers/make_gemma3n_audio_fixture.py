@@ -20,7 +20,7 @@ import json
 import os
 import sys
 
-from make_hf_fixtures import PINNED, SCALE, SEED, _check_versions
+from make_hf_fixtures import PINNED, SCALE, SEED
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "fixtures", "hf_parts", "gemma3n_audio")
@@ -73,7 +73,16 @@ def write(out: str = OUT) -> None:
     assert np.asarray(result.last_hidden_state).shape == (2, FRAMES // 8, AUDIO["hidden_size"])
 
 
+def check_versions() -> None:
+    import torch
+    import transformers
+
+    found = {"transformers": transformers.__version__, "torch": torch.__version__}
+    if found != PINNED:
+        sys.exit(f"make_gemma3n_audio_fixture.py is pinned to {PINNED}; found {found}.")
+
+
 if __name__ == "__main__":
-    _check_versions()
+    check_versions()
     write(sys.argv[1] if len(sys.argv) > 1 else OUT)
     print(f"wrote {OUT}")

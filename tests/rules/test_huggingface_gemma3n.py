@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import numpy as np
 import pytest
 
 import objckpt
 from objckpt import errors
-from objckpt.rules import Transpose, huggingface
+from objckpt.rules import ConvKernel, Transpose, huggingface
 
 from support import bits, by_source, config_folder
 
@@ -138,7 +139,7 @@ def _backbone(config: dict):
     """keras-hub's backbone of a text config (as tests/helpers/hf_cases.py builds it)."""
     import hf_cases
 
-    return hf_cases._gemma3n_text_backbone(config, "float32")
+    return hf_cases.gemma3n_text_backbone(config, "float32")
 
 
 def _values(model, leave=()) -> dict:
@@ -226,7 +227,7 @@ def test_export_is_what_keras_hubs_importer_reads(tmp_path, shared, task):
     assert _values(loaded, left) == _values(backbone, left)
 
 
-# --- the multimodal rules (not shipped: no vision tower rules) --------------------------------
+# --- the multimodal rules (not shipped: checked against keras-hub's importer only) ---------
 
 AUDIO = {"model_type": "gemma3n_audio", "vocab_size": 8, "vocab_offset": 72,
          "input_feat_size": 16, "hidden_size": 16, "rms_norm_eps": 1e-6,
@@ -243,8 +244,8 @@ MULTIMODAL = {"architectures": ["Gemma3nForConditionalGeneration"], "model_type"
                                 "vocab_size": 8, "vocab_offset": 64},
               "vision_soft_tokens_per_image": 4, "audio_soft_tokens_per_image": 4,
               "image_token_id": 60, "audio_token_id": 61, "tie_word_embeddings": True}
-# a MobileNetV5 of three stages: an edge residual, inverted residuals, attention with and
-# without key/value down-sampling (the rules leave it out: written and read by object path)
+# a MobileNetV5 of three stages: an edge residual, inverted residuals with and without their
+# depthwise convolutions, attention with and without key/value down-sampling
 _TINY_TOWER = [["er_r1_k3_s2_e4_c8"], ["uir_r1_a3_k5_s2_e2_c16", "uir_r1_a0_k0_s1_e2_c16"],
                ["uir_r1_a3_k0_s2_e2_c16", "mqa_r1_k3_h2_v2_s1_d8_c16",
                 "mqa_r1_k3_h2_s1_d8_c16"]]
@@ -270,8 +271,8 @@ def _multimodal_backbone(config: dict):
 
 
 def _keras_hubs_multimodal_port(backbone, folder: str) -> list:
-    """keras-hub's importer's ports of the decoder, the audio tower and the embedders into
-    `backbone` (its vision tower's port left out); the Keras paths it found no entry for."""
+    """keras-hub's importer's ports (`convert_weights`: the vision tower, the decoder, the
+    audio tower, the embedders) into `backbone`; the Keras paths it found no entry for."""
     from keras_hub.src.utils.transformers import convert_gemma3n
     from keras_hub.src.utils.transformers.safetensor_utils import SafetensorLoader
     from safetensors import safe_open
@@ -281,6 +282,14 @@ def _keras_hubs_multimodal_port(backbone, folder: str) -> list:
     lacking = []
 
     class Loader(SafetensorLoader):
+        def get_tensor(self, hf_weight_key):
+            # KeyError for an entry the folder lacks, as from a sharded folder's index: the
+            # importer probes for batch norms' `running_mean` and catches KeyError (from one
+            # file, safetensors raises its own error, which keras-hub 0.32 does not catch)
+            if hf_weight_key not in names:
+                raise KeyError(hf_weight_key)
+            return super().get_tensor(hf_weight_key)
+
         def port_weight(self, keras_variable, hf_weight_key, hook_fn=None):
             if hf_weight_key not in names:
                 lacking.append(keras_variable.path)
@@ -288,48 +297,76 @@ def _keras_hubs_multimodal_port(backbone, folder: str) -> list:
             super().port_weight(keras_variable, hf_weight_key, hook_fn)
 
     with Loader(folder) as loader:
-        convert_gemma3n._port_language_model(loader, backbone)
-        convert_gemma3n._port_audio_tower(loader, backbone)
-        convert_gemma3n._port_multimodal_embedders(loader, backbone)
+        convert_gemma3n.convert_weights(backbone, loader, None)
     return lacking
 
 
-def _by_object_path(backbone) -> dict:
-    """{object path: bits} of the backbone's variables the multimodal rules cover: all but
-    the vision tower's and the KV-shared layers' unused keys and values (keras-hub names
-    the audio encoder's and vision tower's layers by a counter, their object paths not)."""
+_NO_BIAS = re.compile(r"vision_encoder/_operations/([2-9]|\d\d+)/.*conv/bias$")
+
+
+def _by_object_path(backbone, *, stem_bias: bool = True) -> dict:
+    """{object path: bits} of the backbone's variables the folders feed: all but the
+    KV-shared layers' unused keys and values and the vision tower's convolution biases,
+    which timm's convolutions (but the stem's, compared when `stem_bias`) lack (keras-hub
+    names the audio encoder's and vision tower's layers by a counter, their object paths
+    not)."""
     shared = {f"language_model/transformer_layers/{i}/attention/{name}" for i in (2, 3)
               for name in ("k_proj/_kernel", "v_proj/_kernel", "k_norm/scale")}
+    stem = "vision_encoder/_operations/1/conv/bias"
     return {path: bits(np.asarray(variable.numpy()))
             for path, variable in objckpt.tree(backbone).items()
-            if not path.startswith("vision_encoder/") and path not in shared}
+            if path not in shared and not _NO_BIAS.match(path)
+            and (stem_bias or path != stem)}
 
 
 def test_the_multimodal_set_is_not_shipped():
-    from objckpt.rules import hf_gemma3n_audio
+    from objckpt.rules import hf_gemma3n_multimodal
 
     with pytest.raises(errors.InvalidArgumentError, match="No Hugging Face rule set.*'gemma3n'"):
         huggingface("gemma3n", config=MULTIMODAL)
-    rules = by_source(hf_gemma3n_audio.rules(MULTIMODAL))
-    assert not any("vision_tower" in name for name in rules)  # no rules for the tower yet
+    rules = by_source(hf_gemma3n_multimodal.rules(MULTIMODAL))  # MobileNetV5-300M's tower
     assert rules["model.audio_tower.conformer.1.lconv1d.depthwise_conv1d.weight"].transform == (
         Transpose((2, 0, 1)))
     assert rules["model.language_model.layers.3.laurel.linear_left.weight"].target == (
         "language_model/transformer_layers/3/laurel/linear_left/kernel")
     assert rules["embed_vision.embedding_projection.weight"].target == (
         "embed_vision/embedding_projection/kernel")
+    # 84 blocks: stem (1), blocks 2..85, the adapter 86; block 0.0 an edge residual, 2.9
+    # (the 18th block) attention with down-sampled keys and values, 3.1 attention without
+    timm = "model.vision_tower.timm_model"
+    assert rules[f"{timm}.blocks.0.0.conv_exp.weight"].transform == ConvKernel("OIHW", "HWIO")
+    assert rules[f"{timm}.blocks.1.0.dw_start.conv.weight"].transform == ConvKernel(
+        "OIHW", "HWIO")  # keras-hub's grouped Conv2D
+    assert rules[f"{timm}.blocks.2.9.attn.key.down_conv.weight"].transform == ConvKernel(
+        "OIHW", "HWOI")  # keras-hub's DepthwiseConv2D
+    assert f"{timm}.blocks.1.1.dw_mid.conv.weight" not in rules  # k0: no middle depthwise
+    assert rules[f"{timm}.blocks.2.9.attn.key.down_conv.weight"].target == (
+        "vision_encoder/operations/19/attn/key_layers/0/kernel")
+    assert rules[f"{timm}.blocks.3.1.attn.value.proj.weight"].target == (
+        "vision_encoder/operations/48/attn/value_layers/0/kernel")
+    assert rules[f"{timm}.msfa.norm.weight"].target == "vision_encoder/operations/86/norm/gamma"
+    assert rules[f"{timm}.conv_stem.conv.bias"].unused_by == ()
+    assert rules[f"{timm}.blocks.0.0.conv_exp.bias"].unused_by == (
+        "Gemma3nBackbone", "Gemma3nCausalLM")
     with pytest.raises(errors.InvalidArgumentError, match="`audio_config`.*Fix:"):
-        hf_gemma3n_audio.rules({**MULTIMODAL, "audio_config": None})
+        hf_gemma3n_multimodal.rules({**MULTIMODAL, "audio_config": None})
+    with pytest.raises(errors.InvalidArgumentError, match="resnet50.*Fix:"):
+        hf_gemma3n_multimodal.rules({**MULTIMODAL, "vision_config": {
+            "architecture": "resnet50"}})
+    with pytest.raises(errors.InvalidArgumentError, match="'ir_r1_k3_s1_e4_c8'.*Fix:"):
+        hf_gemma3n_multimodal.rules(MULTIMODAL, tower=[["ir_r1_k3_s1_e4_c8"]])
 
 
 @pytest.mark.parametrize("task", [False, True])
 def test_multimodal_export_and_restore_agree_with_keras_hubs_importer(tmp_path, task):
-    """Decoder, audio tower and embedders: a random backbone (or its task model) exported
-    with the rules (the vision tower, which they leave out, under its object paths) ->
-    keras-hub's importer's ports -> every such variable bit-equal; restored back by objckpt
-    into a fresh backbone -> the same values."""
+    """A random backbone (or its task model) exported with the rules -> keras-hub's
+    importer's ports -> every variable a folder holds bit-equal (keras-hub's importer skips
+    the stem's bias); restored back by objckpt (strict) into a fresh backbone -> every one
+    of them, the stem's bias too."""
     keras_hub = pytest.importorskip("keras_hub")
-    from objckpt.rules import hf_gemma3n_audio
+    from safetensors import safe_open
+
+    from objckpt.rules import hf_gemma3n_multimodal
 
     backbone = _multimodal_backbone(MULTIMODAL)
     rng = np.random.default_rng(3)
@@ -339,18 +376,21 @@ def test_multimodal_export_and_restore_agree_with_keras_hubs_importer(tmp_path, 
         if task else backbone
     config = {**MULTIMODAL, "task": "Gemma3nCausalLM" if task else ""}
     folder = config_folder(tmp_path / "hf", MULTIMODAL)
-    objckpt.export(model, folder, rules=hf_gemma3n_audio.rules(config), strict=False)
+    objckpt.export(model, folder, rules=hf_gemma3n_multimodal.rules(config, tower=_TINY_TOWER))
+    expected = _by_object_path(backbone)
+    with safe_open(os.path.join(folder, "model.safetensors"), "np") as f:
+        assert len(list(f.keys())) == len(expected)
+    # the decoder (3 AltUp streams), the audio tower (two 22-entry blocks), the embedders,
+    # the vision tower (the stem 3; the blocks 4, 9, 5, 7, 10 and 6; the adapter 5)
+    assert len(expected) == 99 + 5 + 2 * 22 + 2 * 4 + 3 + (4 + 9 + 5 + 7 + 10 + 6) + 5
     loaded = _multimodal_backbone(MULTIMODAL)
     assert sorted(_keras_hubs_multimodal_port(loaded, folder)) == _SHARED_PATHS
-    expected = _by_object_path(backbone)
-    # the decoder (3 AltUp streams), the audio tower (two 22-entry blocks), the embedders
-    assert len(expected) == 99 + 5 + 2 * 22 + 2 * 4
-    assert _by_object_path(loaded) == expected
+    assert _by_object_path(loaded, stem_bias=False) == _by_object_path(backbone,
+                                                                       stem_bias=False)
     fresh = _multimodal_backbone(MULTIMODAL)
-    report = objckpt.restore(fresh, folder, rules=hf_gemma3n_audio.rules(MULTIMODAL),
-                             strict=False)
-    # (the vision tower, written under its object paths, comes back by them from a backbone)
-    assert {p for p in report.restored if not p.startswith("vision_encoder/")} == set(expected)
+    report = objckpt.restore(fresh, folder,
+                             rules=hf_gemma3n_multimodal.rules(MULTIMODAL, tower=_TINY_TOWER))
+    assert sorted(report.restored) == sorted(expected)
     assert _by_object_path(fresh) == expected
 
 
@@ -365,14 +405,14 @@ def test_the_audio_tower_transformers_wrote_computes_what_transformers_computes(
     pytest.importorskip("keras_hub")
     from safetensors.numpy import load_file
 
-    from objckpt.rules import hf_gemma3n_audio
+    from objckpt.rules import hf_gemma3n_multimodal
 
     with open(os.path.join(AUDIO_PART, "audio_config.json"), encoding="utf-8") as f:
         config = {**MULTIMODAL, "audio_config": {**AUDIO, **json.load(f)}}
     backbone = _multimodal_backbone(config)
     path = os.path.join(AUDIO_PART, "model.safetensors")
     names = set(load_file(path))
-    report = objckpt.restore(backbone, path, rules=hf_gemma3n_audio.rules(config),
+    report = objckpt.restore(backbone, path, rules=hf_gemma3n_multimodal.rules(config, tower=_TINY_TOWER),
                              strict=False)
     audio = [p for p in report.restored if p.startswith("audio_encoder/")]
     assert len(audio) == len(names) == 5 + 2 * 22 and not report.unexpected
@@ -382,3 +422,15 @@ def test_the_audio_tower_transformers_wrote_computes_what_transformers_computes(
     np.testing.assert_array_equal(np.asarray(mask), oracle["audio_mask"])
     np.testing.assert_allclose(np.asarray(encodings), oracle["audio_encodings"],
                                rtol=1e-4, atol=1e-4)
+
+
+def test_the_300m_tower_is_keras_hubs_importers():
+    """The rules' MobileNetV5-300M is the one keras-hub's importer builds, block for block."""
+    pytest.importorskip("keras_hub")
+    from keras_hub.src.utils.transformers import convert_gemma3n
+
+    from objckpt.rules import hf_gemma3n_vision
+
+    ours = hf_gemma3n_vision.ARCHITECTURES["mobilenetv5_300m_enc"]
+    assert [list(stage) for stage in ours] == convert_gemma3n.MOBILENETV5_300M_ENC_ARCH_DEF
+    assert len(hf_gemma3n_vision.blocks(ours)) == 84
