@@ -73,7 +73,7 @@ def blocks(arch_def) -> list:
         index = 0
         for text in strings:
             kind, *parts = str(text).split("_")
-            options = dict(re.match(r"([a-z]+)(\d.*)?$", p).groups("") for p in parts
+            options = dict(re.match(r"([a-z]+)(.*)$", p).groups() for p in parts
                            if re.match(r"[a-z]+", p))
             if kind not in ("er", "uir", "mqa") or (kind == "uir" and options.get("p", "0")
                                                      != "0"):
