@@ -412,8 +412,8 @@ def test_the_audio_tower_transformers_wrote_computes_what_transformers_computes(
     backbone = _multimodal_backbone(config)
     path = os.path.join(AUDIO_PART, "model.safetensors")
     names = set(load_file(path))
-    report = objckpt.restore(backbone, path, rules=hf_gemma3n_multimodal.rules(config, tower=_TINY_TOWER),
-                             strict=False)
+    rules = hf_gemma3n_multimodal.rules(config, tower=_TINY_TOWER)
+    report = objckpt.restore(backbone, path, rules=rules, strict=False)
     audio = [p for p in report.restored if p.startswith("audio_encoder/")]
     assert len(audio) == len(names) == 5 + 2 * 22 and not report.unexpected
     oracle = load_file(os.path.join(AUDIO_PART, "oracle.safetensors"))
