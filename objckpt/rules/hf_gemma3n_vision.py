@@ -21,9 +21,10 @@ channels, 1); an RMS norm's `weight` keras-hub's `gamma` (a batch norm's `weight
 keras-hub addresses the tower's layers by their place in its functional graph
 (`vision_encoder/_operations/{n}`, matched as `operations/{n}`: the stem is operation 1, block
 j of the tower (counting across stages) operation 2 + j, the adapter the one after the last
-block); its automatic layer names carry a counter of the session. keras-hub's convolutions have a bias where timm's have
-none (every one but the stem's): no folder has those, keras-hub's importer leaves them at
-their initial zeros, and so do these rules (listed under `skipped`; export writes none).
+block); its automatic layer names carry a counter of the session. keras-hub's convolutions
+have a bias where timm's have none (every one but the stem's): no folder has those,
+keras-hub's importer leaves them at their initial zeros, and so do these rules (listed under
+`skipped`; export writes none, so a bias trained away from zero is not exported).
 keras-hub's importer does not read the stem's bias (`conv_stem.conv.bias`); these rules do.
 """
 
