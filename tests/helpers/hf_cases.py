@@ -47,7 +47,8 @@ CONVERTERS = {"llama": "convert_llama3", "mistral": "convert_mistral", "gemma": 
               "qwen3_5_moe": "convert_qwen3_5_moe", "metaclip_2": "convert_metaclip_2",
               "gemma4_text": "convert_gemma4", "t5gemma2": "convert_t5gemma2",
               "blip-2": "convert_blip2",
-              "sam3": "convert_sam3", "sam3_video": "convert_sam3"}
+              "sam3": "convert_sam3", "sam3_video": "convert_sam3",
+              "gemma3n_text": "convert_gemma3n"}
 # text-image contrastive models (CLIP's kind): fed text and an image, compared on the
 # logits of each against the other, the projected embeddings and each tower's last hidden state
 CONTRASTIVE = ("metaclip_2",)
@@ -134,6 +135,9 @@ _POSITIONS = ("encoder.embed_positions.weight", "decoder.embed_positions.weight"
 _GEMMA3_TOWER = (("vision_tower.", "vision_tower.vision_model."),)
 _T5GEMMA2_TOWER = tuple((f"{p}encoder.vision_tower.", f"{p}encoder.vision_tower.vision_model.")
                         for p in ("", "model."))
+_GEMMA3N_SHARED = tuple(f"language_model/transformer_layers/{i}/attention/{v}"
+                        for i in (2, 3) for v in ("k_proj/_kernel", "v_proj/_kernel",
+                                                   "k_norm/scale"))
 _ROPE = ("_operations/3/self_attn/rotary_embedding/inv_freq",
          "_operations/4/self_attn/rotary_embedding/inv_freq")
 
@@ -297,6 +301,14 @@ CASES = (
     # in a float32 model: within 7e-6 of transformers): that token's row up to 0.73 off
     Case("gemma4_moe", "Gemma4TextModel", None, bfloat16_tolerance=0.8),
     Case("gemma4_moe", "Gemma4ForCausalLM", "Gemma4CausalLM", bfloat16_tolerance=0.8),
+    # Gemma 3n's text decoder into keras-hub's backbone without vision or audio encoders;
+    # the KV-shared layers 2 and 3 have no k/v projections or key norm in the folders. A
+    # bfloat16 model computes in bfloat16 (AltUp's and Laurel's norms too): the last hidden
+    # state up to 0.11 (of 2.8) from transformers' float32 run of the same weights
+    Case("gemma3n", "Gemma3nTextModel", None, computed=_GEMMA3N_SHARED,
+         bfloat16_tolerance=0.25),
+    Case("gemma3n", "Gemma3nForCausalLM", "Gemma3nCausalLM", computed=_GEMMA3N_SHARED,
+         bfloat16_tolerance=0.25),
     # keras-hub keeps each layer's RoPE frequencies as a variable; no folder has them
     Case("smollm3", "SmolLM3Model", None, computed=_ROPE),
     Case("smollm3", "SmolLM3ForCausalLM", "SmolLM3CausalLM", computed=_ROPE),
@@ -457,6 +469,31 @@ def _gemma4_global_sizes(hf_config: dict) -> None:
             hf_config.setdefault("num_global_key_value_heads", kv_heads)
 
 
+def gemma3n_text_backbone(text: dict, dtype: str):
+    """keras-hub's Gemma3nBackbone of a text-only Gemma 3n config: its importer's
+    `convert_backbone_config` (which reads a multimodal config; RoPE's base from the full
+    layers' `rope_parameters`, which transformers 5 writes per layer type), without the
+    vision and audio encoders."""
+    from keras_hub.src.utils.transformers import convert_gemma3n
+
+    text = dict(text, rope_theta=text["rope_parameters"]["full_attention"]["rope_theta"])
+    audio = {k: 1 for k in ("hidden_size", "input_feat_size", "sscp_conv_channel_size",
+                            "sscp_conv_kernel_size", "sscp_conv_stride_size",
+                            "sscp_conv_group_norm_eps", "conf_num_hidden_layers",
+                            "rms_norm_eps", "gradient_clipping", "conf_residual_weight",
+                            "conf_num_attention_heads", "conf_attention_chunk_size",
+                            "conf_attention_context_right", "conf_attention_context_left",
+                            "conf_attention_logit_cap", "conf_conv_kernel_size",
+                            "conf_reduction_factor", "vocab_size", "vocab_offset")}
+    kwargs = convert_gemma3n.convert_backbone_config({
+        "text_config": text, "audio_config": audio,
+        "vision_config": {"hidden_size": 1, "vocab_size": 1, "vocab_offset": 1},
+        "vision_soft_tokens_per_image": 1, "audio_soft_tokens_per_image": 1,
+        "image_token_id": 1, "audio_token_id": 1})
+    kwargs.update(vision_encoder_config=None, audio_encoder_config=None)
+    return convert_gemma3n.backbone_cls(**kwargs, dtype=dtype)
+
+
 def backbone(case: Case, dtype: str = "float32"):
     """The keras-hub backbone the folder's config.json describes, in `dtype`."""
     import importlib
@@ -470,6 +507,8 @@ def backbone(case: Case, dtype: str = "float32"):
         hf_config.setdefault("rope_scaling", hf_config.get("rope_parameters"))  # v4's key
     if hf_config["model_type"] == "gemma4_text":  # keras-hub 0.32 reads the published keys
         _gemma4_global_sizes(hf_config)  # transformers 5 writes as `per_layer_config`
+    if hf_config["model_type"] == "gemma3n_text":  # text only: keras-hub's backbone
+        return gemma3n_text_backbone(hf_config, dtype)  # without vision or audio encoders
     converter = importlib.import_module(
         "keras_hub.src.utils.transformers." + CONVERTERS[hf_config["model_type"]])
     if hf_config["model_type"] == "blip-2":  # keras-hub's importer builds BLIP-2's parts
@@ -644,6 +683,12 @@ def outputs(case: Case, model, feed: dict, *, is_task: bool) -> dict:
         given.pop("mask_positions", None)
     if not is_task and config(case)["model_type"] == "blip-2":
         return _query_image_outputs(model, given)
+    if is_task and case.task == "Gemma3nCausalLM":
+        # keras-hub's Gemma3nCausalLM reads its output embedding once, when built (its
+        # functional graph holds the embedding's transpose as a constant): a task model
+        # built before a restore gives the old embedding's logits, whatever its variables
+        # hold. Its logits are those of the same class built around the restored backbone.
+        model = type(model)(backbone=model.backbone, preprocessor=None)
     result = model(given)
     if is_task:
         return {"logits": np.asarray(result, dtype="float32")}

@@ -251,6 +251,20 @@ ROWS = {
                                    "num_experts": 4, "top_k_experts": 2,
                                    "moe_intermediate_size": 8},
                    ("Gemma4TextModel", "Gemma4ForCausalLM")),
+    # Gemma 3n's text decoder: AltUp over 2 streams, Laurel (rank 4), per-layer inputs, a
+    # sliding and a full layer twice, the last two reusing the first two's keys and values
+    # (transformers 5 saves no k/v projections for them), layer 0 activation-sparse; the
+    # window 64 > the inputs
+    "gemma3n": ("gemma3n_text", {**{k: v for k, v in _GEMMA.items() if k != "num_labels"},
+                                 "head_dim": 8, "num_key_value_heads": 2,
+                                 "intermediate_size": 32, "num_hidden_layers": 4,
+                                 "sliding_window": 64,
+                                 "layer_types": ["sliding_attention", "full_attention"] * 2,
+                                 "hidden_size_per_layer_input": 4,
+                                 "vocab_size_per_layer_input": VOCAB, "altup_num_inputs": 2,
+                                 "laurel_rank": 4, "num_kv_shared_layers": 2,
+                                 "activation_sparsity_pattern": [0.95, 0.0, 0.0, 0.0]},
+                ("Gemma3nTextModel", "Gemma3nForCausalLM")),
     # tied, as SmolLM3-3B is; layer 1 without RoPE (no_rope_layers: 0 = none)
     "smollm3": ("smollm3", {**_DECODER, "tie_word_embeddings": True, "no_rope_layers": [1, 0],
                             "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},
