@@ -45,7 +45,8 @@ CONVERTERS = {"llama": "convert_llama3", "mistral": "convert_mistral", "gemma": 
               "esm": "convert_esm", "qwen3_5_text": "convert_qwen3_5",
               "qwen3_5_moe_text": "convert_qwen3_5_moe", "qwen3_5": "convert_qwen3_5",
               "qwen3_5_moe": "convert_qwen3_5_moe", "metaclip_2": "convert_metaclip_2",
-              "gemma4_text": "convert_gemma4", "t5gemma2": "convert_t5gemma2"}
+              "gemma4_text": "convert_gemma4", "t5gemma2": "convert_t5gemma2",
+              "gemma4": "convert_gemma4"}
 # text-image contrastive models (CLIP's kind): fed text and an image, compared on the
 # logits of each against the other, the projected embeddings and each tower's last hidden state
 CONTRASTIVE = ("metaclip_2",)
@@ -271,6 +272,14 @@ CASES = (
     # in a float32 model: within 7e-6 of transformers): that token's row up to 0.73 off
     Case("gemma4_moe", "Gemma4TextModel", None, bfloat16_tolerance=0.8),
     Case("gemma4_moe", "Gemma4ForCausalLM", "Gemma4CausalLM", bfloat16_tolerance=0.8),
+    # multimodal Gemma 4: the decoder under `model.language_model.`, a vision tower (and an
+    # audio tower); outputs compared on text (no image, no audio)
+    Case("gemma4_vision", "Gemma4Model", None),
+    Case("gemma4_vision", "Gemma4ForConditionalGeneration", "Gemma4CausalLM",
+         bfloat16_tolerance=0.25),
+    Case("gemma4_audio", "Gemma4Model", None),
+    Case("gemma4_audio", "Gemma4ForConditionalGeneration", "Gemma4CausalLM",
+         bfloat16_tolerance=0.25),
     # keras-hub keeps each layer's RoPE frequencies as a variable; no folder has them
     Case("smollm3", "SmolLM3Model", None, computed=_ROPE),
     Case("smollm3", "SmolLM3ForCausalLM", "SmolLM3CausalLM", computed=_ROPE),
@@ -417,6 +426,25 @@ def _gemma4_global_sizes(hf_config: dict) -> None:
             hf_config.setdefault("num_global_key_value_heads", kv_heads)
 
 
+def _gemma4_no_media(out: dict, hf_config: dict) -> None:
+    """The multimodal Gemma 4 backbone's image (and audio) inputs, holding none."""
+    import numpy as np
+
+    batch, length = out["token_ids"].shape
+    width = 3 * hf_config["vision_config"]["patch_size"] ** 2
+    pool = hf_config["vision_config"]["pooling_kernel_size"] ** 2
+    out.update(pixel_values=np.zeros((batch, 0, pool, width), "float32"),
+               pixel_position_ids=np.zeros((batch, 0, pool, 2), "int32"),
+               vision_indices=np.zeros((batch, 0), "int32"),
+               vision_mask=np.zeros((batch, length), "int32"))
+    if hf_config.get("audio_config"):
+        bins = 128  # the mel bins keras-hub's audio encoder takes
+        out.update(audio_mel=np.zeros((batch, 0, 0, bins), "float32"),
+                   audio_mel_mask=np.zeros((batch, 0, 0), "int32"),
+                   audio_indices=np.zeros((batch, 0), "int32"),
+                   audio_mask=np.zeros((batch, length), "int32"))
+
+
 def backbone(case: Case, dtype: str = "float32"):
     """The keras-hub backbone the folder's config.json describes, in `dtype`."""
     import importlib
@@ -430,6 +458,8 @@ def backbone(case: Case, dtype: str = "float32"):
         hf_config.setdefault("rope_scaling", hf_config.get("rope_parameters"))  # v4's key
     if hf_config["model_type"] == "gemma4_text":  # keras-hub 0.32 reads the published keys
         _gemma4_global_sizes(hf_config)  # transformers 5 writes as `per_layer_config`
+    if hf_config["model_type"] == "gemma4":  # the same, in the text config
+        _gemma4_global_sizes(hf_config["text_config"])
     converter = importlib.import_module(
         "keras_hub.src.utils.transformers." + CONVERTERS[hf_config["model_type"]])
     return converter.backbone_cls(**converter.convert_backbone_config(hf_config), dtype=dtype)
@@ -488,6 +518,8 @@ def keras_inputs(case: Case, feed: dict):
     if case.case.startswith("gemma4"):  # positions as transformers counts them, from 0
         ids = feed["input_ids"]
         out["position_ids"] = np.broadcast_to(np.arange(ids.shape[1], dtype="int32"), ids.shape)
+        if config(case)["model_type"] == "gemma4":  # text only: no image, no audio
+            _gemma4_no_media(out, config(case))
     if case.case in ("qwen3_5_vl", "qwen3_5_moe_vl"):  # text only: no image (the fixture's vision_config)
         batch = feed["input_ids"].shape[0]
         out.update(pixel_values=np.zeros((batch, 0, 2, 4, 4, 3), "float32"),

@@ -119,6 +119,21 @@ _QWEN3_5_VISION = {"depth": 1, "hidden_size": 16, "num_heads": 2, "intermediate_
                    "temporal_patch_size": 2, "spatial_merge_size": 2,
                    "num_position_embeddings": 16}
 
+_GEMMA4_TEXT = {**{k: v for k, v in _GEMMA.items() if k != "num_labels"}, "head_dim": 8,
+                "global_head_dim": 16, "num_hidden_layers": 3, "sliding_window": 64,
+                "hidden_size_per_layer_input": 4, "vocab_size_per_layer_input": VOCAB}
+_GEMMA4_VISION = {"hidden_size": 24, "intermediate_size": 32, "num_hidden_layers": 2,
+                  "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 12,
+                  "patch_size": 4, "position_embedding_size": 16, "pooling_kernel_size": 2,
+                  "use_clipped_linears": True, "standardize": True}
+_GEMMA4_AUDIO = {"hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
+                 "subsampling_conv_channels": [128, 4], "conv_kernel_size": 3,
+                 "attention_chunk_size": 4, "attention_context_left": 5,
+                 "attention_context_right": 0, "output_proj_dims": 12}
+_GEMMA4_TOKENS = {"boi_token_id": VOCAB, "eoi_token_id": VOCAB + 1, "image_token_id": VOCAB + 2,
+                  "audio_token_id": VOCAB + 3, "boa_token_id": VOCAB + 4,
+                  "eoa_token_index": VOCAB + 5, "video_token_id": VOCAB + 6}
+
 # case -> (model_type, config, the Hub classes). The next architecture adds a row here and
 # one in tests/integration/test_hf_transformers.py's table.
 ROWS = {
@@ -205,6 +220,17 @@ ROWS = {
                                    "num_experts": 4, "top_k_experts": 2,
                                    "moe_intermediate_size": 8},
                    ("Gemma4TextModel", "Gemma4ForCausalLM")),
+    # multimodal Gemma 4: the "gemma4" row's text decoder and a vision tower (width 24, its
+    # heads 12 wide, clipped projections, standardized output); the oracle is the text-only
+    # run (the special tokens' ids past the text's)
+    "gemma4_vision": ("gemma4", {"text_config": _GEMMA4_TEXT, "vision_config": _GEMMA4_VISION,
+                                 **_GEMMA4_TOKENS},
+                      ("Gemma4Model", "Gemma4ForConditionalGeneration")),
+    # and an audio tower (a Conformer of width 16; 128 channels first, as many as the mel
+    # bins keras-hub's encoder assumes)
+    "gemma4_audio": ("gemma4", {"text_config": _GEMMA4_TEXT, "vision_config": _GEMMA4_VISION,
+                                "audio_config": _GEMMA4_AUDIO, **_GEMMA4_TOKENS},
+                     ("Gemma4Model", "Gemma4ForConditionalGeneration")),
     # tied, as SmolLM3-3B is; layer 1 without RoPE (no_rope_layers: 0 = none)
     "smollm3": ("smollm3", {**_DECODER, "tie_word_embeddings": True, "no_rope_layers": [1, 0],
                             "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},
