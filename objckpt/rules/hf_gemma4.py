@@ -81,9 +81,11 @@ def rules(config: dict) -> RuleSet:
                    alternatives=True, name="huggingface('gemma4_text')", classes=TASKS)
 
 
-def decoder_rules(config: dict, model: str) -> list:
+def decoder_rules(config: dict, model: str, *, all_shared: bool = False) -> list:
     """The text decoder's rules for a text config, their entries named `model.` (as
-    `Gemma4ForCausalLM` names them); `model` names the rule set in errors."""
+    `Gemma4ForCausalLM` names them); `model` names the rule set in errors. `all_shared`:
+    every layer reads another model's keys and values (Gemma 4's assistant), none has
+    k/v projections or a key norm."""
     hidden = config_size(config, "hidden_size", model)
     heads = config_size(config, "num_attention_heads", model)
     kv_heads = config_size(config, "num_key_value_heads", model, heads)
@@ -94,8 +96,8 @@ def decoder_rules(config: dict, model: str) -> list:
     if moe:
         config_size(config, "num_experts", model)
         config_size(config, "moe_intermediate_size", model)
-    shared = config.get("num_kv_shared_layers") or 0
-    if type(shared) is not int or not 0 <= shared < layers:
+    shared = layers if all_shared else config.get("num_kv_shared_layers") or 0
+    if not all_shared and (type(shared) is not int or not 0 <= shared < layers):
         _refuse("num_kv_shared_layers", shared,
                 f"needs a number of shared layers from 0 to {layers - 1} (num_hidden_layers - 1)")
     per_layer = config.get("hidden_size_per_layer_input") or 0

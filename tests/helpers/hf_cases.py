@@ -46,7 +46,7 @@ CONVERTERS = {"llama": "convert_llama3", "mistral": "convert_mistral", "gemma": 
               "qwen3_5_moe_text": "convert_qwen3_5_moe", "qwen3_5": "convert_qwen3_5",
               "qwen3_5_moe": "convert_qwen3_5_moe", "metaclip_2": "convert_metaclip_2",
               "gemma4_text": "convert_gemma4", "t5gemma2": "convert_t5gemma2",
-              "gemma4": "convert_gemma4"}
+              "gemma4": "convert_gemma4", "gemma4_assistant": "convert_gemma4_assistant"}
 # text-image contrastive models (CLIP's kind): fed text and an image, compared on the
 # logits of each against the other, the projected embeddings and each tower's last hidden state
 CONTRASTIVE = ("metaclip_2",)
@@ -381,6 +381,10 @@ CASES = (
     Case("paligemma", "PaliGemmaModel", None, form=NEW_FORM, dtypes=("float32",)),
     Case("paligemma", "PaliGemmaForConditionalGeneration", "PaliGemmaCausalLM",
          form=NEW_FORM, logits_from=16),
+    # Gemma 4's assistant: one draft step (the target's keys and values given); the
+    # backbone compared on its decoder's output
+    Case("gemma4_assistant", "Gemma4AssistantForCausalLM", "Gemma4AssistantCausalLM",
+         head=("pre_projection.weight", "post_projection.weight")),
     *_esm_rows(),
     # MetaCLIP 2: both towers and their projections into keras-hub's backbone (it has no
     # task model); the one-tower classes hold half a backbone
@@ -470,6 +474,10 @@ def task(case: Case, model):
     import keras_hub
 
     cls = getattr(keras_hub.models, case.task)
+    if case.task == "Gemma4AssistantCausalLM":  # its sizes from the config, as keras-hub's
+        from keras_hub.src.utils.transformers import convert_gemma4_assistant  # importer
+        return cls(backbone=model, preprocessor=None,
+                   **convert_gemma4_assistant.convert_task_config(config(case)))
     if case.task in ("BertTextClassifier", "ViTImageClassifier", "DistilBertTextClassifier",
                      "RobertaTextClassifier", "XLMRobertaTextClassifier",
                      "AlbertTextClassifier", "DeiTImageClassifier",
@@ -540,6 +548,8 @@ def outputs(case: Case, model, feed: dict, *, is_task: bool) -> dict:
     `pooler_output`) of a backbone, `logits` of a task model."""
     import numpy as np
 
+    if config(case)["model_type"] == "gemma4_assistant":  # one draft step
+        return _assistant_step(case, model, feed, is_task=is_task)
     given = keras_inputs(case, feed)
     if isinstance(given, dict) and not is_task:
         given.pop("mask_positions", None)
@@ -568,6 +578,37 @@ def outputs(case: Case, model, feed: dict, *, is_task: bool) -> dict:
             out["pooler_output"] = np.asarray(result["pooled_output"], "float32")
         return out
     return {"last_hidden_state": np.asarray(result, dtype="float32")}
+
+
+def _assistant_step(case: Case, model, feed: dict, *, is_task: bool) -> dict:
+    """A Gemma 4 assistant's step on the oracle's inputs: the task model's logits
+    (`call_with_cache`, the target's cache made of the oracle's keys and values), or the
+    backbone's decoder run on the oracle's `decoder_inputs_embeds` (what `pre_projection`
+    gives) reading the same keys and values: its `last_hidden_state`."""
+    import numpy as np
+
+    def kv(kind):  # torch's (batch, heads, positions, head_dim) -> keras-hub's cache slice
+        return np.stack([feed[f"{kind}_{part}"].transpose(0, 2, 1, 3)
+                         for part in ("keys", "values")], axis=1)
+
+    cache = np.stack([kv("sliding"), kv("full")], axis=1)  # two target layers
+    step = int(feed["position_ids"][0, 0])
+    if is_task:
+        width = config(case)["backbone_hidden_size"]
+        given = feed["inputs_embeds"]
+        logits, _ = model.call_with_cache(given[..., :width], given[..., width:], cache, step,
+                                          target_kv_source_full_idx=1,
+                                          target_kv_source_local_idx=0)
+        return {"logits": np.asarray(logits, dtype="float32")}
+    import keras
+
+    x = keras.ops.cast(feed["decoder_inputs_embeds"], model.compute_dtype)
+    cache = keras.ops.cast(cache, model.compute_dtype)
+    for layer, kind in zip(model.transformer_layers, model.layer_types):
+        layer.attention.is_kv_shared_layer = True  # as the task model sets it
+        shared = cache[:, 1 if kind == "full_attention" else 0]
+        x, _ = layer(x, cache=shared, cache_update_index=step, shared_kv=shared)
+    return {"last_hidden_state": np.asarray(model.layer_norm(x), dtype="float32")}
 
 
 def exported(case: Case, dtype: str, out: str, model=None) -> bool:

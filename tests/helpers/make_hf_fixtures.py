@@ -119,6 +119,10 @@ _QWEN3_5_VISION = {"depth": 1, "hidden_size": 16, "num_heads": 2, "intermediate_
                    "temporal_patch_size": 2, "spatial_merge_size": 2,
                    "num_position_embeddings": 16}
 
+# model_type -> (the target's hidden size, key heads, head width) of a draft model fed one
+# step: the target's token embedding and last hidden state joined, and the keys and values of
+# the target's last sliding and full layers (LENGTH positions, the step at the last)
+ASSISTANT = {"gemma4_assistant": (24, 1, 8)}
 _GEMMA4_TEXT = {**{k: v for k, v in _GEMMA.items() if k != "num_labels"}, "head_dim": 8,
                 "global_head_dim": 16, "num_hidden_layers": 3, "sliding_window": 64,
                 "hidden_size_per_layer_input": 4, "vocab_size_per_layer_input": VOCAB}
@@ -231,6 +235,15 @@ ROWS = {
     "gemma4_audio": ("gemma4", {"text_config": _GEMMA4_TEXT, "vision_config": _GEMMA4_VISION,
                                 "audio_config": _GEMMA4_AUDIO, **_GEMMA4_TOKENS},
                      ("Gemma4Model", "Gemma4ForConditionalGeneration")),
+    # Gemma 4's assistant (a draft model): two layers, a sliding and a full one of one head
+    # width, both reading the target's keys and values; the target 24 wide
+    "gemma4_assistant": ("gemma4_assistant", {
+        "text_config": {**{k: v for k, v in _GEMMA.items() if k != "num_labels"},
+                        "head_dim": 8, "global_head_dim": 8, "sliding_window": 64,
+                        "layer_types": ["sliding_attention", "full_attention"],
+                        "hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": 0},
+        "backbone_hidden_size": ASSISTANT["gemma4_assistant"][0],
+        "use_ordered_embeddings": False}, ("Gemma4AssistantForCausalLM",)),
     # tied, as SmolLM3-3B is; layer 1 without RoPE (no_rope_layers: 0 = none)
     "smollm3": ("smollm3", {**_DECODER, "tie_word_embeddings": True, "no_rope_layers": [1, 0],
                             "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},
@@ -442,6 +455,15 @@ def inputs(model_type: str) -> dict:
     import numpy as np
 
     rng = np.random.default_rng(SEED)
+    if model_type in ASSISTANT:
+        width, heads, head_dim = ASSISTANT[model_type]
+        out = {"inputs_embeds": rng.normal(size=(BATCH, 1, 2 * width)).astype("float32"),
+               "position_ids": np.full((BATCH, 1), LENGTH - 1, "int32")}
+        for kind in ("sliding", "full"):  # (batch, heads, positions, head_dim), as torch's
+            for part in ("keys", "values"):
+                out[f"{kind}_{part}"] = rng.normal(
+                    size=(BATCH, heads, LENGTH, head_dim)).astype("float32")
+        return out
     if model_type in IMAGE_SIZES:
         size = IMAGE_SIZES[model_type]
         return {"pixel_values": rng.normal(size=(BATCH, size, size, 3)).astype("float32")}
@@ -494,7 +516,7 @@ def _torch_inputs(model_type: str) -> dict:
         tensor = torch.from_numpy(value)
         if key == "pixel_values":
             tensor = tensor.permute(0, 3, 1, 2).contiguous()
-        else:
+        elif not tensor.is_floating_point():
             tensor = tensor.long()
         out[key] = tensor
     return out
@@ -508,6 +530,8 @@ def _run(model, model_type: str) -> dict:
 
     feed = _torch_inputs(model_type)
     out = {}
+    if model_type in ASSISTANT:  # one draft step, not a base model
+        return _assistant_step(model, feed)
     # the base model: `base_model` finds it by the class's prefix, which names an inner
     # module in a base model that has one of that name (DINOv3 ViT's `model`, its encoder)
     base_class = transformers.MODEL_MAPPING[type(model.config)]
@@ -543,6 +567,35 @@ def _run(model, model_type: str) -> dict:
             if out["logits"] is None:  # BertForPreTraining
                 out["logits"] = result.prediction_logits
                 out["seq_relationship_logits"] = result.seq_relationship_logits
+    return {k: v.float().numpy() for k, v in out.items()}
+
+
+def _assistant_step(model, feed: dict) -> dict:
+    """A draft model's step: its logits, the projected state it returns
+    (`projected_state`), the decoder's input (`decoder_inputs_embeds`: after
+    `pre_projection`, what a keras-hub backbone takes) and output (`last_hidden_state`,
+    after the final norm)."""
+    import torch
+
+    seen = {}
+
+    def keep(name, of):  # a hook that records, returning None (the output stays as it is)
+        return lambda _module, _inputs, output: seen.update({name: of(output)}) and None
+
+    hooks = [model.pre_projection.register_forward_hook(
+                 keep("decoder_inputs_embeds", lambda out: out)),
+             model.model.register_forward_hook(
+                 keep("last_hidden_state", lambda out: out.last_hidden_state))]
+    shared = {f"{kind}_attention": (feed[f"{kind}_keys"], feed[f"{kind}_values"])
+              for kind in ("sliding", "full")}
+    try:
+        with torch.no_grad():
+            result = model(inputs_embeds=feed["inputs_embeds"],
+                           position_ids=feed["position_ids"], shared_kv_states=shared)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    out = {**seen, "logits": result.logits, "projected_state": result.last_hidden_state}
     return {k: v.float().numpy() for k, v in out.items()}
 
 
