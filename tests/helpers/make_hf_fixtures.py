@@ -134,9 +134,10 @@ _GEMMA4_AUDIO = {"hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads
                  "subsampling_conv_channels": [128, 4], "conv_kernel_size": 3,
                  "attention_chunk_size": 4, "attention_context_left": 5,
                  "attention_context_right": 0, "output_proj_dims": 12}
-_GEMMA4_TOKENS = {"boi_token_id": VOCAB, "eoi_token_id": VOCAB + 1, "image_token_id": VOCAB + 2,
-                  "audio_token_id": VOCAB + 3, "boa_token_id": VOCAB + 4,
-                  "eoa_token_index": VOCAB + 5, "video_token_id": VOCAB + 6}
+# the image token, then begin and end of image, then the other media's (past the text's ids)
+_GEMMA4_TOKENS = {"image_token_id": 57, "boi_token_id": 58, "eoi_token_id": 59,
+                  "audio_token_id": 60, "boa_token_id": 61, "eoa_token_index": 62,
+                  "video_token_id": 63}
 
 # case -> (model_type, config, the Hub classes). The next architecture adds a row here and
 # one in tests/integration/test_hf_transformers.py's table.
@@ -225,13 +226,13 @@ ROWS = {
                                    "moe_intermediate_size": 8},
                    ("Gemma4TextModel", "Gemma4ForCausalLM")),
     # multimodal Gemma 4: the "gemma4" row's text decoder and a vision tower (width 24, its
-    # heads 12 wide, clipped projections, standardized output); the oracle is the text-only
-    # run (the special tokens' ids past the text's)
+    # heads 12 wide, clipped projections, standardized output); fed one image per example
+    # (PATCHED_IMAGES)
     "gemma4_vision": ("gemma4", {"text_config": _GEMMA4_TEXT, "vision_config": _GEMMA4_VISION,
                                  **_GEMMA4_TOKENS},
                       ("Gemma4Model", "Gemma4ForConditionalGeneration")),
     # and an audio tower (a Conformer of width 16; 128 channels first, as many as the mel
-    # bins keras-hub's encoder assumes)
+    # bins keras-hub's encoder assumes); fed the same image, no audio
     "gemma4_audio": ("gemma4", {"text_config": _GEMMA4_TEXT, "vision_config": _GEMMA4_VISION,
                                 "audio_config": _GEMMA4_AUDIO, **_GEMMA4_TOKENS},
                      ("Gemma4Model", "Gemma4ForConditionalGeneration")),
@@ -397,6 +398,12 @@ ROWS = {
 # begin-of-image token, before an end-of-image one), `token_type_ids` marks them, and
 # `pixel_values` holds the images.
 IMAGE_TOKENS = {"gemma3": (32, 4, 60), "t5gemma2": (16, 4, 61)}
+# model_type -> (patches a side, patch size, pooling, the image token's id) of a model fed
+# one image per example as patches (Gemma 4): `pixel_values` (batch, patches, patch * patch *
+# 3) in [0, 1], `image_position_ids` (batch, patches, 2) their (x, y); the ids hold the image's
+# pooled tokens after a begin-of-image token (id + 1), before an end-of-image one (id + 2),
+# the text's ids below the image token's.
+PATCHED_IMAGES = {"gemma4": (4, 4, 2, 57)}
 # model_type -> (image size, image tokens, the image token's id) of a model whose inputs
 # lead with one image's tokens, then text: `token_type_ids` marks the response (the text's
 # second half; the image and the text's first half are the prefix, attended both ways).
@@ -478,6 +485,18 @@ def inputs(model_type: str) -> dict:
         out = {"input_ids": ids, "attention_mask": np.ones_like(ids),
                "token_type_ids": (ids == token).astype("int32"),
                "pixel_values": rng.normal(size=(BATCH, size, size, 3)).astype("float32")}
+    if model_type in PATCHED_IMAGES:  # text, one image's tokens, text
+        side, patch, pool, token = PATCHED_IMAGES[model_type]
+        ids = out["input_ids"] % (token - 3) + 3
+        images = np.full((BATCH, (side // pool) ** 2 + 2), token, "int32")
+        images[:, 0], images[:, -1] = token + 1, token + 2
+        ids = np.concatenate([ids[:, :2], images, ids[:, 2:]], axis=1)
+        grid = np.stack(np.meshgrid(np.arange(side), np.arange(side), indexing="xy"), -1)
+        out = {"input_ids": ids, "attention_mask": np.ones_like(ids),
+               "pixel_values": rng.uniform(size=(BATCH, side * side, patch * patch * 3)
+                                           ).astype("float32"),
+               "image_position_ids": np.broadcast_to(grid.reshape(-1, 2).astype("int32"),
+                                                     (BATCH, side * side, 2)).copy()}
     if model_type in PREFIX_IMAGES:  # one image's tokens, then text (prefix, response)
         size, count, token = PREFIX_IMAGES[model_type]
         ids = np.concatenate([np.full((BATCH, count), token, "int32"), out["input_ids"]], 1)
@@ -514,7 +533,7 @@ def _torch_inputs(model_type: str) -> dict:
     out = {}
     for key, value in inputs(model_type).items():
         tensor = torch.from_numpy(value)
-        if key == "pixel_values":
+        if key == "pixel_values" and tensor.dim() == 4:  # images (patches: as they are)
             tensor = tensor.permute(0, 3, 1, 2).contiguous()
         elif not tensor.is_floating_point():
             tensor = tensor.long()
