@@ -273,7 +273,7 @@ CASES = (
     Case("gemma4_moe", "Gemma4TextModel", None, bfloat16_tolerance=0.8),
     Case("gemma4_moe", "Gemma4ForCausalLM", "Gemma4CausalLM", bfloat16_tolerance=0.8),
     # multimodal Gemma 4: the decoder under `model.language_model.`, a vision tower (and an
-    # audio tower); fed text and one image each (no audio). keras-hub builds the encoders in
+    # audio tower); fed text and one image (and one clip) each. keras-hub builds the encoders in
     # float32 whatever dtype it is given: no all-bfloat16 model to compare
     Case("gemma4_vision", "Gemma4Model", None),
     Case("gemma4_vision", "Gemma4ForConditionalGeneration", "Gemma4CausalLM"),
@@ -430,15 +430,17 @@ def _gemma4_global_sizes(hf_config: dict) -> None:
 
 
 def _gemma4_media(feed: dict, hf_config: dict) -> dict:
-    """The multimodal Gemma 4 backbone's inputs: the text (the image's tokens as the pad id,
-    as transformers embeds them), positions from 0, the image's patches and where its tokens
-    go; no audio (the audio encoder's inputs holding none)."""
+    """The multimodal Gemma 4 backbone's inputs: the text (the image's and the clip's tokens
+    as the pad id, as transformers embeds them), positions from 0, the image's patches and
+    the clip's mel frames (one each per example) and where their tokens go."""
     import numpy as np
 
     ids = feed["input_ids"]
     batch, length = ids.shape
     images = (ids == hf_config["image_token_id"]).astype("int32")
-    out = {"token_ids": np.where(images == 1, hf_config["text_config"]["pad_token_id"], ids),
+    clips = (ids == hf_config["audio_token_id"]).astype("int32")
+    media = (images + clips) == 1
+    out = {"token_ids": np.where(media, hf_config["text_config"]["pad_token_id"], ids),
            "padding_mask": feed["attention_mask"],
            "position_ids": np.broadcast_to(np.arange(length, dtype="int32"), ids.shape),
            "pixel_values": feed["pixel_values"][:, None],
@@ -446,11 +448,11 @@ def _gemma4_media(feed: dict, hf_config: dict) -> dict:
            "vision_indices": np.stack([np.flatnonzero(row) for row in images]).astype("int32"),
            "vision_mask": images}
     if hf_config.get("audio_config"):
-        bins = 128  # the mel bins keras-hub's audio encoder takes
-        out.update(audio_mel=np.zeros((batch, 0, 0, bins), "float32"),
-                   audio_mel_mask=np.zeros((batch, 0, 0), "int32"),
-                   audio_indices=np.zeros((batch, 0), "int32"),
-                   audio_mask=np.zeros((batch, length), "int32"))
+        out.update(audio_mel=feed["input_features"][:, None],
+                   audio_mel_mask=feed["input_features_mask"][:, None],
+                   audio_indices=np.stack([np.flatnonzero(row) for row in clips]
+                                          ).astype("int32"),
+                   audio_mask=clips)
     return out
 
 

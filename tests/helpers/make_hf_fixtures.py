@@ -232,7 +232,7 @@ ROWS = {
                                  **_GEMMA4_TOKENS},
                       ("Gemma4Model", "Gemma4ForConditionalGeneration")),
     # and an audio tower (a Conformer of width 16; 128 channels first, as many as the mel
-    # bins keras-hub's encoder assumes); fed the same image, no audio
+    # bins keras-hub's encoder assumes); fed the same image and one clip (AUDIO_FRAMES)
     "gemma4_audio": ("gemma4", {"text_config": _GEMMA4_TEXT, "vision_config": _GEMMA4_VISION,
                                 "audio_config": _GEMMA4_AUDIO, **_GEMMA4_TOKENS},
                      ("Gemma4Model", "Gemma4ForConditionalGeneration")),
@@ -404,6 +404,10 @@ IMAGE_TOKENS = {"gemma3": (32, 4, 60), "t5gemma2": (16, 4, 61)}
 # pooled tokens after a begin-of-image token (id + 1), before an end-of-image one (id + 2),
 # the text's ids below the image token's.
 PATCHED_IMAGES = {"gemma4": (4, 4, 2, 57)}
+# model_type -> (frames, the audio token's id) of a model with an audio tower fed one clip per
+# example after its image: `input_features` (batch, frames, 128 mel bins) and its mask; the
+# ids hold its tokens (frames / 4) between begin (id + 1) and end (id + 2) of audio.
+AUDIO_FRAMES = {"gemma4": (16, 60)}
 # model_type -> (image size, image tokens, the image token's id) of a model whose inputs
 # lead with one image's tokens, then text: `token_type_ids` marks the response (the text's
 # second half; the image and the text's first half are the prefix, attended both ways).
@@ -457,8 +461,9 @@ IMAGE_SIZES = {"vit": 16, "deit": 16, "dinov2": 16, "dinov2_with_registers": 16,
                "swin": 32, "dinov3_vit": 16}
 
 
-def inputs(model_type: str) -> dict:
-    """The fixed inputs, as NumPy arrays in Keras's layout (int32 ids, NHWC images)."""
+def inputs(model_type: str, config=None) -> dict:
+    """The fixed inputs, as NumPy arrays in Keras's layout (int32 ids, NHWC images); `config`
+    (the model's, optional) says whether a Gemma 4 has an audio tower to feed."""
     import numpy as np
 
     rng = np.random.default_rng(SEED)
@@ -490,6 +495,12 @@ def inputs(model_type: str) -> dict:
         ids = out["input_ids"] % (token - 3) + 3
         images = np.full((BATCH, (side // pool) ** 2 + 2), token, "int32")
         images[:, 0], images[:, -1] = token + 1, token + 2
+        audio = getattr(config, "audio_config", None) is not None
+        if audio:  # then one clip's tokens (its frames subsampled by 4)
+            frames, clip = AUDIO_FRAMES[model_type]
+            clips = np.full((BATCH, frames // 4 + 2), clip, "int32")
+            clips[:, 0], clips[:, -1] = clip + 1, clip + 2
+            images = np.concatenate([images, clips], axis=1)
         ids = np.concatenate([ids[:, :2], images, ids[:, 2:]], axis=1)
         grid = np.stack(np.meshgrid(np.arange(side), np.arange(side), indexing="xy"), -1)
         out = {"input_ids": ids, "attention_mask": np.ones_like(ids),
@@ -497,6 +508,9 @@ def inputs(model_type: str) -> dict:
                                            ).astype("float32"),
                "image_position_ids": np.broadcast_to(grid.reshape(-1, 2).astype("int32"),
                                                      (BATCH, side * side, 2)).copy()}
+        if audio:  # log-mel frames (128 bins), every frame valid
+            out["input_features"] = rng.normal(size=(BATCH, frames, 128)).astype("float32")
+            out["input_features_mask"] = np.ones((BATCH, frames), "int32")
     if model_type in PREFIX_IMAGES:  # one image's tokens, then text (prefix, response)
         size, count, token = PREFIX_IMAGES[model_type]
         ids = np.concatenate([np.full((BATCH, count), token, "int32"), out["input_ids"]], 1)
@@ -527,14 +541,16 @@ def _check_versions():
                  "pinned versions, or change PINNED on purpose and regenerate every fixture.")
 
 
-def _torch_inputs(model_type: str) -> dict:
+def _torch_inputs(model_type: str, config=None) -> dict:
     import torch
 
     out = {}
-    for key, value in inputs(model_type).items():
+    for key, value in inputs(model_type, config).items():
         tensor = torch.from_numpy(value)
         if key == "pixel_values" and tensor.dim() == 4:  # images (patches: as they are)
             tensor = tensor.permute(0, 3, 1, 2).contiguous()
+        elif key == "input_features_mask":  # transformers indexes by it: a boolean mask
+            tensor = tensor.bool()
         elif not tensor.is_floating_point():
             tensor = tensor.long()
         out[key] = tensor
@@ -547,7 +563,7 @@ def _run(model, model_type: str) -> dict:
 
     import transformers
 
-    feed = _torch_inputs(model_type)
+    feed = _torch_inputs(model_type, model.config)
     out = {}
     if model_type in ASSISTANT:  # one draft step, not a base model
         return _assistant_step(model, feed)
@@ -655,7 +671,7 @@ def _save(model, model_type: str, cls: str, dtype: str, path: str, **kwargs) -> 
     oracle_model = getattr(transformers, cls).from_pretrained(
         path, dtype=torch.float32, attn_implementation="eager")
     oracle_model.eval()
-    oracle = {**inputs(model_type), **_run(oracle_model, model_type)}
+    oracle = {**inputs(model_type, oracle_model.config), **_run(oracle_model, model_type)}
     save_file({k: np.ascontiguousarray(v) for k, v in oracle.items()},
               path + ".oracle.safetensors",
               metadata={"oracle": json.dumps({  # one key: its order is fixed
