@@ -29,7 +29,8 @@ inner, hidden) cut in two along its second axis, each half transposed to keras-h
 
 Hub classes (`CLASSES`): `Gemma4TextModel` saves the decoder bare, `Gemma4ForCausalLM` under
 `model.`; `lm_head.weight` (tied) has no keras-hub variable and is set aside;
-`Gemma4CausalLM` has none beyond its backbone.
+`Gemma4CausalLM` has none beyond its backbone. `decoder_rules` is the decoder the multimodal
+set (`hf_gemma4_towers`) and the assistant's (`hf_gemma4_assistant`) build on.
 """
 
 from __future__ import annotations
