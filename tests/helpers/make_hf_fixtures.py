@@ -655,7 +655,34 @@ def _build(model_type: str, config: dict, cls: str, seed: int):
     model.config._attn_implementation = "eager"
     model.eval()
     _perturb(model, seed)
+    if model_type in BOUNDED_BUFFERS:
+        _bound(model, seed)
     return model
+
+
+# model_types whose buffers that are weights (Gemma 4's clipping bounds, its vision tower's
+# standardization) transformers initialises to values that hide a mix-up (every bound
+# infinite, the standardization the identity): `_bound` sets them to finite seeded values
+# (bounds that clip some activations), so a restore that swaps or drops one shows.
+BOUNDED_BUFFERS = ("gemma4",)
+
+
+def _bound(model, seed: int) -> None:
+    import torch
+
+    generator = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, buffer in sorted(model.named_buffers()):
+            leaf = name.rsplit(".", 1)[-1]
+            if leaf not in ("input_min", "input_max", "output_min", "output_max", "std_bias",
+                            "std_scale"):
+                continue
+            draw = torch.rand(buffer.shape, generator=generator, dtype=torch.float32)
+            if leaf.endswith(("_min", "_max")):  # a bound between 1 and 3 from zero
+                value = (1.0 + 2.0 * draw) * (-1.0 if leaf.endswith("_min") else 1.0)
+            else:  # a bias near 0, a scale near 1
+                value = (draw - 0.5) * 0.2 + (1.0 if leaf == "std_scale" else 0.0)
+            buffer.copy_(value.to(buffer.dtype))
 
 
 def _save(model, model_type: str, cls: str, dtype: str, path: str, **kwargs) -> None:
