@@ -227,10 +227,10 @@ ROWS = {
                    ("Gemma4TextModel", "Gemma4ForCausalLM")),
     # multimodal Gemma 4: the "gemma4" row's text decoder and a vision tower (width 24, its
     # heads 12 wide, clipped projections, standardized output); fed one image per example
-    # (PATCHED_IMAGES)
+    # (PATCHED_IMAGES); no audio tower (the next row has both classes)
     "gemma4_vision": ("gemma4", {"text_config": _GEMMA4_TEXT, "vision_config": _GEMMA4_VISION,
                                  **_GEMMA4_TOKENS},
-                      ("Gemma4Model", "Gemma4ForConditionalGeneration")),
+                      ("Gemma4ForConditionalGeneration",)),
     # and an audio tower (a Conformer of width 16; 128 channels first, as many as the mel
     # bins keras-hub's encoder assumes); fed the same image and one clip (AUDIO_FRAMES)
     "gemma4_audio": ("gemma4", {"text_config": _GEMMA4_TEXT, "vision_config": _GEMMA4_VISION,
