@@ -587,8 +587,9 @@ def outputs(case: Case, model, feed: dict, *, is_task: bool) -> dict:
 
 
 def _assistant_step(case: Case, model, feed: dict, *, is_task: bool) -> dict:
-    """A Gemma 4 assistant's step on the oracle's inputs: the task model's logits
-    (`call_with_cache`, the target's cache made of the oracle's keys and values), or the
+    """A Gemma 4 assistant's step on the oracle's inputs: the task model's logits and
+    `projected_state` (`call_with_cache`, the target's cache made of the oracle's keys and
+    values), or the
     backbone's decoder run on the oracle's `decoder_inputs_embeds` (what `pre_projection`
     gives) reading the same keys and values: its `last_hidden_state`."""
     import numpy as np
@@ -602,10 +603,11 @@ def _assistant_step(case: Case, model, feed: dict, *, is_task: bool) -> dict:
     if is_task:
         width = config(case)["backbone_hidden_size"]
         given = feed["inputs_embeds"]
-        logits, _ = model.call_with_cache(given[..., :width], given[..., width:], cache, step,
-                                          target_kv_source_full_idx=1,
-                                          target_kv_source_local_idx=0)
-        return {"logits": np.asarray(logits, dtype="float32")}
+        logits, projected = model.call_with_cache(
+            given[..., :width], given[..., width:], cache, step, target_kv_source_full_idx=1,
+            target_kv_source_local_idx=0)
+        return {"logits": np.asarray(logits, dtype="float32"),
+                "projected_state": np.asarray(projected, dtype="float32")}
     import keras
 
     x = keras.ops.cast(feed["decoder_inputs_embeds"], model.compute_dtype)
