@@ -29,7 +29,8 @@ inner, hidden) cut in two along its second axis, each half transposed to keras-h
 
 Hub classes (`CLASSES`): `Gemma4TextModel` saves the decoder bare, `Gemma4ForCausalLM` under
 `model.`; `lm_head.weight` (tied) has no keras-hub variable and is set aside;
-`Gemma4CausalLM` has none beyond its backbone.
+`Gemma4CausalLM` has none beyond its backbone. `decoder_rules` is the decoder the multimodal
+set (`hf_gemma4_towers`) and the assistant's (`hf_gemma4_assistant`) build on.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from __future__ import annotations
 from objckpt.rules.core import Chain, Reshape, Rule, RuleSet, Split, Transpose
 from objckpt.rules.hf_llama import config_size, head_rules, prefixed
 
-__all__ = ["MODEL_TYPES", "global_sizes", "rules"]
+__all__ = ["MODEL_TYPES", "decoder_rules", "global_sizes", "rules"]
 
 MODEL_TYPES = ("gemma4_text",)
 CLASSES = {
@@ -76,23 +77,33 @@ def _layer_types(config: dict, layers: int) -> list:
 def rules(config: dict) -> RuleSet:
     """The Gemma 4 text-decoder rule set for a Hugging Face config (sizes and layer types
     decide each layer's reshapes)."""
-    hidden = config_size(config, "hidden_size", _MODEL)
-    heads = config_size(config, "num_attention_heads", _MODEL)
-    kv_heads = config_size(config, "num_key_value_heads", _MODEL, heads)
-    head_dim = config_size(config, "head_dim", _MODEL)
-    layers = config_size(config, "num_hidden_layers", _MODEL)
+    out = decoder_rules(config, _MODEL)
+    return RuleSet(prefixed(out, ["model.", ""]) + head_rules(CLASSES, lm_head=False),
+                   alternatives=True, name="huggingface('gemma4_text')", classes=TASKS)
+
+
+def decoder_rules(config: dict, model: str, *, all_shared: bool = False) -> list:
+    """The text decoder's rules for a text config, their entries named `model.` (as
+    `Gemma4ForCausalLM` names them); `model` names the rule set in errors. `all_shared`:
+    every layer reads another model's keys and values (Gemma 4's assistant), none has
+    k/v projections or a key norm."""
+    hidden = config_size(config, "hidden_size", model)
+    heads = config_size(config, "num_attention_heads", model)
+    kv_heads = config_size(config, "num_key_value_heads", model, heads)
+    head_dim = config_size(config, "head_dim", model)
+    layers = config_size(config, "num_hidden_layers", model)
     k_eq_v = bool(config.get("attention_k_eq_v", False))
     moe = bool(config.get("enable_moe_block", False))
     if moe:
-        config_size(config, "num_experts", _MODEL)
-        config_size(config, "moe_intermediate_size", _MODEL)
-    shared = config.get("num_kv_shared_layers") or 0
-    if type(shared) is not int or not 0 <= shared < layers:
+        config_size(config, "num_experts", model)
+        config_size(config, "moe_intermediate_size", model)
+    shared = layers if all_shared else config.get("num_kv_shared_layers") or 0
+    if not all_shared and (type(shared) is not int or not 0 <= shared < layers):
         _refuse("num_kv_shared_layers", shared,
                 f"needs a number of shared layers from 0 to {layers - 1} (num_hidden_layers - 1)")
     per_layer = config.get("hidden_size_per_layer_input") or 0
     if per_layer:
-        per_layer = config_size(config, "hidden_size_per_layer_input", _MODEL)
+        per_layer = config_size(config, "hidden_size_per_layer_input", model)
 
     out = [Rule("model.embed_tokens.weight", "token_embedding/embeddings"),
            Rule("model.norm.weight", "final_normalization/scale")]
@@ -112,8 +123,7 @@ def rules(config: dict) -> RuleSet:
                             per_layer=bool(per_layer))
         if moe:
             out += _expert_rules(i)
-    return RuleSet(prefixed(out, ["model.", ""]) + head_rules(CLASSES, lm_head=False),
-                   alternatives=True, name="huggingface('gemma4_text')", classes=TASKS)
+    return out
 
 
 def global_sizes(config: dict, i: int) -> tuple:

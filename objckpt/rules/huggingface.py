@@ -36,6 +36,8 @@ _MODULES: dict[str, str] = {
     "gemma3": "objckpt.rules.hf_gemma3_vision",
     "gemma3_text": "objckpt.rules.hf_gemma3",
     "gemma3n_text": "objckpt.rules.hf_gemma3n",
+    "gemma4": "objckpt.rules.hf_gemma4_towers",
+    "gemma4_assistant": "objckpt.rules.hf_gemma4_assistant",
     "gemma4_text": "objckpt.rules.hf_gemma4",
     "gpt2": "objckpt.rules.hf_gpt2",
     "gpt_oss": "objckpt.rules.hf_gpt_oss",

@@ -48,7 +48,8 @@ CONVERTERS = {"llama": "convert_llama3", "mistral": "convert_mistral", "gemma": 
               "gemma4_text": "convert_gemma4", "t5gemma2": "convert_t5gemma2",
               "blip-2": "convert_blip2",
               "sam3": "convert_sam3", "sam3_video": "convert_sam3",
-              "gemma3n_text": "convert_gemma3n"}
+              "gemma3n_text": "convert_gemma3n",
+              "gemma4": "convert_gemma4", "gemma4_assistant": "convert_gemma4_assistant"}
 # text-image contrastive models (CLIP's kind): fed text and an image, compared on the
 # logits of each against the other, the projected embeddings and each tower's last hidden state
 CONTRASTIVE = ("metaclip_2",)
@@ -309,6 +310,12 @@ CASES = (
          bfloat16_tolerance=0.25),
     Case("gemma3n", "Gemma3nForCausalLM", "Gemma3nCausalLM", computed=_GEMMA3N_SHARED,
          bfloat16_tolerance=0.25),
+    # multimodal Gemma 4: the decoder under `model.language_model.`, a vision tower (and an
+    # audio tower); fed text and one image (and one clip) each. keras-hub builds the encoders in
+    # float32 whatever dtype it is given: no all-bfloat16 model to compare
+    Case("gemma4_vision", "Gemma4ForConditionalGeneration", "Gemma4CausalLM"),
+    Case("gemma4_audio", "Gemma4Model", None),
+    Case("gemma4_audio", "Gemma4ForConditionalGeneration", "Gemma4CausalLM"),
     # keras-hub keeps each layer's RoPE frequencies as a variable; no folder has them
     Case("smollm3", "SmolLM3Model", None, computed=_ROPE),
     Case("smollm3", "SmolLM3ForCausalLM", "SmolLM3CausalLM", computed=_ROPE),
@@ -410,6 +417,10 @@ CASES = (
     Case("paligemma", "PaliGemmaModel", None, form=NEW_FORM, dtypes=("float32",)),
     Case("paligemma", "PaliGemmaForConditionalGeneration", "PaliGemmaCausalLM",
          form=NEW_FORM, logits_from=16),
+    # Gemma 4's assistant: one draft step (the target's keys and values given); the
+    # backbone compared on its decoder's output
+    Case("gemma4_assistant", "Gemma4AssistantForCausalLM", "Gemma4AssistantCausalLM",
+         head=("pre_projection.weight", "post_projection.weight")),
     *_esm_rows(),
     # MetaCLIP 2: both towers and their projections into keras-hub's backbone (it has no
     # task model); the one-tower classes hold half a backbone
@@ -492,6 +503,31 @@ def gemma3n_text_backbone(text: dict, dtype: str):
         "image_token_id": 1, "audio_token_id": 1})
     kwargs.update(vision_encoder_config=None, audio_encoder_config=None)
     return convert_gemma3n.backbone_cls(**kwargs, dtype=dtype)
+def _gemma4_media(feed: dict, hf_config: dict) -> dict:
+    """The multimodal Gemma 4 backbone's inputs: the text (the image's and the clip's tokens
+    as the pad id, as transformers embeds them), positions from 0, the image's patches and
+    the clip's mel frames (one each per example) and where their tokens go."""
+    import numpy as np
+
+    ids = feed["input_ids"]
+    batch, length = ids.shape
+    images = (ids == hf_config["image_token_id"]).astype("int32")
+    clips = (ids == hf_config["audio_token_id"]).astype("int32")
+    media = (images + clips) == 1
+    out = {"token_ids": np.where(media, hf_config["text_config"]["pad_token_id"], ids),
+           "padding_mask": feed["attention_mask"],
+           "position_ids": np.broadcast_to(np.arange(length, dtype="int32"), ids.shape),
+           "pixel_values": feed["pixel_values"][:, None],
+           "pixel_position_ids": feed["image_position_ids"][:, None],
+           "vision_indices": np.stack([np.flatnonzero(row) for row in images]).astype("int32"),
+           "vision_mask": images}
+    if hf_config.get("audio_config"):
+        out.update(audio_mel=feed["input_features"][:, None],
+                   audio_mel_mask=feed["input_features_mask"][:, None],
+                   audio_indices=np.stack([np.flatnonzero(row) for row in clips]
+                                          ).astype("int32"),
+                   audio_mask=clips)
+    return out
 
 
 def backbone(case: Case, dtype: str = "float32"):
@@ -509,6 +545,8 @@ def backbone(case: Case, dtype: str = "float32"):
         _gemma4_global_sizes(hf_config)  # transformers 5 writes as `per_layer_config`
     if hf_config["model_type"] == "gemma3n_text":  # text only: keras-hub's backbone
         return gemma3n_text_backbone(hf_config, dtype)  # without vision or audio encoders
+    if hf_config["model_type"] == "gemma4":  # the same, in the text config
+        _gemma4_global_sizes(hf_config["text_config"])
     converter = importlib.import_module(
         "keras_hub.src.utils.transformers." + CONVERTERS[hf_config["model_type"]])
     if hf_config["model_type"] == "blip-2":  # keras-hub's importer builds BLIP-2's parts
@@ -534,6 +572,10 @@ def task(case: Case, model):
     import keras_hub
 
     cls = getattr(keras_hub.models, case.task)
+    if case.task == "Gemma4AssistantCausalLM":  # its sizes from the config, as keras-hub's
+        from keras_hub.src.utils.transformers import convert_gemma4_assistant  # importer
+        return cls(backbone=model, preprocessor=None,
+                   **convert_gemma4_assistant.convert_task_config(config(case)))
     if case.task in ("BertTextClassifier", "ViTImageClassifier", "DistilBertTextClassifier",
                      "RobertaTextClassifier", "XLMRobertaTextClassifier",
                      "AlbertTextClassifier", "DeiTImageClassifier",
@@ -557,6 +599,8 @@ def keras_inputs(case: Case, feed: dict):
         return {"images": feed["pixel_values"], "token_ids": feed["input_ids"][:, count:],
                 "padding_mask": feed["attention_mask"][:, count:],
                 "response_mask": feed["token_type_ids"][:, count:]}
+    if config(case)["model_type"] == "gemma4":  # text and one image (as patches) each
+        return _gemma4_media(feed, config(case))
     if "decoder_input_ids" in feed and "pixel_values" in feed:  # T5Gemma 2: one image each
         return {"encoder_token_ids": feed["input_ids"],
                 "encoder_padding_mask": feed["attention_mask"],
@@ -678,6 +722,8 @@ def outputs(case: Case, model, feed: dict, *, is_task: bool) -> dict:
 
     if config(case)["model_type"] in ("sam3", "sam3_video"):
         return _sam3_outputs(model, feed)
+    if config(case)["model_type"] == "gemma4_assistant":  # one draft step
+        return _assistant_step(case, model, feed, is_task=is_task)
     given = keras_inputs(case, feed)
     if isinstance(given, dict) and not is_task:
         given.pop("mask_positions", None)
@@ -714,6 +760,39 @@ def outputs(case: Case, model, feed: dict, *, is_task: bool) -> dict:
             out["pooler_output"] = np.asarray(result["pooled_output"], "float32")
         return out
     return {"last_hidden_state": np.asarray(result, dtype="float32")}
+
+
+def _assistant_step(case: Case, model, feed: dict, *, is_task: bool) -> dict:
+    """A Gemma 4 assistant's step on the oracle's inputs: the task model's logits and
+    `projected_state` (`call_with_cache`, the target's cache made of the oracle's keys and
+    values), or the
+    backbone's decoder run on the oracle's `decoder_inputs_embeds` (what `pre_projection`
+    gives) reading the same keys and values: its `last_hidden_state`."""
+    import numpy as np
+
+    def kv(kind):  # torch's (batch, heads, positions, head_dim) -> keras-hub's cache slice
+        return np.stack([feed[f"{kind}_{part}"].transpose(0, 2, 1, 3)
+                         for part in ("keys", "values")], axis=1)
+
+    cache = np.stack([kv("sliding"), kv("full")], axis=1)  # two target layers
+    step = int(feed["position_ids"][0, 0])
+    if is_task:
+        width = config(case)["backbone_hidden_size"]
+        given = feed["inputs_embeds"]
+        logits, projected = model.call_with_cache(
+            given[..., :width], given[..., width:], cache, step, target_kv_source_full_idx=1,
+            target_kv_source_local_idx=0)
+        return {"logits": np.asarray(logits, dtype="float32"),
+                "projected_state": np.asarray(projected, dtype="float32")}
+    import keras
+
+    x = keras.ops.cast(feed["decoder_inputs_embeds"], model.compute_dtype)
+    cache = keras.ops.cast(cache, model.compute_dtype)
+    for layer, kind in zip(model.transformer_layers, model.layer_types):
+        layer.attention.is_kv_shared_layer = True  # as the task model sets it
+        shared = cache[:, 1 if kind == "full_attention" else 0]
+        x, _ = layer(x, cache=shared, cache_update_index=step, shared_kv=shared)
+    return {"last_hidden_state": np.asarray(model.layer_norm(x), dtype="float32")}
 
 
 def exported(case: Case, dtype: str, out: str, model=None) -> bool:

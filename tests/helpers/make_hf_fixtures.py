@@ -164,6 +164,25 @@ _SAM3_TRACKER = {"vision_config": _SAM3_VISION,
                  "memory_encoder_output_channels": 8, "mask_downsampler_embed_dim": 16,
                  "memory_fuser_embed_dim": 16, "memory_fuser_intermediate_dim": 32,
                  "memory_fuser_num_layers": 1, "mask_downsampler_total_stride": 4}
+# model_type -> (the target's hidden size, key heads, head width) of a draft model fed one
+# step: the target's token embedding and last hidden state joined, and the keys and values of
+# the target's last sliding and full layers (LENGTH positions, the step at the last)
+ASSISTANT = {"gemma4_assistant": (24, 1, 8)}
+_GEMMA4_TEXT = {**{k: v for k, v in _GEMMA.items() if k != "num_labels"}, "head_dim": 8,
+                "global_head_dim": 16, "num_hidden_layers": 3, "sliding_window": 64,
+                "hidden_size_per_layer_input": 4, "vocab_size_per_layer_input": VOCAB}
+_GEMMA4_VISION = {"hidden_size": 24, "intermediate_size": 32, "num_hidden_layers": 2,
+                  "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 12,
+                  "patch_size": 4, "position_embedding_size": 16, "pooling_kernel_size": 2,
+                  "use_clipped_linears": True, "standardize": True}
+_GEMMA4_AUDIO = {"hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
+                 "subsampling_conv_channels": [128, 4], "conv_kernel_size": 3,
+                 "attention_chunk_size": 4, "attention_context_left": 5,
+                 "attention_context_right": 0, "output_proj_dims": 12}
+# the image token, then begin and end of image, then the other media's (past the text's ids)
+_GEMMA4_TOKENS = {"image_token_id": 57, "boi_token_id": 58, "eoi_token_id": 59,
+                  "audio_token_id": 60, "boa_token_id": 61, "eoa_token_index": 62,
+                  "video_token_id": 63}
 
 # case -> (model_type, config, the Hub classes). The next architecture adds a row here and
 # one in tests/integration/test_hf_transformers.py's table.
@@ -265,6 +284,26 @@ ROWS = {
                                  "laurel_rank": 4, "num_kv_shared_layers": 2,
                                  "activation_sparsity_pattern": [0.95, 0.0, 0.0, 0.0]},
                 ("Gemma3nTextModel", "Gemma3nForCausalLM")),
+    # multimodal Gemma 4: the "gemma4" row's text decoder and a vision tower (width 24, its
+    # heads 12 wide, clipped projections, standardized output); fed one image per example
+    # (PATCHED_IMAGES); no audio tower (the next row has both classes)
+    "gemma4_vision": ("gemma4", {"text_config": _GEMMA4_TEXT, "vision_config": _GEMMA4_VISION,
+                                 **_GEMMA4_TOKENS},
+                      ("Gemma4ForConditionalGeneration",)),
+    # and an audio tower (a Conformer of width 16; 128 channels first, as many as the mel
+    # bins keras-hub's encoder assumes); fed the same image and one clip (AUDIO_FRAMES)
+    "gemma4_audio": ("gemma4", {"text_config": _GEMMA4_TEXT, "vision_config": _GEMMA4_VISION,
+                                "audio_config": _GEMMA4_AUDIO, **_GEMMA4_TOKENS},
+                     ("Gemma4Model", "Gemma4ForConditionalGeneration")),
+    # Gemma 4's assistant (a draft model): two layers, a sliding and a full one of one head
+    # width, both reading the target's keys and values; the target 24 wide
+    "gemma4_assistant": ("gemma4_assistant", {
+        "text_config": {**{k: v for k, v in _GEMMA.items() if k != "num_labels"},
+                        "head_dim": 8, "global_head_dim": 8, "sliding_window": 64,
+                        "layer_types": ["sliding_attention", "full_attention"],
+                        "hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": 0},
+        "backbone_hidden_size": ASSISTANT["gemma4_assistant"][0],
+        "use_ordered_embeddings": False}, ("Gemma4AssistantForCausalLM",)),
     # tied, as SmolLM3-3B is; layer 1 without RoPE (no_rope_layers: 0 = none)
     "smollm3": ("smollm3", {**_DECODER, "tie_word_embeddings": True, "no_rope_layers": [1, 0],
                             "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},
@@ -443,6 +482,16 @@ IMAGE_TOKENS = {"gemma3": (32, 4, 60), "t5gemma2": (16, 4, 61)}
 # `pixel_values` holds one image per example; `decoder_input_ids` (the text shifted right
 # behind token 0) feed an encoder-decoder language model (Flan-T5), OPT's rows never read them.
 QUERY_IMAGES = {"blip-2": (16, 4, VOCAB - 1)}
+# model_type -> (patches a side, patch size, pooling, the image token's id) of a model fed
+# one image per example as patches (Gemma 4): `pixel_values` (batch, patches, patch * patch *
+# 3) in [0, 1], `image_position_ids` (batch, patches, 2) their (x, y); the ids hold the image's
+# pooled tokens after a begin-of-image token (id + 1), before an end-of-image one (id + 2),
+# the text's ids below the image token's.
+PATCHED_IMAGES = {"gemma4": (4, 4, 2, 57)}
+# model_type -> (frames, the audio token's id) of a model with an audio tower fed one clip per
+# example after its image: `input_features` (batch, frames, 128 mel bins) and its mask; the
+# ids hold its tokens (frames / 4) between begin (id + 1) and end (id + 2) of audio.
+AUDIO_FRAMES = {"gemma4": (16, 60)}
 # model_type -> (image size, image tokens, the image token's id) of a model whose inputs
 # lead with one image's tokens, then text: `token_type_ids` marks the response (the text's
 # second half; the image and the text's first half are the prefix, attended both ways).
@@ -496,8 +545,9 @@ IMAGE_SIZES = {"vit": 16, "deit": 16, "dinov2": 16, "dinov2_with_registers": 16,
                "swin": 32, "dinov3_vit": 16}
 
 
-def inputs(model_type: str) -> dict:
-    """The fixed inputs, as NumPy arrays in Keras's layout (int32 ids, NHWC images)."""
+def inputs(model_type: str, config=None) -> dict:
+    """The fixed inputs, as NumPy arrays in Keras's layout (int32 ids, NHWC images); `config`
+    (the model's, optional) says whether a Gemma 4 has an audio tower to feed."""
     import numpy as np
 
     rng = np.random.default_rng(SEED)
@@ -505,6 +555,15 @@ def inputs(model_type: str) -> dict:
         return {"pixel_values": rng.normal(size=(BATCH, 28, 28, 3)).astype("float32"),
                 "input_ids": rng.integers(3, VOCAB, size=(BATCH, LENGTH)).astype("int32"),
                 "attention_mask": np.ones((BATCH, LENGTH), "int32")}
+    if model_type in ASSISTANT:
+        width, heads, head_dim = ASSISTANT[model_type]
+        out = {"inputs_embeds": rng.normal(size=(BATCH, 1, 2 * width)).astype("float32"),
+               "position_ids": np.full((BATCH, 1), LENGTH - 1, "int32")}
+        for kind in ("sliding", "full"):  # (batch, heads, positions, head_dim), as torch's
+            for part in ("keys", "values"):
+                out[f"{kind}_{part}"] = rng.normal(
+                    size=(BATCH, heads, LENGTH, head_dim)).astype("float32")
+        return out
     if model_type in IMAGE_SIZES:
         size = IMAGE_SIZES[model_type]
         return {"pixel_values": rng.normal(size=(BATCH, size, size, 3)).astype("float32")}
@@ -519,6 +578,27 @@ def inputs(model_type: str) -> dict:
         out = {"input_ids": ids, "attention_mask": np.ones_like(ids),
                "token_type_ids": (ids == token).astype("int32"),
                "pixel_values": rng.normal(size=(BATCH, size, size, 3)).astype("float32")}
+    if model_type in PATCHED_IMAGES:  # text, one image's tokens, text
+        side, patch, pool, token = PATCHED_IMAGES[model_type]
+        ids = out["input_ids"] % (token - 3) + 3
+        images = np.full((BATCH, (side // pool) ** 2 + 2), token, "int32")
+        images[:, 0], images[:, -1] = token + 1, token + 2
+        audio = getattr(config, "audio_config", None) is not None
+        if audio:  # then one clip's tokens (its frames subsampled by 4)
+            frames, clip = AUDIO_FRAMES[model_type]
+            clips = np.full((BATCH, frames // 4 + 2), clip, "int32")
+            clips[:, 0], clips[:, -1] = clip + 1, clip + 2
+            images = np.concatenate([images, clips], axis=1)
+        ids = np.concatenate([ids[:, :2], images, ids[:, 2:]], axis=1)
+        grid = np.stack(np.meshgrid(np.arange(side), np.arange(side), indexing="xy"), -1)
+        out = {"input_ids": ids, "attention_mask": np.ones_like(ids),
+               "pixel_values": rng.uniform(size=(BATCH, side * side, patch * patch * 3)
+                                           ).astype("float32"),
+               "image_position_ids": np.broadcast_to(grid.reshape(-1, 2).astype("int32"),
+                                                     (BATCH, side * side, 2)).copy()}
+        if audio:  # log-mel frames (128 bins), every frame valid
+            out["input_features"] = rng.normal(size=(BATCH, frames, 128)).astype("float32")
+            out["input_features_mask"] = np.ones((BATCH, frames), "int32")
     if model_type in PREFIX_IMAGES:  # one image's tokens, then text (prefix, response)
         size, count, token = PREFIX_IMAGES[model_type]
         ids = np.concatenate([np.full((BATCH, count), token, "int32"), out["input_ids"]], 1)
@@ -557,15 +637,17 @@ def _check_versions():
                  "pinned versions, or change PINNED on purpose and regenerate every fixture.")
 
 
-def _torch_inputs(model_type: str) -> dict:
+def _torch_inputs(model_type: str, config=None) -> dict:
     import torch
 
     out = {}
-    for key, value in inputs(model_type).items():
+    for key, value in inputs(model_type, config).items():
         tensor = torch.from_numpy(value)
-        if key == "pixel_values":
+        if key == "pixel_values" and tensor.dim() == 4:  # images (patches: as they are)
             tensor = tensor.permute(0, 3, 1, 2).contiguous()
-        else:
+        elif key == "input_features_mask":  # transformers indexes by it: a boolean mask
+            tensor = tensor.bool()
+        elif not tensor.is_floating_point():
             tensor = tensor.long()
         out[key] = tensor
     return out
@@ -577,10 +659,12 @@ def _run(model, model_type: str) -> dict:
 
     import transformers
 
-    feed = _torch_inputs(model_type)
+    feed = _torch_inputs(model_type, model.config)
     if model_type in SAM3:
         return _run_sam3(model, feed)
     out = {}
+    if model_type in ASSISTANT:  # one draft step, not a base model
+        return _assistant_step(model, feed)
     # the base model: `base_model` finds it by the class's prefix, which names an inner
     # module in a base model that has one of that name (DINOv3 ViT's `model`, its encoder)
     base_class = transformers.MODEL_MAPPING[type(model.config)]
@@ -687,6 +771,35 @@ def _run_sam3(model, feed: dict) -> dict:
     return {k: v.float().numpy() for k, v in out.items()}
 
 
+def _assistant_step(model, feed: dict) -> dict:
+    """A draft model's step: its logits, the projected state it returns
+    (`projected_state`), the decoder's input (`decoder_inputs_embeds`: after
+    `pre_projection`, what a keras-hub backbone takes) and output (`last_hidden_state`,
+    after the final norm)."""
+    import torch
+
+    seen = {}
+
+    def keep(name, of):  # a hook that records, returning None (the output stays as it is)
+        return lambda _module, _inputs, output: seen.update({name: of(output)}) and None
+
+    hooks = [model.pre_projection.register_forward_hook(
+                 keep("decoder_inputs_embeds", lambda out: out)),
+             model.model.register_forward_hook(
+                 keep("last_hidden_state", lambda out: out.last_hidden_state))]
+    shared = {f"{kind}_attention": (feed[f"{kind}_keys"], feed[f"{kind}_values"])
+              for kind in ("sliding", "full")}
+    try:
+        with torch.no_grad():
+            result = model(inputs_embeds=feed["inputs_embeds"],
+                           position_ids=feed["position_ids"], shared_kv_states=shared)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    out = {**seen, "logits": result.logits, "projected_state": result.last_hidden_state}
+    return {k: v.float().numpy() for k, v in out.items()}
+
+
 def _perturb(model, seed: int) -> None:
     import torch
 
@@ -708,7 +821,34 @@ def _build(model_type: str, config: dict, cls: str, seed: int):
     model.config._attn_implementation = "eager"
     model.eval()
     _perturb(model, seed)
+    if model_type in BOUNDED_BUFFERS:
+        _bound(model, seed)
     return model
+
+
+# model_types whose buffers that are weights (Gemma 4's clipping bounds, its vision tower's
+# standardization) transformers initialises to values that hide a mix-up (every bound
+# infinite, the standardization the identity): `_bound` sets them to finite seeded values
+# (bounds that clip some activations), so a restore that swaps or drops one shows.
+BOUNDED_BUFFERS = ("gemma4",)
+
+
+def _bound(model, seed: int) -> None:
+    import torch
+
+    generator = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, buffer in sorted(model.named_buffers()):
+            leaf = name.rsplit(".", 1)[-1]
+            if leaf not in ("input_min", "input_max", "output_min", "output_max", "std_bias",
+                            "std_scale"):
+                continue
+            draw = torch.rand(buffer.shape, generator=generator, dtype=torch.float32)
+            if leaf.endswith(("_min", "_max")):  # a bound between 1 and 3 from zero
+                value = (1.0 + 2.0 * draw) * (-1.0 if leaf.endswith("_min") else 1.0)
+            else:  # a bias near 0, a scale near 1
+                value = (draw - 0.5) * 0.2 + (1.0 if leaf == "std_scale" else 0.0)
+            buffer.copy_(value.to(buffer.dtype))
 
 
 def _save(model, model_type: str, cls: str, dtype: str, path: str, **kwargs) -> None:
@@ -724,7 +864,7 @@ def _save(model, model_type: str, cls: str, dtype: str, path: str, **kwargs) -> 
     oracle_model = getattr(transformers, cls).from_pretrained(
         path, dtype=torch.float32, attn_implementation="eager")
     oracle_model.eval()
-    oracle = {**inputs(model_type), **_run(oracle_model, model_type)}
+    oracle = {**inputs(model_type, oracle_model.config), **_run(oracle_model, model_type)}
     save_file({k: np.ascontiguousarray(v) for k, v in oracle.items()},
               path + ".oracle.safetensors",
               metadata={"oracle": json.dumps({  # one key: its order is fixed
