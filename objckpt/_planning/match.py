@@ -89,7 +89,8 @@ def make_plan(source: Source, obj, variables, *, rules=(), at=None,
                                mismatched=labelled(result.mismatched, targets),
                                _labels={p: targets.display(p, owners) for p in targets.paths},
                                _slot_owners=owners,
-                               _stacks={g.full: g for g in stacks.values()})
+                               _stacks={g.full: g for g in stacks.values()},
+                               _parts=dict(source.parts))
 
 
 def optimizer_mode(optimizer_state):

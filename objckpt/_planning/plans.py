@@ -110,6 +110,8 @@ class Plan:
     # {source key: _stacking.Stacked} of the keys that stand for entries a Stack rule
     # stacks into one variable
     _stacks: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    # {source key: how it is stored} of the keys stored in slices (`Source.parts`)
+    _parts: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     def opened(self, src):
         """The source `src` as this plan reads it: where its rules stack entries into one
@@ -183,8 +185,9 @@ class Plan:
         lines.append(f"  {'variable'.ljust(width)}  {'strategy'.ljust(kind)}  source")
         for m, target in zip(self.matches, targets):
             rule = f"  [{text(m.rule)}]" if m.rule else ""
+            parts = f"  [{text(self._parts[m.source])}]" if m.source in self._parts else ""
             lines.append(f"  {target.ljust(width)}  {m.strategy.ljust(kind)}  "
-                         f"{safe(m.source)}{rule}")
+                         f"{safe(m.source)}{parts}{rule}")
         sections = [
             ("variables with no source", [self._row(p) for p in self.unmatched_variables]),
             ("source entries matching nothing",
