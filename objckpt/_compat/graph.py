@@ -15,7 +15,7 @@ from tensorflow.python.util import object_identity as _object_identity
 
 from objckpt import errors
 from objckpt._base import paths as _paths
-from objckpt._compat.partitioned import is_partitioned, partitioned_children
+from objckpt._compat.partitioned import is_partitioned, partition_axis, partitioned_children
 from objckpt._compat.sharded import is_caching_type, is_sharded, shards
 from objckpt._compat.optimizers import _is_optimizer, optimizer_slot_lists
 from objckpt._compat.variables import (
@@ -132,8 +132,9 @@ def _partitioned_paths(reached, found) -> list:
         for name, variable in partitioned_children(node):
             if id(variable) not in seen:
                 seen.add(id(variable))
-                out.append((f"{path}/{_paths.escape(name)}" if path else _paths.escape(name),
-                            variable))
+                child = f"{path}/{_paths.escape(name)}" if path else _paths.escape(name)
+                partition_axis(variable, child)  # parts along several axes: TF's limit
+                out.append((child, variable))
     return out
 
 
