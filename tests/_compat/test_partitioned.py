@@ -6,7 +6,7 @@ ported to eager, a Keras layer's `build` calling it). A `PartitionedVariable` is
 word. objckpt finds it under its attribute path and treats it as a sharded variable whose
 parts split one axis: `tree`, `snapshot`, `save` (one key, one slice per part, as the Saver
 writes it), `plan` (its layout beside it), `restore` (any layout, a TF1 Saver checkpoint
-included), `restore_on_create`, `Twins` and `clone`.
+included), `restore_on_create`, `Twins`, `clone` and `average`.
 """
 
 from __future__ import annotations
@@ -187,6 +187,16 @@ def test_twins_and_clone_pair_part_with_part(tmp_path):
     restored = net((1, 1), seed=51)
     objckpt.restore(restored, prefix)
     assert values_of(restored) == values_of(module)
+
+
+def test_average_of_two_checkpoints_into_parts(tmp_path):
+    first, second = net(seed=70), net((1, 3), seed=71)
+    sources = [objckpt.save(first, str(tmp_path / "a")), objckpt.save(second, str(tmp_path / "b"))]
+    target = net((2, 2), seed=72)
+    objckpt.average(target, sources)
+    for name in ("table", "kernel", "bias"):
+        expected = (whole(getattr(first, name)) + whole(getattr(second, name))) / 2
+        np.testing.assert_allclose(whole(getattr(target, name)), expected, rtol=1e-6)
 
 
 def test_parts_along_two_axes_are_a_typed_error_naming_the_path():
