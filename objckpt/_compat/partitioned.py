@@ -67,13 +67,19 @@ def partition_axis(variable, path: str = "") -> int:
 
 
 def partitioned_children(node) -> list[tuple[str, object]]:
-    """(attribute name, variable) of the `PartitionedVariable`s an object holds directly as
-    attributes (TF's object graph does not list them)."""
+    """(edge name, variable) of the `PartitionedVariable`s an object holds directly (TF's
+    object graph does not list them): as attributes, or as items of a list (by index) or a
+    dict (by string key) that TF tracks (`self.tables = [...]` on a `tf.Module`)."""
+    kind = _type()
+    if isinstance(node, (list, tuple)):
+        return [(str(i), value) for i, value in enumerate(node) if isinstance(value, kind)]
+    if isinstance(node, dict):
+        return [(key, value) for key, value in list(node.items())
+                if isinstance(key, str) and isinstance(value, kind)]
     try:
         attributes = vars(node)
     except TypeError:
         return []
-    kind = _type()
     return [(name, value) for name, value in list(attributes.items())
             if isinstance(value, kind)]
 

@@ -80,6 +80,23 @@ def test_tf_leaves_it_out_and_objckpt_takes_it_whole(tmp_path):
     assert {k: snap[k].numpy().tobytes() for k in snap} == values_of(module)
 
 
+def test_in_lists_and_dicts_tf_tracks(tmp_path):
+    def holder(seed, parts):
+        module = tf.Module()
+        module.tables = [partitioned(value((6, 2), seed + i), parts) for i in range(2)]
+        module.named = {"a/b": partitioned(value((4, 2), seed + 2), parts)}
+        return module
+
+    source = holder(80, 2)
+    assert list(objckpt.tree(source)) == ["tables/0", "tables/1", "named/a.Sb"]
+    prefix = objckpt.save(source, str(tmp_path / "ckpt"))
+    target = holder(90, 3)
+    objckpt.restore(target, prefix)
+    for mine, theirs in [*zip(target.tables, source.tables),
+                         (target.named["a/b"], source.named["a/b"])]:
+        assert whole(mine).tobytes() == whole(theirs).tobytes()
+
+
 def test_save_writes_what_the_saver_writes_and_tf_reads_it(tmp_path):
     module = net(seed=3)
     prefix = objckpt.save(module, str(tmp_path / "ckpt"))
