@@ -20,6 +20,7 @@ from tensorflow.python.ops import variables as tf_variables  # test only: a mult
 import objckpt
 from objckpt import errors
 from objckpt._bundle import index as _index
+from objckpt._planning import sharded as _sharded
 
 from flavours import KERAS_FLAVOURS, keras_for
 
@@ -159,11 +160,41 @@ def test_a_tf1_saver_checkpoint_into_eager_partitioned_variables(tmp_path):
 def test_a_failed_restore_changes_no_part(tmp_path):
     prefix = objckpt.save(net(seed=30), str(tmp_path / "ckpt"))
     target = net((2, 3), seed=31)
-    target.bias = tf.Variable(tf.zeros((7,)))  # does not fit
+    target.table = partitioned(value((12, 4), 32), 3)  # does not fit: 12 rows, not 10
     before = values_of(target)
-    with pytest.raises(errors.StructureMismatchError, match="bias"):
+    with pytest.raises(errors.StructureMismatchError) as caught:
         objckpt.restore(target, prefix)
+    assert f"`table` [{target.table.name}; 3 parts of rows [0:4) [4:8) [8:12)]: shape (10, 4) " \
+           "in the source but (12, 4) in the obj" in str(caught.value)
     assert values_of(target) == before
+
+
+def test_each_part_reads_its_slice_and_a_failure_half_way_puts_every_part_back(monkeypatch,
+                                                                               tmp_path):
+    source = net(seed=35)
+    prefix = objckpt.save(source, str(tmp_path / "ckpt"))
+    real, reads = _sharded.read_slice, []
+
+    def recording(prefix_, job):
+        reads.append((job.key.split("/")[0], job.spec))
+        if len(reads) == 4 and fail:
+            raise OSError("the data file went away")
+        return real(prefix_, job)
+
+    monkeypatch.setattr(_sharded, "read_slice", recording)
+    fail = False
+    target = net((2, 3), seed=36)
+    objckpt.restore(target, prefix)
+    assert values_of(target) == values_of(source)
+    # one read per part: rows of the table, columns of the kernel, each its own slice only
+    assert sorted(reads) == sorted([("bias", ""), ("kernel", "4 6 0,4:0,2"),
+                                    ("kernel", "4 6 0,4:2,2"), ("kernel", "4 6 0,4:4,2"),
+                                    ("table", "10 4 0,5:0,4"), ("table", "10 4 5,5:0,4")])
+    target, reads[:], fail = net((2, 3), seed=37), [], True
+    before = values_of(target)
+    with pytest.raises(OSError, match="the data file went away"):
+        objckpt.restore(target, prefix)
+    assert len(reads) == 4 and values_of(target) == before
 
 
 def test_restore_on_create_lands_in_the_parts(tmp_path):
