@@ -6,7 +6,7 @@ ported to eager, a Keras layer's `build` calling it). A `PartitionedVariable` is
 word. objckpt finds it under its attribute path and treats it as a sharded variable whose
 parts split one axis: `tree`, `snapshot`, `save` (one key, one slice per part, as the Saver
 writes it), `plan` (its layout beside it), `restore` (any layout, a TF1 Saver checkpoint
-included), `restore_on_create`, `Twins`, `clone` and `average`.
+included), `restore_on_create`, `Twins`, `clone`, `average` and `CheckpointManager`.
 """
 
 from __future__ import annotations
@@ -245,6 +245,14 @@ def test_average_of_two_checkpoints_into_parts(tmp_path):
     for name in ("table", "kernel", "bias"):
         expected = (whole(getattr(first, name)) + whole(getattr(second, name))) / 2
         np.testing.assert_allclose(whole(getattr(target, name)), expected, rtol=1e-6)
+
+
+def test_checkpoint_manager_resumes_into_another_layout(tmp_path):
+    module = net(seed=75)
+    objckpt.CheckpointManager(module, str(tmp_path / "run")).save(7)
+    resumed = net((4, 1), seed=76)
+    assert objckpt.CheckpointManager(resumed, str(tmp_path / "run")).restore_latest() == 7
+    assert values_of(resumed) == values_of(module)
 
 
 def test_parts_along_two_axes_are_a_typed_error_naming_the_path():
