@@ -51,7 +51,8 @@ def write_tf1(prefix: str, *, seed: int = 0) -> dict:
             kernel = tf.compat.v1.get_variable(
                 "proj/kernel", initializer=tf.constant(init["proj/kernel"]),
                 partitioner=tf.compat.v1.fixed_size_partitioner(2, axis=1))
-            bias = tf.compat.v1.get_variable("proj/bias", initializer=tf.constant(init["proj/bias"]))
+            bias = tf.compat.v1.get_variable("proj/bias",
+                                             initializer=tf.constant(init["proj/bias"]))
             big = tf.compat.v1.get_variable(
                 "big", initializer=tf.constant(init["big"]),
                 partitioner=tf.compat.v1.min_max_variable_partitioner(max_partitions=4,
