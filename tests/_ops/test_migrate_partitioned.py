@@ -6,7 +6,8 @@ TF itself in a `tf.compat.v1` Graph and Session, as TF1 code wrote them: an embe
 parts of rows (`fixed_size_partitioner`), a kernel in 2 parts of columns (`axis=1`), a table
 split by `min_max_variable_partitioner`, and their Adam slots (partitioned like their
 variables). objckpt reads each whole through `plan`, `restore`, `restore_on_create` and
-`migrate`, into plain variables in every flavour and into `ShardedVariable`s of any shard count.
+`migrate` (and `load_ensemble`), into plain variables in every flavour and into
+`ShardedVariable`s of any shard count.
 """
 
 from __future__ import annotations
@@ -269,3 +270,11 @@ def test_keras_model_migrated_and_restored_on_create(flavour, tf1, tmp_path):
     pending.assert_done()
     assert later.get_layer("proj").kernel.numpy().tobytes() == \
         tf1["values"]["proj/kernel"].tobytes()
+
+
+def test_an_ensemble_of_two_tf1_checkpoints_in_shards(tf1, tmp_path):
+    second = write_tf1(str(tmp_path / "model.ckpt"), seed=1)
+    ensemble = objckpt.load_ensemble(Net((5, 5), None, (4, 12)),
+                                     [tf1["prefix"], second["prefix"]], rules=MODULE_RULES)
+    for member, written in zip(ensemble.members, (tf1, second)):
+        assert_net_holds(member, written)
