@@ -22,7 +22,8 @@ import tensorflow as tf
 
 from objckpt import errors
 
-__all__ = ["assign_whole", "is_partitioned", "partition_axis", "partitioned_children", "parts"]
+__all__ = ["assign_whole", "is_partitioned", "part_of", "partition_axis",
+           "partitioned_children", "parts"]
 
 _TYPE = None
 
@@ -96,3 +97,14 @@ def assign_whole(variable, value) -> None:
     for part, piece in zip(pieces, tf.split(value, [int(p.shape[axis]) for p in pieces],
                                             axis=axis)):
         part.assign(piece, read_value=False)
+
+
+def part_of(variable):
+    """(full name, full shape, offsets, shape) of the slice a plain variable holds when it is
+    one part of a TF1 partitioned variable tracked part by part (`tf.compat.v1.make_template`
+    tracks its parts as variables of their own, each with its `SaveSliceInfo`); else None."""
+    info = getattr(variable, "_save_slice_info", None)
+    if info is None or not getattr(info, "full_name", None):
+        return None
+    return (info.full_name, tuple(int(d) for d in info.full_shape),
+            tuple(int(d) for d in info.var_offset), tuple(int(d) for d in info.var_shape))

@@ -43,8 +43,10 @@ class Match:
         layer, by role and shape), "export order" (a Keras `model.export`'s
         flat `variables/<i>` list whose saved names do not tell variables
         apart, in `model.variables` order, all or nothing, every shape and
-        dtype checked in that order) or "slot" (optimizer state, by the
-        variable it belongs to).
+        dtype checked in that order), "slot" (optimizer state, by the
+        variable it belongs to) or "part" (one part of a TF1 partitioned
+        variable that TF tracks part by part, `tf.compat.v1.make_template`'s:
+        its slice of the one key a Saver wrote for the whole).
       rule: the rule that rewrote the key, described (`rule 0 ('^model_001/'
         -> '')`), or "".
       cast: the dtype cast the value gets on its way into the variable, as the casting

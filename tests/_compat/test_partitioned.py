@@ -7,6 +7,8 @@ word. objckpt finds it under its attribute path and treats it as a sharded varia
 parts split one axis: `tree`, `snapshot`, `save` (one key, one slice per part, as the Saver
 writes it), `plan` (its layout beside it), `restore` (any layout, a TF1 Saver checkpoint
 included), `restore_on_create`, `Twins`, `clone`, `average` and `CheckpointManager`.
+`tf.compat.v1.make_template` tracks its parts itself (TF's checkpoint has each part as a
+variable): each part takes its slice of the one key a TF1 Saver wrote (the "part" strategy).
 """
 
 from __future__ import annotations
@@ -195,6 +197,38 @@ def test_each_part_reads_its_slice_and_a_failure_half_way_puts_every_part_back(m
     with pytest.raises(OSError, match="the data file went away"):
         objckpt.restore(target, prefix)
     assert len(reads) == 4 and values_of(target) == before
+
+
+def test_make_template_parts_each_take_their_slice_of_a_saver_key(tmp_path):
+    table = value((10, 4), 45)
+
+    def make(initializer, parts):
+        return tf.compat.v1.get_variable("table", initializer=initializer,
+                                         partitioner=tf.compat.v1.fixed_size_partitioner(parts))
+
+    with tf.Graph().as_default():  # TF1: the template in a graph, saved by the Saver
+        tf.compat.v1.make_template("net", make, initializer=tf.constant(table), parts=2)()
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            prefix = tf.compat.v1.train.Saver().save(session, str(tmp_path / "tf1" / "model"))
+    # TF 2: the same template, eagerly, in 3 parts; it tracks each part as a variable
+    template = tf.compat.v1.make_template("net", make, initializer=tf.zeros((10, 4)), parts=3)
+    template()
+    assert list(objckpt.tree(template)) == ["table.Spart_0", "table.Spart_1", "table.Spart_2"]
+    scope = template.variable_scope_name.rstrip("/")  # "net_1" where a "net" was made before
+    rules = [("^net/", f"{scope}/")] if scope != "net" else []
+    plan = objckpt.plan(template, prefix, rules=rules)
+    assert [(m.target, m.source, m.strategy) for m in plan.matches] == [
+        (f"table.Spart_{i}", "net/table", "part") for i in range(3)]
+    assert plan.complete
+    objckpt.restore(template, prefix, rules=rules)
+    assert np.concatenate([v.numpy() for v in template.variables]).tobytes() == table.tobytes()
+    # migrate lays it out as TF's checkpoint of the template, which TF reads back
+    out = objckpt.migrate(template, prefix, str(tmp_path / "out" / "ckpt"), rules=rules)
+    fresh = tf.compat.v1.make_template("net", make, initializer=tf.zeros((10, 4)), parts=3)
+    fresh()
+    tf.train.Checkpoint(root=fresh).read(out).assert_consumed()
+    assert np.concatenate([v.numpy() for v in fresh.variables]).tobytes() == table.tobytes()
 
 
 def test_restore_on_create_lands_in_the_parts(tmp_path):
