@@ -20,6 +20,8 @@ in TF internals or a new Keras flavour is handled in this package alone (`lint-i
 - `dtypes`: ml_dtypes' bfloat16 and float8 arrays as this TF's NumPy types (TF 2.12's own);
 - `sharded`: sharded variables (ParameterServerStrategy) as one logical variable: shards,
   layout, the logical value read and assigned a shard at a time, the slices TF saves;
+- `partitioned`: TF1 partitioned variables (`tf.compat.v1.get_variable(partitioner=...)`),
+  which `sharded` treats like sharded ones, and the attributes that hold them;
 - `hooks`: TF-free Keras conventions (method overrides, default-hook marks).
 
 Names load on first use: `_compat.mark_default_hook` imports only the TF-free `hooks`
@@ -67,6 +69,8 @@ _WHERE = {
     "freezing": ("in_xla_context",),
     "fit": ("CASTS", "cast_of", "cast_value", "check_cast", "fits", "lossless", "misfit"),
     "dtypes": ("numpy_dtype", "tf_array", "tf_dtype"),
+    "partitioned": ("assign_whole", "is_partitioned", "part_of", "partition_axis",
+        "partitioned_children", "parts"),
     "sharded": ("Layout", "is_caching_type", "is_sharded", "is_sharded_type", "new_sharded",
         "read_sharded", "shard_layout", "shard_slices", "shards"),
     "hooks": ("KERAS_CACHED_ATTRS", "WEIGHT_DECAY_METHOD", "mark_default_hook",

@@ -15,6 +15,7 @@ from tensorflow.python.util import object_identity as _object_identity
 
 from objckpt import errors
 from objckpt._base import paths as _paths
+from objckpt._compat.partitioned import is_partitioned, partition_axis, partitioned_children
 from objckpt._compat.sharded import is_caching_type, is_sharded, shards
 from objckpt._compat.optimizers import _is_optimizer, optimizer_slot_lists
 from objckpt._compat.variables import (
@@ -112,9 +113,28 @@ def variable_paths(obj) -> list[tuple[str, object]]:
             out.append((names[trackable], variable))
         elif is_sharded(trackable):  # one logical variable: its shards are no nodes of TF's
             out.append((names[trackable], trackable))
+    out.extend(_partitioned_paths([(t, names[t]) for t in objects], out))
     out.extend(_collection_paths([(t, names[t]) for t in objects], out))
     check_complete(obj, out)
     _check_unique(obj, out)
+    return out
+
+
+def _partitioned_paths(reached, found) -> list:
+    """(path, variable) of the TF1 `PartitionedVariable`s held as attributes of the objects
+    TF's walk reached (`reached`: (object, path) in its order), which TF's graph misses:
+    each once, one logical variable under the path of its attribute."""
+    seen = {id(variable) for _, variable in found}
+    out = []
+    for node, path in reached:
+        if as_variable(node) is not None or is_sharded(node):
+            continue
+        for name, variable in partitioned_children(node):
+            if id(variable) not in seen:
+                seen.add(id(variable))
+                child = f"{path}/{_paths.escape(name)}" if path else _paths.escape(name)
+                partition_axis(variable, child)  # parts along several axes: TF's limit
+                out.append((child, variable))
     return out
 
 
@@ -155,6 +175,7 @@ def walk(obj, *, skip_optimizers: bool = False, collections: bool = False,
     queue = [(obj, "")]
     for node, path in queue:  # grows while iterating: a breadth-first walk
         edges = [(_paths.escape(name), child) for name, child in view.children(node).items()]
+        edges += [(_paths.escape(name), child) for name, child in partitioned_children(node)]
         if collections:
             edges += [("/".join(map(_paths.escape, names)), child)
                       for names, child in keras_collection_children(node)]
@@ -166,7 +187,7 @@ def walk(obj, *, skip_optimizers: bool = False, collections: bool = False,
             yield node, child_path, child, first
             if first:
                 seen.add(id(child))
-                if as_variable(child) is None:
+                if as_variable(child) is None and not is_partitioned(child):
                     queue.append((child, child_path))
     if visited is not None:
         visited.extend(queue)
@@ -470,6 +491,8 @@ def children_with_collections(node) -> dict:
     if isinstance(node, CollectionNode):
         return dict(node.items)
     found = children(node)
+    for name, child in partitioned_children(node):  # TF's graph misses them
+        found.setdefault(name, child)
     for edges, child in keras_collection_children(node):
         parent = found
         for edge in edges[:-1]:

@@ -9,6 +9,7 @@ from tensorflow.python.eager import context as _context
 from tensorflow.python.ops.resource_variable_ops import ResourceVariable as _ResourceVariable
 
 from objckpt._compat.distribute import autocast_inner
+from objckpt._compat.partitioned import assign_whole
 from objckpt._compat.variables import _on_cpu, lookup, read_value
 
 __all__ = ["FusedOps", "called_cond", "fused_call", "local_replica_count", "packed_pairs_call",
@@ -104,14 +105,14 @@ class FusedOps:
         self._assigns += 1
         if self._eager_loop(self._assigns):
             for variable, value in zip(self._variables, values):
-                variable.assign(value, read_value=False)
+                assign_whole(variable, value)
             return
         if self._assign_fn is None:
             variables = self._variables
 
             def assign(*xs):
                 for variable, x in zip(variables, xs):
-                    variable.assign(x, read_value=False)
+                    assign_whole(variable, x)
 
             self._assign_fn = fused_call(assign, [tf.TensorSpec(v.shape, v.dtype)
                                                   for v in variables])

@@ -14,6 +14,8 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
+from objckpt._compat.partitioned import is_partitioned, partition_axis, parts
+
 __all__ = [
     "Layout",
     "is_caching_type",
@@ -39,8 +41,9 @@ def _mixin():
 
 
 def is_sharded(value) -> bool:
-    """True for a `ShardedVariable` (or another `ShardedVariableMixin`)."""
-    return isinstance(value, _mixin())
+    """True for a `ShardedVariable` (or another `ShardedVariableMixin`), and for a TF1
+    `PartitionedVariable` (`_compat.partitioned`), saved the same way."""
+    return isinstance(value, _mixin()) or is_partitioned(value)
 
 
 def is_sharded_type(cls) -> bool:
@@ -65,8 +68,8 @@ def new_sharded(like, parts):
 
 
 def shards(variable) -> tuple:
-    """The shard variables of a sharded variable, in row order."""
-    return tuple(variable.variables)
+    """The shard variables of a sharded variable, in row order (a partitioned one's parts)."""
+    return parts(variable) if is_partitioned(variable) else tuple(variable.variables)
 
 
 class Layout(NamedTuple):
@@ -74,13 +77,17 @@ class Layout(NamedTuple):
 
     Attributes:
       shape: the logical (full) shape.
-      rows: the first-axis length of each shard, in order.
+      rows: the first-axis length of each shard, in order (along `axis`).
       devices: the device of each shard ("" when unknown).
+      axis: the axis the shards split (0; a TF1 partitioned variable's may be another).
+      unit: "shard", or "part" for a TF1 partitioned variable.
     """
 
     shape: tuple
     rows: tuple
     devices: tuple
+    axis: int = 0
+    unit: str = "shard"
 
     @property
     def offsets(self) -> tuple:
@@ -93,15 +100,19 @@ class Layout(NamedTuple):
     def describe(self) -> str:
         """e.g. "2 shards of rows [0:6) [6:10)"."""
         spans = " ".join(f"[{o}:{o + r})" for o, r in zip(self.offsets, self.rows))
-        return f"{len(self.rows)} shard{'s' if len(self.rows) != 1 else ''} of rows {spans}"
+        word = {0: "rows", 1: "columns"}.get(self.axis, f"axis {self.axis}")
+        unit = self.unit + ("s" if len(self.rows) != 1 else "")
+        return f"{len(self.rows)} {unit} of {word} {spans}"
 
 
 def shard_layout(variable) -> Layout:
     """The `Layout` of a sharded variable."""
-    parts = shards(variable)
+    pieces = shards(variable)
+    axis = partition_axis(variable) if is_partitioned(variable) else 0
     return Layout(tuple(int(d) for d in variable.shape),
-                  tuple(int(p.shape[0]) for p in parts),
-                  tuple(getattr(p, "device", "") or "" for p in parts))
+                  tuple(int(p.shape[axis]) for p in pieces),
+                  tuple(getattr(p, "device", "") or "" for p in pieces),
+                  axis, "part" if is_partitioned(variable) else "shard")
 
 
 def shard_slices(variable, value=None) -> list[tuple[str, object]]:
@@ -110,14 +121,16 @@ def shard_slices(variable, value=None) -> list[tuple[str, object]]:
     tensor the shard's value read on its device, or its rows of `value` (a logical value
     read before, e.g. a Snapshot's) when given."""
     full = [int(d) for d in variable.shape]
+    layout = shard_layout(variable)  # a partitioned variable's parts may split another axis
     out = []
-    for offset, part in zip(shard_layout(variable).offsets, shards(variable)):
+    for offset, part in zip(layout.offsets, shards(variable)):
         info = tf.Variable.SaveSliceInfo(
             full_name=variable.name, full_shape=full,
-            var_offset=[offset] + [0] * (len(full) - 1),
+            var_offset=[offset if axis == layout.axis else 0 for axis in range(len(full))],
             var_shape=[int(d) for d in part.shape])
-        rows = int(part.shape[0])
-        out.append((info.spec, part.value() if value is None else value[offset:offset + rows]))
+        rows = int(part.shape[layout.axis])
+        out.append((info.spec, part.value() if value is None else value[
+            (slice(None),) * layout.axis + (slice(offset, offset + rows),)]))
     return out
 
 
@@ -125,4 +138,5 @@ def read_sharded(variable):
     """The logical value: every shard read (on its own device) and joined along rows."""
     values = [part.value() if hasattr(part, "value") else tf.convert_to_tensor(part)
               for part in shards(variable)]
-    return values[0] if len(values) == 1 else tf.concat(values, axis=0)
+    axis = partition_axis(variable) if is_partitioned(variable) else 0
+    return values[0] if len(values) == 1 else tf.concat(values, axis=axis)

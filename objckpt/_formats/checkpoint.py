@@ -33,8 +33,8 @@ from objckpt._bundle import objgraph as _objgraph
 from objckpt._bundle import remote as _remote
 
 __all__ = ["GraphIndex", "Read", "keras3_slot_owners", "listing", "network_aliases",
-           "network_paths", "read_at", "recognise", "source_fields", "subtree_paths",
-           "subtree_paths_from", "top_level_names", "write"]
+           "network_paths", "parts_note", "read_at", "recognise", "source_fields",
+           "subtree_paths", "subtree_paths_from", "top_level_names", "write"]
 
 OBJECT_GRAPH_KEY = _bundle.OBJECT_GRAPH_KEY
 
@@ -97,6 +97,28 @@ def name_based(prefix: str, index) -> errors.NotObjectBasedError:
 # A TF1 Saver's optimizer bookkeeping: counters and slot variables, not weights.
 _TF1_BOOKKEEPING = re.compile(r"(^|/)(beta[12]_power|global_step)$|"
                               r"/(Adam|Adam_1|Momentum|RMSProp|RMSProp_1|Adagrad)$")
+
+
+def parts_note(entry) -> str:
+    """How an index entry is stored when it is stored in slices (a TF1 `PartitionedVariable`
+    saved by `tf.compat.v1.train.Saver`, a `ShardedVariable` by `tf.train.Checkpoint`), e.g.
+    "saved in 3 parts of rows [0:4) [4:7) [7:10)"; "" for a tensor stored whole. One key is
+    one logical tensor either way: every reader reads it whole (or any slice of it)."""
+    if not entry.slices:
+        return ""
+    shape = tuple(entry.shape)
+    parts = [tuple((first, dim - first if length < 0 else length)
+                   for (first, length), dim in zip(extents, shape))
+             for extents in entry.slices]
+    count = f"{len(parts)} part{'s' if len(parts) != 1 else ''}"
+    axes = [axis for axis in range(len(shape)) if len({p[axis] for p in parts}) > 1]
+    if len(axes) > 1 or not shape:
+        return f"saved in {count}"
+    axis = axes[0] if axes else 0
+    word = {0: "rows", 1: "columns"}.get(axis, f"axis {axis}")
+    spans = [f"[{p[axis][0]}:{p[axis][0] + p[axis][1]})" for p in sorted(parts)]
+    shown = spans if len(spans) <= 8 else spans[:6] + [f"... {len(spans) - 7} more", spans[-1]]
+    return f"saved in {count} of {word} {' '.join(shown)}"
 
 
 def _index(prefix: str, tf_reader: bool):
@@ -286,7 +308,8 @@ def _object_fields(prefix: str, notes) -> dict:
             "aliases": aliases, "structure": structure,
             "owners": lambda: keras3_slot_owners(graph), "keyed_by_path": True,
             "bundle_keys": lambda paths: [entry(p)[1] for p in paths],
-            "holding": lambda wanted: index.holding(top_names, wanted, specs)}
+            "holding": lambda wanted: index.holding(top_names, wanted, specs),
+            "parts": _parts({path: entry(path) for path in specs}, found.index)}
 
 
 def _name_fields(prefix: str, notes) -> dict:
@@ -304,7 +327,18 @@ def _name_fields(prefix: str, notes) -> dict:
             "subtree": lambda at: _paths.prefix_subtree(specs, at), "top_level_names": top,
             "prefix": prefix, "notes": tuple(notes),
             "structure": lambda: ("name", tuple(specs.items()), tuple(notes)),
-            "keyed_by_path": True, "bundle_keys": list, "holding": None}
+            "keyed_by_path": True, "bundle_keys": list, "holding": None,
+            "parts": _parts({name: (None, name) for name in specs}, _index(prefix, False))}
+
+
+def _parts(entries: dict, index) -> dict[str, str]:
+    """{source key: `parts_note`} of the keys whose tensor is stored in slices."""
+    out = {}
+    for key, (_, stored) in entries.items():
+        found = index.entries.get(stored)
+        if found is not None and found.slices:
+            out[key] = parts_note(found)
+    return out
 
 
 def _top_names(keys) -> list[str]:

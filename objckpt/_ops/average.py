@@ -211,7 +211,7 @@ def average(obj, sources, *, weights=None, rules=None, at: str | None = None,
     work.drop_log()  # every mean assigned: the old values are not needed
     if held is not None:
         for target, value in held:
-            variables[target].assign(value, read_value=False)
+            _compat.assign_whole(variables[target], value)
         del held
         work.start_fresh(obj, variables)
     written = [*work.averaged_paths(), *work.taken_paths()]

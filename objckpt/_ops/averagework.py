@@ -209,7 +209,7 @@ class Work:
                 # a plain variable logged from a view of its buffer (`numpy()` copies it)
                 logged = _undolog.Viewed(part) if parts is None else part
                 self.log.record(logged, path if parts is None else f"{path} (replica {i})")
-        variable.assign(value, read_value=False)
+        _compat.assign_whole(variable, value)
         self.assigned += 1
 
     def undo(self, err) -> None:
@@ -312,7 +312,7 @@ class Work:
         value, as `objckpt.restore` gives them."""
         for path, role in self.fresh:
             variable = variables[path]
-            variable.assign(_compat.fresh_slot_value(obj, role, variable), read_value=False)
+            _compat.assign_whole(variable, _compat.fresh_slot_value(obj, role, variable))
 
     def averaged_paths(self):
         return list(self.means)

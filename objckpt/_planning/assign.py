@@ -23,7 +23,7 @@ def assign_plan(variables, the_plan: _match.Plan | None, values) -> None:
         variables.fused.assign_all(values)
     else:
         for match, value in zip(the_plan.matches, values):
-            variables[match.target].assign(value, read_value=False)
+            _compat.assign_whole(variables[match.target], value)
 
 
 def assign_pairs(pairs) -> None:
@@ -34,7 +34,7 @@ def assign_pairs(pairs) -> None:
     for variable, value in pairs:
         if not _compat.restore_components(variable, value):
             with tf.init_scope():
-                variable.assign(value, read_value=False)
+                _compat.assign_whole(variable, value)
 
 
 def start_fresh(obj, variables, the_plan: _match.Plan | None) -> None:

@@ -49,6 +49,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import tensorflow as tf
+
 from objckpt import _compat, errors
 from objckpt._base import paths as _paths
 from objckpt._base import render as _render
@@ -89,7 +91,8 @@ def make_plan(source: Source, obj, variables, *, rules=(), at=None,
                                mismatched=labelled(result.mismatched, targets),
                                _labels={p: targets.display(p, owners) for p in targets.paths},
                                _slot_owners=owners,
-                               _stacks={g.full: g for g in stacks.values()})
+                               _stacks={g.full: g for g in stacks.values()},
+                               _parts=dict(source.parts))
 
 
 def optimizer_mode(optimizer_state):
@@ -204,6 +207,8 @@ class _Work:
     kinds: set = dataclasses.field(default_factory=set)  # the obj's class names (its MRO)
     # Keys that stand for the entries a Stack rule makes one variable of (`_stacking`).
     stacks: dict = dataclasses.field(default_factory=dict)
+    # target -> the transform taking its slice of a partitioned key (`_parts`)
+    slices: dict = dataclasses.field(default_factory=dict)
 
     def canon(self, full: str) -> str:
         """The key a tensor is stored under (a network alias names the same tensor)."""
@@ -216,6 +221,7 @@ def _match(source: Source, targets: Targets, view: dict, rules, optimizer_state,
                  stacks=dict(stacks or {}))
     _claim(work)  # exact, rules, underscores, names; optimizer entries set aside
     _choose(work)  # one key per target, or ambiguous
+    _parts(work)  # parts tracked one by one (make_template's), each its slice of one key
     if source.kind != "name":  # saved names, then structure, over what is left
         work.unmatched, note = match_structure(
             source, targets, view, work.unmatched, work.chosen, work.ambiguous,
@@ -365,6 +371,36 @@ def _choose(work: _Work) -> None:
         work.unmatched.extend(k for rank, k, _, _ in entries if rank != best)
 
 
+def _parts(work: _Work) -> None:
+    """Variables that are parts of a TF1 partitioned variable TF tracks part by part
+    (`tf.compat.v1.make_template`'s: `e.Spart_0`, `e.Spart_1`), fed by the one key a Saver
+    wrote for the whole (its name, as stored or as a rule rewrote it): each its slice."""
+    if not work.unmatched:
+        return
+    names = {work.rewritten.get(key, (key, None))[0]: key for key in work.unmatched}
+    fed = set()
+    for path, variable in work.targets.paths.items():
+        part = None if path in work.chosen else _compat.part_of(variable)
+        key = None if part is None else names.get(part[0])
+        if key is None or tuple(work.source.specs[work.view[key]][0]) != part[1]:
+            continue
+        rule = work.rewritten.get(key, (key, None))[1]
+        work.chosen[path] = (key, "part", rule)
+        work.slices[path] = _Slice(part[2], part[3])
+        fed.add(key)
+    work.unmatched = [key for key in work.unmatched if key not in fed]
+
+
+class _Slice:
+    """The transform taking one part's slice (offsets, shape) of a whole stored tensor."""
+
+    def __init__(self, begin, size):
+        self.begin, self.size = list(begin), list(size)
+
+    def __call__(self, value):
+        return tf.slice(value, self.begin, self.size)
+
+
 def _optimizer(work: _Work) -> None:
     """Optimizer entries set aside by `_claim`: moved by owner, skipped or unmatched."""
     left, targets, view = work.optimizer_left, work.targets, work.view
@@ -479,6 +515,7 @@ def _result(work: _Work) -> Plan:
             mismatched.append(f"{targets.label(target)}: {work.stacks[key].problem}")
             continue
         transform = None if rule is None or key in work.stacks else rule.transform
+        transform = work.slices.get(target, transform)
         match, problem = check_match(Match(target, view[key], strategy, str(rule) if rule else "",
                                         transform),
                                   source, targets.paths[target], shown,

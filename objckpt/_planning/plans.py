@@ -43,8 +43,10 @@ class Match:
         layer, by role and shape), "export order" (a Keras `model.export`'s
         flat `variables/<i>` list whose saved names do not tell variables
         apart, in `model.variables` order, all or nothing, every shape and
-        dtype checked in that order) or "slot" (optimizer state, by the
-        variable it belongs to).
+        dtype checked in that order), "slot" (optimizer state, by the
+        variable it belongs to) or "part" (one part of a TF1 partitioned
+        variable that TF tracks part by part, `tf.compat.v1.make_template`'s:
+        its slice of the one key a Saver wrote for the whole).
       rule: the rule that rewrote the key, described (`rule 0 ('^model_001/'
         -> '')`), or "".
       cast: the dtype cast the value gets on its way into the variable, as the casting
@@ -110,6 +112,8 @@ class Plan:
     # {source key: _stacking.Stacked} of the keys that stand for entries a Stack rule
     # stacks into one variable
     _stacks: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    # {source key: how it is stored} of the keys stored in slices (`Source.parts`)
+    _parts: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     def opened(self, src):
         """The source `src` as this plan reads it: where its rules stack entries into one
@@ -183,8 +187,9 @@ class Plan:
         lines.append(f"  {'variable'.ljust(width)}  {'strategy'.ljust(kind)}  source")
         for m, target in zip(self.matches, targets):
             rule = f"  [{text(m.rule)}]" if m.rule else ""
+            parts = f"  [{text(self._parts[m.source])}]" if m.source in self._parts else ""
             lines.append(f"  {target.ljust(width)}  {m.strategy.ljust(kind)}  "
-                         f"{safe(m.source)}{rule}")
+                         f"{safe(m.source)}{parts}{rule}")
         sections = [
             ("variables with no source", [self._row(p) for p in self.unmatched_variables]),
             ("source entries matching nothing",

@@ -73,6 +73,10 @@ class Source:
     # names (what `_match` tries as `at=` when the obj does not fit the root, so a source
     # of 200,000 top-level names costs linear time). None: every top-level name may.
     holding: Callable | None = None
+    # {key: how its tensor is stored} of the keys a TF checkpoint stores in slices (a TF1
+    # partitioned variable, a sharded one): "saved in 3 parts of rows [0:4) [4:7) [7:10)",
+    # shown beside the key in plans; still one logical tensor, read whole or by slice.
+    parts: dict = dataclasses.field(default_factory=dict)
 
 
 def _top_names(keys) -> list[str]:
