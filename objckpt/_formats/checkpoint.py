@@ -169,8 +169,10 @@ def listing(path: str) -> dict:
 
 class _Values:
     """A tensor's values as NumPy straight from its data shard's byte range (validated by
-    the index, its crc32c checked); strings decoded from TF's framing. Only a TF1
-    partitioned variable (its slices assembled) or a variant is read with TF's reader."""
+    the index, its crc32c checked); strings decoded from TF's framing; a partitioned tensor
+    (a sharded variable, a TF1 partitioned one) joined from its slices. Only a variant, or
+    a partitioned tensor whose slices the index does not list as TF encodes them, is read
+    with TF's reader."""
 
     # NumPy's reading of each stored dtype (little-endian, as TF writes them); bfloat16 is
     # read as its 16 bits and widened to float32, float8 through ml_dtypes.
@@ -186,14 +188,16 @@ class _Values:
         import numpy as np  # only when values are compared: `inspect` never imports it
 
         entry = self.index.entries[key]
-        if entry.slices and entry.dtype in self.NUMPY and entry.dtype not in (14, 24, 25) \
+        if entry.slices and entry.dtype in self.NUMPY \
                 and all((key, extents) in self.index.sliced for extents in entry.slices):
-            return self._assembled(key, entry)  # a sharded variable: its slices joined
-        if entry.slices or entry.dtype == 21:  # partitioned otherwise, variant: TF's reader
+            values = self._assembled(key, entry)  # a sharded variable: its slices joined
+        elif entry.slices or entry.dtype == 21:  # partitioned otherwise, variant: TF's reader
             return self._with_tf(key)
-        if entry.dtype == 7:  # string
+        elif entry.dtype == 7:  # string
             return np.array(_objgraph.read_strings(self.index, key) or [], dtype=object)
-        values = np.frombuffer(_objgraph.read_bytes(self.index, key), self.NUMPY[entry.dtype])
+        else:
+            values = np.frombuffer(_objgraph.read_bytes(self.index, key),
+                                   self.NUMPY[entry.dtype])
         if entry.dtype == 14:  # bfloat16: widened to float32, as TF converts it
             return (values.astype(np.uint32) << 16).view(np.float32)
         if entry.dtype in self._FLOAT8:
