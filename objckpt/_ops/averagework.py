@@ -214,7 +214,8 @@ class Work:
 
     def _assign(self, variable, path, value) -> None:
         if _compat.is_sharded(variable):
-            self._assign_shards(variable, path, value)
+            if _assign_shards(self.log, variable, path, value):
+                self.assigned += 1
             return
         if self.log is not None:  # first: the old value safe on disk
             # a distributed variable's replicas one by one (a SyncOnRead one's replicas
@@ -226,42 +227,6 @@ class Work:
                 self.log.record(logged, path if parts is None else f"{path} (replica {i})")
         variable.assign(value, read_value=False)
         self.assigned += 1
-
-    def _assign_shards(self, variable, path, value) -> None:
-        """A sharded variable's value (whole, or one shard's rows: `_Rows`) assigned shard by
-        shard, each shard's old value logged first (read where it lives)."""
-        parts = _compat.shards(variable)
-        if isinstance(value, _Rows):
-            given = [(value.shard, value.value)]
-        else:
-            layout = _compat.shard_layout(variable)
-            given = [(j, value[o:o + r])
-                     for j, (o, r) in enumerate(zip(layout.offsets, layout.rows))]
-        for j, rows in given:
-            if self.log is not None:
-                self.log.record(parts[j], f"{path} (shard {j})")
-            parts[j].assign(rows, read_value=False)
-            if j == 0:
-                self.assigned += 1
-
-    def _shard_means(self, variables, path):
-        """`_Rows` of a sharded variable's mean, one shard at a time: every source's rows
-        of it read by TF (`RestoreV2` of that slice, whatever shard count wrote them, each
-        slice's checksum checked by TF's reader), added in float64 and rounded once."""
-        variable = variables[path]
-        dtype = variable.dtype.base_dtype
-        weighted = [k for k in range(len(self.shares)) if self.shares[k]]
-        jobs = {k: _sharded.jobs([self.row_keys[(k, path)][1]], [dtype], [variable], [path])
-                for k in weighted}
-        for j, part in enumerate(_compat.shards(variable)):
-            mean = _meanstream.Mean(tuple(part.shape), self.shares, self.workspace)
-            for k in weighted:
-                self.reading[0] = k
-                rows = _sharded.read_slice(self.row_keys[(k, path)][0], jobs[k][j])
-                self.reading[0] = None
-                mean.add(k, rows.numpy())
-                del rows
-            yield _Rows(j, mean.result(dtype.as_numpy_dtype))
 
     def undo(self, err) -> None:
         """After a failure on the streamed route: every variable assigned so far gets its
@@ -351,7 +316,8 @@ class Work:
         weighted = [k for k in range(len(self.shares)) if self.shares[k]]
         for path in self.means:
             if by_shard and all((k, path) in self.row_keys for k in weighted):
-                yield from ((path, rows) for rows in self._shard_means(variables, path))
+                yield from ((path, rows) for rows in _shard_means(
+                    self.row_keys, self.shares, self.workspace, self.reading, variables, path))
             else:
                 yield path, self._mean(pipe, variables, path)
         for path, match in self.taken.items():
@@ -380,6 +346,44 @@ class Work:
         """AverageReport's fields, in order."""
         return (tuple(self.means), tuple(self.taken), self.skipped, tuple(self.shares),
                 tuple(src.description for src, _ in plans), self.taken_from, self.notes)
+
+
+def _assign_shards(log, variable, path, value) -> bool:
+    """A sharded variable's value (whole, or one shard's rows: `_Rows`) assigned shard by
+    shard, each shard's old value logged first (read where it lives). Returns whether its
+    first shard was assigned (the variable counts as assigned)."""
+    parts = _compat.shards(variable)
+    if isinstance(value, _Rows):
+        given = [(value.shard, value.value)]
+    else:
+        layout = _compat.shard_layout(variable)
+        given = [(j, value[o:o + r]) for j, (o, r) in enumerate(zip(layout.offsets, layout.rows))]
+    for j, rows in given:
+        if log is not None:
+            log.record(parts[j], f"{path} (shard {j})")
+        parts[j].assign(rows, read_value=False)
+    return given[0][0] == 0
+
+
+def _shard_means(row_keys, shares, workspace, reading, variables, path):
+    """`_Rows` of a sharded variable's mean, one shard at a time: every source's rows of it
+    read by TF (`RestoreV2` of that slice, whatever shard count wrote them, each slice's
+    checksum checked by TF's reader), added in float64 and rounded once. `row_keys`:
+    (source index, path) -> (prefix, key); `reading[0]` names the source being read."""
+    variable = variables[path]
+    dtype = variable.dtype.base_dtype
+    weighted = [k for k in range(len(shares)) if shares[k]]
+    jobs = {k: _sharded.jobs([row_keys[(k, path)][1]], [dtype], [variable], [path])
+            for k in weighted}
+    for j, part in enumerate(_compat.shards(variable)):
+        mean = _meanstream.Mean(tuple(part.shape), shares, workspace)
+        for k in weighted:
+            reading[0] = k
+            rows = _sharded.read_slice(row_keys[(k, path)][0], jobs[k][j])
+            reading[0] = None
+            mean.add(k, rows.numpy())
+            del rows
+        yield _Rows(j, mean.result(dtype.as_numpy_dtype))
 
 
 class _Rows:

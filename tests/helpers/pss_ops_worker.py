@@ -19,7 +19,7 @@ import numpy as np
 
 import pss_worker as base  # the cluster, the model and its ClusterCoordinator loop
 
-tf, keras = base.tf, base.keras
+tf = base.tf
 
 import objckpt  # noqa: E402
 from objckpt import errors  # noqa: E402

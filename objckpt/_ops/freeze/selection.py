@@ -8,6 +8,7 @@ reads when it runs, so that changing it never retraces.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Iterable
 
@@ -117,7 +118,7 @@ class FrozenMask:
         # Under ParameterServerStrategy the workers' steps read the frozen set: it lives on
         # a parameter server there.
         device = _compat.mask_device(self.variables)
-        with tf.init_scope(), tf.device(device):
+        with tf.init_scope(), (contextlib.nullcontext() if device is None else tf.device(device)):
             self.mask = tf.Variable(tf.zeros([len(self.paths)], tf.bool), trainable=False,
                                     name="objckpt_frozen")
             self.any = tf.Variable(False, trainable=False, name="objckpt_any_frozen")
