@@ -5,7 +5,8 @@ The first tests make sharded variables directly on this process's CPU (TF has no
 outside a cluster), named as a partitioner names them (`table/part_0`, which tf_keras's
 optimizers read); the last ones run tests/helpers/pss_ops_worker.py on a real in-process
 cluster (2 workers, 2 parameter servers) with a tf_keras (or Keras 2) model trained by a
-`ClusterCoordinator` loop. The oracles are TF's own restore, TF's reader and NumPy.
+`ClusterCoordinator` loop, and with Keras 3 models (which build sharded weights there but cannot
+train them). The oracles are TF's own restore, TF's reader and NumPy.
 """
 
 from __future__ import annotations
@@ -288,9 +289,7 @@ def _trained_flavour() -> str:
     return "tf_keras"
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    flavour = _trained_flavour()
+def _on_cluster(tmp_path_factory, flavour: str) -> dict:
     folder = tmp_path_factory.mktemp("pssops")
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
                TF_USE_LEGACY_KERAS="1" if flavour == "tf_keras" else "0")
@@ -302,6 +301,18 @@ def cluster(tmp_path_factory):
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert done.returncode == 0 and lines, done.stderr[-4000:]
     return json.loads(lines[-1][len("RESULT "):])
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    return _on_cluster(tmp_path_factory, _trained_flavour())
+
+
+@pytest.fixture(scope="module")
+def keras3_cluster(tmp_path_factory):
+    if flavours.session_flavour() != "keras3":
+        pytest.skip("Keras 3 is not this session's Keras")
+    return _on_cluster(tmp_path_factory, "keras3")["keras3"]
 
 
 @pytest.mark.subprocess
@@ -343,3 +354,21 @@ def test_average_on_the_parameter_servers(cluster, target):
     assert got["rows"] == ([6, 6] if target == "sharded" else [12])
     assert got["max_error"] < 1e-6
     assert got["within_one_ulp"], "the NumPy mean of TF-read values, rounded once"
+
+
+@pytest.mark.subprocess
+@pytest.mark.slow
+def test_keras3_sharded_weights_frozen_loaded_and_averaged(keras3_cluster):
+    """Keras 3 builds sharded weights under ParameterServerStrategy (it cannot train them):
+    a Freezer selects one whole by its layer; checkpoints of 1, 2 and 3 shards load into an
+    ensemble of 3-shard members and average into a 2-shard model."""
+    got = keras3_cluster
+    assert got["sharded"] == ["_functional/_operations/1/_embeddings",
+                              "_functional/_operations/2/_kernel"]
+    assert got["names"] == ["sequential/embed/embeddings", "sequential/head/kernel",
+                            "sequential/head/bias"]
+    assert got["frozen"] == ["_functional/_operations/1/_embeddings"]
+    assert got["ensemble_equal_to_tf_reader"]
+    assert got["ensemble_rows"] == [[4, 4, 4], [2, 1, 1]] * 3
+    assert got["averaged"] == sorted(got["paths"])
+    assert got["average_within_one_ulp"], "the NumPy mean of TF-read values, rounded once"

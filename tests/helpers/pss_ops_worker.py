@@ -3,7 +3,10 @@ cluster (2 workers and 2 parameter servers on local ports, this process the coor
 `pss_worker.start_cluster`) with a tf_keras (or Keras 2) embedding model whose variables are
 sharded, and prints the results as one JSON line for tests/distributed/test_sharded_ops.py.
 
-    python tests/helpers/pss_ops_worker.py FOLDER [tf_keras | keras2]
+    python tests/helpers/pss_ops_worker.py FOLDER [tf_keras | keras2 | keras3]
+
+Keras 3 cannot train with sharded variables: its run selects, loads and averages them
+(`keras3_main`).
 
 The oracles are TF's: `tf.train.Checkpoint` of the live objects read back by TF's reader, TF's
 own restore into a fresh model, and NumPy on the values TF reads.
@@ -22,7 +25,7 @@ import pss_worker as base  # the cluster, the model and its ClusterCoordinator l
 tf = base.tf
 
 import objckpt  # noqa: E402
-from objckpt import errors  # noqa: E402
+from objckpt import _compat, errors  # noqa: E402
 
 EMBED = "model/layer_with_weights-0/embeddings"
 
@@ -163,8 +166,54 @@ def average_main(folder: str, resolver) -> dict:
     return out
 
 
+def logical(variable) -> np.ndarray:
+    """A variable's value, read shard by shard (not by objckpt)."""
+    parts = variable.variables if _compat.is_sharded(variable) else [variable]
+    return np.concatenate([np.asarray(p.numpy()) for p in parts])
+
+
+def keras3_main(folder: str, resolver) -> dict:
+    """Keras 3 builds sharded variables under ParameterServerStrategy but cannot train with
+    them: a Freezer still selects a sharded weight whole; checkpoints of Keras 3 models in 1,
+    2 and 3 shards (written by objckpt: TF's saver cannot save them) load into an ensemble
+    and average into a model of another layout, against TF's reader and NumPy."""
+    model = base.build_keras3(base.strategy_of(resolver, 2))
+    freezer = objckpt.Freezer(model)
+    table = dict(objckpt.tree(model))
+    out = {"paths": list(freezer.paths), "names": list(freezer.names),
+           "frozen": list(freezer.freeze(model.get_layer("embed"))),
+           "sharded": [p for p, v in table.items() if _compat.is_sharded(v)]}
+    prefixes = [objckpt.save(base.build_keras3(base.strategy_of(resolver, shards)),
+                             os.path.join(folder, f"k3-{shards}"))
+                for shards in (1, 2, 3)]
+    readers = [tf.train.load_checkpoint(p) for p in prefixes]
+    key = "{}/.ATTRIBUTES/VARIABLE_VALUE".format
+    ensemble = objckpt.load_ensemble(base.build_keras3(base.strategy_of(resolver, 3)),
+                                     prefixes)
+    out["ensemble_equal_to_tf_reader"] = all(
+        logical(v).tobytes() == reader.get_tensor(key(path)).tobytes()
+        for member, reader in zip(ensemble.members, readers)
+        for path, v in objckpt.tree(member).items())
+    out["ensemble_rows"] = [[int(p.shape[0]) for p in v.variables]
+                            for m in ensemble.members for v in objckpt.tree(m).values()
+                            if _compat.is_sharded(v)]
+    target = base.build_keras3(base.strategy_of(resolver, 2))
+    report = objckpt.average(target, prefixes)
+    out["averaged"] = sorted(report.averaged)
+    out["average_within_one_ulp"] = True
+    for path, variable in objckpt.tree(target).items():
+        expected = np.mean([r.get_tensor(key(path)).astype("float64") for r in readers],
+                           axis=0).astype("float32")
+        got = logical(variable)
+        out["average_within_one_ulp"] &= bool(np.all(np.abs(got - expected)
+                                                     <= np.spacing(np.abs(expected))))
+    return out
+
+
 def main(folder: str) -> dict:
     resolver, _servers = base.start_cluster()
+    if base.FLAVOUR == "keras3":
+        return {"keras3": keras3_main(folder, resolver)}
     return {"freezer": freezer_main(resolver), "ensemble": ensemble_main(folder, resolver),
             "average": average_main(folder, resolver)}
 
