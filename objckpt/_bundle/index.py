@@ -694,6 +694,8 @@ def slice_key(key: bytes):
             return None
         rank = int.from_bytes(key[pos + 1:pos + 1 + size], "big")
         pos += 1 + size
+        if 2 * rank > len(key) - pos:  # each extent takes two numbers of a byte or more
+            return None
         extents = []
         for _ in range(rank):
             start, pos = _ordered_signed(key, pos)
@@ -734,7 +736,9 @@ def _ordered_signed(key: bytes, pos: int) -> tuple[int, int]:
     xor = 0 if key[pos] & 0x80 else _M64
     first = key[pos] ^ (xor & 0xff)
     if first != 0xff:
-        length = 7 - ((first ^ 0xff).bit_length() - 1)
+        length = 8 - (first ^ 0xff).bit_length()
+        if length < 1:
+            raise ValueError("no number here")
         value = xor
         for byte in key[pos:pos + length]:
             value = ((value << 8) | byte) & _M64
