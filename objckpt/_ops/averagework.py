@@ -3,7 +3,9 @@ planned: `Work.decide` sorts the variables (averaged, taken from one source, ski
 checks the plans against each other; `Work` then computes each mean (streamed from local
 TF checkpoints through `meanstream.stream_mean`, else added whole into a float64
 `meanstream.Mean`) and assigns it, held for a small model or one variable at a time behind
-the undo log for a large one.
+the undo log for a large one. A sharded variable's mean (ParameterServerStrategy) is computed
+and assigned there one shard at a time from local TF checkpoints (`_shard_means`: each
+source's rows of that shard read by TF, whatever shard count wrote them).
 """
 
 from __future__ import annotations
