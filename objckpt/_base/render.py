@@ -153,7 +153,8 @@ def inspect_json(entries) -> dict:
         "variables": [
             {"path": path, "network_path": _shown(path, entry), "shape": list(entry.shape),
              "dtype": entry.dtype.name, "nbytes": entry.nbytes, "key": entry.key,
-             "name": entry.name}
+             "name": entry.name,
+             **({"layout": entry.layout} if getattr(entry, "layout", "") else {})}
             for path, entry in entries.items()],
         "total": {"variables": len(entries),
                   "parameters": sum(elements(e.shape) for e in entries.values()),
@@ -191,12 +192,13 @@ def inspect_text(entries) -> str:
                 variables, nbytes = totals[node]
                 rows.append(("  " * (depth - 1) + safe(parts[depth - 1]) + "/",
                              count(variables, "variable"), "", size(nbytes)))
-        rows.append(("  " * (len(parts) - 1) + safe(parts[-1]) + _saved(path, entry),
+        rows.append(("  " * (len(parts) - 1) + safe(parts[-1]) + _saved(path, entry)
+                     + _layout(entry),
                      shape(entry.shape), entry.dtype.name, size(entry.nbytes)))
     if slots:
         rows.append(("optimizer slots (<variable>/.OPTIMIZER_SLOT/<optimizer>/<slot>):", "", "",
                      size(sum(e.nbytes for e in slots.values()))))
-        rows.extend(("  " + safe(p) + _saved(p, e), shape(e.shape), e.dtype.name,
+        rows.extend(("  " + safe(p) + _saved(p, e) + _layout(e), shape(e.shape), e.dtype.name,
                      size(e.nbytes)) for p, e in slots.items())
     params = sum(elements(e.shape) for e in entries.values())
     kind = (" (name-based, TF1 Saver: variables by global name)"
@@ -216,6 +218,12 @@ def inspect_text(entries) -> str:
 
 def _saved(path: str, entry) -> str:
     return saved_name(path, getattr(entry, "name", ""))
+
+
+def _layout(entry) -> str:
+    """A partitioned tensor's layout beside its path ("  [2 shards of rows [0:5) [5:10)]")."""
+    layout = getattr(entry, "layout", "")
+    return f"  [{layout}]" if layout else ""
 
 
 _DEFAULT_NAME = re.compile(r"Variable(_[0-9]+)?(:0)?")  # what TF names an unnamed tf.Variable

@@ -40,7 +40,7 @@ __all__ = ["OBJECT_GRAPH_KEY", "Entry", "Index", "WireError", "check_graph", "co
            "dtype_size", "expect_wire", "fields", "graph_problems", "int32", "open_file",
            "path_chars",
            "read_index", "regular_file_problem", "saved_under", "shard_name", "singular",
-           "stat_problem", "varint"]
+           "slice_key", "stat_problem", "varint"]
 
 OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 _MAGIC = 0xDB4775248B80FB57
@@ -110,14 +110,19 @@ class Entry:
 
 
 class Index:
-    """A validated index: `entries` (name -> Entry, in key order), `num_shards`, and
-    `beyond` (name -> problem: entries past the end of a truncated data shard)."""
+    """A validated index: `entries` (name -> Entry, in key order), `num_shards`, `beyond`
+    (name -> problem: entries past the end of a truncated data shard), and `sliced`
+    ((tensor name, extents) -> Entry: the stored slices of partitioned tensors, each an
+    entry of its own under a binary key, the extents as its tensor's `Entry.slices` lists
+    them)."""
 
-    __slots__ = ("beyond", "entries", "num_shards", "prefix")
+    __slots__ = ("beyond", "entries", "num_shards", "prefix", "sliced")
 
-    def __init__(self, prefix: str, num_shards: int, entries: dict, beyond: dict):
+    def __init__(self, prefix: str, num_shards: int, entries: dict, beyond: dict,
+                 sliced: dict | None = None):
         self.prefix, self.num_shards, self.entries = prefix, num_shards, entries
         self.beyond = beyond
+        self.sliced = {} if sliced is None else sliced
 
 
 # --- files -----------------------------------------------------------------------------
@@ -535,7 +540,7 @@ def read_index(prefix: str, *, data: bool = True) -> Index:
     path = prefix + ".index"
     try:
         buf = _read_file(path, _MAX_INDEX_BYTES)
-        num_shards, entries, slices = _parse_table(buf)
+        num_shards, entries, slices, sliced = _parse_table(buf)
     except _Bad as err:
         raise _corrupt(path, None, str(err)) from None
     sizes, beyond = {}, {}
@@ -557,7 +562,7 @@ def read_index(prefix: str, *, data: bool = True) -> Index:
     for shard in range(num_shards):
         if shard not in sizes:
             sizes[shard] = _shard_size(prefix, shard, num_shards)
-    return Index(prefix, num_shards, entries, beyond)
+    return Index(prefix, num_shards, entries, beyond, sliced)
 
 
 def _framing_problem(prefix: str, entry: Entry, num_shards: int) -> str | None:
@@ -630,6 +635,7 @@ def _parse_table(buf) -> tuple[int, dict, dict]:
     index = _block(buf, index_offset, index_size, footer, "index")
     entries: dict = {}
     slices: dict = {}
+    sliced: dict = {}
     num_shards = last = None
     previous_limit = 0
     for separator, value_start, value_end in _block_entries(buf, *index, "index"):
@@ -659,9 +665,97 @@ def _parse_table(buf) -> tuple[int, dict, dict]:
                     raise _Bad(f"tensor name {_show(key)} is not UTF-8") from None
                 # A slice of a partitioned tensor: TF encodes its key in binary.
                 slices[_show(key)] = entry
+                decoded = slice_key(key)
+                if decoded is not None:
+                    sliced[decoded] = entry
     if num_shards is None:
         raise _Bad("it has no header entry (the empty key)")
-    return num_shards, entries, slices
+    return num_shards, entries, slices, sliced
+
+
+# TF's OrderedCode (tensorflow/core/lib/strings/ordered_code.cc): a signed number's header
+# bits by encoded length, removed when it is read.
+_LENGTH_TO_MASK = (0, 0x80, 0xc000, 0xe00000, 0xf0000000, 0xf800000000, 0xfc0000000000,
+                   0xfe000000000000, 0xff00000000000000, 0x8000000000000000, 0)
+_M64 = (1 << 64) - 1
+
+
+def slice_key(key: bytes):
+    """(tensor name, extents) of a slice's binary key, as TF's `EncodeTensorNameSlice`
+    writes it (OrderedCode: 0, the name, the rank, then each axis' start and length, -1 for
+    a whole axis); None for bytes that are not one."""
+    try:
+        pos = 1 if key[:1] == b"\x00" else None  # WriteNumIncreasing(0)
+        if pos is None:
+            return None
+        name, pos = _ordered_string(key, pos)
+        size = key[pos]
+        if size > 8:
+            return None
+        rank = int.from_bytes(key[pos + 1:pos + 1 + size], "big")
+        pos += 1 + size
+        if 2 * rank > len(key) - pos:  # each extent takes two numbers of a byte or more
+            return None
+        extents = []
+        for _ in range(rank):
+            start, pos = _ordered_signed(key, pos)
+            length, pos = _ordered_signed(key, pos)
+            extents.append((start, length))
+        if pos != len(key):
+            return None
+        return name.decode("utf-8"), tuple(extents)
+    except (IndexError, ValueError, UnicodeDecodeError):
+        return None
+
+
+def _ordered_string(key: bytes, pos: int) -> tuple[bytes, int]:
+    """OrderedCode's string: 0x00 0xff is a 0 byte, 0xff 0x00 a 0xff byte, 0x00 0x01 ends."""
+    out = bytearray()
+    while True:
+        byte = key[pos]
+        if byte == 0x00:
+            following = key[pos + 1]
+            if following == 0x01:
+                return bytes(out), pos + 2
+            if following != 0xff:
+                raise ValueError("not an escaped string")
+            out.append(0)
+            pos += 2
+        elif byte == 0xff:
+            if key[pos + 1] != 0x00:
+                raise ValueError("not an escaped string")
+            out.append(0xff)
+            pos += 2
+        else:
+            out.append(byte)
+            pos += 1
+
+
+def _ordered_signed(key: bytes, pos: int) -> tuple[int, int]:
+    """OrderedCode's signed number (`ReadSignedNumIncreasing`)."""
+    xor = 0 if key[pos] & 0x80 else _M64
+    first = key[pos] ^ (xor & 0xff)
+    if first != 0xff:
+        length = 8 - (first ^ 0xff).bit_length()
+        if length < 1:
+            raise ValueError("no number here")
+        value = xor
+        for byte in key[pos:pos + length]:
+            value = ((value << 8) | byte) & _M64
+        if pos + length > len(key):
+            raise ValueError("cut short")
+    else:
+        second = key[pos + 1] ^ (xor & 0xff)
+        length = 8
+        if second >= 0x80:
+            length = 9 if second < 0xc0 else 10
+            if length == 10 and not (second == 0xc0 and (key[pos + 2] ^ (xor & 0xff)) < 0x80):
+                raise ValueError("too long")
+        if pos + length > len(key):
+            raise ValueError("cut short")
+        value = int.from_bytes(key[pos + length - 8:pos + length], "big")
+    value ^= _LENGTH_TO_MASK[length]
+    return (value - (1 << 64) if value >= 1 << 63 else value), pos + length
 
 
 def _show(key: bytes) -> str:

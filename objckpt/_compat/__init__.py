@@ -15,7 +15,8 @@ in TF internals or a new Keras flavour is handled in this package alone (`lint-i
 - `layout`: Keras 3's weights-file layout of a live obj (`layers/dense/vars/0`);
 - `h5names`: the layer and weight names Keras's HDF5 `save_weights` gives a live obj;
 - `derived`: state Keras layers derive from variables, refreshed after objckpt writes;
-- `freezing`: whether the graph a Freezer is traced into is XLA-compiled;
+- `freezing`: whether the graph a Freezer is traced into is XLA-compiled; sharded variables
+  frozen whole (their shards' aliases, where the frozen set lives);
 - `fit`: whether a value fits a variable (shape, dtype): the one rule of every check;
 - `dtypes`: ml_dtypes' bfloat16 and float8 arrays as this TF's NumPy types (TF 2.12's own);
 - `sharded`: sharded variables (ParameterServerStrategy) as one logical variable: shards,
@@ -66,7 +67,8 @@ _WHERE = {
     "h5names": ("keras_h5_weights",),
     "derived": ("delegated_copies", "derived_hooks", "layer_hooks", "lora_factors",
         "owned_positions", "refresh_derived_state", "refresh_hooks", "saving_as_loaded"),
-    "freezing": ("in_xla_context",),
+    "freezing": ("in_xla_context", "mask_device", "part_aliases", "shard_aliases",
+        "sharded_trainable"),
     "fit": ("CASTS", "cast_of", "cast_value", "check_cast", "fits", "lossless", "misfit"),
     "dtypes": ("numpy_dtype", "tf_array", "tf_dtype"),
     "partitioned": ("assign_whole", "is_partitioned", "part_of", "partition_axis",

@@ -191,8 +191,10 @@ def listing(path: str) -> dict:
 
 class _Values:
     """A tensor's values as NumPy straight from its data shard's byte range (validated by
-    the index, its crc32c checked); strings decoded from TF's framing. Only a TF1
-    partitioned variable (its slices assembled) or a variant is read with TF's reader."""
+    the index, its crc32c checked); strings decoded from TF's framing; a partitioned tensor
+    (a sharded variable, a TF1 partitioned one) joined from its slices. Only a variant, or
+    a partitioned tensor whose slices the index does not list as TF encodes them, is read
+    with TF's reader."""
 
     # NumPy's reading of each stored dtype (little-endian, as TF writes them); bfloat16 is
     # read as its 16 bits and widened to float32, float8 through ml_dtypes.
@@ -208,11 +210,16 @@ class _Values:
         import numpy as np  # only when values are compared: `inspect` never imports it
 
         entry = self.index.entries[key]
-        if entry.slices or entry.dtype == 21:  # partitioned, variant: TF's reader
+        if entry.slices and entry.dtype in self.NUMPY \
+                and all((key, extents) in self.index.sliced for extents in entry.slices):
+            values = self._assembled(key, entry)  # a sharded variable: its slices joined
+        elif entry.slices or entry.dtype == 21:  # partitioned otherwise, variant: TF's reader
             return self._with_tf(key)
-        if entry.dtype == 7:  # string
+        elif entry.dtype == 7:  # string
             return np.array(_objgraph.read_strings(self.index, key) or [], dtype=object)
-        values = np.frombuffer(_objgraph.read_bytes(self.index, key), self.NUMPY[entry.dtype])
+        else:
+            values = np.frombuffer(_objgraph.read_bytes(self.index, key),
+                                   self.NUMPY[entry.dtype])
         if entry.dtype == 14:  # bfloat16: widened to float32, as TF converts it
             return (values.astype(np.uint32) << 16).view(np.float32)
         if entry.dtype in self._FLOAT8:
@@ -220,6 +227,35 @@ class _Values:
 
             return values.view(getattr(ml_dtypes, self._FLOAT8[entry.dtype]))
         return values
+
+    def _assembled(self, key: str, entry):
+        """A partitioned tensor (one slice per shard of a sharded variable, or of a TF1
+        partitioned one) read without TF: each slice's bytes, their crc32c checked, put in
+        place in the whole tensor."""
+        import numpy as np
+
+        out = np.zeros(entry.shape, self.NUMPY[entry.dtype])
+        for extents in entry.slices:
+            part = self.index.sliced[(key, extents)]
+            at = tuple(slice(0, dim) if length == -1 else slice(start, start + length)
+                       for (start, length), dim in zip(extents, entry.shape))
+            shape = tuple(s.stop - s.start for s in at)
+            path = _bundle.shard_name(self.prefix, part.shard, self.index.num_shards)
+            try:
+                with _bundle.open_file(path) as f:
+                    f.seek(part.offset)
+                    data = f.read(part.size)
+            except OSError as err:
+                raise _bundle.corrupt(path, key, f"a slice cannot be read "
+                                                 f"({_render.first_line(err)})") from err
+            if len(data) != part.size or len(data) != out[at].nbytes:
+                raise _bundle.corrupt(path, key, f"a slice holds {len(data)} bytes where "
+                                                 f"its shape {shape} needs {out[at].nbytes}")
+            if _objgraph.masked_crc32c(_objgraph.crc32c(data)) != part.crc32c:
+                raise _bundle.corrupt(path, key, f"the bytes of its slice {_spans(extents)} do "
+                                                 "not match their checksum (crc32c)")
+            out[at] = np.frombuffer(data, out.dtype).reshape(shape)
+        return out.reshape(-1)
 
     def _with_tf(self, key: str):
         tf = _tf()
@@ -232,6 +268,12 @@ class _Values:
                 f"{_render.first_line(err)}. Expected: a tensor as its index describes. Its "
                 "data file is damaged or truncated. Fix: write the checkpoint again, or compare "
                 "another one.", source=_remote.shown(self.prefix)) from err
+
+
+def _spans(extents) -> str:
+    """A slice's extents as spans: "[5:10) [0:4)" (":" for a whole axis)."""
+    return " ".join(":" if length == -1 else f"[{start}:{start + length})"
+                    for start, length in extents)
 
 
 def network_paths(graph) -> dict[int, str]:

@@ -351,6 +351,7 @@ def diff(a: str | os.PathLike, b: str | os.PathLike, *, rtol: float = 0.0,
             values.append(ValueDiff(path, largest, count, size))
         else:
             equal += 1
+    notes.extend(_layout_notes(pairs.matched, side_a, side_b))
     if cast:
         kinds = sorted({f"{d.a.split()[0]} in A, {d.b.split()[0]} in B" for d in cast})
         notes.append(f"{len(cast):,} path(s) differ in dtype by a lossless cast ("
@@ -372,6 +373,21 @@ def diff(a: str | os.PathLike, b: str | os.PathLike, *, rtol: float = 0.0,
                 tuple(shape_or_dtype), tuple(values), equal, tuple(notes), rtol, atol,
                 _names(shown, side_a, side_b), tuple(cast), pairs.rewritten,
                 {p: k for p, k in paired.items() if p in listed})
+
+
+def _layout_notes(matched, side_a: _Side, side_b: _Side) -> list[str]:
+    """A note for each compared path stored partitioned on either side (a sharded variable:
+    one key, one slice per shard): its layout on each side; it is compared whole."""
+    notes = []
+    for key_a, path in matched:
+        a = getattr(side_a.meta.get(key_a), "layout", "")
+        b = getattr(side_b.meta.get(path), "layout", "")
+        if a or b:
+            where = (f"{a} in A and B" if a == b else
+                     f"{a or 'one whole tensor'} in A, {b or 'one whole tensor'} in B")
+            notes.append(f"`{_render.safe(path)}` is stored as {where}: compared as one "
+                         "tensor, whole")
+    return notes
 
 
 def _rule_notes(pairs: _pairing.Pairs, rules) -> list[str]:

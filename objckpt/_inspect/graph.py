@@ -62,6 +62,7 @@ class _Node:
     shape: tuple | None = None
     dtype: str = ""
     nbytes: int = 0
+    layout: str = ""  # a partitioned (sharded) variable's: "2 shards of rows [0:5) [5:10)"
     name: str = ""  # the layer's (module's, optimizer's) own name, where known
     links: list = dataclasses.field(default_factory=list)  # slot: [(weight id, role)]
 
@@ -250,7 +251,8 @@ def _hide_empty(nodes: dict) -> int:
 
 
 def _load(source):
-    """(graph proto, {checkpoint key: (shape, dtype name, nbytes)}, classes, title, note)."""
+    """(graph proto, {checkpoint key: (shape, dtype name, nbytes, layout)}, classes, title,
+    note)."""
     if isinstance(source, (str, os.PathLike)):
         # A checkpoint is read without TF (`_meta`): `objckpt graph` answers in a second.
         from objckpt._bundle import objgraph as _objgraph
@@ -280,18 +282,23 @@ def _load(source):
     variables = _tree.tree(source)
     specs = {}
     for path, variable in variables.items():
-        specs[_paths.checkpoint_key(path)] = _spec(variable)
+        layout = _compat.shard_layout(variable).describe() if _compat.is_sharded(variable) \
+            else ""
+        specs[_paths.checkpoint_key(path)] = _spec(variable, layout)
     return proto, specs, classes, f"{type(source).__name__} (live obj)", ""
 
 
-def _spec(variable) -> tuple:
-    """(shape, dtype name, nbytes) of a variable: a live one (`tf.DType`) or a checkpoint's
-    (`_meta.Variable`, whose dtype has TF's `.name` and `.size`)."""
+def _spec(variable, layout: str | None = None) -> tuple:
+    """(shape, dtype name, nbytes, layout) of a variable: a live one (`tf.DType`; its
+    `layout` given) or a checkpoint's (`_meta.Variable`, whose dtype has TF's `.name` and
+    `.size`, and which knows its layout)."""
     dims = tuple(int(d) for d in variable.shape)
     count = 1
     for dim in dims:
         count *= dim
-    return dims, variable.dtype.name, count * variable.dtype.size
+    if layout is None:
+        layout = getattr(variable, "layout", "")
+    return dims, variable.dtype.name, count * variable.dtype.size, layout
 
 
 def _walk(proto, specs, live) -> dict[int, _Node]:
@@ -330,7 +337,8 @@ def _walk(proto, specs, live) -> dict[int, _Node]:
     for node in nodes.values():
         for attribute in proto.nodes[node.id].attributes:
             if attribute.name == _paths.VARIABLE_VALUE and attribute.checkpoint_key in specs:
-                node.shape, node.dtype, node.nbytes = specs[attribute.checkpoint_key]
+                node.shape, node.dtype, node.nbytes, node.layout = \
+                    specs[attribute.checkpoint_key]
                 if node.kind != "slot":
                     node.kind = "variable"
         if node.kind == "object" and optimizer(node.id, node.edge):
@@ -454,6 +462,8 @@ def _label(node: _Node, folded: list) -> list[str]:
         lines.append(node.class_name)
     if node.kind in ("variable", "slot") and node.shape is not None:
         lines.append(f"{_render.shape(node.shape)} {node.dtype}")
+        if node.layout:
+            lines.append(node.layout)
     if folded:
         objects = sum(1 for n in folded if n.kind not in ("variable", "slot"))
         variables = [n for n in folded if n.kind in ("variable", "slot")]

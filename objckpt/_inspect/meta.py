@@ -9,7 +9,10 @@ the object graph (`_objgraph`), all in pure Python, and lists every variable wit
   optimizer edges last, so a trained Keras 3 model's weight canonically at
   `optimizer/_trainable_variables/0` is shown at `_functional/_operations/1/_kernel`;
 - `name`: the variable's name when it was saved (`sequential/encoder/kernel`), or "";
-- `shape`, `dtype` (a `DType`: `.name`, `.size`, `.enum`, as TF names them), `key`.
+- `shape`, `dtype` (a `DType`: `.name`, `.size`, `.enum`, as TF names them), `key`;
+- `layout`: how a partitioned tensor is stored ("2 shards of rows [0:5) [5:10)": a sharded
+  variable of ParameterServerStrategy, or a TF1 partitioned variable, saved as one key with
+  one slice per shard), "" for a tensor stored whole. Everything else shows it whole.
 
 A name-based (TF1 `Saver`) checkpoint lists its tensors by global variable name (`path`,
 `shown` and `name` are the name). This is what the command line's `inspect`, `graph` and
@@ -29,7 +32,7 @@ from objckpt._bundle import remote as _remote
 from objckpt._formats import checkpoint as _checkpoint
 from objckpt._formats import registry as _formats
 
-__all__ = ["DType", "Metadata", "Variable", "dtype", "read"]
+__all__ = ["DType", "Metadata", "Variable", "dtype", "layout", "read"]
 
 _DTYPE_NAMES = {
     1: "float32", 2: "float64", 3: "int32", 4: "uint8", 5: "int16", 6: "int8", 7: "string",
@@ -54,6 +57,34 @@ def dtype(enum: int) -> DType:
     return DType(enum, _DTYPE_NAMES[enum], _bundle.dtype_size(enum))
 
 
+def layout(slices, shape) -> str:
+    """How a tensor of `shape` stored as `slices` (an index entry's: per slice, one
+    `(start, length)` extent per axis, length -1 for the whole axis) is split: "2 shards of
+    rows [0:5) [5:10)" (the words of objckpt's plans), "3 slices along axis 1 [0:2) ..."
+    (TF1 partitioners may split another axis), "4 slices" (several axes); "" unsliced."""
+    if not slices:
+        return ""
+    shape = tuple(shape)
+
+    def cut(extent, dim) -> bool:
+        start, length = extent
+        return not (length == -1 or (start == 0 and length == dim))
+
+    axes = sorted({axis for extents in slices for axis, (extent, dim)
+                   in enumerate(zip(extents, shape)) if cut(extent, dim)})
+    count = len(slices)
+    if len(axes) > 1:
+        return f"{count} slices"
+    axis = axes[0] if axes else 0
+    spans = sorted((e[axis][0], e[axis][0] + (shape[axis] if e[axis][1] == -1 else e[axis][1]))
+                   for e in slices)
+    text = " ".join(f"[{start}:{stop})" for start, stop in spans)
+    plural = "s" if count != 1 else ""
+    if axis == 0:
+        return f"{count} shard{plural} of rows {text}"
+    return f"{count} slice{plural} along axis {axis} {text}"
+
+
 class Variable(NamedTuple):
     """One variable of a checkpoint (see the module docstring)."""
 
@@ -63,6 +94,7 @@ class Variable(NamedTuple):
     dtype: DType
     key: str
     name: str = ""
+    layout: str = ""
 
     @property
     def nbytes(self) -> int:
@@ -134,10 +166,12 @@ def read(source: str | os.PathLike) -> Metadata:
       UnsupportedFormatError: a file in no format objckpt reads (`_formats`).
     """
     found = _formats.dispatch("list", source)
+    entries = getattr(found["index"], "entries", None) or {}  # a TF checkpoint's index
     # A format's dtype is TF's DataType enum, or (0, name, bytes per element) for one TF
     # lacks (safetensors' F8_E8M0, 4-bit floats: fractional sizes).
     return Metadata({v[0]: Variable(v[0], v[1], v[2], dtype(v[3]) if isinstance(v[3], int)
-                                    else DType(*v[3]), v[4], v[5])
+                                    else DType(*v[3]), v[4], v[5],
+                                    _layout_of(entries.get(v[4]), v[2]))
                      for v in found["variables"]}, found["prefix"], tuple(found["notes"]),
                     found["index"], found["graph"], found.get("description", ""),
                     found.get("read"))
@@ -145,3 +179,8 @@ def read(source: str | os.PathLike) -> Metadata:
 
 # node id -> the path people recognise (the TF checkpoint format's, `_formats.checkpoint`).
 network_paths = _checkpoint.network_paths
+
+
+def _layout_of(entry, shape) -> str:
+    slices = getattr(entry, "slices", None)
+    return layout(slices, shape) if slices else ""

@@ -21,6 +21,7 @@ from objckpt import errors
 from objckpt._base import render as _render
 from objckpt._formats import checkpoint_verify as _checkpoint_verify
 from objckpt._formats import registry as _formats
+from objckpt._inspect import meta as _meta
 
 __all__ = ["Problem", "VerifyReport", "tensor_problems", "verify"]
 
@@ -134,6 +135,25 @@ def verify(source) -> VerifyReport:
     """
     source = os.fspath(source)
     found = _formats.dispatch("verify", source)
+    notes = [*found.notes, *_layout_notes(found.prefixes)]
     return VerifyReport(source, tuple(found.prefixes) or (source,), found.tensors,
                         found.nbytes, tuple(Problem(*problem) for problem in found.problems),
-                        tuple(found.notes), found.checked)
+                        tuple(notes), found.checked)
+
+
+def _layout_notes(prefixes) -> list[str]:
+    """A note for each partitioned tensor (a sharded variable: one key, one slice per
+    shard) of the local TF checkpoints checked: read whole, every slice's checksum checked."""
+    notes = []
+    for prefix in prefixes:
+        if "://" in prefix or not os.path.isfile(prefix + ".index"):
+            continue
+        try:
+            listed = _meta.read(prefix)
+        except errors.ObjckptError:  # damaged: its problems are listed already
+            continue
+        notes.extend(
+            f"{prefix}: `{v.shown}` {_render.shape(v.shape)} is stored as {v.layout} (one key, "
+            "one slice per shard): read whole, every slice checked"
+            for v in listed.values() if v.layout)
+    return notes

@@ -3,7 +3,9 @@ planned: `Work.decide` sorts the variables (averaged, taken from one source, ski
 checks the plans against each other; `Work` then computes each mean (streamed from local
 TF checkpoints through `meanstream.stream_mean`, else added whole into a float64
 `meanstream.Mean`) and assigns it, held for a small model or one variable at a time behind
-the undo log for a large one.
+the undo log for a large one. A sharded variable's mean (ParameterServerStrategy) is computed
+and assigned there one shard at a time from local TF checkpoints (`_shard_means`: each
+source's rows of that shard read by TF, whatever shard count wrote them).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from objckpt._base import render as _render
 from objckpt._ops import averaging as _averaging
 from objckpt._ops import meanstream as _meanstream
 from objckpt._bundle import undolog as _undolog
+from objckpt._planning import sharded as _sharded
 from objckpt._planning import targets as _targets
 
 __all__ = ["Work"]
@@ -56,6 +59,9 @@ class Work:
         self.files: dict = {}  # source index -> averaging.BundleFile (checked)
         self.keys: dict = {}  # (source index, target) -> checkpoint key in that file
         self.dtypes: dict = {}  # (source index, target) -> NumPy dtype stored in that file
+        # (source index, sharded target) -> (prefix, key): a local TF checkpoint's entry read
+        # by TF a shard's rows at a time (`_shard_means`)
+        self.row_keys: dict = {}
         self.batchnorm_averaged = False
         self.workspace = _meanstream.Workspace()
         self.reading = [None]  # the source being read, for its error
@@ -156,6 +162,14 @@ class Work:
                         f"entry `{_render.safe(key)}` for {the_plan.label(match.target)} is "
                         "not what its metadata said. Nothing was changed. Fix: average "
                         "checkpoints that are not being written.", source=src.prefix)
+                if _compat.is_sharded(variable) or entry.slices:
+                    # A sharded variable's mean is computed a shard's rows at a time, each
+                    # source's rows read by TF (whatever shards wrote them); a partitioned
+                    # entry into a whole variable is read whole by TF (the fetch stage).
+                    if _compat.is_sharded(variable) and \
+                            entry.dtype == variable.dtype.base_dtype.as_datatype_enum:
+                        self.row_keys[(index, match.target)] = (src.prefix, key)
+                    continue
                 self.keys[(index, match.target)] = key
                 self.dtypes[(index, match.target)] = stored  # None: the variable's dtype
         k[0] = None
@@ -193,7 +207,7 @@ class Work:
                          if self.files.get(index) is file])
 
     def _assign_each(self, obj, pipe, variables) -> None:
-        for path, value in self.each(pipe, variables):
+        for path, value in self.each(pipe, variables, by_shard=True):
             self._assign(variables[path], path, value)
             del value
         for path, role in self.fresh:
@@ -201,6 +215,10 @@ class Work:
             self._assign(variable, path, _compat.fresh_slot_value(obj, role, variable))
 
     def _assign(self, variable, path, value) -> None:
+        if _compat.is_sharded(variable):
+            if _assign_shards(self.log, variable, path, value):
+                self.assigned += 1
+            return
         if self.log is not None:  # first: the old value safe on disk
             # a distributed variable's replicas one by one (a SyncOnRead one's replicas
             # differ: its value read whole is their aggregate)
@@ -293,11 +311,17 @@ class Work:
             return value
         return mean.result(dtype.as_numpy_dtype)
 
-    def each(self, pipe, variables):
+    def each(self, pipe, variables, by_shard: bool = False):
         """(path, value) for every variable that gets one (but fresh slots), computed one at
-        a time."""
+        a time; with `by_shard`, a sharded variable's mean from local TF checkpoints one
+        shard at a time (`_Rows`, several per path)."""
+        weighted = [k for k in range(len(self.shares)) if self.shares[k]]
         for path in self.means:
-            yield path, self._mean(pipe, variables, path)
+            if by_shard and all((k, path) in self.row_keys for k in weighted):
+                yield from ((path, rows) for rows in _shard_means(
+                    self.row_keys, self.shares, self.workspace, self.reading, variables, path))
+            else:
+                yield path, self._mean(pipe, variables, path)
         for path, match in self.taken.items():
             self.reading[0] = self.taken_from
             (value,) = pipe.fetch(self._plans[self.taken_from][1], variables, [match])
@@ -324,6 +348,53 @@ class Work:
         """AverageReport's fields, in order."""
         return (tuple(self.means), tuple(self.taken), self.skipped, tuple(self.shares),
                 tuple(src.description for src, _ in plans), self.taken_from, self.notes)
+
+
+def _assign_shards(log, variable, path, value) -> bool:
+    """A sharded variable's value (whole, or one shard's rows: `_Rows`) assigned shard by
+    shard, each shard's old value logged first (read where it lives). Returns whether its
+    first shard was assigned (the variable counts as assigned)."""
+    parts = _compat.shards(variable)
+    if isinstance(value, _Rows):
+        given = [(value.shard, value.value)]
+    else:
+        layout = _compat.shard_layout(variable)
+        given = [(j, value[o:o + r]) for j, (o, r) in enumerate(zip(layout.offsets, layout.rows))]
+    for j, rows in given:
+        if log is not None:
+            log.record(parts[j], f"{path} (shard {j})")
+        parts[j].assign(rows, read_value=False)
+    return given[0][0] == 0
+
+
+def _shard_means(row_keys, shares, workspace, reading, variables, path):
+    """`_Rows` of a sharded variable's mean, one shard at a time: every source's rows of it
+    read by TF (`RestoreV2` of that slice, whatever shard count wrote them, each slice's
+    checksum checked by TF's reader), added in float64 and rounded once. `row_keys`:
+    (source index, path) -> (prefix, key); `reading[0]` names the source being read."""
+    variable = variables[path]
+    dtype = variable.dtype.base_dtype
+    weighted = [k for k in range(len(shares)) if shares[k]]
+    jobs = {k: _sharded.jobs([row_keys[(k, path)][1]], [dtype], [variable], [path])
+            for k in weighted}
+    for j, part in enumerate(_compat.shards(variable)):
+        mean = _meanstream.Mean(tuple(part.shape), shares, workspace)
+        for k in weighted:
+            reading[0] = k
+            rows = _sharded.read_slice(row_keys[(k, path)][0], jobs[k][j])
+            reading[0] = None
+            mean.add(k, rows.numpy())
+            del rows
+        yield _Rows(j, mean.result(dtype.as_numpy_dtype))
+
+
+class _Rows:
+    """One shard's rows of a sharded variable's value: `shard` (its index), `value`."""
+
+    __slots__ = ("shard", "value")
+
+    def __init__(self, shard: int, value):
+        self.shard, self.value = shard, value
 
 
 class _Widened(tuple):

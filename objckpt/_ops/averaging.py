@@ -190,8 +190,10 @@ def _plan_writer(readers: list, taken_from: int):
         if entry.slices:
             raise errors.UnsupportedFormatError(
                 f"average_checkpoints: {first.label} holds a partitioned variable (`"
-                f"{_render.safe(key)}`), which the writer does not read. Fix: load a model and "
-                "use objckpt.average.", source=str(first.meta.prefix))
+                f"{_render.safe(key)}`, stored as {_meta.layout(entry.slices, entry.shape)}: "
+                "a sharded variable), which the writer does not read. Nothing was written. "
+                "Fix: load a model (in any shard layout) and use objckpt.average(model, "
+                "sources), which averages it a shard at a time.", source=str(first.meta.prefix))
         path = first.shown.get(key, _paths.path_of_key(key))
         averaged = (entry.dtype in _FLOATS and key in first.shown
                     and not is_optimizer_path(path))

@@ -533,6 +533,11 @@ class Ensemble:
             raise _compat.Unbatchable(
                 f"layer(s) {', '.join(cached[:3])} compute from tensors cached from their "
                 "variables (finalize_state), which a batched graph would share across members")
+        sharded = [path for path, v in trees[0].items() if _compat.is_sharded(v)]
+        if sharded:  # its shards are read one by one where they live (lookups, concats)
+            raise _compat.Unbatchable(
+                f"`{sharded[0]}` is a sharded variable, read shard by shard (each on its own "
+                "device), which a batched graph of the members' weights cannot stack")
         graph_def, input_names, output_names, structure, reads, others = _compat.stateless_graph(
             template, kwargs, specs, trees[0])
         paths = list(dict.fromkeys(path for _, path in reads))  # a variable read twice: once

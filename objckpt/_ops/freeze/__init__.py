@@ -66,6 +66,13 @@ other optimizers (and Keras ones with weight decay, which applies it in a
 `merge_call` of its own) get the read-and-write-back of each frozen variable
 and its state, each replica on its own copy. A MirroredVariable's replicas
 start equal, get the same all-reduced update or none, and stay bit-identical.
+
+Under ParameterServerStrategy a `ShardedVariable` is one variable of the Freezer (one path,
+one flag): optimizers update its shards one by one (tf_keras keeps their state shard by
+shard), so every shard and its state is held; the frozen set lives on a parameter server,
+where the workers' traced steps read it. Its shards' `trainable` is its own (shards that
+disagree are refused), and some but not all of its shards passed to `freeze` are refused:
+it is frozen whole.
 """
 
 from objckpt._ops.freeze.freezer import Freezer

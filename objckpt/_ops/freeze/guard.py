@@ -85,15 +85,15 @@ class GuardedApply:
         trained: the variables as the caller passes them to the optimizer (Keras
         3 optimizers know them by those objects), to build it with.
         """
-        variables = self.mask.variables
+        units = self.mask.units  # a sharded variable's shards: optimizers update each
         known = self.state.get(id(optimizer), {})
-        missing = [i for i in indices if i not in known]
+        missing = list(dict.fromkeys(i for i in indices if i not in known))
         if missing:
-            _compat.build_optimizer(optimizer, trained if trained is not None
-                                    else [variables[i] for i in missing])
-            state = _compat.optimizer_state(optimizer, [variables[i] for i in missing])
+            wanted = [u for i in missing for u in units(i)]
+            _compat.build_optimizer(optimizer, trained if trained is not None else wanted)
+            state = _compat.optimizer_state(optimizer, wanted)
             for i in missing:
-                known[i] = tuple(state[id(variables[i])])
+                known[i] = tuple(s for u in units(i) for s in state[id(u)])
             if any(known.values()):  # an optimizer without state may still be building
                 self.state[id(optimizer)] = known
         return known
@@ -187,14 +187,15 @@ class GuardedApply:
         flags = self.mask.flags()
         guarded_pairs = list(pairs)
         backups = []
+        read = set()  # a sharded variable's shards come as several pairs: read it once
         for position, index in guarded:
             gradient, variable = guarded_pairs[position]
-            tensors = tuple(_on_replica(v, replica)
-                            for v in (self.mask.variables[index], *state[index]))
+            tensors = () if index in read else self._held(index, state, replica)
+            read.add(index)
             frozen = flags[index]
             if isinstance(gradient, tf.IndexedSlices) or replica is not None:
                 values = tf.cond(frozen, lambda t=tensors: [_compat.read_value(v) for v in t],
-                                 lambda t=tensors: _not_read(t, xla))
+                                 lambda t=tensors: _not_read(t, xla)) if tensors else []
                 if not isinstance(gradient, tf.IndexedSlices):  # in a replica: not in a cond
                     guarded_pairs[position] = (
                         tf.where(frozen, tf.zeros_like(gradient), gradient), variable)
@@ -205,7 +206,8 @@ class GuardedApply:
                                                    tf.zeros_like(g)),
                     lambda t=tensors, g=gradient: (_not_read(t, xla), g))
                 guarded_pairs[position] = (zeroed, variable)
-            backups.append((frozen, tensors, values))
+            if tensors:
+                backups.append((frozen, tensors, values))
         # No explicit control edges (they would cost O(variables x update ops)): TF's
         # automatic control dependencies order ops by the variables they touch, so each
         # variable's read comes before its update and its restore after it.
@@ -300,13 +302,19 @@ class GuardedApply:
 
         return Shared()
 
+    def _held(self, index, state, replica) -> tuple:
+        """What a frozen variable keeps: the variable (a sharded one's shards, each read and
+        written where it lives) and its optimizer state, or their replica's own copies."""
+        return tuple(_on_replica(v, replica) for v in (*self.mask.units(index), *state[index]))
+
     def _apply_eagerly(self, apply, pairs, guarded, state, args, kwargs, replica=None):
         frozen = [(position, index) for position, index in guarded if self.mask.frozen[index]]
-        backups = []
+        backups, read = [], set()
         for position, index in frozen:
-            tensors = tuple(_on_replica(v, replica)
-                            for v in (self.mask.variables[index], *state[index]))
-            backups.append((tensors, [_compat.read_value(v) for v in tensors]))
+            if index not in read:  # once for all of a sharded variable's shards
+                read.add(index)
+                tensors = self._held(index, state, replica)
+                backups.append((tensors, [_compat.read_value(v) for v in tensors]))
             gradient, variable = pairs[position]
             if not isinstance(gradient, tf.IndexedSlices):
                 pairs[position] = (tf.zeros_like(gradient), variable)

@@ -8,6 +8,7 @@ reads when it runs, so that changing it never retraces.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Iterable
 
@@ -37,6 +38,37 @@ def compile_patterns(patterns, action: str) -> list[re.Pattern]:
     return compiled
 
 
+def _name(variable) -> str:
+    """The variable's name; a sharded variable's is its shards' (`embed/embeddings` of
+    `embed/embeddings/part_0`): TF names the `ShardedVariable` itself generically."""
+    if _compat.is_sharded(variable):
+        return re.sub(r"/part_\d+$", "", _compat.variable_name(_compat.shards(variable)[0]))
+    return _compat.variable_name(variable)
+
+
+def _trains(path: str, variable) -> bool:
+    """`variable.trainable`; a sharded variable's is its shards' (it has none of its own).
+
+    Raises:
+      DistributedVariableError: a sharded variable whose shards disagree: it cannot be frozen
+        (or trained) as one logical variable.
+    """
+    if not _compat.is_sharded(variable):
+        return variable.trainable
+    trains = _compat.sharded_trainable(variable)
+    if trains is None:
+        flags = ", ".join(f"shard {i} {'trainable' if getattr(p, 'trainable', True) else 'not'}"
+                          for i, p in enumerate(_compat.shards(variable)))
+        raise errors.DistributedVariableError(
+            f"`{path}` ({_name(variable)}) is a sharded variable "
+            f"[{_compat.shard_layout(variable).describe()}] whose shards disagree on "
+            f"`trainable` ({flags}). Freezer freezes a sharded variable whole, as one logical "
+            "variable, so it needs one flag for all its shards. Fix: create its shards all "
+            "trainable or all not (trainable=... when the variable is made).",
+            path=path, variable_type=type(variable).__name__)
+    return trains
+
+
 class FrozenMask:
     """A model's trainable variables and which of them are frozen.
 
@@ -53,7 +85,7 @@ class FrozenMask:
 
     def __init__(self, model):
         everything = _compat.network_variable_paths(model)
-        trainable = [(p, v) for p, v in everything if v.trainable]
+        trainable = [(p, v) for p, v in everything if _trains(p, v)]
         if not trainable:
             raise errors.UnbuiltModelError(
                 f"{type(model).__name__} has no trainable variables yet, so there is nothing "
@@ -63,29 +95,44 @@ class FrozenMask:
         self.variables = tuple(v for _, v in trainable)
         # Patterns also match variable names (`conv/kernel` in every Keras flavour),
         # since Keras 3 functional object paths (`_operations/1/_kernel`) lack layer names.
-        self.names = tuple(_compat.variable_name(v) for v in self.variables)
-        self.untrainable = tuple((p, _compat.variable_name(v)) for p, v in everything
-                                 if not v.trainable)
+        self.names = tuple(_name(v) for v in self.variables)
+        self.untrainable = tuple((p, _name(v)) for p, v in everything if not _trains(p, v))
+        # A sharded variable is frozen whole; optimizers update its shards, each by itself.
+        self.shards = tuple(_compat.shards(v) if _compat.is_sharded(v) else ()
+                            for v in self.variables)
         # id -> object path of every variable of the model's network (trainable or not,
-        # replicas included): how a layer or variable passed to `freeze` is placed in it.
+        # replicas and shards included): how a layer or variable passed to `freeze` is
+        # placed in it.
         self.owned = {}
         for path, variable in everything:
-            for part in (variable, *(_compat.replica_parts(variable) or ())):
+            for part in (variable, *(_compat.replica_parts(variable) or ()),
+                         *_compat.shard_aliases(variable)):
                 self.owned[id(part)] = path
         self.index = {id(v): i for i, v in enumerate(self.variables)}
         for i, variable in enumerate(self.variables):
-            # Under tf.distribute, optimizers update each replica's variable by itself.
-            for part in _compat.replica_parts(variable) or ():
+            # Under tf.distribute, optimizers update each replica's (or shard's) variable
+            # by itself.
+            for part in (*(_compat.replica_parts(variable) or ()),
+                         *_compat.shard_aliases(variable)):
                 self.index[id(part)] = i
-        with tf.init_scope():
+        # Under ParameterServerStrategy the workers' steps read the frozen set: it lives on
+        # a parameter server there.
+        device = _compat.mask_device(self.variables)
+        with tf.init_scope(), (contextlib.nullcontext() if device is None else tf.device(device)):
             self.mask = tf.Variable(tf.zeros([len(self.paths)], tf.bool), trainable=False,
                                     name="objckpt_frozen")
             self.any = tf.Variable(False, trainable=False, name="objckpt_any_frozen")
         self.frozen = np.zeros(len(self.paths), bool)
 
     def index_of(self, variable) -> int | None:
-        """The position of `variable` (or of a replica of it) in `paths`, or None."""
-        return self.index.get(id(_compat.as_variable(variable)))
+        """The position of `variable` (or of a replica or shard of it) in `paths`, or None."""
+        inner = _compat.as_variable(variable)
+        return self.index.get(id(variable if inner is None else inner))
+
+    def units(self, index: int) -> tuple:
+        """The variables optimizers update for `paths[index]`: its shards (sharded), or
+        itself."""
+        return self.shards[index] or (self.variables[index],)
 
     def frozen_paths(self) -> tuple[str, ...]:
         """The object paths frozen now, in tree order."""
@@ -114,6 +161,30 @@ class FrozenMask:
         """A layer, module or variable (not a pattern)."""
         return _compat.as_variable(item) is not None or _compat.is_trackable(item)
 
+    def _check_whole(self, objects, action: str) -> None:
+        """Refuses some but not all shards of a sharded variable given as variables: it is
+        frozen whole, as one logical variable."""
+        given: dict = {}
+        for item in objects:
+            variable = _compat.as_variable(item)
+            index = None if variable is None else self.index.get(id(variable))
+            if index is not None and self.shards[index]:
+                given.setdefault(index, set()).add(id(variable))
+        for index, ids in given.items():
+            parts = self.shards[index]
+            covered = sum(1 for part in parts
+                          if ids & {id(a) for a in _compat.part_aliases(part)})
+            if covered < len(parts):
+                variable = self.variables[index]
+                raise errors.DistributedVariableError(
+                    f"{action}() was given {covered} of the {len(parts)} shards of "
+                    f"`{self.paths[index]}` ({self.names[index]}), a sharded variable "
+                    f"[{_compat.shard_layout(variable).describe()}]. A sharded variable is "
+                    f"one logical variable: it is frozen and unfrozen whole, all its shards. "
+                    f"Fix: pass the sharded variable itself, all its shards, its layer, or "
+                    f"a pattern of its object path ({action}({self.paths[index]!r})).",
+                    path=self.paths[index], variable_type=type(variable).__name__)
+
     def select(self, patterns, action: str) -> np.ndarray:
         """The variables that patterns, layers or variables select (all with none).
 
@@ -129,6 +200,7 @@ class FrozenMask:
         chosen = self.none()
         objects = [p for p in patterns if self.is_object(p)]
         patterns = [p for p in patterns if not self.is_object(p)]
+        self._check_whole(objects, action)
         for item in objects:
             chosen |= self._select_object(item, action)
         for pattern, regex in zip(patterns, compile_patterns(patterns, action)):
@@ -157,7 +229,9 @@ class FrozenMask:
         """The trainable variables of a layer or tf.Module inside the model (all of
         them), or that variable of the model."""
         variable = _compat.as_variable(item)
-        if variable is not None:
+        if _compat.is_sharded(item):
+            variables, what = [item], f"sharded variable {_name(item)!r}"
+        elif variable is not None:
             variables, what = [variable], f"variable {_compat.variable_name(variable)!r}"
         else:
             try:
