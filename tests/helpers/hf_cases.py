@@ -48,7 +48,7 @@ CONVERTERS = {"llama": "convert_llama3", "mistral": "convert_mistral", "gemma": 
               "gemma4_text": "convert_gemma4", "t5gemma2": "convert_t5gemma2",
               "blip-2": "convert_blip2",
               "sam3": "convert_sam3", "sam3_video": "convert_sam3",
-              "gemma3n_text": "convert_gemma3n"}
+              "gemma3n_text": "convert_gemma3n", "gemma3n": "convert_gemma3n"}
 # text-image contrastive models (CLIP's kind): fed text and an image, compared on the
 # logits of each against the other, the projected embeddings and each tower's last hidden state
 CONTRASTIVE = ("metaclip_2",)
@@ -138,6 +138,13 @@ _T5GEMMA2_TOWER = tuple((f"{p}encoder.vision_tower.", f"{p}encoder.vision_tower.
 _GEMMA3N_SHARED = tuple(f"language_model/transformer_layers/{i}/attention/{v}"
                         for i in (2, 3) for v in ("k_proj/_kernel", "v_proj/_kernel",
                                                    "k_norm/scale"))
+# the multimodal Gemma 3n row's vision tower (make_hf_fixtures.GEMMA3N_TOWER): keras-hub's
+# convolutions' biases where timm's convolutions have none (the blocks', the adapter's)
+_GEMMA3N_BIASES = tuple(
+    f"vision_encoder/_operations/{n}/{conv}/conv/bias" for n, convs in (
+        (2, ("conv_exp", "conv_pwl")), (3, ("dw_start", "dw_mid", "pw_exp", "pw_proj")),
+        (4, ("pw_exp", "pw_proj")), (5, ("dw_start", "pw_exp", "pw_proj")),
+        (8, ("pw_exp", "pw_proj")), (9, ("ffn/pw_exp", "ffn/pw_proj"))) for conv in convs)
 _ROPE = ("_operations/3/self_attn/rotary_embedding/inv_freq",
          "_operations/4/self_attn/rotary_embedding/inv_freq")
 
@@ -309,6 +316,14 @@ CASES = (
          bfloat16_tolerance=0.25),
     Case("gemma3n", "Gemma3nForCausalLM", "Gemma3nCausalLM", computed=_GEMMA3N_SHARED,
          bfloat16_tolerance=0.25),
+    # Gemma 3n with its vision tower (fed one image per example) and audio tower (not
+    # fed): keras-hub's MobileNetV5 computes the exact GELU where timm's is the tanh
+    # approximation: the last hidden state up to 5.7e-3 off here (4.5e-6 with keras-hub's
+    # GELU approximated); its convolutions' biases (zeros) are in no folder
+    Case("gemma3n_multimodal", "Gemma3nModel", None, computed=_GEMMA3N_SHARED + _GEMMA3N_BIASES,
+         tolerance=1e-2, bfloat16_tolerance=0.25),
+    Case("gemma3n_multimodal", "Gemma3nForConditionalGeneration", "Gemma3nCausalLM",
+         computed=_GEMMA3N_SHARED + _GEMMA3N_BIASES, tolerance=1e-2, bfloat16_tolerance=0.25),
     # keras-hub keeps each layer's RoPE frequencies as a variable; no folder has them
     Case("smollm3", "SmolLM3Model", None, computed=_ROPE),
     Case("smollm3", "SmolLM3ForCausalLM", "SmolLM3CausalLM", computed=_ROPE),
@@ -494,6 +509,40 @@ def gemma3n_text_backbone(text: dict, dtype: str):
     return convert_gemma3n.backbone_cls(**kwargs, dtype=dtype)
 
 
+def gemma3n_backbone(hf_config: dict, dtype: str):
+    """keras-hub's Gemma3nBackbone of a multimodal Gemma 3n config: its importer's
+    `convert_backbone_config` (RoPE's base as for the text-only one), its vision encoder the
+    MobileNetV5 that timm built from the vision config's `model_args` (keras-hub's importer
+    always builds the 300M one, at 768x768) built from keras-hub's own classes: the blocks
+    (`block_args`, read back into block strings), the stem's and the adapter's sizes, the
+    rest as the importer's 300M tower."""
+    from keras_hub.src.models.mobilenetv5.mobilenetv5_builder import (
+        convert_arch_def_to_stackwise)
+    from keras_hub.src.utils.transformers import convert_gemma3n
+
+    from objckpt.rules.hf_gemma3n_vision import block_strings
+
+    text = hf_config["text_config"]
+    text = dict(text, rope_theta=text["rope_parameters"]["full_attention"]["rope_theta"])
+    kwargs = convert_gemma3n.convert_backbone_config({**hf_config, "text_config": text})
+    model_args = hf_config["vision_config"]["model_args"]
+    tower = convert_arch_def_to_stackwise(block_strings(model_args["block_args"]))
+    importers = convert_gemma3n.MODEL_CONFIGS["mobilenetv5_300m_enc"]
+    tower.update({k: v for k, v in importers.items() if not k.startswith("stackwise_")})
+    size = int(round((hf_config["vision_soft_tokens_per_image"]) ** 0.5))
+    tower.update(stem_size=model_args["stem_size"], msfa_output_resolution=size,
+                 num_features=hf_config["vision_config"]["hidden_size"],
+                 image_shape=(IMAGE_SIZE["gemma3n"], IMAGE_SIZE["gemma3n"], 3))
+    kwargs["vision_encoder_config"] = tower
+    return convert_gemma3n.backbone_cls(**kwargs, dtype=dtype)
+
+
+# model_type -> the side of the square images its rows feed (make_hf_fixtures.IMAGE_TOKENS)
+IMAGE_SIZE = {"gemma3n": 32}
+# inputs keras-hub's Gemma3nCausalLM takes beside its backbone's (which has none of them)
+GEMMA3N_TASK = ("vision_indices", "vision_mask", "audio_indices", "audio_mask")
+
+
 def backbone(case: Case, dtype: str = "float32"):
     """The keras-hub backbone the folder's config.json describes, in `dtype`."""
     import importlib
@@ -509,6 +558,8 @@ def backbone(case: Case, dtype: str = "float32"):
         _gemma4_global_sizes(hf_config)  # transformers 5 writes as `per_layer_config`
     if hf_config["model_type"] == "gemma3n_text":  # text only: keras-hub's backbone
         return gemma3n_text_backbone(hf_config, dtype)  # without vision or audio encoders
+    if hf_config["model_type"] == "gemma3n":  # keras-hub's importer always builds the 300M
+        return gemma3n_backbone(hf_config, dtype)  # tower: the folder's, from its classes
     converter = importlib.import_module(
         "keras_hub.src.utils.transformers." + CONVERTERS[hf_config["model_type"]])
     if hf_config["model_type"] == "blip-2":  # keras-hub's importer builds BLIP-2's parts
@@ -557,6 +608,18 @@ def keras_inputs(case: Case, feed: dict):
         return {"images": feed["pixel_values"], "token_ids": feed["input_ids"][:, count:],
                 "padding_mask": feed["attention_mask"][:, count:],
                 "response_mask": feed["token_type_ids"][:, count:]}
+    if config(case)["model_type"] == "gemma3n":  # text and one image each; no audio (none
+        ids = feed["input_ids"]  # of its frames: keras-hub skips its audio tower); the
+        batch = ids.shape[0]  # image's and audio's places for the task model (GEMMA3N_TASK)
+        features = config(case)["audio_config"]["input_feat_size"]
+        image = ids == config(case)["image_token_id"]
+        return {"token_ids": ids, "padding_mask": feed["attention_mask"],
+                "images": feed["pixel_values"][:, None],
+                "input_features": np.zeros((batch, 1, 0, features), "float32"),
+                "input_features_mask": np.zeros((batch, 1, 0), bool),
+                "vision_indices": np.stack([np.flatnonzero(r) for r in image]).astype("int32"),
+                "vision_mask": image, "audio_indices": np.zeros((batch, 0), "int32"),
+                "audio_mask": np.zeros_like(image)}
     if "decoder_input_ids" in feed and "pixel_values" in feed:  # T5Gemma 2: one image each
         return {"encoder_token_ids": feed["input_ids"],
                 "encoder_padding_mask": feed["attention_mask"],
@@ -680,7 +743,8 @@ def outputs(case: Case, model, feed: dict, *, is_task: bool) -> dict:
         return _sam3_outputs(model, feed)
     given = keras_inputs(case, feed)
     if isinstance(given, dict) and not is_task:
-        given.pop("mask_positions", None)
+        for key in ("mask_positions", *GEMMA3N_TASK):
+            given.pop(key, None)
     if not is_task and config(case)["model_type"] == "blip-2":
         return _query_image_outputs(model, given)
     if is_task and case.task == "Gemma3nCausalLM":
