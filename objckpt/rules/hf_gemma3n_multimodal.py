@@ -1,10 +1,10 @@
 """Hugging Face's multimodal Gemma 3n (`Gemma3nForConditionalGeneration`, `Gemma3nModel`, model
-type `gemma3n`) <-> keras-hub's `Gemma3nBackbone` with its vision and audio encoders. NOT a
-shipped set (not in `huggingface._MODULES`): transformers builds these classes' vision tower
-with timm, which could not be run here, so no folder transformers wrote checks the set. Its
-parts are checked against keras-hub's importer (both ways), the audio tower against a
-`Gemma3nAudioEncoder` transformers wrote, the text decoder against transformers as the
-shipped `gemma3n_text` set.
+type `gemma3n`) <-> keras-hub's `Gemma3nBackbone` with its vision and audio encoders.
+Checked against folders of both classes that transformers wrote (it builds the vision tower
+with timm: a tiny MobileNetV5 from the vision config's timm `model_args`, whose
+`block_args` the vision rules read) and against keras-hub's importer (both ways); the audio
+tower also against a `Gemma3nAudioEncoder` transformers wrote, the text decoder as the
+`gemma3n_text` set.
 
 The parts, named as keras-hub's importer `convert_gemma3n.py` reads them, under `model.` in
 `Gemma3nForConditionalGeneration` and bare in `Gemma3nModel`:

@@ -1,8 +1,8 @@
 """Gemma 3n's MobileNetV5 vision tower (transformers' `TimmWrapperModel` around timm's
 `mobilenetv5_300m_enc`, its entries `vision_tower.timm_model.`) <-> keras-hub's
-`vision_encoder` (a `MobileNetV5Backbone`). Part of the multimodal Gemma 3n rules, which are
-not shipped: nothing here was checked against a folder transformers wrote (it builds the tower
-with timm), only against keras-hub's importer (`convert_gemma3n._port_vision_tower`).
+`vision_encoder` (a `MobileNetV5Backbone`). Part of the multimodal Gemma 3n rules, checked
+against folders transformers wrote with timm (a tiny tower from timm's `model_args`,
+`block_strings`) and against keras-hub's importer (`convert_gemma3n._port_vision_tower`).
 
 Names and layouts follow keras-hub's importer. The tower is a stem, stages of blocks and a
 multi-scale fusion adapter (`msfa`); which entries a block has depends on its kind, read from
