@@ -53,7 +53,9 @@ committed set, the CI tests write theirs to a temporary folder) is loaded by the
 `config.json` names (`architectures`, else the base model) with `from_pretrained(...,
 output_loading_info=True)`: nothing missing, unexpected or mismatched; its outputs on the
 oracle's inputs equal the oracle of the folder of the same name under tests/fixtures/hf/
-within float tolerance. It prints a table and exits non-zero if a row fails.
+within float tolerance. It prints a table and exits non-zero if a row fails (or none is
+checked). A folder of the other interpreter's rows (TIMM_ROWS under PINNED's torch, the
+others under TIMM_TORCH) is listed as skipped: check it with that interpreter.
 """
 
 from __future__ import annotations
@@ -839,26 +841,35 @@ def seed_of(case: str, cls: str) -> int:
 
 
 def write_fixtures(out: str = FIXTURES, only=()) -> list:
-    """Every row's folders (the folder `out` emptied first), or only those of the cases
-    `only` (the others' files left as they are: each folder's seed comes from its row's
-    and class's names, `seed_of`, not from its place in ROWS)."""
+    """Every row's folders that this interpreter writes (TIMM_ROWS with TIMM_TORCH, the
+    others with PINNED's torch; the folder `out` emptied of all but the other interpreter's
+    rows first), or only those of the cases `only` (the others' files left as they are:
+    each folder's seed comes from its row's and class's names, `seed_of`, not from its
+    place in ROWS)."""
     import torch
 
     torch.set_num_threads(1)
     unknown = sorted(set(only) - set(ROWS))
     if unknown:
         sys.exit(f"--only: no row {unknown}; the rows are {sorted(ROWS)}")
-    if only:
-        for name in os.listdir(out) if os.path.isdir(out) else ():
-            if name.split("-")[0] in only:
-                path = os.path.join(out, name)
-                shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
-    elif os.path.isdir(out):
-        shutil.rmtree(out)
+    # the rows this interpreter writes: TIMM_ROWS with TIMM_TORCH (which has torchvision),
+    # the others with PINNED's torch; a run without --only leaves the others' files alone
+    timm = torch.__version__ == TIMM_TORCH
+    here = [case for case in ROWS if (case in TIMM_ROWS) == timm]
+    elsewhere = sorted(set(only) - set(here))
+    if elsewhere:
+        sys.exit(f"--only {elsewhere}: written with torch "
+                 f"{PINNED['torch'] if timm else TIMM_TORCH} (TIMM_ROWS: {list(TIMM_ROWS)} "
+                 f"need timm and torchvision); this interpreter has torch {torch.__version__}")
+    rows = list(only) or here
+    for name in os.listdir(out) if os.path.isdir(out) else ():
+        if name.split("-")[0] in rows or (not only and name.split("-")[0] not in ROWS):
+            path = os.path.join(out, name)
+            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
     os.makedirs(out, exist_ok=True)
     written = []
     for case, (model_type, config, classes) in ROWS.items():
-        if only and case not in only:
+        if case not in rows:
             continue
         for cls in classes:
             model = _build(model_type, config, cls, seed_of(case, cls))
@@ -915,10 +926,16 @@ def check_exports(folder: str, fixtures: str = FIXTURES) -> int:
     from safetensors.numpy import load_file
 
     torch.set_num_threads(1)
-    rows, failed = [], 0
+    rows, failed, skipped = [], 0, 0
     for name in sorted(os.listdir(folder)):
         path = os.path.join(folder, name)
         if not os.path.isfile(os.path.join(path, "config.json")):
+            continue
+        if (name.split("-")[0] in TIMM_ROWS) != (torch.__version__ == TIMM_TORCH):
+            rows.append((name, "-", f"not checked: needs torch {TIMM_TORCH} and timm"
+                         if name.split("-")[0] in TIMM_ROWS else
+                         f"not checked: written with torch {PINNED['torch']}", "skipped"))
+            skipped += 1
             continue
         with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
             config = json.load(f)
@@ -957,8 +974,9 @@ def check_exports(folder: str, fixtures: str = FIXTURES) -> int:
           "result")
     for row in rows:
         print(f"{row[0]:<{width}}  {row[1]:<32}  {row[2]:<60}  {row[3]}")
-    print(f"{len(rows) - failed} of {len(rows)} ok")
-    return 1 if failed or not rows else 0
+    print(f"{len(rows) - failed - skipped} of {len(rows)} ok"
+          + (f", {skipped} skipped (the other interpreter's rows)" if skipped else ""))
+    return 1 if failed or len(rows) == skipped else 0
 
 
 def main(argv=None) -> int:
