@@ -282,7 +282,8 @@ ROWS = {
     # from `model_args` (GEMMA3N_TOWER: an edge residual, inverted residuals with and
     # without their depthwise convolutions, attention with and without down-sampled keys
     # and values), 32x32 images, 4 image tokens (its adapter pools to 2x2; its width 2048,
-    # fixed by timm); the audio tower of tests/fixtures/hf_parts/gemma3n_audio (not fed)
+    # fixed by timm); the audio tower of tests/fixtures/hf_parts/gemma3n_audio, fed one
+    # clip of 32 frames per example (4 audio tokens)
     "gemma3n_multimodal": ("gemma3n", {
         "text_config": {**{k: v for k, v in _GEMMA.items() if k != "num_labels"},
                         "vocab_size": VOCAB + 16, "head_dim": 8, "num_key_value_heads": 2,
@@ -491,6 +492,11 @@ GEMMA3N_TOWER = [["er_r1_k3_s2_e2_c8"], ["uir_r1_a3_k5_s2_e2_c8", "uir_r1_a0_k0_
 # begin-of-image token, before an end-of-image one), `token_type_ids` marks them, and
 # `pixel_values` holds the images.
 IMAGE_TOKENS = {"gemma3": (32, 4, 60), "t5gemma2": (16, 4, 61), "gemma3n": (32, 4, VOCAB + 1)}
+# model_type -> (frames, features per frame, audio tokens per clip, the audio token's id) of
+# a model whose inputs (IMAGE_TOKENS') end in one audio clip's tokens (after a
+# begin-of-audio token, before an end-of-audio one): `input_features` holds the clips
+# (log-mel frames), `input_features_mask` marks their valid frames (all of them).
+AUDIO_TOKENS = {"gemma3n": (32, 16, 4, VOCAB + 9)}
 # model_type -> (image size, query tokens, the image token's id) of a model whose language
 # model reads its image as queries in place of the image tokens that lead the ids (BLIP-2):
 # `pixel_values` holds one image per example; `decoder_input_ids` (the text shifted right
@@ -572,6 +578,15 @@ def inputs(model_type: str) -> dict:
         out = {"input_ids": ids, "attention_mask": np.ones_like(ids),
                "token_type_ids": (ids == token).astype("int32"),
                "pixel_values": rng.normal(size=(BATCH, size, size, 3)).astype("float32")}
+    if model_type in AUDIO_TOKENS:  # then one clip's tokens; the clip, every frame valid
+        frames, features, count, token = AUDIO_TOKENS[model_type]
+        clip = np.full((BATCH, count + 2), token, "int32")
+        clip[:, 0], clip[:, -1] = token + 1, token + 2  # begin and end of audio
+        ids = np.concatenate([out["input_ids"], clip], axis=1)
+        out.update(input_ids=ids, attention_mask=np.ones_like(ids),
+                   token_type_ids=np.pad(out["token_type_ids"], ((0, 0), (0, count + 2))),
+                   input_features=rng.normal(size=(BATCH, frames, features)).astype("float32"),
+                   input_features_mask=np.ones((BATCH, frames), bool))
     if model_type in PREFIX_IMAGES:  # one image's tokens, then text (prefix, response)
         size, count, token = PREFIX_IMAGES[model_type]
         ids = np.concatenate([np.full((BATCH, count), token, "int32"), out["input_ids"]], 1)
@@ -618,7 +633,7 @@ def _torch_inputs(model_type: str) -> dict:
         tensor = torch.from_numpy(value)
         if key == "pixel_values":
             tensor = tensor.permute(0, 3, 1, 2).contiguous()
-        else:
+        elif value.dtype.kind in "iu":  # ids and masks (a bool mask stays one)
             tensor = tensor.long()
         out[key] = tensor
     return out
