@@ -531,8 +531,8 @@ def gemma3n_backbone(hf_config: dict, dtype: str):
     tower = convert_arch_def_to_stackwise(block_strings(model_args["block_args"]))
     importers = convert_gemma3n.MODEL_CONFIGS["mobilenetv5_300m_enc"]
     tower.update({k: v for k, v in importers.items() if not k.startswith("stackwise_")})
-    size = int(round((hf_config["vision_soft_tokens_per_image"]) ** 0.5))
-    tower.update(stem_size=model_args["stem_size"], msfa_output_resolution=size,
+    tower.update(stem_size=model_args.get("stem_size", tower["stem_size"]),
+                 msfa_output_resolution=model_args.get("msfa_output_resolution", 16),
                  num_features=hf_config["vision_config"]["hidden_size"],
                  image_shape=(IMAGE_SIZE["gemma3n"], IMAGE_SIZE["gemma3n"], 3))
     kwargs["vision_encoder_config"] = tower
