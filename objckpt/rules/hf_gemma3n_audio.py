@@ -1,6 +1,6 @@
 """Gemma 3n's Conformer audio tower and multimodal embedders <-> keras-hub's `audio_encoder`,
 `embed_audio` and `embed_vision`: part of the multimodal Gemma 3n rules
-(`objckpt.rules.hf_gemma3n_multimodal`, not shipped).
+(`objckpt.rules.hf_gemma3n_multimodal`).
 
 Names and layouts follow keras-hub's importer `convert_gemma3n.py`:
 

@@ -1,10 +1,10 @@
 """Hugging Face's multimodal Gemma 3n (`Gemma3nForConditionalGeneration`, `Gemma3nModel`, model
-type `gemma3n`) <-> keras-hub's `Gemma3nBackbone` with its vision and audio encoders. NOT a
-shipped set (not in `huggingface._MODULES`): transformers builds these classes' vision tower
-with timm, which could not be run here, so no folder transformers wrote checks the set. Its
-parts are checked against keras-hub's importer (both ways), the audio tower against a
-`Gemma3nAudioEncoder` transformers wrote, the text decoder against transformers as the
-shipped `gemma3n_text` set.
+type `gemma3n`) <-> keras-hub's `Gemma3nBackbone` with its vision and audio encoders.
+Checked against folders of both classes that transformers wrote (it builds the vision tower
+with timm: a tiny MobileNetV5 from the vision config's timm `model_args`, whose
+`block_args` the vision rules read) and against keras-hub's importer (both ways); the audio
+tower also against a `Gemma3nAudioEncoder` transformers wrote, the text decoder as the
+`gemma3n_text` set.
 
 The parts, named as keras-hub's importer `convert_gemma3n.py` reads them, under `model.` in
 `Gemma3nForConditionalGeneration` and bare in `Gemma3nModel`:
@@ -25,7 +25,7 @@ from __future__ import annotations
 from objckpt.rules.core import RuleSet
 from objckpt.rules.hf_gemma3n import decoder_rules
 from objckpt.rules.hf_gemma3n_audio import audio_rules, embedder_rules
-from objckpt.rules.hf_gemma3n_vision import ARCHITECTURES, tower_rules
+from objckpt.rules.hf_gemma3n_vision import ARCHITECTURES, block_strings, tower_rules
 from objckpt.rules.hf_llama import head_rules
 
 __all__ = ["MODEL_TYPES", "rules"]
@@ -56,15 +56,26 @@ def _part(config: dict, key: str) -> dict:
     return value
 
 
+# the timm `model_args` a vision config may hold: the tower's blocks (`block_args`, timm's
+# decoded blocks) and sizes that change no entry's name
+_MODEL_ARGS = ("block_args", "stem_size", "msfa_output_resolution")
+
+
 def _tower(vision: dict):
-    """The architecture definition of the vision config's timm `architecture`."""
+    """The architecture definition of the vision config's timm `architecture`, its blocks
+    from `model_args["block_args"]` where given."""
     name = vision.get("architecture", "mobilenetv5_300m_enc")
-    if name not in ARCHITECTURES or vision.get("model_args"):
-        _refuse(f"knows the vision towers {sorted(ARCHITECTURES)} as timm builds them (no "
-                f"`model_args`); the vision_config has `architecture` = {name!r} and "
-                f"`model_args` = {vision.get('model_args')!r}",
+    model_args = vision.get("model_args") or {}
+    others = sorted(set(model_args) - set(_MODEL_ARGS)) if isinstance(model_args, dict) \
+        else model_args
+    if name not in ARCHITECTURES or others:
+        _refuse(f"knows the vision towers {sorted(ARCHITECTURES)} as timm builds them, with "
+                f"`model_args` of {list(_MODEL_ARGS)} at most; the vision_config has "
+                f"`architecture` = {name!r} and `model_args` other than those: {others!r}",
                 "pass the block strings of the tower's stages as `tower=` (timm's "
                 "architecture definition).")
+    if "block_args" in model_args:
+        return block_strings(model_args["block_args"])
     return ARCHITECTURES[name]
 
 

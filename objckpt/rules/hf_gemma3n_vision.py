@@ -1,8 +1,8 @@
 """Gemma 3n's MobileNetV5 vision tower (transformers' `TimmWrapperModel` around timm's
 `mobilenetv5_300m_enc`, its entries `vision_tower.timm_model.`) <-> keras-hub's
-`vision_encoder` (a `MobileNetV5Backbone`). Part of the multimodal Gemma 3n rules, which are
-not shipped: nothing here was checked against a folder transformers wrote (it builds the tower
-with timm), only against keras-hub's importer (`convert_gemma3n._port_vision_tower`).
+`vision_encoder` (a `MobileNetV5Backbone`). Part of the multimodal Gemma 3n rules, checked
+against folders transformers wrote with timm (a tiny tower from timm's `model_args`,
+`block_strings`) and against keras-hub's importer (`convert_gemma3n._port_vision_tower`).
 
 Names and layouts follow keras-hub's importer. The tower is a stem, stages of blocks and a
 multi-scale fusion adapter (`msfa`); which entries a block has depends on its kind, read from
@@ -34,7 +34,7 @@ import re
 
 from objckpt.rules.core import ConvKernel, Rule
 
-__all__ = ["ARCHITECTURES", "blocks", "tower_rules"]
+__all__ = ["ARCHITECTURES", "block_strings", "blocks", "tower_rules"]
 
 _300M_STAGE_2 = (["uir_r1_a5_k5_s2_e6_c640"] + ["uir_r1_a5_k0_s1_e4_c640"] * 7
                  + ["uir_r1_a0_k0_s1_e1_c640"]
@@ -83,6 +83,43 @@ def blocks(arch_def) -> list:
             for _ in range(int(options.get("r", "1") or 1)):
                 out.append((stage, index, kind, options))
                 index += 1
+    return out
+
+
+def _number(value) -> str:
+    value = float(value)
+    return str(int(value)) if value.is_integer() else str(value)
+
+
+# a decoded block's options as its block string names them: (letter, key, default)
+_OPTIONS = {"er": (("k", "exp_kernel_size", 3), ("s", "stride", 1), ("e", "exp_ratio", 1),
+                   ("c", "out_chs", None)),
+            "uir": (("a", "dw_kernel_size_start", 0), ("k", "dw_kernel_size_mid", 0),
+                    ("p", "dw_kernel_size_end", 0), ("s", "stride", 1),
+                    ("e", "exp_ratio", 1), ("c", "out_chs", None)),
+            "mqa": (("k", "dw_kernel_size", 3), ("h", "num_heads", None),
+                    ("v", "kv_stride", 1), ("s", "stride", 1), ("d", "key_dim", None),
+                    ("c", "out_chs", None))}
+
+
+def block_strings(block_args) -> list:
+    """The architecture definition (stages of timm block strings) of timm's decoded block
+    arguments (`decode_arch_def`'s stages of dicts, a Hugging Face vision_config's
+    `model_args["block_args"]`): the options the tower's names and shapes depend on."""
+    out = []
+    for stage in block_args if isinstance(block_args, (list, tuple)) else [None]:
+        strings = []
+        for block in stage if isinstance(stage, (list, tuple)) else [None]:
+            kind = block.get("block_type") if isinstance(block, dict) else None
+            if kind not in _OPTIONS or any(block.get(key, default) is None
+                                           for _, key, default in _OPTIONS[kind]):
+                _refuse(f"read decoded blocks of kinds {sorted(_OPTIONS)} with their sizes "
+                        f"(timm's `decode_arch_def`); received {block!r}")
+            parts = [f"{letter}{_number(block.get(key, default))}"
+                     for letter, key, default in _OPTIONS[kind]]
+            parts = [p for p in parts if p not in ("p0", "v1")]  # as timm's strings omit them
+            strings.append("_".join([kind, "r1", *parts]))
+        out.append(strings)
     return out
 
 

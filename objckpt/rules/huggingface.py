@@ -35,6 +35,7 @@ _MODULES: dict[str, str] = {
     "gemma2": "objckpt.rules.hf_gemma",
     "gemma3": "objckpt.rules.hf_gemma3_vision",
     "gemma3_text": "objckpt.rules.hf_gemma3",
+    "gemma3n": "objckpt.rules.hf_gemma3n_multimodal",
     "gemma3n_text": "objckpt.rules.hf_gemma3n",
     "gemma4": "objckpt.rules.hf_gemma4_towers",
     "gemma4_assistant": "objckpt.rules.hf_gemma4_assistant",

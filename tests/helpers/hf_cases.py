@@ -48,7 +48,7 @@ CONVERTERS = {"llama": "convert_llama3", "mistral": "convert_mistral", "gemma": 
               "gemma4_text": "convert_gemma4", "t5gemma2": "convert_t5gemma2",
               "blip-2": "convert_blip2",
               "sam3": "convert_sam3", "sam3_video": "convert_sam3",
-              "gemma3n_text": "convert_gemma3n",
+              "gemma3n_text": "convert_gemma3n", "gemma3n": "convert_gemma3n",
               "gemma4": "convert_gemma4", "gemma4_assistant": "convert_gemma4_assistant"}
 # text-image contrastive models (CLIP's kind): fed text and an image, compared on the
 # logits of each against the other, the projected embeddings and each tower's last hidden state
@@ -139,6 +139,13 @@ _T5GEMMA2_TOWER = tuple((f"{p}encoder.vision_tower.", f"{p}encoder.vision_tower.
 _GEMMA3N_SHARED = tuple(f"language_model/transformer_layers/{i}/attention/{v}"
                         for i in (2, 3) for v in ("k_proj/_kernel", "v_proj/_kernel",
                                                    "k_norm/scale"))
+# the multimodal Gemma 3n row's vision tower (make_hf_fixtures.GEMMA3N_TOWER): keras-hub's
+# convolutions' biases where timm's convolutions have none (the blocks', the adapter's)
+_GEMMA3N_BIASES = tuple(
+    f"vision_encoder/_operations/{n}/{conv}/conv/bias" for n, convs in (
+        (2, ("conv_exp", "conv_pwl")), (3, ("dw_start", "dw_mid", "pw_exp", "pw_proj")),
+        (4, ("pw_exp", "pw_proj")), (5, ("dw_start", "pw_exp", "pw_proj")),
+        (8, ("pw_exp", "pw_proj")), (9, ("ffn/pw_exp", "ffn/pw_proj"))) for conv in convs)
 _ROPE = ("_operations/3/self_attn/rotary_embedding/inv_freq",
          "_operations/4/self_attn/rotary_embedding/inv_freq")
 
@@ -316,6 +323,16 @@ CASES = (
     Case("gemma4_vision", "Gemma4ForConditionalGeneration", "Gemma4CausalLM"),
     Case("gemma4_audio", "Gemma4Model", None),
     Case("gemma4_audio", "Gemma4ForConditionalGeneration", "Gemma4CausalLM"),
+    # Gemma 3n with its vision and audio towers, fed one image and one audio clip per
+    # example: keras-hub's MobileNetV5 computes the exact GELU where timm's is the tanh
+    # approximation: the last hidden state up to 5.7e-3 off here (5.3e-6 with keras-hub's
+    # GELU approximated); its convolutions' biases (zeros) are in no folder. A bfloat16
+    # model computes in bfloat16 (the towers too): the last hidden state up to 0.23 (of
+    # 3.0), the logits up to 0.033, from transformers' float32 run of the same weights
+    Case("gemma3n_multimodal", "Gemma3nModel", None, computed=_GEMMA3N_SHARED + _GEMMA3N_BIASES,
+         tolerance=1e-2, bfloat16_tolerance=0.25),
+    Case("gemma3n_multimodal", "Gemma3nForConditionalGeneration", "Gemma3nCausalLM",
+         computed=_GEMMA3N_SHARED + _GEMMA3N_BIASES, tolerance=1e-2, bfloat16_tolerance=0.25),
     # keras-hub keeps each layer's RoPE frequencies as a variable; no folder has them
     Case("smollm3", "SmolLM3Model", None, computed=_ROPE),
     Case("smollm3", "SmolLM3ForCausalLM", "SmolLM3CausalLM", computed=_ROPE),
@@ -530,6 +547,40 @@ def _gemma4_media(feed: dict, hf_config: dict) -> dict:
     return out
 
 
+def gemma3n_backbone(hf_config: dict, dtype: str):
+    """keras-hub's Gemma3nBackbone of a multimodal Gemma 3n config: its importer's
+    `convert_backbone_config` (RoPE's base as for the text-only one), its vision encoder the
+    MobileNetV5 that timm built from the vision config's `model_args` (keras-hub's importer
+    always builds the 300M one, at 768x768) built from keras-hub's own classes: the blocks
+    (`block_args`, read back into block strings), the stem's and the adapter's sizes, the
+    rest as the importer's 300M tower."""
+    from keras_hub.src.models.mobilenetv5.mobilenetv5_builder import (
+        convert_arch_def_to_stackwise)
+    from keras_hub.src.utils.transformers import convert_gemma3n
+
+    from objckpt.rules.hf_gemma3n_vision import block_strings
+
+    text = hf_config["text_config"]
+    text = dict(text, rope_theta=text["rope_parameters"]["full_attention"]["rope_theta"])
+    kwargs = convert_gemma3n.convert_backbone_config({**hf_config, "text_config": text})
+    model_args = hf_config["vision_config"]["model_args"]
+    tower = convert_arch_def_to_stackwise(block_strings(model_args["block_args"]))
+    importers = convert_gemma3n.MODEL_CONFIGS["mobilenetv5_300m_enc"]
+    tower.update({k: v for k, v in importers.items() if not k.startswith("stackwise_")})
+    tower.update(stem_size=model_args.get("stem_size", tower["stem_size"]),
+                 msfa_output_resolution=model_args.get("msfa_output_resolution", 16),
+                 num_features=hf_config["vision_config"]["hidden_size"],
+                 image_shape=(IMAGE_SIZE["gemma3n"], IMAGE_SIZE["gemma3n"], 3))
+    kwargs["vision_encoder_config"] = tower
+    return convert_gemma3n.backbone_cls(**kwargs, dtype=dtype)
+
+
+# model_type -> the side of the square images its rows feed (make_hf_fixtures.IMAGE_TOKENS)
+IMAGE_SIZE = {"gemma3n": 32}
+# inputs keras-hub's Gemma3nCausalLM takes beside its backbone's (which has none of them)
+GEMMA3N_TASK = ("vision_indices", "vision_mask", "audio_indices", "audio_mask")
+
+
 def backbone(case: Case, dtype: str = "float32"):
     """The keras-hub backbone the folder's config.json describes, in `dtype`."""
     import importlib
@@ -547,6 +598,8 @@ def backbone(case: Case, dtype: str = "float32"):
         return gemma3n_text_backbone(hf_config, dtype)  # without vision or audio encoders
     if hf_config["model_type"] == "gemma4":  # the same, in the text config
         _gemma4_global_sizes(hf_config["text_config"])
+    if hf_config["model_type"] == "gemma3n":  # keras-hub's importer always builds the 300M
+        return gemma3n_backbone(hf_config, dtype)  # tower: the folder's, from its classes
     converter = importlib.import_module(
         "keras_hub.src.utils.transformers." + CONVERTERS[hf_config["model_type"]])
     if hf_config["model_type"] == "blip-2":  # keras-hub's importer builds BLIP-2's parts
@@ -601,6 +654,18 @@ def keras_inputs(case: Case, feed: dict):
                 "response_mask": feed["token_type_ids"][:, count:]}
     if config(case)["model_type"] == "gemma4":  # text and one image (as patches) each
         return _gemma4_media(feed, config(case))
+    if config(case)["model_type"] == "gemma3n":  # text, one image and one audio clip each
+        ids = feed["input_ids"]  # (keras-hub's mask marks the padded frames, transformers'
+        hf_config = config(case)  # the valid ones); the image's and the clip's places for
+        image = ids == hf_config["image_token_id"]  # the task model (GEMMA3N_TASK)
+        audio = ids == hf_config["audio_token_id"]
+        return {"token_ids": ids, "padding_mask": feed["attention_mask"],
+                "images": feed["pixel_values"][:, None],
+                "input_features": feed["input_features"][:, None],
+                "input_features_mask": ~feed["input_features_mask"][:, None],
+                "vision_indices": np.stack([np.flatnonzero(r) for r in image]).astype("int32"),
+                "vision_mask": image, "audio_mask": audio,
+                "audio_indices": np.stack([np.flatnonzero(r) for r in audio]).astype("int32")}
     if "decoder_input_ids" in feed and "pixel_values" in feed:  # T5Gemma 2: one image each
         return {"encoder_token_ids": feed["input_ids"],
                 "encoder_padding_mask": feed["attention_mask"],
@@ -726,7 +791,8 @@ def outputs(case: Case, model, feed: dict, *, is_task: bool) -> dict:
         return _assistant_step(case, model, feed, is_task=is_task)
     given = keras_inputs(case, feed)
     if isinstance(given, dict) and not is_task:
-        given.pop("mask_positions", None)
+        for key in ("mask_positions", *GEMMA3N_TASK):
+            given.pop(key, None)
     if not is_task and config(case)["model_type"] == "blip-2":
         return _query_image_outputs(model, given)
     if is_task and case.task == "Gemma3nCausalLM":

@@ -1,9 +1,10 @@
-"""Gemma 3n's audio tower written by transformers itself, for the (not shipped) multimodal
-Gemma 3n rules: tests/fixtures/hf_parts/gemma3n_audio/.
+"""Gemma 3n's audio tower written by transformers itself, for the multimodal Gemma 3n rules:
+tests/fixtures/hf_parts/gemma3n_audio/.
 
 transformers builds `Gemma3nForConditionalGeneration` and `Gemma3nModel` only with timm (their
-vision tower is a `TimmWrapperModel`), so no folder of those classes is written here; the
-audio tower, `Gemma3nAudioEncoder`, builds without it. This script saves a tiny random one
+vision tower is a `TimmWrapperModel`: make_hf_fixtures.py writes their folders with an
+interpreter that has timm); the audio tower, `Gemma3nAudioEncoder`, builds without it, and
+its encodings are compared here on audio (the whole classes' folders are fed none). This script saves a tiny random one
 (torch's initial values moved by a seeded normal perturbation, as make_hf_fixtures.py does)
 under the names the multimodal classes give it (`model.audio_tower.`), its config as
 `audio_config.json`, and beside it `oracle.safetensors`: fixed log-mel inputs (the second

@@ -5,7 +5,12 @@ script refuses to run under other versions of transformers or torch (their files
 outputs are the oracle: a new version is a new oracle, regenerated on purpose).
 
 Run it with an interpreter that has transformers and torch (CI's does not; the tests read
-only the files this script commits):
+only the files this script commits). The multimodal Gemma 3n rows (TIMM_ROWS) need timm and
+torchvision as well (transformers builds Gemma 3n's vision tower with timm, which imports
+torchvision): they were written with a second interpreter, /work/hfvenv-tv (torch 2.13.0 as
+PyPI builds it by default, TIMM_TORCH, run on the CPU; torchvision 0.28.0, timm 1.0.31),
+as `--only gemma3n_multimodal`, and their exports checked with it; the other rows with
+torch 2.13.0+cpu, whose torchvision wheel PyPI does not have:
 
     python tests/helpers/make_hf_fixtures.py                      # writes tests/fixtures/hf/
     python tests/helpers/make_hf_fixtures.py --only qwen2 qwen3   # those rows' folders only
@@ -48,12 +53,15 @@ committed set, the CI tests write theirs to a temporary folder) is loaded by the
 `config.json` names (`architectures`, else the base model) with `from_pretrained(...,
 output_loading_info=True)`: nothing missing, unexpected or mismatched; its outputs on the
 oracle's inputs equal the oracle of the folder of the same name under tests/fixtures/hf/
-within float tolerance. It prints a table and exits non-zero if a row fails.
+within float tolerance. It prints a table and exits non-zero if a row fails (or none is
+checked). A folder of the other interpreter's rows (TIMM_ROWS under PINNED's torch, the
+others under TIMM_TORCH) is listed as skipped: check it with that interpreter.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import shutil
@@ -61,6 +69,9 @@ import sys
 import zlib
 
 PINNED = {"transformers": "5.24.0", "torch": "2.13.0+cpu"}
+# torch 2.13.0 as PyPI builds it by default (for CUDA; run on the CPU here), with which
+# PyPI's torchvision 0.28.0 imports: the interpreter of the rows that need timm (TIMM_ROWS)
+TIMM_TORCH = "2.13.0+cu130"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "fixtures", "hf")
 DTYPES = ("float32", "bfloat16")
@@ -304,6 +315,40 @@ ROWS = {
                         "hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": 0},
         "backbone_hidden_size": ASSISTANT["gemma4_assistant"][0],
         "use_ordered_embeddings": False}, ("Gemma4AssistantForCausalLM",)),
+    # Gemma 3n with its vision and audio towers (needs timm and torchvision: TIMM_ROWS): the
+    # text decoder of the row above, its vocabulary 64 text tokens, then 8 of the vision
+    # embedder and 8 of the audio one; a MobileNetV5 tower of three stages that timm builds
+    # from `model_args` (GEMMA3N_TOWER: an edge residual, inverted residuals with and
+    # without their depthwise convolutions, attention with and without down-sampled keys
+    # and values), 32x32 images, 4 image tokens (its adapter pools to 2x2; its width 2048,
+    # fixed by timm); the audio tower of tests/fixtures/hf_parts/gemma3n_audio, fed one
+    # clip of 32 frames per example (4 audio tokens)
+    "gemma3n_multimodal": ("gemma3n", {
+        "text_config": {**{k: v for k, v in _GEMMA.items() if k != "num_labels"},
+                        "vocab_size": VOCAB + 16, "head_dim": 8, "num_key_value_heads": 2,
+                        "intermediate_size": 32, "num_hidden_layers": 4, "sliding_window": 64,
+                        "layer_types": ["sliding_attention", "full_attention"] * 2,
+                        "hidden_size_per_layer_input": 4, "vocab_size_per_layer_input": VOCAB,
+                        "altup_num_inputs": 2, "laurel_rank": 4, "num_kv_shared_layers": 2,
+                        "activation_sparsity_pattern": [0.95, 0.0, 0.0, 0.0]},
+        "vision_config": {"architecture": "mobilenetv5_300m_enc", "hidden_size": 2048,
+                          "vocab_size": 8, "vocab_offset": VOCAB,
+                          "model_args": {"block_args": "GEMMA3N_TOWER", "stem_size": 8,
+                                         "msfa_output_resolution": 2}},
+        "audio_config": {"vocab_size": 8, "vocab_offset": VOCAB + 8, "input_feat_size": 16,
+                         "hidden_size": 16, "rms_norm_eps": 1e-6, "gradient_clipping": 1e10,
+                         "conf_attention_chunk_size": 4, "conf_attention_context_left": 5,
+                         "conf_attention_context_right": 0, "conf_attention_logit_cap": 50.0,
+                         "conf_num_attention_heads": 2, "conf_num_hidden_layers": 2,
+                         "conf_conv_kernel_size": 3, "conf_reduction_factor": 2,
+                         "conf_residual_weight": 0.5, "sscp_conv_channel_size": [8, 4],
+                         "sscp_conv_group_norm_eps": 1e-3,
+                         "sscp_conv_kernel_size": [[3, 3], [3, 3]],
+                         "sscp_conv_stride_size": [[2, 2], [2, 2]]},
+        "vision_soft_tokens_per_image": 4, "audio_soft_tokens_per_image": 4,
+        "image_token_id": VOCAB + 1, "boi_token_id": VOCAB + 2, "eoi_token_id": VOCAB + 3,
+        "audio_token_id": VOCAB + 9, "boa_token_id": VOCAB + 10, "eoa_token_id": VOCAB + 11},
+        ("Gemma3nModel", "Gemma3nForConditionalGeneration")),
     # tied, as SmolLM3-3B is; layer 1 without RoPE (no_rope_layers: 0 = none)
     "smollm3": ("smollm3", {**_DECODER, "tie_word_embeddings": True, "no_rope_layers": [1, 0],
                             "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},
@@ -472,11 +517,25 @@ ROWS = {
                    ("Sam3VideoModel",)),
 }
 
+# rows whose models transformers builds with timm (run with TIMM_TORCH's interpreter)
+TIMM_ROWS = ("gemma3n_multimodal",)
+# the multimodal Gemma 3n row's vision tower: timm block strings, given to timm decoded
+# (`decode_arch_def`) as the vision config's model_args["block_args"]; a stage may not end
+# in attention (timm's builder reads a stage's last block's pointwise convolution)
+GEMMA3N_TOWER = [["er_r1_k3_s2_e2_c8"], ["uir_r1_a3_k5_s2_e2_c8", "uir_r1_a0_k0_s1_e2_c8"],
+                 ["uir_r1_a3_k0_s2_e2_c8", "mqa_r1_k3_h2_v2_s1_d4_c8",
+                  "mqa_r1_k3_h2_s1_d4_c8", "uir_r1_a0_k0_s1_e2_c8"]]
+
 # model_type -> (image size, image tokens per image, the image token's id) of a model whose
 # inputs hold text and one image per example: the ids hold the image tokens (after a
 # begin-of-image token, before an end-of-image one), `token_type_ids` marks them, and
 # `pixel_values` holds the images.
-IMAGE_TOKENS = {"gemma3": (32, 4, 60), "t5gemma2": (16, 4, 61)}
+IMAGE_TOKENS = {"gemma3": (32, 4, 60), "t5gemma2": (16, 4, 61), "gemma3n": (32, 4, VOCAB + 1)}
+# model_type -> (frames, features per frame, audio tokens per clip, the audio token's id) of
+# a model whose inputs (IMAGE_TOKENS') end in one audio clip's tokens (after a
+# begin-of-audio token, before an end-of-audio one): `input_features` holds the clips
+# (log-mel frames), `input_features_mask` marks their valid frames (all of them).
+AUDIO_TOKENS = {"gemma3n": (32, 16, 4, VOCAB + 9)}
 # model_type -> (image size, query tokens, the image token's id) of a model whose language
 # model reads its image as queries in place of the image tokens that lead the ids (BLIP-2):
 # `pixel_values` holds one image per example; `decoder_input_ids` (the text shifted right
@@ -599,6 +658,15 @@ def inputs(model_type: str, config=None) -> dict:
         if audio:  # log-mel frames (128 bins), every frame valid
             out["input_features"] = rng.normal(size=(BATCH, frames, 128)).astype("float32")
             out["input_features_mask"] = np.ones((BATCH, frames), "int32")
+    if model_type in AUDIO_TOKENS:  # then one clip's tokens; the clip, every frame valid
+        frames, features, count, token = AUDIO_TOKENS[model_type]
+        clip = np.full((BATCH, count + 2), token, "int32")
+        clip[:, 0], clip[:, -1] = token + 1, token + 2  # begin and end of audio
+        ids = np.concatenate([out["input_ids"], clip], axis=1)
+        out.update(input_ids=ids, attention_mask=np.ones_like(ids),
+                   token_type_ids=np.pad(out["token_type_ids"], ((0, 0), (0, count + 2))),
+                   input_features=rng.normal(size=(BATCH, frames, features)).astype("float32"),
+                   input_features_mask=np.ones((BATCH, frames), bool))
     if model_type in PREFIX_IMAGES:  # one image's tokens, then text (prefix, response)
         size, count, token = PREFIX_IMAGES[model_type]
         ids = np.concatenate([np.full((BATCH, count), token, "int32"), out["input_ids"]], 1)
@@ -632,7 +700,7 @@ def _check_versions():
     import transformers
 
     found = {"transformers": transformers.__version__, "torch": torch.__version__}
-    if found != PINNED:
+    if found != PINNED and found != {**PINNED, "torch": TIMM_TORCH}:
         sys.exit(f"make_hf_fixtures.py is pinned to {PINNED}; found {found}. Install the "
                  "pinned versions, or change PINNED on purpose and regenerate every fixture.")
 
@@ -647,7 +715,7 @@ def _torch_inputs(model_type: str, config=None) -> dict:
             tensor = tensor.permute(0, 3, 1, 2).contiguous()
         elif key == "input_features_mask":  # transformers indexes by it: a boolean mask
             tensor = tensor.bool()
-        elif not tensor.is_floating_point():
+        elif value.dtype.kind in "iu":  # ids and masks (a bool mask stays one)
             tensor = tensor.long()
         out[key] = tensor
     return out
@@ -815,9 +883,18 @@ def _build(model_type: str, config: dict, cls: str, seed: int):
     import transformers
 
     torch.manual_seed(seed)
+    model_args = config.get("vision_config", {}).get("model_args", {})
+    if model_args.get("block_args") == "GEMMA3N_TOWER":  # timm's decoded blocks
+        from timm.models._efficientnet_builder import decode_arch_def
+
+        model_args = {**model_args, "block_args": decode_arch_def(GEMMA3N_TOWER)}
+        config = {**config, "vision_config": {**config["vision_config"],
+                                              "model_args": copy.deepcopy(model_args)}}
     hf_config = transformers.AutoConfig.for_model(model_type, **config)
     hf_config.architectures = [cls]
     model = getattr(transformers, cls)(hf_config)
+    if model_args:  # timm's builder takes each block's kind out of the dicts it is given
+        model.config.vision_config.model_args = model_args  # (the config's): as given
     model.config._attn_implementation = "eager"
     model.eval()
     _perturb(model, seed)
@@ -919,26 +996,35 @@ def seed_of(case: str, cls: str) -> int:
 
 
 def write_fixtures(out: str = FIXTURES, only=()) -> list:
-    """Every row's folders (the folder `out` emptied first), or only those of the cases
-    `only` (the others' files left as they are: each folder's seed comes from its row's
-    and class's names, `seed_of`, not from its place in ROWS)."""
+    """Every row's folders that this interpreter writes (TIMM_ROWS with TIMM_TORCH, the
+    others with PINNED's torch; the folder `out` emptied of all but the other interpreter's
+    rows first), or only those of the cases `only` (the others' files left as they are:
+    each folder's seed comes from its row's and class's names, `seed_of`, not from its
+    place in ROWS)."""
     import torch
 
     torch.set_num_threads(1)
     unknown = sorted(set(only) - set(ROWS))
     if unknown:
         sys.exit(f"--only: no row {unknown}; the rows are {sorted(ROWS)}")
-    if only:
-        for name in os.listdir(out) if os.path.isdir(out) else ():
-            if name.split("-")[0] in only:
-                path = os.path.join(out, name)
-                shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
-    elif os.path.isdir(out):
-        shutil.rmtree(out)
+    # the rows this interpreter writes: TIMM_ROWS with TIMM_TORCH (which has torchvision),
+    # the others with PINNED's torch; a run without --only leaves the others' files alone
+    timm = torch.__version__ == TIMM_TORCH
+    here = [case for case in ROWS if (case in TIMM_ROWS) == timm]
+    elsewhere = sorted(set(only) - set(here))
+    if elsewhere:
+        sys.exit(f"--only {elsewhere}: written with torch "
+                 f"{PINNED['torch'] if timm else TIMM_TORCH} (TIMM_ROWS: {list(TIMM_ROWS)} "
+                 f"need timm and torchvision); this interpreter has torch {torch.__version__}")
+    rows = list(only) or here
+    for name in os.listdir(out) if os.path.isdir(out) else ():
+        if name.split("-")[0] in rows or (not only and name.split("-")[0] not in ROWS):
+            path = os.path.join(out, name)
+            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
     os.makedirs(out, exist_ok=True)
     written = []
     for case, (model_type, config, classes) in ROWS.items():
-        if only and case not in only:
+        if case not in rows:
             continue
         for cls in classes:
             model = _build(model_type, config, cls, seed_of(case, cls))
@@ -995,10 +1081,16 @@ def check_exports(folder: str, fixtures: str = FIXTURES) -> int:
     from safetensors.numpy import load_file
 
     torch.set_num_threads(1)
-    rows, failed = [], 0
+    rows, failed, skipped = [], 0, 0
     for name in sorted(os.listdir(folder)):
         path = os.path.join(folder, name)
         if not os.path.isfile(os.path.join(path, "config.json")):
+            continue
+        if (name.split("-")[0] in TIMM_ROWS) != (torch.__version__ == TIMM_TORCH):
+            rows.append((name, "-", f"not checked: needs torch {TIMM_TORCH} and timm"
+                         if name.split("-")[0] in TIMM_ROWS else
+                         f"not checked: written with torch {PINNED['torch']}", "skipped"))
+            skipped += 1
             continue
         with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
             config = json.load(f)
@@ -1037,8 +1129,9 @@ def check_exports(folder: str, fixtures: str = FIXTURES) -> int:
           "result")
     for row in rows:
         print(f"{row[0]:<{width}}  {row[1]:<32}  {row[2]:<60}  {row[3]}")
-    print(f"{len(rows) - failed} of {len(rows)} ok")
-    return 1 if failed or not rows else 0
+    print(f"{len(rows) - failed - skipped} of {len(rows)} ok"
+          + (f", {skipped} skipped (the other interpreter's rows)" if skipped else ""))
+    return 1 if failed or len(rows) == skipped else 0
 
 
 def main(argv=None) -> int:

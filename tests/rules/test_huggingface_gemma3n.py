@@ -48,7 +48,7 @@ SHARED = ("k_proj.weight", "v_proj.weight", "k_norm.weight")
 def test_the_folder_chooses_the_set_by_model_type(tmp_path):
     chosen = huggingface(config_folder(tmp_path, GEMMA3N))
     assert "gemma3n_text" in objckpt.rules.supported()
-    assert "gemma3n" not in objckpt.rules.supported()  # the multimodal set: not shipped
+    assert "gemma3n" in objckpt.rules.supported()  # the multimodal set
     assert chosen.name == "huggingface('gemma3n_text')"
     assert list(chosen) == list(huggingface("gemma3n_text", config=GEMMA3N))
     assert chosen.classes == {"Gemma3nCausalLM": "Gemma3nForCausalLM"}
@@ -227,7 +227,7 @@ def test_export_is_what_keras_hubs_importer_reads(tmp_path, shared, task):
     assert _values(loaded, left) == _values(backbone, left)
 
 
-# --- the multimodal rules (not shipped: checked against keras-hub's importer only) ---------
+# --- the multimodal rules (transformers' side: tests/integration/test_hf_transformers.py) --
 
 AUDIO = {"model_type": "gemma3n_audio", "vocab_size": 8, "vocab_offset": 72,
          "input_feat_size": 16, "hidden_size": 16, "rms_norm_eps": 1e-6,
@@ -319,12 +319,14 @@ def _by_object_path(backbone, *, stem_bias: bool = True) -> dict:
             and (stem_bias or path != stem)}
 
 
-def test_the_multimodal_set_is_not_shipped():
+def test_the_multimodal_set_by_name_reads_the_300m_tower():
     from objckpt.rules import hf_gemma3n_multimodal
 
-    with pytest.raises(errors.InvalidArgumentError, match="No Hugging Face rule set.*'gemma3n'"):
-        huggingface("gemma3n", config=MULTIMODAL)
-    rules = by_source(hf_gemma3n_multimodal.rules(MULTIMODAL))  # MobileNetV5-300M's tower
+    chosen = huggingface("gemma3n", config=MULTIMODAL)
+    assert chosen.name == "huggingface('gemma3n')"
+    assert chosen.classes == {"Gemma3nCausalLM": "Gemma3nForConditionalGeneration"}
+    assert list(chosen) == list(hf_gemma3n_multimodal.rules(MULTIMODAL))
+    rules = by_source(chosen)  # MobileNetV5-300M's tower
     assert rules["model.audio_tower.conformer.1.lconv1d.depthwise_conv1d.weight"].transform == (
         Transpose((2, 0, 1)))
     assert rules["model.language_model.layers.3.laurel.linear_left.weight"].target == (
@@ -353,6 +355,10 @@ def test_the_multimodal_set_is_not_shipped():
     with pytest.raises(errors.InvalidArgumentError, match="resnet50.*Fix:"):
         hf_gemma3n_multimodal.rules({**MULTIMODAL, "vision_config": {
             "architecture": "resnet50"}})
+    with pytest.raises(errors.InvalidArgumentError,
+                       match=r"model_args.*\['channel_multiplier'\].*Fix:"):
+        hf_gemma3n_multimodal.rules({**MULTIMODAL, "vision_config": {
+            "model_args": {"stem_size": 8, "channel_multiplier": 0.5}}})
     with pytest.raises(errors.InvalidArgumentError, match="'ir_r1_k3_s1_e4_c8'.*Fix:"):
         hf_gemma3n_multimodal.rules(MULTIMODAL, tower=[["ir_r1_k3_s1_e4_c8"]])
 
@@ -434,3 +440,65 @@ def test_the_300m_tower_is_keras_hubs_importers():
     ours = hf_gemma3n_vision.ARCHITECTURES["mobilenetv5_300m_enc"]
     assert [list(stage) for stage in ours] == convert_gemma3n.MOBILENETV5_300M_ENC_ARCH_DEF
     assert len(hf_gemma3n_vision.blocks(ours)) == 84
+
+
+MULTIMODAL_FOLDER = os.path.join(FIXTURES, "gemma3n_multimodal-Gemma3nForConditionalGeneration-"
+                                 "float32")
+
+
+def _folder_config() -> dict:
+    with open(os.path.join(MULTIMODAL_FOLDER, "config.json"), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def test_the_vision_rules_read_timms_decoded_blocks():
+    """A folder transformers wrote with a tower timm built from `model_args`: its decoded
+    `block_args` read back into the block strings they came from (make_hf_fixtures.py's
+    GEMMA3N_TOWER), the rules those strings give; blocks the rules do not cover refused."""
+    from objckpt.rules import hf_gemma3n_multimodal
+    from objckpt.rules.hf_gemma3n_vision import block_strings
+
+    config = _folder_config()
+    decoded = config["vision_config"]["model_args"]["block_args"]
+    assert decoded[2][1] == {"block_type": "mqa", "out_chs": 8, "stride": 1, "act_layer": None,
+                             "dw_kernel_size": 3, "num_heads": 2, "key_dim": 4,
+                             "value_dim": 4, "kv_stride": 2, "noskip": False}
+    assert block_strings(decoded) == _FOLDER_TOWER
+    assert list(huggingface(MULTIMODAL_FOLDER)) == list(
+        hf_gemma3n_multimodal.rules(config, tower=_FOLDER_TOWER))
+    assert list(hf_gemma3n_multimodal.rules(config)) != list(
+        hf_gemma3n_multimodal.rules(MULTIMODAL))  # not the 300M tower
+    end = [[{**decoded[1][0], "dw_kernel_size_end": 3}]]
+    with pytest.raises(errors.InvalidArgumentError, match="'uir_r1_a3_k5_p3_s2_e2_c8'.*Fix:"):
+        hf_gemma3n_multimodal.rules({**config, "vision_config": {
+            "model_args": {"block_args": end}}})
+    for bad in ([[{"block_type": "ir", "out_chs": 8}]], [[{"block_type": "mqa"}]], "er"):
+        with pytest.raises(errors.InvalidArgumentError, match="decoded blocks.*Fix:"):
+            hf_gemma3n_multimodal.rules({**config, "vision_config": {
+                "model_args": {"block_args": bad}}})
+
+
+# make_hf_fixtures.py's GEMMA3N_TOWER
+_FOLDER_TOWER = [["er_r1_k3_s2_e2_c8"], ["uir_r1_a3_k5_s2_e2_c8", "uir_r1_a0_k0_s1_e2_c8"],
+                 ["uir_r1_a3_k0_s2_e2_c8", "mqa_r1_k3_h2_v2_s1_d4_c8",
+                  "mqa_r1_k3_h2_s1_d4_c8", "uir_r1_a0_k0_s1_e2_c8"]]
+
+
+def test_a_folder_transformers_wrote_restores_as_keras_hubs_importer_ports_it():
+    """The multimodal folder transformers wrote restored by objckpt (one call) == keras-hub's
+    importer's ports of it (its decoder, vision and audio towers, embedders) into the same
+    backbone, every variable both read (the importer leaves the stem's bias out); the
+    KV-shared layers' keys and values in neither."""
+    pytest.importorskip("keras_hub")
+    import hf_cases
+
+    config = _folder_config()
+    theirs = hf_cases.gemma3n_backbone(config, "float32")
+    assert sorted(_keras_hubs_multimodal_port(theirs, MULTIMODAL_FOLDER)) == _SHARED_PATHS
+    ours = hf_cases.gemma3n_backbone(config, "float32")
+    report = objckpt.restore(ours, MULTIMODAL_FOLDER)
+    assert "huggingface('gemma3n')" in str(report)
+    assert len(report.restored) == len(_by_object_path(ours)) == 208
+    assert _by_object_path(ours, stem_bias=False) == _by_object_path(theirs, stem_bias=False)
+    stem = "vision_encoder/_operations/1/conv/bias"
+    assert _by_object_path(ours)[stem] != _by_object_path(theirs)[stem]  # zeros in theirs
