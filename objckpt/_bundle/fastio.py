@@ -292,23 +292,36 @@ def write_bundle(temp: str, keys: list, tensors: list, workers: int | None = Non
 
 def _write_sliced(temp: str, keys: list, tensors: list, slices: list, workers: int) -> None:
     """Whole tensors written by `write_bundle` as one part, each slice by its own `SaveV2`
-    part (so one shard at a time is held on this host), merged by `MergeV2Checkpoints`
-    into `temp`: the index lists each sliced tensor with its slices, as TF's own save."""
+    part, merged by `MergeV2Checkpoints` into `temp`: the index lists each sliced tensor
+    with its slices, as TF's own save.
+
+    A slice held by another task (a parameter server's shard) is written by that task, as
+    `tf.train.Checkpoint` writes it (its bytes never cross this host), the tasks in
+    parallel; where that task cannot write the part (its file system does not reach the
+    path: the part is not seen here), this host writes it, one shard at a time per thread."""
     whole = [i for i, spec in enumerate(slices) if not spec]
-    # By device, as TF's saver orders its per-device parts: the index lists slices alike.
-    sliced = sorted((i for i, spec in enumerate(slices) if spec),
-                    key=lambda i: getattr(tensors[i], "device", "") or "")
+    # In the order TF's saver writes its per-device parts: the index lists slices alike.
+    sliced = [i for i, spec in enumerate(slices) if spec]
+    sliced = [sliced[k] for k in _compat.save_order(
+        [getattr(tensors[i], "device", "") or "" for i in sliced])]
     parts = [f"{temp}.part-{k:05d}" for k in range(len(sliced) + bool(whole))]
     if whole:
         write_bundle(parts[-1], [keys[i] for i in whole], [tensors[i] for i in whole], workers)
+    devices = _compat.io_devices([getattr(tensors[i], "device", "") or "" for i in sliced])
 
     def save(k: int) -> None:
         i = sliced[k]
+        if devices[k] != "/cpu:0":
+            with contextlib.suppress(tf.errors.OpError), tf.device(devices[k]):
+                tf.raw_ops.SaveV2(prefix=parts[k], tensor_names=[keys[i]],
+                                  shape_and_slices=[slices[i]], tensors=[tensors[i]])
+            if os.path.exists(parts[k] + ".index"):
+                return
         with tf.device("/cpu:0"):
             tf.raw_ops.SaveV2(prefix=parts[k], tensor_names=[keys[i]],
                               shape_and_slices=[slices[i]], tensors=[tensors[i]])
 
-    _run_all(save, list(range(len(sliced))), workers)
+    _run_all(save, list(range(len(sliced))), max(workers, len(set(devices) - {"/cpu:0"})))
     with tf.device("/cpu:0"):
         tf.raw_ops.MergeV2Checkpoints(checkpoint_prefixes=parts, destination_prefix=temp,
                                       delete_old_dirs=False)

@@ -67,8 +67,9 @@ _WHERE = {
     "freezing": ("in_xla_context",),
     "fit": ("CASTS", "cast_of", "cast_value", "check_cast", "fits", "lossless", "misfit"),
     "dtypes": ("numpy_dtype", "tf_array", "tf_dtype"),
-    "sharded": ("Layout", "is_caching_type", "is_sharded", "is_sharded_type", "new_sharded",
-        "read_sharded", "shard_layout", "shard_slices", "shards"),
+    "sharded": ("Layout", "io_device", "io_devices", "is_caching_type", "is_sharded",
+        "is_sharded_type", "new_sharded", "read_sharded", "save_order", "shard_layout",
+        "shard_slices", "shards"),
     "hooks": ("KERAS_CACHED_ATTRS", "WEIGHT_DECAY_METHOD", "mark_default_hook",
         "override_methods", "past_autograph", "restore_methods", "weight_decay_method"),
 }
