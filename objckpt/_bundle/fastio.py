@@ -301,9 +301,8 @@ def _write_sliced(temp: str, keys: list, tensors: list, slices: list, workers: i
     path: the part is not seen here), this host writes it, one shard at a time per thread."""
     whole = [i for i, spec in enumerate(slices) if not spec]
     # In the order TF's saver writes its per-device parts: the index lists slices alike.
-    sliced = [i for i, spec in enumerate(slices) if spec]
-    sliced = [sliced[k] for k in _compat.save_order(
-        [getattr(tensors[i], "device", "") or "" for i in sliced])]
+    sliced = [i for i in _compat.save_order([getattr(t, "device", "") or "" for t in tensors])
+              if slices[i]]
     parts = [f"{temp}.part-{k:05d}" for k in range(len(sliced) + bool(whole))]
     if whole:
         write_bundle(parts[-1], [keys[i] for i in whole], [tensors[i] for i in whole], workers)

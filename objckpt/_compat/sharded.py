@@ -159,9 +159,10 @@ def io_devices(devices) -> list[str]:
 
 def save_order(devices) -> list[int]:
     """The order in which `tf.train.Checkpoint` writes (and its index lists) the slices of
-    sharded variables held on `devices` (in the order they come): grouped by task in the
-    order the tasks first appear (TF 2.16 and later: its saver shards by task), else sorted
-    by device (TF 2.12-2.15: one part per device, in sorted order)."""
+    sharded variables, given the devices of every tensor saved, in the order of the keys:
+    grouped by task in the order the tasks first appear (TF 2.16 and later: its saver
+    shards by task), else sorted by device (TF 2.12-2.15: one part per device, in sorted
+    order)."""
     from tensorflow.python.checkpoint import functional_saver
 
     devices = list(devices)
