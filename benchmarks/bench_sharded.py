@@ -27,8 +27,8 @@ Each restore is checked: a digest of every shard (the sum of its bytes as intege
 on its parameter server) equals the saved table's. Peak memory: a thread samples the
 coordinator's RssAnon in /proc/self/status every ~1 ms during the operation (`bench_io`'s
 sampler); the figure is the peak above the RssAnon just before it. Each parameter server's
-peak RSS (VmHWM, from its /proc status after the operation) beyond its RSS when it was
-ready (before any coordinator connected) is shown beside it: its shard is in it. Targets (ParameterServerStrategy's issue): faster than TF (TF's time over
+peak RSS during the operation (VmHWM, reset through /proc/PID/clear_refs just before it)
+beyond its RSS just before it (its shard is in that baseline) is shown beside it. Targets (ParameterServerStrategy's issue): faster than TF (TF's time over
 objckpt's >= 1), and the coordinator's peak beyond its baseline at most the largest shard
 plus 64 MiB.
 """
@@ -101,17 +101,10 @@ class Cluster:
             if not line.startswith("READY"):
                 self.stop()
                 raise RuntimeError(f"a server of the benchmark's cluster did not start: {line}")
-        self.idle = [self._status(i, b"VmRSS:") for i in range(SHARDS)]
 
-    def _status(self, i: int, field: bytes) -> int:
-        with open(f"/proc/{self.procs[f'ps{i}'].pid}/status", "rb") as f:
-            status = f.read()
-        at = status.index(field) + len(field)
-        return int(status[at:status.index(b"kB", at)]) * 1024
-
-    def ps_peaks(self) -> list[int]:
-        """Each parameter server's peak RSS (VmHWM) beyond its RSS when idle, in bytes."""
-        return [self._status(i, b"VmHWM:") - self.idle[i] for i in range(SHARDS)]
+    @property
+    def ps_pids(self) -> list[int]:
+        return [self.procs[f"ps{i}"].pid for i in range(SHARDS)]
 
     def stop(self) -> None:
         for proc in self.procs.values():
@@ -168,6 +161,25 @@ def _digest(table) -> list[int]:
     return out
 
 
+def _proc_status(pid: int, field: bytes) -> int:
+    with open(f"/proc/{pid}/status", "rb") as f:
+        status = f.read()
+    at = status.index(field) + len(field)
+    return int(status[at:status.index(b"kB", at)]) * 1024
+
+
+def _reset_peaks(pids: list[int]) -> list[int]:
+    """Resets each process's peak RSS (VmHWM) to its current RSS (Linux >= 4.0:
+    /proc/PID/clear_refs); returns the current RSS of each."""
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/clear_refs", "w") as f:
+                f.write("5")
+        except OSError:
+            pass
+    return [_proc_status(pid, b"VmRSS:") for pid in pids]
+
+
 def _child(task: dict) -> dict:
     import tensorflow as tf
 
@@ -199,6 +211,7 @@ def _child(task: dict) -> dict:
         os.sync()
     fd = os.open("/proc/self/status", os.O_RDONLY)
     rss_before = _status_kb(b"RssAnon:", fd)
+    ps_before = _reset_peaks(task["ps"])
     sys.setswitchinterval(0.0005)
     sampler = _Sampler()
     sampler.start()
@@ -206,9 +219,12 @@ def _child(task: dict) -> dict:
     ops[task["op"]]()
     seconds = time.perf_counter() - start
     sampler.finish()
+    ps_peaks = [_proc_status(pid, b"VmHWM:") - before
+                for pid, before in zip(task["ps"], ps_before)]
     after = _digest(table)
     return {"seconds": seconds, "anon_added": (sampler.peak - sampler.baseline) * 1024,
             "rss_before": rss_before * 1024, "samples": sampler.samples,
+            "ps_peaks": ps_peaks,
             "digest": after, "unchanged": after == digest,
             "shards": [int(p.shape[0]) for p in table.variables],
             "devices": [p.device for p in table.variables]}
@@ -218,7 +234,8 @@ def _run_op(task: dict) -> dict:
     cluster = Cluster()
     try:
         proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child",
-                               json.dumps({**task, "spec": cluster.spec})],
+                               json.dumps({**task, "spec": cluster.spec,
+                                           "ps": cluster.ps_pids})],
                               capture_output=True, text=True, timeout=900, check=False,
                               env=_env())
         lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
@@ -226,9 +243,7 @@ def _run_op(task: dict) -> dict:
             raise RuntimeError(f"bench_sharded child {task['op']} failed (exit "
                                f"{proc.returncode}):\n{proc.stdout[-3000:]}\n"
                                f"{proc.stderr[-3000:]}")
-        got = json.loads(lines[-1])
-        got["ps_peaks"] = cluster.ps_peaks()
-        return got
+        return json.loads(lines[-1])
     finally:
         cluster.stop()
 
@@ -305,8 +320,8 @@ def bench_sharded(size_mib: float = 1024, rounds: int = 3) -> dict:
         ratios.append((f"{OPS[op]}: coordinator peak RssAnon added, MiB (max over rounds)",
                        peak, target, met(peak, target) if target else None))
     for op in OPS:
-        notes.append(f"{OPS[op]}: a parameter server's peak RSS beyond its idle RSS (its "
-                     f"shard included) {float(np.max(samples[op]['ps'])) / MIB:.0f} MiB")
+        notes.append(f"{OPS[op]}: a parameter server's peak RSS added (max over rounds) "
+                     f"{float(np.max(samples[op]['ps'])) / MIB:.0f} MiB")
     return {"model": f"tf_keras Embedding({rows:,}, {DIM}) float32 in {SHARDS} shards of "
                      f"{largest / MIB:.0f} MiB on {SHARDS} parameter servers "
                      f"({nbytes / MIB:.0f} MiB); coordinator, worker and parameter servers "

@@ -6,8 +6,8 @@ table in memory. `SlicedLoader` reads each shard's rows of the checkpoint's tens
 `RestoreV2` of that slice (TF's reader takes the stored slices that overlap it, whatever
 shard count wrote them, and checks their checksums) and assigns them to that shard before it
 reads the next. As `tf.train.Checkpoint` does, a shard held by another task (a parameter
-server) is read by that task and assigned there (a lossless cast done there too): its bytes
-never cross this host; where that task cannot reach the file (not found there), this host
+server) is read by that task and assigned there (a lossless cast done there too; the tasks
+in parallel, each its shards in turn): its bytes never cross this host; where that task cannot reach the file (not found there), this host
 reads the slice and sends it.
 
 All or nothing (`Recorder`, in the fetch stage's undo log, `_fetch.Streamed`): before a
@@ -19,6 +19,7 @@ variable) back.
 
 from __future__ import annotations
 
+import threading
 from typing import NamedTuple
 
 import tensorflow as tf
@@ -106,13 +107,46 @@ class SlicedLoader:
         """Nothing more to check: TF's reader checks each slice's checksum as it reads it."""
 
     def assign(self) -> None:
+        """Every job read and assigned: the jobs of each task on a thread of their own, in
+        order (tasks work in parallel, as `tf.train.Checkpoint`'s restore); after a failure
+        no thread starts another job, and the first failure is raised once all ended."""
+        groups: dict = {}
         for job in self.jobs:
-            value = read_slice(self.prefix, job)
-            if self._convert is not None:
-                with tf.device(job.device):
-                    value = self._convert(value, job.variable)
-            self._assign_to(job.variable, value)
-            del value  # one shard at a time
+            groups.setdefault(job.device, []).append(job)
+        if len(groups) <= 1:
+            for job in self.jobs:
+                self._one(job)
+            return
+        failed: list = []
+        stop = threading.Event()
+
+        def run(group):
+            for job in group:
+                if stop.is_set():
+                    return
+                try:
+                    self._one(job)
+                except BaseException as err:  # noqa: BLE001 (raised below, in this thread)
+                    failed.append(err)
+                    stop.set()
+                    return
+
+        threads = [threading.Thread(target=run, args=(group,), daemon=True,
+                                    name="objckpt-shard-read") for group in groups.values()]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if failed:
+            raise failed[0]
+
+    def _one(self, job: Job) -> None:
+        value = read_slice(self.prefix, job)
+        if self._convert is not None:
+            with tf.device(job.device):
+                value = self._convert(value, job.variable)
+        self._assign_to(job.variable, value)
+        del value  # one shard at a time on each task
 
     def close(self) -> None:
         self.jobs = []
@@ -126,6 +160,7 @@ class Recorder:
 
     def __init__(self, job_list: list[Job]):
         self._jobs = {id(job.variable): job for job in job_list}
+        self._lock = threading.Lock()
         self.log = None
         self.log_failed = None
         self.writer_error = None
@@ -135,18 +170,22 @@ class Recorder:
         self.log, self.assigned = log, 0
 
     def __call__(self, variable, value) -> None:
+        """(On the loader's threads: one per task, a variable of this host's on one.)"""
         if self.log is not None:
             job = self._jobs[id(variable)]
             if job.device != HERE:
                 with tf.device(job.device):
-                    self.log.keep(variable, variable.read_value(), job.label)
+                    old = variable.read_value()
+                with self._lock:
+                    self.log.keep(variable, old, job.label)
             else:
                 self.log.record(_undolog.Viewed(variable), job.label)
         variable.assign(value, read_value=False)
-        self.assigned += 1
+        with self._lock:
+            self.assigned += 1
 
     def stop(self) -> None:
-        """Nothing runs beside the loader: nothing to stop."""
+        """The loader's threads ended before it raised: nothing to stop."""
 
     def join(self) -> None:
         """No thread of its own: nothing to wait for."""
