@@ -131,7 +131,9 @@ ABOUT = {
         "per-round ratios. Each restore is checked against the saved table (a digest of every "
         "shard computed on its parameter server). Peak memory: the coordinator's RssAnon "
         "sampled every ~1 ms above its value before the operation; each parameter server's "
-        "peak RSS during the operation above its RSS just before it is in the notes. Targets: faster than TF, and the "
+        "peak RSS during the operation above its RSS just before it is in the notes (a "
+        "lower bound of what the server needed: its allocator reuses the memory it freed "
+        "after building its shard). Targets: faster than TF, and the "
         "coordinator's peak at most the largest shard + 64 MiB."),
 }
 
