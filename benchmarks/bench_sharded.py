@@ -28,9 +28,9 @@ on its parameter server) equals the saved table's. Peak memory: a thread samples
 coordinator's RssAnon in /proc/self/status every ~1 ms during the operation (`bench_io`'s
 sampler); the figure is the peak above the RssAnon just before it. Each parameter server's
 peak RSS during the operation (VmHWM, reset through /proc/PID/clear_refs just before it)
-beyond its RSS just before it (its shard is in that baseline) is shown beside it. Targets (ParameterServerStrategy's issue): faster than TF (TF's time over
-objckpt's >= 1), and the coordinator's peak beyond its baseline at most the largest shard
-plus 64 MiB.
+beyond its RSS just before it (its shard is in that baseline) is shown beside it. Targets
+(ParameterServerStrategy's issue): faster than TF (TF's time over objckpt's >= 1), and the
+coordinator's peak beyond its baseline at most the largest shard plus 64 MiB.
 """
 
 from __future__ import annotations
@@ -137,7 +137,6 @@ def _strategy(spec: dict):
 
 
 def _build(strategy, rows: int, fill: str):
-    import tensorflow as tf
     import tf_keras
 
     with strategy.scope():

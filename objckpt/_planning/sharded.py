@@ -1,14 +1,14 @@
 """Sharded variables restored from a local TF checkpoint one shard at a time, where they live.
 
-A `ShardedVariable` (ParameterServerStrategy with a partitioner) is one logical variable in a
-plan. Restored whole, its value would be assembled on this host (the coordinator): the whole
-table in memory. `SlicedLoader` reads each shard's rows of the checkpoint's tensor with one
-`RestoreV2` of that slice (TF's reader takes the stored slices that overlap it, whatever
-shard count wrote them, and checks their checksums) and assigns them to that shard before it
-reads the next. As `tf.train.Checkpoint` does, a shard held by another task (a parameter
-server) is read by that task and assigned there (a lossless cast done there too; the tasks
-in parallel, each its shards in turn): its bytes never cross this host; where that task cannot reach the file (not found there), this host
-reads the slice and sends it.
+A `ShardedVariable` (ParameterServerStrategy with a partitioner) is one logical variable in
+a plan. Restored whole, its value would be assembled on this host (the coordinator): the
+whole table in memory. `SlicedLoader` reads each shard's rows of the checkpoint's tensor
+with one `RestoreV2` of that slice (TF's reader takes the stored slices that overlap it,
+whatever shard count wrote them, and checks their checksums) and assigns them to that shard
+before it reads the next. As `tf.train.Checkpoint` does, a shard held by another task (a
+parameter server) is read by that task and assigned there (a lossless cast done there too;
+the tasks in parallel, each its shards in turn): its bytes never cross this host; where that
+task cannot reach the file (not found there), this host reads the slice and sends it.
 
 All or nothing (`Recorder`, in the fetch stage's undo log, `_fetch.Streamed`): before a
 shard is assigned its old value is kept where it lives (a parameter server keeps the value
@@ -52,11 +52,11 @@ def jobs(keys, dtypes, targets, labels) -> list[Job]:
         if _compat.is_sharded(target):
             for (spec, _), part in zip(_compat.shard_slices(target, value=_NO_VALUE),
                                        _compat.shards(target)):
-                out.append(Job(key, spec, dtype, part, f"{label} (rows {_rows(spec)})"))
+                out.append((key, spec, dtype, part, f"{label} (rows {_rows(spec)})"))
         else:
-            out.append(Job(key, "", dtype, target, label))
-    devices = _compat.io_devices([getattr(job.variable, "device", "") or "" for job in out])
-    return [job._replace(device=device) for job, device in zip(out, devices)]
+            out.append((key, "", dtype, target, label))
+    devices = _compat.io_devices([getattr(job[3], "device", "") or "" for job in out])
+    return [Job(*job, device) for job, device in zip(out, devices)]
 
 
 class _NoValue:

@@ -65,7 +65,8 @@ def test_a_bfloat16_checkpoint_widens_into_float32_shards_one_at_a_time(
     assert report.restored == ("table",) or list(report.restored) == ["table"]
     got = np.concatenate([p.numpy() for p in target.table.variables])
     assert got.dtype == np.float32 and got.tobytes() == widened.tobytes()
-    # one read per shard (a ShardedVariable of one shard too), of its rows only, in bfloat16 (widened after the read)
+    # one read per shard (a ShardedVariable of one shard too), of its rows only, in
+    # bfloat16 (widened after the read)
     starts = np.cumsum((0,) + restored[:-1])
     assert reads == [(f"10 3 {s},{n}:0,3", "/cpu:0", (n, 3), "bfloat16")
                      for s, n in zip(starts, restored)]
