@@ -138,3 +138,28 @@ def test_values_of_another_task_are_read_and_written_by_its_cpu():
             == "/job:ps/replica:0/task:1/device:CPU:0")
     assert _compat.io_devices(["/job:ps/task:0", ""]) == ["/job:ps/replica:0/task:0/device:CPU:0",
                                                           "/cpu:0"]
+
+
+def test_a_slice_its_task_cannot_write_is_written_here(tmp_path, monkeypatch):
+    """Each shard's slice is written by the task holding it; where that task cannot write
+    it (here: a task that does not exist, as a parameter server whose file system does not
+    reach the path), this host writes it, and the checkpoint is the same."""
+    value = np.random.default_rng(3).normal(size=(10, 3)).astype("float32")
+    module = _table((4, 6), value)
+    asked = []
+
+    def elsewhere(devices):
+        devices = list(devices)
+        asked.append(len(devices))
+        return ["/job:ps/replica:0/task:0/device:CPU:0"] * len(devices)
+
+    monkeypatch.setattr(objckpt._compat, "io_devices", elsewhere)
+    prefix = objckpt.save(module, str(tmp_path / "ck"))
+    monkeypatch.undo()
+    assert asked == [2]  # the two slices were given to the (missing) task first
+    reader = tf.train.load_checkpoint(prefix)
+    assert reader.get_tensor("table/.ATTRIBUTES/VARIABLE_VALUE").tobytes() == value.tobytes()
+    target = _table((5, 5), np.zeros((10, 3), "float32"))
+    tf.train.Checkpoint(table=target.table).read(prefix).assert_consumed()
+    assert np.concatenate([p.numpy() for p in target.table.variables]).tobytes() \
+        == value.tobytes()
