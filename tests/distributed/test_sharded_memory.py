@@ -163,3 +163,20 @@ def test_a_slice_its_task_cannot_write_is_written_here(tmp_path, monkeypatch):
     tf.train.Checkpoint(table=target.table).read(prefix).assert_consumed()
     assert np.concatenate([p.numpy() for p in target.table.variables]).tobytes() \
         == value.tobytes()
+
+
+def test_an_upload_writes_every_slice_here(tmp_path, monkeypatch):
+    """The local folder of an upload (a gs:// or s3:// save) is this host's: its slices are
+    written here, no other task asked."""
+    from objckpt._bundle import fastio as _fastio
+
+    def nowhere(devices):
+        raise AssertionError("no task asked")
+
+    monkeypatch.setattr(objckpt._compat, "io_devices", nowhere)
+    parts = [tf.constant([[1.0, 2.0]]), tf.constant([[3.0, 4.0], [5.0, 6.0]])]
+    temp = str(tmp_path / "bundle")
+    _fastio.write_bundle(temp, ["t", "t"], parts, 2, ["3 2 0,1:0,2", "3 2 1,2:0,2"],
+                         here=True)
+    monkeypatch.undo()
+    assert tf.train.load_checkpoint(temp).get_tensor("t").tolist() == [[1, 2], [3, 4], [5, 6]]
