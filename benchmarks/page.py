@@ -117,11 +117,29 @@ ABOUT = {
         "largest RssAnon (sampled every ~1 ms from /proc/self/status) above its value before "
         "the operation, the model's own variables included in that baseline, over the "
         "largest tensor's bytes."),
+    "sharded": (
+        "A sharded embedding table under `ParameterServerStrategy` (a tf_keras `Embedding` of "
+        "64 float32 columns built with `FixedShardsPartitioner(2)`: two shards, one on each "
+        "of two parameter servers) in `tf.train.Checkpoint(model=model)`: `objckpt.save` "
+        "against `ckpt.write` and `objckpt.restore` against `ckpt.read(...).assert_consumed()` "
+        "on the same cluster. The worker and the two parameter servers are "
+        "`tf.distribute.Server`s in processes of their own, started afresh for each "
+        "operation; the coordinator is a fresh child process, so its memory is its own. Each "
+        "operation is timed in its child, interleaved round by round after a warm-up round "
+        "(a fresh prefix for each save, `os.sync()` before it; both restores read the "
+        "warm-up's `objckpt.save`, from the page cache); times in seconds, medians, spans the "
+        "per-round ratios. Each restore is checked against the saved table (a digest of every "
+        "shard computed on its parameter server). Peak memory: the coordinator's RssAnon "
+        "sampled every ~1 ms above its value before the operation; each parameter server's "
+        "peak RSS during the operation above its RSS just before it is in the notes (a "
+        "lower bound of what the server needed: its allocator reuses the memory it freed "
+        "after building its shard). Targets: faster than TF, and the "
+        "coordinator's peak at most the largest shard + 64 MiB."),
 }
 
 ORDER = ["foundation", "twins", "migrate", "ensemble", "completeness", "untrusted", "cli",
          "formats", "distribute", "checkpointing", "io", "wide", "remote", "safetensors",
-         "average"]
+         "average", "sharded"]
 
 
 def _cell(text) -> str:

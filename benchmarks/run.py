@@ -5,10 +5,10 @@ Usage:
                            [--note TEXT] [--repeats N] [--only a|b]
                            [--section all|foundation|twins|migrate|ensemble|checkpointing|
                                       completeness|untrusted|cli|formats|distribute|io|
-                                      wide|remote|safetensors|average] ...
+                                      wide|remote|safetensors|average|sharded] ...
                            [--steps N] [--batch N] [--migrate-tensors N] [--io-sizes MiB,MiB]
                            [--wide-sizes N,N,N] [--remote-size-mib MiB]
-                           [--average-size-mib MiB] [--merge]
+                           [--average-size-mib MiB] [--sharded-mib MiB] [--merge]
   python benchmarks/run.py --render results.json --markdown docs/benchmarks.md
 
 Models:
@@ -208,7 +208,7 @@ def main(argv=None) -> int:
                         choices=["all", "foundation", "twins", "migrate", "ensemble",
                                  "checkpointing", "completeness", "untrusted", "cli",
                                  "formats", "distribute", "io", "wide", "remote",
-                                 "safetensors", "average"],
+                                 "safetensors", "average", "sharded"],
                         help="run this section (repeatable; default all)")
     parser.add_argument("--migrate-tensors", type=int, default=16,
                         help="float32 4096x4096 tensors in the migrate source (16: ~1.07 GB)")
@@ -224,6 +224,9 @@ def main(argv=None) -> int:
     parser.add_argument("--average-size-mib", type=float, default=512,
                         help="section average: the size of each of the 8 checkpoints in MiB "
                         "(16 for a smoke run)")
+    parser.add_argument("--sharded-mib", type=float, default=1024,
+                        help="section sharded: the embedding table's size in MiB, in 2 shards "
+                        "on 2 parameter servers (16 for a smoke run)")
     parser.add_argument("--merge", action="store_true",
                         help="with --json: keep the existing file's sections this run did "
                         "not run (and its command), adding this run's")
@@ -483,6 +486,17 @@ def run(args, argv, earlier: dict | None = None) -> dict:
                                              max(1, min(args.repeats, 3)))
         show("average", f"[average] {result['model']}", result, "average", many=False,
              printer=bench_average.print_result)
+    if wanted("sharded") and args.only != "b":
+        import bench_sharded
+
+        skipped = bench_sharded.available()
+        if skipped is not None:
+            print(f"\n[sharded] skipped: {skipped}")
+            out.setdefault("skipped", []).append(f"sharded: {skipped}")
+        else:
+            result = bench_sharded.bench_sharded(args.sharded_mib, max(1, min(args.repeats, 5)))
+            show("sharded", f"[sharded] {result['model']}", result, "sharded", many=False,
+                 printer=bench_sharded.print_result)
     return out
 
 

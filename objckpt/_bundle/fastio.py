@@ -251,12 +251,13 @@ def part_count(sizes: list[int], workers: int) -> int:
 
 
 def write_bundle(temp: str, keys: list, tensors: list, workers: int | None = None,
-                 slices: list | None = None) -> None:
+                 slices: list | None = None, here: bool = False) -> None:
     """Writes `tensors` under `keys` at the (temporary) prefix `temp`, in parallel.
 
     `slices`, when given, holds a slice spec for each tensor ("" for a whole one): the
     tensors given a spec are slices of the tensor under their key, as `tf.train.Checkpoint`
-    writes a sharded variable's shards (`_write_sliced`).
+    writes a sharded variable's shards (`_write_sliced`; `here`: every slice written by this
+    host, e.g. into the local folder of an upload, which other tasks cannot reach).
 
     `_bundlewrite` writes them (one data file, written by up to `workers` threads) unless
     one is of a dtype it does not write, TF exports no crc32c or a graph is being built.
@@ -267,7 +268,7 @@ def write_bundle(temp: str, keys: list, tensors: list, workers: int | None = Non
     """
     workers = threads() if workers is None else workers
     if slices is not None and any(slices):
-        _write_sliced(temp, keys, tensors, slices, workers)
+        _write_sliced(temp, keys, tensors, slices, workers, here)
         return
     crc = native_crc32c()
     if crc is not None and tf.executing_eagerly() and _bundlewrite.supported(tensors):
@@ -290,25 +291,39 @@ def write_bundle(temp: str, keys: list, tensors: list, workers: int | None = Non
                                       delete_old_dirs=False)
 
 
-def _write_sliced(temp: str, keys: list, tensors: list, slices: list, workers: int) -> None:
+def _write_sliced(temp: str, keys: list, tensors: list, slices: list, workers: int,
+                  here: bool = False) -> None:
     """Whole tensors written by `write_bundle` as one part, each slice by its own `SaveV2`
-    part (so one shard at a time is held on this host), merged by `MergeV2Checkpoints`
-    into `temp`: the index lists each sliced tensor with its slices, as TF's own save."""
+    part, merged by `MergeV2Checkpoints` into `temp`: the index lists each sliced tensor
+    with its slices, as TF's own save.
+
+    A slice held by another task (a parameter server's shard) is written by that task, as
+    `tf.train.Checkpoint` writes it (its bytes never cross this host), the tasks in
+    parallel; where that task cannot write the part (its file system does not reach the
+    path: the part is not seen here), this host writes it, one shard at a time per thread."""
     whole = [i for i, spec in enumerate(slices) if not spec]
-    # By device, as TF's saver orders its per-device parts: the index lists slices alike.
-    sliced = sorted((i for i, spec in enumerate(slices) if spec),
-                    key=lambda i: getattr(tensors[i], "device", "") or "")
+    # In the order TF's saver writes its per-device parts: the index lists slices alike.
+    sliced = [i for i in _compat.save_order([getattr(t, "device", "") or "" for t in tensors])
+              if slices[i]]
     parts = [f"{temp}.part-{k:05d}" for k in range(len(sliced) + bool(whole))]
     if whole:
         write_bundle(parts[-1], [keys[i] for i in whole], [tensors[i] for i in whole], workers)
+    devices = (["/cpu:0"] * len(sliced) if here else
+               _compat.io_devices([getattr(tensors[i], "device", "") or "" for i in sliced]))
 
     def save(k: int) -> None:
         i = sliced[k]
+        if devices[k] != "/cpu:0":
+            with contextlib.suppress(tf.errors.OpError), tf.device(devices[k]):
+                tf.raw_ops.SaveV2(prefix=parts[k], tensor_names=[keys[i]],
+                                  shape_and_slices=[slices[i]], tensors=[tensors[i]])
+            if os.path.exists(parts[k] + ".index"):
+                return
         with tf.device("/cpu:0"):
             tf.raw_ops.SaveV2(prefix=parts[k], tensor_names=[keys[i]],
                               shape_and_slices=[slices[i]], tensors=[tensors[i]])
 
-    _run_all(save, list(range(len(sliced))), workers)
+    _run_all(save, list(range(len(sliced))), max(workers, len(set(devices) - {"/cpu:0"})))
     with tf.device("/cpu:0"):
         tf.raw_ops.MergeV2Checkpoints(checkpoint_prefixes=parts, destination_prefix=temp,
                                       delete_old_dirs=False)

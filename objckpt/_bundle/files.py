@@ -577,7 +577,7 @@ def _write_remote(prefix: str, keys: list, tensors: list, stage, workers: int | 
     try:
         temp = os.path.join(folder, "bundle")
         stage("write")
-        _fastio.write_bundle(temp, keys, tensors, workers, slices)
+        _fastio.write_bundle(temp, keys, tensors, workers, slices, here=True)
         _upload(temp, prefix, stage)
         stage("index")
     finally:

@@ -132,6 +132,12 @@ class UndoLog:
         self._pending = (thread, entry, failure)
         thread.start()
 
+    def keep(self, variable, value, name: str = "") -> None:
+        """Records `value`, `variable`'s current value held elsewhere (read where the
+        variable lives, e.g. on a parameter server, and unchanged by its assignment):
+        nothing written here; `undo` assigns it back."""
+        self._entries.append([name, variable, None, None, None, None, value])
+
     def _write_large(self, raw, offset: int, failure: list) -> None:
         """The background thread: `raw` at `offset` of the large file, direct where it can
         be (falls back to the page cache where the file system refuses a direct write)."""
@@ -262,11 +268,6 @@ class Viewed:
 
     def assign(self, value, read_value: bool = False) -> None:
         self.variable.assign(value, read_value=read_value)
-
-
-def viewed(variable) -> _Viewed:
-    """`variable` as the undo log takes it from its own buffer (no copy of the old value)."""
-    return _Viewed(variable)
 
 
 def undo_after(log: UndoLog, err, count: int, operation: str, holding: str,

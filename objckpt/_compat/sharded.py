@@ -18,11 +18,14 @@ from objckpt._compat.partitioned import is_partitioned, partition_axis, parts
 
 __all__ = [
     "Layout",
+    "io_device",
+    "io_devices",
     "is_caching_type",
     "is_sharded",
     "is_sharded_type",
     "new_sharded",
     "read_sharded",
+    "save_order",
     "shard_layout",
     "shard_slices",
     "shards",
@@ -132,6 +135,58 @@ def shard_slices(variable, value=None) -> list[tuple[str, object]]:
         out.append((info.spec, part.value() if value is None else value[
             (slice(None),) * layout.axis + (slice(offset, offset + rows),)]))
     return out
+
+
+def _task(spec) -> tuple:
+    return (spec.job, spec.replica or 0, spec.task or 0)
+
+
+def _host_task() -> tuple:
+    """(job, replica, task) of this process (("localhost", 0, 0) outside a cluster)."""
+    with tf.init_scope():
+        with tf.device("/cpu:0"):
+            here = tf.constant(0).device
+    return _task(tf.DeviceSpec.from_string(here))
+
+
+def io_device(device: str, host: tuple | None = None) -> str:
+    """Where a value on `device` is read and written, as `tf.train.Checkpoint` does it: the
+    CPU of the task holding it (a parameter server writes and reads its own shards, so
+    their bytes never cross this host), or "/cpu:0" (this host) for a device of this
+    process or one without a task. `host`: this process's `(job, replica, task)` when
+    known (`io_devices` finds it once for many)."""
+    if not device:
+        return "/cpu:0"
+    spec = tf.DeviceSpec.from_string(device)
+    if spec.job is None or _task(spec) == (host or _host_task()):
+        return "/cpu:0"
+    return tf.DeviceSpec(job=spec.job, replica=spec.replica or 0, task=spec.task or 0,
+                         device_type="CPU", device_index=0).to_string()
+
+
+def io_devices(devices) -> list[str]:
+    """`io_device` of each of `devices`."""
+    host = _host_task()
+    return [io_device(device, host) for device in devices]
+
+
+def save_order(devices) -> list[int]:
+    """The order in which `tf.train.Checkpoint` writes (and its index lists) the slices of
+    sharded variables, given the devices of every tensor saved, in the order of the keys:
+    grouped by task in the order the tasks first appear (TF 2.16 and later: its saver
+    shards by task), else sorted by device (TF 2.12-2.15: one part per device, in sorted
+    order)."""
+    from tensorflow.python.checkpoint import functional_saver
+
+    devices = list(devices)
+    if hasattr(functional_saver.MultiDeviceSaver, "_get_shards_by_task"):
+        first = {}
+        for device in devices:
+            spec = tf.DeviceSpec.from_string(device or "")
+            first.setdefault(_task(spec), len(first))
+        rank = [first[_task(tf.DeviceSpec.from_string(d or ""))] for d in devices]
+        return sorted(range(len(devices)), key=lambda i: rank[i])
+    return sorted(range(len(devices)), key=lambda i: devices[i])
 
 
 def read_sharded(variable):

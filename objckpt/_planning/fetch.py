@@ -130,16 +130,18 @@ def streamed(src, the_plan: _match.Plan, variables):
 def _sliced(src, the_plan: _match.Plan, targets):
     """The loader of a plan with sharded variables from a local TF checkpoint: every shard
     read as its slice of the stored tensor and assigned before the next is read
-    (`_sharded.SlicedLoader`), or None (then fetched whole) where a rule's transform or a
-    dtype cast needs the whole value."""
-    if any(m.transform is not None or m.cast for m in the_plan.matches) or any(
+    (`_sharded.SlicedLoader`; a lossless cast done shard by shard), or None (then fetched
+    whole) where a rule's transform or a lossy cast needs the whole value."""
+    sources = [m.source for m in the_plan.matches]
+    if any(m.transform is not None or (m.cast and not _compat.lossless(
+            src.specs[m.source][1], v.dtype.base_dtype))
+            for m, v in zip(the_plan.matches, targets)) or any(
             _compat.replica_parts(v) is not None for v in targets):
         return None
-    sources = [m.source for m in the_plan.matches]
     job_list = _sharded.jobs(src.bundle_keys(sources), [src.specs[k][1] for k in sources],
                              targets, [the_plan.label(m.target) for m in the_plan.matches])
-    recorder = _Recorder([(job.variable, job.label) for job in job_list])
-    return Streamed(_sharded.SlicedLoader(src.prefix, job_list, recorder), recorder)
+    recorder = _sharded.Recorder(job_list)
+    return Streamed(_sharded.SlicedLoader(src.prefix, job_list, recorder, converted), recorder)
 
 
 def _streamed_by_tensor(src, the_plan: _match.Plan, variables):

@@ -1,35 +1,48 @@
-"""Sharded variables restored from a local TF checkpoint one shard at a time.
+"""Sharded variables restored from a local TF checkpoint one shard at a time, where they live.
 
-A `ShardedVariable` (ParameterServerStrategy with a partitioner) is one logical variable in a
-plan. Restored whole, its value would be assembled on this host (the coordinator): the whole
-table in memory. `SlicedLoader` reads each shard's rows of the checkpoint's tensor with one
-`RestoreV2` of that slice (TF's reader takes the stored slices that overlap it, whatever
-shard count wrote them) and assigns them to that shard before it reads the next, so beyond
-the model this host holds one shard at a time. The fetch stage wraps it in its undo log
-(`_fetch.Streamed`): each shard's old value is logged before it is assigned and a failure
-half way puts every shard (and every other variable) back.
+A `ShardedVariable` (ParameterServerStrategy with a partitioner) is one logical variable in
+a plan. Restored whole, its value would be assembled on this host (the coordinator): the
+whole table in memory. `SlicedLoader` reads each shard's rows of the checkpoint's tensor
+with one `RestoreV2` of that slice (TF's reader takes the stored slices that overlap it,
+whatever shard count wrote them, and checks their checksums) and assigns them to that shard
+before it reads the next. As `tf.train.Checkpoint` does, a shard held by another task (a
+parameter server) is read by that task and assigned there (a lossless cast done there too;
+the tasks in parallel, each its shards in turn): its bytes never cross this host; where that
+task cannot reach the file (not found there), this host reads the slice and sends it.
+
+All or nothing (`Recorder`, in the fetch stage's undo log, `_fetch.Streamed`): before a
+shard is assigned its old value is kept where it lives (a parameter server keeps the value
+read just before, which the assignment does not change), a variable of this host's has it
+written to the undo log's file; a failure half way puts every shard (and every other
+variable) back.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import NamedTuple
 
 import tensorflow as tf
 
 from objckpt import _compat
+from objckpt._bundle import undolog as _undolog
 
-__all__ = ["Job", "SlicedLoader", "jobs"]
+__all__ = ["Job", "Recorder", "SlicedLoader", "jobs", "read_slice"]
+
+HERE = "/cpu:0"
 
 
 class Job(NamedTuple):
     """One read and one assign: `key` (its `spec`: a slice, "" for the whole tensor) of
-    stored dtype `dtype` into `variable` (a shard, or a whole variable)."""
+    stored dtype `dtype` into `variable` (a shard, or a whole variable), read on `device`
+    (the CPU of the task holding `variable`; HERE: this host)."""
 
     key: str
     spec: str
     dtype: object
     variable: object
     label: str
+    device: str = HERE
 
 
 def jobs(keys, dtypes, targets, labels) -> list[Job]:
@@ -39,10 +52,11 @@ def jobs(keys, dtypes, targets, labels) -> list[Job]:
         if _compat.is_sharded(target):
             for (spec, _), part in zip(_compat.shard_slices(target, value=_NO_VALUE),
                                        _compat.shards(target)):
-                out.append(Job(key, spec, dtype, part, f"{label} (rows {_rows(spec)})"))
+                out.append((key, spec, dtype, part, f"{label} (rows {_rows(spec)})"))
         else:
-            out.append(Job(key, "", dtype, target, label))
-    return out
+            out.append((key, "", dtype, target, label))
+    devices = _compat.io_devices([getattr(job[3], "device", "") or "" for job in out])
+    return [Job(*job, device) for job, device in zip(out, devices)]
 
 
 class _NoValue:
@@ -63,30 +77,115 @@ def _rows(spec: str) -> str:
 
 
 def read_slice(prefix: str, job: Job):
-    """The stored values of one job, read on this host's CPU."""
-    with tf.device("/cpu:0"):
-        return tf.raw_ops.RestoreV2(prefix=prefix, tensor_names=[job.key],
-                                    shape_and_slices=[job.spec], dtypes=[job.dtype])[0]
+    """The stored values of one job, read on `job.device` (this host's CPU where the task
+    holding the variable does not find the file)."""
+    for device in dict.fromkeys((job.device, HERE)):
+        try:
+            with tf.device(device):
+                return tf.raw_ops.RestoreV2(prefix=prefix, tensor_names=[job.key],
+                                            shape_and_slices=[job.spec], dtypes=[job.dtype])[0]
+        except tf.errors.NotFoundError:
+            if device == HERE:
+                raise
+    raise AssertionError("unreachable")
 
 
 class SlicedLoader:
     """A streamed loader (`verify`, `assign`, `close`) of `jobs` from the local TF checkpoint
-    `prefix`: each value read (`read_slice`) just before `assign_to(variable, value)` assigns
-    it, one at a time. The plan checked every shape and dtype from the index before."""
+    `prefix`: each value read (`read_slice`), converted where the plan admitted a lossless
+    cast (`convert(value, variable)`, on the job's device) and given to
+    `assign_to(variable, value)`, one at a time. The plan checked every shape and dtype
+    from the index before."""
 
-    def __init__(self, prefix: str, job_list: list[Job], assign_to):
+    def __init__(self, prefix: str, job_list: list[Job], assign_to, convert=None):
         self.prefix = prefix
         self.jobs = list(job_list)
         self._assign_to = assign_to
+        self._convert = convert
 
     def verify(self) -> None:
         """Nothing more to check: TF's reader checks each slice's checksum as it reads it."""
 
     def assign(self) -> None:
+        """Every job read and assigned: the jobs of each task on a thread of their own, in
+        order (tasks work in parallel, as `tf.train.Checkpoint`'s restore); after a failure
+        no thread starts another job, and the first failure is raised once all ended."""
+        groups: dict = {}
         for job in self.jobs:
-            value = read_slice(self.prefix, job)
-            self._assign_to(job.variable, value)
-            del value  # one shard at a time
+            groups.setdefault(job.device, []).append(job)
+        if len(groups) <= 1:
+            for job in self.jobs:
+                self._one(job)
+            return
+        failed: list = []
+        stop = threading.Event()
+
+        def run(group):
+            for job in group:
+                if stop.is_set():
+                    return
+                try:
+                    self._one(job)
+                except BaseException as err:  # noqa: BLE001 (raised below, in this thread)
+                    failed.append(err)
+                    stop.set()
+                    return
+
+        threads = [threading.Thread(target=run, args=(group,), daemon=True,
+                                    name="objckpt-shard-read") for group in groups.values()]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if failed:
+            raise failed[0]
+
+    def _one(self, job: Job) -> None:
+        value = read_slice(self.prefix, job)
+        if self._convert is not None:
+            with tf.device(job.device):
+                value = self._convert(value, job.variable)
+        self._assign_to(job.variable, value)
+        del value  # one shard at a time on each task
 
     def close(self) -> None:
         self.jobs = []
+
+
+class Recorder:
+    """The `assign_to` of a `SlicedLoader` under the fetch stage's undo log (`start(log)`):
+    each job's old value kept before its variable is assigned, in the log's `keep` (the
+    value read on the task holding it, a parameter server: nothing crosses this host) or
+    written to the log's file (a variable of this host's)."""
+
+    def __init__(self, job_list: list[Job]):
+        self._jobs = {id(job.variable): job for job in job_list}
+        self._lock = threading.Lock()
+        self.log = None
+        self.log_failed = None
+        self.writer_error = None
+        self.assigned = 0
+
+    def start(self, log) -> None:
+        self.log, self.assigned = log, 0
+
+    def __call__(self, variable, value) -> None:
+        """(On the loader's threads: one per task, a variable of this host's on one.)"""
+        if self.log is not None:
+            job = self._jobs[id(variable)]
+            if job.device != HERE:
+                with tf.device(job.device):
+                    old = variable.read_value()
+                with self._lock:
+                    self.log.keep(variable, old, job.label)
+            else:
+                self.log.record(_undolog.Viewed(variable), job.label)
+        variable.assign(value, read_value=False)
+        with self._lock:
+            self.assigned += 1
+
+    def stop(self) -> None:
+        """The loader's threads ended before it raised: nothing to stop."""
+
+    def join(self) -> None:
+        """No thread of its own: nothing to wait for."""

@@ -90,13 +90,14 @@ def test_a_failure_half_way_puts_every_shard_back(monkeypatch, tmp_path):
     assert target.bias.numpy().tobytes() == bias
 
 
-def test_a_cast_reads_the_value_whole(reads, tmp_path):
-    """A lossless cast (float32 stored, float64 shards) needs the whole value: fetched whole,
-    still right, nothing read slice by slice."""
+def test_a_lossless_cast_reads_shard_by_shard(reads, tmp_path):
+    """A lossless cast (float32 stored, float64 shards) is done shard by shard: each shard
+    reads its slice in the stored dtype, widened before it is assigned."""
     value = value_of(3)
     prefix = objckpt.save(module_of((5, 5), value), str(tmp_path / "ck"))
     target = module_of((3, 7), np.zeros((10, 3)), "float64")
     objckpt.restore(target, prefix)
     got = np.concatenate([p.numpy() for p in target.table.variables])
     assert got.tobytes() == value.astype("float64").tobytes()
-    assert reads == []
+    assert [(spec, shape) for key, spec, shape in reads if key == KEY] == [
+        ("10 3 0,3:0,3", (3, 3)), ("10 3 3,7:0,3", (7, 3))]

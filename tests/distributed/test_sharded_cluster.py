@@ -124,13 +124,15 @@ def test_twins_on_the_parameter_servers(results):
 
 
 def test_a_read_failing_half_way_puts_every_shard_back(results):
-    """Shards are read and assigned one at a time (bounded memory on the coordinator); the
-    undo log gives the two already assigned their old values back."""
+    """Each parameter server reads and assigns its shards one at a time (the two servers in
+    parallel: the other may finish the read it started); the undo log gives every shard
+    already assigned its old value back."""
     half = results["half_way"]
     assert half["raised"] == "the parameter server went away"
-    assert half["reads"] == 3
+    assert half["reads"] in (3, 4)
     assert half["unchanged"], "every shard on every parameter server as before"
-    assert any("Nothing was changed: the 2 variable(s)" in note for note in half["notes"])
+    assert any(f"Nothing was changed: the {half['reads'] - 1} variable(s)" in note
+               for note in half["notes"])
 
 
 @pytest.mark.parametrize("saved, restored", CASES)
