@@ -43,3 +43,29 @@ def test_a_supported_type_without_a_module_is_named(monkeypatch):
     monkeypatch.setattr(objckpt.rules, "supported", lambda: ["bert", "nosuchtype"])
     with pytest.raises(LookupError, match="nosuchtype"):
         hf_table.set_modules()
+
+
+def _keras_hub_model_types() -> set:
+    """The `model_type`s keras-hub's transformers importer dispatches on, read from its
+    source (the strings its loader compares `model_type` with)."""
+    import ast
+    import inspect
+
+    from keras_hub.src.utils.transformers import preset_loader
+
+    types = set()
+    for node in ast.walk(ast.parse(inspect.getsource(preset_loader))):
+        if isinstance(node, ast.Compare) and getattr(node.left, "id", None) == "model_type":
+            for right in node.comparators:
+                types.update(n.value for n in ast.walk(right)
+                             if isinstance(n, ast.Constant) and isinstance(n.value, str))
+    return types
+
+
+def test_every_model_type_keras_hub_imports_has_a_shipped_set():
+    types = _keras_hub_model_types()
+    assert {"llama", "bert", "gemma3", "blip-2", "sam3_video"} <= types, sorted(types)
+    missing = sorted(types - set(objckpt.rules.supported()))
+    assert not missing, (
+        f"keras-hub's transformers importer reads {missing}, which objckpt.rules ships no "
+        "set for: write one (see docs/huggingface.md) or pin keras-hub")
