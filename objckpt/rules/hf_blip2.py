@@ -80,16 +80,17 @@ _T5_EMBEDDING, _T5_ENCODER_0, _T5_DECODER_0 = 5, 13, 18  # T5's operations (see 
 _T5_BUCKETS, _T5_DISTANCE = 32, 128  # keras-hub's fixed relative position buckets
 
 
-def _invalid(message: str):
+def _invalid(text: str, fix: str):
+    """The error for what the set cannot read: what it needs, then its fix."""
     from objckpt import errors
 
-    return errors.InvalidArgumentError(message)
+    return errors.InvalidArgumentError(f"{text} Fix: {fix}")
 
 
 def _refuse(key: str, value, expected: str, why: str):
     raise _invalid(
         f"The {MODEL} rule set needs `text_config.{key}` {expected}; received {value!r}: "
-        f"{why}. Fix: convert a checkpoint keras-hub's BLIP-2 can hold, or write the rules "
+        f"{why}.", "convert a checkpoint keras-hub's BLIP-2 can hold, or write the rules "
         "with objckpt.rules.Rule for a model built to match.")
 
 
@@ -230,7 +231,7 @@ def rules(config: dict) -> RuleSet:
         raise _invalid(
             f"The {MODEL} rule set reads an OPT or a Flan-T5 language model "
             f"(`text_config.model_type` 'opt' or 't5'); received {kind!r}: keras-hub's importer "
-            "(convert_blip2.py) builds no other. Fix: convert a BLIP-2 of OPT or Flan-T5, or "
+            "(convert_blip2.py) builds no other.", "convert a BLIP-2 of OPT or Flan-T5, or "
             "write the rules with objckpt.rules.Rule.")
     towers = [Rule(r.source, where + r.target, r.transform)
               for r in vision_rules(config) + qformer_rules(config) + projection_rules()]

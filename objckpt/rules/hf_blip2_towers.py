@@ -48,10 +48,11 @@ QFORMER_DEFAULTS = {"hidden_size": 768, "num_attention_heads": 12, "num_hidden_l
                     "cross_attention_frequency": 2}
 
 
-def _invalid(message: str):
+def _invalid(text: str, fix: str):
+    """The error for what the set cannot read: what it needs, then its fix."""
     from objckpt import errors
 
-    return errors.InvalidArgumentError(message)
+    return errors.InvalidArgumentError(f"{text} Fix: {fix}")
 
 
 def part(config: dict, key: str, default=None) -> dict:
@@ -60,7 +61,7 @@ def part(config: dict, key: str, default=None) -> dict:
     if not isinstance(value, dict):
         raise _invalid(
             f"The {MODEL} rule set needs `{key}` (a dict) from the Hugging Face config; "
-            f"received {value!r}. Fix: pass the checkpoint's folder (its config.json), or "
+            f"received {value!r}.", "pass the checkpoint's folder (its config.json), or "
             "config={'vision_config': {...}, 'qformer_config': {...}, 'text_config': {...}, "
             "'num_query_tokens': ...}.")
     return value
@@ -73,7 +74,7 @@ def size(config: dict, key: str, where: str, default=None) -> int:
     if type(value) is not int or value <= 0:
         raise _invalid(
             f"The {MODEL} rule set needs `{where}{key}` (a positive int) from the Hugging "
-            f"Face config; received {value!r}. Fix: pass the checkpoint's folder (its "
+            f"Face config; received {value!r}.", "pass the checkpoint's folder (its "
             "config.json).")
     return value
 
@@ -87,7 +88,7 @@ def heads(config: dict, where: str, defaults: dict | None = None, hidden_key="hi
     if hidden % count:
         raise _invalid(
             f"The {MODEL} rule set needs `{where}{hidden_key}` ({hidden}) divisible by "
-            f"`{where}{heads_key}` ({count}). Fix: pass the checkpoint's own config.json.")
+            f"`{where}{heads_key}` ({count}).", "pass the checkpoint's own config.json.")
     return hidden, count, hidden // count
 
 

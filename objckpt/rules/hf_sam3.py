@@ -72,10 +72,11 @@ _COMPUTED = ("rotary tables keras-hub computes from the config when it builds th
 _DEPTH = 9  # the most dotted segments of a tracker entry's name (7 in transformers 5.24)
 
 
-def _error(message: str):
+def _error(text: str, fix: str):
+    """The error for what the set cannot read: what it needs, then its fix."""
     from objckpt import errors
 
-    return errors.InvalidArgumentError(message)
+    return errors.InvalidArgumentError(f"{text} Fix: {fix}")
 
 
 def _part(config: dict, key: str, where: str = "") -> dict:
@@ -83,7 +84,7 @@ def _part(config: dict, key: str, where: str = "") -> dict:
     if not isinstance(value, dict):
         raise _error(
             f"The {_MODEL} rule set needs `{where}{key}` (a dict) from the Hugging Face "
-            f"config; received {type(value).__name__}. Fix: pass the checkpoint's folder (its "
+            f"config; received {type(value).__name__}.", "pass the checkpoint's folder (its "
             "config.json), or config={'detector_config': {'vision_config': {...}, "
             "'text_config': {...}, ...}} for sam3_video (the detector's keys at the top for "
             "sam3).")
@@ -95,7 +96,7 @@ def _size(config: dict, key: str, where: str) -> int:
     if type(value) is not int or value <= 0:
         raise _error(
             f"The {_MODEL} rule set needs `{where}{key}` (a positive int) from the Hugging "
-            f"Face config; received {value!r}. Fix: pass the checkpoint's own config.json.")
+            f"Face config; received {value!r}.", "pass the checkpoint's own config.json.")
     return value
 
 
@@ -116,7 +117,7 @@ class TilePositions(Transform):
                 0 < self.source <= self.target):
             raise _error(
                 f"TilePositions needs 0 < source <= target (patches a side); received "
-                f"source={self.source!r}, target={self.target!r}. Fix: build the backbone for "
+                f"source={self.source!r}, target={self.target!r}.", "build the backbone for "
                 "an image at least as large as the pretraining one.")
 
     def _sides(self) -> tuple:
@@ -128,7 +129,7 @@ class TilePositions(Transform):
         if len(shape) != 3 or shape[1] not in (None, given * given):
             raise _error(
                 f"{self!r} takes position embeddings of shape (1, {given * given}, hidden); "
-                f"received {shape}. Fix: attach it to the ViT's position embeddings of a "
+                f"received {shape}.", "attach it to the ViT's position embeddings of a "
                 f"config whose grids are {self.source} and {self.target} patches a side.")
         return (shape[0], made * made, shape[2])
 
@@ -189,7 +190,7 @@ def _vision(vision: dict) -> list:
     if not isinstance(scales, list) or len(scales) < 2:
         raise _error(
             f"The {_MODEL} rule set needs `vision_config.scale_factors` (a list of at least "
-            f"2 numbers) from the Hugging Face config; received {scales!r}. Fix: pass the "
+            f"2 numbers) from the Hugging Face config; received {scales!r}.", "pass the "
             "checkpoint's own config.json.")
     source, target = "vision_encoder.backbone", "vision_encoder/backbone"
     embeddings = f"{source}.embeddings.position_embeddings"
@@ -223,7 +224,7 @@ def _text(text: dict) -> list:
     if hidden % heads:
         raise _error(
             f"The {_MODEL} rule set needs text_config.hidden_size divisible by "
-            f"text_config.num_attention_heads; received {hidden} and {heads}. Fix: pass the "
+            f"text_config.num_attention_heads; received {hidden} and {heads}.", "pass the "
             "checkpoint's own config.json.")
     head_dim = hidden // heads
     into_heads = Chain(Transpose(), Reshape((hidden, hidden), (hidden, heads, head_dim)))
