@@ -289,14 +289,14 @@ def _trained_flavour() -> str:
     return "tf_keras"
 
 
-def _on_cluster(tmp_path_factory, flavour: str) -> dict:
+def _on_cluster(tmp_path_factory, flavour: str, *scenario: str) -> dict:
     folder = tmp_path_factory.mktemp("pssops")
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
                TF_USE_LEGACY_KERAS="1" if flavour == "tf_keras" else "0")
     root = os.path.dirname(os.path.dirname(HELPERS))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, HELPERS, env.get("PYTHONPATH")) if p)
     done = subprocess.run(
-        [sys.executable, os.path.join(HELPERS, "pss_ops_worker.py"), str(folder), flavour],
+        [sys.executable, os.path.join(HELPERS, "pss_ops_worker.py"), str(folder), flavour, *scenario],
         capture_output=True, text=True, timeout=600, env=env, check=False)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert done.returncode == 0 and lines, done.stderr[-4000:]
@@ -329,6 +329,25 @@ def test_freezer_on_the_parameter_servers(cluster):
     assert got["one_shard"].startswith("DistributedVariableError: freeze() was given 1 of "
                                        "the 2 shards of `layer_with_weights-0/embeddings`")
     assert got["all_shards"] == ["layer_with_weights-0/embeddings"]
+
+
+@pytest.mark.subprocess
+@pytest.mark.slow
+def test_freezer_under_fit_on_the_parameter_servers(tmp_path_factory):
+    """tf_keras (Keras 2) `model.fit` with Checkpointing on the cluster, both workers: the
+    frozen sharded table and its Adam slots stay bit-identical (in the checkpoints too)
+    while the head trains; unfrozen, the next fit trains the table, with no new trace."""
+    got = _on_cluster(tmp_path_factory, _trained_flavour(), "fit-freezer")
+    assert got["frozen"] == ["layer_with_weights-0/embeddings"]
+    assert got["epochs"] == [0, 1] and got["iterations"] == 3 * 4
+    assert got["frozen_entries"] == 3, "the table and its Adam m and v"
+    assert got["frozen_bit_identical"], "the sharded table and its slots, every shard"
+    assert got["others_trained"], "the head and its slots trained"
+    assert got["saved"] == ["ckpt-1", "ckpt-2"]
+    assert got["saved_table_entries"] == 3
+    assert got["saved_table_frozen"], "each checkpoint holds the frozen table and slots"
+    assert got["unfrozen_trained"], "the table trains again once unfrozen"
+    assert got["traces"] == 1, "the train step traced once: unfreezing never retraced"
 
 
 @pytest.mark.subprocess
