@@ -14,6 +14,7 @@ from tensorflow.python.distribute import sharded_variable  # test only: no publi
 
 from objckpt import errors
 from objckpt._bundle import index as _index
+from objckpt._bundle import write as _write
 from objckpt._ops import averaging, meanstream
 
 from support import cli_in_process, run_cli
@@ -79,6 +80,16 @@ def read_into(rows, prefix: str) -> tf.Module:
 def whole(variable) -> np.ndarray:
     parts = variable.variables if hasattr(variable, "variables") else [variable]
     return np.concatenate([p.numpy() for p in parts])
+
+
+def test_slice_keys_encode_as_tf_decodes_them():
+    """The writer's slice keys decode (TF's OrderedCode) to the name and extents given:
+    names with 0x00 and 0xff bytes, starts and lengths of 1 to 9 bytes, whole axes."""
+    name = "a\x00b\xffc/.ATTRIBUTES/VARIABLE_VALUE"
+    for value in (0, 1, 63, 64, 127, 128, 8191, 8192, 1 << 20, 1 << 40, (1 << 62) - 1):
+        extents = ((value, 5), (0, -1), (value, value + 1))
+        assert _index.slice_key(_write.slice_key(name, extents)) == (name, extents)
+    assert _write.slice_key("t", ((5, 5), (0, 4))) == b"\x00t\x00\x01\x01\x02\x85\x85\x80\x84"
 
 
 def test_sources_sliced_alike_are_averaged_into_the_same_slices(tmp_path, capsys):
