@@ -5,7 +5,7 @@ The first tests make sharded variables directly on this process's CPU (TF has no
 outside a cluster), named as a partitioner names them (`table/part_0`, which tf_keras's
 optimizers read); the last ones run tests/helpers/pss_ops_worker.py on a real in-process
 cluster (2 workers, 2 parameter servers) with a tf_keras (or Keras 2) model trained by a
-`ClusterCoordinator` loop, and with Keras 3 models (which build sharded weights there but cannot
+`ClusterCoordinator` loop or by `model.fit` with Checkpointing, and with Keras 3 models (which build sharded weights there but cannot
 train them). The oracles are TF's own restore, TF's reader and NumPy.
 """
 
