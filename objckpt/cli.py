@@ -68,7 +68,10 @@ Commands:
       copied from the last SRC (--non-weights first: the first). Weights:
       one finite number >= 0 per SRC, divided by their sum (default equal).
       Every SRC is checked against the first before anything is written;
-      tensors are streamed one at a time.
+      tensors are streamed one at a time. A sharded variable (stored in
+      slices, one per shard) is written in the first SRC's slices: slice by
+      slice where every SRC has the same slices, else each output slice
+      gathered from the overlapping slices of each SRC (memory: a slice).
 
   objckpt demo [--out DIR] [--epochs N]
       A tour of a few seconds on a small Keras 3 model: Twins + TwinSync and

@@ -12,6 +12,11 @@ sorted, in LevelDB's table format as TF's TableBuilder writes it. Both files are
 byte what `SaveV2` writes for the same tensors in the same order (tests/_bundle/test_write.py).
 `_fastio.write_bundle` runs it: `plan`, then `write_item` on several threads, then `index`.
 
+A partitioned tensor (a sharded variable: one key, one slice per shard) is written as
+TF's `BundleWriter::AddSlice` writes it: an entry of the whole tensor (dtype, shape, its
+slices, no data) and one entry per slice under the binary key `slice_key` encodes (an item's
+`slices`, when it has them, are written into its entry).
+
 String tensors are written as TF writes them: the varint64 length of each element, a
 masked crc32c of the lengths, then the bytes. Tensors of other dtypes (variant, resource)
 are not written here: `supported` says whether a list of tensors can be.
@@ -26,7 +31,8 @@ import numpy as np
 
 from objckpt._bundle import objgraph as _objgraph
 
-__all__ = ["CHUNK_BYTES", "Item", "data_bytes", "index", "plan", "supported", "write_item"]
+__all__ = ["CHUNK_BYTES", "Item", "data_bytes", "index", "plan", "slice_key", "supported",
+           "write_item"]
 
 # DataType enums written as their raw little-endian buffers: float, double, int32, uint8,
 # int16, int8, complex64, int64, bool, bfloat16, complex128, half, uint16, uint32, uint64.
@@ -183,6 +189,51 @@ def _entry(item: Item) -> bytes:
     if item.crc:
         _put_varint(out, (6 << 3) | 5)  # fixed32
         out += struct.pack("<I", item.crc)
+    for extents in getattr(item, "slices", None) or ():
+        # TensorSliceProto: an Extent per axis, empty for a whole axis (TensorSlice::AsProto)
+        proto = bytearray()
+        for start, length in extents:
+            extent = bytearray()
+            if length != -1:
+                _field_varint(extent, 1, start)
+                _put_varint(extent, 2 << 3)  # length, in a oneof: written even when 0
+                _put_varint(extent, length)
+            _field_bytes(proto, 1, bytes(extent))
+        _field_bytes(out, 7, bytes(proto))
+    return bytes(out)
+
+
+# OrderedCode's header bits of a signed number by its encoded length (ordered_code.cc).
+_SIGNED_HEADER = ((0, 0), (0x80, 0), (0xc0, 0), (0xe0, 0), (0xf0, 0), (0xf8, 0), (0xfc, 0),
+                  (0xfe, 0), (0xff, 0), (0xff, 0x80), (0xff, 0xc0))
+
+
+def _signed_increasing(value: int) -> bytes:
+    """OrderedCode's `WriteSignedNumIncreasing`."""
+    x = ~value if value < 0 else value
+    if x < 64:
+        return bytes([(0x80 ^ value) & 0xFF])
+    length = x.bit_length() // 7 + 1  # 7 bits of value per byte, less the sign
+    out = bytearray(value.to_bytes(10, "big", signed=True)[10 - length:])
+    out[0] ^= _SIGNED_HEADER[length][0]
+    out[1] ^= _SIGNED_HEADER[length][1]
+    return bytes(out)
+
+
+def slice_key(name: str, extents) -> bytes:
+    """The binary key of a slice of tensor `name` (`extents`: (start, length) per axis,
+    length -1 for the whole axis), as TF's `checkpoint::EncodeTensorNameSlice` makes it
+    (OrderedCode: the number 0, the name, the rank, then each axis' start and length);
+    `index.slice_key` decodes it."""
+    out = bytearray(b"\x00")  # WriteNumIncreasing(0)
+    for byte in name.encode("utf-8"):  # WriteString: 0x00 and 0xff escaped, 0x00 0x01 ends
+        out += b"\x00\xff" if byte == 0 else b"\xff\x00" if byte == 0xFF else bytes([byte])
+    out += b"\x00\x01"
+    rank = len(extents).to_bytes((len(extents).bit_length() + 7) // 8, "big")
+    out += bytes([len(rank)]) + rank  # WriteNumIncreasing(rank)
+    for start, length in extents:
+        out += _signed_increasing(0 if length == -1 else start)
+        out += _signed_increasing(length)
     return bytes(out)
 
 

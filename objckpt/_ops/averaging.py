@@ -9,7 +9,9 @@ runs) share this module's pieces and `_ops.meanstream`'s streamed mean:
   laid out like the first (same keys, same object graph), read with the TF-free index and
   object-graph readers, each tensor's mean streamed (`meanstream.stream_mean`) and written
   one tensor at a time in TF's bundle format (`_bundle.write`), so the command line's
-  `objckpt average` runs without importing TensorFlow.
+  `objckpt average` runs without importing TensorFlow. A partitioned entry (a sharded
+  variable: one key, one slice per shard) is averaged a slice at a time into the first
+  source's slices (`_ops.slicemean`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from objckpt._bundle import index as _bundle
 from objckpt._bundle import objgraph as _objgraph
 from objckpt._bundle import write as _bundlewrite
 from objckpt._inspect import meta as _meta
+from objckpt._ops import slicemean as _slicemean
 from objckpt._ops.meanstream import BundleFile, Workspace, crc32c, stream_mean
 
 __all__ = ["NON_WEIGHTS", "average_checkpoints", "check_non_weights", "check_sources",
@@ -137,10 +140,12 @@ def _numpy_dtype(enum: int):
 class _Written:
     """One entry of the output (what `_bundle.write.index` reads of an item)."""
 
-    __slots__ = ("crc", "dtype", "key", "offset", "shape", "size")
+    __slots__ = ("crc", "dtype", "key", "offset", "shape", "size", "slices")
 
-    def __init__(self, key: str, dtype: int, shape, offset: int, size: int, crc: int):
-        self.key, self.dtype, self.shape = key.encode("utf-8"), dtype, list(shape)
+    def __init__(self, key, dtype: int, shape, offset: int, size: int, crc: int,
+                 slices=()):
+        self.key = key.encode("utf-8") if isinstance(key, str) else key
+        self.dtype, self.shape, self.slices = dtype, list(shape), slices
         self.offset, self.size, self.crc = offset, size, crc
 
 
@@ -187,13 +192,6 @@ def _plan_writer(readers: list, taken_from: int):
     first = readers[0]
     jobs, problems = [], []
     for key, entry in first.index.entries.items():
-        if entry.slices:
-            raise errors.UnsupportedFormatError(
-                f"average_checkpoints: {first.label} holds a partitioned variable (`"
-                f"{_render.safe(key)}`, stored as {_meta.layout(entry.slices, entry.shape)}: "
-                "a sharded variable), which the writer does not read. Nothing was written. "
-                "Fix: load a model (in any shard layout) and use objckpt.average(model, "
-                "sources), which averages it a shard at a time.", source=str(first.meta.prefix))
         path = first.shown.get(key, _paths.path_of_key(key))
         averaged = (entry.dtype in _FLOATS and key in first.shown
                     and not is_optimizer_path(path))
@@ -214,6 +212,10 @@ def _plan_writer(readers: list, taken_from: int):
                     f"{_meta.dtype(found.dtype).name}{tuple(found.shape)} but "
                     f"{_meta.dtype(entry.dtype).name}{tuple(entry.shape)} in "
                     f"{first.label}")
+        for reader in others:
+            found = reader.entry(key)
+            if found is not None and found.slices:
+                problems.extend(_slice_problems(reader, key, path))
         jobs.append((key, "average" if averaged else "take", source))
     if problems:
         raise errors.StructureMismatchError(
@@ -222,6 +224,21 @@ def _plan_writer(readers: list, taken_from: int):
             + "\nFix: average checkpoints of one architecture; for renamed layers, load a model "
             "and call objckpt.average(model, sources, rules=...).", tuple(problems))
     return jobs
+
+
+def _slice_problems(reader, key: str, path: str) -> list:
+    """What keeps a source's partitioned entry from being read: a slice its index lists
+    but does not hold, slices that do not cover the tensor once."""
+    entry = reader.entry(key)
+    stored = f"stored as {_meta.layout(entry.slices, entry.shape)}"
+    lost = _slicemean.missing(reader.index, key)
+    if lost:
+        return [f"{reader.label}: `{_render.safe(path)}` ({stored}) lists {len(lost)} "
+                f"slice(s) its index does not hold, e.g. {list(lost[0])}"]
+    if not _slicemean.tiles(_slicemean.Layout(reader.index, key)):
+        return [f"{reader.label}: the slices of `{_render.safe(path)}` ({stored}) do not "
+                "cover it once"]
+    return []
 
 
 def average_checkpoints(sources, out_prefix, *, weights=None, non_weights: str = "last") -> dict:
@@ -241,6 +258,16 @@ def average_checkpoints(sources, out_prefix, *, weights=None, non_weights: str =
     taken): nothing is written when one differs. Tensors are read (checksums checked) and
     written one at a time, a window of every source at a time: memory is about the largest
     tensor, whatever N.
+
+    A partitioned variable (a sharded variable, a TF1 partitioned one: one key, stored in
+    slices) is written in the first source's layout, as TF writes it (the whole tensor's
+    entry listing the slices, one entry per slice): where every source has the same slices
+    (in any order, whole counting as one slice), each slice's mean is streamed over the
+    sources' matching slices; otherwise each output slice is gathered from the slices of
+    each source that overlap it (a source's slice read whole, one at a time). Memory is
+    about the largest slice either way, and the values are the same bits: each source's
+    weighted values added in float64 in source order, rounded once. What is taken, not
+    averaged, keeps its source's slices.
 
     The write is atomic: the data file and the index are written under temporary names and
     renamed into place, the index last.
@@ -296,6 +323,13 @@ def average_checkpoints(sources, out_prefix, *, weights=None, non_weights: str =
             offset = 0
             for key, how, k in jobs:
                 entry = first.entry(key)
+                sliced = _sliced(readers if how == "average" else [readers[k]], key)
+                if sliced:
+                    offset = _write_sliced(fd, offset, written, readers, key, how, k, shares,
+                                           workspace, crc)
+                    (averaged if how == "average" else taken).extend(
+                        [first.shown[key]] if key in first.shown else [])
+                    continue
                 if how == "average":
                     data = _averaged(readers, key, entry, shares, workspace)
                     averaged.append(first.shown[key])
@@ -325,6 +359,50 @@ def average_checkpoints(sources, out_prefix, *, weights=None, non_weights: str =
     return {"prefix": out_prefix, "averaged": tuple(averaged), "taken": tuple(taken),
             "weights": shares, "sources": tuple(str(r.meta.prefix) for r in readers),
             "taken_from": taken_from}
+
+
+def _sliced(readers: list, key: str) -> bool:
+    """Whether one of these sources stores `key` in slices."""
+    return any(reader.entry(key).slices for reader in readers)
+
+
+def _write_sliced(fd: int, offset: int, written: list, readers: list, key: str, how: str,
+                  k: int, shares, workspace: Workspace, crc) -> int:
+    """Writes `key`, which a source stores in slices, at `offset`; returns the next offset.
+
+    Averaged: in the first source's layout (its slices, or whole), each slice the mean of
+    the sources' values for it (streamed where every source has that slice, else gathered
+    from the overlapping slices, `_ops.slicemean`). Taken: source `k`'s slices as they are.
+    """
+    entry = readers[0 if how == "average" else k].entry(key)
+    out_layout = _slicemean.Layout(readers[0 if how == "average" else k].index, key)
+    if how == "average":
+        layouts = [_slicemean.Layout(reader.index, key) for reader in readers]
+        dtypes = [_numpy_dtype(reader.entry(key).dtype) for reader in readers]
+        dtype = dtypes[0]
+        mean = (_slicemean.streamed_mean if _slicemean.same_layout(layouts)
+                else _slicemean.resliced_mean)
+        files = [reader.file for reader in readers]
+    if entry.slices:  # the whole tensor's entry: its slices, no data (BundleWriter::AddSlice)
+        written.append(_Written(key, entry.dtype, entry.shape, 0, 0, 0,
+                                slices=tuple(extents for extents, _ in out_layout.parts)))
+    for extents, read_key in out_layout.parts:
+        span = _slicemean.bounds(extents, entry.shape)
+        if how == "average":
+            data = mean(files, layouts, span, shares, dtypes, dtype, workspace)
+            value = _objgraph.masked_crc32c(crc(data)) if len(data) else 0
+        else:
+            data = np.empty(readers[k].file.entry_for(read_key).size, np.uint8)
+            for start, piece in readers[k].file.pieces(read_key, np.uint8):
+                data[start:start + piece.size] = piece
+            value = readers[k].file.entry_for(read_key).crc32c
+        name = _bundlewrite.slice_key(key, extents) if entry.slices else key
+        _write_all(fd, memoryview(data).cast("B"), offset)
+        written.append(_Written(name, entry.dtype, [stop - start for start, stop in span],
+                                offset, len(data), value))
+        offset += len(data)
+        del data
+    return offset
 
 
 def _averaged(readers: list, key: str, entry, shares, workspace: Workspace):

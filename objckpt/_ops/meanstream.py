@@ -293,17 +293,24 @@ class BundleFile:
             fd = self._fds[entry.shard] = os.open(self._path(entry), os.O_RDONLY)
         return fd
 
-    def corrupt(self, key: str, problem: str) -> errors.CheckpointCorruptError:
-        err = _bundle.corrupt(self._path(self.index.entries[key]), key, problem)
+    def _entry(self, key):
+        """The index entry of `key`: a tensor name, or (name, extents) for one slice of a
+        partitioned tensor."""
+        return self.index.sliced[key] if isinstance(key, tuple) else self.index.entries[key]
+
+    def corrupt(self, key, problem: str) -> errors.CheckpointCorruptError:
+        shown = f"{key[0]} (slice {list(key[1])})" if isinstance(key, tuple) else key
+        err = _bundle.corrupt(self._path(self._entry(key)), shown, problem)
         err.args = (f"{self.label}: {err.args[0]}", *err.args[1:])
         return err
 
     def crc(self, data, crc: int = 0) -> int:
         return self._crc(data, crc)
 
-    def entry_for(self, key: str):
-        """The index entry of `key`, refused where it cannot be read in pieces."""
-        entry = self.index.entries[key]
+    def entry_for(self, key):
+        """The index entry of `key` (a tensor name, or (name, extents) for one slice of a
+        partitioned tensor), refused where it cannot be read in pieces."""
+        entry = self._entry(key)
         if entry.slices or entry.dtype == _STRING or key in self.index.beyond:
             raise self.corrupt(key, "cannot be read here (a partitioned, string or truncated "
                                     "entry)")

@@ -167,17 +167,6 @@ def test_verify_checks_every_slice_and_names_the_variable(prefixes, tmp_path, ca
     assert "do not match their checksum" in err and "table" in err
 
 
-def test_the_model_free_average_refuses_a_sharded_variable_naming_it(prefixes, tmp_path,
-                                                                      capsys):
-    out = tmp_path / "avg"
-    status, _, err = cli_in_process(capsys, "average", out, prefixes["two"], prefixes["three"])
-    assert status == 1
-    assert f"holds a partitioned variable (`{KEY}`, stored as 2 shards of rows [0:5) [5:10)" \
-           in err
-    assert "objckpt.average(model, sources)" in err
-    assert not os.listdir(tmp_path), "nothing was written"
-
-
 @pytest.mark.subprocess
 def test_inspect_graph_and_diff_of_sharded_checkpoints_run_without_tensorflow(prefixes):
     blocked = run_cli("inspect", prefixes["three"], "--format", "json")

@@ -4,6 +4,7 @@ cluster (2 workers and 2 parameter servers on local ports, this process the coor
 sharded, and prints the results as one JSON line for tests/distributed/test_sharded_ops.py.
 
     python tests/helpers/pss_ops_worker.py FOLDER [tf_keras | keras2 | keras3]
+    python tests/helpers/pss_ops_worker.py FOLDER (tf_keras | keras2) fit-freezer
 
 Keras 3 cannot train with sharded variables: its run selects, loads and averages them
 (`keras3_main`).
@@ -187,6 +188,42 @@ def average_main(folder: str, resolver) -> dict:
     return out
 
 
+def fit_freezer_main(folder: str, resolver) -> dict:
+    """A `Freezer` holding the sharded table under tf_keras (or Keras 2) `model.fit` with
+    objckpt's `Checkpointing` (the ClusterCoordinator steps of both workers, one at a time):
+    the table and its Adam slots stay bit-identical while the head trains, and the
+    checkpoints written meanwhile hold the frozen values; after `unfreeze`, fit trains the
+    table again."""
+    strategy = base.strategy_of(resolver, 2)
+    data = base.fit_data(2)
+    model = base.fit_model(strategy)
+    base.fit(model, data, [base.Steps(True)], epochs=1)  # the Adam slots made and moved
+    freezer = objckpt.Freezer(model)
+    out = {"frozen": list(freezer.freeze("embed/embeddings"))}
+    before = base.state(model, model.optimizer)
+    held = by_shape(before, (base.ROWS, base.DIM))  # the table, its Adam m and v
+    head = by_shape(before, (base.DIM, 1))  # the head's kernel, its m and v
+    callback = objckpt.callbacks.Checkpointing(os.path.join(folder, "frozen"), verbose=0)
+    history = base.fit(model, data, [callback, base.Steps(True)], epochs=2)
+    after = base.state(model, model.optimizer)
+    out["epochs"] = history.epoch
+    out["frozen_entries"] = len(held)
+    out["frozen_bit_identical"] = base.same(held, {k: after[k] for k in held})
+    out["others_trained"] = moved(head, after)
+    out["iterations"] = int(model.optimizer.iterations.numpy())
+    out["saved"] = [os.path.basename(p) for p in callback.saved]
+    # Checkpointing keys the slots under its own holder: compared by shape, as bytes
+    saved = by_shape(base.read_checkpoint(callback.saved[-1]), (base.ROWS, base.DIM))
+    out["saved_table_entries"] = len(saved)
+    out["saved_table_frozen"] = (sorted(v.tobytes() for v in saved.values())
+                                 == sorted(v.tobytes() for v in held.values()))
+    freezer.unfreeze()
+    base.fit(model, data, [base.Steps(True)], epochs=1)
+    out["unfrozen_trained"] = moved(held, base.state(model, model.optimizer))
+    out["traces"] = freezer.traces
+    return out
+
+
 def logical(variable) -> np.ndarray:
     """A variable's value, read shard by shard (not by objckpt)."""
     parts = variable.variables if _compat.is_sharded(variable) else [variable]
@@ -241,5 +278,9 @@ def main(folder: str) -> dict:
 
 if __name__ == "__main__":
     base.FOLDER = sys.argv[1]
+    if sys.argv[3:] == ["fit-freezer"]:
+        print("RESULT " + json.dumps(fit_freezer_main(sys.argv[1], base.start_cluster()[0])),
+              flush=True)
+        os._exit(0)
     print("RESULT " + json.dumps(main(sys.argv[1])), flush=True)
     os._exit(0)  # in-process servers never stop: end without waiting on them

@@ -117,17 +117,28 @@ def create_distributed(walker, v, path):
 def copy_sharded(walker, v, path):
     """A sharded variable re-created shard by shard (`copy_variable`: each on its original's
     device, valued or zeros, outside any strategy's variable creator): the same layout."""
-    parts = [copy_variable(walker, part, (path, "shard", i))
-             for i, part in enumerate(_compat.shards(v))]
+    parts = [(copy_caching if _compat.is_caching_type(type(part)) else copy_variable)(
+        walker, part, (path, "shard", i)) for i, part in enumerate(_compat.shards(v))]
     new = walker.remember(v, _compat.new_sharded(v, parts))
     walker.uids[_compat.unique_id(v)] = _compat.unique_id(new)
     return new
 
 
+# A CachingVariable's own attributes: the variable it wraps and its cache, not attributes
+# Keras or the user added (which `fill_variable` copies onto the copy).
+_CACHING_OWN = frozenset({"_v", "_cache", "_current_new_cache_scope_count"})
+
+
 def copy_caching(walker, v, path):
     """ParameterServerStrategy's `CachingVariable` (a variable on a parameter server whose
-    reads workers may cache): a plain variable on the same device (`copy_variable`)."""
-    return copy_variable(walker, v, path)
+    reads workers may cache): a plain variable on the same device (`copy_variable`). The
+    variable it wraps (`_v`, of the same `_unique_id`) is the same variable: it maps to the
+    same copy, so slot tables keyed by that id (Keras 2's OptimizerV2) find the copy."""
+    new = copy_variable(walker, v, path, skip=_CACHING_OWN)
+    inner = v.__dict__.get("_v")
+    if inner is not None and walker.memo.get(id(inner)) is None:
+        walker.remember(inner, new)
+    return new
 
 
 def concrete_function(walker, x, path):
@@ -144,8 +155,9 @@ def eager_tensor(walker, x, path):
     return x
 
 
-def copy_variable(walker, v, path):
-    """A resource variable re-created on the same device, valued or zeros."""
+def copy_variable(walker, v, path, skip=frozenset()):
+    """A resource variable re-created on the same device, valued or zeros (`skip`: the
+    original's attributes not copied onto it)."""
     if (_UninitializedVariable is not None and isinstance(v, _UninitializedVariable)
             and not bool(v.is_initialized())):
         walker.fail(v, path, "it is an uninitialized variable (restore-on-create placeholder)")
@@ -162,7 +174,7 @@ def copy_variable(walker, v, path):
         walker.fail(v, path, f"re-creating the variable failed: {err}")
     walker.remember(v, new)
     walker.uids[_compat.unique_id(v)] = _compat.unique_id(new)
-    walker.queue.append((fill_variable, (walker, v, new, path)))
+    walker.queue.append((fill_variable, (walker, v, new, path, skip)))
     return new
 
 
@@ -180,15 +192,15 @@ def _zeros(v):
     return tf.zeros(tf.shape(v.value()), v.dtype)
 
 
-def fill_variable(walker, v, new, path):
-    """Copies the attributes Keras or the user added to a variable."""
+def fill_variable(walker, v, new, path, skip=frozenset()):
+    """Copies the attributes Keras or the user added to a variable (not those in `skip`)."""
     own = v.__dict__
     fresh = new.__dict__
     key = _compat.CONSTRAINT_ATTR  # re-created variables have none: copy the original's
     if own.get(key) is not None:
         fresh[key] = walker.copy(own[key], (path, "attr", key))
     for key, value in own.items():  # attributes added by Keras or the user
-        if key not in fresh:
+        if key not in fresh and key not in skip:
             fresh[key] = walker.value(walker.copy(value, (path, "attr", key)),
                                       lambda r, key=key: fresh.__setitem__(key, r))
 
