@@ -4,11 +4,14 @@ A `ShardedVariable` (ParameterServerStrategy with a partitioner) is one logical 
 a plan. Restored whole, its value would be assembled on this host (the coordinator): the
 whole table in memory. `SlicedLoader` reads each shard's rows of the checkpoint's tensor
 with one `RestoreV2` of that slice (TF's reader takes the stored slices that overlap it,
-whatever shard count wrote them, and checks their checksums) and assigns them to that shard
-before it reads the next. As `tf.train.Checkpoint` does, a shard held by another task (a
-parameter server) is read by that task and assigned there (a lossless cast done there too;
-the tasks in parallel, each its shards in turn): its bytes never cross this host; where that
-task cannot reach the file (not found there), this host reads the slice and sends it.
+whatever shard count wrote them, and checks their checksums) and assigns them to that shard.
+As `tf.train.Checkpoint` does, a shard held by another task (a parameter server) is read by
+that task and assigned there: its bytes never cross this host. Shards of the stored dtype
+on other tasks are restored in one call those tasks run in parallel (`_restorer`, traced
+once per layout), no shard assigned before every slice was read, each variable adopting the
+buffer its slice was read into; the others (a lossless cast, done where the shard lives;
+a variable of this host's) one at a time, each task's on a thread of its own. Where a task
+cannot reach the file (not found there), this host reads the slice and sends it.
 
 All or nothing (`Recorder`, in the fetch stage's undo log, `_fetch.Streamed`): before a
 shard is assigned its old value is kept where it lives (a parameter server keeps the value
@@ -82,11 +85,12 @@ _RESTORERS_LOCK = threading.Lock()
 
 def _restorer(kinds: tuple):
     """One function restoring slices into variables other tasks hold, each of `kinds`
-    ((dtype, device) of each job, the device its task's CPU): (handles, prefix, keys,
-    specs) -> each variable's value before. Every task reads its slices in parallel (one
-    call, as `tf.train.Checkpoint`'s restore); no variable is assigned before every slice
-    was read whole (checksums checked), and a slice read feeds its assignment alone, so
-    the variable adopts its buffer (no copy). Traced once per `kinds` in a process."""
+    ((dtype, device) of each job, the device its task's CPU), called with (handles,
+    prefix, keys, specs). Every task reads its slices in parallel (one call, as
+    `tf.train.Checkpoint`'s restore); no variable is assigned before every slice was read
+    whole (checksums checked), and a slice read feeds its assignment alone, so the
+    variable adopts its buffer (no copy of the shard). Traced once per `kinds` in a
+    process (a restore of the same layout again calls it without tracing)."""
     with _RESTORERS_LOCK:
         fn = _RESTORERS.get(kinds)
         if fn is None:
@@ -137,9 +141,11 @@ class SlicedLoader:
         """Nothing more to check: TF's reader checks each slice's checksum as it reads it."""
 
     def assign(self) -> None:
-        """Every job read and assigned: the jobs of each task on a thread of their own, in
-        order (tasks work in parallel, as `tf.train.Checkpoint`'s restore); after a failure
-        no thread starts another job, and the first failure is raised once all ended."""
+        """Every job read and assigned: those other tasks can do alone in one call they
+        run (`Recorder.restore_there`, where `assign_to` has it), the others the jobs of
+        each task on a thread of their own, in order (tasks work in parallel, as
+        `tf.train.Checkpoint`'s restore); after a failure no thread starts another job, and
+        the first failure is raised once all ended."""
         there = getattr(self._assign_to, "restore_there", None)
         rest = self.jobs if there is None else there(self.prefix, self.jobs)
         groups: dict = {}
