@@ -4,11 +4,14 @@ A `ShardedVariable` (ParameterServerStrategy with a partitioner) is one logical 
 a plan. Restored whole, its value would be assembled on this host (the coordinator): the
 whole table in memory. `SlicedLoader` reads each shard's rows of the checkpoint's tensor
 with one `RestoreV2` of that slice (TF's reader takes the stored slices that overlap it,
-whatever shard count wrote them, and checks their checksums) and assigns them to that shard
-before it reads the next. As `tf.train.Checkpoint` does, a shard held by another task (a
-parameter server) is read by that task and assigned there (a lossless cast done there too;
-the tasks in parallel, each its shards in turn): its bytes never cross this host; where that
-task cannot reach the file (not found there), this host reads the slice and sends it.
+whatever shard count wrote them, and checks their checksums) and assigns them to that shard.
+As `tf.train.Checkpoint` does, a shard held by another task (a parameter server) is read by
+that task and assigned there: its bytes never cross this host. Shards of the stored dtype
+on other tasks are restored in one call those tasks run in parallel (`_restorer`, traced
+once per layout), no shard assigned before every slice was read, each variable adopting the
+buffer its slice was read into; the others (a lossless cast, done where the shard lives;
+a variable of this host's) one at a time, each task's on a thread of its own. Where a task
+cannot reach the file (not found there), this host reads the slice and sends it.
 
 All or nothing (`Recorder`, in the fetch stage's undo log, `_fetch.Streamed`): before a
 shard is assigned its old value is kept where it lives (a parameter server keeps the value
@@ -76,6 +79,37 @@ def _rows(spec: str) -> str:
     return f"[{start}:{start + length})"
 
 
+_RESTORERS: dict = {}
+_RESTORERS_LOCK = threading.Lock()
+
+
+def _restorer(kinds: tuple):
+    """One function restoring slices into variables other tasks hold, each of `kinds`
+    ((dtype, device) of each job, the device its task's CPU), called with (handles,
+    prefix, keys, specs). Every task reads its slices in parallel (one call, as
+    `tf.train.Checkpoint`'s restore); no variable is assigned before every slice was read
+    whole (checksums checked), and a slice read feeds its assignment alone, so the
+    variable adopts its buffer (no copy of the shard). Traced once per `kinds` in a
+    process (a restore of the same layout again calls it without tracing)."""
+    with _RESTORERS_LOCK:
+        fn = _RESTORERS.get(kinds)
+        if fn is None:
+            def restore(handles, prefix, keys, specs):
+                values = []
+                for key, spec, (dtype, device) in zip(keys, specs, kinds):
+                    with tf.device(device):
+                        values.append(tf.raw_ops.RestoreV2(
+                            prefix=prefix, tensor_names=[key], shape_and_slices=[spec],
+                            dtypes=[dtype])[0])
+                with tf.control_dependencies(values):  # every slice read: then assigned
+                    for handle, value, (_, device) in zip(handles, values, kinds):
+                        with tf.device(device):
+                            tf.raw_ops.AssignVariableOp(resource=handle, value=value)
+
+            fn = _RESTORERS[kinds] = tf.function(restore, autograph=False)
+        return fn
+
+
 def read_slice(prefix: str, job: Job):
     """The stored values of one job, read on `job.device` (this host's CPU where the task
     holding the variable does not find the file)."""
@@ -107,14 +141,18 @@ class SlicedLoader:
         """Nothing more to check: TF's reader checks each slice's checksum as it reads it."""
 
     def assign(self) -> None:
-        """Every job read and assigned: the jobs of each task on a thread of their own, in
-        order (tasks work in parallel, as `tf.train.Checkpoint`'s restore); after a failure
-        no thread starts another job, and the first failure is raised once all ended."""
+        """Every job read and assigned: those other tasks can do alone in one call they
+        run (`Recorder.restore_there`, where `assign_to` has it), the others the jobs of
+        each task on a thread of their own, in order (tasks work in parallel, as
+        `tf.train.Checkpoint`'s restore); after a failure no thread starts another job, and
+        the first failure is raised once all ended."""
+        there = getattr(self._assign_to, "restore_there", None)
+        rest = self.jobs if there is None else there(self.prefix, self.jobs)
         groups: dict = {}
-        for job in self.jobs:
+        for job in rest:
             groups.setdefault(job.device, []).append(job)
         if len(groups) <= 1:
-            for job in self.jobs:
+            for job in rest:
                 self._one(job)
             return
         failed: list = []
@@ -168,6 +206,45 @@ class Recorder:
 
     def start(self, log) -> None:
         self.log, self.assigned = log, 0
+
+    def restore_there(self, prefix: str, job_list: list) -> list:
+        """Reads and assigns the jobs of `job_list` other tasks can do alone (a shard of
+        the stored dtype held by another task, a parameter server) in one call those
+        tasks run (`_restorer`): no shard assigned before every slice was read; each old
+        value kept in the log as `__call__` keeps it. Returns the jobs left to the caller:
+        all of them (nothing assigned) where that call cannot be made or a task does not
+        find the file."""
+        there = [job for job in job_list if job.device != HERE
+                 and getattr(job.variable, "handle", None) is not None
+                 and job.variable.dtype.base_dtype == job.dtype]
+        if not there or not tf.executing_eagerly():
+            return list(job_list)
+        # Ordered by task and dtype: models of one layout share one traced function.
+        there.sort(key=lambda job: (job.device, job.dtype.name))
+        olds = []
+        if self.log is not None:  # read where each lives: nothing crosses this host
+            for job in there:
+                with tf.device(job.device):
+                    olds.append(job.variable.read_value())
+        try:
+            _restorer(tuple((job.dtype, job.device) for job in there))(
+                [job.variable.handle for job in there], tf.constant(prefix),
+                [tf.constant(job.key) for job in there],
+                [tf.constant(job.spec) for job in there])
+        except tf.errors.NotFoundError:  # a read: every assignment waits on every read
+            return list(job_list)
+        except BaseException:  # some may be assigned: the log puts each back
+            self._keep(there, olds)
+            raise
+        self._keep(there, olds)
+        done = {id(job) for job in there}
+        return [job for job in job_list if id(job) not in done]
+
+    def _keep(self, job_list: list, olds: list) -> None:
+        with self._lock:
+            for job, old in zip(job_list, olds):
+                self.log.keep(job.variable, old, job.label)
+            self.assigned += len(job_list)
 
     def __call__(self, variable, value) -> None:
         """(On the loader's threads: one per task, a variable of this host's on one.)"""

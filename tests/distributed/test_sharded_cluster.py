@@ -123,15 +123,15 @@ def test_twins_on_the_parameter_servers(results):
     assert twins["copy_equal"], "sync() copies bit for bit"
 
 
-def test_a_read_failing_half_way_puts_every_shard_back(results):
-    """Each parameter server reads and assigns its shards one at a time (the two servers in
-    parallel: the other may finish the read it started); the undo log gives every shard
-    already assigned its old value back."""
+def test_a_failure_half_way_puts_every_shard_back(results):
+    """The parameter servers read and assign their shards in one call (no shard assigned
+    before every slice was read); a failure after it assigned them: the undo log gives
+    every shard its old value back."""
     half = results["half_way"]
     assert half["raised"] == "the parameter server went away"
-    assert half["reads"] in (3, 4)
+    assert half["assigned"] >= 2
     assert half["unchanged"], "every shard on every parameter server as before"
-    assert any(f"Nothing was changed: the {half['reads'] - 1} variable(s)" in note
+    assert any(f"Nothing was changed: the {half['assigned']} variable(s)" in note
                for note in half["notes"])
 
 

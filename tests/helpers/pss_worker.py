@@ -302,31 +302,35 @@ def main(folder: str) -> dict:
                                        rtol=1e-6, atol=1e-7) for k in current),
         "copy_equal": same(weights(twins.past), current),
     }
-    # A read failing half way (the third shard read: two assigned, on two parameter servers):
-    # every shard put back from the undo log.
+    # A failure half way: the parameter servers' shards read and assigned (in one call they
+    # run), then the call fails: every shard put back from the undo log.
     good = objckpt.save(tf.train.Checkpoint(model=model, optimizer=opt),
                         os.path.join(folder, "good"))
     train(strategy, model, opt, 1, seed=3)
     before = state(model, opt)
     from objckpt._planning import sharded as _sharded
 
-    real, calls = _sharded.read_slice, []
+    real, calls = _sharded._restorer, []
 
-    def failing(prefix, job):
-        calls.append(job.spec)
-        if len(calls) == 3:
+    def failing(kinds):
+        restore = real(kinds)
+
+        def run(*args):
+            calls.append(len(kinds))
+            restore(*args)
             raise OSError("the parameter server went away")
-        return real(prefix, job)
 
-    _sharded.read_slice = failing
+        return run
+
+    _sharded._restorer = failing
     try:
         objckpt.restore(tf.train.Checkpoint(model=model, optimizer=opt), good)
         out["half_way"] = {"raised": ""}
     except OSError as err:
         out["half_way"] = {"raised": str(err), "notes": list(getattr(err, "__notes__", [])),
-                           "reads": len(calls), "unchanged": same(state(model, opt), before)}
+                           "assigned": sum(calls), "unchanged": same(state(model, opt), before)}
     finally:
-        _sharded.read_slice = real
+        _sharded._restorer = real
     return out
 
 
