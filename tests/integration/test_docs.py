@@ -116,3 +116,21 @@ def test_python_blocks_are_meant_to_run(path):
     openings = fences[0::2]
     assert all(info.split() and info.split()[0] in ("python", "text", "console")
                for info in openings), (path, openings)
+
+
+def test_distributed_page_quotes_the_sharded_benchmark_as_recorded():
+    """docs/distributed.md's table of the sharded benchmark holds results.json's figures."""
+    with open(os.path.join(ROOT, "benchmarks", "results.json")) as f:
+        sharded = json.load(f)["sharded"]
+    seconds, ratios = sharded["s"], {row[0]: row[1] for row in sharded["ratios"]}
+    page = _read("docs/distributed.md")
+    for op, ours, theirs in (
+            ("save", "objckpt.save(ckpt, prefix)",
+             "tf.train.Checkpoint(model=model).write(prefix)"),
+            ("restore", "objckpt.restore(ckpt, prefix)",
+             "tf.train.Checkpoint(model=model).read(prefix).assert_consumed()")):
+        memory = ratios[f"{ours}: coordinator peak RssAnon added, MiB (max over rounds)"]
+        row = (f"| {op} | {seconds[ours]:.3f} s | {seconds[theirs]:.3f} s | "
+               f"{ratios[f'{op}: tf.train.Checkpoint time / objckpt time']:.3f} | "
+               f"{memory:.3f} MiB |")
+        assert row in page, f"docs/distributed.md lacks {row!r}: quote benchmarks/results.json"
