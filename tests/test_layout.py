@@ -62,6 +62,9 @@ NO_TEST_FILE = {
                              "rules/test_huggingface_*.py",
     "objckpt/_base/roles.py": "a generated table: integration/test_cross_flavour.py checks it is "
                               "what helpers/make_role_aliases.py writes",
+    "objckpt/_ops/slicemean.py": "the model-free average of tensors stored in slices, tested "
+                                 "against what TF writes and reads in "
+                                 "distributed/test_sharded_average_cli.py",
     "objckpt/_bundle/objgraph.py": "the object graph read without TF, tested against TF's reader "
                                    "in _inspect/test_meta.py and _inspect/test_graph.py",
     "objckpt/_cli/terminal.py": "the command line's words, tested in _inspect/test_meta.py",

@@ -772,6 +772,8 @@ def _entry_problem(key: str, entry: Entry, num_shards: int) -> str | None:
         return f"its byte range (offset {entry.offset}, size {entry.size}) is negative"
     elements = entry.elements
     if entry.slices:
+        if not entry.shape:  # a partitioner splits an axis: a scalar has none
+            return "it is a scalar listed as stored in slices"
         for extents in entry.slices:
             if len(extents) != len(entry.shape):
                 return (f"a slice has {len(extents)} extents for a tensor of rank "

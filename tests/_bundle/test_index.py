@@ -149,7 +149,16 @@ CRAFTED = [
      "data shards (1 to"),
     ("keys-unsorted", lambda b: b.entries.insert(2, b.entries.pop(1)), "strictly increasing"),
     ("key-not-utf8", lambda b: b.entries.append([b"\xff\xfe", b.value(KERNEL)]), "not UTF-8"),
+    # a scalar listed as stored in one slice (no extent: it has no axis to split)
+    ("scalar-in-slices", lambda b: _sliced(b, b"steps/.ATTRIBUTES/VARIABLE_VALUE"),
+     "a scalar listed as stored in slices"),
 ]
+
+
+def _sliced(bundle, key):
+    entry = bundle.entry(key)
+    entry.slices.add()
+    bundle.set_entry(key, entry)
 
 
 @pytest.mark.parametrize("edit,words", [c[1:] for c in CRAFTED], ids=[c[0] for c in CRAFTED])

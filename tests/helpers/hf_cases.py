@@ -791,7 +791,8 @@ def outputs(case: Case, model, feed: dict, *, is_task: bool) -> dict:
         return _assistant_step(case, model, feed, is_task=is_task)
     given = keras_inputs(case, feed)
     if isinstance(given, dict) and not is_task:
-        for key in ("mask_positions", *GEMMA3N_TASK):
+        task_only = GEMMA3N_TASK if config(case)["model_type"] == "gemma3n" else ()
+        for key in ("mask_positions", *task_only):
             given.pop(key, None)
     if not is_task and config(case)["model_type"] == "blip-2":
         return _query_image_outputs(model, given)
