@@ -33,6 +33,7 @@ Hub's BLIP-2 configs are) takes transformers' defaults, as keras-hub's importer 
 from __future__ import annotations
 
 from objckpt.rules.core import Chain, ConvKernel, Reshape, Rule, Split, Transpose
+from objckpt.rules.hf_llama import config_part
 from objckpt.rules.hf_vit import layer_norm
 
 __all__ = ["MODEL", "attention", "dense", "heads", "part", "projection_rules", "qformer_rules",
@@ -57,14 +58,8 @@ def _invalid(text: str, fix: str):
 
 def part(config: dict, key: str, default=None) -> dict:
     """The sub-config `config[key]` (a dict; `default` where absent and given)."""
-    value = config.get(key, default)
-    if not isinstance(value, dict):
-        raise _invalid(
-            f"The {MODEL} rule set needs `{key}` (a dict) from the Hugging Face config; "
-            f"received {value!r}.", "pass the checkpoint's folder (its config.json), or "
-            "config={'vision_config': {...}, 'qformer_config': {...}, 'text_config': {...}, "
-            "'num_query_tokens': ...}.")
-    return value
+    return config_part(config, key, MODEL, "{'vision_config': {...}, 'qformer_config': "
+                       "{...}, 'text_config': {...}, 'num_query_tokens': ...}", default=default)
 
 
 def size(config: dict, key: str, where: str, default=None) -> int:

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from objckpt.rules.core import NOWHERE, ConvKernel, Rule, RuleSet, Transpose
 from objckpt.rules.hf_gemma3 import decoder_rules
-from objckpt.rules.hf_llama import config_size, head_rules
+from objckpt.rules.hf_llama import config_part, config_size, head_rules
 
 __all__ = ["FORMS", "MODEL_TYPES", "rules", "siglip_head", "vision_rules"]
 
@@ -73,16 +73,9 @@ _SIGLIP_HEAD = ("head.probe", "head.attention.in_proj_weight", "head.attention.i
 
 
 def _part(config: dict, key: str) -> dict:
-    value = config.get(key)
-    if not isinstance(value, dict):
-        from objckpt import errors
-
-        raise errors.InvalidArgumentError(
-            f"The Gemma 3 (multimodal) rule set needs `{key}` (a dict) from the Hugging Face "
-            f"config; received {value!r}. Fix: pass the checkpoint's folder (its config.json),"
-            f" or config={{'text_config': {{...}}, 'vision_config': {{...}}}}; a text-only "
-            "Gemma 3 is model type 'gemma3_text'.")
-    return value
+    return config_part(config, key, "Gemma 3 (multimodal)", "{'text_config': {...}, "
+                       "'vision_config': {...}}; a text-only Gemma 3 is model type "
+                       "'gemma3_text'")
 
 
 def _dense(source: str, target: str) -> list:

@@ -26,7 +26,7 @@ from objckpt.rules.core import RuleSet
 from objckpt.rules.hf_gemma3n import decoder_rules
 from objckpt.rules.hf_gemma3n_audio import audio_rules, embedder_rules
 from objckpt.rules.hf_gemma3n_vision import ARCHITECTURES, block_strings, tower_rules
-from objckpt.rules.hf_llama import head_rules
+from objckpt.rules.hf_llama import config_part, head_rules
 
 __all__ = ["MODEL_TYPES", "rules"]
 
@@ -47,13 +47,9 @@ def _refuse(what: str, fix: str):
 
 
 def _part(config: dict, key: str) -> dict:
-    value = config.get(key)
-    if not isinstance(value, dict):
-        _refuse(f"needs `{key}` (a dict) from the Hugging Face config; received {value!r}",
-                "pass the checkpoint's folder (its config.json), or config={'text_config': "
-                "{...}, 'audio_config': {...}, 'vision_config': {...}}; a text-only Gemma 3n "
-                "is model type 'gemma3n_text'.")
-    return value
+    return config_part(config, key, _MODEL, "{'text_config': {...}, 'audio_config': {...}, "
+                       "'vision_config': {...}}; a text-only Gemma 3n is model type "
+                       "'gemma3n_text'")
 
 
 # the timm `model_args` a vision config may hold: the tower's blocks (`block_args`, timm's

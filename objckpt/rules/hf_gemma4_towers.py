@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from objckpt.rules.core import Chain, ConvKernel, Reshape, Rule, RuleSet, Transpose
 from objckpt.rules.hf_gemma4 import decoder_rules
-from objckpt.rules.hf_llama import config_size, head_rules
+from objckpt.rules.hf_llama import config_part, config_size, head_rules
 
 __all__ = ["MODEL_TYPES", "audio_rules", "rules", "vision_rules"]
 
@@ -56,18 +56,10 @@ _BOUNDS = ("input_min", "input_max", "output_min", "output_max")
 
 
 def _part(config: dict, key: str, *, required: bool = True):
-    value = config.get(key)
-    if value is None and not required:
+    if config.get(key) is None and not required:
         return None
-    if not isinstance(value, dict):
-        from objckpt import errors
-
-        raise errors.InvalidArgumentError(
-            f"The {_MODEL} rule set needs `{key}` (a dict) from the Hugging Face config; "
-            f"received {value!r}. Fix: pass the checkpoint's folder (its config.json), or "
-            "config={'text_config': {...}, 'vision_config': {...}}; a text-only Gemma 4 is "
-            "model type 'gemma4_text'.")
-    return value
+    return config_part(config, key, _MODEL, "{'text_config': {...}, 'vision_config': {...}}; "
+                       "a text-only Gemma 4 is model type 'gemma4_text'")
 
 
 def _linear(source: str, target: str, clipped: bool) -> list:

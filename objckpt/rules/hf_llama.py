@@ -82,6 +82,22 @@ def config_size(config: dict, key: str, model: str, default=None) -> int:
     return value
 
 
+def config_part(config: dict, key: str, model: str, example: str, *, where: str = "",
+                default=None) -> dict:
+    """`config[key]` (else `default`), a dict (a sub-config such as `vision_config`);
+    InvalidArgumentError naming the `model` rule set, the key (under `where`, e.g.
+    "encoder.") and the fix: the folder, or `config=` as `example` shows."""
+    value = config.get(key, default)
+    if not isinstance(value, dict):
+        from objckpt import errors
+
+        raise errors.InvalidArgumentError(
+            f"The {model} rule set needs `{where}{key}` (a dict) from the Hugging Face "
+            f"config; received {value!r}. Fix: pass the checkpoint's folder (its "
+            f"config.json), or config={example}.")
+    return value
+
+
 def attention_rules(layer: str, attention: str, config: dict, model: str, *,
                     head_dim: int | None = None) -> list:
     """q/k/v/o of Hugging Face's `self_attn` <-> a keras-hub `CachedAttention`-style

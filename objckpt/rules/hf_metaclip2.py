@@ -44,7 +44,7 @@ export writes them.
 from __future__ import annotations
 
 from objckpt.rules.core import NOWHERE, Chain, ConvKernel, Reshape, Rule, RuleSet, Transpose
-from objckpt.rules.hf_llama import config_size
+from objckpt.rules.hf_llama import config_part, config_size
 
 __all__ = ["CLASSES", "MODEL_TYPES", "TASKS", "rules"]
 
@@ -63,15 +63,7 @@ _MODEL = "MetaCLIP 2"
 
 
 def _part(config: dict, key: str) -> dict:
-    value = config.get(key)
-    if not isinstance(value, dict):
-        from objckpt import errors
-
-        raise errors.InvalidArgumentError(
-            f"The {_MODEL} rule set needs `{key}` (a dict) from the Hugging Face config; "
-            f"received {value!r}. Fix: pass the checkpoint's folder (its config.json), or "
-            "config={'text_config': {...}, 'vision_config': {...}}.")
-    return value
+    return config_part(config, key, _MODEL, "{'text_config': {...}, 'vision_config': {...}}")
 
 
 def _dense(source: str, target: str, bias: bool = True) -> list:

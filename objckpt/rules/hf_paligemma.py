@@ -35,7 +35,7 @@ from objckpt.rules import hf_gemma
 from objckpt.rules.core import Crop, Rule, RuleSet, Transpose
 from objckpt.rules.hf_gemma3_vision import (FORMS, PROJECTOR_PREFIXES, TEXT_PREFIXES,
                                              VISION_PREFIXES, siglip_head, vision_rules)
-from objckpt.rules.hf_llama import config_size, head_rules
+from objckpt.rules.hf_llama import config_part, config_size, head_rules
 
 __all__ = ["FORMS", "MODEL_TYPES", "rules"]
 
@@ -57,13 +57,8 @@ def _invalid(text: str, fix: str):
 
 
 def _part(config: dict, key: str) -> dict:
-    value = config.get(key)
-    if not isinstance(value, dict):
-        raise _invalid(
-            f"needs `{key}` (a dict) from the Hugging Face config; received {value!r}.",
-            "pass the checkpoint's folder (its config.json), or "
-            "config={'text_config': {...}, 'vision_config': {...}, 'image_token_index': ...}.")
-    return value
+    return config_part(config, key, MODEL, "{'text_config': {...}, 'vision_config': {...}, "
+                       "'image_token_index': ...}")
 
 
 def _decoder(config: dict, text: dict) -> list:

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from objckpt.rules.core import NOWHERE, Chain, Reshape, Rule, RuleSet, Transpose
 from objckpt.rules.hf_gemma3_vision import OUTPUT, siglip_head, vision_rules
-from objckpt.rules.hf_llama import config_size, prefixed
+from objckpt.rules.hf_llama import config_part, config_size, prefixed
 
 __all__ = ["MODEL_TYPES", "rules"]
 
@@ -55,16 +55,8 @@ _MODEL = "T5Gemma 2"
 
 
 def _part(config: dict, key: str, where: str) -> dict:
-    given = config.get(key)
-    if not isinstance(given, dict):
-        from objckpt import errors
-
-        raise errors.InvalidArgumentError(
-            f"The T5Gemma 2 rule set needs `{where}{key}` (a dict) from the Hugging Face "
-            f"config; received {type(given).__name__}. Fix: pass the checkpoint's folder "
-            "(its config.json), or config={'encoder': {'text_config': {...}, "
-            "'vision_config': {...}}, 'decoder': {...}}.")
-    return given
+    return config_part(config, key, _MODEL, "{'encoder': {'text_config': {...}, "
+                       "'vision_config': {...}}, 'decoder': {...}}", where=where)
 
 
 def _sizes(stack: dict, key: str) -> dict:
