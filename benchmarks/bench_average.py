@@ -40,6 +40,8 @@ import sys
 import tempfile
 import time
 
+from timing import print_result
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 MIB = 1 << 20
 COUNT = 8  # checkpoints
@@ -264,17 +266,6 @@ def bench_average(size_mib: float, rounds: int = 3) -> dict:
                 "size_mib": size_mib}
     finally:
         shutil.rmtree(work, ignore_errors=True)
-
-
-def print_result(result: dict) -> None:
-    for name, value in result["s"].items():
-        lo, hi = result["spread"][name]
-        print(f"  {name:<72} {value:>8.2f} s  [{lo:.2f} .. {hi:.2f}]")
-    for what, value, target, ok, *_ in result["ratios"]:
-        mark = "" if ok is None else ("yes" if ok else "NO")
-        print(f"  {what:<72} {value:>8.2f}  {target:<8} {mark}")
-    for note in result["notes"]:
-        print(f"  - {note}")
 
 
 def main() -> int:

@@ -45,6 +45,8 @@ import sys
 import tempfile
 import time
 
+from timing import print_result
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 MIB = 1 << 20
 DIM = 64
@@ -335,17 +337,6 @@ def available() -> str | None:
     if importlib.util.find_spec("tf_keras") is None:
         return "tf_keras is not installed (the table is a tf_keras Embedding)"
     return None
-
-
-def print_result(result: dict) -> None:
-    for name, value in result["s"].items():
-        lo, hi = result["spread"][name]
-        print(f"  {name:<72} {value:>8.2f} s  [{lo:.2f} .. {hi:.2f}]")
-    for what, value, target, ok, *_ in result["ratios"]:
-        mark = "" if ok is None else ("yes" if ok else "NO")
-        print(f"  {what:<72} {value:>8.2f}  {target:<12} {mark}")
-    for note in result["notes"]:
-        print(f"  - {note}")
 
 
 def main() -> int:

@@ -95,3 +95,16 @@ def against_load_weights(source, model, path: str, what: str, describe: str,
             "bytes": nbytes, "ms": ms,
             "ratios": [(f"restore({what.removeprefix('w')}) / model.load_weights", ratio,
                         target, met(ratio, target))]}
+
+
+def print_result(result: dict) -> None:
+    """A section's result as the runner prints it: each operation's median seconds and
+    spread, each ratio with its target and whether it is met, the notes."""
+    for name, value in result["s"].items():
+        lo, hi = result["spread"][name]
+        print(f"  {name:<72} {value:>8.2f} s  [{lo:.2f} .. {hi:.2f}]")
+    for what, value, target, ok, *_ in result["ratios"]:
+        mark = "" if ok is None else ("yes" if ok else "NO")
+        print(f"  {what:<72} {value:>8.2f}  {target:<12} {mark}")
+    for note in result["notes"]:
+        print(f"  - {note}")
