@@ -20,19 +20,9 @@ from objckpt._inspect import diff as _diff
 from objckpt._inspect import meta as _meta
 
 from support import cli_in_process, run_cli
+from tests.distributed.test_sharded import sharded_module
 
 KEY = "table/.ATTRIBUTES/VARIABLE_VALUE"
-
-
-def sharded_module(rows, value: np.ndarray) -> tf.Module:
-    module = tf.Module()
-    parts, start = [], 0
-    for count in rows:
-        parts.append(tf.Variable(value[start:start + count]))
-        start += count
-    module.table = sharded_variable.ShardedVariable(parts, name="table")
-    module.bias = tf.Variable(np.arange(value.shape[1], dtype="float32"))
-    return module
 
 
 def value(seed: int, rows: int = 10, dtype="float32") -> np.ndarray:
