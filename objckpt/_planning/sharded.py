@@ -124,6 +124,18 @@ def read_slice(prefix: str, job: Job):
     raise AssertionError("unreachable")
 
 
+def _read_there(job: Job):
+    """The current value of `job.variable`, read on the task holding it (one remote op: no
+    copy, nothing crosses this host; the value shares the variable's buffer until the
+    variable is next written)."""
+    handle = getattr(job.variable, "handle", None)
+    if handle is None:
+        with tf.device(job.device):
+            return job.variable.read_value()
+    with tf.device(job.device):
+        return tf.raw_ops.ReadVariableOp(resource=handle, dtype=job.variable.dtype.base_dtype)
+
+
 class SlicedLoader:
     """A streamed loader (`verify`, `assign`, `close`) of `jobs` from the local TF checkpoint
     `prefix`: each value read (`read_slice`), converted where the plan admitted a lossless
@@ -224,8 +236,7 @@ class Recorder:
         olds = []
         if self.log is not None:  # read where each lives: nothing crosses this host
             for job in there:
-                with tf.device(job.device):
-                    olds.append(job.variable.read_value())
+                olds.append(_read_there(job))
         try:
             _restorer(tuple((job.dtype, job.device) for job in there))(
                 [job.variable.handle for job in there], tf.constant(prefix),
@@ -251,8 +262,7 @@ class Recorder:
         if self.log is not None:
             job = self._jobs[id(variable)]
             if job.device != HERE:
-                with tf.device(job.device):
-                    old = variable.read_value()
+                old = _read_there(job)
                 with self._lock:
                     self.log.keep(variable, old, job.label)
             else:
