@@ -31,6 +31,11 @@ peak RSS during the operation (VmHWM, reset through /proc/PID/clear_refs just be
 beyond its RSS just before it (its shard is in that baseline) is shown beside it. Targets
 (ParameterServerStrategy's issue): faster than TF (TF's time over objckpt's >= 1), and the
 coordinator's peak beyond its baseline at most the largest shard plus 64 MiB.
+
+Both libraries run the same kernels on the parameter servers (`SaveV2`, `RestoreV2` of each
+shard's slice, the servers in parallel), so at 1 GiB their times differ by each library's own
+cost beyond those reads and writes, within the rounds' spread. The same operations on a small
+table (`--small-mib`, 4 MiB: rows "small table ...") show that cost.
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ MIB = 1 << 20
 DIM = 64
 SHARDS = 2
 SLACK_MIB = 64
+SMALL_MIB = 4  # the small table: each library's own cost shows
 
 OPS = {
     "save": "objckpt.save(ckpt, prefix)",
@@ -252,7 +258,74 @@ def _run_op(task: dict) -> dict:
 # --- the benchmark -------------------------------------------------------------------
 
 
-def bench_sharded(size_mib: float = 1024, rounds: int = 3) -> dict:
+def _measure(rows: int, rounds: int, work: str) -> tuple[dict, list]:
+    """Every operation on a table of `rows`, `rounds` rounds after a warm-up round (the
+    order reversed every other round): the samples of each (seconds, coordinator RssAnon
+    added, a parameter server's peak added), the notes, and the saved table's shards and
+    their devices (in the notes). Each restore's digest is checked against the saved table's."""
+    from objckpt._bundle import index as _index
+
+    source = os.path.join(work, "source", "ckpt")
+    samples = {op: {"seconds": [], "anon": [], "ps": []} for op in OPS}
+    notes = []
+    written = None
+    for round_ in range(rounds + 1):
+        order = list(OPS) if round_ % 2 == 0 else list(OPS)[::-1]
+        if round_ == 0:  # warm-up: the source (objckpt's save) first, then every op
+            order = ["save"] + [op for op in OPS if op != "save"]
+        for op in order:
+            if op in ("save", "write"):
+                folder = os.path.join(work, f"{op}")
+                shutil.rmtree(folder, ignore_errors=True)
+                prefix = (source if round_ == 0 and op == "save"
+                          else os.path.join(folder, f"r{round_}", "ckpt"))
+            else:
+                prefix = source
+            got = _run_op({"op": op, "rows": rows, "prefix": prefix})
+            if op in ("save", "write") and written is None:
+                written = got["digest"]
+            if op in ("restore", "read") and got["digest"] != written:
+                raise RuntimeError(f"{OPS[op]} did not restore the saved table: digest "
+                                   f"{got['digest']} != {written}")
+            if op in ("save", "write") and not got["unchanged"]:
+                raise RuntimeError(f"{OPS[op]} changed the table it saved")
+            if round_ == 0:
+                if op == "save":
+                    notes.append(f"shards: rows {got['shards']} on {got['devices']}")
+                continue
+            samples[op]["seconds"].append(got["seconds"])
+            samples[op]["anon"].append(got["anon_added"])
+            samples[op]["ps"].append(max(got["ps_peaks"]))
+            print(f"  round {round_}: {OPS[op]}: {got['seconds'] * 1e3:.1f} ms, coordinator "
+                  f"+{got['anon_added'] / MIB:.0f} MiB, a parameter server's peak "
+                  f"+{max(got['ps_peaks']) / MIB:.0f} MiB", flush=True)
+    ours = _index.read_index(source).entries
+    theirs = _index.read_index(os.path.join(work, "write", f"r{rounds}", "ckpt")).entries
+    key = [k for k in ours if "embeddings" in k][0]
+    notes.append("objckpt's index lists the table's slices as TF's: "
+                 f"{ours[key].slices == theirs[key].slices}")
+    return samples, notes
+
+
+def _ratios(samples: dict, what: str = "") -> list:
+    """TF's time over objckpt's, the median of the per-round ratios, for save and restore."""
+    import numpy as np
+
+    from timing import met
+
+    out = []
+    for ours, theirs, op in (("save", "write", "save"), ("restore", "read", "restore")):
+        per = np.array(samples[theirs]["seconds"]) / np.array(samples[ours]["seconds"])
+        value = float(np.median(per))
+        out.append((f"{what}{op}: tf.train.Checkpoint time / objckpt time", value, ">= 1x",
+                    met(value, ">= 1x"), [float(per.min()), float(per.max())]))
+    return out
+
+
+def bench_sharded(size_mib: float = 1024, rounds: int = 3, small_mib: float = SMALL_MIB) -> dict:
+    """The table of `size_mib` (the figures: time, ratios, memory), then one of `small_mib`
+    (0: none), whose times are mostly each library's own cost beyond the servers' reads and
+    writes (rows of its own, "small table: ...")."""
     import numpy as np
 
     from timing import met
@@ -261,65 +334,30 @@ def bench_sharded(size_mib: float = 1024, rounds: int = 3) -> dict:
     nbytes = rows * DIM * 4
     largest = -(-rows // SHARDS) * DIM * 4
     work = tempfile.mkdtemp(prefix="objckpt-bench-sharded-")
-    source = os.path.join(work, "source", "ckpt")
-    samples = {op: {"seconds": [], "anon": [], "ps": []} for op in OPS}
-    notes = []
     try:
-        written = None
-        for round_ in range(rounds + 1):
-            order = list(OPS) if round_ % 2 == 0 else list(OPS)[::-1]
-            if round_ == 0:  # warm-up: the source (objckpt's save) first, then every op
-                order = ["save"] + [op for op in OPS if op != "save"]
-            for op in order:
-                if op in ("save", "write"):
-                    folder = os.path.join(work, f"{op}")
-                    shutil.rmtree(folder, ignore_errors=True)
-                    prefix = (source if round_ == 0 and op == "save"
-                              else os.path.join(folder, f"r{round_}", "ckpt"))
-                else:
-                    prefix = source
-                got = _run_op({"op": op, "rows": rows, "prefix": prefix})
-                if op in ("save", "write") and written is None:
-                    written = got["digest"]
-                if op in ("restore", "read") and got["digest"] != written:
-                    raise RuntimeError(f"{OPS[op]} did not restore the saved table: digest "
-                                       f"{got['digest']} != {written}")
-                if op in ("save", "write") and not got["unchanged"]:
-                    raise RuntimeError(f"{OPS[op]} changed the table it saved")
-                if round_ == 0:
-                    if op == "save":
-                        notes.append(f"shards: rows {got['shards']} on {got['devices']}")
-                    continue
-                samples[op]["seconds"].append(got["seconds"])
-                samples[op]["anon"].append(got["anon_added"])
-                samples[op]["ps"].append(max(got["ps_peaks"]))
-                print(f"  round {round_}: {OPS[op]}: {got['seconds']:.2f} s, coordinator "
-                      f"+{got['anon_added'] / MIB:.0f} MiB, a parameter server's peak "
-                      f"+{max(got['ps_peaks']) / MIB:.0f} MiB", flush=True)
-        from objckpt._bundle import index as _index
-
-        ours = _index.read_index(source).entries
-        theirs = _index.read_index(os.path.join(work, "write", f"r{rounds}", "ckpt")).entries
-        key = [k for k in ours if "embeddings" in k][0]
-        notes.append("objckpt's index lists the table's slices as TF's: "
-                     f"{ours[key].slices == theirs[key].slices}")
+        samples, notes = _measure(rows, rounds, os.path.join(work, "large"))
+        small = None
+        if small_mib:
+            print(f"  a table of {small_mib:g} MiB:", flush=True)
+            small, _ = _measure(rows_of(small_mib), rounds, os.path.join(work, "small"))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     s = {OPS[op]: float(np.median(v["seconds"])) for op, v in samples.items()}
     spread = {OPS[op]: [float(min(v["seconds"])), float(max(v["seconds"]))]
               for op, v in samples.items()}
-    ratios = []
-    for ours, theirs, what in (("save", "write", "save"), ("restore", "read", "restore")):
-        per = np.array(samples[theirs]["seconds"]) / np.array(samples[ours]["seconds"])
-        value = float(np.median(per))
-        ratios.append((f"{what}: tf.train.Checkpoint time / objckpt time", value, ">= 1x",
-                       met(value, ">= 1x"), [float(per.min()), float(per.max())]))
+    ratios = _ratios(samples)
     limit = (largest + SLACK_MIB * MIB) / MIB
     for op in OPS:
         peak = float(np.max(samples[op]["anon"])) / MIB
         target = f"<= {limit:.0f} MiB" if op in ("save", "restore") else ""
         ratios.append((f"{OPS[op]}: coordinator peak RssAnon added, MiB (max over rounds)",
                        peak, target, met(peak, target) if target else None))
+    if small is not None:
+        what = f"small table ({small_mib:g} MiB): "
+        ratios += _ratios(small, what)
+        for op in OPS:
+            ms = float(np.median(small[op]["seconds"])) * 1e3
+            ratios.append((f"{what}{OPS[op]}, ms", ms, "", None))
     for op in OPS:
         notes.append(f"{OPS[op]}: a parameter server's peak RSS added (max over rounds) "
                      f"{float(np.max(samples[op]['ps'])) / MIB:.0f} MiB")
@@ -346,8 +384,9 @@ def main() -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size-mib", type=float, default=1024)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--small-mib", type=float, default=SMALL_MIB)
     args = parser.parse_args()
-    print_result(bench_sharded(args.size_mib, args.rounds))
+    print_result(bench_sharded(args.size_mib, args.rounds, args.small_mib))
     return 0
 
 

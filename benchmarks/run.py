@@ -494,7 +494,7 @@ def run(args, argv, earlier: dict | None = None) -> dict:
             print(f"\n[sharded] skipped: {skipped}")
             out.setdefault("skipped", []).append(f"sharded: {skipped}")
         else:
-            result = bench_sharded.bench_sharded(args.sharded_mib, max(1, min(args.repeats, 5)))
+            result = bench_sharded.bench_sharded(args.sharded_mib, max(1, min(args.repeats, 9)))
             show("sharded", f"[sharded] {result['model']}", result, "sharded", many=False,
                  printer=bench_sharded.print_result)
     return out
