@@ -1,0 +1,470 @@
+"""`objckpt.migrate` into a target with sharded variables (`ShardedVariable`, what
+ParameterServerStrategy with a partitioner makes): the output is laid out as
+`tf.train.Checkpoint` writes the same model (the table's key listing one slice per shard, in
+TF's order, each shard's rows an entry of their own, the same object graph), TF and objckpt
+read it into 1, 2 and 3 shards and a plain variable bit for bit, and each shard's rows are
+read from the source alone (a TF1 Saver checkpoint, plain or partitioned, a TF2 checkpoint
+of any layout), so no more than a shard's rows are held at once.
+
+The sharded variables here are made on this process's CPU (tests/distributed/test_sharded.py
+makes them directly; the Keras models get theirs from a variable creator, as
+ParameterServerStrategy's partitioner makes them); tests/distributed/test_sharded_cluster.py
+runs parameter servers.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.python.distribute import sharded_variable  # test only: no public maker
+
+import flavours
+import objckpt
+from objckpt import errors
+from objckpt._bundle import index as _index
+from objckpt._bundle import write as _bundlewrite
+from objckpt._ops import migrate as _migrate
+from objckpt._planning import pipeline as _pipeline
+from objckpt._planning import sharded as _sharded
+from tests.distributed.test_sharded import full_value, logical, sharded_module
+
+KEY = "table/.ATTRIBUTES/VARIABLE_VALUE"
+GRAPH = "_CHECKPOINTABLE_OBJECT_GRAPH"
+LAYOUTS = [None, (10,), (4, 6), (3, 3, 4)]  # plain, 1, 2 and 3 shards
+LAYOUT_IDS = ["plain", "1shard", "2shards", "3shards"]
+
+
+# --- sources --------------------------------------------------------------------------------
+
+def write_tf1(prefix: str, value: np.ndarray, bias: np.ndarray, parts: int | None) -> str:
+    """A TF1 `Saver` checkpoint of `model/table` (in `parts` parts of rows by
+    `fixed_size_partitioner`, or plain for None) and `model/bias`, written by TF in a graph
+    and session as TF1 code wrote it."""
+    with tf.Graph().as_default():
+        with tf.compat.v1.variable_scope("model"):
+            table = tf.compat.v1.get_variable(
+                "table", initializer=tf.constant(value),
+                partitioner=None if parts is None else tf.compat.v1.fixed_size_partitioner(parts))
+            tf.compat.v1.get_variable("bias", initializer=tf.constant(bias))
+        if parts is not None:
+            assert type(table).__name__ == "PartitionedVariable"
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            return tf.compat.v1.train.Saver().save(session, prefix, write_meta_graph=False)
+
+
+def plain_module(value: np.ndarray, bias: np.ndarray) -> tf.Module:
+    module = tf.Module()
+    module.table = tf.Variable(value)
+    module.bias = tf.Variable(bias)
+    return module
+
+
+def held(value: np.ndarray, bias: np.ndarray, rows) -> tf.Module:
+    """A module of layout `rows` (None: plain) holding `value` and `bias`."""
+    module = plain_module(value, bias) if rows is None else sharded_module(rows, value)
+    module.bias.assign(bias)
+    return module
+
+
+SOURCES = ["tf1-partitioned", "tf1-plain", "tf2-sharded", "tf2-plain"]
+
+
+def source(kind: str, tmp_path, value, bias) -> tuple[str, list]:
+    """(prefix, rules) of a checkpoint of `kind` holding table=value and bias."""
+    if kind.startswith("tf1"):
+        parts = 3 if kind == "tf1-partitioned" else None
+        return write_tf1(str(tmp_path / "tf1" / "model.ckpt"), value, bias, parts), \
+            [("^model/", "")]
+    rows = (6, 4) if kind == "tf2-sharded" else None
+    prefix = tf.train.Checkpoint(root=held(value, bias, rows)).write(str(tmp_path / "tf2" / "ck"))
+    return prefix, None
+
+
+# --- what is read ---------------------------------------------------------------------------
+
+@pytest.fixture
+def reads(monkeypatch):
+    """Every slice `_sharded.read_slice` reads: (key, spec, shape read)."""
+    got = []
+    real = _sharded.read_slice
+
+    def spy(prefix, job):
+        value = real(prefix, job)
+        got.append((job.key, job.spec, tuple(value.shape)))
+        return value
+
+    monkeypatch.setattr(_sharded, "read_slice", spy)
+    return got
+
+
+@pytest.fixture
+def fetched(monkeypatch):
+    """The targets the pipeline's fetch stage reads whole."""
+    got = []
+    real = _pipeline.Pipeline.fetch
+
+    def spy(self, the_plan, variables, matches=None):
+        got.extend(m.target for m in (the_plan.matches if matches is None else matches))
+        return real(self, the_plan, variables, matches)
+
+    monkeypatch.setattr(_pipeline.Pipeline, "fetch", spy)
+    return got
+
+
+def specs_of(rows, cols: int = 4) -> list[str]:
+    """TF's slice spec of each shard of `rows` rows."""
+    starts = np.cumsum((0,) + tuple(rows[:-1]))
+    total = sum(rows)
+    return [f"{total} {cols} {s},{n}:0,{cols}" for s, n in zip(starts, rows)]
+
+
+# --- the layout: what TF writes -------------------------------------------------------------
+
+def assert_laid_out_as_tf(ours: str, theirs: str, key: str = KEY, *,
+                          whole_graph: bool = True) -> None:
+    """The index of `ours` lists what TF's own write `theirs` lists: the sliced key's dtype,
+    shape and slices in TF's order, each slice entry's size and checksum (the same bytes),
+    every other key; and the same object graph, byte for byte (`whole_graph`), else the same
+    variable nodes (objckpt's graph of a Keras model holds the paths to its variables only,
+    not the layers without weights TF lists too)."""
+    a, b = _index.read_index(ours), _index.read_index(theirs)
+    assert a.entries[key].slices == b.entries[key].slices
+    assert len(a.entries[key].slices) > 0
+    assert sorted(a.entries) == sorted(b.entries)
+    for name in b.entries:
+        assert (a.entries[name].dtype, a.entries[name].shape, a.entries[name].slices) == \
+            (b.entries[name].dtype, b.entries[name].shape, b.entries[name].slices), name
+    assert sorted(a.sliced) == sorted(b.sliced)
+    for slot, entry in b.sliced.items():
+        assert (a.sliced[slot].size, a.sliced[slot].crc32c) == (entry.size, entry.crc32c), slot
+    if whole_graph:
+        assert object_graph(ours) == object_graph(theirs)
+    assert variable_nodes(ours) == variable_nodes(theirs)
+
+
+def variable_nodes(prefix: str) -> list:
+    """The attributes (name, full name, checkpoint key) of the object graph's nodes that
+    hold values, sorted."""
+    from tensorflow.core.protobuf import trackable_object_graph_pb2
+
+    graph = trackable_object_graph_pb2.TrackableObjectGraph()
+    graph.ParseFromString(tf.train.load_checkpoint(prefix).get_tensor(GRAPH))
+    return sorted((a.name, a.full_name, a.checkpoint_key, len(node.children))
+                  for node in graph.nodes for a in node.attributes)
+
+
+def object_graph(prefix: str) -> bytes:
+    """The object graph a checkpoint holds, serialized, less the edge `root` from the root to
+    itself that `tf.train.Checkpoint(root=obj)` adds (obj itself has no such child)."""
+    from tensorflow.core.protobuf import trackable_object_graph_pb2
+
+    graph = trackable_object_graph_pb2.TrackableObjectGraph()
+    graph.ParseFromString(tf.train.load_checkpoint(prefix).get_tensor(GRAPH))
+    children = graph.nodes[0].children
+    for k in reversed(range(len(children))):
+        if children[k].node_id == 0 and children[k].local_name == "root":
+            del children[k]
+    return graph.SerializeToString(deterministic=True)
+
+
+def assert_read_back(out: str, value: np.ndarray, bias: np.ndarray) -> None:
+    """TF's `tf.train.Checkpoint.read` and `objckpt.restore` read `out` into plain, 1, 2 and
+    3 shards, bit for bit."""
+    for rows in LAYOUTS:
+        for how in ("tf", "objckpt"):
+            fresh = held(np.zeros_like(value), np.zeros_like(bias), rows)
+            if how == "tf":
+                tf.train.Checkpoint(root=fresh).read(out).assert_consumed()
+            else:
+                objckpt.restore(fresh, out)
+            got = fresh.table.numpy() if rows is None else logical(fresh)
+            assert got.tobytes() == value.tobytes(), (rows, how)
+            assert fresh.bias.numpy().tobytes() == bias.tobytes(), (rows, how)
+
+
+@pytest.mark.parametrize("rows", [(4, 6), (3, 3, 4)], ids=["2shards", "3shards"])
+@pytest.mark.parametrize("kind", SOURCES)
+def test_migrate_writes_what_tf_writes_reading_a_shard_at_a_time(kind, rows, tmp_path, reads,
+                                                                 fetched):
+    value, bias = full_value(30), np.arange(4, dtype="float32") - 1.5
+    prefix, rules = source(kind, tmp_path, value, bias)
+    target = sharded_module(rows, np.zeros_like(value))
+    out = objckpt.migrate(target, prefix, str(tmp_path / "out" / "ck"), rules=rules)
+    assert logical(target).tobytes() == np.zeros_like(value).tobytes()  # migrate assigns nothing
+    theirs = tf.train.Checkpoint(root=held(value, bias, rows)).write(str(tmp_path / "tf" / "ck"))
+    assert_laid_out_as_tf(out, theirs)
+    assert [s for s, _ in _index.read_index(out).entries[KEY].slices] == \
+        [(int(s), n) for s, n in zip(np.cumsum((0,) + rows[:-1]), rows)]
+    # each shard's rows read alone from the source, whatever layout wrote it; the table
+    # never fetched whole
+    key = "model/table" if kind.startswith("tf1") else KEY
+    assert sorted(reads) == sorted((key, spec, (n, 4)) for spec, n in zip(specs_of(rows), rows))
+    assert "table" not in fetched and "bias" in fetched
+    assert_read_back(out, value, bias)
+
+
+def test_an_unsharded_target_is_written_whole_as_before(tmp_path, reads):
+    value, bias = full_value(31), np.ones(4, "float32")
+    prefix, rules = source("tf1-partitioned", tmp_path, value, bias)
+    out = objckpt.migrate(plain_module(np.zeros_like(value), np.zeros(4, "float32")), prefix,
+                          str(tmp_path / "out"), rules=rules)
+    entry = _index.read_index(out).entries[KEY]
+    assert entry.slices == () and entry.shape == (10, 4)
+    assert reads == []
+    assert_read_back(out, value, bias)
+
+
+# --- routes that fetch the value whole ------------------------------------------------------
+
+def test_a_rule_transform_fetches_the_value_whole_then_writes_each_shard(tmp_path, reads,
+                                                                         fetched):
+    value, bias = full_value(32), np.zeros(4, "float32")
+    prefix, _ = source("tf1-partitioned", tmp_path, value, bias)
+    rules = [("^model/table$", "table", lambda t: t * 2.0), ("^model/", "")]
+    target = sharded_module((3, 3, 4), np.zeros_like(value))
+    out = objckpt.migrate(target, prefix, str(tmp_path / "out"), rules=rules)
+    assert reads == [] and "table" in fetched  # the transform needs the whole value
+    doubled = value * np.float32(2.0)
+    theirs = tf.train.Checkpoint(root=held(doubled, bias, (3, 3, 4))).write(
+        str(tmp_path / "tf" / "ck"))
+    assert_laid_out_as_tf(out, theirs)
+    assert_read_back(out, doubled, bias)
+
+
+def test_a_lossless_cast_is_read_shard_by_shard_in_the_stored_dtype(tmp_path, reads, fetched):
+    """A bfloat16 table migrated into float32 shards: each shard's rows read in bfloat16 and
+    widened (NumPy's widening is the oracle)."""
+    value = full_value(33)
+    narrow = tf.Module()
+    narrow.table = tf.Variable(tf.constant(value, tf.bfloat16))
+    narrow.bias = tf.Variable(tf.zeros((4,)))
+    prefix = objckpt.save(narrow, str(tmp_path / "bf16"))
+    widened = narrow.table.numpy().astype("float32")
+    target = sharded_module((5, 5), np.zeros_like(value))
+    out = objckpt.migrate(target, prefix, str(tmp_path / "out"))
+    assert sorted(reads) == [(KEY, spec, (5, 4)) for spec in specs_of((5, 5))]
+    assert "table" not in fetched
+    theirs = tf.train.Checkpoint(root=held(widened, np.zeros(4, "float32"), (5, 5))).write(
+        str(tmp_path / "tf" / "ck"))
+    assert_laid_out_as_tf(out, theirs)
+    assert_read_back(out, widened, np.zeros(4, "float32"))
+
+
+def test_a_variable_without_a_source_value_writes_its_own_shards(tmp_path):
+    value, bias = full_value(34), np.full(4, 3.0, "float32")
+    source_module = tf.Module()
+    source_module.bias = tf.Variable(bias)
+    prefix = objckpt.save(source_module, str(tmp_path / "bias_only"))
+    own = full_value(35)
+    target = sharded_module((3, 3, 4), own)
+    out = objckpt.migrate(target, prefix, str(tmp_path / "out"), strict=False)
+    theirs = tf.train.Checkpoint(root=held(own, bias, (3, 3, 4))).write(
+        str(tmp_path / "tf" / "ck"))
+    assert_laid_out_as_tf(out, theirs)
+    assert_read_back(out, own, bias)
+    del value
+
+
+def test_a_snapshot_source_is_written_in_slices(tmp_path):
+    value, bias = full_value(36), np.ones(4, "float32")
+    snap = objckpt.snapshot(held(value, bias, (6, 4)))
+    out = objckpt.migrate(sharded_module((3, 3, 4), np.zeros_like(value)), snap,
+                          str(tmp_path / "out"))
+    theirs = tf.train.Checkpoint(root=held(value, bias, (3, 3, 4))).write(
+        str(tmp_path / "tf" / "ck"))
+    assert_laid_out_as_tf(out, theirs)
+    assert_read_back(out, value, bias)
+
+
+def test_the_saveV2_route_writes_the_same_slices(tmp_path, monkeypatch, reads):
+    """Where objckpt's bundle writer cannot write (no native crc32c), SaveV2 parts merged by
+    TF: the same index, each shard still read alone."""
+    from objckpt._bundle import fastio as _fastio
+
+    value, bias = full_value(37), np.ones(4, "float32")
+    prefix, rules = source("tf1-partitioned", tmp_path, value, bias)
+    monkeypatch.setattr(_fastio, "native_crc32c", lambda: None)
+    out = objckpt.migrate(sharded_module((3, 3, 4), np.zeros_like(value)), prefix,
+                          str(tmp_path / "out"), rules=rules)
+    monkeypatch.undo()
+    assert sorted(spec for _, spec, _ in reads) == sorted(specs_of((3, 3, 4)))
+    theirs = tf.train.Checkpoint(root=held(value, bias, (3, 3, 4))).write(
+        str(tmp_path / "tf" / "ck"))
+    assert_laid_out_as_tf(out, theirs)
+    assert_read_back(out, value, bias)
+
+
+# --- memory ---------------------------------------------------------------------------------
+
+def test_no_more_than_one_shards_rows_are_held_at_once(tmp_path, monkeypatch):
+    """With the slack of small reads taken away (`_STREAM_SLACK` 0), the bytes read from the
+    source and not yet written never exceed the largest shard's, on every thread the
+    migration runs (a TF1 partitioned table of 4 parts into 3 shards of 1,000 rows)."""
+    value = np.random.default_rng(38).normal(size=(3000, 64)).astype("float32")
+    bias = np.zeros(64, "float32")
+    with tf.Graph().as_default():
+        with tf.compat.v1.variable_scope("model"):
+            tf.compat.v1.get_variable("table", initializer=tf.constant(value),
+                                      partitioner=tf.compat.v1.fixed_size_partitioner(4))
+            tf.compat.v1.get_variable("bias", initializer=tf.constant(bias))
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            prefix = tf.compat.v1.train.Saver().save(session, str(tmp_path / "tf1" / "m"),
+                                                     write_meta_graph=False)
+    monkeypatch.setattr(_migrate, "_STREAM_SLACK", 0)
+    lock, state = threading.Lock(), {"now": 0, "peak": 0, "reads": []}
+    read, write_item = _sharded.read_slice, _bundlewrite.write_item
+
+    def reading(prefix, job):
+        got = read(prefix, job)
+        with lock:
+            state["now"] += got.numpy().nbytes
+            state["peak"] = max(state["peak"], state["now"])
+            state["reads"].append(tuple(got.shape))
+        return got
+
+    def writing(fd, item, crc):
+        write_item(fd, item, crc)
+        if item.key.startswith(b"\x00"):  # a slice's binary key: its rows written
+            with lock:
+                state["now"] -= item.size
+
+    monkeypatch.setattr(_sharded, "read_slice", reading)
+    monkeypatch.setattr(_bundlewrite, "write_item", writing)
+    target = sharded_module((1000, 1000, 1000), np.zeros_like(value))
+    target.bias = tf.Variable(tf.zeros((64,)))
+    out = objckpt.migrate(target, prefix, str(tmp_path / "out"), rules=[("^model/", "")])
+    monkeypatch.undo()
+    shard = 1000 * 64 * 4
+    assert state["reads"] == [(1000, 64)] * 3
+    assert state["now"] == 0 and 0 < state["peak"] <= shard
+    assert tf.train.load_checkpoint(out).get_tensor(KEY).tobytes() == value.tobytes()
+
+
+# --- errors ---------------------------------------------------------------------------------
+
+def test_a_damaged_slice_is_a_typed_error_and_nothing_is_written(tmp_path, monkeypatch):
+    value, bias = full_value(39), np.zeros(4, "float32")
+    prefix, rules = source("tf1-partitioned", tmp_path, value, bias)
+    real, calls = _sharded.read_slice, []
+
+    def failing(prefix, job):
+        calls.append(job.spec)
+        if len(calls) == 2:
+            raise tf.errors.DataLossError(None, None, "Checksum does not match")
+        return real(prefix, job)
+
+    monkeypatch.setattr(_sharded, "read_slice", failing)
+    destination = tmp_path / "out"
+    with pytest.raises(errors.CheckpointCorruptError) as caught:
+        objckpt.migrate(sharded_module((3, 3, 4), np.zeros_like(value)), prefix,
+                        str(destination / "ck"), rules=rules)
+    message = str(caught.value)
+    assert "`model/table`" in message and "'10 4 3,3:0,4'" in message
+    assert "Checksum does not match" in message and "Nothing was written" in message
+    assert not destination.exists()
+
+
+def test_a_table_of_another_shape_is_refused_as_before(tmp_path, reads):
+    value, bias = full_value(40), np.zeros(4, "float32")
+    prefix, rules = source("tf1-partitioned", tmp_path, value, bias)
+    with pytest.raises(errors.StructureMismatchError, match="table") as caught:
+        objckpt.migrate(sharded_module((4, 4), full_value(41, rows=8)), prefix,
+                        str(tmp_path / "out" / "ck"), rules=rules)
+    assert "(10, 4)" in str(caught.value) and "(8, 4)" in str(caught.value)
+    assert reads == [] and not (tmp_path / "out").exists()
+
+
+# --- Keras models whose embedding table is sharded ------------------------------------------
+
+def sharding_creator(rows):
+    """A variable creator making a layer's `embeddings` a ShardedVariable of shards of `rows`
+    rows (`embeddings/part_0`, ...), as ParameterServerStrategy's partitioner makes it."""
+    def creator(next_creator, **kwargs):
+        name = str(kwargs.get("name") or "")
+        if rows is None or "embeddings" not in name:
+            return next_creator(**kwargs)
+        initial = kwargs["initial_value"]
+        initial = tf.convert_to_tensor(initial() if callable(initial) else initial)
+        parts, start = [], 0
+        for i, count in enumerate(rows):
+            options = dict(kwargs, initial_value=initial[start:start + count],
+                           name=f"{name}/part_{i}")
+            options.pop("shape", None)
+            parts.append(next_creator(**options))
+            start += count
+        return sharded_variable.ShardedVariable(parts, name=name)
+    return creator
+
+
+def keras_net(keras, rows):
+    with tf.variable_creator_scope(sharding_creator(rows)):
+        model = keras.Sequential([keras.Input((2,), dtype="int32"),
+                                  keras.layers.Embedding(10, 4, name="emb"),
+                                  keras.layers.GlobalAveragePooling1D(),
+                                  keras.layers.Dense(3, name="proj")], name="net")
+    table = objckpt.tree(model)[_table_path(model)]
+    assert isinstance(table, sharded_variable.ShardedVariable) == (rows is not None)
+    return model
+
+
+def _table_path(model) -> str:
+    return next(p for p in objckpt.tree(model) if p.endswith("embeddings"))
+
+
+def keras_table(model) -> np.ndarray:
+    variable = objckpt.tree(model)[_table_path(model)]
+    if isinstance(variable, sharded_variable.ShardedVariable):
+        return np.concatenate([part.numpy() for part in variable.variables])
+    return variable.numpy()
+
+
+@pytest.mark.parametrize("rows", [(4, 6), (3, 3, 4)], ids=["2shards", "3shards"])
+@pytest.mark.parametrize("flavour", flavours.KERAS_FLAVOURS)
+def test_a_keras_model_with_a_sharded_table_is_migrated_as_tf_writes_it(flavour, rows,
+                                                                        tmp_path, reads):
+    keras = flavours.keras_for(flavour)
+    trained = keras_net(keras, None)
+    for variable in objckpt.tree(trained).values():
+        variable.assign(np.random.default_rng(42).normal(size=variable.shape).astype("float32"))
+    prefix = objckpt.save(trained, str(tmp_path / "plain" / "ck"))  # a TF2 checkpoint
+    target = keras_net(keras, rows)
+    out = objckpt.migrate(target, prefix, str(tmp_path / "out" / "ck"))
+    key = f"{_table_path(target)}/.ATTRIBUTES/VARIABLE_VALUE"
+    assert sorted(spec for _, spec, _ in reads) == sorted(specs_of(rows))
+    like = keras_net(keras, rows)
+    objckpt.restore(like, prefix)
+    ids = np.array([[1, 7], [3, 9]], "int32")
+    np.testing.assert_array_equal(like(ids).numpy(), trained(ids).numpy())
+    if flavour == "keras3":  # TF's saver cannot save Keras 3's sharded weights (no `device`)
+        theirs = objckpt.save(like, str(tmp_path / "theirs" / "ck"))
+    else:
+        theirs = tf.train.Checkpoint(root=like).write(str(tmp_path / "theirs" / "ck"))
+    assert_laid_out_as_tf(out, theirs, key, whole_graph=False)
+    for layout in (None, (10,), (4, 6), (3, 3, 4)):
+        # TF's reader cannot restore Keras 3's sharded weights either (it asks them for a
+        # `device`): TF reads Keras 3 models into an unsharded one (docs/distributed.md)
+        tf_reads = flavour != "keras3" or layout is None
+        for how in ("tf", "objckpt") if tf_reads else ("objckpt",):
+            fresh = keras_net(keras, layout)
+            if how == "tf":
+                tf.train.Checkpoint(root=fresh).read(out).assert_existing_objects_matched()
+            else:
+                objckpt.restore(fresh, out)
+            assert keras_table(fresh).tobytes() == keras_table(trained).tobytes(), (layout, how)
+            np.testing.assert_array_equal(fresh(ids).numpy(), trained(ids).numpy())
+
+
+def test_the_migrated_files_are_a_checkpoint_objckpt_verifies(tmp_path):
+    value, bias = full_value(43), np.zeros(4, "float32")
+    prefix, rules = source("tf2-sharded", tmp_path, value, bias)
+    out = objckpt.migrate(sharded_module((3, 3, 4), np.zeros_like(value)), prefix,
+                          str(tmp_path / "out" / "ck"), rules=rules)
+    assert sorted(os.listdir(tmp_path / "out")) == ["ck.data-00000-of-00001", "ck.index"]
+    report = objckpt.verify(out)
+    assert report.ok, report
