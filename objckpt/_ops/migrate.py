@@ -159,6 +159,16 @@ def migrate(obj, source, prefix, *, rules=None, at: str | None = None, strict: b
       on one worker only, later, while values stream, is not agreed on.
 
     Values stream one tensor at a time (memory beyond obj: about the largest tensor).
+    A sharded variable of obj (a `ShardedVariable`: ParameterServerStrategy with a
+    partitioner, or a model built with one) is written as `tf.train.Checkpoint` writes it:
+    its key lists one slice per shard, in the order TF's saver writes them, and each
+    shard's rows are an entry of their own; TF and `objckpt.restore` read the result into
+    any shard count or a plain variable. From a local TF checkpoint (whatever layout wrote
+    it: a whole tensor, any shard count, a TF1 `Saver`'s partitioned variable) each shard's
+    rows are read alone, so this host holds about one shard's rows, not the table
+    (several small shards at once, up to 64 MiB). A rule's transform, a lossy cast, or a
+    source of another kind (a Snapshot, safetensors, a remote prefix) fetches the value
+    whole on this host, then writes it shard by shard.
     Everything is checked from metadata before a byte is read; what only reading shows
     (a damaged or truncated source entry, a rule's transform that fails or gives a value
     that does not fit) raises while values stream, and nothing is written at `prefix`.

@@ -256,7 +256,7 @@ def test_a_lossless_cast_is_read_shard_by_shard_in_the_stored_dtype(tmp_path, re
 
 
 def test_a_variable_without_a_source_value_writes_its_own_shards(tmp_path):
-    value, bias = full_value(34), np.full(4, 3.0, "float32")
+    bias = np.full(4, 3.0, "float32")
     source_module = tf.Module()
     source_module.bias = tf.Variable(bias)
     prefix = objckpt.save(source_module, str(tmp_path / "bias_only"))
@@ -267,7 +267,6 @@ def test_a_variable_without_a_source_value_writes_its_own_shards(tmp_path):
         str(tmp_path / "tf" / "ck"))
     assert_laid_out_as_tf(out, theirs)
     assert_read_back(out, own, bias)
-    del value
 
 
 def test_a_snapshot_source_is_written_in_slices(tmp_path):
