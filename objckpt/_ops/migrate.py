@@ -21,8 +21,11 @@ A sharded variable of obj (a `ShardedVariable`, ParameterServerStrategy with a p
 written as `tf.train.Checkpoint` writes it: its key's entry lists one slice per shard (in the
 order TF's saver writes them) and each shard's rows are a slice entry of their own. From a
 local TF checkpoint, without a rule's transform or a lossy cast, each shard's rows are read
-alone (one `RestoreV2` of that slice, whatever layout wrote the source: any shard count, a
-TF1 partitioned variable, a whole tensor), so memory holds a shard's rows, not the table.
+alone, so memory holds a shard's rows, not the table: from a tensor stored whole, its byte
+range of the entry, read in order without TF straight into the shard's buffer (the entry's
+checksum checked after its last byte); from one stored in slices (any shard count, a TF1
+partitioned variable), one `RestoreV2` of the shard's slice (TF reads the stored slices it
+overlaps, one at a time).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import threading
 import time
 from typing import NamedTuple
 
+import numpy as np
 import tensorflow as tf
 
 from objckpt import _compat, errors
@@ -46,6 +50,7 @@ from objckpt._bundle import index as _index
 from objckpt._bundle import remote as _remote
 from objckpt._bundle import write as _bundlewrite
 from objckpt._inspect.verify import tensor_problems
+from objckpt._ops import meanstream as _meanstream
 from objckpt._planning import match as _match
 from objckpt._planning import pipeline as _pipeline
 from objckpt._planning import sharded as _sharded
@@ -166,9 +171,10 @@ def migrate(obj, source, prefix, *, rules=None, at: str | None = None, strict: b
     any shard count or a plain variable. From a local TF checkpoint (whatever layout wrote
     it: a whole tensor, any shard count, a TF1 `Saver`'s partitioned variable) each shard's
     rows are read alone, so this host holds about one shard's rows, not the table
-    (several small shards at once, up to 64 MiB). A rule's transform, a lossy cast, or a
-    source of another kind (a Snapshot, safetensors, a remote prefix) fetches the value
-    whole on this host, then writes it shard by shard.
+    (several small shards at once, up to 64 MiB; from a source stored in slices, TF's
+    read of a shard also holds one stored slice it overlaps). A rule's transform, a lossy
+    cast, or a source of another kind (a Snapshot, safetensors, a remote prefix) fetches
+    the value whole on this host, then writes it shard by shard.
     Everything is checked from metadata before a byte is read; what only reading shows
     (a damaged or truncated source entry, a rule's transform that fails or gives a value
     that does not fit) raises while values stream, and nothing is written at `prefix`.
@@ -273,14 +279,18 @@ class _Sliced:
 
     `parts`: {path: [_Part, ...]}, each variable's shards in the order TF's saver writes
     them and its index lists them (`_compat.save_order` over the devices of every tensor
-    saved). `reads`: {path: [`_sharded.Job`, ...]} (one per part, in that order) of the
-    variables whose shards are read one slice at a time on this host: from a local TF
-    checkpoint (any layout wrote it: a whole tensor, any shard count, a TF1 partitioned
-    variable), with no rule's transform and no lossy cast; the others are fetched whole
-    and split."""
+    saved). From a local TF checkpoint, with no rule's transform and no lossy cast, each
+    shard's rows are read alone on this host: `whole` ({path: (checkpoint key, stored
+    dtype)}) where the source stores the tensor whole (its rows are a byte range of its
+    entry: read without TF in order, shard after shard, the entry's checksum checked after
+    its last byte), `reads` ({path: [`_sharded.Job`, ...]}, one per part, in the listed
+    order) where it stores it in slices (any shard count, a TF1 partitioned variable: TF's
+    `RestoreV2` of the shard's slice reads the stored slices it overlaps). The others are
+    fetched whole and split."""
 
     def __init__(self, paths, variables, src, the_plan, fed):
-        self.parts, self.reads = {}, {}
+        self.parts, self.reads, self.whole = {}, {}, {}
+        self._index, self._index_read = None, False
         if not any(_compat.is_sharded(variables[p]) for p in paths):
             return
         units, devices = [], []
@@ -310,6 +320,9 @@ class _Sliced:
                     or _compat.replica_parts(variable) is not None):
                 continue
             key = src.bundle_keys([match.source])[0]
+            if self._whole_rows(src.prefix, key, variable):
+                self.whole[path] = (key, stored)
+                continue
             job_of = {id(job.variable): job for job in _sharded.jobs(
                 [key], [stored], [variable], [the_plan.label(path)])}
             # read here (device "/cpu:0"), where the slice is written
@@ -317,8 +330,65 @@ class _Sliced:
                                              job.label)
                                 for job in (job_of[id(part.shard)] for part in parts)]
 
+    def _whole_rows(self, prefix: str, key: str, variable) -> bool:
+        """Whether `key` is stored whole (not in slices) with a dtype written as its raw
+        bytes, and the variable's shards split rows: each shard's rows are then one byte
+        range of the entry."""
+        if not self._index_read:
+            self._index_read = True
+            try:
+                self._index = _index.read_index(prefix)
+            except (OSError, errors.ObjckptError):  # TF's reader reads it, or says why
+                self._index = None
+        entry = None if self._index is None else self._index.entries.get(key)
+        return (entry is not None and not entry.slices and key not in self._index.beyond
+                and _raw(entry.dtype) and len(entry.shape) >= 1
+                and _compat.shard_layout(variable).axis == 0)
+
+    def read_whole(self, prefix: str, path: str, write_unit) -> None:
+        """Each shard's rows of the whole stored tensor of `path` given to `write_unit` as
+        they are read, in row order, each read into a tensor of its own (no copy); the
+        entry's checksum is checked after its last byte (a mismatch raises before the
+        migration commits anything)."""
+        key, stored = self.whole[path]
+        entry = self._index.entries[key]
+        parts = self.parts[path]
+        sizes = [_nbytes((tuple(int(d) for d in part.shard.shape), stored)) for part in parts]
+        reader = _meanstream.BundleFile(self._index, "objckpt.migrate", _meanstream.crc32c())
+        try:
+            if sum(sizes) != entry.size:
+                raise reader.corrupt(key, f"holds {entry.size} bytes where its shape "
+                                          f"{tuple(entry.shape)} needs {sum(sizes)}")
+            pieces = reader.pieces(key, np.uint8)
+            piece, used = np.empty(0, np.uint8), 0
+            for k in sorted(range(len(parts)), key=lambda k: parts[k].extents[0][0]):
+                value, buffer = _empty(stored, tuple(int(d) for d in parts[k].shard.shape))
+                target = np.frombuffer(buffer, np.uint8)
+                filled = 0
+                while filled < sizes[k]:
+                    if used == piece.size:
+                        _, piece = next(pieces)
+                        used = 0
+                    count = min(piece.size - used, sizes[k] - filled)
+                    target[filled:filled + count] = piece[used:used + count]
+                    filled, used = filled + count, used + count
+                del target, buffer
+                if value.dtype != stored:  # bytes of a dtype DLPack does not export
+                    value = _bitcast(value, stored, parts[k].shard.shape)
+                write_unit((path, k), value)
+                del value  # one shard's rows at a time
+            for _ in pieces:  # past the last byte: the checksum is checked
+                pass
+        finally:
+            reader.close()
+
     def __contains__(self, path) -> bool:
         return path in self.parts
+
+    @property
+    def read(self) -> set:
+        """The paths whose shards are read here one at a time (not fetched whole)."""
+        return set(self.reads) | set(self.whole)
 
     def units(self, paths) -> list:
         """What the data file holds, in path order: (path, None) for a whole variable,
@@ -354,6 +424,34 @@ class _Sliced:
         return [_Whole(_paths.checkpoint_key(path), specs[path][1].as_datatype_enum,
                        specs[path][0], tuple(part.extents for part in parts))
                 for path, parts in self.parts.items()]
+
+
+def _empty(dtype, shape):
+    """A new CPU tensor of `dtype` and `shape` and its buffer to fill (`_fastio.empty_tensor`);
+    for a dtype DLPack does not export (bfloat16, float8, bool), a uint8 tensor of its bytes
+    (`_bitcast` makes it the dtype)."""
+    try:
+        return _fastio.empty_tensor(dtype, shape)
+    except (RuntimeError, TypeError, ValueError):  # "Unsupported dtype in DLTensor"
+        count = _render.elements(shape)
+        return _fastio.empty_tensor(tf.uint8, (count, tf.as_dtype(dtype).size))
+
+
+def _bitcast(value, dtype, shape):
+    """The uint8 tensor of `_empty`'s fallback as `dtype` of `shape` (its bytes as they are)."""
+    dtype = tf.as_dtype(dtype)
+    if dtype == tf.bool:  # stored as one byte each, 0 or 1
+        return tf.reshape(tf.cast(value, tf.bool), shape)
+    return tf.reshape(tf.bitcast(value, dtype), shape)
+
+
+def _raw(enum: int) -> bool:
+    """Whether a dtype's tensors are stored as their raw bytes (numbers, bool; no strings)."""
+    try:
+        dtype = tf.as_dtype(enum)
+    except TypeError:
+        return False
+    return dtype != tf.string and _bundlewrite.supported([tf.TensorSpec((), dtype)])
 
 
 class _Whole:
@@ -427,7 +525,7 @@ def _write_streamed(pipe, src, merged, paths, specs, fed, variables, the_plan, m
                 write_unit((path, None), value)
 
         _bundlewrite.write_item(fd, items[-1], crc)  # the object graph
-        _stream_matches(pipe, src, [fed[p] for p in paths if p in fed and p not in sliced.reads],
+        _stream_matches(pipe, src, [fed[p] for p in paths if p in fed and p not in sliced.read],
                         specs, variables, the_plan, write, sliced, write_unit)
         for path in paths:  # obj's own values (strict=False), in order (a collective each
             if path not in fed:  # for a SyncOnRead variable under a multi-worker strategy)
@@ -464,6 +562,14 @@ def _stream_matches(pipe, src, matches, specs, variables, the_plan, write, slice
         job_bytes += size
     if job:
         jobs.append((job, job_bytes))
+    for path in sliced.whole:  # one job: the entry read in order, a shard at a time
+        shapes = [sliced.shape((path, k), specs) for k in range(len(sliced.parts[path]))]
+        stored = sliced.whole[path][1]
+        size = max(_nbytes((shape, stored)) + (_nbytes((shape, specs[path][1]))
+                                                if stored != specs[path][1] else 0)
+                   for shape in shapes) + _meanstream.READ_BYTES
+        jobs.append((path, size))
+        sizes.append(size)
     for path, reads in sliced.reads.items():
         for k, read in enumerate(reads):
             shape = sliced.shape((path, k), specs)
@@ -482,6 +588,9 @@ def _stream_matches(pipe, src, matches, specs, variables, the_plan, write, slice
             return
         try:
             with gate.hold(nbytes):
+                if isinstance(group, str):  # a whole stored tensor, shard by shard
+                    sliced.read_whole(src.prefix, group, write_unit)
+                    return
                 if isinstance(group, tuple):  # one shard's rows
                     path, k, read = group
                     value = _read_slice(src.prefix, read)
@@ -544,6 +653,19 @@ def _write_parts(pipe, src, work, paths, specs, fed, variables, the_plan, meter,
         group_bytes += size
     flush()
     for path, listed in sliced.parts.items():
+        if path in sliced.whole:  # read in row order, each shard saved as it comes
+            first, order = len(parts), []
+
+            def save_rows(unit, value, path=path) -> None:
+                order.append(unit[1])
+                save([_paths.checkpoint_key(path)], [cast(value, path)],
+                     [sliced.parts[path][unit[1]].spec])
+                meter.add(_nbytes((tuple(value.shape), specs[path][1])))
+
+            sliced.read_whole(src.prefix, path, save_rows)
+            # merged in the listed order (TF's), whatever order they were read in
+            parts[first:] = [p for _, p in sorted(zip(order, parts[first:]))]
+            continue
         if path in sliced.reads:
             values = (_read_slice(src.prefix, read) for read in sliced.reads[path])
         elif path in fed:

@@ -89,16 +89,28 @@ def source(kind: str, tmp_path, value, bias) -> tuple[str, list]:
 
 @pytest.fixture
 def reads(monkeypatch):
-    """Every slice `_sharded.read_slice` reads: (key, spec, shape read)."""
+    """Every shard's rows read from the source, one at a time: (route, key, slice spec,
+    shape read). Route "slice": TF's `RestoreV2` of the shard's slice
+    (`_sharded.read_slice`), for a source stored in slices; "rows": its byte range of a
+    tensor stored whole, read in order (`_Sliced.read_whole`)."""
     got = []
-    real = _sharded.read_slice
+    real_slice, real_whole = _sharded.read_slice, _migrate._Sliced.read_whole
 
-    def spy(prefix, job):
-        value = real(prefix, job)
-        got.append((job.key, job.spec, tuple(value.shape)))
+    def read_slice(prefix, job):
+        value = real_slice(prefix, job)
+        got.append(("slice", job.key, job.spec, tuple(value.shape)))
         return value
 
-    monkeypatch.setattr(_sharded, "read_slice", spy)
+    def read_whole(self, prefix, path, write_unit):
+        def spy(unit, value):
+            got.append(("rows", self.whole[path][0], self.parts[path][unit[1]].spec,
+                        tuple(value.shape)))
+            write_unit(unit, value)
+
+        real_whole(self, prefix, path, spy)
+
+    monkeypatch.setattr(_sharded, "read_slice", read_slice)
+    monkeypatch.setattr(_migrate._Sliced, "read_whole", read_whole)
     return got
 
 
@@ -200,10 +212,13 @@ def test_migrate_writes_what_tf_writes_reading_a_shard_at_a_time(kind, rows, tmp
     assert_laid_out_as_tf(out, theirs)
     assert [s for s, _ in _index.read_index(out).entries[KEY].slices] == \
         [(int(s), n) for s, n in zip(np.cumsum((0,) + rows[:-1]), rows)]
-    # each shard's rows read alone from the source, whatever layout wrote it; the table
+    # each shard's rows read alone from the source, whatever layout wrote it (TF's read of
+    # the slice where it is stored in slices, the byte range of a whole one); the table
     # never fetched whole
     key = "model/table" if kind.startswith("tf1") else KEY
-    assert sorted(reads) == sorted((key, spec, (n, 4)) for spec, n in zip(specs_of(rows), rows))
+    route = "slice" if kind in ("tf1-partitioned", "tf2-sharded") else "rows"
+    assert sorted(reads) == sorted((route, key, spec, (n, 4))
+                                   for spec, n in zip(specs_of(rows), rows))
     assert "table" not in fetched and "bias" in fetched
     assert_read_back(out, value, bias)
 
@@ -247,7 +262,7 @@ def test_a_lossless_cast_is_read_shard_by_shard_in_the_stored_dtype(tmp_path, re
     widened = narrow.table.numpy().astype("float32")
     target = sharded_module((5, 5), np.zeros_like(value))
     out = objckpt.migrate(target, prefix, str(tmp_path / "out"))
-    assert sorted(reads) == [(KEY, spec, (5, 4)) for spec in specs_of((5, 5))]
+    assert sorted(reads) == [("rows", KEY, spec, (5, 4)) for spec in specs_of((5, 5))]
     assert "table" not in fetched
     theirs = tf.train.Checkpoint(root=held(widened, np.zeros(4, "float32"), (5, 5))).write(
         str(tmp_path / "tf" / "ck"))
@@ -280,18 +295,19 @@ def test_a_snapshot_source_is_written_in_slices(tmp_path):
     assert_read_back(out, value, bias)
 
 
-def test_the_saveV2_route_writes_the_same_slices(tmp_path, monkeypatch, reads):
+@pytest.mark.parametrize("kind", ["tf1-partitioned", "tf2-plain"])
+def test_the_saveV2_route_writes_the_same_slices(kind, tmp_path, monkeypatch, reads):
     """Where objckpt's bundle writer cannot write (no native crc32c), SaveV2 parts merged by
-    TF: the same index, each shard still read alone."""
+    TF in TF's order: the same index, each shard still read alone."""
     from objckpt._bundle import fastio as _fastio
 
     value, bias = full_value(37), np.ones(4, "float32")
-    prefix, rules = source("tf1-partitioned", tmp_path, value, bias)
+    prefix, rules = source(kind, tmp_path, value, bias)
     monkeypatch.setattr(_fastio, "native_crc32c", lambda: None)
     out = objckpt.migrate(sharded_module((3, 3, 4), np.zeros_like(value)), prefix,
                           str(tmp_path / "out"), rules=rules)
     monkeypatch.undo()
-    assert sorted(spec for _, spec, _ in reads) == sorted(specs_of((3, 3, 4)))
+    assert sorted(spec for _, _, spec, _ in reads) == sorted(specs_of((3, 3, 4)))
     theirs = tf.train.Checkpoint(root=held(value, bias, (3, 3, 4))).write(
         str(tmp_path / "tf" / "ck"))
     assert_laid_out_as_tf(out, theirs)
@@ -300,31 +316,34 @@ def test_the_saveV2_route_writes_the_same_slices(tmp_path, monkeypatch, reads):
 
 # --- memory ---------------------------------------------------------------------------------
 
-def test_no_more_than_one_shards_rows_are_held_at_once(tmp_path, monkeypatch):
+@pytest.mark.parametrize("parts", [4, None], ids=["partitioned", "whole"])
+def test_no_more_than_one_shards_rows_are_held_at_once(tmp_path, monkeypatch, parts):
     """With the slack of small reads taken away (`_STREAM_SLACK` 0), the bytes read from the
     source and not yet written never exceed the largest shard's, on every thread the
-    migration runs (a TF1 partitioned table of 4 parts into 3 shards of 1,000 rows)."""
+    migration runs: a TF1 table (in 4 parts, or whole) into 3 shards of 1,000 rows. The
+    rows come from TF's read of each shard's slice (`_sharded.read_slice`) or, from a
+    table stored whole, straight into a shard's buffer (`_migrate._empty`)."""
     value = np.random.default_rng(38).normal(size=(3000, 64)).astype("float32")
     bias = np.zeros(64, "float32")
-    with tf.Graph().as_default():
-        with tf.compat.v1.variable_scope("model"):
-            tf.compat.v1.get_variable("table", initializer=tf.constant(value),
-                                      partitioner=tf.compat.v1.fixed_size_partitioner(4))
-            tf.compat.v1.get_variable("bias", initializer=tf.constant(bias))
-        with tf.compat.v1.Session() as session:
-            session.run(tf.compat.v1.global_variables_initializer())
-            prefix = tf.compat.v1.train.Saver().save(session, str(tmp_path / "tf1" / "m"),
-                                                     write_meta_graph=False)
+    prefix = write_tf1(str(tmp_path / "tf1" / "m"), value, bias, parts)
     monkeypatch.setattr(_migrate, "_STREAM_SLACK", 0)
     lock, state = threading.Lock(), {"now": 0, "peak": 0, "reads": []}
-    read, write_item = _sharded.read_slice, _bundlewrite.write_item
+    read, empty, write_item = _sharded.read_slice, _migrate._empty, _bundlewrite.write_item
+
+    def held(nbytes: int, shape) -> None:
+        with lock:
+            state["now"] += nbytes
+            state["peak"] = max(state["peak"], state["now"])
+            state["reads"].append(tuple(shape))
 
     def reading(prefix, job):
         got = read(prefix, job)
-        with lock:
-            state["now"] += got.numpy().nbytes
-            state["peak"] = max(state["peak"], state["now"])
-            state["reads"].append(tuple(got.shape))
+        held(got.numpy().nbytes, got.shape)
+        return got
+
+    def allocating(dtype, shape):
+        got = empty(dtype, shape)
+        held(len(got[1]), shape)
         return got
 
     def writing(fd, item, crc):
@@ -334,6 +353,7 @@ def test_no_more_than_one_shards_rows_are_held_at_once(tmp_path, monkeypatch):
                 state["now"] -= item.size
 
     monkeypatch.setattr(_sharded, "read_slice", reading)
+    monkeypatch.setattr(_migrate, "_empty", allocating)
     monkeypatch.setattr(_bundlewrite, "write_item", writing)
     target = sharded_module((1000, 1000, 1000), np.zeros_like(value))
     target.bias = tf.Variable(tf.zeros((64,)))
@@ -366,6 +386,28 @@ def test_a_damaged_slice_is_a_typed_error_and_nothing_is_written(tmp_path, monke
     message = str(caught.value)
     assert "`model/table`" in message and "'10 4 3,3:0,4'" in message
     assert "Checksum does not match" in message and "Nothing was written" in message
+    assert not destination.exists()
+
+
+def test_a_damaged_whole_table_is_a_typed_error_and_nothing_is_written(tmp_path):
+    """A table stored whole is read shard by shard and its checksum checked after its last
+    byte: a flipped byte in its last shard's rows raises, typed, and nothing is written
+    (the shards already written were in the migration's own temporary files)."""
+    value, bias = full_value(44, rows=3000, cols=8), np.zeros(8, "float32")
+    prefix = tf.train.Checkpoint(root=plain_module(value, bias)).write(str(tmp_path / "src"))
+    data = prefix + ".data-00000-of-00001"
+    raw = bytearray(open(data, "rb").read())
+    at = raw.find(value.tobytes())
+    assert at >= 0
+    raw[at + value.nbytes - 10] ^= 0x55
+    with open(data, "wb") as f:
+        f.write(raw)
+    destination = tmp_path / "out"
+    with pytest.raises(errors.CheckpointCorruptError) as caught:
+        objckpt.migrate(sharded_module((1000, 1000, 1000), np.zeros_like(value)), prefix,
+                        str(destination / "ck"))
+    message = str(caught.value)
+    assert KEY in message and "checksum" in message
     assert not destination.exists()
 
 
@@ -435,7 +477,8 @@ def test_a_keras_model_with_a_sharded_table_is_migrated_as_tf_writes_it(flavour,
     target = keras_net(keras, rows)
     out = objckpt.migrate(target, prefix, str(tmp_path / "out" / "ck"))
     key = f"{_table_path(target)}/.ATTRIBUTES/VARIABLE_VALUE"
-    assert sorted(spec for _, spec, _ in reads) == sorted(specs_of(rows))
+    assert sorted(reads) == sorted(("rows", key, spec, (n, 4))
+                                   for spec, n in zip(specs_of(rows), rows))
     like = keras_net(keras, rows)
     objckpt.restore(like, prefix)
     ids = np.array([[1, 7], [3, 9]], "int32")
