@@ -21,10 +21,11 @@ A sharded variable of obj (a `ShardedVariable`, ParameterServerStrategy with a p
 written as `tf.train.Checkpoint` writes it: its key's entry lists one slice per shard (in the
 order TF's saver writes them) and each shard's rows are a slice entry of their own. From a
 local TF checkpoint, without a rule's transform or a lossy cast, each shard's rows are read
-alone, so memory holds a shard's rows, not the table: from a tensor stored whole, its byte
-range of the entry, read in order without TF straight into the shard's buffer (the entry's
-checksum checked after its last byte); from one stored in slices (any shard count, a TF1
-partitioned variable), one `RestoreV2` of the shard's slice (TF reads the stored slices it
+alone, so memory holds a shard's rows, not the table: where they are byte ranges of the
+stored entries (a tensor stored whole, or in slices of rows: a sharded variable of any shard
+count, a TF1 variable partitioned by rows), read in order without TF straight into the
+shard's buffer, each entry's checksum checked after its last byte; otherwise (a TF1 variable
+partitioned by columns) one `RestoreV2` of the shard's slice (TF reads the stored slices it
 overlaps, one at a time).
 """
 
@@ -171,8 +172,8 @@ def migrate(obj, source, prefix, *, rules=None, at: str | None = None, strict: b
     any shard count or a plain variable. From a local TF checkpoint (whatever layout wrote
     it: a whole tensor, any shard count, a TF1 `Saver`'s partitioned variable) each shard's
     rows are read alone, so this host holds about one shard's rows, not the table
-    (several small shards at once, up to 64 MiB; from a source stored in slices, TF's
-    read of a shard also holds one stored slice it overlaps). A rule's transform, a lossy
+    (several small shards at once, up to 64 MiB; from a source partitioned by columns,
+    TF's read of a shard also holds one stored slice it overlaps). A rule's transform, a lossy
     cast, or a source of another kind (a Snapshot, safetensors, a remote prefix) fetches
     the value whole on this host, then writes it shard by shard.
     Everything is checked from metadata before a byte is read; what only reading shows
@@ -280,16 +281,17 @@ class _Sliced:
     `parts`: {path: [_Part, ...]}, each variable's shards in the order TF's saver writes
     them and its index lists them (`_compat.save_order` over the devices of every tensor
     saved). From a local TF checkpoint, with no rule's transform and no lossy cast, each
-    shard's rows are read alone on this host: `whole` ({path: (checkpoint key, stored
-    dtype)}) where the source stores the tensor whole (its rows are a byte range of its
-    entry: read without TF in order, shard after shard, the entry's checksum checked after
-    its last byte), `reads` ({path: [`_sharded.Job`, ...]}, one per part, in the listed
-    order) where it stores it in slices (any shard count, a TF1 partitioned variable: TF's
-    `RestoreV2` of the shard's slice reads the stored slices it overlaps). The others are
-    fetched whole and split."""
+    shard's rows are read alone on this host: `byrows` ({path: (checkpoint key, stored
+    dtype, the index entries holding its rows in order)}) where they are byte ranges of
+    the stored entries (the tensor stored whole, or in slices of rows: a sharded
+    variable's of any shard count, a TF1 variable partitioned by rows), read in order
+    without TF (`read_rows`); `reads` ({path: [`_sharded.Job`, ...]}, one per part, in the
+    listed order) otherwise (slices of columns, say): TF's `RestoreV2` of the shard's
+    slice, which reads the stored slices it overlaps. The others are fetched whole and
+    split."""
 
     def __init__(self, paths, variables, src, the_plan, fed):
-        self.parts, self.reads, self.whole = {}, {}, {}
+        self.parts, self.reads, self.byrows = {}, {}, {}
         self._index, self._index_read = None, False
         if not any(_compat.is_sharded(variables[p]) for p in paths):
             return
@@ -320,8 +322,9 @@ class _Sliced:
                     or _compat.replica_parts(variable) is not None):
                 continue
             key = src.bundle_keys([match.source])[0]
-            if self._whole_rows(src.prefix, key, variable):
-                self.whole[path] = (key, stored)
+            entries = self._row_entries(src.prefix, key, variable)
+            if entries:
+                self.byrows[path] = (key, stored, entries)
                 continue
             job_of = {id(job.variable): job for job in _sharded.jobs(
                 [key], [stored], [variable], [the_plan.label(path)])}
@@ -330,10 +333,11 @@ class _Sliced:
                                              job.label)
                                 for job in (job_of[id(part.shard)] for part in parts)]
 
-    def _whole_rows(self, prefix: str, key: str, variable) -> bool:
-        """Whether `key` is stored whole (not in slices) with a dtype written as its raw
-        bytes, and the variable's shards split rows: each shard's rows are then one byte
-        range of the entry."""
+    def _row_entries(self, prefix: str, key: str, variable) -> list:
+        """The index entries holding `key`'s rows in order, where each shard's rows are byte
+        ranges of them: the tensor stored whole, or in slices of rows only that tile it (a
+        sharded variable's, a TF1 variable partitioned by rows), of a dtype stored as its
+        raw bytes, the variable's shards splitting rows. Otherwise [] (TF reads it)."""
         if not self._index_read:
             self._index_read = True
             try:
@@ -341,34 +345,45 @@ class _Sliced:
             except (OSError, errors.ObjckptError):  # TF's reader reads it, or says why
                 self._index = None
         entry = None if self._index is None else self._index.entries.get(key)
-        return (entry is not None and not entry.slices and key not in self._index.beyond
-                and _raw(entry.dtype) and len(entry.shape) >= 1
-                and _compat.shard_layout(variable).axis == 0)
+        if (entry is None or key in self._index.beyond or not _raw(entry.dtype)
+                or len(entry.shape) < 1 or _compat.shard_layout(variable).axis != 0):
+            return []
+        if not entry.slices:
+            return [key]
+        rows, start = sorted(entry.slices, key=lambda extents: extents[0][0]), 0
+        for extents in rows:
+            if (extents[0][0] != start or extents[0][1] < 0 or (key, extents)
+                    not in self._index.sliced or any(
+                        length != -1 and (first, length) != (0, dim)
+                        for (first, length), dim in zip(extents[1:], entry.shape[1:]))):
+                return []  # another axis split, a gap or overlap: TF reads the slices
+            start += extents[0][1]
+        return [(key, extents) for extents in rows] if start == entry.shape[0] else []
 
-    def read_whole(self, prefix: str, path: str, write_unit) -> None:
-        """Each shard's rows of the whole stored tensor of `path` given to `write_unit` as
-        they are read, in row order, each read into a tensor of its own (no copy); the
-        entry's checksum is checked after its last byte (a mismatch raises before the
-        migration commits anything)."""
-        key, stored = self.whole[path]
-        entry = self._index.entries[key]
+    def read_rows(self, prefix: str, path: str, write_unit) -> None:
+        """Each shard's rows of the stored tensor of `path` given to `write_unit` as they
+        are read: the entries holding its rows read in order without TF, each shard's
+        bytes straight into a tensor of its own (no copy); each entry's checksum checked
+        after its last byte (a mismatch raises before the migration commits anything)."""
+        key, stored, entries = self.byrows[path]
         parts = self.parts[path]
         sizes = [_nbytes((tuple(int(d) for d in part.shard.shape), stored)) for part in parts]
         reader = _meanstream.BundleFile(self._index, "objckpt.migrate", _meanstream.crc32c())
         try:
-            if sum(sizes) != entry.size:
-                raise reader.corrupt(key, f"holds {entry.size} bytes where its shape "
-                                          f"{tuple(entry.shape)} needs {sum(sizes)}")
-            pieces = reader.pieces(key, np.uint8)
+            stored_bytes = sum(reader.entry_for(entry).size for entry in entries)
+            if sum(sizes) != stored_bytes:
+                raise reader.corrupt(key, f"holds {stored_bytes} bytes where its shape "
+                                          f"{tuple(self._index.entries[key].shape)} needs "
+                                          f"{sum(sizes)}")
+            pieces = (piece for entry in entries for _, piece in reader.pieces(entry, np.uint8))
             piece, used = np.empty(0, np.uint8), 0
             for k in sorted(range(len(parts)), key=lambda k: parts[k].extents[0][0]):
                 value, buffer = _empty(stored, tuple(int(d) for d in parts[k].shard.shape))
                 target = np.frombuffer(buffer, np.uint8)
                 filled = 0
                 while filled < sizes[k]:
-                    if used == piece.size:
-                        _, piece = next(pieces)
-                        used = 0
+                    while used == piece.size:
+                        piece, used = next(pieces), 0
                     count = min(piece.size - used, sizes[k] - filled)
                     target[filled:filled + count] = piece[used:used + count]
                     filled, used = filled + count, used + count
@@ -377,7 +392,7 @@ class _Sliced:
                     value = _bitcast(value, stored, parts[k].shard.shape)
                 write_unit((path, k), value)
                 del value  # one shard's rows at a time
-            for _ in pieces:  # past the last byte: the checksum is checked
+            for _ in pieces:  # past the last byte: the last checksum is checked
                 pass
         finally:
             reader.close()
@@ -388,7 +403,7 @@ class _Sliced:
     @property
     def read(self) -> set:
         """The paths whose shards are read here one at a time (not fetched whole)."""
-        return set(self.reads) | set(self.whole)
+        return set(self.reads) | set(self.byrows)
 
     def units(self, paths) -> list:
         """What the data file holds, in path order: (path, None) for a whole variable,
@@ -562,9 +577,9 @@ def _stream_matches(pipe, src, matches, specs, variables, the_plan, write, slice
         job_bytes += size
     if job:
         jobs.append((job, job_bytes))
-    for path in sliced.whole:  # one job: the entry read in order, a shard at a time
+    for path in sliced.byrows:  # one job: the entries read in order, a shard at a time
         shapes = [sliced.shape((path, k), specs) for k in range(len(sliced.parts[path]))]
-        stored = sliced.whole[path][1]
+        stored = sliced.byrows[path][1]
         size = max(_nbytes((shape, stored)) + (_nbytes((shape, specs[path][1]))
                                                 if stored != specs[path][1] else 0)
                    for shape in shapes) + _meanstream.READ_BYTES
@@ -589,7 +604,7 @@ def _stream_matches(pipe, src, matches, specs, variables, the_plan, write, slice
         try:
             with gate.hold(nbytes):
                 if isinstance(group, str):  # a whole stored tensor, shard by shard
-                    sliced.read_whole(src.prefix, group, write_unit)
+                    sliced.read_rows(src.prefix, group, write_unit)
                     return
                 if isinstance(group, tuple):  # one shard's rows
                     path, k, read = group
@@ -653,7 +668,7 @@ def _write_parts(pipe, src, work, paths, specs, fed, variables, the_plan, meter,
         group_bytes += size
     flush()
     for path, listed in sliced.parts.items():
-        if path in sliced.whole:  # read in row order, each shard saved as it comes
+        if path in sliced.byrows:  # read in row order, each shard saved as it comes
             first, order = len(parts), []
 
             def save_rows(unit, value, path=path) -> None:
@@ -662,7 +677,7 @@ def _write_parts(pipe, src, work, paths, specs, fed, variables, the_plan, meter,
                      [sliced.parts[path][unit[1]].spec])
                 meter.add(_nbytes((tuple(value.shape), specs[path][1])))
 
-            sliced.read_whole(src.prefix, path, save_rows)
+            sliced.read_rows(src.prefix, path, save_rows)
             # merged in the listed order (TF's), whatever order they were read in
             parts[first:] = [p for _, p in sorted(zip(order, parts[first:]))]
             continue

@@ -40,15 +40,17 @@ LAYOUT_IDS = ["plain", "1shard", "2shards", "3shards"]
 
 # --- sources --------------------------------------------------------------------------------
 
-def write_tf1(prefix: str, value: np.ndarray, bias: np.ndarray, parts: int | None) -> str:
-    """A TF1 `Saver` checkpoint of `model/table` (in `parts` parts of rows by
-    `fixed_size_partitioner`, or plain for None) and `model/bias`, written by TF in a graph
-    and session as TF1 code wrote it."""
+def write_tf1(prefix: str, value: np.ndarray, bias: np.ndarray, parts: int | None,
+              axis: int = 0) -> str:
+    """A TF1 `Saver` checkpoint of `model/table` (in `parts` parts of rows, or of columns
+    for `axis=1`, by `fixed_size_partitioner`; plain for None) and `model/bias`, written by
+    TF in a graph and session as TF1 code wrote it."""
     with tf.Graph().as_default():
         with tf.compat.v1.variable_scope("model"):
             table = tf.compat.v1.get_variable(
                 "table", initializer=tf.constant(value),
-                partitioner=None if parts is None else tf.compat.v1.fixed_size_partitioner(parts))
+                partitioner=None if parts is None
+                else tf.compat.v1.fixed_size_partitioner(parts, axis=axis))
             tf.compat.v1.get_variable("bias", initializer=tf.constant(bias))
         if parts is not None:
             assert type(table).__name__ == "PartitionedVariable"
@@ -71,15 +73,15 @@ def held(value: np.ndarray, bias: np.ndarray, rows) -> tf.Module:
     return module
 
 
-SOURCES = ["tf1-partitioned", "tf1-plain", "tf2-sharded", "tf2-plain"]
+SOURCES = ["tf1-partitioned", "tf1-columns", "tf1-plain", "tf2-sharded", "tf2-plain"]
 
 
 def source(kind: str, tmp_path, value, bias) -> tuple[str, list]:
     """(prefix, rules) of a checkpoint of `kind` holding table=value and bias."""
     if kind.startswith("tf1"):
-        parts = 3 if kind == "tf1-partitioned" else None
-        return write_tf1(str(tmp_path / "tf1" / "model.ckpt"), value, bias, parts), \
-            [("^model/", "")]
+        parts = {"tf1-partitioned": 3, "tf1-columns": 2}.get(kind)
+        return write_tf1(str(tmp_path / "tf1" / "model.ckpt"), value, bias, parts,
+                         axis=int(kind == "tf1-columns")), [("^model/", "")]
     rows = (6, 4) if kind == "tf2-sharded" else None
     prefix = tf.train.Checkpoint(root=held(value, bias, rows)).write(str(tmp_path / "tf2" / "ck"))
     return prefix, None
@@ -90,27 +92,28 @@ def source(kind: str, tmp_path, value, bias) -> tuple[str, list]:
 @pytest.fixture
 def reads(monkeypatch):
     """Every shard's rows read from the source, one at a time: (route, key, slice spec,
-    shape read). Route "slice": TF's `RestoreV2` of the shard's slice
-    (`_sharded.read_slice`), for a source stored in slices; "rows": its byte range of a
-    tensor stored whole, read in order (`_Sliced.read_whole`)."""
+    shape read). Route "rows": its byte ranges of the stored entries, read in order
+    (`_Sliced.read_rows`), for a tensor stored whole or in slices of rows; "slice": TF's
+    `RestoreV2` of the shard's slice (`_sharded.read_slice`), for one partitioned by
+    columns."""
     got = []
-    real_slice, real_whole = _sharded.read_slice, _migrate._Sliced.read_whole
+    real_slice, real_rows = _sharded.read_slice, _migrate._Sliced.read_rows
 
     def read_slice(prefix, job):
         value = real_slice(prefix, job)
         got.append(("slice", job.key, job.spec, tuple(value.shape)))
         return value
 
-    def read_whole(self, prefix, path, write_unit):
+    def read_rows(self, prefix, path, write_unit):
         def spy(unit, value):
-            got.append(("rows", self.whole[path][0], self.parts[path][unit[1]].spec,
+            got.append(("rows", self.byrows[path][0], self.parts[path][unit[1]].spec,
                         tuple(value.shape)))
             write_unit(unit, value)
 
-        real_whole(self, prefix, path, spy)
+        real_rows(self, prefix, path, spy)
 
     monkeypatch.setattr(_sharded, "read_slice", read_slice)
-    monkeypatch.setattr(_migrate._Sliced, "read_whole", read_whole)
+    monkeypatch.setattr(_migrate._Sliced, "read_rows", read_rows)
     return got
 
 
@@ -212,11 +215,11 @@ def test_migrate_writes_what_tf_writes_reading_a_shard_at_a_time(kind, rows, tmp
     assert_laid_out_as_tf(out, theirs)
     assert [s for s, _ in _index.read_index(out).entries[KEY].slices] == \
         [(int(s), n) for s, n in zip(np.cumsum((0,) + rows[:-1]), rows)]
-    # each shard's rows read alone from the source, whatever layout wrote it (TF's read of
-    # the slice where it is stored in slices, the byte range of a whole one); the table
-    # never fetched whole
+    # each shard's rows read alone from the source, whatever layout wrote it (byte ranges
+    # of the stored entries, TF's read of the shard's slice from one split by columns);
+    # the table never fetched whole
     key = "model/table" if kind.startswith("tf1") else KEY
-    route = "slice" if kind in ("tf1-partitioned", "tf2-sharded") else "rows"
+    route = "slice" if kind == "tf1-columns" else "rows"
     assert sorted(reads) == sorted((route, key, spec, (n, 4))
                                    for spec, n in zip(specs_of(rows), rows))
     assert "table" not in fetched and "bias" in fetched
@@ -295,7 +298,7 @@ def test_a_snapshot_source_is_written_in_slices(tmp_path):
     assert_read_back(out, value, bias)
 
 
-@pytest.mark.parametrize("kind", ["tf1-partitioned", "tf2-plain"])
+@pytest.mark.parametrize("kind", ["tf1-partitioned", "tf1-columns", "tf2-plain"])
 def test_the_saveV2_route_writes_the_same_slices(kind, tmp_path, monkeypatch, reads):
     """Where objckpt's bundle writer cannot write (no native crc32c), SaveV2 parts merged by
     TF in TF's order: the same index, each shard still read alone."""
@@ -316,16 +319,17 @@ def test_the_saveV2_route_writes_the_same_slices(kind, tmp_path, monkeypatch, re
 
 # --- memory ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("parts", [4, None], ids=["partitioned", "whole"])
-def test_no_more_than_one_shards_rows_are_held_at_once(tmp_path, monkeypatch, parts):
+@pytest.mark.parametrize("parts, axis", [(4, 0), (None, 0), (2, 1)],
+                         ids=["rows", "whole", "columns"])
+def test_no_more_than_one_shards_rows_are_held_at_once(tmp_path, monkeypatch, parts, axis):
     """With the slack of small reads taken away (`_STREAM_SLACK` 0), the bytes read from the
     source and not yet written never exceed the largest shard's, on every thread the
-    migration runs: a TF1 table (in 4 parts, or whole) into 3 shards of 1,000 rows. The
-    rows come from TF's read of each shard's slice (`_sharded.read_slice`) or, from a
-    table stored whole, straight into a shard's buffer (`_migrate._empty`)."""
+    migration runs: a TF1 table (in 4 parts of rows, whole, in 2 parts of columns) into 3
+    shards of 1,000 rows. The rows come straight into a shard's buffer
+    (`_migrate._empty`), or from TF's read of its slice (`_sharded.read_slice`: columns)."""
     value = np.random.default_rng(38).normal(size=(3000, 64)).astype("float32")
     bias = np.zeros(64, "float32")
-    prefix = write_tf1(str(tmp_path / "tf1" / "m"), value, bias, parts)
+    prefix = write_tf1(str(tmp_path / "tf1" / "m"), value, bias, parts, axis)
     monkeypatch.setattr(_migrate, "_STREAM_SLACK", 0)
     lock, state = threading.Lock(), {"now": 0, "peak": 0, "reads": []}
     read, empty, write_item = _sharded.read_slice, _migrate._empty, _bundlewrite.write_item
@@ -368,8 +372,10 @@ def test_no_more_than_one_shards_rows_are_held_at_once(tmp_path, monkeypatch, pa
 # --- errors ---------------------------------------------------------------------------------
 
 def test_a_damaged_slice_is_a_typed_error_and_nothing_is_written(tmp_path, monkeypatch):
+    """TF's read of a shard's slice (a table partitioned by columns) failing half way: a
+    `CheckpointCorruptError` naming the entry, the slice and TF's words; nothing written."""
     value, bias = full_value(39), np.zeros(4, "float32")
-    prefix, rules = source("tf1-partitioned", tmp_path, value, bias)
+    prefix, rules = source("tf1-columns", tmp_path, value, bias)
     real, calls = _sharded.read_slice, []
 
     def failing(prefix, job):
