@@ -173,9 +173,9 @@ def migrate(obj, source, prefix, *, rules=None, at: str | None = None, strict: b
     it: a whole tensor, any shard count, a TF1 `Saver`'s partitioned variable) each shard's
     rows are read alone, so this host holds about one shard's rows, not the table
     (several small shards at once, up to 64 MiB; from a source partitioned by columns,
-    TF's read of a shard also holds one stored slice it overlaps). A rule's transform, a lossy
-    cast, or a source of another kind (a Snapshot, safetensors, a remote prefix) fetches
-    the value whole on this host, then writes it shard by shard.
+    TF's read of a shard also holds one stored slice it overlaps). A rule's transform, a
+    lossy cast, or a source of another kind (a Snapshot, safetensors, a remote prefix)
+    fetches the value whole on this host, then writes it shard by shard.
     Everything is checked from metadata before a byte is read; what only reading shows
     (a damaged or truncated source entry, a rule's transform that fails or gives a value
     that does not fit) raises while values stream, and nothing is written at `prefix`.
@@ -342,7 +342,7 @@ class _Sliced:
             self._index_read = True
             try:
                 self._index = _index.read_index(prefix)
-            except (OSError, errors.ObjckptError):  # TF's reader reads it, or says why
+            except (OSError, ValueError, errors.ObjckptError):  # TF reads it, or says why
                 self._index = None
         entry = None if self._index is None else self._index.entries.get(key)
         if (entry is None or key in self._index.beyond or not _raw(entry.dtype)
