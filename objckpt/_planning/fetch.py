@@ -24,9 +24,10 @@ from objckpt._base import render as _render
 from objckpt._bundle import undolog as _undolog
 from objckpt._planning import match as _match
 from objckpt._planning import sharded as _sharded
+from objckpt._planning import snapshard as _snapshard
 
-__all__ = ["Batch", "Streamed", "converted", "fetch_entries", "fetch_values", "streamed",
-           "streamed_pairs"]
+__all__ = ["Batch", "Streamed", "converted", "fetch_entries", "fetch_values", "held",
+           "streamed", "streamed_pairs"]
 
 
 def fetch_values(the_plan: _match.Plan, variables, matches=None,
@@ -102,6 +103,11 @@ def streamed(src, the_plan: _match.Plan, variables):
     opened = getattr(the_plan, "opened", None)  # a Plan: entries a Stack makes one, as one
     if src is not None and opened is not None:
         src = opened(src)
+    if getattr(src, "kind", None) == "snapshot":  # values in memory: shards where they live
+        if not the_plan.matches or any(m.transform is not None for m in the_plan.matches):
+            return None
+        return held(_snapshard.held_pairs(variables, the_plan,
+                                          src.fetch([m.source for m in the_plan.matches])))
     if src is not None and src.stream is not None:
         return _streamed_by_tensor(src, the_plan, variables)
     if (src is None or src.bundle_keys is None or not src.prefix or "://" in src.prefix
@@ -125,6 +131,14 @@ def streamed(src, the_plan: _match.Plan, variables):
     return Streamed(_fastio.Loader(
         src.prefix, [(key, v, label_of[key]) for key, v in zip(keys, targets)], recorder,
         lambda key: f"for {label_of.get(key, key)}"), recorder, checked=True)
+
+
+def held(pairs):
+    """The loader of `(value, variable, label)` pairs held in memory (a Snapshot's) where a
+    value or a variable is sharded (`_snapshard`: shard by shard, never joined on this
+    host for a sharded variable, all or nothing), or None (then assigned whole)."""
+    made = _snapshard.loader(pairs)
+    return None if made is None else Streamed(*made)
 
 
 def _sliced(src, the_plan: _match.Plan, targets):
