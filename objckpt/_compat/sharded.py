@@ -249,6 +249,9 @@ class ShardedValue:
     def nbytes(self) -> int:
         return self.shape.num_elements() * self.dtype.size
 
+    def get_shape(self) -> tf.TensorShape:
+        return self.shape
+
     def __len__(self) -> int:
         if not self.layout.shape:
             raise TypeError("len() of a scalar")
@@ -308,6 +311,24 @@ class ShardedValue:
     def __repr__(self) -> str:
         return (f"<ShardedValue shape={tuple(self.layout.shape)} dtype={self.dtype.name} "
                 f"{self.layout.describe()}>")
+
+
+def _joined(name: str):
+    def method(self, *args):
+        return getattr(self.join(), name)(*args)
+
+    method.__name__ = name
+    method.__doc__ = f"`tf.Tensor.{name}` of the shards joined (the whole variable here)."
+    return method
+
+
+# Arithmetic as a tensor's (`snap["table"] * 2`): on the shards joined, one tensor here.
+for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__",
+              "__truediv__", "__rtruediv__", "__floordiv__", "__rfloordiv__", "__mod__",
+              "__pow__", "__rpow__", "__matmul__", "__rmatmul__", "__neg__", "__abs__",
+              "__lt__", "__le__", "__gt__", "__ge__"):
+    setattr(ShardedValue, _name, _joined(_name))
+del _name
 
 
 def is_sharded_value(value) -> bool:
