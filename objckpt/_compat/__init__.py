@@ -75,7 +75,7 @@ _WHERE = {
         "partitioned_children", "parts"),
     "sharded": ("Layout", "ShardedValue", "assign_sharded", "io_device", "io_devices",
         "is_caching_type", "is_sharded", "is_sharded_type", "is_sharded_value", "new_sharded",
-        "read_shards", "read_sharded", "save_order", "shard_layout", "shard_rows",
+        "read_sharded", "read_shards", "save_order", "shard_layout", "shard_rows",
         "shard_slices", "shards"),
     "hooks": ("KERAS_CACHED_ATTRS", "WEIGHT_DECAY_METHOD", "mark_default_hook",
         "override_methods", "past_autograph", "restore_methods", "weight_decay_method"),

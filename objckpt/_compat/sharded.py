@@ -29,8 +29,8 @@ __all__ = [
     "is_sharded_type",
     "is_sharded_value",
     "new_sharded",
-    "read_shards",
     "read_sharded",
+    "read_shards",
     "save_order",
     "shard_layout",
     "shard_rows",
@@ -356,7 +356,7 @@ def shard_rows(value, start: int, stop: int, device: str | None = None, axis: in
         if start == 0 and stop == int(value.shape[axis]):
             return value
         with _on(getattr(value, "device", None) or None):
-            return value[lead + (slice(start, stop),)]
+            return value[(*lead, slice(start, stop))]
     layout, pieces = value.layout, []
     if layout.axis != axis:  # split along another axis: every shard's part of those rows
         for shard in value.shards:
@@ -373,7 +373,7 @@ def shard_rows(value, start: int, stop: int, device: str | None = None, axis: in
             pieces.append(shard)
             continue
         with _on(shard.device):
-            pieces.append(shard[lead + (slice(first - offset, last - offset),)])
+            pieces.append(shard[(*lead, slice(first - offset, last - offset))])
     if len(pieces) == 1:
         return pieces[0]
     if not pieces:

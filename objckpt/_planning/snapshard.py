@@ -51,7 +51,7 @@ def _jobs(pairs) -> list:
     """One `_sharded.Job` per variable assigned (each shard of a sharded one), for the
     recorder: where it lives (`_compat.io_device`) and how errors name it."""
     out = []
-    for value, variable, label in pairs:
+    for _, variable, label in pairs:
         if _compat.is_sharded(variable):
             layout = _compat.shard_layout(variable)
             for part, offset, count in zip(_compat.shards(variable), layout.offsets,

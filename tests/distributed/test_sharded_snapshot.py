@@ -12,6 +12,7 @@ makes them); test_sharded_snapshot_cluster runs parameter servers
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib.util
 import json
@@ -26,13 +27,19 @@ import pytest
 import tensorflow as tf
 from tensorflow.python.distribute import sharded_variable  # test only: no public maker
 
-import flavours
 import objckpt
 from objckpt import errors
 from objckpt._compat import sharded as _sharded
 from objckpt._planning import snapshard as _snapshard
-from tests.distributed.test_sharded import (full_value, logical, shard_bytes, sharded_module,
-                                            slices_of)
+
+import flavours
+from tests.distributed.test_sharded import (
+    full_value,
+    logical,
+    shard_bytes,
+    sharded_module,
+    slices_of,
+)
 
 HELPERS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "helpers")
 
@@ -278,10 +285,42 @@ def test_every_other_reader_of_a_snapshot_takes_a_sharded_value(tmp_path):
                              str(tmp_path / "mig"))
     assert tf.train.load_checkpoint(prefix).get_tensor(
         "table/.ATTRIBUTES/VARIABLE_VALUE").tobytes() == value.tobytes()
-    with pytest.raises(errors.UnsupportedFormatError, match="objckpt.save"):
+    with pytest.raises(errors.UnsupportedFormatError, match=r"objckpt\.save"):
         objckpt.diff(snap, prefix)
     with pytest.raises(errors.UnsupportedObjectError, match="Snapshot"):
         objckpt.Twins(sharded_module((3, 3, 4), value), past=snap)
+
+
+def test_a_lossless_cast_is_done_shard_by_shard_a_transform_takes_the_value_joined(joins):
+    value = full_value(16)
+    narrow = tf.Module()
+    narrow.table = sharded_variable.ShardedVariable(
+        [tf.Variable(tf.cast(value[:4], tf.bfloat16)),
+         tf.Variable(tf.cast(value[4:], tf.bfloat16))])
+    narrow.bias = tf.Variable(np.arange(4, dtype="float32"))
+    widened = tf.cast(tf.cast(value, tf.bfloat16), tf.float32).numpy()
+    target = sharded_module((3, 3, 4), np.zeros_like(value))
+    report = objckpt.restore(target, objckpt.snapshot(narrow))
+    assert report.cast == {"table": "bfloat16 -> float32"}
+    assert logical(target).tobytes() == widened.tobytes() and joins == []
+    doubled = sharded_module((5, 5), np.zeros_like(value))
+    objckpt.restore(doubled, objckpt.snapshot(sharded_module((3, 3, 4), value)),
+                    rules=[(r"^table$", "table", lambda x: x * 2.0)])
+    assert logical(doubled).tobytes() == (value * 2).tobytes()
+    assert len(joins) == 1  # a rule's transform needs the value whole: joined for it
+
+
+def test_a_restore_traced_in_a_tf_function_assigns_shard_by_shard():
+    value = full_value(17)
+    snap = objckpt.snapshot(sharded_module((3, 3, 4), value))
+    target = sharded_module((5, 5), np.zeros_like(value))
+
+    @tf.function
+    def restore():
+        objckpt.restore(target, snap)
+
+    restore()
+    assert logical(target).tobytes() == value.tobytes()
 
 
 def test_a_snapshot_inside_a_tf_function_holds_the_joined_value():
@@ -336,10 +375,8 @@ MIB = 1 << 20
 def _trim() -> None:
     """glibc's malloc_trim(0) where there is one (memory freed but kept by the allocator
     returned to the system)."""
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads /proc (Linux)")
