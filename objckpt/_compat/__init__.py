@@ -73,7 +73,7 @@ _WHERE = {
     "dtypes": ("numpy_dtype", "tf_array", "tf_dtype"),
     "partitioned": ("assign_whole", "is_partitioned", "part_of", "partition_axis",
         "partitioned_children", "parts"),
-    "sharded": ("Layout", "ShardedValue", "assign_sharded", "io_device", "io_devices",
+    "sharded": ("HeldLoader", "Layout", "ShardedValue", "assign_sharded", "io_device", "io_devices",
         "is_caching_type", "is_sharded", "is_sharded_type", "is_sharded_value", "new_sharded",
         "read_sharded", "read_shards", "save_order", "shard_layout", "shard_rows",
         "shard_slices", "shards"),

@@ -19,6 +19,7 @@ import tensorflow as tf
 from objckpt._compat.partitioned import is_partitioned, partition_axis, parts
 
 __all__ = [
+    "HeldLoader",
     "Layout",
     "ShardedValue",
     "assign_sharded",
@@ -444,3 +445,59 @@ def _register_conversion() -> None:
         return value.join()
 
     tf.register_tensor_conversion_function(ShardedValue, convert)
+
+
+class HeldLoader:
+    """Assigns values held in memory (a Snapshot's: tensors and `ShardedValue`s) to their
+    variables, sharded ones first, a shard at a time (`assign_sharded`: each shard its rows,
+    cast to its dtype where they differ, on the device that reads and writes it), then the
+    others; every one through `assign_to(variable, value)` (the restore pipeline's recorder,
+    which keeps each old value first). A loader as the pipeline's streamed routes drive it
+    (`verify`, `assign`, `close`).
+
+    Args:
+      pairs: `(value, variable, label)` of each variable to assign.
+      assign_to: `assign_to(variable, value)` assigns one variable (a shard).
+    """
+
+    def __init__(self, pairs, assign_to):
+        self.pairs = list(pairs)
+        self._assign_to = assign_to
+        self._device = {}
+
+    @staticmethod
+    def targets(pairs) -> list[tuple[object, str]]:
+        """`(variable, label)` of every variable `HeldLoader(pairs, ...)` assigns: each shard
+        of a sharded one ("table (rows [0:5))"), each other one."""
+        out = []
+        for _, variable, label in pairs:
+            if not is_sharded(variable):
+                out.append((variable, label))
+                continue
+            layout = shard_layout(variable)
+            out.extend((part, f"{label} (rows [{offset}:{offset + count}))")
+                       for part, offset, count in zip(shards(variable), layout.offsets,
+                                                      layout.rows))
+        return out
+
+    def verify(self) -> None:
+        """Nothing to read: the plan checked every shape and dtype of the values held."""
+
+    def assign(self) -> None:
+        """Every pair assigned: the sharded variables first, then the others."""
+        targets = [v for v, _ in self.targets(self.pairs)]
+        self._device = dict(zip((id(v) for v in targets),
+                                io_devices([getattr(v, "device", "") or "" for v in targets])))
+        ordered = sorted(self.pairs, key=lambda pair: not is_sharded(pair[1]))
+        for value, variable, _ in ordered:
+            assign_sharded(variable, value, self._one)
+
+    def _one(self, variable, value) -> None:
+        """One variable (a shard) given its value: cast where it lives, then assigned."""
+        if value.dtype.base_dtype != variable.dtype.base_dtype:
+            with _on(self._device.get(id(variable))):
+                value = tf.cast(value, variable.dtype.base_dtype)
+        self._assign_to(variable, value)
+
+    def close(self) -> None:
+        self.pairs = []

@@ -24,7 +24,6 @@ from objckpt._base import render as _render
 from objckpt._bundle import undolog as _undolog
 from objckpt._planning import match as _match
 from objckpt._planning import sharded as _sharded
-from objckpt._planning import snapshard as _snapshard
 
 __all__ = ["Batch", "Streamed", "converted", "fetch_entries", "fetch_values", "held",
            "streamed", "streamed_pairs"]
@@ -106,8 +105,7 @@ def streamed(src, the_plan: _match.Plan, variables):
     if getattr(src, "kind", None) == "snapshot":  # values in memory: shards where they live
         if not the_plan.matches or any(m.transform is not None for m in the_plan.matches):
             return None
-        return held(_snapshard.held_pairs(variables, the_plan,
-                                          src.fetch([m.source for m in the_plan.matches])))
+        return held(variables, the_plan, src.fetch([m.source for m in the_plan.matches]))
     if src is not None and src.stream is not None:
         return _streamed_by_tensor(src, the_plan, variables)
     if (src is None or src.bundle_keys is None or not src.prefix or "://" in src.prefix
@@ -133,12 +131,27 @@ def streamed(src, the_plan: _match.Plan, variables):
         lambda key: f"for {label_of.get(key, key)}"), recorder, checked=True)
 
 
-def held(pairs):
-    """The loader of `(value, variable, label)` pairs held in memory (a Snapshot's) where a
-    value or a variable is sharded (`_snapshard`: shard by shard, never joined on this
-    host for a sharded variable, all or nothing), or None (then assigned whole)."""
-    made = _snapshard.loader(pairs)
-    return None if made is None else Streamed(*made)
+def held(variables, the_plan: _match.Plan | None, values):
+    """The loader of a plan's values held in memory (a Snapshot's; `the_plan` None: the
+    whole tree of `variables`, in order) where a value or a variable is sharded, or None
+    (then assigned whole): eagerly, `_compat.HeldLoader` assigns shard by shard (each shard
+    its rows, assembled on its own device: a sharded variable's value is never joined on
+    this host), all or nothing (`_sharded.Recorder` keeps every old value first)."""
+    if the_plan is None:
+        pairs = [(value, variable, path)
+                 for (path, variable), value in zip(variables.items(), values)]
+    else:
+        pairs = [(value, variables[m.target], the_plan.label(m.target))
+                 for m, value in zip(the_plan.matches, values)]
+    if not tf.executing_eagerly() or not any(
+            _compat.is_sharded_value(value) or _compat.is_sharded(variable)
+            for value, variable, _ in pairs):
+        return None
+    targets = _compat.HeldLoader.targets(pairs)
+    devices = _compat.io_devices([getattr(v, "device", "") or "" for v, _ in targets])
+    recorder = _sharded.Recorder([_sharded.Job(label, "", v.dtype.base_dtype, v, label, device)
+                                  for (v, label), device in zip(targets, devices)])
+    return Streamed(_compat.HeldLoader(pairs, recorder), recorder)
 
 
 def _sliced(src, the_plan: _match.Plan, targets):

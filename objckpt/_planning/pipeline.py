@@ -55,7 +55,6 @@ from objckpt._planning import checks as _checks
 from objckpt._planning import fetch as _fetch
 from objckpt._planning import match as _match
 from objckpt._planning import rules as _rules
-from objckpt._planning import snapshard as _snapshard
 from objckpt._planning import sources as _sources
 from objckpt._planning import tree as _tree
 from objckpt.rules.core import RuleSet as _RuleSet
@@ -397,7 +396,7 @@ class Pipeline:
                 values = (list(items.values()) if the_plan is None
                           else [items[key] for key in cached[0]])
                 # sharded values or variables: shard by shard, cast there (`_fetch.held`)
-                self._loader = _fetch.held(_snapshard.held_pairs(variables, the_plan, values))
+                self._loader = _fetch.held(variables, the_plan, values)
                 if self._loader is None and the_plan is not None and the_plan.casts:
                     values = [_compat.cast_value(value, variables[m.target]) if m.cast
                               else value for m, value in zip(the_plan.matches, values)]

@@ -30,7 +30,6 @@ from tensorflow.python.distribute import sharded_variable  # test only: no publi
 import objckpt
 from objckpt import errors
 from objckpt._compat import sharded as _sharded
-from objckpt._planning import snapshard as _snapshard
 
 import flavours
 from tests.distributed.test_sharded import (
@@ -166,18 +165,18 @@ def test_a_snapshot_restores_into_the_shards_devices_without_a_copy_on_the_same_
     snap = objckpt.snapshot(module)
     train(module)
     assigned = []
-    real = _snapshard.HeldLoader._one
+    real = _sharded.HeldLoader._one
 
     def spy(self, variable, rows):
         assigned.append((variable.name, rows is snap["table"].shards[0]
                          or rows is snap["table"].shards[1], tuple(rows.shape)))
         return real(self, variable, rows)
 
-    _snapshard.HeldLoader._one = spy
+    _sharded.HeldLoader._one = spy
     try:
         objckpt.restore(module, snap)
     finally:
-        _snapshard.HeldLoader._one = real
+        _sharded.HeldLoader._one = real
     # each shard given the snapshot's shard itself (no rows assembled), then the bias
     names = [p.name for p in module.table.variables]
     assert assigned[:2] == [(names[0], True, (5, 4)), (names[1], True, (5, 4))]
@@ -224,7 +223,7 @@ def test_a_failing_restore_from_a_snapshot_changes_no_shard():
         objckpt.restore(target, bad)
     assert shard_bytes(target) == before and target.bias.numpy().tobytes() == bias_before
     calls = []
-    real = _snapshard.HeldLoader._one
+    real = _sharded.HeldLoader._one
 
     def failing(self, variable, rows):
         calls.append(variable.name)
@@ -232,12 +231,12 @@ def test_a_failing_restore_from_a_snapshot_changes_no_shard():
             raise OSError("the parameter server went away")
         return real(self, variable, rows)
 
-    _snapshard.HeldLoader._one = failing
+    _sharded.HeldLoader._one = failing
     try:
         with pytest.raises(OSError, match="went away") as caught:
             objckpt.restore(target, snap)
     finally:
-        _snapshard.HeldLoader._one = real
+        _sharded.HeldLoader._one = real
     assert len(calls) == 3  # two shards were assigned before the third failed
     assert shard_bytes(target) == before and target.bias.numpy().tobytes() == bias_before
     notes = " ".join(getattr(caught.value, "__notes__", []))

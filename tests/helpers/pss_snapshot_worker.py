@@ -25,7 +25,6 @@ tf = base.tf
 
 import objckpt  # noqa: E402
 from objckpt._compat import sharded as _sharded  # noqa: E402
-from objckpt._planning import snapshard as _snapshard  # noqa: E402
 
 EMBED = "model/layer_with_weights-0/embeddings"
 
@@ -89,7 +88,7 @@ def main(folder: str) -> dict:
     base.train(two, model, opt, 1, seed=8)
     before = base.state(model, opt)
     calls = []
-    real = _snapshard.HeldLoader._one
+    real = _sharded.HeldLoader._one
 
     def failing(self, variable, rows):
         calls.append(variable.name)
@@ -97,7 +96,7 @@ def main(folder: str) -> dict:
             raise OSError("the parameter server went away")
         return real(self, variable, rows)
 
-    _snapshard.HeldLoader._one = failing
+    _sharded.HeldLoader._one = failing
     try:
         objckpt.restore(checkpoint(model, opt), snap)
         out["half_way"] = {"raised": ""}
@@ -106,7 +105,7 @@ def main(folder: str) -> dict:
                            "calls": len(calls),
                            "unchanged": base.same(base.state(model, opt), before)}
     finally:
-        _snapshard.HeldLoader._one = real
+        _sharded.HeldLoader._one = real
     return out
 
 
