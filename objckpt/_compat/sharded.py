@@ -281,16 +281,6 @@ class ShardedValue:
         default); a run that is exactly one shard is its tensor (no copy)."""
         return shard_rows(self, start, stop, device)
 
-    def cast(self, dtype) -> ShardedValue:
-        """Each shard cast to `dtype` on its own device."""
-        if self.dtype.base_dtype == tf.as_dtype(dtype):
-            return self
-        out = []
-        for shard in self.shards:
-            with _on(shard.device):
-                out.append(tf.cast(shard, dtype))
-        return ShardedValue(out, self.layout)
-
     def slices(self) -> list[tuple[str, object]]:
         """`(slice spec, tensor)` of each shard, as `tf.train.Checkpoint` saves a sharded
         variable (`shard_slices`), from the shards held."""

@@ -60,7 +60,8 @@ class Snapshot(_tree.FrozenMapping):
     def numpy(self) -> dict[str, np.ndarray]:
         """Returns host (NumPy) copies of every value, keyed by object path (a sharded
         variable's shards joined: the whole variable on this host)."""
-        return {path: np.array(value) for path, value in self.as_dict().items()}
+        return {path: value.numpy() if _compat.is_sharded_value(value) else np.array(value)
+                for path, value in self.as_dict().items()}
 
     @property
     def nbytes(self) -> int:
