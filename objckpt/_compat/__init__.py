@@ -73,9 +73,10 @@ _WHERE = {
     "dtypes": ("numpy_dtype", "tf_array", "tf_dtype"),
     "partitioned": ("assign_whole", "is_partitioned", "part_of", "partition_axis",
         "partitioned_children", "parts"),
-    "sharded": ("Layout", "io_device", "io_devices", "is_caching_type", "is_sharded",
-        "is_sharded_type", "new_sharded", "read_sharded", "save_order", "shard_layout",
-        "shard_slices", "shards"),
+    "sharded": ("HeldLoader", "Layout", "ShardedValue", "assign_sharded", "io_device",
+        "io_devices", "is_caching_type", "is_sharded", "is_sharded_type", "is_sharded_value",
+        "new_sharded", "read_sharded", "read_shards", "save_order", "shard_layout",
+        "shard_rows", "shard_slices", "shards"),
     "hooks": ("KERAS_CACHED_ATTRS", "WEIGHT_DECAY_METHOD", "mark_default_hook",
         "override_methods", "past_autograph", "restore_methods", "weight_decay_method"),
 }

@@ -88,7 +88,14 @@ def partitioned_children(node) -> list[tuple[str, object]]:
 def assign_whole(variable, value) -> None:
     """`variable.assign(value, read_value=False)`; a partitioned variable's parts each get
     their slice of `value` (TF's own `PartitionedVariable.assign` fails with
-    `read_value=False`)."""
+    `read_value=False`). A Snapshot's value of a sharded variable (`sharded.ShardedValue`)
+    is assigned shard by shard (`sharded.assign_sharded`): never joined on this host for a
+    sharded variable."""
+    from objckpt._compat.sharded import assign_sharded, is_sharded_value
+
+    if is_sharded_value(value):
+        assign_sharded(variable, value)
+        return
     if not is_partitioned(variable):
         variable.assign(value, read_value=False)
         return

@@ -136,6 +136,11 @@ class _Side:
 
 
 def _open(source, label: str, notes: list) -> _Side:
+    if not isinstance(source, (str, os.PathLike)):  # a Snapshot, a live obj
+        raise errors.UnsupportedFormatError(
+            f"diff compares checkpoints on disk; {label} is a {type(source).__name__}. "
+            "Expected: a checkpoint prefix, a directory or a file. Fix: write it first "
+            "(objckpt.save(snapshot_or_obj, prefix)) and diff that prefix.")
     meta = _meta.read(source)  # any format, through the registry
     if meta.read is None:  # a format whose values are not read without TF (HDF5)
         raise errors.UnsupportedFormatError(

@@ -153,8 +153,11 @@ def _keyed(paths: list, values: list, origin) -> tuple[list, list, list]:
     keys, tensors, slices = [], [], []
     for path, value in zip(paths, values):
         variable = origin.get(path) if origin is not None else None
-        if variable is not None and _compat.is_sharded(variable):
-            for spec, part in _compat.shard_slices(variable, value):
+        pieces = (_compat.shard_slices(variable, value)
+                  if variable is not None and _compat.is_sharded(variable)
+                  else value.slices() if _compat.is_sharded_value(value) else None)
+        if pieces is not None:  # (a Snapshot's sharded value: its shards, obj gone or not)
+            for spec, part in pieces:
                 keys.append(_paths.checkpoint_key(path))
                 tensors.append(part)
                 slices.append(spec)

@@ -13,7 +13,7 @@ from objckpt._base import render as _render
 from objckpt._planning import sources as _sources
 from objckpt._planning import tree as _tree
 
-__all__ = ["Snapshot", "check_cross_replica", "of_tree", "snapshot"]
+__all__ = ["Snapshot", "check_cross_replica", "of_tree", "read_values", "snapshot"]
 
 
 class Snapshot(_tree.FrozenMapping):
@@ -23,14 +23,25 @@ class Snapshot(_tree.FrozenMapping):
     they were read from; TF copies on the next write to a variable, so later
     training never changes a Snapshot. `numpy()` gives host copies.
 
+    A sharded variable (a `ShardedVariable` under ParameterServerStrategy, a TF1
+    `PartitionedVariable`) is one entry, under its object path, whose value is a
+    `ShardedValue` (`objckpt._compat.sharded`): its shards' values, each left on its
+    shard's device (a parameter server), and their layout (`.shards`, `.layout`). It
+    has the variable's logical `shape`, `dtype` and `nbytes` (counted once), and
+    `tf.convert_to_tensor(value)`, `np.asarray(value)`, `value.numpy()` and any TF op
+    given it join the shards into one tensor on this host: the whole variable's memory,
+    paid only where one tensor is needed (`numpy()` here, a rule's transform, a plain
+    variable restored from it). `restore` and `save` take it shard by shard.
+
     A Snapshot can also be built from any mapping of object path -> array:
-    `Snapshot({"hidden/_kernel": np.ones((3, 4))})`.
+    `Snapshot({"hidden/_kernel": np.ones((3, 4))})` (a `ShardedValue` stays as it is).
     """
 
     __slots__ = ("_keep", "_origin")
 
     def __init__(self, values: Mapping):
-        super().__init__({str(path): tf.convert_to_tensor(value) for path, value in values.items()})
+        super().__init__({str(path): value if _compat.is_sharded_value(value)
+                          else tf.convert_to_tensor(value) for path, value in values.items()})
         self._origin = None
         self._keep = None
 
@@ -47,8 +58,10 @@ class Snapshot(_tree.FrozenMapping):
         return self._origin() if self._origin is not None else None
 
     def numpy(self) -> dict[str, np.ndarray]:
-        """Returns host (NumPy) copies of every value, keyed by object path."""
-        return {path: np.array(value) for path, value in self.as_dict().items()}
+        """Returns host (NumPy) copies of every value, keyed by object path (a sharded
+        variable's shards joined: the whole variable on this host)."""
+        return {path: value.numpy() if _compat.is_sharded_value(value) else np.array(value)
+                for path, value in self.as_dict().items()}
 
     @property
     def nbytes(self) -> int:
@@ -87,8 +100,12 @@ def snapshot(obj) -> Snapshot:
     and Keras 2 BatchNormalization statistics), replica 0's component for
     ONLY_FIRST_REPLICA. Reading a SUM or MEAN one is a reduction across the
     replicas (a collective under MultiWorkerMirroredStrategy: every worker
-    must take the snapshot). A `ShardedVariable` raises
-    `DistributedVariableError`.
+    must take the snapshot).
+
+    A `ShardedVariable` (ParameterServerStrategy with a partitioner) is one
+    entry holding a `ShardedValue`: each shard read where it lives, without a
+    copy, nothing of it brought to this host (the coordinator). Inside a
+    `tf.function` being traced, its value is the shards joined, one tensor.
 
     Args:
       obj: any trackable (Keras model or layer of any flavour, `tf.Module`,
@@ -104,12 +121,34 @@ def snapshot(obj) -> Snapshot:
     """
     variables = _tree.tree(obj)
     check_cross_replica(variables, "snapshot")
-    snap = Snapshot._of_tree(variables, variables.fused.read_all())
+    snap = Snapshot._of_tree(variables, read_values(variables))
     if not _tree.is_cached(obj, variables):
         # Nothing else keeps this tree (an obj without a cheap fingerprint, such as a
         # tf.train.Checkpoint): the Snapshot does, for what saving it needs to know.
         snap._keep = variables
     return snap
+
+
+# id(tree) -> (weak reference to it, FusedOps of its variables but the sharded ones), for
+# `read_values` (a tree is immutable; its entry goes with it).
+_UNSHARDED: dict = {}
+
+
+def read_values(variables: _tree.VariableTree) -> list:
+    """Every variable's value, as a Snapshot holds it: read together (one fused call), a
+    sharded variable's as a `ShardedValue` (each shard read where it lives; eagerly: in a
+    `tf.function` being traced, the shards joined)."""
+    if not tf.executing_eagerly() or not any(_compat.is_sharded(v) for v in variables.values()):
+        return variables.fused.read_all()
+    ref, fused = _UNSHARDED.get(id(variables), (None, None))
+    if ref is None or ref() is not variables:  # () when every variable is sharded
+        unsharded = [v for v in variables.values() if not _compat.is_sharded(v)]
+        fused = _compat.FusedOps(unsharded) if unsharded else ()
+        key = id(variables)
+        _UNSHARDED[key] = (weakref.ref(variables, lambda _: _UNSHARDED.pop(key, None)), fused)
+    plain = iter(fused.read_all() if fused else ())
+    return [_compat.read_shards(v) if _compat.is_sharded(v) else next(plain)
+            for v in variables.values()]
 
 
 def of_tree(variables: _tree.VariableTree, values: list) -> Snapshot:

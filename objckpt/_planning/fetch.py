@@ -25,8 +25,8 @@ from objckpt._bundle import undolog as _undolog
 from objckpt._planning import match as _match
 from objckpt._planning import sharded as _sharded
 
-__all__ = ["Batch", "Streamed", "converted", "fetch_entries", "fetch_values", "streamed",
-           "streamed_pairs"]
+__all__ = ["Batch", "Streamed", "converted", "fetch_entries", "fetch_values", "held",
+           "streamed", "streamed_pairs"]
 
 
 def fetch_values(the_plan: _match.Plan, variables, matches=None,
@@ -102,6 +102,10 @@ def streamed(src, the_plan: _match.Plan, variables):
     opened = getattr(the_plan, "opened", None)  # a Plan: entries a Stack makes one, as one
     if src is not None and opened is not None:
         src = opened(src)
+    if getattr(src, "kind", None) == "snapshot":  # values in memory: shards where they live
+        if not the_plan.matches or any(m.transform is not None for m in the_plan.matches):
+            return None
+        return held(variables, the_plan, src.fetch([m.source for m in the_plan.matches]))
     if src is not None and src.stream is not None:
         return _streamed_by_tensor(src, the_plan, variables)
     if (src is None or src.bundle_keys is None or not src.prefix or "://" in src.prefix
@@ -125,6 +129,29 @@ def streamed(src, the_plan: _match.Plan, variables):
     return Streamed(_fastio.Loader(
         src.prefix, [(key, v, label_of[key]) for key, v in zip(keys, targets)], recorder,
         lambda key: f"for {label_of.get(key, key)}"), recorder, checked=True)
+
+
+def held(variables, the_plan: _match.Plan | None, values):
+    """The loader of a plan's values held in memory (a Snapshot's; `the_plan` None: the
+    whole tree of `variables`, in order) where a value or a variable is sharded, or None
+    (then assigned whole): eagerly, `_compat.HeldLoader` assigns shard by shard (each shard
+    its rows, assembled on its own device: a sharded variable's value is never joined on
+    this host), all or nothing (`_sharded.Recorder` keeps every old value first)."""
+    if the_plan is None:
+        pairs = [(value, variable, path)
+                 for (path, variable), value in zip(variables.items(), values)]
+    else:
+        pairs = [(value, variables[m.target], the_plan.label(m.target))
+                 for m, value in zip(the_plan.matches, values)]
+    if not tf.executing_eagerly() or not any(
+            _compat.is_sharded_value(value) or _compat.is_sharded(variable)
+            for value, variable, _ in pairs):
+        return None
+    targets = _compat.HeldLoader.targets(pairs)
+    devices = _compat.io_devices([getattr(v, "device", "") or "" for v, _ in targets])
+    recorder = _sharded.Recorder([_sharded.Job(label, "", v.dtype.base_dtype, v, label, device)
+                                  for (v, label), device in zip(targets, devices)])
+    return Streamed(_compat.HeldLoader(pairs, recorder), recorder)
 
 
 def _sliced(src, the_plan: _match.Plan, targets):

@@ -395,7 +395,9 @@ class Pipeline:
                 items = self.source.as_dict()
                 values = (list(items.values()) if the_plan is None
                           else [items[key] for key in cached[0]])
-                if the_plan is not None and the_plan.casts:  # the cached plan's casts
+                # sharded values or variables: shard by shard, cast there (`_fetch.held`)
+                self._loader = _fetch.held(variables, the_plan, values)
+                if self._loader is None and the_plan is not None and the_plan.casts:
                     values = [_compat.cast_value(value, variables[m.target]) if m.cast
                               else value for m, value in zip(the_plan.matches, values)]
         self.assign(variables, the_plan, values)

@@ -98,13 +98,17 @@ def snapshot_source(items: dict, aliases: dict | None = None, owners=None) -> So
     for alias, key in aliases.items():
         specs[alias] = specs[key]
     top_names = _top_names(specs)
+    # a sharded variable's value, held shard by shard: its layout beside it in plans
+    parts = {path: f"held in {value.layout.describe()}" for path, value in items.items()
+             if _compat.is_sharded_value(value)}
     return Source("Snapshot", "snapshot", specs,
                   lambda paths: [items[aliases.get(p, p)] for p in paths],
                   lambda at: _paths.prefix_subtree(specs, at), top_names, aliases=aliases,
                   structure=lambda: ("snapshot", tuple(specs.items()),
                                      tuple(aliases.items())),
                   owners=owners or (lambda: {}),
-                  holding=lambda wanted: _paths.prefix_holding(specs, top_names, wanted))
+                  holding=lambda wanted: _paths.prefix_holding(specs, top_names, wanted),
+                  parts=parts)
 
 
 def open_source(source) -> Source:
