@@ -37,6 +37,7 @@ __all__ = [
     "shard_rows",
     "shard_slices",
     "shards",
+    "sliced_entries",
 ]
 
 _SHARDED = None
@@ -320,6 +321,20 @@ for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__
               "__lt__", "__le__", "__gt__", "__ge__"):
     setattr(ShardedValue, _name, _joined(_name))
 del _name
+
+
+def sliced_entries(keys, values) -> tuple[list, list, list | None]:
+    """(keys, tensors, slice specs or None) to write `values` under `keys` as
+    `tf.train.Checkpoint` writes them: a `ShardedValue` as one slice per shard under its key
+    (each shard's tensor where it lives), every other value whole (spec ""); None for the
+    specs when nothing is sliced."""
+    out_keys, tensors, specs = [], [], []
+    for key, value in zip(keys, values):
+        for spec, part in (value.slices() if is_sharded_value(value) else (("", value),)):
+            out_keys.append(key)
+            tensors.append(part)
+            specs.append(spec)
+    return out_keys, tensors, (specs if any(specs) else None)
 
 
 def is_sharded_value(value) -> bool:

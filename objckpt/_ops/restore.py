@@ -162,8 +162,10 @@ def restore(obj, source, *, rules=None, strict: bool = True, at: str | None = No
     may come from any strategy and number of replicas (or none): a checkpoint
     holds one value per variable. All or nothing holds across replicas: when
     the restore fails, every replica's component keeps its exact bits. A
-    `ShardedVariable` in obj raises `DistributedVariableError`; checkpoints TF
-    wrote from one restore into unsharded variables.
+    `ShardedVariable` (ParameterServerStrategy with a partitioner) is one
+    variable: a checkpoint of any shard count (or none) restores into it, each
+    parameter server reading and assigning its shards' rows, every slice read
+    before any shard is assigned, and it restores into unsharded variables.
 
     Under `MultiWorkerMirroredStrategy` (obj's) every worker must call
     `restore`, with the same obj and source, as with `save`, even for a

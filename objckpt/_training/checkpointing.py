@@ -58,6 +58,7 @@ from objckpt import _compat, errors
 from objckpt._base import render as _render
 from objckpt._bundle import remote as _remote
 from objckpt._ops import restore as _restore
+from objckpt._ops import snapshot as _snapshot
 from objckpt._planning import checks as _checks
 from objckpt._planning import tree as _tree
 from objckpt._training import asyncwrite as _asyncwrite
@@ -309,7 +310,7 @@ class CheckpointDirectory:
         kept = Kept(number, self.commits.prefix(number), metric, stamp, step)
         self.retention.asks(kept)
         layout = self._layout.current()
-        values = layout[1].fused.read_all()
+        values = _snapshot.read_values(layout[1])  # a sharded variable's shards where they live
         self.next_number = number + 1
         self.checkpoints.clock = stamp  # the time of these values
         return number, metric, stamp, layout, values, step

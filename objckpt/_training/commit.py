@@ -112,8 +112,10 @@ class CommitProtocol:
         directory another writer took over raises DirectoryLockedError here, before it
         writes over (or deletes) any object of the other writer's."""
         self.lock.refresh()
-        _files.write_tensors(self.prefix(number), layout[2], [*values, layout[3]],
-                             stage=self.stage, durable=self.durable, workers=workers)
+        # A sharded variable's value (a `ShardedValue`) as TF writes it: a slice per shard.
+        keys, tensors, slices = _compat.sliced_entries(layout[2], [*values, layout[3]])
+        _files.write_tensors(self.prefix(number), keys, tensors, stage=self.stage,
+                             durable=self.durable, workers=workers, slices=slices)
 
     def commit(self, kept: list[Kept]) -> None:
         """Step 3, the commit point: rewrites the state file atomically to list `kept`

@@ -105,6 +105,10 @@ def test_the_table_and_its_adam_slots_stay_sharded(results):
     assert len(sharded) == 6  # the table and the head kernel, and their m and v
     assert "model/layer_with_weights-0/embeddings" in sharded
     assert "model/layer_with_weights-1/kernel" in sharded
+    # Checkpointing wrote them as TF writes them: one slice per shard, the same slices
+    resumed = results["resumed"]
+    assert resumed["sliced_keys"] == 6
+    assert resumed["layout_equal_to_tf"], "the index lists the slices as TF's write does"
 
 
 def test_steps_on_both_workers_at_once_resume_at_the_epoch(results):

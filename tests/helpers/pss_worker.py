@@ -429,6 +429,12 @@ def read_checkpoint(prefix: str) -> dict:
             if key != "_CHECKPOINTABLE_OBJECT_GRAPH"}
 
 
+def sliced(prefix: str) -> dict:
+    """The slices the index at `prefix` lists, by key, for each key stored in slices."""
+    return {key: entry.slices for key, entry in _index.read_index(prefix).entries.items()
+            if entry.slices}
+
+
 def fit_resume(folder: str, workers: int) -> dict:
     """The uninterrupted run, then the killed one resumed in this fresh process, then what
     Checkpointing refuses under ParameterServerStrategy."""
@@ -448,7 +454,11 @@ def fit_resume(folder: str, workers: int) -> dict:
     probe = Probe(os.path.join(killed, "ckpt-2"))
     history = fit(resumed, data, [callback, probe, Steps(workers > 1)])
     tree = objckpt.tree(tf.train.Checkpoint(model=resumed, optimizer=resumed.optimizer))
+    # What Checkpointing wrote lists each sharded variable's slices as TF's own write does.
+    theirs = sliced(tf.train.Checkpoint(model=resumed).write(os.path.join(folder, "tf-write")))
+    ours = sliced(os.path.join(killed, "ckpt-4"))
     out["resumed"] = {
+        "sliced_keys": len(ours), "layout_equal_to_tf": ours == theirs,
         "files_at_kill": [f for f in before_kill if f.endswith(".index")],
         "resumed_from": os.path.basename(callback.resumed_from or ""),
         "epochs": history.epoch, "saved": [os.path.basename(p) for p in callback.saved],
