@@ -19,8 +19,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
-import time
 
 import numpy as np
 import pytest
@@ -32,6 +30,7 @@ from objckpt import errors
 from objckpt._compat import sharded as _sharded
 
 import flavours
+from tests._formats.test_safetensors_stream import _PeakAnon as _SampledAnon
 from tests.distributed.test_sharded import (
     full_value,
     logical,
@@ -333,39 +332,14 @@ def test_a_snapshot_inside_a_tf_function_holds_the_joined_value():
     assert taken().numpy().tobytes() == value.tobytes()
 
 
-class _PeakAnon:
-    """Peak RssAnon growth of this process (bytes) while the block runs, sampled by a thread
-    every ~1 ms from /proc/self/status (as tests/_formats/test_safetensors_stream.py)."""
+class _PeakAnon(_SampledAnon):
+    """Peak RssAnon growth of this process (bytes) while the block runs (sampled as
+    tests/_formats/test_safetensors_stream.py does), freed heap given back first: the block
+    cannot hide in memory freed before."""
 
     def __enter__(self):
-        _trim()  # freed heap given back first: the block cannot hide in memory freed before
-        self.baseline = self.peak = self._anon()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-        return self
-
-    def _sample(self):
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self._anon())
-            time.sleep(0.001)
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, self._anon())
-
-    @property
-    def growth(self) -> int:
-        return self.peak - self.baseline
-
-    @staticmethod
-    def _anon() -> int:
-        with open("/proc/self/status", "rb") as status:
-            for line in status:
-                if line.startswith(b"RssAnon:"):
-                    return int(line.split()[1]) * 1024
-        return 0
+        _trim()
+        return super().__enter__()
 
 
 MIB = 1 << 20
