@@ -76,7 +76,7 @@ _WHERE = {
     "sharded": ("HeldLoader", "Layout", "ShardedValue", "assign_sharded", "io_device",
         "io_devices", "is_caching_type", "is_sharded", "is_sharded_type", "is_sharded_value",
         "new_sharded", "read_sharded", "read_shards", "save_order", "shard_layout",
-        "shard_rows", "shard_slices", "shards", "sliced_entries"),
+        "shard_rows", "shard_slices", "shards", "slice_specs", "sliced_entries"),
     "hooks": ("KERAS_CACHED_ATTRS", "WEIGHT_DECAY_METHOD", "mark_default_hook",
         "override_methods", "past_autograph", "restore_methods", "weight_decay_method"),
 }

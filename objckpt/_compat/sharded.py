@@ -37,6 +37,7 @@ __all__ = [
     "shard_rows",
     "shard_slices",
     "shards",
+    "slice_specs",
     "sliced_entries",
 ]
 
@@ -127,23 +128,25 @@ def shard_layout(variable) -> Layout:
                   axis, "part" if is_partitioned(variable) else "shard")
 
 
-def shard_slices(variable, value=None) -> list[tuple[str, object]]:
-    """`(slice spec, tensor)` for each shard, as `tf.train.Checkpoint` saves a sharded
-    variable: the spec is `Variable.SaveSliceInfo(...).spec` (e.g. "10 4 6,4:0,4"), the
-    tensor the shard's value read on its device, or its rows of `value` (a logical value
-    read before, e.g. a Snapshot's) when given."""
-    full = [int(d) for d in variable.shape]
+def slice_specs(layout: Layout) -> list[str]:
+    """The slice spec of each shard of `layout`, as `tf.train.Checkpoint` saves a sharded
+    variable: `Variable.SaveSliceInfo(...).spec` (e.g. "10 4 6,4:0,4")."""
+    full = list(layout.shape)
+    return [tf.Variable.SaveSliceInfo(
+        full_name="", full_shape=full,
+        var_offset=[offset if axis == layout.axis else 0 for axis in range(len(full))],
+        var_shape=[rows if axis == layout.axis else full[axis] for axis in range(len(full))]).spec
+        for offset, rows in zip(layout.offsets, layout.rows)]
+
+
+def shard_slices(variable, value) -> list[tuple[str, object]]:
+    """`(slice spec, tensor)` for each shard of a sharded variable (`slice_specs`), the
+    tensor its rows of `value` (a logical value read before, e.g. a Snapshot's taken in a
+    `tf.function`)."""
     layout = shard_layout(variable)  # a partitioned variable's parts may split another axis
-    out = []
-    for offset, part in zip(layout.offsets, shards(variable)):
-        info = tf.Variable.SaveSliceInfo(
-            full_name=variable.name, full_shape=full,
-            var_offset=[offset if axis == layout.axis else 0 for axis in range(len(full))],
-            var_shape=[int(d) for d in part.shape])
-        rows = int(part.shape[layout.axis])
-        out.append((info.spec, part.value() if value is None else value[
-            (slice(None),) * layout.axis + (slice(offset, offset + rows),)]))
-    return out
+    lead = (slice(None),) * layout.axis
+    return [(spec, value[(*lead, slice(offset, offset + rows))])
+            for spec, offset, rows in zip(slice_specs(layout), layout.offsets, layout.rows)]
 
 
 def _task(spec) -> tuple:
@@ -200,10 +203,7 @@ def save_order(devices) -> list[int]:
 
 def read_sharded(variable):
     """The logical value: every shard read (on its own device) and joined along rows."""
-    values = [part.value() if hasattr(part, "value") else tf.convert_to_tensor(part)
-              for part in shards(variable)]
-    axis = partition_axis(variable) if is_partitioned(variable) else 0
-    return values[0] if len(values) == 1 else tf.concat(values, axis=axis)
+    return read_shards(variable).join()
 
 
 # --- a sharded variable's value held shard by shard (a Snapshot's) ------------------------
@@ -285,14 +285,7 @@ class ShardedValue:
     def slices(self) -> list[tuple[str, object]]:
         """`(slice spec, tensor)` of each shard, as `tf.train.Checkpoint` saves a sharded
         variable (`shard_slices`), from the shards held."""
-        full, layout, out = list(self.layout.shape), self.layout, []
-        for offset, shard in zip(layout.offsets, self.shards):
-            info = tf.Variable.SaveSliceInfo(
-                full_name="value", full_shape=full,
-                var_offset=[offset if a == layout.axis else 0 for a in range(len(full))],
-                var_shape=[int(d) for d in shard.shape])
-            out.append((info.spec, shard))
-        return out
+        return list(zip(slice_specs(self.layout), self.shards))
 
     def __getitem__(self, key):
         run = _row_run(key, self.layout)

@@ -107,13 +107,8 @@ def save(obj_or_snapshot, prefix: str | os.PathLike, *, blocking: bool = True,
         origin = _tree.tree(obj_or_snapshot)
         _snapshot.check_cross_replica(origin, "save")
         # On every worker of a multi-worker strategy: SyncOnRead reads are collectives. A
-        # sharded variable is read a shard at a time as it is written (`_keyed`).
-        if any(_compat.is_sharded(v) for v in origin.values()):
-            snap = _snapshot.of_tree(origin, [None if _compat.is_sharded(v)
-                                              else _compat.read_value(v)
-                                              for v in origin.values()])
-        else:
-            snap = _snapshot.of_tree(origin, origin.fused.read_all())
+        # sharded variable is read shard by shard where it lives (a `ShardedValue`).
+        snap = _snapshot.of_tree(origin, _snapshot.read_values(origin))
     prefix = os.fspath(prefix)
     _files.check_prefix(prefix)  # never `<dir>.index` beside an existing directory
     if not snap:
@@ -148,15 +143,15 @@ def save(obj_or_snapshot, prefix: str | os.PathLike, *, blocking: bool = True,
 
 def _keyed(paths: list, values: list, origin) -> tuple[list, list, list]:
     """(checkpoint keys, tensors, slice specs) to write: a sharded variable as
-    `tf.train.Checkpoint` saves it, one slice per shard under its one key (its shards read
-    now where `values` holds None, else the rows of the logical value read before)."""
+    `tf.train.Checkpoint` saves it, one slice per shard under its one key (a `ShardedValue`'s
+    shards, else the rows of the logical value read before)."""
     keys, tensors, slices = [], [], []
     for path, value in zip(paths, values):
         variable = origin.get(path) if origin is not None else None
-        pieces = (_compat.shard_slices(variable, value)
-                  if variable is not None and _compat.is_sharded(variable)
-                  else value.slices() if _compat.is_sharded_value(value) else None)
-        if pieces is not None:  # (a Snapshot's sharded value: its shards, obj gone or not)
+        pieces = (value.slices() if _compat.is_sharded_value(value)  # obj gone or not
+                  else _compat.shard_slices(variable, value)  # (read in a tf.function)
+                  if variable is not None and _compat.is_sharded(variable) else None)
+        if pieces is not None:
             for spec, part in pieces:
                 keys.append(_paths.checkpoint_key(path))
                 tensors.append(part)

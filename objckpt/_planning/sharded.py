@@ -53,23 +53,13 @@ def jobs(keys, dtypes, targets, labels) -> list[Job]:
     out = []
     for key, dtype, target, label in zip(keys, dtypes, targets, labels):
         if _compat.is_sharded(target):
-            for (spec, _), part in zip(_compat.shard_slices(target, value=_NO_VALUE),
-                                       _compat.shards(target)):
+            for spec, part in zip(_compat.slice_specs(_compat.shard_layout(target)),
+                                  _compat.shards(target)):
                 out.append((key, spec, dtype, part, f"{label} (rows {_rows(spec)})"))
         else:
             out.append((key, "", dtype, target, label))
     devices = _compat.io_devices([getattr(job[3], "device", "") or "" for job in out])
     return [Job(*job, device) for job, device in zip(out, devices)]
-
-
-class _NoValue:
-    """Stands for a logical value not read: `shard_slices` then gives only the specs."""
-
-    def __getitem__(self, rows):
-        return None
-
-
-_NO_VALUE = _NoValue()
 
 
 def _rows(spec: str) -> str:
